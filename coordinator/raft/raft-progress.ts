@@ -1,0 +1,74 @@
+// The leader's view of one follower's replication: how far it matches, what to send next, and the
+// flow-control state. Probe: one append at a time until the follower's position is found.
+// Replicate: appends are pipelined up to a window of in-flight messages. Snapshot: the follower is
+// behind the compacted log and receives the snapshot in chunks.
+
+export type ProgressState = 'probe' | 'replicate' | 'snapshot';
+
+export class Progress {
+  match = 0;
+  next: number;
+  state: ProgressState = 'probe';
+  /** In probe state: an append is out and unanswered (cleared on any response or heartbeat). */
+  probeSent = false;
+  /** Last index of each append in flight, oldest first (replicate state). */
+  readonly inflight: number[] = [];
+  /** Heard from in the current check-quorum period. */
+  recentActive = false;
+  /** An append response arrived since the last heartbeat was sent. */
+  appendAckedSinceHeartbeat = false;
+  /** Snapshot transfer: which snapshot and how many bytes the follower has confirmed. */
+  snapshotIndex = 0;
+  snapshotOffset = 0;
+  isLearner: boolean;
+
+  constructor(next: number, isLearner: boolean) {
+    this.next = next;
+    this.isLearner = isLearner;
+  }
+
+  becomeProbe(): void {
+    this.state = 'probe';
+    this.probeSent = false;
+    this.inflight.length = 0;
+    this.next = Math.max(this.next, this.match + 1);
+  }
+
+  becomeReplicate(): void {
+    this.state = 'replicate';
+    this.probeSent = false;
+    this.inflight.length = 0;
+    this.next = this.match + 1;
+  }
+
+  becomeSnapshot(snapshotIndex: number): void {
+    this.state = 'snapshot';
+    this.probeSent = false;
+    this.inflight.length = 0;
+    this.snapshotIndex = snapshotIndex;
+    this.snapshotOffset = 0;
+  }
+
+  /** Records an acknowledgement up to index. Returns true if match advanced. */
+  acknowledge(index: number): boolean {
+    let advanced = false;
+    if (index > this.match) {
+      this.match = index;
+      advanced = true;
+    }
+    if (this.next < index + 1) this.next = index + 1;
+    while (this.inflight.length > 0 && (this.inflight[0] ?? 0) <= index) this.inflight.shift();
+    return advanced;
+  }
+
+  canSend(maxInflight: number): boolean {
+    switch (this.state) {
+      case 'probe':
+        return !this.probeSent;
+      case 'replicate':
+        return this.inflight.length < maxInflight;
+      case 'snapshot':
+        return false;
+    }
+  }
+}

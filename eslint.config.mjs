@@ -1,0 +1,59 @@
+// Lint rules for the whole repository. Boundaries between the top-level components are enforced
+// here: coordinator/ and cell-agent/ never import each other, shared/ imports neither, and the Raft
+// core stays pure (no I/O, no wall clock, no ambient randomness).
+import js from '@eslint/js';
+import tseslint from 'typescript-eslint';
+
+const ioModules = ['node:net', 'node:fs', 'node:fs/promises', 'node:timers', 'node:timers/promises',
+  'node:http', 'node:http2', 'node:dgram', 'node:child_process', 'node:worker_threads',
+  'net', 'fs', 'timers', 'http', 'http2', 'child_process', 'classic-level', '@grpc/grpc-js'];
+
+export default tseslint.config(
+  { ignores: ['dist/**', 'node_modules/**', 'bench/results/**', '.cellquota/**'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommendedTypeChecked,
+  {
+    languageOptions: {
+      parserOptions: { projectService: { allowDefaultProject: ['*.mjs', 'scripts/*.mjs'] }, tsconfigRootDir: import.meta.dirname },
+    },
+    rules: {
+      '@typescript-eslint/no-floating-promises': 'error',
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
+      '@typescript-eslint/consistent-type-imports': 'error',
+      '@typescript-eslint/restrict-template-expressions': ['error', { allowNumber: true, allowBoolean: true, allowNullish: true }],
+      'no-constant-condition': ['error', { checkLoops: false }],
+    },
+  },
+  {
+    files: ['**/*.mjs'],
+    ...tseslint.configs.disableTypeChecked,
+    languageOptions: { globals: { process: 'readonly', console: 'readonly', URL: 'readonly' } },
+  },
+  {
+    files: ['coordinator/**/*.ts'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [{ group: ['**/cell-agent/**'], message: 'coordinator/ must not import cell-agent/' }] }] },
+  },
+  {
+    files: ['cell-agent/**/*.ts'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [{ group: ['**/coordinator/**'], message: 'cell-agent/ must not import coordinator/' }] }] },
+  },
+  {
+    files: ['shared/**/*.ts'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [{ group: ['**/coordinator/**', '**/cell-agent/**'], message: 'shared/ imports neither coordinator/ nor cell-agent/' }] }] },
+  },
+  {
+    files: ['coordinator/raft/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', {
+        paths: ioModules.map((name) => ({ name, message: 'the Raft core is pure: I/O lives at the edges' })),
+        patterns: [{ group: ['**/cell-agent/**', '../storage/**', '../transport/**'], message: 'the Raft core is pure' }],
+      }],
+      'no-restricted-properties': ['error',
+        { object: 'Date', property: 'now', message: 'the Raft core counts time in ticks' },
+        { object: 'Math', property: 'random', message: 'the Raft core takes randomness as an input' },
+        { object: 'performance', property: 'now', message: 'the Raft core counts time in ticks' }],
+      'no-restricted-globals': ['error', 'setTimeout', 'setInterval', 'setImmediate', 'queueMicrotask', 'process', 'fetch'],
+      'no-restricted-syntax': ['error', { selector: 'NewExpression[callee.name="Date"]', message: 'the Raft core counts time in ticks' }],
+    },
+  },
+);
