@@ -11,46 +11,72 @@ export interface DiskState {
   entries: Entry[];
 }
 
+type PendingWrite =
+  | { readonly kind: 'entries'; readonly entries: readonly Entry[] }
+  | { readonly kind: 'hard'; readonly hard: HardState }
+  | { readonly kind: 'snapshot'; readonly snapshot: Snapshot; readonly keepEntriesFrom: number }
+  | { readonly kind: 'install'; readonly snapshot: Snapshot };
+
 export class SimDisk {
-  private durable: DiskState;
-  private volatile: DiskState;
+  private readonly durable: DiskState;
+  /** Writes since the last sync, in order; a crash discards them. */
+  private pending: PendingWrite[] = [];
   syncs = 0;
 
   constructor(initial: DiskState) {
-    this.durable = clone(initial);
-    this.volatile = clone(initial);
+    this.durable = { hard: initial.hard, snapshot: initial.snapshot, entries: [...initial.entries] };
   }
 
   writeSnapshot(snapshot: Snapshot, keepEntriesFrom: number): void {
-    this.volatile.snapshot = snapshot;
-    this.volatile.entries = this.volatile.entries.filter((e) => e.index >= keepEntriesFrom);
+    this.pending.push({ kind: 'snapshot', snapshot, keepEntriesFrom });
   }
 
   /** Installing a leader's snapshot replaces the whole log. */
   installSnapshot(snapshot: Snapshot): void {
-    this.volatile.snapshot = snapshot;
-    this.volatile.entries = [];
+    this.pending.push({ kind: 'install', snapshot });
   }
 
   writeEntries(entries: readonly Entry[]): void {
-    const first = entries[0];
-    if (first === undefined) return;
-    const kept = this.volatile.entries.filter((e) => e.index < first.index);
-    this.volatile.entries = [...kept, ...entries];
+    if (entries.length > 0) this.pending.push({ kind: 'entries', entries });
   }
 
   writeHardState(hard: HardState): void {
-    this.volatile.hard = hard;
+    this.pending.push({ kind: 'hard', hard });
   }
 
   sync(): void {
-    this.durable = clone(this.volatile);
+    const d = this.durable;
+    for (const w of this.pending) {
+      switch (w.kind) {
+        case 'hard':
+          d.hard = w.hard;
+          break;
+        case 'install':
+          d.snapshot = w.snapshot;
+          d.entries = [];
+          break;
+        case 'snapshot':
+          d.snapshot = w.snapshot;
+          d.entries = d.entries.filter((e) => e.index >= w.keepEntriesFrom);
+          break;
+        case 'entries': {
+          const first = w.entries[0];
+          if (first === undefined) break;
+          const base = d.entries[0]?.index;
+          if (base !== undefined && first.index <= base) d.entries = [];
+          else if (base !== undefined) d.entries.length = Math.min(d.entries.length, first.index - base);
+          for (const e of w.entries) d.entries.push(e);
+          break;
+        }
+      }
+    }
+    this.pending = [];
     this.syncs++;
   }
 
   /** Power loss: unsynced writes are gone. */
   crash(): void {
-    this.volatile = clone(this.durable);
+    this.pending = [];
   }
 
   /** What a restarting node reads back. */
@@ -59,8 +85,4 @@ export class SimDisk {
     const entries = s.entries.filter((e) => e.index > s.snapshot.meta.index);
     return { hard: s.hard, snapshot: s.snapshot, entries };
   }
-}
-
-function clone(s: DiskState): DiskState {
-  return { hard: s.hard, snapshot: s.snapshot, entries: [...s.entries] };
 }
