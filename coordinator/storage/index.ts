@@ -1,0 +1,11 @@
+export {
+  LevelRaftStorage,
+  type LevelRaftStorageOptions,
+  type ReadyToPersist,
+  type StorageLogger,
+  type StorageMeta,
+  type StorageRepair,
+  type StorageStats,
+  type SyncStat,
+} from './raft-storage-level.js';
+export { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';

@@ -1,0 +1,17 @@
+// Child process for the crash test: runs the deterministic workload against real storage, printing
+// "done <k>" after operation k has resolved, until it is killed. Usage: crash-child.ts DIR
+import { LevelRaftStorage } from '../../../coordinator/storage/index.js';
+import { applyOp, crashBootstrap, newWorkloadModel, nextOp } from './crash-workload.js';
+
+const dir = process.argv[2];
+if (dir === undefined) throw new Error('usage: crash-child.ts DIR');
+const storage = await LevelRaftStorage.open(dir, { nodeId: 'n1', clusterId: 'crash', bootstrap: crashBootstrap, logger: { warn: () => undefined } });
+await storage.load();
+const model = newWorkloadModel();
+for (let k = 1; ; k++) {
+  const op = nextOp(model, k);
+  if (op.kind === 'save') await storage.save(op.rd);
+  else await storage.compact(op.snapshot, op.keepFrom);
+  applyOp(model, op);
+  process.stdout.write(`done ${k}\n`);
+}
