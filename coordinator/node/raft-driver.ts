@@ -1,0 +1,311 @@
+// The edge around the pure Raft core: a clock that ticks it, storage that persists each Ready
+// before its messages leave, a transport that carries them, and a state machine that applies the
+// committed entries. Every input (tick, peer messages, proposal, read) goes through one queue and
+// is stepped only when no Ready is outstanding, so the core's contract — no calls between ready()
+// and advance() — holds even though persisting is asynchronous. While one Ready is being
+// persisted, new inputs pile up and are handled together afterwards: that is the group commit
+// (many proposals, one fsync).
+import type { RaftNode} from '../raft/index.js';
+import { EntryKind, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
+
+export interface RaftPersistence {
+  save(rd: Pick<Ready, 'hardState' | 'entries' | 'snapshot' | 'mustSync'>): Promise<void>;
+  compact(snapshot: Snapshot, keepFrom: number): Promise<void>;
+}
+
+export interface RaftOutbox {
+  send(messages: readonly Message[]): void;
+}
+
+/** The replicated application: applies committed commands deterministically. */
+export interface ReplicatedStateMachine<R> {
+  apply(data: Uint8Array, index: number): R;
+  snapshot(): Uint8Array;
+  restore(data: Uint8Array): void;
+}
+
+export interface RaftDriverOptions<R> {
+  readonly raft: RaftNode;
+  readonly storage: RaftPersistence;
+  readonly outbox: RaftOutbox;
+  readonly stateMachine: ReplicatedStateMachine<R>;
+  /** The applied index the state machine was restored to (the snapshot's). */
+  readonly appliedIndex: number;
+  readonly tickMs: number;
+  /** Take a snapshot after this many entries applied since the last one (0: never). */
+  readonly snapshotEveryEntries: number;
+  /** Entries kept below a snapshot for followers that lag a little. */
+  readonly snapshotTrailingEntries: number;
+  /** How long a proposal or read may wait before it fails with a timeout. */
+  readonly requestTimeoutMs: number;
+  readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
+  readonly onError?: (err: Error) => void;
+}
+
+export class NotLeaderError extends Error {
+  readonly code = 'NOT_LEADER';
+  constructor(readonly leader: NodeId | null, detail = 'not the leader') {
+    super(`${detail}; leader: ${leader ?? 'unknown'}`);
+    this.name = 'NotLeaderError';
+  }
+}
+
+export class RaftRequestError extends Error {
+  constructor(
+    readonly code: 'TIMEOUT' | 'DROPPED' | 'STOPPED' | 'REFUSED',
+    message: string,
+  ) {
+    super(message);
+    this.name = 'RaftRequestError';
+  }
+}
+
+interface PendingProposal<R> {
+  readonly term: number;
+  readonly resolve: (r: R) => void;
+  readonly reject: (e: Error) => void;
+  readonly timer: NodeJS.Timeout;
+}
+
+interface PendingRead {
+  index: number;
+  readonly resolve: () => void;
+  readonly reject: (e: Error) => void;
+  readonly timer: NodeJS.Timeout;
+}
+
+export class RaftDriver<R> {
+  private readonly raft: RaftNode;
+  private readonly opts: RaftDriverOptions<R>;
+  private inputs: (() => void)[] = [];
+  private running = false;
+  private stopped = false;
+  private ticker: NodeJS.Timeout | null = null;
+  private applied: number;
+  private snapshotIndex: number;
+  private readonly proposals = new Map<number, PendingProposal<R>>();
+  private readonly reads = new Map<string, PendingRead>();
+  private readsWaitingApply: PendingRead[] = [];
+  private readSeq = 0;
+  private lastLeader: NodeId | null = null;
+  private lastTerm = 0;
+  private fatal: Error | null = null;
+
+  constructor(opts: RaftDriverOptions<R>) {
+    this.opts = opts;
+    this.raft = opts.raft;
+    this.applied = opts.appliedIndex;
+    this.snapshotIndex = opts.appliedIndex;
+  }
+
+  start(): void {
+    this.ticker = setInterval(() => this.enqueue(() => this.raft.tick()), this.opts.tickMs);
+    this.ticker.unref();
+    this.enqueue(() => undefined);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.ticker !== null) clearInterval(this.ticker);
+    this.ticker = null;
+    const err = new RaftRequestError('STOPPED', 'the node is stopping');
+    for (const p of this.proposals.values()) {
+      clearTimeout(p.timer);
+      p.reject(err);
+    }
+    this.proposals.clear();
+    for (const r of [...this.reads.values(), ...this.readsWaitingApply]) {
+      clearTimeout(r.timer);
+      r.reject(err);
+    }
+    this.reads.clear();
+    this.readsWaitingApply = [];
+    while (this.running) await new Promise((r) => setTimeout(r, 1));
+  }
+
+  /** Messages from peers. */
+  receive(messages: readonly Message[]): void {
+    this.enqueue(() => {
+      for (const m of messages) this.raft.step(m);
+    });
+  }
+
+  /** Replicates a command; resolves with the state machine's result once it is applied here. */
+  propose(data: Uint8Array): Promise<R> {
+    return new Promise<R>((resolve, reject) => {
+      this.enqueue(() => {
+        const res = this.raft.propose(data);
+        if (!res.ok) {
+          if (res.reason === 'not-leader') reject(new NotLeaderError(res.leader));
+          else reject(new RaftRequestError('REFUSED', `proposal refused: ${res.reason}`));
+          return;
+        }
+        const timer = setTimeout(() => {
+          if (this.proposals.delete(res.index)) reject(new RaftRequestError('TIMEOUT', `not committed within ${this.opts.requestTimeoutMs} ms`));
+        }, this.opts.requestTimeoutMs);
+        this.proposals.set(res.index, { term: res.term, resolve, reject, timer });
+      });
+    });
+  }
+
+  /** Resolves once this node's state machine reflects every write committed before the call. */
+  linearizableRead(): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.enqueue(() => {
+        const ctx = `r${++this.readSeq}`;
+        const timer = setTimeout(() => {
+          const r = this.reads.get(ctx);
+          if (r !== undefined) {
+            this.reads.delete(ctx);
+            reject(new RaftRequestError('TIMEOUT', `read not confirmed within ${this.opts.requestTimeoutMs} ms`));
+          }
+          this.readsWaitingApply = this.readsWaitingApply.filter((w) => w.timer !== timer);
+        }, this.opts.requestTimeoutMs);
+        this.reads.set(ctx, { index: -1, resolve, reject, timer });
+        this.raft.readIndex(ctx);
+      });
+    });
+  }
+
+  proposeConfChange(cc: ConfChange): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.enqueue(() => {
+        const res = this.raft.proposeConfChange(cc);
+        if (!res.ok) {
+          if (res.reason === 'not-leader') reject(new NotLeaderError(res.leader));
+          else reject(new RaftRequestError('REFUSED', 'detail' in res ? `${res.reason}: ${res.detail}` : res.reason));
+          return;
+        }
+        const timer = setTimeout(() => {
+          if (this.proposals.delete(res.index)) reject(new RaftRequestError('TIMEOUT', `membership change not committed within ${this.opts.requestTimeoutMs} ms`));
+        }, this.opts.requestTimeoutMs);
+        this.proposals.set(res.index, { term: res.term, resolve: () => resolve(), reject, timer });
+      });
+    });
+  }
+
+  transferLeadership(to: NodeId): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.enqueue(() => {
+        const res = this.raft.transferLeadership(to);
+        if (res.ok) resolve();
+        else reject(new RaftRequestError('REFUSED', res.detail));
+      });
+    });
+  }
+
+  status(): ReturnType<RaftNode['status']> {
+    return this.raft.status();
+  }
+
+  /** Set when storage failed: the node stops rather than continue on state it could not persist. */
+  failure(): Error | null {
+    return this.fatal;
+  }
+
+  private enqueue(input: () => void): void {
+    if (this.stopped || this.fatal !== null) return;
+    this.inputs.push(input);
+    if (!this.running) void this.pump();
+  }
+
+  private async pump(): Promise<void> {
+    this.running = true;
+    try {
+      while (!this.stopped && (this.inputs.length > 0 || this.raft.hasReady())) {
+        const batch = this.inputs;
+        this.inputs = [];
+        for (const input of batch) input();
+        if (!this.raft.hasReady()) continue;
+        const rd = this.raft.ready();
+        await this.opts.storage.save(rd);
+        this.opts.outbox.send(rd.messages);
+        this.applyReady(rd);
+        this.raft.advance(rd);
+        this.noticeLeader();
+        await this.maybeSnapshot();
+      }
+    } catch (err) {
+      this.fatal = err instanceof Error ? err : new Error(String(err));
+      this.opts.onError?.(this.fatal);
+      if (this.ticker !== null) clearInterval(this.ticker);
+      const failed = new RaftRequestError('STOPPED', `node stopped: ${this.fatal.message}`);
+      for (const p of this.proposals.values()) p.reject(failed);
+      this.proposals.clear();
+    } finally {
+      this.running = false;
+    }
+  }
+
+  private applyReady(rd: Ready): void {
+    if (rd.snapshot !== null) {
+      this.opts.stateMachine.restore(rd.snapshot.data);
+      this.applied = rd.snapshot.meta.index;
+      this.snapshotIndex = rd.snapshot.meta.index;
+      for (const [idx, p] of this.proposals) {
+        if (idx <= this.applied) {
+          clearTimeout(p.timer);
+          p.reject(new RaftRequestError('DROPPED', 'outcome unknown: replaced by a snapshot from the leader'));
+          this.proposals.delete(idx);
+        }
+      }
+    }
+    for (const e of rd.committedEntries) this.applyEntry(e);
+    for (const rs of rd.readStates) {
+      const r = this.reads.get(rs.ctx);
+      if (r === undefined) continue;
+      this.reads.delete(rs.ctx);
+      r.index = rs.index;
+      this.readsWaitingApply.push(r);
+    }
+    for (const ctx of rd.failedReads) {
+      const r = this.reads.get(ctx);
+      if (r === undefined) continue;
+      this.reads.delete(ctx);
+      clearTimeout(r.timer);
+      r.reject(new NotLeaderError(this.raft.softState().leader, 'read not served'));
+    }
+    const still: PendingRead[] = [];
+    for (const r of this.readsWaitingApply) {
+      if (r.index <= this.applied) {
+        clearTimeout(r.timer);
+        r.resolve();
+      } else {
+        still.push(r);
+      }
+    }
+    this.readsWaitingApply = still;
+  }
+
+  private applyEntry(e: Entry): void {
+    let result: R | undefined;
+    if (e.kind === EntryKind.Normal) result = this.opts.stateMachine.apply(e.data, e.index);
+    this.applied = e.index;
+    const p = this.proposals.get(e.index);
+    if (p === undefined) return;
+    this.proposals.delete(e.index);
+    clearTimeout(p.timer);
+    if (p.term !== e.term) {
+      p.reject(new RaftRequestError('DROPPED', `lost to a leader change at index ${e.index}; not applied`));
+      return;
+    }
+    p.resolve(result as R);
+  }
+
+  private noticeLeader(): void {
+    const s = this.raft.softState();
+    if (s.leader === this.lastLeader && s.term === this.lastTerm) return;
+    const changed = s.leader !== this.lastLeader;
+    this.lastLeader = s.leader;
+    this.lastTerm = s.term;
+    if (changed) this.opts.onLeaderChange?.(s.leader, s.term);
+  }
+
+  private async maybeSnapshot(): Promise<void> {
+    const every = this.opts.snapshotEveryEntries;
+    if (every <= 0 || this.applied - this.snapshotIndex < every) return;
+    const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
+    await this.opts.storage.compact(snap, snap.meta.index - this.opts.snapshotTrailingEntries + 1);
+    this.snapshotIndex = snap.meta.index;
+  }
+}
