@@ -26,7 +26,7 @@ class KvMachine implements ReplicatedStateMachine<string | null> {
     return enc.encode(JSON.stringify([...this.kv]));
   }
   restore(data: Uint8Array): void {
-    this.kv = data.byteLength === 0 ? new Map() : new Map(JSON.parse(dec.decode(data)) as [string, string][]);
+    this.kv = data.byteLength === 0 ? new Map<string, string>() : new Map<string, string>(JSON.parse(dec.decode(data)) as [string, string][]);
   }
 }
 
@@ -120,7 +120,9 @@ void test('driver: three nodes on LevelDB elect, replicate, read linearizably, s
     await assert.rejects(follower?.driver?.propose(enc.encode(JSON.stringify({ k: 'x', v: '1' }))) ?? Promise.reject(new Error('no follower')), (e: unknown) => e instanceof NotLeaderError && e.leader === leader.id);
 
     // Many proposals at once: all resolve with the state machine's result, in order.
-    const results = await Promise.all(Array.from({ length: 120 }, (_, i) => leader.driver?.propose(enc.encode(JSON.stringify({ k: `k${i % 10}`, v: `v${i}` })))));
+    const leaderDriver = leader.driver;
+    assert.ok(leaderDriver !== null);
+    const results = await Promise.all(Array.from({ length: 120 }, (_, i) => leaderDriver.propose(enc.encode(JSON.stringify({ k: `k${i % 10}`, v: `v${i}` })))));
     assert.equal(results.length, 120);
     assert.equal(results[0], null);
     assert.equal(results[10], 'v0', 'the 11th write to k0 returns the previous value');
