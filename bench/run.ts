@@ -2,12 +2,14 @@
 // progress and a table per benchmark, and writes bench/results/bench-<time>.{json,md}.
 import { parseArgs } from 'node:util';
 import { runRaftCoreBench } from './raft-core.js';
+import { runAgentMemoryBench } from './agent-memory.js';
 import { toMarkdown, writeResults, type BenchReport } from './bench-report.js';
 
 type BenchFn = (opts: { smoke: boolean; progress: (msg: string) => void }) => BenchReport | Promise<BenchReport>;
 
 const benches: Record<string, BenchFn> = {
   'raft-core': runRaftCoreBench,
+  'agent-memory': runAgentMemoryBench,
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

@@ -10,7 +10,7 @@ import { EntryKind, type ConfChange, type Entry, type Message, type NodeId, type
 
 export interface RaftPersistence {
   save(rd: Pick<Ready, 'hardState' | 'entries' | 'snapshot' | 'mustSync'>): Promise<void>;
-  compact(snapshot: Snapshot, keepFrom: number): Promise<void>;
+  compact(snapshot: Snapshot, keepFrom: number): Promise<unknown>;
 }
 
 export interface RaftOutbox {
