@@ -1,0 +1,285 @@
+// The commands of the replicated quota ledger: what the coordinator's Raft log carries, one command
+// per entry. Every command is validated by the zod schemas below before the ledger looks at it, so
+// every replica refuses exactly the same malformed input; the ledger then applies the semantic checks
+// (does the tier exist, would the grants break the bound, ...).
+//
+// Time never comes from the replica's clock: the commands that need it (registerCell,
+// reportAndGrant, expireLeases) carry `nowMs`, stamped by the leader when it proposes them.
+//
+// Encoding: one msgpack document `[COMMAND_FORMAT_VERSION, command]`, plain msgpack (no msgpackr
+// records or shared structures), so an entry is self-describing and decodes the same anywhere.
+// Decoding validates with the same schemas. Numbers are encoded exactly (integers as msgpack ints,
+// everything else as float64); msgpack has no -0, and the ledger stores +0 wherever a -0 could enter.
+
+import { Packr, Unpackr } from 'msgpackr';
+import { z } from 'zod';
+
+// ---- bounds -------------------------------------------------------------------------------------
+
+/** Longest tier name, tenant id, cell id, domain name or client id. */
+export const MAX_NAME_LENGTH = 128;
+/** The characters of a name: letters, digits and `.`, `_`, `:`, `-`. */
+export const NAME_PATTERN = /^[a-zA-Z0-9._:-]+$/;
+/** Most tenants the ledger holds. */
+export const MAX_TENANTS = 1_000_000;
+/** Most tiers the ledger holds. */
+export const MAX_TIERS = 1_000;
+/** Most domain-wide caps the ledger holds. */
+export const MAX_DOMAIN_CAPS = 100;
+/** Most cells that may register. */
+export const MAX_CELLS = 64;
+/** Largest rate (requests per second) of a quota or a grant. */
+export const MAX_RATE = 1e9;
+/** Largest burst (requests) of a quota or a grant. */
+export const MAX_BURST = 1e12;
+/** Largest timestamp (ms since the epoch) a command may carry: JavaScript's own Date limit. */
+export const MAX_TIME_MS = 8.64e15;
+/** Most grants, and separately most acknowledgements, in one allocation round. */
+export const MAX_ROUND_ITEMS = 1 << 20;
+/** The floor fraction of a tier or cap when the command leaves it out. */
+export const DEFAULT_FLOOR_FRACTION = 0;
+/** Version tag of the encoded form; decoding refuses any other. */
+export const COMMAND_FORMAT_VERSION = 1;
+
+// ---- quota keys ---------------------------------------------------------------------------------
+
+/**
+ * A global quota is named by a key: `tenant/<id>` (the tenant's quota: its tier's rate and burst or
+ * its overrides), `tier/<name>` (the optional aggregate cap over all tenants of a tier) or
+ * `domain/<name>` (the optional domain-wide cap). `/` is not a name character, so keys are
+ * unambiguous.
+ */
+export type QuotaKind = 'tenant' | 'tier' | 'domain';
+export type QuotaKey = `${QuotaKind}/${string}`;
+
+export function tenantKey(id: string): QuotaKey {
+  return `tenant/${id}`;
+}
+export function tierCapKey(tier: string): QuotaKey {
+  return `tier/${tier}`;
+}
+export function domainCapKey(domain: string): QuotaKey {
+  return `domain/${domain}`;
+}
+export function parseQuotaKey(key: string): { readonly kind: QuotaKind; readonly name: string } | undefined {
+  const slash = key.indexOf('/');
+  if (slash < 0) return undefined;
+  const kind = key.slice(0, slash);
+  const name = key.slice(slash + 1);
+  if ((kind !== 'tenant' && kind !== 'tier' && kind !== 'domain') || !isName(name)) return undefined;
+  return { kind, name };
+}
+export function isName(s: string): boolean {
+  return s.length >= 1 && s.length <= MAX_NAME_LENGTH && NAME_PATTERN.test(s);
+}
+
+// ---- schemas ------------------------------------------------------------------------------------
+
+const normalise = (v: number): number => v + 0; // -0 + 0 === +0
+export const nameSchema = z
+  .string()
+  .min(1)
+  .max(MAX_NAME_LENGTH)
+  .regex(NAME_PATTERN, `a name is 1..${MAX_NAME_LENGTH} characters of [a-zA-Z0-9._:-]`);
+/** `tenant/<id>`, `tier/<name>` or `domain/<name>`. */
+export const QUOTA_KEY_PATTERN = new RegExp(`^(tenant|tier|domain)/[a-zA-Z0-9._:-]{1,${MAX_NAME_LENGTH}}$`);
+/** Validated as a QuotaKey; typed as a plain string (a transform would cost on every grant of a round). */
+export const quotaKeySchema = z.string().regex(QUOTA_KEY_PATTERN, 'a quota key is tenant/<id>, tier/<name> or domain/<name>');
+/** A quota's rate in requests per second: > 0. */
+export const rateSchema = z.number().gt(0).max(MAX_RATE);
+/** A quota's burst in requests: ≥ 1. */
+export const burstSchema = z.number().min(1).max(MAX_BURST);
+/** The share of a quota split evenly over the cells as their static floors: 0..1. */
+export const floorFractionSchema = z.number().min(0).max(1).transform(normalise);
+// The per-grant numbers are not normalised here (a transform per field costs on big rounds): the
+// ledger adds 0 where it stores them, which turns -0 into 0.
+const grantRateSchema = z.number().min(0).max(MAX_RATE);
+const grantBurstSchema = z.number().min(0).max(MAX_BURST);
+const timeSchema = z.number().min(0).max(MAX_TIME_MS);
+const epochSchema = z.number().int().min(1).max(Number.MAX_SAFE_INTEGER);
+
+/** Optional de-duplication tag: a client numbers its writes 1, 2, 3 ...; a retry reuses the number. */
+export const sessionSchema = z.strictObject({
+  clientId: nameSchema,
+  seq: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+});
+
+const session = { session: sessionSchema.optional() };
+
+export const putTierSchema = z.strictObject({
+  type: z.literal('putTier'),
+  name: nameSchema,
+  rate: rateSchema,
+  burst: burstSchema,
+  floorFraction: floorFractionSchema.optional(),
+  ...session,
+});
+/** Refused (CONFLICT) while any tenant is on the tier. Also removes the tier's cap. */
+export const deleteTierSchema = z.strictObject({ type: z.literal('deleteTier'), name: nameSchema, ...session });
+/** The aggregate cap over all tenants of a tier. */
+export const putTierCapSchema = z.strictObject({
+  type: z.literal('putTierCap'),
+  tier: nameSchema,
+  rate: rateSchema,
+  burst: burstSchema,
+  floorFraction: floorFractionSchema.optional(),
+  ...session,
+});
+export const deleteTierCapSchema = z.strictObject({ type: z.literal('deleteTierCap'), tier: nameSchema, ...session });
+/** The domain-wide cap (all traffic of an Envoy rate-limit domain). */
+export const putDomainCapSchema = z.strictObject({
+  type: z.literal('putDomainCap'),
+  domain: nameSchema,
+  rate: rateSchema,
+  burst: burstSchema,
+  floorFraction: floorFractionSchema.optional(),
+  ...session,
+});
+export const deleteDomainCapSchema = z.strictObject({ type: z.literal('deleteDomainCap'), domain: nameSchema, ...session });
+/** Creates or replaces a tenant; `rate`/`burst` override the tier's (left out: the tier's). */
+export const putTenantSchema = z.strictObject({
+  type: z.literal('putTenant'),
+  id: nameSchema,
+  tier: nameSchema,
+  rate: rateSchema.optional(),
+  burst: burstSchema.optional(),
+  ...session,
+});
+export const deleteTenantSchema = z.strictObject({ type: z.literal('deleteTenant'), id: nameSchema, ...session });
+/** A cell's first contact (idempotent: registering a known cell changes nothing but the clock). */
+export const registerCellSchema = z.strictObject({
+  type: z.literal('registerCell'),
+  cellId: nameSchema,
+  nowMs: timeSchema,
+  ...session,
+});
+
+/** A cell reported in this round; its lease now runs (at least) until `leaseExpiresAtMs`. */
+export const leaseRenewalSchema = z.strictObject({ cellId: nameSchema, leaseExpiresAtMs: timeSchema });
+/** The cell has applied the grant of this epoch (and the floor delivered with it). */
+export const grantAckSchema = z.strictObject({ key: quotaKeySchema, cellId: nameSchema, epoch: epochSchema });
+/** A new grant for one quota and one cell; `epoch` must exceed the slice's current epoch. */
+export const grantSchema = z.strictObject({
+  key: quotaKeySchema,
+  cellId: nameSchema,
+  rate: grantRateSchema,
+  burst: grantBurstSchema,
+  epoch: epochSchema,
+  leaseExpiresAtMs: timeSchema,
+});
+/**
+ * One allocation round, atomically: acknowledgements first (they may free capacity), then lease
+ * renewals, then the changed grants (only the changes: the log grows with changes, not with
+ * tenants × cells). Refused as a whole if any grant would break the bound.
+ */
+export const reportAndGrantSchema = z.strictObject({
+  type: z.literal('reportAndGrant'),
+  nowMs: timeSchema,
+  leases: z.array(leaseRenewalSchema).max(MAX_CELLS).optional(),
+  acks: z.array(grantAckSchema).max(MAX_ROUND_ITEMS).optional(),
+  grants: z.array(grantSchema).max(MAX_ROUND_ITEMS).optional(),
+  ...session,
+});
+/** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
+export const expireLeasesSchema = z.strictObject({ type: z.literal('expireLeases'), nowMs: timeSchema, ...session });
+
+export const ledgerCommandSchema = z.discriminatedUnion('type', [
+  putTierSchema,
+  deleteTierSchema,
+  putTierCapSchema,
+  deleteTierCapSchema,
+  putDomainCapSchema,
+  deleteDomainCapSchema,
+  putTenantSchema,
+  deleteTenantSchema,
+  registerCellSchema,
+  reportAndGrantSchema,
+  expireLeasesSchema,
+]);
+
+// ---- types --------------------------------------------------------------------------------------
+
+/** A validated command (what the ledger applies). */
+export type LedgerCommand = z.output<typeof ledgerCommandSchema>;
+/** What a caller may hand in (before validation and normalisation). */
+export type LedgerCommandInput = z.input<typeof ledgerCommandSchema>;
+export type LedgerCommandType = LedgerCommand['type'];
+export type SessionTag = z.output<typeof sessionSchema>;
+export type PutTierCommand = z.output<typeof putTierSchema>;
+export type DeleteTierCommand = z.output<typeof deleteTierSchema>;
+export type PutTierCapCommand = z.output<typeof putTierCapSchema>;
+export type DeleteTierCapCommand = z.output<typeof deleteTierCapSchema>;
+export type PutDomainCapCommand = z.output<typeof putDomainCapSchema>;
+export type DeleteDomainCapCommand = z.output<typeof deleteDomainCapSchema>;
+export type PutTenantCommand = z.output<typeof putTenantSchema>;
+export type DeleteTenantCommand = z.output<typeof deleteTenantSchema>;
+export type RegisterCellCommand = z.output<typeof registerCellSchema>;
+export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;
+export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
+export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
+export type GrantAck = z.output<typeof grantAckSchema>;
+export type Grant = z.output<typeof grantSchema>;
+
+// ---- validation and encoding --------------------------------------------------------------------
+
+export class LedgerCommandError extends Error {
+  override readonly name = 'LedgerCommandError';
+}
+
+export type CommandParse =
+  | { readonly ok: true; readonly command: LedgerCommand }
+  | { readonly ok: false; readonly message: string };
+
+/** Commands this module produced by validation (zod returns fresh objects), so the ledger need not validate twice. */
+const validated = new WeakSet<object>();
+
+/**
+ * True if `cmd` is an object returned by parseCommand or decodeCommand. Such objects must not be
+ * mutated afterwards: the ledger applies them without validating again.
+ */
+export function isValidatedCommand(cmd: unknown): cmd is LedgerCommand {
+  return typeof cmd === 'object' && cmd !== null && validated.has(cmd);
+}
+
+/** Validates (and normalises) a command; never throws. */
+export function parseCommand(input: unknown): CommandParse {
+  if (isValidatedCommand(input)) return { ok: true, command: input };
+  const r = ledgerCommandSchema.safeParse(input);
+  if (r.success) {
+    validated.add(r.data);
+    return { ok: true, command: r.data };
+  }
+  return { ok: false, message: describeIssues(r.error.issues) };
+}
+
+export function describeIssues(issues: readonly { readonly path: readonly PropertyKey[]; readonly message: string }[]): string {
+  const shown = issues.slice(0, 3).map((i) => `${i.path.length > 0 ? i.path.map(String).join('.') : '(root)'}: ${i.message}`);
+  const more = issues.length > 3 ? ` (+${issues.length - 3} more)` : '';
+  return `invalid command: ${shown.join('; ')}${more}`;
+}
+
+const packr = new Packr({ useRecords: false, moreTypes: false });
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes: false });
+
+/** Validates and encodes a command for the Raft log. Throws LedgerCommandError if it is invalid. */
+export function encodeCommand(cmd: LedgerCommandInput): Uint8Array {
+  const p = parseCommand(cmd);
+  if (!p.ok) throw new LedgerCommandError(p.message);
+  return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
+}
+
+/** Decodes and validates a command from the Raft log. Throws LedgerCommandError if it is not one. */
+export function decodeCommand(bytes: Uint8Array): LedgerCommand {
+  let doc: unknown;
+  try {
+    doc = unpackr.unpack(bytes);
+  } catch (e) {
+    throw new LedgerCommandError(`undecodable command: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, { cause: e });
+  }
+  if (!Array.isArray(doc) || doc.length !== 2) throw new LedgerCommandError('undecodable command: not [version, command]');
+  const [version, body] = doc as [unknown, unknown];
+  if (version !== COMMAND_FORMAT_VERSION) throw new LedgerCommandError(`unsupported command format version ${String(version)}`);
+  const p = parseCommand(body);
+  if (!p.ok) throw new LedgerCommandError(p.message);
+  return p.command;
+}

@@ -1,0 +1,1255 @@
+// The replicated quota ledger: the deterministic state machine the coordinator's Raft log drives.
+// It owns tiers, tenants, the optional tier and domain caps, cells and the slices (per global quota
+// and cell: the granted rate and burst, its epoch, the lease, the floor delivered with it).
+//
+// Pure: no I/O, no wall clock, no randomness. Time comes inside the commands (stamped by the leader),
+// and the ledger's clock `nowMs` is the largest time any applied command carried, so it never runs
+// backwards when leadership moves to a node whose clock is behind. Everything that iterates does so
+// in a canonical order (cells in registration order, snapshots sorted), so two replicas fed the same
+// entries hold byte-identical snapshots, and a replica restored from a snapshot goes on exactly like
+// the one that wrote it.
+//
+// ## What a cell "may be using" (u), and the bound
+//
+// For a global quota q (rate R, burst B, floor fraction φ) and a registered cell c:
+//
+//     u_rate(c) = max( floor(q, c),            the floor the cell may fall back to at any moment
+//                      heldFloorRate(c),       floors delivered with grants it has not yet acknowledged away
+//                      live(c) ? heldRate(c) : 0 )
+//
+// where `heldRate` is the largest rate of every grant the cell may still hold: the current grant and,
+// after a shrink, the older larger ones until the cell acknowledges the current epoch; and `live(c)`
+// is "the cell's lease has not surely expired": nowMs < leaseExpiresAtMs + skewMarginMs. (The same for
+// burst.) The floor is in the max even while the lease is live because an agent may drop to its
+// floors at any moment (its own view of the lease ends first; a restart starts on floors), so a grant
+// below the floor is never counted below the floor. Unregistered floor slots are counted at the floor
+// too (see "Floors" below). The committed state keeps
+//
+//     Σ_c u_rate(c) ≤ R   and   Σ_c u_burst(c) ≤ B        (within 1e-9 relative, for float sums)
+//
+// for every quota, except in the transition after an operator lowers a quota (below).
+//
+// ## The safety rule as implemented
+//
+// A reportAndGrant round is applied tentatively (with an undo log): the clock advances, cells whose
+// lease has surely expired lose their grants (they are on floors), acknowledgements collapse `held`
+// to the acknowledged current grant, leases are renewed, then the new grants are applied — a grant
+// raises `held` to max(held, new), it never lowers it, so a shrink frees nothing until it is
+// acknowledged or the lease surely expires. Then, for every quota the round touches, Σu must be ≤ the
+// quota, or (during a transition, below) the grants must not have raised Σu above what it was just
+// before them; otherwise the whole round is rolled back and refused with QUOTA_EXCEEDED, changing
+// nothing (not even the clock). Acknowledgements, renewals and the passing of time never raise Σu: a
+// renewal cannot revive grants already released, because a lease that surely expired is released
+// (grants zeroed, lease cleared) by the very command whose time shows it, before anything else.
+//
+// ## Floors: over a configured expected cell count, not over the registered cells
+//
+// A cell's floor for a quota is φ × R / floorCells (and φ × B / floorCells), where `floorCells` is
+// the expected number of cells, fixed when the ledger is created (replicated through snapshots). The
+// first `floorCells` cells to register take the floor slots; a cell registering beyond them has a
+// floor of 0 (it serves global quotas on grants only). Slots nobody has registered yet are counted at
+// their floor all the same, so Σ floors = φ × R always, and registering a cell changes nobody's floor.
+//
+// Why not split over the registered cells: a registration would shrink every other cell's floor, and
+// a floor shrink, unlike a grant shrink, cannot be released by lease expiry — the floor is exactly
+// what a cut-off agent falls back to, and it keeps the last floor it knew for as long as it is cut
+// off. So the old floor would have to stay counted until every cell acknowledged the new one, which a
+// partitioned cell may not do for hours; meanwhile the newcomer could get no floor without breaking
+// the bound. Reserving the slots up front avoids that, and also covers an agent that has not reached
+// a coordinator yet and runs on its static share.
+//
+// Floors still change when an operator changes a quota (rate, burst, φ). A grant stamps the floor
+// current when it is applied (`floorRate`/`floorBurst`; the lease service hands the agent that
+// value), and a stamped floor counts (`heldFloor*`) until the cell acknowledges a later grant —
+// lease expiry does not release it. Assumed of agents: for a global key an agent admits at most
+// max(the floor stamped on the latest grant it applied, its grant while its lease lasts); for a key
+// it holds no grant for, at most a static share no larger than the key's current floor.
+//
+// ## Lowering a quota (and other operator changes)
+//
+// When a quota's configuration changes and the cells may already be using more than the new limit
+// (old grants, old floors), nothing is revoked by fiat: the quota gets a ceiling = max(new limit,
+// current Σu). The invariant is then Σu ≤ ceiling; while the ceiling is above the limit, rounds may
+// only shrink that quota (Σu may not grow); after every command the ceiling ratchets down to
+// max(limit, Σu) as acknowledgements and lease expiries release the old grants, and disappears when
+// it reaches the limit.
+//
+// ## Deleting a tenant or cap
+//
+// Its slices stay as "retired" slices while anything on them is still counted (a cut-off cell may
+// still use a grant or floor of the old incarnation), so re-creating the tenant counts them. A
+// retired slice disappears once its grant and held floors are all zero; rounds may send it a zero
+// grant (the only grant a key without a quota accepts) to get there.
+//
+// ## Errors and sessions
+//
+// Every error is deterministic and changes no domain state. A command carrying a session tag
+// {clientId, seq} is applied at most once: a retry with the same seq returns the first result
+// (errors included) without applying again; an older seq is refused with STALE_SESSION. The session
+// table is part of the snapshot.
+
+import { ClientSessions } from '../raft/raft-sessions.js';
+import type { SessionEntry } from '../raft/raft-sessions.js';
+import { Packr, Unpackr } from 'msgpackr';
+import { z } from 'zod';
+import {
+  DEFAULT_FLOOR_FRACTION,
+  MAX_BURST,
+  MAX_CELLS,
+  MAX_DOMAIN_CAPS,
+  MAX_NAME_LENGTH,
+  MAX_RATE,
+  MAX_TENANTS,
+  MAX_TIERS,
+  MAX_TIME_MS,
+  LedgerCommandError,
+  decodeCommand,
+  describeIssues,
+  domainCapKey,
+  parseCommand,
+  QUOTA_KEY_PATTERN,
+  tenantKey,
+  tierCapKey,
+} from './ledger-commands.js';
+import type {
+  DeleteDomainCapCommand,
+  DeleteTenantCommand,
+  DeleteTierCapCommand,
+  DeleteTierCommand,
+  ExpireLeasesCommand,
+  LedgerCommand,
+  LedgerCommandInput,
+  PutDomainCapCommand,
+  PutTenantCommand,
+  PutTierCapCommand,
+  PutTierCommand,
+  RegisterCellCommand,
+  ReportAndGrantCommand,
+} from './ledger-commands.js';
+
+// ---- configuration ------------------------------------------------------------------------------
+
+/** Default expected cell count over which floors are split. */
+export const DEFAULT_FLOOR_CELLS = 3;
+/** Default margin added to a lease before the coordinator treats it as surely expired. */
+export const DEFAULT_SKEW_MARGIN_MS = 1_000;
+/** Default size of the client session table. */
+export const DEFAULT_MAX_SESSIONS = 10_000;
+/** Largest skew margin accepted (1 hour). */
+export const MAX_SKEW_MARGIN_MS = 3_600_000;
+/** Version tag of the snapshot format. */
+export const SNAPSHOT_FORMAT_VERSION = 1;
+/** Relative tolerance of the bound's float comparisons. */
+export const BOUND_TOLERANCE = 1e-9;
+/** Default and largest page size of listTenants. */
+export const DEFAULT_PAGE_LIMIT = 100;
+export const MAX_PAGE_LIMIT = 1_000;
+
+/** The replicated configuration: fixed at creation, carried by snapshots. */
+export interface LedgerConfig {
+  /** Expected number of cells: floors are φ × quota / floorCells (1..MAX_CELLS). */
+  readonly floorCells: number;
+  /** Added to a lease's expiry before its grants are released (clock-rate drift, delays). */
+  readonly skewMarginMs: number;
+  /** Size of the client session table (least recently applied evicted first). */
+  readonly maxSessions: number;
+}
+
+export interface LedgerOptions {
+  readonly floorCells?: number;
+  readonly skewMarginMs?: number;
+  readonly maxSessions?: number;
+  /** Check every invariant after every apply and throw LedgerInvariantError (debug / tests). */
+  readonly assertInvariants?: boolean;
+}
+
+// ---- results and views --------------------------------------------------------------------------
+
+export type LedgerErrorCode = 'INVALID' | 'NOT_FOUND' | 'CONFLICT' | 'LIMIT_EXCEEDED' | 'QUOTA_EXCEEDED' | 'STALE_SESSION';
+export const LEDGER_ERROR_CODES: readonly LedgerErrorCode[] = [
+  'INVALID',
+  'NOT_FOUND',
+  'CONFLICT',
+  'LIMIT_EXCEEDED',
+  'QUOTA_EXCEEDED',
+  'STALE_SESSION',
+];
+
+export interface LedgerError {
+  readonly code: LedgerErrorCode;
+  readonly message: string;
+}
+
+export interface QuotaConfig {
+  readonly rate: number;
+  readonly burst: number;
+  readonly floorFraction: number;
+}
+
+export interface TierView extends QuotaConfig {
+  readonly name: string;
+  /** The aggregate cap over all tenants of the tier, if any. */
+  readonly cap: QuotaConfig | null;
+  readonly tenantCount: number;
+  /** Log index of the last change. */
+  readonly updatedIndex: number;
+}
+
+export interface DomainCapView extends QuotaConfig {
+  readonly domain: string;
+  readonly updatedIndex: number;
+}
+
+export interface TenantView {
+  readonly id: string;
+  readonly tier: string;
+  /** Overrides (null: the tier's). */
+  readonly rate: number | null;
+  readonly burst: number | null;
+  /** The tenant's global quota: its overrides, else its tier's. */
+  readonly quota: QuotaConfig;
+  readonly updatedIndex: number;
+}
+
+/** One cell's part of one quota. */
+export interface SliceView {
+  readonly cellId: string;
+  /** The cell's floor slot (null: registered beyond floorCells, no floor). */
+  readonly slot: number | null;
+  /** 0 while the cell never got a grant for this quota. */
+  readonly epoch: number;
+  readonly rate: number;
+  readonly burst: number;
+  readonly leaseExpiresAtMs: number | null;
+  /** The floor delivered with the current grant (what the agent falls back to). */
+  readonly floorRate: number;
+  readonly floorBurst: number;
+  /** The cell has acknowledged the current grant: no older grant or floor is still counted. */
+  readonly acknowledged: boolean;
+  /** What the ledger counts the cell as possibly using (u). */
+  readonly countedRate: number;
+  readonly countedBurst: number;
+}
+
+export interface TenantDetail extends TenantView {
+  /** One entry per registered cell, in registration order. */
+  readonly slices: SliceView[];
+}
+
+export interface CellView {
+  readonly id: string;
+  readonly slot: number | null;
+  readonly registeredAtMs: number;
+  readonly lastReportAtMs: number | null;
+  /** null: no lease (never granted, or it surely expired and the grants were released). */
+  readonly leaseExpiresAtMs: number | null;
+  readonly leaseLive: boolean;
+}
+
+/** Everything the allocator needs about one quota. */
+export interface QuotaState extends QuotaConfig {
+  readonly key: string;
+  /** The floor of each floor slot. */
+  readonly floorRate: number;
+  readonly floorBurst: number;
+  /** What Σu may not exceed: the quota, or more during a transition after the quota was lowered. */
+  readonly ceilingRate: number;
+  readonly ceilingBurst: number;
+  /** Σu over all cells plus the unregistered floor slots. */
+  readonly countedRate: number;
+  readonly countedBurst: number;
+  /** Floor slots no cell has registered for, counted at the floor. */
+  readonly unregisteredSlots: number;
+  readonly cells: SliceView[];
+}
+
+export type LedgerValue =
+  | { readonly kind: 'tier'; readonly tier: TierView; readonly created: boolean }
+  | { readonly kind: 'tierCap'; readonly tier: string; readonly cap: QuotaConfig; readonly created: boolean }
+  | { readonly kind: 'domainCap'; readonly cap: DomainCapView; readonly created: boolean }
+  | { readonly kind: 'tenant'; readonly tenant: TenantView; readonly created: boolean }
+  | { readonly kind: 'deleted'; readonly what: 'tier' | 'tierCap' | 'domainCap' | 'tenant'; readonly id: string }
+  | { readonly kind: 'cell'; readonly cell: CellView; readonly created: boolean }
+  | {
+      readonly kind: 'round';
+      readonly nowMs: number;
+      readonly acked: number;
+      readonly ignoredAcks: number;
+      readonly renewed: number;
+      readonly granted: number;
+      /** Cells whose lease surely expired when the clock advanced (their grants were released). */
+      readonly expiredCells: string[];
+    }
+  | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] };
+
+export type LedgerResult = { readonly ok: true; readonly value: LedgerValue } | { readonly ok: false; readonly error: LedgerError };
+
+export class LedgerInvariantError extends Error {
+  override readonly name = 'LedgerInvariantError';
+}
+
+// ---- internal records ---------------------------------------------------------------------------
+
+interface QuotaRec {
+  rate: number;
+  burst: number;
+  floorFraction: number;
+  updatedIndex: number;
+}
+
+interface TenantRec {
+  tier: string;
+  rate: number | null;
+  burst: number | null;
+  updatedIndex: number;
+}
+
+interface CellRec {
+  readonly id: string;
+  readonly slot: number | null;
+  readonly registeredAtMs: number;
+  lastReportAtMs: number | null;
+  leaseExpiresAtMs: number | null;
+}
+
+interface SliceRec {
+  epoch: number;
+  rate: number;
+  burst: number;
+  leaseExpiresAtMs: number;
+  floorRate: number;
+  floorBurst: number;
+  /** Largest rate/burst/floors of every grant the cell may still hold (≥ the current ones). */
+  heldRate: number;
+  heldBurst: number;
+  heldFloorRate: number;
+  heldFloorBurst: number;
+}
+
+interface Ceiling {
+  rate: number;
+  burst: number;
+}
+
+interface Usage {
+  rate: number;
+  burst: number;
+}
+
+function ok(value: LedgerValue): LedgerResult {
+  return { ok: true, value };
+}
+function fail(code: LedgerErrorCode, message: string): LedgerResult {
+  return { ok: false, error: { code, message } };
+}
+function cmp(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+function tolerance(limit: number): number {
+  return BOUND_TOLERANCE * Math.max(1, limit);
+}
+function exceeds(value: number, limit: number): boolean {
+  return value > limit + tolerance(limit);
+}
+function quotaConfig(q: QuotaRec): QuotaConfig {
+  return { rate: q.rate, burst: q.burst, floorFraction: q.floorFraction };
+}
+
+class Rollback {
+  private readonly steps: (() => void)[] = [];
+  push(step: () => void): void {
+    this.steps.push(step);
+  }
+  run(): void {
+    for (let i = this.steps.length - 1; i >= 0; i--) this.steps[i]?.();
+  }
+}
+
+// ---- the ledger ---------------------------------------------------------------------------------
+
+export class Ledger {
+  readonly config: LedgerConfig;
+  private readonly assert: boolean;
+
+  private now = 0;
+  private applied = 0;
+  private readonly tiers = new Map<string, QuotaRec>();
+  private readonly tierCaps = new Map<string, QuotaRec>();
+  private readonly domainCaps = new Map<string, QuotaRec>();
+  private readonly tenants = new Map<string, TenantRec>();
+  private readonly tierTenantCount = new Map<string, number>();
+  private readonly cells = new Map<string, CellRec>();
+  /** Cell ids in registration order: every sum over cells runs in this order. */
+  private readonly cellOrder: string[] = [];
+  private slotsTaken = 0;
+  private readonly byKey = new Map<string, Map<string, SliceRec>>();
+  private readonly byCell = new Map<string, Map<string, SliceRec>>();
+  private readonly ceilings = new Map<string, Ceiling>();
+  private sessions: ClientSessions<LedgerResult>;
+  /** Sorted tenant ids, rebuilt lazily for listTenants. */
+  private sortedTenantIds: string[] | null = null;
+  /** The undo log of the command being applied tentatively (reportAndGrant), else null. */
+  private txn: Rollback | null = null;
+
+  constructor(options: LedgerOptions = {}) {
+    const floorCells = options.floorCells ?? DEFAULT_FLOOR_CELLS;
+    const skewMarginMs = options.skewMarginMs ?? DEFAULT_SKEW_MARGIN_MS;
+    const maxSessions = options.maxSessions ?? DEFAULT_MAX_SESSIONS;
+    if (!Number.isInteger(floorCells) || floorCells < 1 || floorCells > MAX_CELLS) {
+      throw new RangeError(`floorCells must be an integer in 1..${MAX_CELLS}`);
+    }
+    if (!Number.isFinite(skewMarginMs) || skewMarginMs < 0 || skewMarginMs > MAX_SKEW_MARGIN_MS) {
+      throw new RangeError(`skewMarginMs must be in 0..${MAX_SKEW_MARGIN_MS}`);
+    }
+    if (!Number.isInteger(maxSessions) || maxSessions < 1) throw new RangeError('maxSessions must be a positive integer');
+    this.config = { floorCells, skewMarginMs: skewMarginMs + 0, maxSessions };
+    this.assert = options.assertInvariants ?? false;
+    this.sessions = new ClientSessions<LedgerResult>(maxSessions);
+  }
+
+  /** The ledger's clock: the largest `nowMs` any applied command carried. */
+  get nowMs(): number {
+    return this.now;
+  }
+
+  /** The index of the last applied log entry. */
+  get appliedIndex(): number {
+    return this.applied;
+  }
+
+  // ---- applying ---------------------------------------------------------------------------------
+
+  /**
+   * Applies the command of log entry `index` (which must exceed every index applied before).
+   * Deterministic; an error result changes no domain state (the session table and the applied index
+   * still record the entry). With `assertInvariants`, throws LedgerInvariantError if an invariant
+   * fails afterwards.
+   */
+  apply(input: LedgerCommandInput | LedgerCommand, index: number): LedgerResult {
+    if (!Number.isSafeInteger(index) || index <= this.applied) {
+      throw new RangeError(`log index ${index} must be an integer above the applied index ${this.applied}`);
+    }
+    const parsed = parseCommand(input);
+    const result = parsed.ok ? this.applyValid(parsed.command, index) : fail('INVALID', parsed.message);
+    this.applied = index;
+    if (this.assert) this.checkInvariants();
+    return result;
+  }
+
+  /** Decodes and applies an encoded entry; an undecodable entry yields INVALID (and changes nothing). */
+  applyEncoded(bytes: Uint8Array, index: number): LedgerResult {
+    let decoded: LedgerCommand | LedgerCommandError;
+    try {
+      decoded = decodeCommand(bytes);
+    } catch (e) {
+      if (!(e instanceof LedgerCommandError)) throw e;
+      decoded = e;
+    }
+    if (!(decoded instanceof LedgerCommandError)) return this.apply(decoded, index);
+    if (!Number.isSafeInteger(index) || index <= this.applied) {
+      throw new RangeError(`log index ${index} must be an integer above the applied index ${this.applied}`);
+    }
+    this.applied = index;
+    const result = fail('INVALID', decoded.message);
+    if (this.assert) this.checkInvariants();
+    return result;
+  }
+
+  private applyValid(cmd: LedgerCommand, index: number): LedgerResult {
+    const session = cmd.session;
+    if (session !== undefined) {
+      const check = this.sessions.check(session.clientId, session.seq);
+      if (check.kind === 'duplicate') return check.result;
+      if (check.kind === 'stale') {
+        return fail('STALE_SESSION', `request ${session.seq} of client ${session.clientId} is older than its last applied request ${check.lastSeq}`);
+      }
+    }
+    const result = this.dispatch(cmd, index);
+    if (result.ok) this.ratchetCeilings();
+    if (session !== undefined) this.sessions.record(session.clientId, session.seq, result);
+    return result;
+  }
+
+  private dispatch(cmd: LedgerCommand, index: number): LedgerResult {
+    switch (cmd.type) {
+      case 'putTier':
+        return this.putTier(cmd, index);
+      case 'deleteTier':
+        return this.deleteTier(cmd);
+      case 'putTierCap':
+        return this.putTierCap(cmd, index);
+      case 'deleteTierCap':
+        return this.deleteTierCap(cmd);
+      case 'putDomainCap':
+        return this.putDomainCap(cmd, index);
+      case 'deleteDomainCap':
+        return this.deleteDomainCap(cmd);
+      case 'putTenant':
+        return this.putTenant(cmd, index);
+      case 'deleteTenant':
+        return this.deleteTenant(cmd);
+      case 'registerCell':
+        return this.registerCell(cmd);
+      case 'reportAndGrant':
+        return this.reportAndGrant(cmd);
+      case 'expireLeases':
+        return this.expireLeases(cmd);
+    }
+  }
+
+  private putTier(cmd: PutTierCommand, index: number): LedgerResult {
+    const existing = this.tiers.get(cmd.name);
+    if (existing === undefined && this.tiers.size >= MAX_TIERS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TIERS} tiers`);
+    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    this.tiers.set(cmd.name, rec);
+    if (existing !== undefined) {
+      // Every tenant on the tier whose cells hold slices may now be over (or under) its quota.
+      for (const key of this.byKey.keys()) {
+        if (key.startsWith('tenant/') && this.tenants.get(key.slice(7))?.tier === cmd.name) this.rebaseCeiling(key);
+      }
+    }
+    return ok({ kind: 'tier', tier: this.tierView(cmd.name, rec), created: existing === undefined });
+  }
+
+  private deleteTier(cmd: DeleteTierCommand): LedgerResult {
+    if (!this.tiers.has(cmd.name)) return fail('NOT_FOUND', `tier ${cmd.name} does not exist`);
+    const users = this.tierTenantCount.get(cmd.name) ?? 0;
+    if (users > 0) return fail('CONFLICT', `tier ${cmd.name} is used by ${users} tenant(s); move or delete them first`);
+    this.tiers.delete(cmd.name);
+    if (this.tierCaps.delete(cmd.name)) this.retireKey(tierCapKey(cmd.name));
+    return ok({ kind: 'deleted', what: 'tier', id: cmd.name });
+  }
+
+  private putTierCap(cmd: PutTierCapCommand, index: number): LedgerResult {
+    if (!this.tiers.has(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
+    const created = !this.tierCaps.has(cmd.tier);
+    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    this.tierCaps.set(cmd.tier, rec);
+    this.rebaseCeiling(tierCapKey(cmd.tier));
+    return ok({ kind: 'tierCap', tier: cmd.tier, cap: quotaConfig(rec), created });
+  }
+
+  private deleteTierCap(cmd: DeleteTierCapCommand): LedgerResult {
+    if (!this.tierCaps.delete(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} has no cap`);
+    this.retireKey(tierCapKey(cmd.tier));
+    return ok({ kind: 'deleted', what: 'tierCap', id: cmd.tier });
+  }
+
+  private putDomainCap(cmd: PutDomainCapCommand, index: number): LedgerResult {
+    const created = !this.domainCaps.has(cmd.domain);
+    if (created && this.domainCaps.size >= MAX_DOMAIN_CAPS) return fail('LIMIT_EXCEEDED', `at most ${MAX_DOMAIN_CAPS} domain caps`);
+    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    this.domainCaps.set(cmd.domain, rec);
+    this.rebaseCeiling(domainCapKey(cmd.domain));
+    return ok({ kind: 'domainCap', cap: { domain: cmd.domain, ...quotaConfig(rec), updatedIndex: index }, created });
+  }
+
+  private deleteDomainCap(cmd: DeleteDomainCapCommand): LedgerResult {
+    if (!this.domainCaps.delete(cmd.domain)) return fail('NOT_FOUND', `domain ${cmd.domain} has no cap`);
+    this.retireKey(domainCapKey(cmd.domain));
+    return ok({ kind: 'deleted', what: 'domainCap', id: cmd.domain });
+  }
+
+  private putTenant(cmd: PutTenantCommand, index: number): LedgerResult {
+    if (!this.tiers.has(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
+    const existing = this.tenants.get(cmd.id);
+    if (existing === undefined && this.tenants.size >= MAX_TENANTS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TENANTS} tenants`);
+    if (existing !== undefined) this.addTierUse(existing.tier, -1);
+    else this.sortedTenantIds = null;
+    const rec: TenantRec = { tier: cmd.tier, rate: cmd.rate ?? null, burst: cmd.burst ?? null, updatedIndex: index };
+    this.tenants.set(cmd.id, rec);
+    this.addTierUse(cmd.tier, 1);
+    this.rebaseCeiling(tenantKey(cmd.id));
+    return ok({ kind: 'tenant', tenant: this.tenantView(cmd.id, rec), created: existing === undefined });
+  }
+
+  private deleteTenant(cmd: DeleteTenantCommand): LedgerResult {
+    const existing = this.tenants.get(cmd.id);
+    if (existing === undefined) return fail('NOT_FOUND', `tenant ${cmd.id} does not exist`);
+    this.tenants.delete(cmd.id);
+    this.sortedTenantIds = null;
+    this.addTierUse(existing.tier, -1);
+    this.retireKey(tenantKey(cmd.id));
+    return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
+  }
+
+  private registerCell(cmd: RegisterCellCommand): LedgerResult {
+    const existing = this.cells.get(cmd.cellId);
+    if (existing === undefined && this.cells.size >= MAX_CELLS) return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells`);
+    this.advanceTime(cmd.nowMs);
+    if (existing !== undefined) return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
+    const slot = this.slotsTaken < this.config.floorCells ? this.slotsTaken++ : null;
+    const rec: CellRec = { id: cmd.cellId, slot, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null };
+    this.cells.set(cmd.cellId, rec);
+    this.cellOrder.push(cmd.cellId);
+    return ok({ kind: 'cell', cell: this.cellView(rec), created: true });
+  }
+
+  private expireLeases(cmd: ExpireLeasesCommand): LedgerResult {
+    const expiredCells = this.advanceTime(cmd.nowMs);
+    return ok({ kind: 'expired', nowMs: this.now, expiredCells });
+  }
+
+  private reportAndGrant(cmd: ReportAndGrantCommand): LedgerResult {
+    const leases = cmd.leases ?? [];
+    const acks = cmd.acks ?? [];
+    const grants = cmd.grants ?? [];
+
+    // 1. Checks that need no tentative state.
+    const seenCells = new Set<string>();
+    for (const l of leases) {
+      if (!this.cells.has(l.cellId)) return fail('NOT_FOUND', `cell ${l.cellId} is not registered`);
+      if (seenCells.has(l.cellId)) return fail('INVALID', `cell ${l.cellId} appears twice in leases`);
+      seenCells.add(l.cellId);
+    }
+    // The quotas the grants touch (in first-seen order), each looked up once: a round changes no quota.
+    const touched = new Map<string, { readonly q: QuotaRec | undefined; readonly cells: Set<string> }>();
+    for (const g of grants) {
+      if (!this.cells.has(g.cellId)) return fail('NOT_FOUND', `cell ${g.cellId} is not registered`);
+      let t = touched.get(g.key);
+      if (t === undefined) touched.set(g.key, (t = { q: this.quotaOf(g.key), cells: new Set() }));
+      if (t.cells.has(g.cellId)) return fail('INVALID', `grant for ${g.key} on cell ${g.cellId} appears twice`);
+      t.cells.add(g.cellId);
+      const slice = this.byKey.get(g.key)?.get(g.cellId);
+      if (t.q === undefined && (slice === undefined || g.rate !== 0 || g.burst !== 0)) {
+        return fail('NOT_FOUND', `quota ${g.key} does not exist (a deleted quota's slices accept only zero grants)`);
+      }
+      if (slice !== undefined && g.epoch <= slice.epoch) {
+        return fail('CONFLICT', `grant epoch ${g.epoch} for ${g.key} on cell ${g.cellId} is not above the current epoch ${slice.epoch}`);
+      }
+    }
+
+    // 2. Apply tentatively.
+    const txn = new Rollback();
+    this.txn = txn;
+    try {
+      const expiredCells = this.advanceTime(cmd.nowMs);
+      let acked = 0;
+      for (const a of acks) {
+        const s = this.byKey.get(a.key)?.get(a.cellId);
+        if (s === undefined || a.epoch !== s.epoch) continue;
+        acked++;
+        this.saveSlice(s);
+        s.heldRate = s.rate;
+        s.heldBurst = s.burst;
+        s.heldFloorRate = s.floorRate;
+        s.heldFloorBurst = s.floorBurst;
+        this.dropIfRetiredAndEmpty(a.key, a.cellId, s);
+      }
+      for (const l of leases) {
+        const c = this.cells.get(l.cellId);
+        if (c === undefined) continue;
+        this.saveCell(c);
+        c.lastReportAtMs = this.now;
+        c.leaseExpiresAtMs = c.leaseExpiresAtMs === null ? l.leaseExpiresAtMs + 0 : Math.max(c.leaseExpiresAtMs, l.leaseExpiresAtMs);
+      }
+      const before = new Map<string, Usage>();
+      for (const [key, { q }] of touched) if (q !== undefined) before.set(key, this.usage(key, q));
+      for (const g of grants) {
+        const q = touched.get(g.key)?.q;
+        let s = this.byKey.get(g.key)?.get(g.cellId);
+        if (q === undefined && s === undefined) continue; // a retired slice released above
+        const cell = this.cells.get(g.cellId);
+        if (cell === undefined) continue;
+        if (s === undefined) s = this.createSlice(g.key, g.cellId); // its undo removes it
+        else this.saveSlice(s);
+        const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
+        s.epoch = g.epoch;
+        s.rate = g.rate + 0; // + 0: never store a -0 (msgpack would turn it into 0 and break exact round trips)
+        s.burst = g.burst + 0;
+        s.leaseExpiresAtMs = g.leaseExpiresAtMs + 0;
+        s.floorRate = floor.rate;
+        s.floorBurst = floor.burst;
+        s.heldRate = Math.max(s.heldRate, g.rate);
+        s.heldBurst = Math.max(s.heldBurst, g.burst);
+        s.heldFloorRate = Math.max(s.heldFloorRate, floor.rate);
+        s.heldFloorBurst = Math.max(s.heldFloorBurst, floor.burst);
+        this.saveCell(cell);
+        cell.leaseExpiresAtMs = cell.leaseExpiresAtMs === null ? g.leaseExpiresAtMs + 0 : Math.max(cell.leaseExpiresAtMs, g.leaseExpiresAtMs);
+        if (q === undefined) this.dropIfRetiredAndEmpty(g.key, g.cellId, s);
+      }
+      // Grants (or renewals) carrying a lease that has already surely expired: released at once.
+      for (const id of this.advanceTime(this.now)) if (!expiredCells.includes(id)) expiredCells.push(id);
+
+      for (const [key, { q }] of touched) {
+        const b = before.get(key);
+        if (q === undefined || b === undefined) continue;
+        const after = this.usage(key, q);
+        const c = this.ceilings.get(key);
+        const rateBad = exceeds(after.rate, q.rate) && (c === undefined || exceeds(after.rate, b.rate) || exceeds(after.rate, c.rate));
+        const burstBad = exceeds(after.burst, q.burst) && (c === undefined || exceeds(after.burst, b.burst) || exceeds(after.burst, c.burst));
+        if (rateBad || burstBad) {
+          txn.run();
+          const what = rateBad ? `rate ${after.rate} over the quota's ${q.rate}` : `burst ${after.burst} over the quota's ${q.burst}`;
+          const during = c === undefined ? '' : ' (the quota was lowered and is still above its limit: only shrinks are accepted)';
+          return fail('QUOTA_EXCEEDED', `the grants would let the cells use ${what} for ${key}${during}; the round is refused`);
+        }
+      }
+      return ok({ kind: 'round', nowMs: this.now, acked, ignoredAcks: acks.length - acked, renewed: leases.length, granted: grants.length, expiredCells });
+    } catch (e) {
+      txn.run();
+      throw e;
+    } finally {
+      this.txn = null;
+    }
+  }
+
+  // ---- state helpers ----------------------------------------------------------------------------
+
+  /** Moves the clock forward (never back) and releases the grants of every cell whose lease surely expired. */
+  private advanceTime(nowMs: number): string[] {
+    if (nowMs > this.now) {
+      const prev = this.now;
+      this.txn?.push(() => {
+        this.now = prev;
+      });
+      this.now = nowMs;
+    }
+    const expired: string[] = [];
+    for (const id of this.cellOrder) {
+      const cell = this.cells.get(id);
+      if (cell === undefined || cell.leaseExpiresAtMs === null || this.leaseLive(cell)) continue;
+      expired.push(id);
+      this.saveCell(cell);
+      cell.leaseExpiresAtMs = null;
+      const slices = this.byCell.get(id);
+      if (slices === undefined) continue;
+      for (const [key, s] of [...slices]) {
+        if (s.rate === 0 && s.burst === 0 && s.heldRate === 0 && s.heldBurst === 0) continue;
+        this.saveSlice(s);
+        s.rate = 0;
+        s.burst = 0;
+        s.heldRate = 0;
+        s.heldBurst = 0;
+        this.dropIfRetiredAndEmpty(key, id, s);
+      }
+    }
+    return expired;
+  }
+
+  private leaseLive(cell: CellRec): boolean {
+    return cell.leaseExpiresAtMs !== null && this.now < cell.leaseExpiresAtMs + this.config.skewMarginMs;
+  }
+
+  private saveSlice(s: SliceRec): void {
+    if (this.txn === null) return;
+    const copy = { ...s };
+    this.txn.push(() => Object.assign(s, copy));
+  }
+
+  private saveCell(c: CellRec): void {
+    if (this.txn === null) return;
+    const lastReportAtMs = c.lastReportAtMs;
+    const leaseExpiresAtMs = c.leaseExpiresAtMs;
+    this.txn.push(() => {
+      c.lastReportAtMs = lastReportAtMs;
+      c.leaseExpiresAtMs = leaseExpiresAtMs;
+    });
+  }
+
+  private createSlice(key: string, cellId: string): SliceRec {
+    const s: SliceRec = { epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: 0, floorRate: 0, floorBurst: 0, heldRate: 0, heldBurst: 0, heldFloorRate: 0, heldFloorBurst: 0 };
+    this.insertSlice(key, cellId, s);
+    this.txn?.push(() => this.removeSlice(key, cellId));
+    return s;
+  }
+
+  private insertSlice(key: string, cellId: string, s: SliceRec): void {
+    let k = this.byKey.get(key);
+    if (k === undefined) this.byKey.set(key, (k = new Map<string, SliceRec>()));
+    k.set(cellId, s);
+    let c = this.byCell.get(cellId);
+    if (c === undefined) this.byCell.set(cellId, (c = new Map<string, SliceRec>()));
+    c.set(key, s);
+  }
+
+  private removeSlice(key: string, cellId: string): void {
+    const k = this.byKey.get(key);
+    k?.delete(cellId);
+    if (k?.size === 0) this.byKey.delete(key);
+    const c = this.byCell.get(cellId);
+    c?.delete(key);
+    if (c?.size === 0) this.byCell.delete(cellId);
+  }
+
+  /** A slice of a key without a quota is dropped once nothing on it is counted any more. */
+  private dropIfRetiredAndEmpty(key: string, cellId: string, s: SliceRec): void {
+    if (this.quotaOf(key) !== undefined) return;
+    if (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0 || s.heldFloorRate !== 0 || s.heldFloorBurst !== 0) return;
+    this.removeSlice(key, cellId);
+    this.txn?.push(() => this.insertSlice(key, cellId, s));
+  }
+
+  /** After a quota is deleted: its ceiling goes, and its slices stay only while something on them is counted. */
+  private retireKey(key: string): void {
+    this.ceilings.delete(key);
+    const slices = this.byKey.get(key);
+    if (slices === undefined) return;
+    for (const [cellId, s] of [...slices]) this.dropIfRetiredAndEmpty(key, cellId, s);
+  }
+
+  private addTierUse(tier: string, delta: number): void {
+    const n = (this.tierTenantCount.get(tier) ?? 0) + delta;
+    if (n === 0) this.tierTenantCount.delete(tier);
+    else this.tierTenantCount.set(tier, n);
+  }
+
+  /** After a quota's configuration changed: the ceiling becomes max(limit, what the cells may be using now). */
+  private rebaseCeiling(key: string): void {
+    const q = this.quotaOf(key);
+    if (q === undefined || !this.byKey.has(key)) {
+      this.ceilings.delete(key);
+      return;
+    }
+    const u = this.usage(key, q);
+    if (exceeds(u.rate, q.rate) || exceeds(u.burst, q.burst)) {
+      this.ceilings.set(key, { rate: Math.max(q.rate, u.rate), burst: Math.max(q.burst, u.burst) });
+    } else {
+      this.ceilings.delete(key);
+    }
+  }
+
+  /** After every successful command: ceilings ratchet down towards their limits as old grants are released. */
+  private ratchetCeilings(): void {
+    for (const [key, c] of [...this.ceilings]) {
+      const q = this.quotaOf(key);
+      if (q === undefined) {
+        this.ceilings.delete(key);
+        continue;
+      }
+      const u = this.usage(key, q);
+      const rate = Math.max(q.rate, Math.min(c.rate, u.rate));
+      const burst = Math.max(q.burst, Math.min(c.burst, u.burst));
+      if (!exceeds(rate, q.rate) && !exceeds(burst, q.burst)) this.ceilings.delete(key);
+      else {
+        c.rate = rate;
+        c.burst = burst;
+      }
+    }
+  }
+
+  // ---- quota math -------------------------------------------------------------------------------
+
+  /** The configuration of a global quota, or undefined if it does not exist. */
+  getQuota(key: string): QuotaConfig | undefined {
+    const q = this.quotaOf(key);
+    return q === undefined ? undefined : quotaConfig(q);
+  }
+
+  private quotaOf(key: string): QuotaRec | undefined {
+    // No pattern check needed: only valid names are ever stored, so anything else is simply not found.
+    const slash = key.indexOf('/');
+    const kind = key.slice(0, slash);
+    const name = key.slice(slash + 1);
+    if (kind === 'tier') return this.tierCaps.get(name);
+    if (kind === 'domain') return this.domainCaps.get(name);
+    if (kind !== 'tenant') return undefined;
+    const t = this.tenants.get(name);
+    if (t === undefined) return undefined;
+    const tier = this.tiers.get(t.tier);
+    if (tier === undefined) return undefined;
+    return { rate: t.rate ?? tier.rate, burst: t.burst ?? tier.burst, floorFraction: tier.floorFraction, updatedIndex: Math.max(t.updatedIndex, tier.updatedIndex) };
+  }
+
+  private slotFloor(q: QuotaRec): Usage {
+    return { rate: (q.floorFraction * q.rate) / this.config.floorCells, burst: (q.floorFraction * q.burst) / this.config.floorCells };
+  }
+
+  private floorOf(q: QuotaRec, cell: CellRec): Usage {
+    return cell.slot === null ? { rate: 0, burst: 0 } : this.slotFloor(q);
+  }
+
+  private counted(floor: Usage, s: SliceRec | undefined, live: boolean): Usage {
+    if (s === undefined) return floor;
+    return {
+      rate: Math.max(floor.rate, s.heldFloorRate, live ? s.heldRate : 0),
+      burst: Math.max(floor.burst, s.heldFloorBurst, live ? s.heldBurst : 0),
+    };
+  }
+
+  /** Σu: what all cells together may be using of quota `key`, unregistered floor slots included. */
+  private usage(key: string, q: QuotaRec): Usage {
+    const slices = this.byKey.get(key);
+    const slot = this.slotFloor(q);
+    let rate = 0;
+    let burst = 0;
+    for (const id of this.cellOrder) {
+      const cell = this.cells.get(id);
+      if (cell === undefined) continue;
+      // Inlined `counted` (this runs for every touched quota and cell of every round).
+      let r = cell.slot === null ? 0 : slot.rate;
+      let b = cell.slot === null ? 0 : slot.burst;
+      const s = slices?.get(id);
+      if (s !== undefined) {
+        const live = this.leaseLive(cell);
+        r = Math.max(r, s.heldFloorRate, live ? s.heldRate : 0);
+        b = Math.max(b, s.heldFloorBurst, live ? s.heldBurst : 0);
+      }
+      rate += r;
+      burst += b;
+    }
+    const free = this.config.floorCells - this.slotsTaken;
+    return { rate: rate + free * slot.rate, burst: burst + free * slot.burst };
+  }
+
+  // ---- reads ------------------------------------------------------------------------------------
+
+  getTier(name: string): TierView | undefined {
+    const t = this.tiers.get(name);
+    return t === undefined ? undefined : this.tierView(name, t);
+  }
+
+  listTiers(): TierView[] {
+    return [...this.tiers.keys()].sort(cmp).map((n) => this.tierView(n, this.tiers.get(n) as QuotaRec));
+  }
+
+  getDomainCap(domain: string): DomainCapView | undefined {
+    const c = this.domainCaps.get(domain);
+    return c === undefined ? undefined : { domain, ...quotaConfig(c), updatedIndex: c.updatedIndex };
+  }
+
+  listDomainCaps(): DomainCapView[] {
+    return [...this.domainCaps.keys()].sort(cmp).flatMap((d) => {
+      const v = this.getDomainCap(d);
+      return v === undefined ? [] : [v];
+    });
+  }
+
+  getTenant(id: string): TenantDetail | undefined {
+    const t = this.tenants.get(id);
+    if (t === undefined) return undefined;
+    const state = this.getQuotaState(tenantKey(id));
+    return { ...this.tenantView(id, t), slices: state?.cells ?? [] };
+  }
+
+  get tenantCount(): number {
+    return this.tenants.size;
+  }
+
+  /** Tenants in id order, `limit` at a time (1..MAX_PAGE_LIMIT), after `cursor` (the last id of the previous page). */
+  listTenants(opts: { readonly cursor?: string; readonly limit?: number } = {}): { tenants: TenantView[]; nextCursor: string | null } {
+    const limit = Math.min(MAX_PAGE_LIMIT, Math.max(1, Math.floor(opts.limit ?? DEFAULT_PAGE_LIMIT)));
+    this.sortedTenantIds ??= [...this.tenants.keys()].sort(cmp);
+    const ids = this.sortedTenantIds;
+    let start = 0;
+    if (opts.cursor !== undefined) {
+      const cursor = opts.cursor;
+      let lo = 0;
+      let hi = ids.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1;
+        if ((ids[mid] ?? '') <= cursor) lo = mid + 1;
+        else hi = mid;
+      }
+      start = lo;
+    }
+    const page = ids.slice(start, start + limit);
+    const tenants = page.map((id) => this.tenantView(id, this.tenants.get(id) as TenantRec));
+    const last = page[page.length - 1];
+    return { tenants, nextCursor: start + limit < ids.length && last !== undefined ? last : null };
+  }
+
+  getCell(id: string): CellView | undefined {
+    const c = this.cells.get(id);
+    return c === undefined ? undefined : this.cellView(c);
+  }
+
+  /** Cells in registration order. */
+  listCells(): CellView[] {
+    return this.cellOrder.map((id) => this.cellView(this.cells.get(id) as CellRec));
+  }
+
+  /** Quotas some cell holds a slice of (the allocator's working set), sorted. Includes retired keys. */
+  activeQuotaKeys(): string[] {
+    return [...this.byKey.keys()].sort(cmp);
+  }
+
+  /** A quota's limits, ceiling, floors and what every cell is counted as using. */
+  getQuotaState(key: string): QuotaState | undefined {
+    const q = this.quotaOf(key);
+    if (q === undefined) return undefined;
+    const k = key;
+    const slot = this.slotFloor(q);
+    const slices = this.byKey.get(k);
+    const cells = this.cellOrder.map((id) => this.sliceView(q, this.cells.get(id) as CellRec, slices?.get(id)));
+    const u = this.usage(k, q);
+    const c = this.ceilings.get(k);
+    return {
+      key: k,
+      ...quotaConfig(q),
+      floorRate: slot.rate,
+      floorBurst: slot.burst,
+      ceilingRate: c?.rate ?? q.rate,
+      ceilingBurst: c?.burst ?? q.burst,
+      countedRate: u.rate,
+      countedBurst: u.burst,
+      unregisteredSlots: this.config.floorCells - this.slotsTaken,
+      cells,
+    };
+  }
+
+  /** One cell's slice of one quota (also of a deleted quota while its retired slice is still counted). */
+  getSlice(key: string, cellId: string): SliceView | undefined {
+    const cell = this.cells.get(cellId);
+    if (cell === undefined) return undefined;
+    const q = this.quotaOf(key);
+    const s = this.byKey.get(key)?.get(cellId);
+    if (q === undefined && s === undefined) return undefined;
+    return this.sliceView(q, cell, s);
+  }
+
+  private sliceView(q: QuotaRec | undefined, cell: CellRec, s: SliceRec | undefined): SliceView {
+    const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
+    const u = this.counted(floor, s, this.leaseLive(cell));
+    if (s === undefined) {
+      return { cellId: cell.id, slot: cell.slot, epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: null, floorRate: floor.rate, floorBurst: floor.burst, acknowledged: true, countedRate: u.rate, countedBurst: u.burst };
+    }
+    return {
+      cellId: cell.id,
+      slot: cell.slot,
+      epoch: s.epoch,
+      rate: s.rate,
+      burst: s.burst,
+      leaseExpiresAtMs: cell.leaseExpiresAtMs === null ? null : s.leaseExpiresAtMs,
+      floorRate: s.floorRate,
+      floorBurst: s.floorBurst,
+      acknowledged: s.heldRate === s.rate && s.heldBurst === s.burst && s.heldFloorRate === s.floorRate && s.heldFloorBurst === s.floorBurst,
+      countedRate: u.rate,
+      countedBurst: u.burst,
+    };
+  }
+
+  private tierView(name: string, t: QuotaRec): TierView {
+    const cap = this.tierCaps.get(name);
+    return { name, ...quotaConfig(t), cap: cap === undefined ? null : quotaConfig(cap), tenantCount: this.tierTenantCount.get(name) ?? 0, updatedIndex: t.updatedIndex };
+  }
+
+  private tenantView(id: string, t: TenantRec): TenantView {
+    const q = this.quotaOf(tenantKey(id));
+    return { id, tier: t.tier, rate: t.rate, burst: t.burst, quota: q === undefined ? { rate: 0, burst: 0, floorFraction: 0 } : quotaConfig(q), updatedIndex: t.updatedIndex };
+  }
+
+  private cellView(c: CellRec): CellView {
+    return { id: c.id, slot: c.slot, registeredAtMs: c.registeredAtMs, lastReportAtMs: c.lastReportAtMs, leaseExpiresAtMs: c.leaseExpiresAtMs, leaseLive: this.leaseLive(c) };
+  }
+
+  // ---- invariants -------------------------------------------------------------------------------
+
+  /** Checks every invariant; throws LedgerInvariantError naming the first one that fails. */
+  checkInvariants(): void {
+    const bad = (msg: string): never => {
+      throw new LedgerInvariantError(msg);
+    };
+    // Cells and floor slots.
+    if (this.cellOrder.length !== this.cells.size || this.cells.size > MAX_CELLS) bad('cell order does not match the cells');
+    let slots = 0;
+    for (const id of this.cellOrder) {
+      const c = this.cells.get(id) ?? bad(`cell ${id} in the order is missing`);
+      if (c.slot !== null) {
+        if (c.slot !== slots) bad(`cell ${id} has floor slot ${c.slot}, expected ${slots}`);
+        slots++;
+      } else if (slots < this.config.floorCells) bad(`cell ${id} has no floor slot while slots are free`);
+      if (c.leaseExpiresAtMs !== null && !this.leaseLive(c)) bad(`cell ${id}: lease surely expired but not released`);
+    }
+    if (slots !== this.slotsTaken || slots > this.config.floorCells) bad('floor slot count is wrong');
+    // Tiers, tenants, caps.
+    if (this.tiers.size > MAX_TIERS || this.tenants.size > MAX_TENANTS || this.domainCaps.size > MAX_DOMAIN_CAPS) bad('a size limit is exceeded');
+    const uses = new Map<string, number>();
+    for (const [id, t] of this.tenants) {
+      if (!this.tiers.has(t.tier)) bad(`tenant ${id} is on missing tier ${t.tier}`);
+      uses.set(t.tier, (uses.get(t.tier) ?? 0) + 1);
+    }
+    if (uses.size !== this.tierTenantCount.size) bad('tier use counts are wrong');
+    for (const [tier, n] of uses) if (this.tierTenantCount.get(tier) !== n) bad(`tier ${tier} use count is wrong`);
+    for (const tier of this.tierCaps.keys()) if (!this.tiers.has(tier)) bad(`cap of missing tier ${tier}`);
+    for (const [name, q] of [...this.tiers, ...this.tierCaps, ...this.domainCaps]) {
+      if (!(q.rate > 0 && q.rate <= MAX_RATE && q.burst >= 1 && q.burst <= MAX_BURST && q.floorFraction >= 0 && q.floorFraction <= 1)) bad(`quota ${name} is out of range`);
+    }
+    // Slices.
+    let count = 0;
+    for (const [key, m] of this.byKey) {
+      if (m.size === 0) bad(`empty slice map for ${key}`);
+      const retired = this.quotaOf(key) === undefined;
+      for (const [cellId, s] of m) {
+        count++;
+        const cell = this.cells.get(cellId) ?? bad(`slice ${key} on unknown cell ${cellId}`);
+        if (this.byCell.get(cellId)?.get(key) !== s) bad(`slice ${key}/${cellId} is not indexed by cell`);
+        if (!(Number.isSafeInteger(s.epoch) && s.epoch >= 1)) bad(`slice ${key}/${cellId} has epoch ${s.epoch}`);
+        if (s.heldRate < s.rate || s.heldBurst < s.burst || s.heldFloorRate < s.floorRate || s.heldFloorBurst < s.floorBurst) bad(`slice ${key}/${cellId} holds less than its current grant`);
+        if (cell.leaseExpiresAtMs === null && (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0)) bad(`slice ${key}/${cellId} keeps a grant without a lease`);
+        if (retired && s.rate === 0 && s.burst === 0 && s.heldRate === 0 && s.heldBurst === 0 && s.heldFloorRate === 0 && s.heldFloorBurst === 0) bad(`retired slice ${key}/${cellId} should have been dropped`);
+      }
+    }
+    let byCellCount = 0;
+    for (const m of this.byCell.values()) byCellCount += m.size;
+    if (byCellCount !== count) bad('slice indexes disagree');
+    // Ceilings exist only above their limits, for existing quotas.
+    for (const [key, c] of this.ceilings) {
+      const q = this.quotaOf(key) ?? bad(`ceiling for missing quota ${key}`);
+      if (c.rate < q.rate || c.burst < q.burst || (!exceeds(c.rate, q.rate) && !exceeds(c.burst, q.burst))) bad(`ceiling of ${key} is not above its limit`);
+    }
+    // The bound. Quotas no cell holds a slice of are at Σ floors = φ × quota ≤ quota.
+    const checkKey = (key: string, q: QuotaRec): void => {
+      const u = this.usage(key, q);
+      const c = this.ceilings.get(key);
+      const cr = c?.rate ?? q.rate;
+      const cb = c?.burst ?? q.burst;
+      if (exceeds(u.rate, cr)) bad(`quota ${key}: cells may use rate ${u.rate}, over ${cr} (limit ${q.rate})`);
+      if (exceeds(u.burst, cb)) bad(`quota ${key}: cells may use burst ${u.burst}, over ${cb} (limit ${q.burst})`);
+    };
+    for (const key of this.byKey.keys()) {
+      const q = this.quotaOf(key);
+      if (q !== undefined) checkKey(key, q);
+    }
+    for (const [tier, q] of this.tierCaps) if (!this.byKey.has(tierCapKey(tier))) checkKey(tierCapKey(tier), q);
+    for (const [domain, q] of this.domainCaps) if (!this.byKey.has(domainCapKey(domain))) checkKey(domainCapKey(domain), q);
+  }
+
+  // ---- snapshots --------------------------------------------------------------------------------
+
+  /** The whole ledger (configuration, clock, applied index, state, client sessions), canonically ordered. */
+  snapshot(): Uint8Array {
+    const quotaRows = (m: Map<string, QuotaRec>): SnapQuota[] =>
+      [...m].sort((a, b) => cmp(a[0], b[0])).map(([n, q]) => [n, q.rate, q.burst, q.floorFraction, q.updatedIndex]);
+    const slices: SnapSlice[] = [];
+    for (const key of [...this.byKey.keys()].sort(cmp)) {
+      const m = this.byKey.get(key);
+      if (m === undefined) continue;
+      for (const cellId of [...m.keys()].sort(cmp)) {
+        const s = m.get(cellId);
+        if (s === undefined) continue;
+        slices.push([key, cellId, s.epoch, s.rate, s.burst, s.leaseExpiresAtMs, s.floorRate, s.floorBurst, s.heldRate, s.heldBurst, s.heldFloorRate, s.heldFloorBurst]);
+      }
+    }
+    const snap: Snapshot = {
+      v: SNAPSHOT_FORMAT_VERSION,
+      config: [this.config.floorCells, this.config.skewMarginMs, this.config.maxSessions],
+      nowMs: this.now,
+      appliedIndex: this.applied,
+      tiers: quotaRows(this.tiers),
+      tierCaps: quotaRows(this.tierCaps),
+      domainCaps: quotaRows(this.domainCaps),
+      tenants: [...this.tenants].sort((a, b) => cmp(a[0], b[0])).map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
+      cells: this.cellOrder.map((id) => {
+        const c = this.cells.get(id) as CellRec;
+        return [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs];
+      }),
+      slices,
+      ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
+      sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
+    };
+    return snapPackr.pack(snap);
+  }
+
+  /** Rebuilds a ledger from `snapshot()` bytes; throws LedgerSnapshotError if they are not a valid ledger. */
+  static restore(bytes: Uint8Array, options: { readonly assertInvariants?: boolean } = {}): Ledger {
+    let doc: unknown;
+    try {
+      doc = snapUnpackr.unpack(bytes);
+    } catch (e) {
+      throw new LedgerSnapshotError(`undecodable snapshot: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, { cause: e });
+    }
+    const r = snapshotSchema.safeParse(doc);
+    if (!r.success) throw new LedgerSnapshotError(describeIssues(r.error.issues).replace('invalid command', 'invalid snapshot'));
+    const s = r.data;
+    const [floorCells, skewMarginMs, maxSessions] = s.config;
+    let l: Ledger;
+    try {
+      l = new Ledger({ floorCells, skewMarginMs, maxSessions, assertInvariants: options.assertInvariants ?? false });
+    } catch (e) {
+      throw new LedgerSnapshotError(`invalid snapshot configuration: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+    }
+    l.now = s.nowMs;
+    l.applied = s.appliedIndex;
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tiers) l.tiers.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tierCaps) l.tierCaps.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.domainCaps) l.domainCaps.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [id, tier, rate, burst, updatedIndex] of s.tenants) {
+      l.tenants.set(id, { tier, rate, burst, updatedIndex });
+      l.addTierUse(tier, 1);
+    }
+    for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs] of s.cells) {
+      if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
+      l.cells.set(id, { id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs });
+      l.cellOrder.push(id);
+      if (slot !== null) l.slotsTaken++;
+    }
+    for (const [key, cellId, epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst] of s.slices) {
+      l.insertSlice(key, cellId, { epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst });
+    }
+    for (const [key, rate, burst] of s.ceilings) l.ceilings.set(key, { rate, burst });
+    const entries: SessionEntry<LedgerResult>[] = s.sessions.map(([clientId, seq, result]) => ({ clientId, seq, result: result as LedgerResult }));
+    l.sessions = ClientSessions.fromEntries(maxSessions, entries);
+    try {
+      l.checkInvariants();
+    } catch (e) {
+      if (e instanceof LedgerInvariantError) throw new LedgerSnapshotError(`inconsistent snapshot: ${e.message}`, { cause: e });
+      throw e;
+    }
+    return l;
+  }
+}
+
+export class LedgerSnapshotError extends Error {
+  override readonly name = 'LedgerSnapshotError';
+}
+
+// ---- snapshot format ----------------------------------------------------------------------------
+
+type SnapQuota = [name: string, rate: number, burst: number, floorFraction: number, updatedIndex: number];
+type SnapSlice = [
+  key: string,
+  cellId: string,
+  epoch: number,
+  rate: number,
+  burst: number,
+  leaseExpiresAtMs: number,
+  floorRate: number,
+  floorBurst: number,
+  heldRate: number,
+  heldBurst: number,
+  heldFloorRate: number,
+  heldFloorBurst: number,
+];
+interface Snapshot {
+  v: number;
+  config: [floorCells: number, skewMarginMs: number, maxSessions: number];
+  nowMs: number;
+  appliedIndex: number;
+  tiers: SnapQuota[];
+  tierCaps: SnapQuota[];
+  domainCaps: SnapQuota[];
+  tenants: [id: string, tier: string, rate: number | null, burst: number | null, updatedIndex: number][];
+  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null][];
+  slices: SnapSlice[];
+  ceilings: [key: string, rate: number, burst: number][];
+  sessions: [clientId: string, seq: number, result: unknown][];
+}
+
+const snapPackr = new Packr({ useRecords: false, moreTypes: false });
+const snapUnpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes: false });
+
+const sName = z.string().min(1).max(MAX_NAME_LENGTH);
+const sKey = z.string().regex(QUOTA_KEY_PATTERN);
+const sNum = z.number().min(0);
+const sIndex = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+const sTime = z.number().min(0).max(MAX_TIME_MS);
+const sQuota = z.tuple([sName, z.number().gt(0).max(MAX_RATE), z.number().min(1).max(MAX_BURST), z.number().min(0).max(1), sIndex]);
+const sResult = z.union([
+  z.object({ ok: z.literal(true), value: z.object({ kind: z.string() }).loose() }),
+  z.object({ ok: z.literal(false), error: z.object({ code: z.enum(LEDGER_ERROR_CODES), message: z.string() }) }),
+]);
+const snapshotSchema = z.object({
+  v: z.literal(SNAPSHOT_FORMAT_VERSION),
+  config: z.tuple([z.number().int(), z.number(), z.number().int()]),
+  nowMs: sTime,
+  appliedIndex: sIndex,
+  tiers: z.array(sQuota).max(MAX_TIERS),
+  tierCaps: z.array(sQuota).max(MAX_TIERS),
+  domainCaps: z.array(sQuota).max(MAX_DOMAIN_CAPS),
+  tenants: z.array(z.tuple([sName, sName, z.number().gt(0).max(MAX_RATE).nullable(), z.number().min(1).max(MAX_BURST).nullable(), sIndex])).max(MAX_TENANTS),
+  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable()])).max(MAX_CELLS),
+  slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum])),
+  ceilings: z.array(z.tuple([sKey, sNum, sNum])),
+  sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),
+});
