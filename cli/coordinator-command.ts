@@ -1,0 +1,161 @@
+// `cellquota coordinator`: one coordinator replica (Raft over LevelDB and gRPC, the ledger, the
+// admin API). Settings from flags, CELLQUOTA_* variables or --config, validated with zod.
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { z } from 'zod';
+import { collectDefaultMetrics, Gauge, Registry } from 'prom-client';
+import { loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
+import { createRootLogger, logLevels } from '../shared/logging.js';
+import { CoordinatorNode } from '../coordinator/node/coordinator-node.js';
+import { buildAdminServer } from '../coordinator/api/admin-server.js';
+
+export const coordinatorSpecs: readonly SettingSpec[] = [
+  { flag: 'id', description: 'this replica id, one of the ids in --peers (e.g. n1)' },
+  { flag: 'peers', description: 'every voting replica as id=host:port, comma-separated; the gRPC address peers and agents use' },
+  { flag: 'data-dir', description: 'where the Raft log, hard state and snapshots live' },
+  { flag: 'admin', description: 'admin API listen address host:port (default 127.0.0.1:8081)' },
+  { flag: 'admin-peers', description: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader (default: peer host + this admin port)' },
+  { flag: 'admin-token', description: 'bearer token required for admin writes (unset: no auth)' },
+  { flag: 'auth-reads', description: 'require the token for reads too', boolean: true },
+  { flag: 'cluster-id', description: 'cluster name; peers of another cluster are refused (default cellquota)' },
+  { flag: 'join', description: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)', boolean: true },
+  { flag: 'tick-ms', description: 'Raft tick in ms (default 50)' },
+  { flag: 'election-ticks', description: 'election timeout in ticks, randomized in [E, 2E) (default 10)' },
+  { flag: 'heartbeat-ticks', description: 'heartbeat interval in ticks (default 1)' },
+  { flag: 'snapshot-every', description: 'entries between snapshots (default 10000)' },
+  { flag: 'floor-cells', description: 'expected number of cells the floors are split over (default 3)' },
+  { flag: 'tls-ca', description: 'CA bundle for mutual TLS between replicas' },
+  { flag: 'tls-cert', description: 'this replica certificate (PEM)' },
+  { flag: 'tls-key', description: 'this replica key (PEM)' },
+  { flag: 'log-level', description: `one of ${logLevels.join(', ')} (default info)` },
+];
+
+const idSchema = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and dashes, at most 63');
+const hostPort = z.string().refine((v) => parseHostPort(v) !== null, 'must be host:port');
+
+function idMap(value: z.ZodType<string>, what: string) {
+  return z.string().transform((s, ctx) => {
+    const out = new Map<string, string>();
+    for (const part of s.split(',').map((p) => p.trim()).filter((p) => p.length > 0)) {
+      const eq = part.indexOf('=');
+      const id = part.slice(0, eq);
+      const v = part.slice(eq + 1);
+      if (eq <= 0 || !idSchema.safeParse(id).success || !value.safeParse(v).success) {
+        ctx.addIssue({ code: 'custom', message: `'${part}' is not id=${what}` });
+        return z.NEVER;
+      }
+      if (out.has(id)) {
+        ctx.addIssue({ code: 'custom', message: `id ${id} is listed twice` });
+        return z.NEVER;
+      }
+      out.set(id, v);
+    }
+    return out;
+  });
+}
+
+export const coordinatorSchema = z
+  .object({
+    id: idSchema,
+    peers: idMap(hostPort, 'host:port'),
+    dataDir: z.string().min(1),
+    admin: hostPort.default('127.0.0.1:8081'),
+    adminPeers: idMap(z.string().url(), 'http://host:port').optional(),
+    adminToken: z.string().min(8, 'at least 8 characters').optional(),
+    authReads: z.boolean().default(false),
+    clusterId: z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/).default('cellquota'),
+    join: z.boolean().default(false),
+    tickMs: z.coerce.number().int().min(1).max(10_000).default(50),
+    electionTicks: z.coerce.number().int().min(3).max(1000).default(10),
+    heartbeatTicks: z.coerce.number().int().min(1).max(100).default(1),
+    snapshotEvery: z.coerce.number().int().min(10).max(10_000_000).default(10_000),
+    floorCells: z.coerce.number().int().min(1).max(64).default(3),
+    tlsCa: z.string().optional(),
+    tlsCert: z.string().optional(),
+    tlsKey: z.string().optional(),
+    logLevel: z.enum(logLevels).default('info'),
+  })
+  .superRefine((s, ctx) => {
+    if (!s.peers.has(s.id)) ctx.addIssue({ code: 'custom', path: ['peers'], message: `must include this replica's id ${s.id}` });
+    if (s.heartbeatTicks >= s.electionTicks) ctx.addIssue({ code: 'custom', path: ['heartbeatTicks'], message: 'must be below --election-ticks' });
+    const tls = [s.tlsCa, s.tlsCert, s.tlsKey].filter((v) => v !== undefined).length;
+    if (tls !== 0 && tls !== 3) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-ca, --tls-cert and --tls-key go together' });
+  });
+
+export type CoordinatorCommandSettings = z.output<typeof coordinatorSchema>;
+
+export function coordinatorHelp(): string {
+  return `cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin 127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}\n  --config FILE               settings from a YAML or JSON file [CELLQUOTA_CONFIG]`;
+}
+
+export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    console.log(coordinatorHelp());
+    return 0;
+  }
+  const s = loadSettings('cellquota coordinator', coordinatorSpecs, coordinatorSchema, argv, env);
+  const logger = createRootLogger({ level: s.logLevel, name: 'cellquota-coordinator', base: { node: s.id } });
+  const tls = s.tlsCa !== undefined && s.tlsCert !== undefined && s.tlsKey !== undefined ? { ca: readFileSync(s.tlsCa), cert: readFileSync(s.tlsCert), key: readFileSync(s.tlsKey) } : undefined;
+  const node = await CoordinatorNode.start(
+    {
+      id: s.id,
+      clusterId: s.clusterId,
+      peers: s.peers,
+      dataDir: resolve(s.dataDir),
+      tickMs: s.tickMs,
+      electionTicks: s.electionTicks,
+      heartbeatTicks: s.heartbeatTicks,
+      snapshotEveryEntries: s.snapshotEvery,
+      snapshotTrailingEntries: Math.min(1000, Math.floor(s.snapshotEvery / 2)),
+      requestTimeoutMs: 5000,
+      floorCells: s.floorCells,
+      skewMarginMs: 1000,
+      join: s.join,
+      ...(tls === undefined ? {} : { tls }),
+    },
+    logger,
+  );
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
+  registerCoordinatorMetrics(registry, node);
+  const adminAddr = parseHostPort(s.admin);
+  if (adminAddr === null) throw new Error('unreachable: admin validated');
+  const adminUrlOf = (id: string): string | null => {
+    const explicit = s.adminPeers?.get(id);
+    if (explicit !== undefined) return explicit.replace(/\/$/, '');
+    const peer = s.peers.get(id);
+    const hp = peer === undefined ? null : parseHostPort(peer);
+    return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
+  };
+  const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads });
+  await app.listen({ host: adminAddr.host, port: adminAddr.port });
+  logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id) }, 'admin API listening');
+  return new Promise<number>((resolveExit) => {
+    let stopping = false;
+    const stop = (signal: string): void => {
+      if (stopping) return;
+      stopping = true;
+      logger.info({ signal }, 'stopping');
+      void (async () => {
+        await app.close();
+        await node.stop();
+        resolveExit(0);
+      })();
+    };
+    process.once('SIGINT', () => stop('SIGINT'));
+    process.once('SIGTERM', () => stop('SIGTERM'));
+  });
+}
+
+function registerCoordinatorMetrics(registry: Registry, node: CoordinatorNode): void {
+  const gauge = (name: string, help: string, fn: () => number): void => {
+    new Gauge({ name, help, registers: [registry], collect() { this.set(fn()); } });
+  };
+  gauge('cellquota_raft_term', 'Current Raft term of this replica', () => node.cluster().term);
+  gauge('cellquota_raft_is_leader', '1 if this replica is the Raft leader', () => (node.isLeader() ? 1 : 0));
+  gauge('cellquota_raft_commit_index', 'Highest log index known committed', () => node.cluster().commitIndex);
+  gauge('cellquota_raft_applied_index', 'Highest log index applied to the ledger', () => node.cluster().appliedIndex);
+  gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => node.cluster().members.filter((m) => m.id !== node.settings.id && m.reachable === true).length);
+  gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory was found wiped)', () => (node.cluster().votingRefused ? 1 : 0));
+  gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => node.ledger().tenantCount);
+}

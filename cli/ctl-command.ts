@@ -1,0 +1,218 @@
+// `cellquota ctl`: tiers, tenants, cells, members and cluster status through the admin API.
+// Tables for people, --json for scripts. Writes carry a client id and sequence number, so a
+// retry after a lost answer applies once; a follower's 307 is followed to the leader.
+import { parseArgs } from 'node:util';
+import { randomBytes } from 'node:crypto';
+
+const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] <command>
+
+  cluster                                        leader, term, commit index, members
+  tiers list | get NAME | delete NAME
+  tiers put NAME --rate R --burst B [--floor-fraction F]
+  tenants list [--limit N] [--cursor C] | get ID | delete ID
+  tenants put ID --tier NAME [--rate R] [--burst B]
+  cells                                          cells, last report, lease expiry
+  members add ID --address HOST:PORT             add a replica (started with --join) and promote it
+  members remove ID
+  members replace ID --address HOST:PORT         re-add a replica whose data directory was lost
+  transfer-leadership [--to ID]                  hand leadership to another replica (before a restart)
+
+--admin defaults to CELLQUOTA_ADMIN or http://127.0.0.1:8081; --token to CELLQUOTA_ADMIN_TOKEN.`;
+
+class CtlError extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number,
+  ) {
+    super(message);
+  }
+}
+
+interface Ctx {
+  readonly urls: readonly string[];
+  readonly token: string | undefined;
+  readonly json: boolean;
+  readonly clientId: string;
+  seq: number;
+}
+
+async function call(ctx: Ctx, method: string, path: string, body?: unknown): Promise<unknown> {
+  const write = method !== 'GET';
+  const headers: Record<string, string> = { accept: 'application/json' };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (ctx.token !== undefined) headers['authorization'] = `Bearer ${ctx.token}`;
+  if (write) {
+    ctx.seq += 1;
+    headers['x-client-id'] = ctx.clientId;
+    headers['x-request-seq'] = String(ctx.seq);
+  }
+  let lastError = 'no admin URL';
+  for (let attempt = 0; attempt < 5; attempt++) {
+    for (const base of ctx.urls) {
+      let res: Response;
+      try {
+        res = await fetch(`${base.replace(/\/$/, '')}${path}`, { method, headers, ...(body === undefined ? {} : { body: JSON.stringify(body) }), signal: AbortSignal.timeout(15_000) });
+      } catch (err) {
+        lastError = `${base}: ${err instanceof Error ? err.message : String(err)}`;
+        continue;
+      }
+      const text = await res.text();
+      let doc: unknown;
+      try {
+        doc = text.length > 0 ? JSON.parse(text) : null;
+      } catch {
+        doc = { message: text };
+      }
+      if (res.ok) return doc;
+      const err = doc as { error?: string; message?: string; details?: unknown };
+      if (res.status === 503 || res.status === 504) {
+        lastError = `${base}: ${err.error ?? res.status} ${err.message ?? ''}`;
+        continue;
+      }
+      const details = err.details === undefined ? '' : `\n${JSON.stringify(err.details, null, 2)}`;
+      throw new CtlError(`${res.status} ${err.error ?? ''}: ${err.message ?? text}${details}`, res.status === 404 ? 4 : 1);
+    }
+    await new Promise((r) => setTimeout(r, 300 * (attempt + 1)));
+  }
+  throw new CtlError(`no admin endpoint answered: ${lastError}`, 3);
+}
+
+function table(rows: readonly Record<string, unknown>[], cols: readonly string[]): string {
+  const cell = (v: unknown): string => (v === null || v === undefined ? '-' : typeof v === 'string' ? v : JSON.stringify(v));
+  const widths = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
+  const line = (vals: string[]): string => vals.map((v, i) => v.padEnd(widths[i] ?? 0)).join('  ').trimEnd();
+  return [line(cols.map((c) => c.toUpperCase())), ...rows.map((r) => line(cols.map((c) => cell(r[c]))))].join('\n');
+}
+
+function num(v: string | undefined, name: string): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw new CtlError(`--${name} must be a number, got '${v}'`, 2);
+  return n;
+}
+
+export async function runCtlCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
+  let parsed;
+  try {
+    parsed = parseCtlArgs(argv);
+  } catch (err) {
+    console.error(`cellquota ctl: ${err instanceof Error ? err.message : String(err)}\n\n${ctlUsage}`);
+    return 2;
+  }
+  return runCtl(parsed, env);
+}
+
+function parseCtlArgs(argv: readonly string[]) {
+  return parseArgs({
+    args: [...argv],
+    allowPositionals: true,
+    strict: true,
+    options: {
+      admin: { type: 'string' },
+      token: { type: 'string' },
+      json: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
+      rate: { type: 'string' },
+      burst: { type: 'string' },
+      'floor-fraction': { type: 'string' },
+      tier: { type: 'string' },
+      limit: { type: 'string' },
+      cursor: { type: 'string' },
+      address: { type: 'string' },
+      to: { type: 'string' },
+    },
+  });
+}
+
+async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, env: NodeJS.ProcessEnv): Promise<number> {
+  if (values.help || positionals.length === 0) {
+    console.log(ctlUsage);
+    return values.help ? 0 : 2;
+  }
+  const urls = (values.admin ?? env['CELLQUOTA_ADMIN'] ?? 'http://127.0.0.1:8081').split(',').map((u) => (u.startsWith('http') ? u : `http://${u}`));
+  const ctx: Ctx = { urls, token: values.token ?? env['CELLQUOTA_ADMIN_TOKEN'], json: values.json, clientId: `ctl-${randomBytes(6).toString('hex')}`, seq: 0 };
+  const out = (doc: unknown, human: () => string): void => console.log(ctx.json ? JSON.stringify(doc, null, 2) : human());
+  const [group, verb, arg] = positionals;
+  const need = (v: string | undefined, what: string): string => {
+    if (v === undefined || v.length === 0) throw new CtlError(`missing ${what}\n\n${ctlUsage}`, 2);
+    return v;
+  };
+  try {
+    switch (group) {
+      case 'cluster': {
+        const c = (await call(ctx, 'GET', '/v1/cluster')) as { leader: string | null; term: number; commitIndex: number; members: Record<string, unknown>[] };
+        out(c, () => `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${table(c.members, ['id', 'role', 'address', 'match', 'reachable'])}`);
+        return 0;
+      }
+      case 'tiers': {
+        if (verb === 'list' || verb === undefined) {
+          const r = (await call(ctx, 'GET', '/v1/tiers')) as { tiers: Record<string, unknown>[] };
+          out(r, () => table(r.tiers, ['name', 'rate', 'burst', 'floorFraction', 'tenantCount']));
+        } else if (verb === 'get') {
+          const r = await call(ctx, 'GET', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
+          out(r, () => table([r as Record<string, unknown>], ['name', 'rate', 'burst', 'floorFraction', 'tenantCount']));
+        } else if (verb === 'put') {
+          const body = { rate: num(need(values.rate, '--rate'), 'rate'), burst: num(need(values.burst, '--burst'), 'burst'), ...(values['floor-fraction'] === undefined ? {} : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }) };
+          const r = await call(ctx, 'PUT', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`, body);
+          out(r, () => `tier ${need(arg, 'tier name')} saved`);
+        } else if (verb === 'delete') {
+          const r = await call(ctx, 'DELETE', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
+          out(r, () => `tier ${need(arg, 'tier name')} deleted`);
+        } else throw new CtlError(`unknown tiers command '${verb}'\n\n${ctlUsage}`, 2);
+        return 0;
+      }
+      case 'tenants': {
+        if (verb === 'list' || verb === undefined) {
+          const q = new URLSearchParams();
+          if (values.limit !== undefined) q.set('limit', values.limit);
+          if (values.cursor !== undefined) q.set('cursor', values.cursor);
+          const r = (await call(ctx, 'GET', `/v1/tenants${q.size > 0 ? `?${q.toString()}` : ''}`)) as { tenants: Record<string, unknown>[]; nextCursor: string | null };
+          out(r, () => `${table(r.tenants, ['id', 'tier', 'rate', 'burst'])}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`);
+        } else if (verb === 'get') {
+          const r = (await call(ctx, 'GET', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`)) as { id: string; tier: string; quota: { rate: number; burst: number }; slices: Record<string, unknown>[] };
+          out(r, () => `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst}\n\n${r.slices.length === 0 ? '(no cells yet)' : table(r.slices, ['cellId', 'rate', 'burst', 'floorRate', 'epoch', 'leaseExpiresAtMs', 'acknowledged'])}`);
+        } else if (verb === 'put') {
+          const body = { tier: need(values.tier, '--tier'), ...(values.rate === undefined ? {} : { rate: num(values.rate, 'rate') }), ...(values.burst === undefined ? {} : { burst: num(values.burst, 'burst') }) };
+          const r = await call(ctx, 'PUT', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`, body);
+          out(r, () => `tenant ${need(arg, 'tenant id')} saved`);
+        } else if (verb === 'delete') {
+          const r = await call(ctx, 'DELETE', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`);
+          out(r, () => `tenant ${need(arg, 'tenant id')} deleted`);
+        } else throw new CtlError(`unknown tenants command '${verb}'\n\n${ctlUsage}`, 2);
+        return 0;
+      }
+      case 'cells': {
+        const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Record<string, unknown>[] };
+        out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : table(r.cells, ['id', 'lastReportAt', 'leaseExpiresAt', 'leaseLive'])));
+        return 0;
+      }
+      case 'members': {
+        const id = need(arg, 'member id');
+        if (verb === 'add') {
+          const r = await call(ctx, 'PUT', `/v1/members/${encodeURIComponent(id)}`, { address: need(values.address, '--address') });
+          out(r, () => `${id} added and promoted to voter`);
+        } else if (verb === 'remove') {
+          const r = await call(ctx, 'DELETE', `/v1/members/${encodeURIComponent(id)}`);
+          out(r, () => `${id} removed`);
+        } else if (verb === 'replace') {
+          const r = await call(ctx, 'POST', `/v1/members/${encodeURIComponent(id)}/replace`, { address: need(values.address, '--address') });
+          out(r, () => `${id} replaced`);
+        } else throw new CtlError(`unknown members command '${verb ?? ''}'\n\n${ctlUsage}`, 2);
+        return 0;
+      }
+      case 'transfer-leadership': {
+        const r = (await call(ctx, 'POST', '/v1/cluster/transfer-leadership', values.to === undefined ? {} : { to: values.to })) as { transferringTo: string };
+        out(r, () => `leadership is moving to ${r.transferringTo}`);
+        return 0;
+      }
+      default:
+        throw new CtlError(`unknown ctl command '${group ?? ''}'\n\n${ctlUsage}`, 2);
+    }
+  } catch (err) {
+    if (err instanceof CtlError) {
+      console.error(`cellquota ctl: ${err.message}`);
+      return err.exitCode;
+    }
+    throw err;
+  }
+}

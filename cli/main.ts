@@ -1,0 +1,50 @@
+// The `cellquota` command: one binary, one subcommand per role.
+import { ConfigError } from '../shared/cli-config.js';
+import { runCoordinatorCommand } from './coordinator-command.js';
+import { runCtlCommand } from './ctl-command.js';
+import { runDevCommand } from './dev-command.js';
+
+const usage = `cellquota — cell-based, multi-cluster quota coordinator
+
+Usage:
+  cellquota coordinator --id n1 --peers n1=HOST:PORT,... --data-dir DIR [--admin HOST:PORT]
+  cellquota dev [--data-dir ./.cellquota]       the whole local deployment on loopback
+  cellquota ctl <cluster|tiers|tenants|cells|members|transfer-leadership> ...
+
+Each command takes --help. Every flag can also come from CELLQUOTA_<FLAG> or a --config file.`;
+
+export async function main(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
+  const [cmd, ...rest] = argv;
+  switch (cmd) {
+    case 'coordinator':
+      return runCoordinatorCommand(rest, env);
+    case 'ctl':
+      return runCtlCommand(rest, env);
+    case 'dev':
+      return runDevCommand(rest, env);
+    case undefined:
+    case '--help':
+    case '-h':
+    case 'help':
+      console.log(usage);
+      return cmd === undefined ? 2 : 0;
+    default:
+      console.error(`cellquota: unknown command '${cmd}'\n\n${usage}`);
+      return 2;
+  }
+}
+
+main(process.argv.slice(2), process.env).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    if (err instanceof ConfigError) {
+      console.error(err.message);
+      process.exitCode = err.exitCode;
+      return;
+    }
+    console.error(err instanceof Error ? (err.stack ?? err.message) : String(err));
+    process.exitCode = 1;
+  },
+);

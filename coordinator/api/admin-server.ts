@@ -1,0 +1,355 @@
+// The coordinator's admin API (fastify, JSON). Bodies and parameters are validated with zod; the
+// OpenAPI document at /docs/json is generated from the same schemas. Writes are proposed through
+// Raft on the leader; a follower answers 307 with the leader's admin URL. Reads are linearizable
+// (a ReadIndex barrier) unless `?stale=true`. Retried writes carrying X-Client-Id and
+// X-Request-Seq apply once.
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { register as defaultRegistry, type Registry } from 'prom-client';
+import type { Logger } from '../../shared/logging.js';
+import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
+import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
+import type { ClusterView } from '../node/coordinator-node.js';
+import type { ConfChange, NodeId } from '../raft/index.js';
+import { NotLeaderError, RaftRequestError } from '../node/raft-driver.js';
+
+/** What the API needs from a coordinator replica. */
+export interface AdminBackend {
+  cluster(): ClusterView;
+  isLeader(): boolean;
+  leaderId(): NodeId | null;
+  propose(cmd: LedgerCommandInput): Promise<LedgerResult>;
+  read<T>(fn: (l: Ledger) => T, stale: boolean): Promise<T>;
+  transferLeadership(to: NodeId | null): Promise<NodeId>;
+  changeMembership(cc: ConfChange): Promise<void>;
+  failure(): Error | null;
+}
+
+export interface AdminServerOptions {
+  readonly backend: AdminBackend;
+  readonly logger: Logger;
+  /** Bearer token required for writes (and reads when authReads). Unset: no auth. */
+  readonly token?: string;
+  readonly authReads?: boolean;
+  /** Admin base URL of each member, e.g. http://127.0.0.1:8082, for redirecting writes. */
+  readonly adminUrlOf: (id: NodeId) => string | null;
+  readonly bodyLimitBytes?: number;
+  readonly registry?: Registry;
+  /** Wall clock for the time a cell-facing command carries (default Date.now). */
+  readonly now?: () => number;
+}
+
+/** Stable error codes of the API, with their HTTP status. */
+export const adminErrorCodes = {
+  INVALID: 400,
+  UNAUTHORIZED: 401,
+  FORBIDDEN: 403,
+  NOT_FOUND: 404,
+  CONFLICT: 409,
+  LIMIT_EXCEEDED: 409,
+  QUOTA_EXCEEDED: 409,
+  STALE_SESSION: 409,
+  PAYLOAD_TOO_LARGE: 413,
+  NOT_LEADER: 307,
+  NO_LEADER: 503,
+  UNAVAILABLE: 503,
+  TIMEOUT: 504,
+  INTERNAL: 500,
+} as const;
+export type AdminErrorCode = keyof typeof adminErrorCodes;
+
+class ApiError extends Error {
+  constructor(
+    readonly code: AdminErrorCode,
+    message: string,
+    readonly details?: unknown,
+  ) {
+    super(message);
+  }
+}
+
+const nameParam = z.string().min(1).max(128).regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
+const tierBody = z.strictObject({
+  rate: z.number().gt(0).describe('tokens per second'),
+  burst: z.number().min(1),
+  floorFraction: z.number().min(0).max(1).optional().describe('share of the quota split evenly over the cells as their static floors'),
+});
+const tenantBody = z.strictObject({
+  tier: nameParam,
+  rate: z.number().gt(0).optional(),
+  burst: z.number().min(1).optional(),
+});
+const listQuery = z.strictObject({
+  stale: z.enum(['true', 'false']).optional(),
+  cursor: z.string().max(256).optional(),
+  limit: z.coerce.number().int().min(1).max(1000).optional(),
+});
+const readQuery = z.strictObject({ stale: z.enum(['true', 'false']).optional() });
+const transferBody = z.strictObject({ to: nameParam.optional() }).nullish();
+const memberBody = z.strictObject({ address: z.string().min(3).max(300).regex(/^[^\s:]+:\d{1,5}$/, 'HOST:PORT') });
+const sessionHeaders = z.object({
+  'x-client-id': nameParam.optional(),
+  'x-request-seq': z.coerce.number().int().min(1).optional(),
+});
+
+function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
+  const r = schema.safeParse(value);
+  if (!r.success) {
+    throw new ApiError('INVALID', `invalid ${what}`, r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })));
+  }
+  return r.data;
+}
+
+export async function buildAdminServer(opts: AdminServerOptions): Promise<FastifyInstance> {
+  const { backend } = opts;
+  const registry = opts.registry ?? defaultRegistry;
+  const now = opts.now ?? Date.now;
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimitBytes ?? 64 * 1024 });
+  const log = opts.logger.child({ component: 'admin-api' });
+
+  app.setErrorHandler((err: unknown, req, reply) => {
+    if (err instanceof ApiError) return sendError(reply, err);
+    const e = err as { statusCode?: number; code?: string; message?: string };
+    if (e.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || e.statusCode === 413) return sendError(reply, new ApiError('PAYLOAD_TOO_LARGE', `request body over ${opts.bodyLimitBytes ?? 64 * 1024} bytes`));
+    if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) return sendError(reply, new ApiError('INVALID', e.message ?? 'bad request'));
+    if (err instanceof NotLeaderError) return redirectToLeader(req, reply, err.leader);
+    if (err instanceof RaftRequestError) return sendError(reply, new ApiError(err.code === 'TIMEOUT' ? 'TIMEOUT' : 'UNAVAILABLE', err.message));
+    log.error({ err, url: req.url }, 'admin request failed');
+    return sendError(reply, new ApiError('INTERNAL', 'internal error'));
+  });
+
+  function sendError(reply: FastifyReply, err: ApiError): FastifyReply {
+    return reply.code(adminErrorCodes[err.code]).send({ error: err.code, message: err.message, ...(err.details === undefined ? {} : { details: err.details }) });
+  }
+
+  function redirectToLeader(req: FastifyRequest, reply: FastifyReply, leader: NodeId | null): FastifyReply {
+    const base = leader === null ? null : opts.adminUrlOf(leader);
+    if (leader === null || base === null) {
+      return sendError(reply, new ApiError('NO_LEADER', leader === null ? 'no leader is known right now; retry shortly' : `the leader is ${leader} but its admin URL is unknown`, { leader }));
+    }
+    return reply
+      .code(307)
+      .header('location', `${base}${req.url}`)
+      .send({ error: 'NOT_LEADER', message: `writes go to the leader ${leader}`, details: { leader, location: `${base}${req.url}` } });
+  }
+
+  function authorize(req: FastifyRequest, write: boolean): void {
+    if (opts.token === undefined || (!write && opts.authReads !== true)) return;
+    const h = req.headers.authorization;
+    if (h === undefined) throw new ApiError('UNAUTHORIZED', 'missing bearer token (Authorization: Bearer ...)');
+    if (h !== `Bearer ${opts.token}`) throw new ApiError('FORBIDDEN', 'wrong bearer token');
+  }
+
+  function session(req: FastifyRequest): { session?: { clientId: string; seq: number } } {
+    const h = parse(sessionHeaders, req.headers, 'headers');
+    const clientId = h['x-client-id'];
+    const seq = h['x-request-seq'];
+    if (clientId === undefined && seq === undefined) return {};
+    if (clientId === undefined || seq === undefined) throw new ApiError('INVALID', 'X-Client-Id and X-Request-Seq go together');
+    return { session: { clientId, seq } };
+  }
+
+  async function write(req: FastifyRequest, reply: FastifyReply, cmd: LedgerCommandInput): Promise<LedgerValue> {
+    authorize(req, true);
+    if (!backend.isLeader()) {
+      redirectToLeader(req, reply, backend.leaderId());
+      throw new RepliedAlready();
+    }
+    const result = await backend.propose(cmd);
+    if (!result.ok) throw new ApiError(result.error.code, result.error.message);
+    return result.value;
+  }
+
+  async function read<T>(req: FastifyRequest, stale: boolean, fn: (l: Ledger) => T): Promise<T> {
+    authorize(req, false);
+    try {
+      return await backend.read(fn, stale);
+    } catch (err) {
+      if (err instanceof NotLeaderError) throw new ApiError('NO_LEADER', 'no leader could confirm this read; retry, or use ?stale=true', { leader: err.leader });
+      throw err;
+    }
+  }
+
+  class RepliedAlready extends Error {}
+  const guard = <T>(fn: (req: FastifyRequest, reply: FastifyReply) => Promise<T>) => async (req: FastifyRequest, reply: FastifyReply): Promise<T | FastifyReply> => {
+    try {
+      return await fn(req, reply);
+    } catch (err) {
+      if (err instanceof RepliedAlready) return reply;
+      throw err;
+    }
+  };
+
+  // ---- cluster -------------------------------------------------------------------------------
+  app.get('/v1/cluster', guard(async (req) => {
+    authorize(req, false);
+    const q = parse(readQuery, req.query, 'query');
+    // A linearizable status read confirms that the leader named here still leads.
+    if (q.stale !== 'true' && backend.leaderId() !== null) await read(req, false, () => null).catch(() => undefined);
+    const c = backend.cluster();
+    return { leader: c.leader, term: c.term, commitIndex: c.commitIndex, appliedIndex: c.appliedIndex, self: c.id, role: c.role, votingRefused: c.votingRefused, members: c.members.map((m) => ({ ...m, adminUrl: opts.adminUrlOf(m.id) })) };
+  }));
+  app.post('/v1/cluster/transfer-leadership', guard(async (req, reply) => {
+    authorize(req, true);
+    const body = parse(transferBody, req.body, 'body');
+    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+    const to = await backend.transferLeadership(body?.to ?? null).catch((e: unknown) => {
+      throw new ApiError('CONFLICT', e instanceof Error ? e.message : String(e));
+    });
+    return { transferringTo: to };
+  }));
+  app.put('/v1/members/:id', guard(async (req, reply) => {
+    authorize(req, true);
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const body = parse(memberBody, req.body, 'body');
+    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+    await membership(backend, { op: 'add-learner', node: id, context: body.address });
+    await waitCaughtUp(backend, id);
+    await membership(backend, { op: 'promote', node: id });
+    return { member: id, address: body.address, voter: true };
+  }));
+  app.delete('/v1/members/:id', guard(async (req, reply) => {
+    authorize(req, true);
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+    await membership(backend, { op: 'remove', node: id });
+    return { removed: id };
+  }));
+  app.post('/v1/members/:id/replace', guard(async (req, reply) => {
+    authorize(req, true);
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const body = parse(memberBody, req.body, 'body');
+    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+    if (id === backend.leaderId()) throw new ApiError('CONFLICT', `${id} is the leader: transfer leadership first (POST /v1/cluster/transfer-leadership)`);
+    await membership(backend, { op: 'remove', node: id });
+    await membership(backend, { op: 'add-learner', node: id, context: body.address });
+    await waitCaughtUp(backend, id);
+    await membership(backend, { op: 'promote', node: id });
+    return { replaced: id, address: body.address };
+  }));
+
+  // ---- tiers ---------------------------------------------------------------------------------
+  app.put('/v1/tiers/:name', guard(async (req, reply) => {
+    const { name } = parse(z.object({ name: nameParam }), req.params, 'path');
+    const body = parse(tierBody, req.body, 'body');
+    return write(req, reply, { type: 'putTier', name, rate: body.rate, burst: body.burst, ...(body.floorFraction === undefined ? {} : { floorFraction: body.floorFraction }), ...session(req) });
+  }));
+  app.get('/v1/tiers/:name', guard(async (req) => {
+    const { name } = parse(z.object({ name: nameParam }), req.params, 'path');
+    const q = parse(readQuery, req.query, 'query');
+    const tier = await read(req, q.stale === 'true', (l) => l.getTier(name));
+    if (tier === undefined) throw new ApiError('NOT_FOUND', `no tier '${name}'`);
+    return tier;
+  }));
+  app.get('/v1/tiers', guard(async (req) => {
+    const q = parse(readQuery, req.query, 'query');
+    return { tiers: await read(req, q.stale === 'true', (l) => l.listTiers()) };
+  }));
+  app.delete('/v1/tiers/:name', guard(async (req, reply) => {
+    const { name } = parse(z.object({ name: nameParam }), req.params, 'path');
+    await write(req, reply, { type: 'deleteTier', name, ...session(req) });
+    return { deleted: name };
+  }));
+
+  // ---- tenants -------------------------------------------------------------------------------
+  app.put('/v1/tenants/:id', guard(async (req, reply) => {
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const body = parse(tenantBody, req.body, 'body');
+    return write(req, reply, { type: 'putTenant', id, tier: body.tier, ...(body.rate === undefined ? {} : { rate: body.rate }), ...(body.burst === undefined ? {} : { burst: body.burst }), ...session(req) });
+  }));
+  app.get('/v1/tenants/:id', guard(async (req) => {
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const q = parse(readQuery, req.query, 'query');
+    const t = await read(req, q.stale === 'true', (l) => l.getTenant(id));
+    if (t === undefined) throw new ApiError('NOT_FOUND', `no tenant '${id}'`);
+    return t;
+  }));
+  app.get('/v1/tenants', guard(async (req) => {
+    const q = parse(listQuery, req.query, 'query');
+    return read(req, q.stale === 'true', (l) => l.listTenants({ ...(q.cursor === undefined ? {} : { cursor: q.cursor }), ...(q.limit === undefined ? {} : { limit: q.limit }) }));
+  }));
+  app.delete('/v1/tenants/:id', guard(async (req, reply) => {
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    await write(req, reply, { type: 'deleteTenant', id, ...session(req) });
+    return { deleted: id };
+  }));
+
+  // ---- cells ---------------------------------------------------------------------------------
+  app.get('/v1/cells', guard(async (req) => {
+    const q = parse(readQuery, req.query, 'query');
+    const cells = await read(req, q.stale === 'true', (l) => l.listCells());
+    const t = now();
+    return { cells: cells.map((c) => ({ id: c.id, lastReportAt: iso(c.lastReportAtMs), leaseExpiresAt: iso(c.leaseExpiresAtMs), leaseLive: c.leaseLive && (c.leaseExpiresAtMs ?? 0) > t, slot: c.slot, registeredAt: iso(c.registeredAtMs) })) };
+  }));
+
+  // ---- operations ----------------------------------------------------------------------------
+  app.get('/healthz', (_req, reply) => {
+    const f = backend.failure();
+    if (f !== null) return sendError(reply, new ApiError('UNAVAILABLE', `raft node stopped: ${f.message}`));
+    return reply.send({ ok: true });
+  });
+  app.get('/readyz', (_req, reply) => {
+    const c = backend.cluster();
+    const ready = backend.failure() === null && c.leader !== null && !c.votingRefused;
+    return reply.code(ready ? 200 : 503).send({ ready, leader: c.leader, term: c.term, votingRefused: c.votingRefused });
+  });
+  app.get('/metrics', async (_req, reply) => reply.header('content-type', registry.contentType).send(await registry.metrics()));
+  const openApi = openApiDocument();
+  app.get('/docs/json', (_req, reply) => reply.send(openApi));
+
+  await app.ready();
+  return app;
+}
+
+async function membership(backend: AdminBackend, cc: ConfChange): Promise<void> {
+  try {
+    await backend.changeMembership(cc);
+  } catch (err) {
+    if (err instanceof RaftRequestError && err.code === 'REFUSED') throw new ApiError('CONFLICT', err.message);
+    throw err;
+  }
+}
+
+async function waitCaughtUp(backend: AdminBackend, id: NodeId, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const c = backend.cluster();
+    const m = c.members.find((x) => x.id === id);
+    if (m?.match !== null && m?.match !== undefined && m.match >= c.commitIndex) return;
+    if (Date.now() > deadline) throw new ApiError('TIMEOUT', `${id} did not catch up within ${timeoutMs} ms; it stays a learner (is it running with --join?)`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function iso(ms: number | null): string | null {
+  return ms === null ? null : new Date(ms).toISOString();
+}
+
+function openApiDocument(): Record<string, unknown> {
+  const json = (s: z.ZodType): unknown => z.toJSONSchema(s, { io: 'input', unrepresentable: 'any' });
+  const error = { description: 'error', content: { 'application/json': { schema: { type: 'object', properties: { error: { type: 'string', enum: Object.keys(adminErrorCodes) }, message: { type: 'string' }, details: {} }, required: ['error', 'message'] } } } };
+  const ok = { description: 'ok', content: { 'application/json': { schema: { type: 'object' } } } };
+  const body = (s: z.ZodType) => ({ required: true, content: { 'application/json': { schema: json(s) } } });
+  const responses = { 200: ok, 307: error, 400: error, 401: error, 403: error, 404: error, 409: error, 413: error, 503: error };
+  const nameP = (n: string) => ({ name: n, in: 'path', required: true, schema: json(nameParam) });
+  const stale = { name: 'stale', in: 'query', required: false, schema: { type: 'string', enum: ['true', 'false'] } };
+  return {
+    openapi: '3.1.0',
+    info: { title: 'cellquota coordinator admin API', version: '1' },
+    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+    paths: {
+      '/v1/cluster': { get: { parameters: [stale], responses } },
+      '/v1/cluster/transfer-leadership': { post: { requestBody: { required: false, content: { 'application/json': { schema: json(z.strictObject({ to: nameParam.optional() })) } } }, responses } },
+      '/v1/members/{id}': { put: { parameters: [nameP('id')], requestBody: body(memberBody), responses }, delete: { parameters: [nameP('id')], responses } },
+      '/v1/members/{id}/replace': { post: { parameters: [nameP('id')], requestBody: body(memberBody), responses } },
+      '/v1/tiers': { get: { parameters: [stale], responses } },
+      '/v1/tiers/{name}': { put: { parameters: [nameP('name')], requestBody: body(tierBody), responses }, get: { parameters: [nameP('name'), stale], responses }, delete: { parameters: [nameP('name')], responses } },
+      '/v1/tenants': { get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 1000 } }], responses } },
+      '/v1/tenants/{id}': { put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses }, get: { parameters: [nameP('id'), stale], responses }, delete: { parameters: [nameP('id')], responses } },
+      '/v1/cells': { get: { parameters: [stale], responses } },
+      '/healthz': { get: { responses } },
+      '/readyz': { get: { responses } },
+      '/metrics': { get: { responses: { 200: { description: 'Prometheus text format' } } } },
+    },
+  };
+}
