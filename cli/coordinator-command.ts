@@ -96,6 +96,15 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   const s = loadSettings('cellquota coordinator', coordinatorSpecs, coordinatorSchema, argv, env);
   const logger = createRootLogger({ level: s.logLevel, name: 'cellquota-coordinator', base: { node: s.id } });
   const tls = s.tlsCa !== undefined && s.tlsCert !== undefined && s.tlsKey !== undefined ? { ca: readFileSync(s.tlsCa), cert: readFileSync(s.tlsCert), key: readFileSync(s.tlsKey) } : undefined;
+  const adminAddr = parseHostPort(s.admin);
+  if (adminAddr === null) throw new Error('unreachable: admin validated');
+  const adminUrlOf = (id: string): string | null => {
+    const explicit = s.adminPeers?.get(id);
+    if (explicit !== undefined) return explicit.replace(/\/$/, '');
+    const peer = s.peers.get(id);
+    const hp = peer === undefined ? null : parseHostPort(peer);
+    return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
+  };
   const node = await CoordinatorNode.start(
     {
       id: s.id,
@@ -111,6 +120,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
       floorCells: s.floorCells,
       skewMarginMs: 1000,
       join: s.join,
+      adminUrlOf,
       ...(tls === undefined ? {} : { tls }),
     },
     logger,
@@ -118,15 +128,6 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
   registerCoordinatorMetrics(registry, node);
-  const adminAddr = parseHostPort(s.admin);
-  if (adminAddr === null) throw new Error('unreachable: admin validated');
-  const adminUrlOf = (id: string): string | null => {
-    const explicit = s.adminPeers?.get(id);
-    if (explicit !== undefined) return explicit.replace(/\/$/, '');
-    const peer = s.peers.get(id);
-    const hp = peer === undefined ? null : parseHostPort(peer);
-    return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
-  };
   const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });
   logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id) }, 'admin API listening');

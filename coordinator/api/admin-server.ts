@@ -22,6 +22,8 @@ export interface AdminBackend {
   read<T>(fn: (l: Ledger) => T, stale: boolean): Promise<T>;
   transferLeadership(to: NodeId | null): Promise<NodeId>;
   changeMembership(cc: ConfChange): Promise<void>;
+  incarnations(): Record<string, string>;
+  recordIncarnation(id: NodeId, incarnation: string | null): Promise<void>;
   failure(): Error | null;
 }
 
@@ -222,10 +224,32 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
     if (id === backend.leaderId()) throw new ApiError('CONFLICT', `${id} is the leader: transfer leadership first (POST /v1/cluster/transfer-leadership)`);
     await membership(backend, { op: 'remove', node: id });
+    // The cluster forgets the old data directory; the new one records itself when it starts.
+    await backend.recordIncarnation(id, null);
     await membership(backend, { op: 'add-learner', node: id, context: body.address });
     await waitCaughtUp(backend, id);
     await membership(backend, { op: 'promote', node: id });
+    // Move to a new term, so no vote the lost data directory may have cast can count again.
+    const other = backend.cluster().members.find((m) => m.voter && m.id !== id && m.id !== backend.leaderId());
+    if (other !== undefined) await backend.transferLeadership(other.id).catch(() => undefined);
     return { replaced: id, address: body.address };
+  }));
+
+  // ---- internal: member incarnations (wiped-data-directory detection) ---------------------------
+  app.get('/v1/internal/incarnations', guard(async (req) => {
+    authorize(req, false);
+    const q = parse(readQuery, req.query, 'query');
+    const incarnations = await read(req, q.stale === 'true', () => backend.incarnations());
+    return { incarnations };
+  }));
+  app.put('/v1/internal/incarnations/:id', guard(async (req, reply) => {
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const body = parse(z.strictObject({ incarnation: z.string().regex(/^[0-9a-f]{8,64}$/, 'hex') }), req.body, 'body');
+    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+    const known = backend.incarnations()[id];
+    if (known !== undefined && known !== body.incarnation) throw new ApiError('CONFLICT', `the cluster knows ${id} with another data directory; replace the member first`);
+    await backend.recordIncarnation(id, body.incarnation);
+    return { member: id, incarnation: body.incarnation };
   }));
 
   // ---- tiers ---------------------------------------------------------------------------------

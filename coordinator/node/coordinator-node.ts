@@ -7,12 +7,13 @@
 // peers; if any of them has seen a term above 0 the cluster already existed, so the node keeps
 // refusing to vote and logs the command that re-adds it. Only when every peer answers that the
 // cluster is new does it confirm its identity and vote.
-import { RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
+import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
 import { LevelRaftStorage } from '../storage/index.js';
 import { PeerTransport, type PeerTlsOptions } from '../transport/peer-transport.js';
-import { Ledger, type LedgerResult } from '../ledger/ledger.js';
+import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
-import { RaftDriver, type ReplicatedStateMachine } from './raft-driver.js';
+import { RaftDriver } from './raft-driver.js';
+import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
 
 export interface CoordinatorSettings {
@@ -32,6 +33,8 @@ export interface CoordinatorSettings {
   readonly skewMarginMs: number;
   /** Join an existing cluster as a new (learner) member instead of bootstrapping one. */
   readonly join: boolean;
+  /** The admin API base URL of each member (to ask peers about incarnations), null if unknown. */
+  readonly adminUrlOf: (id: NodeId) => string | null;
   readonly tls?: PeerTlsOptions;
 }
 
@@ -56,24 +59,9 @@ export interface ClusterView {
   readonly members: MemberView[];
 }
 
-class LedgerMachine implements ReplicatedStateMachine<LedgerResult> {
-  constructor(
-    public ledger: Ledger,
-    private readonly opts: { floorCells: number; skewMarginMs: number },
-  ) {}
-  apply(data: Uint8Array, index: number): LedgerResult {
-    return this.ledger.applyEncoded(data, index);
-  }
-  snapshot(): Uint8Array {
-    return this.ledger.snapshot();
-  }
-  restore(data: Uint8Array): void {
-    this.ledger = data.byteLength === 0 ? new Ledger(this.opts) : Ledger.restore(data);
-  }
-}
-
 export class CoordinatorNode {
   private votingRefused = false;
+  private stopped = false;
   private addresses: Map<NodeId, string>;
 
   private constructor(
@@ -81,30 +69,34 @@ export class CoordinatorNode {
     private readonly logger: Logger,
     private readonly storage: LevelRaftStorage,
     private readonly transport: PeerTransport,
-    private readonly driver: RaftDriver<LedgerResult>,
-    private readonly machine: LedgerMachine,
+    private readonly driver: RaftDriver<CoordinatorResult>,
+    private readonly machine: CoordinatorState,
+    readonly incarnation: string,
   ) {
     this.addresses = new Map(settings.peers);
   }
 
   static async start(settings: CoordinatorSettings, logger: Logger): Promise<CoordinatorNode> {
     const log = logger.child({ component: 'coordinator', node: settings.id });
-    const voters = settings.join ? [] : [...settings.peers.keys()].sort();
     const storage = await LevelRaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
       clusterId: settings.clusterId,
-      bootstrap: { conf: { voters, learners: [] }, data: new Uint8Array(0) },
+      // Every data dir starts with no configuration; founders then write the bootstrap entry.
+      bootstrap: { conf: { voters: [], learners: [] }, data: new Uint8Array(0) },
       logger: { warn: (fields, msg) => log.warn(fields, msg) },
       onSync: (ms, bytes) => {
         if (ms > 100) log.warn({ ms, bytes }, 'slow fsync');
       },
     });
-    const loaded = await storage.load();
+    let loaded = await storage.load();
+    if (!settings.join && loaded.hardState.term === 0 && loaded.entries.length === 0 && loaded.snapshot.meta.index === 0) {
+      // A founding member: the identical committed entry 1 lists the initial voters.
+      await storage.save({ hardState: { term: 1, vote: null, commit: 1 }, entries: [bootstrapEntry([...settings.peers.keys()])], snapshot: null, mustSync: true });
+      loaded = await storage.load();
+    }
     for (const r of loaded.meta.repairs) log.warn({ repair: r }, 'storage repaired a torn write at the log tail');
-    const ledgerOpts = { floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs };
-    const machine = new LedgerMachine(new Ledger(ledgerOpts), ledgerOpts);
+    const machine = new CoordinatorState({ floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs });
     machine.restore(loaded.snapshot.data);
-    const mayBeWiped = !loaded.meta.incarnationConfirmed && !settings.join;
 
     let nodeRef: CoordinatorNode | null = null;
     const transport = new PeerTransport({
@@ -122,9 +114,11 @@ export class CoordinatorNode {
     });
     await transport.start();
 
-    let refuseToVote = false;
-    if (mayBeWiped) refuseToVote = await CoordinatorNode.clusterExisted(settings, transport, log);
-    if (!refuseToVote && !loaded.meta.incarnationConfirmed) await storage.confirmIncarnation();
+    // A data directory the cluster may not know yet votes only once the peers confirm it is not a
+    // wiped one (checked in the background once everything, the admin API included, is up).
+    const mustCheck = !loaded.meta.incarnationConfirmed && !settings.join;
+    const refuseToVote = mustCheck;
+    if (!mustCheck && !loaded.meta.incarnationConfirmed) await storage.confirmIncarnation();
 
     const raftConfig: RaftConfig = {
       id: settings.id,
@@ -140,7 +134,7 @@ export class CoordinatorNode {
       refuseToVote,
     };
     const raft = new RaftNode(raftConfig, loaded);
-    const driver = new RaftDriver<LedgerResult>({
+    const driver = new RaftDriver<CoordinatorResult>({
       raft,
       storage,
       outbox: transport,
@@ -151,34 +145,92 @@ export class CoordinatorNode {
       snapshotTrailingEntries: settings.snapshotTrailingEntries,
       requestTimeoutMs: settings.requestTimeoutMs,
       onLeaderChange: (leader, term) => log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`),
+      onSnapshotInstalled: (index, term, bytes) => log.info({ index, term, bytes }, 'installed a snapshot from the leader'),
       onError: (err) => log.fatal({ err }, 'raft node stopped: storage failed; restart the process after fixing the disk'),
     });
-    const node = new CoordinatorNode(settings, log, storage, transport, driver, machine);
+    const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation);
     node.votingRefused = refuseToVote;
     nodeRef = node;
     driver.start();
+    if (mustCheck) void node.confirmIdentity();
+    else void node.ensureIncarnationRecorded();
     log.info({ peers: Object.fromEntries(settings.peers), dataDir: settings.dataDir, snapshotIndex: loaded.snapshot.meta.index, term: loaded.hardState.term }, 'coordinator started');
     return node;
   }
 
-  /** True if a peer reports a term above 0: this fresh data dir belongs to a node of a running cluster. */
-  private static async clusterExisted(settings: CoordinatorSettings, transport: PeerTransport, log: Logger): Promise<boolean> {
+  /**
+   * Asks every peer (admin API) which incarnation the cluster recorded for this id. Another one than
+   * ours: the data directory was wiped, so the node must not vote. None anywhere: a first start.
+   */
+  private static async checkIncarnation(settings: CoordinatorSettings, mine: string, log: Logger, stopped: () => boolean): Promise<'new' | 'same' | 'wiped'> {
     const others = [...settings.peers.keys()].filter((p) => p !== settings.id);
-    if (others.length === 0) return false;
-    for (let attempt = 0; ; attempt++) {
-      const answers = await Promise.all(others.map((p) => transport.probe(p, 1000).then((r) => r, () => null)));
-      const seen = answers.filter((a) => a !== null);
-      if (seen.some((a) => a.termHint > 0)) {
-        log.error(
-          { peers: seen.map((a) => ({ id: a.nodeId, term: a.termHint })) },
-          `data directory ${settings.dataDir} is new but the cluster already ran: this node lost its state and must not vote. ` +
-            `Re-add it with an empty data dir: cellquota ctl members replace ${settings.id} --address ${settings.peers.get(settings.id) ?? 'HOST:PORT'}`,
-        );
-        return true;
+    const pending = new Set(others);
+    for (let attempt = 0; pending.size > 0 && !stopped(); attempt++) {
+      for (const peer of [...pending]) {
+        const url = settings.adminUrlOf(peer);
+        if (url === null) {
+          pending.delete(peer);
+          continue;
+        }
+        try {
+          const res = await fetch(`${url}/v1/internal/incarnations?stale=true`, { signal: AbortSignal.timeout(1000) });
+          if (!res.ok) continue;
+          const body = (await res.json()) as { incarnations?: Record<string, string> };
+          pending.delete(peer);
+          const recorded = body.incarnations?.[settings.id];
+          if (recorded === undefined) continue;
+          if (recorded === mine) return 'same';
+          log.error(
+            { recordedIncarnation: recorded, incarnation: mine, peer },
+            `data directory ${settings.dataDir} is not the one the cluster knows for ${settings.id} (it was wiped or replaced): this node must not vote. ` +
+              `Re-add it: cellquota ctl members replace ${settings.id} --address ${settings.peers.get(settings.id) ?? 'HOST:PORT'}, then restart it with --join and an empty data directory`,
+          );
+          return 'wiped';
+        } catch {
+          // not reachable yet
+        }
       }
-      if (seen.length === others.length) return false;
-      if (attempt % 10 === 0) log.info({ reachable: seen.length, of: others.length }, 'waiting for peers to tell whether the cluster is new');
+      if (pending.size === 0) break;
+      if (attempt % 25 === 0) log.info({ waitingFor: [...pending] }, 'new data directory: asking every peer whether the cluster knows this node before voting');
       await new Promise((r) => setTimeout(r, 200));
+    }
+    return 'new';
+  }
+
+  /** Asks the peers whether this data directory is the one they know; votes only if so (or if none is known). */
+  private async confirmIdentity(): Promise<void> {
+    const verdict = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.stopped);
+    if (this.stopped || verdict === 'wiped') return;
+    await this.storage.confirmIncarnation();
+    await this.driver.setVoting(true);
+    this.votingRefused = false;
+    this.logger.info({ incarnation: this.incarnation, verdict }, 'data directory confirmed; voting');
+    await this.ensureIncarnationRecorded();
+  }
+
+  /** Until the cluster has recorded this node's incarnation, asks the leader to record it. */
+  private async ensureIncarnationRecorded(): Promise<void> {
+    while (!this.stopped) {
+      if (this.machine.incarnationOf(this.settings.id) === this.incarnation) return;
+      const leader = this.driver.status().leader;
+      try {
+        if (leader === this.settings.id) {
+          await this.recordIncarnation(this.settings.id, this.incarnation);
+        } else if (leader !== null) {
+          const url = this.settings.adminUrlOf(leader);
+          if (url !== null) {
+            await fetch(`${url}/v1/internal/incarnations/${this.settings.id}`, {
+              method: 'PUT',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ incarnation: this.incarnation }),
+              signal: AbortSignal.timeout(3000),
+            });
+          }
+        }
+      } catch (err) {
+        this.logger.debug({ err }, 'recording the incarnation failed; retrying');
+      }
+      await new Promise((r) => setTimeout(r, 500));
     }
   }
 
@@ -188,7 +240,19 @@ export class CoordinatorNode {
 
   /** Proposes a ledger command and resolves with its result once applied here. */
   async propose(cmd: LedgerCommandInput): Promise<LedgerResult> {
-    return this.driver.propose(encodeCommand(cmd));
+    const r = await this.driver.propose(encodeCommand(cmd));
+    return r as LedgerResult;
+  }
+
+  /** The incarnation the cluster has recorded for each member id. */
+  incarnations(): Record<string, string> {
+    return this.machine.incarnations();
+  }
+
+  /** Records a member's incarnation (leader only). */
+  async recordIncarnation(id: NodeId, incarnation: string | null): Promise<void> {
+    const r = await this.driver.propose(encodeMemberRecord(id, incarnation));
+    if (!r.ok) throw new Error(r.error.message);
   }
 
   /** Runs `fn` on the ledger after a linearizable read barrier (or at once when stale). */
@@ -259,6 +323,7 @@ export class CoordinatorNode {
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
     await this.driver.stop();
     await this.transport.stop();
     await this.storage.close();

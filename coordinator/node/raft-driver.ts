@@ -39,6 +39,7 @@ export interface RaftDriverOptions<R> {
   /** How long a proposal or read may wait before it fails with a timeout. */
   readonly requestTimeoutMs: number;
   readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
+  readonly onSnapshotInstalled?: (index: number, term: number, bytes: number) => void;
   readonly onError?: (err: Error) => void;
 }
 
@@ -194,6 +195,15 @@ export class RaftDriver<R> {
     });
   }
 
+  setVoting(allowed: boolean): Promise<void> {
+    return new Promise<void>((resolve) => {
+      this.enqueue(() => {
+        this.raft.setVoting(allowed);
+        resolve();
+      });
+    });
+  }
+
   status(): ReturnType<RaftNode['status']> {
     return this.raft.status();
   }
@@ -242,6 +252,7 @@ export class RaftDriver<R> {
       this.opts.stateMachine.restore(rd.snapshot.data);
       this.applied = rd.snapshot.meta.index;
       this.snapshotIndex = rd.snapshot.meta.index;
+      this.opts.onSnapshotInstalled?.(rd.snapshot.meta.index, rd.snapshot.meta.term, rd.snapshot.data.byteLength);
       for (const [idx, p] of this.proposals) {
         if (idx <= this.applied) {
           clearTimeout(p.timer);

@@ -1,12 +1,27 @@
 // Single-server membership changes: validation, application and the entry encoding. One change at
 // a time keeps any majority of the old configuration overlapping any majority of the new one.
-import type { ConfChange, ConfState } from './raft-types.js';
+import { EntryKind, type BootstrapConf, type ConfChange, type ConfState, type Entry } from './raft-types.js';
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 export function encodeConfChange(cc: ConfChange): Uint8Array {
   return encoder.encode(JSON.stringify(cc));
+}
+
+/** The identical first entry every founding member writes (see BootstrapConf). */
+export function bootstrapEntry(voters: readonly string[]): Entry {
+  const conf: BootstrapConf = { op: 'bootstrap', voters: [...new Set(voters)].sort() };
+  return { term: 1, index: 1, kind: EntryKind.Conf, data: encoder.encode(JSON.stringify(conf)) };
+}
+
+export function decodeConfEntry(data: Uint8Array): ConfChange | BootstrapConf {
+  const v = JSON.parse(decoder.decode(data)) as Partial<BootstrapConf>;
+  if (v.op === 'bootstrap') {
+    if (!Array.isArray(v.voters) || v.voters.some((x) => typeof x !== 'string')) throw new Error(`malformed bootstrap entry: ${decoder.decode(data)}`);
+    return { op: 'bootstrap', voters: v.voters };
+  }
+  return decodeConfChange(data);
 }
 
 export function decodeConfChange(data: Uint8Array): ConfChange {
@@ -36,7 +51,8 @@ export function validateConfChange(conf: ConfState, cc: ConfChange): string | nu
   }
 }
 
-export function applyConfChangeTo(conf: ConfState, cc: ConfChange): ConfState {
+export function applyConfChangeTo(conf: ConfState, cc: ConfChange | BootstrapConf): ConfState {
+  if (cc.op === 'bootstrap') return { voters: [...cc.voters].sort(), learners: [] };
   const voters = new Set(conf.voters);
   const learners = new Set(conf.learners);
   switch (cc.op) {

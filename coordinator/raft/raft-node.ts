@@ -15,11 +15,12 @@
 import { RaftLog, entryBytes } from './raft-log.js';
 import { Progress } from './raft-progress.js';
 import { assert } from './raft-assert.js';
-import { decodeConfChange, encodeConfChange, validateConfChange, applyConfChangeTo } from './raft-conf.js';
+import { decodeConfEntry, encodeConfChange, validateConfChange, applyConfChangeTo } from './raft-conf.js';
 import {
   EntryKind,
   Role,
   type AppendMessage,
+  type BootstrapConf,
   type AppendResponse,
   type ConfChange,
   type ConfState,
@@ -109,6 +110,7 @@ export class RaftNode {
   private readsAwaitingTermCommit: { ctx: string; from: NodeId }[] = [];
   private incomingSnapshot: IncomingSnapshot | null = null;
   private readyOutstanding = false;
+  private refuseVotes: boolean;
 
   constructor(cfg: RaftConfig, initial: RaftInitialState) {
     assert(cfg.heartbeatTicks > 0 && cfg.heartbeatTicks < cfg.electionTicks, 'heartbeatTicks must be in (0, electionTicks)');
@@ -122,7 +124,18 @@ export class RaftNode {
     this.persistedHard = initial.hardState;
     this.voters = new Set(initial.snapshot.meta.conf.voters);
     this.learners = new Set(initial.snapshot.meta.conf.learners);
+    this.refuseVotes = cfg.refuseToVote === true;
     this.resetRandomizedElectionTimeout();
+  }
+
+  /** Lets a node that started refusing votes (identity not yet confirmed) vote and campaign, or stops it. */
+  setVoting(allowed: boolean): void {
+    this.assertNoReadyOutstanding();
+    this.refuseVotes = !allowed;
+  }
+
+  votingAllowed(): boolean {
+    return !this.refuseVotes;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -314,7 +327,7 @@ export class RaftNode {
     if (last !== undefined) this.log.stableTo(last.index, last.term);
     if (rd.hardState !== null) this.persistedHard = rd.hardState;
     for (const e of rd.committedEntries) {
-      if (e.kind === EntryKind.Conf) this.applyConfChange(decodeConfChange(e.data));
+      if (e.kind === EntryKind.Conf) this.applyConfChange(decodeConfEntry(e.data));
       this.log.appliedTo(e.index);
     }
     if (this.role === Role.Leader) this.maybeCommitAndBroadcast();
@@ -437,7 +450,7 @@ export class RaftNode {
       this.vote === from ||
       (this.vote === null && this.leader === null) ||
       (kind === 'pre-vote' && term > this.term);
-    const grant = canVote && !this.cfg.refuseToVote && this.log.isUpToDate(lastIndex, lastTerm);
+    const grant = canVote && !this.refuseVotes && this.log.isUpToDate(lastIndex, lastTerm);
     const respType = kind === 'pre-vote' ? 'pre-vote-resp' : 'vote-resp';
     if (grant) {
       if (kind === 'vote') {
@@ -826,7 +839,7 @@ export class RaftNode {
   // ---------------------------------------------------------------------------------------------
   // Membership
 
-  private applyConfChange(cc: ConfChange): void {
+  private applyConfChange(cc: ConfChange | BootstrapConf): void {
     const next = applyConfChangeTo(this.confState(), cc);
     this.voters = new Set(next.voters);
     this.learners = new Set(next.learners);
@@ -858,7 +871,7 @@ export class RaftNode {
   // Helpers
 
   private promotable(): boolean {
-    return this.voters.has(this.id) && this.cfg.refuseToVote !== true;
+    return this.voters.has(this.id) && !this.refuseVotes;
   }
 
   private quorum(): number {

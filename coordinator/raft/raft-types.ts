@@ -56,6 +56,16 @@ export interface ConfChange {
   readonly context?: string;
 }
 
+/**
+ * The first entry of a bootstrapped cluster's log (index 1, term 1, committed): the initial
+ * voters. Every founding member writes the identical entry, so a member that joins later learns
+ * the starting configuration by replaying the log like any other entry.
+ */
+export interface BootstrapConf {
+  readonly op: 'bootstrap';
+  readonly voters: readonly NodeId[];
+}
+
 export const Role = {
   Follower: 'follower',
   PreCandidate: 'pre-candidate',

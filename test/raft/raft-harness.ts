@@ -2,6 +2,7 @@
 // delivered or dropped, and when nodes crash. Storage is the simulator's fake disk, so a crash
 // loses exactly what was not synced.
 import {
+  bootstrapEntry,
   EntryKind,
   RaftNode,
   Role,
@@ -39,6 +40,12 @@ export interface HarnessOptions {
   readonly electionTicks?: number;
   readonly maxAppendBytes?: number;
   readonly seed?: number;
+  /**
+   * 'snapshot': every node (also one added later) starts from a conf-only snapshot listing the
+   * founding voters. 'entry': founders write the bootstrap entry at index 1 (as the coordinator
+   * does); a node added later starts empty and learns the configuration from the log.
+   */
+  readonly bootstrap?: 'snapshot' | 'entry';
 }
 
 const enc = new TextEncoder();
@@ -63,10 +70,12 @@ export class Harness {
   }
 
   addNode(id: NodeId): HarnessNode {
+    const founder = this.voters.includes(id) && !this.nodes.has(id) && this.nodes.size < this.voters.length;
+    const byEntry = this.opts.bootstrap === 'entry';
     const disk = new SimDisk({
-      hard: { term: 0, vote: null, commit: 0 },
-      snapshot: { meta: { index: 0, term: 0, conf: { voters: [...this.voters], learners: [] } }, data: encodeApplied([]) },
-      entries: [],
+      hard: byEntry && founder ? { term: 1, vote: null, commit: 1 } : { term: 0, vote: null, commit: 0 },
+      snapshot: { meta: { index: 0, term: 0, conf: { voters: byEntry ? [] : [...this.voters], learners: [] } }, data: encodeApplied([]) },
+      entries: byEntry && founder ? [bootstrapEntry(this.voters)] : [],
     });
     const node: HarnessNode = { id, raft: null, disk, applied: [], appliedIndex: 0, appliedTerms: new Map(), readStates: [], failedReads: [], snapshotData: encodeApplied([]) };
     this.nodes.set(id, node);

@@ -422,3 +422,23 @@ void test('a node that must not vote (wiped data directory) neither votes nor ca
   const rd = n3.ready();
   assert.deepEqual(rd.messages.map((m) => m.type === 'vote-resp' && m.reject), [true]);
 });
+
+void test('bootstrap entry: founders start from an identical committed entry 1; a node joining later learns the whole configuration from the log', () => {
+  const h = new Harness(three, { bootstrap: 'entry' });
+  for (const id of three) assert.deepEqual(h.raft(id).confState(), { voters: three, learners: [] }, `${id} applied the bootstrap entry`);
+  h.elect('n1');
+  h.propose('n1', 'a');
+  h.stabilize();
+  // A replacement for n3 joins empty: no voters known, so it can never campaign on its own.
+  h.addNode('n4');
+  assert.deepEqual(h.raft('n4').confState(), { voters: [], learners: [] });
+  h.tick('n4', 5 * h.electionTicks);
+  assert.equal(h.raft('n4').softState().role, Role.Follower);
+  assert.equal(h.raft('n1').proposeConfChange({ op: 'add-learner', node: 'n4' }).ok, true);
+  h.process('n1');
+  h.stabilize();
+  h.tick('n1');
+  h.stabilize();
+  assert.deepEqual(h.raft('n4').confState(), { voters: three, learners: ['n4'] }, 'replaying from index 1 gives the real configuration');
+  assert.deepEqual(h.node('n4').applied, ['a']);
+});
