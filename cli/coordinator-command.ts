@@ -3,7 +3,8 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { z } from 'zod';
-import { collectDefaultMetrics, Gauge, Registry } from 'prom-client';
+import { collectDefaultMetrics, Registry } from 'prom-client';
+import { CoordinatorMetrics } from '../coordinator/node/coordinator-metrics.js';
 import { loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
 import { createRootLogger, logLevels } from '../shared/logging.js';
 import { CoordinatorNode } from '../coordinator/node/coordinator-node.js';
@@ -105,6 +106,9 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     const hp = peer === undefined ? null : parseHostPort(peer);
     return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
   };
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
+  const metrics = new CoordinatorMetrics(registry);
   const node = await CoordinatorNode.start(
     {
       id: s.id,
@@ -124,10 +128,17 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
       ...(tls === undefined ? {} : { tls }),
     },
     logger,
+    metrics,
   );
-  const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
-  registerCoordinatorMetrics(registry, node);
+  metrics.sample(registry, {
+    term: () => node.cluster().term,
+    isLeader: () => node.isLeader(),
+    commitIndex: () => node.cluster().commitIndex,
+    appliedIndex: () => node.cluster().appliedIndex,
+    reachablePeers: () => node.cluster().members.filter((m) => m.id !== s.id && m.reachable === true).length,
+    votingRefused: () => node.cluster().votingRefused,
+    tenants: () => node.ledger().tenantCount,
+  });
   const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });
   logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id) }, 'admin API listening');
@@ -146,17 +157,4 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     process.once('SIGINT', () => stop('SIGINT'));
     process.once('SIGTERM', () => stop('SIGTERM'));
   });
-}
-
-function registerCoordinatorMetrics(registry: Registry, node: CoordinatorNode): void {
-  const gauge = (name: string, help: string, fn: () => number): void => {
-    new Gauge({ name, help, registers: [registry], collect() { this.set(fn()); } });
-  };
-  gauge('cellquota_raft_term', 'Current Raft term of this replica', () => node.cluster().term);
-  gauge('cellquota_raft_is_leader', '1 if this replica is the Raft leader', () => (node.isLeader() ? 1 : 0));
-  gauge('cellquota_raft_commit_index', 'Highest log index known committed', () => node.cluster().commitIndex);
-  gauge('cellquota_raft_applied_index', 'Highest log index applied to the ledger', () => node.cluster().appliedIndex);
-  gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => node.cluster().members.filter((m) => m.id !== node.settings.id && m.reachable === true).length);
-  gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory was found wiped)', () => (node.cluster().votingRefused ? 1 : 0));
-  gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => node.ledger().tenantCount);
 }

@@ -15,6 +15,7 @@ import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-command
 import { RaftDriver } from './raft-driver.js';
 import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
+import type { CoordinatorMetrics } from './coordinator-metrics.js';
 
 export interface CoordinatorSettings {
   readonly id: NodeId;
@@ -72,11 +73,12 @@ export class CoordinatorNode {
     private readonly driver: RaftDriver<CoordinatorResult>,
     private readonly machine: CoordinatorState,
     readonly incarnation: string,
+    private readonly metrics: CoordinatorMetrics | null,
   ) {
     this.addresses = new Map(settings.peers);
   }
 
-  static async start(settings: CoordinatorSettings, logger: Logger): Promise<CoordinatorNode> {
+  static async start(settings: CoordinatorSettings, logger: Logger, metrics?: CoordinatorMetrics): Promise<CoordinatorNode> {
     const log = logger.child({ component: 'coordinator', node: settings.id });
     const storage = await LevelRaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
@@ -85,6 +87,7 @@ export class CoordinatorNode {
       bootstrap: { conf: { voters: [], learners: [] }, data: new Uint8Array(0) },
       logger: { warn: (fields, msg) => log.warn(fields, msg) },
       onSync: (ms, bytes) => {
+        metrics?.fsyncSeconds.observe(ms / 1000);
         if (ms > 100) log.warn({ ms, bytes }, 'slow fsync');
       },
     });
@@ -144,11 +147,17 @@ export class CoordinatorNode {
       snapshotEveryEntries: settings.snapshotEveryEntries,
       snapshotTrailingEntries: settings.snapshotTrailingEntries,
       requestTimeoutMs: settings.requestTimeoutMs,
-      onLeaderChange: (leader, term) => log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`),
-      onSnapshotInstalled: (index, term, bytes) => log.info({ index, term, bytes }, 'installed a snapshot from the leader'),
+      onLeaderChange: (leader, term) => {
+        metrics?.leaderChanges.inc();
+        log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`);
+      },
+      onSnapshotInstalled: (index, term, bytes) => {
+        metrics?.snapshotsInstalled.inc();
+        log.info({ index, term, bytes }, 'installed a snapshot from the leader');
+      },
       onError: (err) => log.fatal({ err }, 'raft node stopped: storage failed; restart the process after fixing the disk'),
     });
-    const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation);
+    const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation, metrics ?? null);
     node.votingRefused = refuseToVote;
     nodeRef = node;
     driver.start();
@@ -240,8 +249,17 @@ export class CoordinatorNode {
 
   /** Proposes a ledger command and resolves with its result once applied here. */
   async propose(cmd: LedgerCommandInput): Promise<LedgerResult> {
-    const r = await this.driver.propose(encodeCommand(cmd));
-    return r as LedgerResult;
+    const end = this.metrics?.proposalSeconds.startTimer();
+    try {
+      const r = (await this.driver.propose(encodeCommand(cmd))) as LedgerResult;
+      this.metrics?.proposals.inc({ result: r.ok ? 'ok' : 'error' });
+      return r;
+    } catch (err) {
+      this.metrics?.proposals.inc({ result: (err as { code?: string }).code === 'NOT_LEADER' ? 'not_leader' : 'failed' });
+      throw err;
+    } finally {
+      end?.();
+    }
   }
 
   /** The incarnation the cluster has recorded for each member id. */
@@ -279,7 +297,9 @@ export class CoordinatorNode {
   /** One membership step; the address of an added node is carried in the entry and learned here. */
   async changeMembership(cc: ConfChange): Promise<void> {
     if (cc.op === 'add-learner' && cc.context !== undefined) this.learnAddress(cc.node, cc.context);
+    this.logger.info({ change: cc }, `membership change proposed: ${cc.op} ${cc.node}`);
     await this.driver.proposeConfChange(cc);
+    this.logger.info({ change: cc }, `membership change committed: ${cc.op} ${cc.node}`);
   }
 
   learnAddress(id: NodeId, address: string): void {

@@ -1,0 +1,60 @@
+// Prometheus metrics of one coordinator replica (prom-client), named by Prometheus conventions:
+// gauges sampled from the node at scrape time, and histograms/counters fed by the node's hooks.
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+
+export interface CoordinatorMetricsSource {
+  term(): number;
+  isLeader(): boolean;
+  commitIndex(): number;
+  appliedIndex(): number;
+  reachablePeers(): number;
+  votingRefused(): boolean;
+  tenants(): number;
+}
+
+export class CoordinatorMetrics {
+  readonly proposals: Counter<'result'>;
+  readonly proposalSeconds: Histogram;
+  readonly fsyncSeconds: Histogram;
+  readonly leaderChanges: Counter;
+  readonly snapshotsInstalled: Counter;
+
+  constructor(registry: Registry) {
+    this.proposals = new Counter({ name: 'cellquota_raft_proposals_total', help: 'Proposals by outcome (ok, error: refused, not leader, timeout, dropped)', labelNames: ['result'], registers: [registry] });
+    this.proposalSeconds = new Histogram({
+      name: 'cellquota_raft_proposal_duration_seconds',
+      help: 'Time from proposal to applied on the leader',
+      buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers: [registry],
+    });
+    this.fsyncSeconds = new Histogram({
+      name: 'cellquota_storage_fsync_duration_seconds',
+      help: 'Duration of each synced LevelDB batch (write + fsync)',
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
+      registers: [registry],
+    });
+    this.leaderChanges = new Counter({ name: 'cellquota_raft_leader_changes_total', help: 'Times this replica saw the leader change', registers: [registry] });
+    this.snapshotsInstalled = new Counter({ name: 'cellquota_raft_snapshots_installed_total', help: 'Snapshots received from the leader and installed', registers: [registry] });
+  }
+
+  /** Gauges read from the node at every scrape. */
+  sample(registry: Registry, src: CoordinatorMetricsSource): void {
+    const gauge = (name: string, help: string, fn: () => number): void => {
+      new Gauge({
+        name,
+        help,
+        registers: [registry],
+        collect() {
+          this.set(fn());
+        },
+      });
+    };
+    gauge('cellquota_raft_term', 'Current Raft term of this replica', () => src.term());
+    gauge('cellquota_raft_is_leader', '1 if this replica is the Raft leader', () => (src.isLeader() ? 1 : 0));
+    gauge('cellquota_raft_commit_index', 'Highest log index known committed', () => src.commitIndex());
+    gauge('cellquota_raft_applied_index', 'Highest log index applied to the ledger', () => src.appliedIndex());
+    gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => src.reachablePeers());
+    gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped)', () => (src.votingRefused() ? 1 : 0));
+    gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
+  }
+}
