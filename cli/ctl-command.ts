@@ -51,7 +51,16 @@ async function call(ctx: Ctx, method: string, path: string, body?: unknown): Pro
     for (const base of ctx.urls) {
       let res: Response;
       try {
-        res = await fetch(`${base.replace(/\/$/, '')}${path}`, { method, headers, ...(body === undefined ? {} : { body: JSON.stringify(body) }), signal: AbortSignal.timeout(15_000) });
+        // Redirects (a follower pointing at the leader) are followed by hand: fetch would drop the
+        // Authorization header on a redirect to another origin.
+        let url = `${base.replace(/\/$/, '')}${path}`;
+        for (let hop = 0; ; hop++) {
+          res = await fetch(url, { method, headers, redirect: 'manual', ...(body === undefined ? {} : { body: JSON.stringify(body) }), signal: AbortSignal.timeout(15_000) });
+          const location = res.headers.get('location');
+          if (res.status !== 307 || location === null || hop >= 3) break;
+          await res.arrayBuffer();
+          url = location;
+        }
       } catch (err) {
         lastError = `${base}: ${err instanceof Error ? err.message : String(err)}`;
         continue;
