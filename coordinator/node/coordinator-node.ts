@@ -151,6 +151,7 @@ export class CoordinatorNode {
         metrics?.leaderChanges.inc();
         log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`);
       },
+      onSnapshotTaken: (index, bytes, ms) => log.info({ index, bytes, ms: Math.round(ms) }, 'snapshot taken, log compacted'),
       onSnapshotInstalled: (index, term, bytes) => {
         metrics?.snapshotsInstalled.inc();
         log.info({ index, term, bytes }, 'installed a snapshot from the leader');

@@ -40,6 +40,7 @@ export interface RaftDriverOptions<R> {
   readonly requestTimeoutMs: number;
   readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
   readonly onSnapshotInstalled?: (index: number, term: number, bytes: number) => void;
+  readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
   readonly onError?: (err: Error) => void;
 }
 
@@ -315,8 +316,10 @@ export class RaftDriver<R> {
   private async maybeSnapshot(): Promise<void> {
     const every = this.opts.snapshotEveryEntries;
     if (every <= 0 || this.applied - this.snapshotIndex < every) return;
+    const started = performance.now();
     const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
     await this.opts.storage.compact(snap, snap.meta.index - this.opts.snapshotTrailingEntries + 1);
     this.snapshotIndex = snap.meta.index;
+    this.opts.onSnapshotTaken?.(snap.meta.index, snap.data.byteLength, performance.now() - started);
   }
 }
