@@ -5,8 +5,8 @@
 // and advance() — holds even though persisting is asynchronous. While one Ready is being
 // persisted, new inputs pile up and are handled together afterwards: that is the group commit
 // (many proposals, one fsync).
-import type { RaftNode} from '../raft/index.js';
-import { EntryKind, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
+import type { RaftNode } from '../raft/index.js';
+import { EntryKind, sendBeforePersist, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
 
 export interface RaftPersistence {
   save(rd: Pick<Ready, 'hardState' | 'entries' | 'snapshot' | 'mustSync'>): Promise<void>;
@@ -229,8 +229,11 @@ export class RaftDriver<R> {
         for (const input of batch) input();
         if (!this.raft.hasReady()) continue;
         const rd = this.raft.ready();
+        // A leader's replication goes out while its own write is in flight (thesis §10.2.1).
+        const early = rd.softState.role === 'leader' ? rd.messages.filter(sendBeforePersist) : [];
+        if (early.length > 0) this.opts.outbox.send(early);
         await this.opts.storage.save(rd);
-        this.opts.outbox.send(rd.messages);
+        this.opts.outbox.send(early.length > 0 ? rd.messages.filter((m) => !early.includes(m)) : rd.messages);
         this.applyReady(rd);
         this.raft.advance(rd);
         this.noticeLeader();

@@ -182,7 +182,9 @@ export interface SoftState {
  * What the caller must do, in this order:
  *  1. persist `snapshot` (if any), then `entries` (dropping any stored entries at or above
  *     entries[0].index), then `hardState` (if any) — as one atomic batch, synced when `mustSync`;
- *  2. only then send `messages`;
+ *  2. only then send `messages` — except that a leader may send the messages for which
+ *     `sendBeforePersist` is true while its own write is in flight (Raft thesis §10.2.1: the
+ *     leader counts itself towards a commit only once its entries are durable);
  *  3. restore the state machine from `snapshot` (if any), then apply `committedEntries` in order and
  *     serve `readStates` whose index has been applied;
  *  4. call `advance(ready)`. No other call may be made on the node between `ready()` and `advance()`.
@@ -256,3 +258,11 @@ export const defaultRaftTuning = {
   maxUncommittedBytes: 64 << 20,
   snapshotChunkBytes: 256 << 10,
 } as const;
+
+/**
+ * Messages a leader may send before its Ready is durable: replication and heartbeats carry its
+ * log, which it counts for commitment only after persisting. Votes and acknowledgements must wait.
+ */
+export function sendBeforePersist(m: Message): boolean {
+  return m.type === 'append' || m.type === 'heartbeat' || m.type === 'snapshot';
+}

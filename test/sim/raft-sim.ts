@@ -22,6 +22,7 @@ import {
   type Ready,
   type Snapshot,
 } from '../../coordinator/raft/index.js';
+import { sendBeforePersist } from '../../coordinator/raft/index.js';
 import { checkLinearizable, kvModel, type Operation } from '../check/linearizability.js';
 import { EventQueue } from './sim-queue.js';
 import { Rng } from './sim-rng.js';
@@ -319,8 +320,20 @@ export class RaftSimulation {
     if (raft === null) return;
     while (raft.hasReady()) {
       const rd = raft.ready();
+      // As the coordinator's driver does: a leader's replication messages leave before its own
+      // write is durable (Raft thesis §10.2.1); everything else waits for the write.
+      const early = rd.softState.role === Role.Leader ? rd.messages.filter(sendBeforePersist) : [];
+      for (const m of early) this.send(m);
+      if (early.length > 0 && rd.entries.length > 0 && this.faultsOn && node.rng.chance(0.01 * this.opts.faults)) {
+        // The leader dies after sending its entries but before writing them.
+        this.crash(node);
+        this.q.schedule(this.q.now + 5 + node.rng.int(200), () => {
+          if (node.raft === null && !node.decommissioned && this.faultsOn) this.start(node);
+        });
+        return;
+      }
       this.persist(node, rd);
-      for (const m of rd.messages) this.send(m);
+      for (const m of rd.messages) if (!early.includes(m)) this.send(m);
       this.apply(node, rd);
       raft.advance(rd);
       this.checkLeader(node);
