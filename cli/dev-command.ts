@@ -1,8 +1,12 @@
 // `cellquota dev` (what `npm start` runs): a whole local deployment on loopback — three
-// coordinator replicas as child processes, data under ./.cellquota (reused on the next run), a
-// demo tier and tenant — then the endpoints and example commands. Ctrl-C stops everything.
+// coordinator replicas and two cell agents (cell-a, cell-b) as child processes, data under
+// ./.cellquota (reused on the next run), a demo tier and tenant — then the endpoints and an
+// example check. Ctrl-C stops everything.
+//
+// Until the lease client connects agents to the coordinators, each agent serves the demo tenant on
+// a static half of its quota (the two halves add up to the quota: the global bound holds).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync } from 'node:fs';
+import { createWriteStream, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
@@ -12,10 +16,12 @@ interface Child {
   readonly log: string;
 }
 
-const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081]
+const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091]
 
-Starts 3 coordinators on 127.0.0.1 (peers on --peer-port..+2, admin API on --admin-port..+2),
-creates the demo tier and tenant, prints the endpoints and waits; Ctrl-C stops everything.
+Starts 3 coordinators on 127.0.0.1 (peers on --peer-port..+2, admin API on --admin-port..+2) and
+2 agents (cell-a, cell-b: HTTP on --agent-port..+1, gRPC RLS on <data-dir>/cell-*.sock and on
+--agent-port+10..+11), creates the demo tier and tenant, prints the endpoints and waits; Ctrl-C
+stops everything.
 Logs go to <data-dir>/logs/. Running it again reuses the data.`;
 
 export async function runDevCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -26,6 +32,7 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       'data-dir': { type: 'string', default: env['CELLQUOTA_DATA_DIR'] ?? './.cellquota' },
       'peer-port': { type: 'string', default: '7001' },
       'admin-port': { type: 'string', default: '8081' },
+      'agent-port': { type: 'string', default: '9091' },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -35,8 +42,9 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
   }
   const peerPort = Number(values['peer-port']);
   const adminPort = Number(values['admin-port']);
-  if (!Number.isInteger(peerPort) || peerPort < 1 || peerPort > 65000 || !Number.isInteger(adminPort) || adminPort < 1 || adminPort > 65000) {
-    console.error('cellquota dev: --peer-port and --admin-port must be ports below 65000');
+  const agentPort = Number(values['agent-port']);
+  if ([peerPort, adminPort, agentPort].some((p) => !Number.isInteger(p) || p < 1 || p > 65000)) {
+    console.error('cellquota dev: --peer-port, --admin-port and --agent-port must be ports below 65000');
     return 2;
   }
   const dataDir = resolve(values['data-dir']);
@@ -102,15 +110,36 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     console.log(`  leader: ${leader}`);
     await putJson(adminUrls, '/v1/tiers/demo', { rate: 100, burst: 200, floorFraction: 0.5 });
     await putJson(adminUrls, '/v1/tenants/acme', { tier: 'demo' });
+
+    // The agents: the demo rules and the static tenant table (the coordinators' demo, until leases).
+    const rulesFile = join(dataDir, 'rules.yaml');
+    const tenantsFile = join(dataDir, 'tenants.yaml');
+    writeFileSync(rulesFile, demoRules);
+    writeFileSync(tenantsFile, demoTenants);
+    const cells = ['cell-a', 'cell-b'];
+    const agentHttp = cells.map((_, i) => `http://127.0.0.1:${agentPort + i}`);
+    const coordinators = ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',');
+    cells.forEach((cell, i) => {
+      startChild(`agent-${cell}`, [
+        'agent', '--cell', cell, '--rules', rulesFile, '--tenants', tenantsFile, '--static-share', '0.5',
+        '--rls-socket', join(dataDir, `${cell}.sock`), '--rls-listen', `127.0.0.1:${agentPort + 10 + i}`,
+        '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers',
+      ]);
+      console.log(`  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`);
+    });
+    await Promise.race([Promise.all(agentHttp.map((u) => waitForHttp(`${u}/healthz`))), interrupted]);
     const ctl = `node ${script.endsWith('.ts') ? `--import tsx ${script}` : script} ctl`;
     console.log(`
-cellquota is running (3 coordinators on loopback).
+cellquota is running (3 coordinators and 2 agents on loopback).
 
   admin API      ${adminUrls.join('  ')}
   peers (gRPC)   ${peers}
-  demo           tier 'demo' (100 req/s, burst 200), tenant 'acme'
+  agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  (Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
+  demo           tier 'demo' (100 req/s, burst 200), tenant 'acme'; each agent serves half of it (static share)
 
 Try:
+  curl -si ${agentHttp[0] ?? ''}/v1/check -H 'content-type: application/json' \\
+    -d '{"domain":"demo","descriptors":[{"entries":[{"key":"tenant","value":"acme"}]}]}'
   curl -s ${adminUrls[0] ?? ''}/v1/cluster
   curl -s ${adminUrls[0] ?? ''}/v1/tenants/acme
   ${ctl} cluster
@@ -170,3 +199,37 @@ async function putJson(urls: readonly string[], path: string, body: unknown): Pr
   }
   throw new Error(`PUT ${path} failed: ${last}`);
 }
+
+async function waitForHttp(url: string): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (Date.now() < deadline) {
+    try {
+      const res = await fetch(url, { signal: AbortSignal.timeout(1000) });
+      await res.arrayBuffer();
+      if (res.ok) return;
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`${url} did not answer within 60 s`);
+}
+
+const demoRules = `# cellquota dev: the demo domain. The tenant's quota is global (coordinated across cells);
+# each client address is also limited locally, per cell.
+domain: demo
+descriptors:
+  - key: tenant
+    global: true
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: second, requests_per_unit: 20}
+`;
+
+const demoTenants = `# cellquota dev: the static tier table the agents use until the lease client connects them to
+# the coordinators (same figures as the coordinators' demo tier and tenant).
+tiers:
+  demo: {rate: 100, burst: 200}
+tenants:
+  acme: demo
+`;

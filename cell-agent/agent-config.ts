@@ -1,0 +1,153 @@
+// The agent's settings: every flag of `cellquota agent`, also settable as CELLQUOTA_<FLAG> or in a
+// config file (shared/cli-config.ts), validated by one zod schema. The schema takes the raw strings
+// of flags and variables as well as typed values (config files, tests), and produces AgentConfig.
+import { z } from 'zod';
+import { ConfigError, parseHostPort } from '../shared/cli-config.js';
+import type { SettingSpec } from '../shared/cli-config.js';
+import { logLevels } from '../shared/logging.js';
+import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
+import { parseUnknownTenantPolicy } from './decide/quotas.js';
+import type { UnknownTenantPolicy } from './decide/quotas.js';
+
+export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
+  { flag: 'cell', description: 'this cell\'s id, e.g. eu-west (required)' },
+  { flag: 'rules', description: 'rules: a YAML file or a directory of them, envoyproxy/ratelimit format (required; hot-reloaded)' },
+  { flag: 'rls-socket', description: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>' },
+  { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
+  { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
+  { flag: 'coordinators', description: 'HOST:PORT,... of the coordinators (accepted and validated; the lease client is not built yet: the agent runs on static slices)' },
+  { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1)' },
+  { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
+  { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
+  { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for global quotas until the coordinator is connected' },
+  { flag: 'unknown-tenant', description: 'policy for a tenant not in the table: deny | allow | tier:NAME (default deny)' },
+  { flag: 'static-share', description: 'this cell\'s share of every global quota without a coordinator, in (0, 1] (default 1)' },
+  { flag: 'response-headers', description: 'add RateLimit-Limit/-Remaining/-Reset to responses (envoyproxy/ratelimit LIMIT_RESPONSE_HEADERS_ENABLED)', boolean: true },
+  { flag: 'log-level', description: `log level: ${logLevels.join(' | ')} (default info)` },
+  { flag: 'table-capacity', description: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key (default 1000000)' },
+  { flag: 'table-full', description: 'when the bucket table has no slot for a new key: open (pass, counted) | closed (refuse) (default open)' },
+  { flag: 'velocity-capacity', description: 'global quotas tracked in the 500 ms velocity window (default 65536)' },
+  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which a serving thread answers fail-open, marked degraded; 0 disables (default 10)' },
+  { flag: 'throttle-log-interval-ms', description: 'interval of the aggregated throttling log lines (default 10000)' },
+  { flag: 'max-descriptors', description: `descriptors per request (default ${DEFAULT_REQUEST_BOUNDS.maxDescriptors})` },
+  { flag: 'max-entries', description: `entries per descriptor (default ${DEFAULT_REQUEST_BOUNDS.maxEntries})` },
+  { flag: 'max-key-length', description: `length of an entry key (default ${DEFAULT_REQUEST_BOUNDS.maxKeyLength})` },
+  { flag: 'max-value-length', description: `length of an entry value (default ${DEFAULT_REQUEST_BOUNDS.maxValueLength})` },
+  { flag: 'max-domain-length', description: `length of the domain (default ${DEFAULT_REQUEST_BOUNDS.maxDomainLength})` },
+  { flag: 'max-message-bytes', description: 'largest gRPC request message in bytes (default 1048576)' },
+  { flag: 'http-body-limit', description: 'largest HTTP request body in bytes (default 65536)' },
+  { flag: 'rules-debounce-ms', description: 'quiet time after a rules file change before reloading (default 200)' },
+]);
+
+const hostPort = z.union([z.string(), z.object({ host: z.string().min(1), port: z.number().int().min(0).max(65535) })]).transform((v, ctx) => {
+  if (typeof v !== 'string') return { host: v.host, port: v.port };
+  const parsed = parseHostPort(v.trim());
+  if (parsed === null) {
+    ctx.addIssue({ code: 'custom', message: `'${v}' is not HOST:PORT with a port in 0..65535` });
+    return z.NEVER;
+  }
+  return parsed;
+});
+
+const coordinators = z.union([z.string(), z.array(z.string())]).transform((v, ctx) => {
+  const items = (typeof v === 'string' ? v.split(',') : v).map((s) => s.trim()).filter((s) => s !== '');
+  const out: { host: string; port: number }[] = [];
+  for (const item of items) {
+    const parsed = parseHostPort(item);
+    if (parsed === null || parsed.port === 0) {
+      ctx.addIssue({ code: 'custom', message: `'${item}' is not HOST:PORT with a port in 1..65535` });
+      return z.NEVER;
+    }
+    out.push(parsed);
+  }
+  return out;
+});
+
+const boolish = z.union([z.boolean(), z.enum(['true', 'false', '1', '0'])]).transform((v) => v === true || v === 'true' || v === '1');
+
+const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
+
+const socketMode = z.union([z.string(), z.number().int()]).transform((v, ctx) => {
+  const text = String(v).trim();
+  if (!/^0?[0-7]{3,4}$/.test(text) && !/^0o[0-7]{3,4}$/.test(text)) {
+    ctx.addIssue({ code: 'custom', message: `'${text}' is not an octal mode such as 0660` });
+    return z.NEVER;
+  }
+  const mode = parseInt(text.replace(/^0o/, ''), 8);
+  if (mode > 0o7777) {
+    ctx.addIssue({ code: 'custom', message: `'${text}' is out of range` });
+    return z.NEVER;
+  }
+  return mode;
+});
+
+const socketOwner = z.string().transform((v, ctx) => {
+  const m = /^(\d+)(?::(\d+))?$/.exec(v.trim());
+  if (m === null) {
+    ctx.addIssue({ code: 'custom', message: `'${v}' is not UID[:GID] (numeric ids)` });
+    return z.NEVER;
+  }
+  return { uid: Number(m[1]), gid: m[2] === undefined ? undefined : Number(m[2]) };
+});
+
+const unknownTenant = z.union([
+  z.string(),
+  z.object({ kind: z.enum(['deny', 'allow']) }),
+  z.object({ kind: z.literal('tier'), tier: z.string().min(1) }),
+]).transform((v, ctx): UnknownTenantPolicy => {
+  if (typeof v !== 'string') return v.kind === 'tier' ? { kind: 'tier', tier: (v as { tier: string }).tier } : { kind: v.kind };
+  const policy = parseUnknownTenantPolicy(v.trim());
+  if (policy === null) {
+    ctx.addIssue({ code: 'custom', message: `'${v}' is not deny, allow or tier:NAME` });
+    return z.NEVER;
+  }
+  return policy;
+});
+
+export const agentConfigSchema = z.object({
+  cell: z.string({ error: 'required: this cell\'s id' }).regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, 'letters, digits, _ . - (at most 63, starting with a letter or digit)'),
+  rules: z.string({ error: 'required: a rules file or directory' }).min(1),
+  rlsSocket: z.string().min(1).optional(),
+  rlsListen: hostPort.optional(),
+  http: hostPort.optional(),
+  coordinators: coordinators.default([]),
+  workers: int(1, 64).default(1),
+  socketMode: socketMode.default(0o660),
+  socketOwner: socketOwner.optional(),
+  tenants: z.string().min(1).optional(),
+  unknownTenant: unknownTenant.default({ kind: 'deny' }),
+  staticShare: z.coerce.number().gt(0, 'must be > 0').max(1).default(1),
+  responseHeaders: boolish.default(false),
+  logLevel: z.enum(logLevels).default('info'),
+  tableCapacity: int(1, 50_000_000).default(1_000_000),
+  tableFull: z.enum(['open', 'closed']).default('open'),
+  velocityCapacity: int(16, 16_000_000).default(65_536),
+  lagThresholdMs: z.coerce.number().min(0).max(60_000).default(10),
+  throttleLogIntervalMs: int(100, 3_600_000).default(10_000),
+  maxDescriptors: int(1, 4096).default(DEFAULT_REQUEST_BOUNDS.maxDescriptors),
+  maxEntries: int(1, 1024).default(DEFAULT_REQUEST_BOUNDS.maxEntries),
+  maxKeyLength: int(1, 65_536).default(DEFAULT_REQUEST_BOUNDS.maxKeyLength),
+  maxValueLength: int(1, 1_048_576).default(DEFAULT_REQUEST_BOUNDS.maxValueLength),
+  maxDomainLength: int(1, 65_536).default(DEFAULT_REQUEST_BOUNDS.maxDomainLength),
+  maxMessageBytes: int(1024, 64 * 1024 * 1024).default(1024 * 1024),
+  httpBodyLimit: int(1024, 64 * 1024 * 1024).default(64 * 1024),
+  rulesDebounceMs: int(0, 60_000).default(200),
+}).superRefine((c, ctx) => {
+  if (c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['rlsSocket'], message: 'nothing to serve: give --rls-socket, --rls-listen or --http' });
+  }
+  if ((c.rlsSocket !== undefined || c.rlsListen !== undefined) && c.rlsListen !== undefined && c.rlsListen.port !== 0 && c.rlsListen.port + c.workers - 1 > 65535) {
+    ctx.addIssue({ code: 'custom', path: ['rlsListen'], message: `ports ${c.rlsListen.port}..${c.rlsListen.port + c.workers - 1} for ${c.workers} workers exceed 65535` });
+  }
+});
+
+export type AgentConfig = z.output<typeof agentConfigSchema>;
+export type AgentConfigInput = z.input<typeof agentConfigSchema>;
+
+/** Validates typed settings (tests, embedding). Throws ConfigError. */
+export function parseAgentConfig(input: AgentConfigInput): AgentConfig {
+  const parsed = agentConfigSchema.safeParse(input);
+  if (parsed.success) return parsed.data;
+  const lines = parsed.error.issues.map((i) => `  ${i.path.map(String).join('.') || '(settings)'}: ${i.message}`);
+  throw new ConfigError(`agent: invalid settings\n${lines.join('\n')}`);
+}

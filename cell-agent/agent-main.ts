@@ -1,0 +1,430 @@
+// The cell agent process: startAgent(config, logger) loads the rules and the static quota table,
+// creates the shared memory, starts the gRPC worker threads and the HTTP API, and keeps the rules
+// current. See cell-agent/README.md for the design and envoy-wiring.md for pointing Envoy at it.
+//
+// Threads:
+//   main thread   rules loading and hot reload (validated here, then posted to the workers as
+//                 texts), the HTTP API (its checks decide on the same shared buckets), /metrics (sums
+//                 the shared statistics), the aggregated throttling log, worker supervision (a worker
+//                 that exits unexpectedly is restarted on the same socket, with back-off).
+//   worker i      one grpc-js server: RLS + health on `<rls-socket>` (i = 0) or `<rls-socket>.<i>`,
+//                 and on TCP port PORT + i (any free port each when PORT is 0).
+//   shared        ONE bucket table, the velocity window and the statistics, in SharedArrayBuffers:
+//                 every thread decides from the same buckets, so a key's limit is shared exactly.
+import { Worker } from 'node:worker_threads';
+import type { Logger } from '../shared/logging.js';
+import { componentLogger } from '../shared/logging.js';
+import { BucketTable } from './buckets/bucket-table.js';
+import type { RuleSet } from './rules/rules-compile.js';
+import type { RulesError } from './rules/rules-errors.js';
+import { loadRules, watchRules } from './rules/rules-load.js';
+import { CheckService } from './decide/check-service.js';
+import { Decider } from './decide/decide.js';
+import type { DeciderOptions } from './decide/decide.js';
+import { StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
+import type { QuotaFile } from './decide/quotas.js';
+import { startHttpApi } from './http/http-api.js';
+import type { HttpApiHandle } from './http/http-api.js';
+import { LagGuard } from './observe/lag-guard.js';
+import { createAgentMetrics } from './observe/metrics.js';
+import { StatsWriter, createStatsShared } from './observe/stats.js';
+import { ThrottleCounts, ThrottleLog } from './observe/throttle-log.js';
+import { RulesChangedError, snapshotOf } from './agent-rules.js';
+import type { RulesSnapshot } from './agent-rules.js';
+import type { AgentConfig } from './agent-config.js';
+import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
+import type { RlsEndpoints, RlsListenOptions } from './rls/rls-server.js';
+import { VelocityKeys, VelocityTable } from './velocity/velocity-table.js';
+import type { VelocitySample } from './velocity/velocity-table.js';
+
+export interface AgentEndpoints {
+  /** Unix socket paths, one per worker, in worker order. */
+  readonly rlsUnix: readonly string[];
+  /** host:port, one per worker, in worker order. */
+  readonly rlsTcp: readonly string[];
+  /** http://host:port of the HTTP API. */
+  readonly http: string | null;
+}
+
+export interface AgentHandle {
+  readonly cell: string;
+  readonly endpoints: AgentEndpoints;
+  /** Stops serving (gRPC and HTTP), stops the workers and the rules watcher. Idempotent. */
+  stop(): Promise<void>;
+  /** The Prometheus exposition text (what GET /metrics serves). */
+  metricsText(): Promise<string>;
+  /** The velocity window: per global quota, tokens allowed and refused over the last 500 ms. */
+  velocity(): VelocitySample[];
+  /** Fingerprint of the rules in force in the main thread, and as applied by each worker. */
+  rulesStatus(): { main: string | null; workers: (string | null)[] };
+  /** Testing and drills: block worker `index`'s event loop for `ms` (induced overload). */
+  blockWorkerForTesting(index: number, ms: number): void;
+  /** Testing: make worker `index` exit abruptly; it is restarted like after a crash. */
+  crashWorkerForTesting(index: number): void;
+}
+
+const WORKER_START_TIMEOUT_MS = 30_000;
+const WORKER_STOP_GRACE_MS = 2_000;
+const RESTART_BACKOFF_MIN_MS = 250;
+const RESTART_BACKOFF_MAX_MS = 10_000;
+
+interface WorkerSlot {
+  readonly index: number;
+  worker: Worker | null;
+  serving: boolean;
+  endpoints: RlsEndpoints | null;
+  applied: string | null;
+  restarts: number;
+  restartTimer: NodeJS.Timeout | null;
+  stopped: (() => void) | null;
+}
+
+export async function startAgent(config: AgentConfig, logger: Logger): Promise<AgentHandle> {
+  const log = componentLogger(logger, 'agent');
+  const workerLog = componentLogger(logger, 'rls-worker');
+
+  // ---- rules and quotas -------------------------------------------------------------------------
+  const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules);
+  let currentRules: RuleSet = ruleSet;
+  let currentSnapshot: RulesSnapshot = snapshot;
+  const quotaFile: QuotaFile = config.tenants === undefined ? { tiers: {}, tenants: {} } : await loadQuotaFile(config.tenants);
+  const quotaOptions = { staticShare: config.staticShare, unknownTenant: config.unknownTenant };
+  const quotas = new StaticQuotas(quotaFile, quotaOptions);
+  const zero = quotas.zeroSlices();
+  if (zero.length > 0) log.warn({ slices: zero, staticShare: config.staticShare }, 'these global quotas have a slice below one token at this static share: they refuse every request');
+  if (ruleSet.rules.some((r) => r.global) && config.tenants === undefined) {
+    log.warn({ unknownTenant: formatUnknownTenantPolicy(config.unknownTenant) }, 'the rules have global quotas but no --tenants table was given: every tenant is unknown');
+  }
+
+  // ---- shared memory ----------------------------------------------------------------------------
+  const startNs = process.hrtime.bigint();
+  const clock = (): bigint => process.hrtime.bigint();
+  const table = new BucketTable({ capacity: config.tableCapacity, startNs });
+  const velocityTable = VelocityTable.create({ capacity: config.velocityCapacity, startNs });
+  const velocityKeys = new VelocityKeys(velocityTable);
+  velocityTable.onNewKey = (slot, gen, key) => velocityKeys.learn(slot, gen, key);
+  const stats = createStatsShared(config.workers + 1);
+
+  const deciderOptions: DeciderOptions = {
+    bounds: {
+      maxDescriptors: config.maxDescriptors,
+      maxEntries: config.maxEntries,
+      maxKeyLength: config.maxKeyLength,
+      maxValueLength: config.maxValueLength,
+      maxDomainLength: config.maxDomainLength,
+    },
+    responseHeaders: config.responseHeaders,
+    tableFull: config.tableFull,
+    // No lease client yet: every global quota runs on its static slice.
+    staticSlices: true,
+  };
+  const lagOptions = { thresholdMs: config.lagThresholdMs };
+
+  // ---- the main thread's own checks (HTTP API) --------------------------------------------------
+  const mainThrottle = new ThrottleCounts();
+  const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
+  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits) => mainThrottle.add(key, hits) }, deciderOptions);
+  mainDecider.setRules(currentRules);
+  const mainLag = new LagGuard(lagOptions);
+  const mainService = new CheckService(mainDecider, new StatsWriter(stats, config.workers), mainLag, componentLogger(logger, 'http'));
+
+  // ---- workers ----------------------------------------------------------------------------------
+  const slots: WorkerSlot[] = Array.from({ length: config.workers }, (_, index) => ({
+    index, worker: null, serving: false, endpoints: null, applied: null, restarts: 0, restartTimer: null, stopped: null,
+  }));
+  let stopping = false;
+
+  const listenFor = (index: number): RlsListenOptions => ({
+    unix: config.rlsSocket === undefined ? undefined : {
+      path: index === 0 ? config.rlsSocket : `${config.rlsSocket}.${index}`,
+      mode: config.socketMode,
+      uid: config.socketOwner?.uid,
+      gid: config.socketOwner?.gid,
+    },
+    tcp: config.rlsListen === undefined ? undefined : { host: config.rlsListen.host, port: config.rlsListen.port === 0 ? 0 : config.rlsListen.port + index },
+    maxMessageBytes: config.maxMessageBytes,
+  });
+
+  const initFor = (index: number): WorkerInit => ({
+    index,
+    cell: config.cell,
+    logLevel: config.logLevel,
+    table: table.shared,
+    velocity: velocityTable.shared,
+    stats,
+    quotaFile,
+    staticShare: config.staticShare,
+    unknownTenant: config.unknownTenant,
+    rules: currentSnapshot,
+    decider: deciderOptions,
+    lag: lagOptions,
+    listen: listenFor(index),
+    throttleLogIntervalMs: config.throttleLogIntervalMs,
+  });
+
+  const onWorkerMessage = (slot: WorkerSlot, m: WorkerToMain): void => {
+    switch (m.kind) {
+      case 'log':
+        relayLog(workerLog, m.line);
+        return;
+      case 'throttle':
+        throttleLog.merge(m);
+        return;
+      case 'vkey':
+        velocityKeys.learn(m.slot, m.gen, m.key);
+        return;
+      case 'rules-applied':
+        slot.applied = m.fingerprint;
+        return;
+      case 'rules-failed':
+        log.error({ worker: slot.index, fingerprint: m.fingerprint, error: m.message }, 'a worker could not compile rules the main thread accepted; it keeps its previous rules');
+        return;
+      case 'stopped':
+        slot.serving = false;
+        slot.stopped?.();
+        return;
+      case 'ready':
+      case 'fatal':
+        return; // handled by startWorker
+    }
+  };
+
+  const startWorker = (slot: WorkerSlot): Promise<RlsEndpoints> => new Promise((resolveStart, rejectStart) => {
+    const init = initFor(slot.index);
+    const worker = spawnWorker(init);
+    slot.worker = worker;
+    let started = false;
+    const timer = setTimeout(() => {
+      if (started) return;
+      started = true;
+      rejectStart(new Error(`rls worker ${slot.index} did not start within ${WORKER_START_TIMEOUT_MS} ms`));
+      void worker.terminate();
+    }, WORKER_START_TIMEOUT_MS);
+    worker.on('message', (m: WorkerToMain) => {
+      if (!started && (m.kind === 'ready' || m.kind === 'fatal')) {
+        started = true;
+        clearTimeout(timer);
+        if (m.kind === 'ready') {
+          slot.serving = true;
+          slot.endpoints = m.endpoints;
+          slot.applied = init.rules.fingerprint;
+          resolveStart(m.endpoints);
+        } else {
+          slot.worker = null;
+          void worker.terminate();
+          rejectStart(Object.assign(new Error(`rls worker ${slot.index}: ${m.message}`), { code: m.code ?? 'RLS_WORKER_FAILED' }));
+        }
+        return;
+      }
+      onWorkerMessage(slot, m);
+    });
+    worker.on('error', (error) => {
+      log.error({ worker: slot.index, err: error }, 'rls worker failed');
+      if (!started) {
+        started = true;
+        clearTimeout(timer);
+        rejectStart(error);
+      }
+    });
+    worker.on('exit', (code) => {
+      const wasServing = slot.serving;
+      slot.serving = false;
+      slot.worker = null;
+      slot.stopped?.();
+      if (!started) {
+        started = true;
+        clearTimeout(timer);
+        rejectStart(new Error(`rls worker ${slot.index} exited with code ${code} while starting`));
+        return;
+      }
+      if (stopping || !wasServing) return;
+      const delay = Math.min(RESTART_BACKOFF_MAX_MS, RESTART_BACKOFF_MIN_MS * 2 ** Math.min(slot.restarts, 10));
+      log.error({ worker: slot.index, exitCode: code, restartInMs: delay }, 'rls worker exited unexpectedly; restarting it');
+      scheduleRestart(slot, delay);
+    });
+  });
+
+  const scheduleRestart = (slot: WorkerSlot, delay: number): void => {
+    slot.restartTimer = setTimeout(() => {
+      slot.restartTimer = null;
+      if (stopping) return;
+      slot.restarts++;
+      metrics.workerRestarts.inc();
+      startWorker(slot).then(
+        (endpoints) => log.info({ worker: slot.index, endpoints }, 'rls worker restarted'),
+        (error: unknown) => {
+          log.error({ worker: slot.index, err: error }, 'rls worker restart failed');
+          if (!stopping) scheduleRestart(slot, Math.min(RESTART_BACKOFF_MAX_MS, delay * 2));
+        },
+      );
+    }, delay);
+    slot.restartTimer.unref();
+  };
+
+  const stopWorker = (slot: WorkerSlot): Promise<void> => {
+    if (slot.restartTimer !== null) clearTimeout(slot.restartTimer);
+    slot.restartTimer = null;
+    const worker = slot.worker;
+    if (worker === null) return Promise.resolve();
+    return new Promise<void>((done) => {
+      const timer = setTimeout(() => {
+        void worker.terminate().then(() => done());
+      }, WORKER_STOP_GRACE_MS + 3_000);
+      slot.stopped = () => {
+        clearTimeout(timer);
+        slot.stopped = null;
+        // The worker closes its port after 'stopped'; terminate makes sure the thread is gone.
+        void worker.terminate().then(() => done());
+      };
+      worker.postMessage({ kind: 'stop', graceMs: WORKER_STOP_GRACE_MS } satisfies MainToWorker);
+    });
+  };
+
+  const metrics = createAgentMetrics({
+    stats,
+    table,
+    velocityTable,
+    velocityKeys,
+    clock,
+    workersServing: () => slots.filter((s) => s.serving).length,
+    rulesFingerprint: () => currentRules.fingerprint,
+  });
+
+  const started = await Promise.allSettled(slots.map((slot) => startWorker(slot)));
+  const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed !== undefined) {
+    stopping = true;
+    await Promise.all(slots.map(stopWorker));
+    throw failed.reason;
+  }
+
+  // ---- HTTP API ---------------------------------------------------------------------------------
+  let http: HttpApiHandle | null = null;
+  if (config.http !== undefined) {
+    try {
+      http = await startHttpApi({ host: config.http.host, port: config.http.port, bodyLimit: config.httpBodyLimit }, {
+        check: mainService,
+        metrics: async () => ({ contentType: metrics.registry.contentType, body: await metrics.registry.metrics() }),
+        health: () => {
+          const serving = slots.filter((s) => s.serving).length;
+          return {
+            ok: serving === slots.length,
+            details: { cell: config.cell, workers: { serving, total: slots.length }, rules: currentRules.fingerprint, staticSlices: true },
+          };
+        },
+      }, componentLogger(logger, 'http'));
+    } catch (error) {
+      stopping = true;
+      await Promise.all(slots.map(stopWorker));
+      throw error;
+    }
+  }
+  mainLag.start();
+  throttleLog.start(mainThrottle);
+
+  // ---- hot reload -------------------------------------------------------------------------------
+  const applyRules = (next: RuleSet): void => {
+    const nextSnapshot = snapshotOf(next); // throws RulesChangedError: the watcher retries on the next change
+    currentRules = next;
+    currentSnapshot = nextSnapshot;
+    mainDecider.setRules(next);
+    for (const slot of slots) slot.worker?.postMessage({ kind: 'rules', snapshot: nextSnapshot } satisfies MainToWorker);
+    metrics.configReloads.inc({ result: 'success' });
+    log.info({ fingerprint: next.fingerprint, files: next.files.length, domains: [...next.domains.keys()] }, 'rules reloaded');
+  };
+  const unwatch = watchRules(config.rules, applyRules, (error: RulesError, lastGood: RuleSet | null) => {
+    if (error.cause instanceof RulesChangedError) {
+      log.debug({ error: error.message }, 'rules changed while being read; waiting for the next change');
+      return;
+    }
+    metrics.configReloads.inc({ result: 'failure' });
+    log.error({ error: error.message, code: error.code, keeping: lastGood?.fingerprint ?? currentRules.fingerprint }, 'rules reload failed; keeping the last good rules');
+  }, { initial: ruleSet, debounceMs: config.rulesDebounceMs });
+
+  const endpoints: AgentEndpoints = {
+    rlsUnix: slots.flatMap((s) => (s.endpoints?.unix === null || s.endpoints?.unix === undefined ? [] : [s.endpoints.unix])),
+    rlsTcp: slots.flatMap((s) => (s.endpoints?.tcp === null || s.endpoints?.tcp === undefined ? [] : [s.endpoints.tcp])),
+    http: http?.url ?? null,
+  };
+  const coordinatorNote = config.coordinators.length === 0
+    ? 'no coordinators configured: the agent runs alone on static slices'
+    : 'coordinators configured, but the lease client is not implemented yet: the agent runs on static slices';
+  log.info({
+    cell: config.cell,
+    endpoints,
+    workers: config.workers,
+    rules: currentRules.fingerprint,
+    tenants: quotas.tenantCount,
+    tiers: quotas.tierCount,
+    staticShare: config.staticShare,
+    unknownTenant: formatUnknownTenantPolicy(config.unknownTenant),
+    coordinators: config.coordinators.map((c) => `${c.host}:${c.port}`),
+  }, `cell agent started; ${coordinatorNote}`);
+
+  let stopPromise: Promise<void> | null = null;
+  return {
+    cell: config.cell,
+    endpoints,
+    stop: () => {
+      stopPromise ??= (async () => {
+        stopping = true;
+        unwatch();
+        mainLag.stop();
+        if (http !== null) await http.close();
+        await Promise.all(slots.map(stopWorker));
+        throttleLog.stop(mainThrottle);
+        log.info({ cell: config.cell }, 'cell agent stopped');
+      })();
+      return stopPromise;
+    },
+    metricsText: () => metrics.registry.metrics(),
+    velocity: () => velocityKeys.snapshot(clock()),
+    rulesStatus: () => ({ main: currentRules.fingerprint, workers: slots.map((s) => s.applied) }),
+    blockWorkerForTesting: (index, ms) => {
+      slots[index]?.worker?.postMessage({ kind: 'block', ms } satisfies MainToWorker);
+    },
+    crashWorkerForTesting: (index) => {
+      slots[index]?.worker?.postMessage({ kind: 'crash' } satisfies MainToWorker);
+    },
+  };
+}
+
+/** loadRules, then the snapshot of exactly those files (retried if a file changes in between). */
+async function loadRulesWithSnapshot(path: string): Promise<{ ruleSet: RuleSet; snapshot: RulesSnapshot }> {
+  for (let attempt = 0; ; attempt++) {
+    const ruleSet = await loadRules(path);
+    try {
+      return { ruleSet, snapshot: snapshotOf(ruleSet) };
+    } catch (error) {
+      if (!(error instanceof RulesChangedError) || attempt >= 10) throw error;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+/** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
+function spawnWorker(init: WorkerInit): Worker {
+  const fromSource = import.meta.url.endsWith('.ts');
+  const entry = new URL(fromSource ? './agent-worker.ts' : './agent-worker.js', import.meta.url);
+  if (!fromSource) return new Worker(entry, { workerData: init });
+  // Node 20 does not apply the parent's --import tsx loader to a worker's .ts entry: register it first.
+  const api = import.meta.resolve('tsx/esm/api');
+  const boot = `import(${JSON.stringify(api)}).then((m) => { m.register(); return import(${JSON.stringify(entry.href)}); });`;
+  return new Worker(boot, { eval: true, workerData: init });
+}
+
+const PINO_KEYS = new Set(['level', 'time', 'pid', 'hostname', 'msg']);
+const PINO_LEVELS: Record<number, 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal'> = { 10: 'trace', 20: 'debug', 30: 'info', 40: 'warn', 50: 'error', 60: 'fatal' };
+
+/** Re-emits a worker's pino line through the agent's logger. */
+function relayLog(logger: Logger, line: string): void {
+  try {
+    const record = JSON.parse(line) as Record<string, unknown>;
+    const level = PINO_LEVELS[typeof record['level'] === 'number' ? record['level'] : 30] ?? 'info';
+    const fields: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(record)) if (!PINO_KEYS.has(k)) fields[k] = v;
+    logger[level](fields, typeof record['msg'] === 'string' ? record['msg'] : '');
+  } catch {
+    logger.info({ line }, 'worker log line');
+  }
+}

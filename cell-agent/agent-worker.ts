@@ -1,0 +1,99 @@
+// A gRPC serving thread of the agent (started by agent-main.ts, one per --workers). It attaches the
+// shared bucket table, velocity window and statistics, compiles the rules snapshot it was given,
+// and serves the RLS and health services on its own Unix socket and/or TCP port. Logs go to the main
+// thread (one logger for the whole agent); throttling counts and new velocity keys too.
+import { parentPort, workerData } from 'node:worker_threads';
+import type { MessagePort } from 'node:worker_threads';
+import { pino } from 'pino';
+import { BucketTable } from './buckets/bucket-table.js';
+import { CheckService } from './decide/check-service.js';
+import { Decider } from './decide/decide.js';
+import { StaticQuotas } from './decide/quotas.js';
+import { LagGuard } from './observe/lag-guard.js';
+import { StatsWriter } from './observe/stats.js';
+import { ThrottleCounts } from './observe/throttle-log.js';
+import { compileSnapshot } from './agent-rules.js';
+import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
+import { startRlsServer } from './rls/rls-server.js';
+import type { RlsServerHandle } from './rls/rls-server.js';
+import { VelocityTable } from './velocity/velocity-table.js';
+
+if (parentPort === null) throw new Error('agent-worker.ts runs as a worker thread');
+const port: MessagePort = parentPort;
+const init = workerData as WorkerInit;
+const send = (m: WorkerToMain): void => port.postMessage(m);
+
+const logger = pino(
+  { level: init.logLevel, base: { worker: init.index }, timestamp: pino.stdTimeFunctions.isoTime },
+  { write: (line: string) => send({ kind: 'log', line }) },
+);
+
+async function main(): Promise<void> {
+  let server: RlsServerHandle | null = null;
+  let throttleTimer: NodeJS.Timeout | null = null;
+  const lag = new LagGuard(init.lag);
+  try {
+    const table = BucketTable.attach(init.table);
+    const velocity = VelocityTable.attach(init.velocity);
+    velocity.onNewKey = (slot, gen, key) => send({ kind: 'vkey', slot, gen, key });
+    const stats = new StatsWriter(init.stats, init.index);
+    const quotas = new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
+    const throttle = new ThrottleCounts();
+    const decider = new Decider(
+      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits) => throttle.add(key, hits) },
+      init.decider,
+    );
+    decider.setRules(compileSnapshot(init.rules));
+    const service = new CheckService(decider, stats, lag, logger);
+    lag.start();
+    server = await startRlsServer(service, init.listen, logger);
+    const flushThrottle = (): void => {
+      if (!throttle.empty) send({ kind: 'throttle', ...throttle.drain() });
+    };
+    throttleTimer = setInterval(flushThrottle, init.throttleLogIntervalMs);
+    throttleTimer.unref();
+
+    const running = server;
+    port.on('message', (m: MainToWorker) => {
+      switch (m.kind) {
+        case 'rules':
+          try {
+            decider.setRules(compileSnapshot(m.snapshot));
+            send({ kind: 'rules-applied', fingerprint: m.snapshot.fingerprint });
+          } catch (error) {
+            send({ kind: 'rules-failed', fingerprint: m.snapshot.fingerprint, message: error instanceof Error ? error.message : String(error) });
+          }
+          return;
+        case 'block': {
+          const until = Date.now() + m.ms;
+          while (Date.now() < until) {
+            // busy: the event loop is blocked, as under CPU starvation or a long GC pause
+          }
+          return;
+        }
+        case 'crash':
+          process.exit(70);
+          return;
+        case 'stop':
+          lag.stop();
+          if (throttleTimer !== null) clearInterval(throttleTimer);
+          flushThrottle();
+          void running.stop(m.graceMs).then(() => {
+            send({ kind: 'stopped' });
+            port.close();
+          });
+          return;
+      }
+    });
+    send({ kind: 'ready', endpoints: server.endpoints });
+  } catch (error) {
+    lag.stop();
+    if (throttleTimer !== null) clearInterval(throttleTimer);
+    if (server !== null) await server.stop(0);
+    const code = typeof error === 'object' && error !== null && typeof (error as { code?: unknown }).code === 'string' ? (error as { code: string }).code : null;
+    send({ kind: 'fatal', message: error instanceof Error ? error.message : String(error), code });
+    port.close();
+  }
+}
+
+void main();

@@ -1,0 +1,101 @@
+// One check, as both front ends (gRPC in the workers, HTTP in the main thread) answer it: the
+// overload guard, the decision, the statistics, and fail-open on an unexpected error.
+//
+// - Overloaded (LagGuard): answer OK at once — one OK status per descriptor, `x-ratelimit-degraded:
+//   true` — without matching or touching a bucket; counted as verdict "degraded", fail_open
+//   {reason="overload"}.
+// - A request the agent refuses to decide (empty domain / descriptors, over an input bound): an error
+//   with a gRPC status code; counted in rejected_requests.
+// - An exception inside the decision (a bug, or memory pressure): logged (at most once a second,
+//   with the number suppressed), answered fail-open like an overload — rate limiting must never
+//   take down the traffic it protects — and counted as fail_open {reason="error"}. The process and
+//   the thread keep serving.
+import { performance } from 'node:perf_hooks';
+import type { Logger } from '../../shared/logging.js';
+import type { LagGuard } from '../observe/lag-guard.js';
+import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
+import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
+import { RLS_CODE } from '../rls/rls-codec.js';
+import type { Decider, DecisionScope } from './decide.js';
+import { DEGRADED_HEADER } from './decide.js';
+
+export type CheckOutcome =
+  | {
+    readonly kind: 'answer';
+    readonly response: RlsResponse;
+    readonly overLimit: boolean;
+    readonly verdict: Verdict;
+    readonly scope: DecisionScope;
+    /** For HTTP Retry-After (0n when OK). */
+    readonly retryAfterNs: bigint;
+  }
+  | { readonly kind: 'error'; readonly code: number; readonly message: string };
+
+const OK_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
+const DEGRADED_HEADERS = Object.freeze([Object.freeze({ key: DEGRADED_HEADER, value: 'true' })]);
+
+/** The fail-open answer: OK for every descriptor, marked degraded. */
+export function failOpenResponse(descriptorCount: number): RlsResponse {
+  return {
+    overallCode: RLS_CODE.OK,
+    statuses: new Array<RlsDescriptorStatus>(descriptorCount).fill(OK_STATUS),
+    responseHeadersToAdd: DEGRADED_HEADERS,
+    requestHeadersToAdd: [],
+    rawBody: null,
+  };
+}
+
+export class CheckService {
+  private lastErrorLogMs = 0;
+  private suppressedErrors = 0;
+
+  constructor(
+    readonly decider: Decider,
+    private readonly stats: StatsWriter,
+    private readonly lag: LagGuard | null,
+    private readonly logger: Logger,
+  ) {}
+
+  check(req: RlsRequest): CheckOutcome {
+    const start = performance.now();
+    if (this.lag !== null && this.lag.overloaded(start)) {
+      this.stats.failOpen('overload');
+      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n };
+    }
+    try {
+      const result = this.decider.decide(req);
+      if (!result.ok) {
+        this.stats.rejected('invalid');
+        return { kind: 'error', code: result.failure.code, message: result.failure.message };
+      }
+      const d = result.decision;
+      const verdict: Verdict = d.overLimit ? 'over_limit' : 'ok';
+      if (d.staticSlice) this.stats.staticSlice();
+      if (d.tableFull) this.stats.failOpen('table_full');
+      this.stats.decision(verdict, d.scope, (performance.now() - start) / 1000);
+      return { kind: 'answer', response: d.response, overLimit: d.overLimit, verdict, scope: d.scope, retryAfterNs: d.retryAfterNs };
+    } catch (error) {
+      this.reportError(error);
+      this.stats.failOpen('error');
+      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n };
+    }
+  }
+
+  /** Counts a request refused before deciding (undecodable bytes, a bad JSON body). */
+  rejected(reason: RejectReason): void {
+    this.stats.rejected(reason);
+  }
+
+  private reportError(error: unknown): void {
+    const now = Date.now();
+    if (now - this.lastErrorLogMs < 1000) {
+      this.suppressedErrors++;
+      return;
+    }
+    this.logger.error({ err: error, suppressed: this.suppressedErrors }, 'check failed inside the agent; answered fail-open');
+    this.lastErrorLogMs = now;
+    this.suppressedErrors = 0;
+  }
+}

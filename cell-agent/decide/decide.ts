@@ -1,0 +1,509 @@
+// The decision: one RateLimitRequest → one RateLimitResponse, from the rules and the shared bucket
+// table. Pure of I/O; the gRPC server (worker threads) and the HTTP API (main thread) both call it.
+//
+// 1. Matching (cell-agent/rules). Per request descriptor i, hits_i = the descriptor's hits_addend
+//    when set (0 allowed: check without counting), else max(1, request hits_addend) — as
+//    envoyproxy/ratelimit's GetHitsAddends. matchWithAncestors gives the descriptor's own rule and
+//    the `global: true` rules on the way to it; `replaces` is applied to the own rules
+//    (applyReplaces); an ancestor global already counted by another descriptor is added once.
+//    A descriptor carrying a `limit` override is not matched against local rules (envoyproxy/
+//    ratelimit §2.2: requests_per_unit/unit from the request, never shadow, no name, no replaces),
+//    but an override never lifts a global quota: the global rules the descriptor passes through
+//    still apply.
+// 2. Levels. Every limit the request must pass is one level with a bucket key and a GCRA limit:
+//      local rule        rule.bucketKey, limitPerUnit(rpu, unit), starts FULL
+//      limit override    `~o|domain|k=v…`, limitPerUnit(override), starts FULL
+//      tenant quota      rule.bucketKey (`api|tenant=acme`), the tier's static slice, starts EMPTY
+//      tier cap          `~t|domain|tier`, the cap's static slice, starts EMPTY
+//      domain cap        `~d|domain`, the cap's static slice, starts EMPTY
+//    (`~` cannot start a rule key: the rules module escapes it.) A key appearing twice in one
+//    request is one level with the hits summed. Unknown tenants follow the policy (quotas.ts).
+// 3. Check, then take — all or nothing. Every level is first read without consuming (take with 0
+//    hits: the level's whole tokens now); a level passes if it holds at least its hits (at least 1
+//    for a 0-hit check). The verdicts give the statuses and overall_code (shadow_mode turns a
+//    refusal into OK; quota_mode as envoyproxy/ratelimit). Only if overall_code is OK are tokens
+//    taken, from every level that passed, tightest margin first; when it is OVER_LIMIT nothing is
+//    consumed anywhere (unlike envoyproxy/ratelimit's default, which counts the passing descriptors
+//    too: its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT behaviour, made exact).
+//    Another worker can drain a level between our check and our take. That take then fails, the
+//    request is refused, and the tokens already taken from the other levels stay taken: a race can
+//    only make the cell admit LESS than the limits allow, never more. (A refund operation on
+//    BucketTable would close this small leak; see cell-agent/README.md.)
+// 4. Response. One status per descriptor, in order: the refusing level if any, else the level with
+//    the fewest remaining tokens; current_limit, limit_remaining and duration_until_reset filled so
+//    Envoy's x-ratelimit headers work (unlimited: remaining 2^32−1, no limit; no rule: code OK
+//    only). Optional RateLimit-* headers; `x-ratelimit-degraded: true` when a global quota was
+//    decided on a static slice or the table was full.
+//
+// GCRA vs envoyproxy/ratelimit's fixed windows: a bucket of requests_per_unit tokens refilling
+// continuously at requests_per_unit per unit, so `limit_remaining` is the bucket's whole tokens and
+// `duration_until_reset` is the time until it is full again (for a refused status: until the
+// refused hits would pass), rounded up to whole seconds.
+import type { BucketTable, TakeResult } from '../buckets/bucket-table.js';
+import { NEVER_NS, limitPerUnit } from '../buckets/gcra.js';
+import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
+import type { RuleSet } from '../rules/rules-compile.js';
+import { applyReplaces, matchWithAncestors } from '../rules/rules-match.js';
+import type { RuleMatch } from '../rules/rules-match.js';
+import { RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
+import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
+import { RLS_CODE } from '../rls/rls-codec.js';
+import type { QuotaSlice, StaticQuotas } from './quotas.js';
+import { GRPC_STATUS, checkRequest } from './request-check.js';
+import type { RequestBounds, RequestFailure } from './request-check.js';
+
+export const UINT32_MAX = 4_294_967_295;
+export const DEGRADED_HEADER = 'x-ratelimit-degraded';
+export const RATELIMIT_LIMIT_HEADER = 'RateLimit-Limit';
+export const RATELIMIT_REMAINING_HEADER = 'RateLimit-Remaining';
+export const RATELIMIT_RESET_HEADER = 'RateLimit-Reset';
+export const NO_CONFIG_MESSAGE = 'no rate limit configuration loaded';
+
+/** Records per global quota what was allowed and refused (the velocity window). */
+export interface VelocityRecorder {
+  record(key: string, allowed: number, refused: number, nowNs: bigint): void;
+}
+
+export interface DeciderDeps {
+  readonly table: BucketTable;
+  readonly quotas: StaticQuotas;
+  /** Now in ns on the table's clock (process.hrtime.bigint() in the agent). */
+  readonly clock: () => bigint;
+  readonly velocity?: VelocityRecorder | null;
+  /** Called once per refused (non-shadow) level: the throttling log. */
+  readonly onRefused?: ((key: string, hits: number) => void) | null;
+}
+
+export interface DeciderOptions {
+  readonly bounds: RequestBounds;
+  /** Add RateLimit-Limit / -Remaining / -Reset to response_headers_to_add (LIMIT_RESPONSE_HEADERS_ENABLED). */
+  readonly responseHeaders: boolean;
+  /** What a level does when the bucket table has no slot for its key: pass ('open') or refuse ('closed'). */
+  readonly tableFull: 'open' | 'closed';
+  /** Global quotas run on static slices (no coordinator): mark their answers degraded. */
+  readonly staticSlices: boolean;
+}
+
+export type DecisionScope = 'local' | 'global';
+
+export interface Decision {
+  readonly response: RlsResponse;
+  readonly overLimit: boolean;
+  /** 'global' if any level of the request was a global quota. */
+  readonly scope: DecisionScope;
+  /** Marked `x-ratelimit-degraded: true`: a static slice was used or the table was full. */
+  readonly degraded: boolean;
+  readonly staticSlice: boolean;
+  readonly tableFull: boolean;
+  /** For HTTP Retry-After: the longest wait among the refusing levels (0 when OK). */
+  readonly retryAfterNs: bigint;
+}
+
+export type DecideResult = { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
+
+interface Level {
+  readonly key: string;
+  readonly limit: GcraLimit;
+  readonly currentLimit: RlsRateLimit | null;
+  readonly scope: DecisionScope;
+  /** A global quota: its demand goes to the velocity window. */
+  readonly velocity: boolean;
+  readonly shadow: boolean;
+  /** An unknown tenant under the deny policy. */
+  readonly deny: boolean;
+  readonly descriptors: number[];
+  hits: number;
+  passed: boolean;
+  remaining: number;
+  resetNs: bigint;
+  retryNs: bigint;
+  tableFull: boolean;
+}
+
+interface DescriptorPlan {
+  readonly levels: Level[];
+  unlimited: boolean;
+  quotaMode: boolean;
+}
+
+const OK = RLS_CODE.OK;
+const OVER_LIMIT = RLS_CODE.OVER_LIMIT;
+const NS_PER_S = 1_000_000_000n;
+const NO_HEADERS: readonly RlsHeader[] = Object.freeze([]);
+
+const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [undefined, 'second', 'minute', 'hour', 'day', 'month', 'year'];
+
+export class Decider {
+  private rules: RuleSet | null = null;
+  private readonly ruleLimits = new WeakMap<object, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
+  private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
+
+  constructor(private readonly deps: DeciderDeps, readonly options: DeciderOptions) {}
+
+  setRules(rules: RuleSet): void {
+    this.rules = rules;
+  }
+
+  get ruleSet(): RuleSet | null {
+    return this.rules;
+  }
+
+  decide(req: RlsRequest): DecideResult {
+    const failure = checkRequest(req, this.options.bounds);
+    if (failure !== null) return { ok: false, failure };
+    const rules = this.rules;
+    if (rules === null) return { ok: false, failure: { code: GRPC_STATUS.UNKNOWN, message: NO_CONFIG_MESSAGE } };
+    const nowNs = this.deps.clock();
+    const { plans, levels } = this.plan(rules, req);
+    return { ok: true, decision: this.evaluate(plans, levels, nowNs) };
+  }
+
+  // ---- 1 + 2: matching and levels ---------------------------------------------------------------
+
+  private plan(rules: RuleSet, req: RlsRequest): { plans: DescriptorPlan[]; levels: Map<string, Level> } {
+    const domain = req.domain;
+    const n = req.descriptors.length;
+    const defaultHits = req.hitsAddend > 1 ? req.hitsAddend : 1;
+    const hits = new Array<number>(n);
+    const own: (RuleMatch | null)[] = new Array<RuleMatch | null>(n);
+    const ancestors: (readonly RuleMatch[])[] = new Array<readonly RuleMatch[]>(n);
+    for (let i = 0; i < n; i++) {
+      const d = req.descriptors[i];
+      if (d === undefined) continue;
+      hits[i] = d.hitsAddend ?? defaultHits;
+      const m = matchWithAncestors(rules, domain, d.entries);
+      // An override replaces a local rule, never a global one.
+      own[i] = d.limit !== null && m.match !== null && m.match.limit.kind !== 'global' ? null : m.match;
+      ancestors[i] = m.ancestors;
+    }
+    const matched = applyReplaces(own);
+    const levels = new Map<string, Level>();
+    const plans: DescriptorPlan[] = new Array<DescriptorPlan>(n);
+    for (let i = 0; i < n; i++) plans[i] = { levels: [], unlimited: false, quotaMode: false };
+    const countedGlobal = new Set<string>();
+    for (const m of matched) if (m !== null && m.limit.kind === 'global') countedGlobal.add(m.bucketKey);
+
+    for (let i = 0; i < n; i++) {
+      const d = req.descriptors[i];
+      const plan = plans[i] as DescriptorPlan;
+      const h = hits[i] ?? 1;
+      if (d === undefined) continue;
+      if (d.limit !== null) {
+        const { limit, currentLimit } = this.overrideLimit(d.limit.requestsPerUnit, d.limit.unit);
+        this.addLevel(levels, plan, i, overrideKey(domain, d.entries), limit, currentLimit, h, 'local', false, false);
+      }
+      const m = matched[i] ?? null;
+      if (m !== null) {
+        if (m.limit.kind === 'unlimited') plan.unlimited = true;
+        else if (m.limit.kind === 'rate') {
+          const { limit, currentLimit } = this.ruleLimit(m);
+          plan.quotaMode = m.quotaMode;
+          this.addLevel(levels, plan, i, m.bucketKey, limit, currentLimit, h, 'local', false, m.shadowMode);
+        } else {
+          this.addGlobal(levels, plan, i, domain, m, h);
+        }
+      }
+      for (const a of ancestors[i] ?? []) {
+        if (countedGlobal.has(a.bucketKey)) continue;
+        countedGlobal.add(a.bucketKey);
+        this.addGlobal(levels, plan, i, domain, a, h);
+      }
+    }
+    return { plans, levels };
+  }
+
+  private addGlobal(levels: Map<string, Level>, plan: DescriptorPlan, i: number, domain: string, m: RuleMatch, hits: number): void {
+    const quotas = this.deps.quotas;
+    const tenantId = m.global?.value ?? '';
+    const r = quotas.resolve(tenantId);
+    if (r.kind === 'deny') {
+      this.addLevel(levels, plan, i, m.bucketKey, DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true);
+    } else if (r.kind === 'quota') {
+      this.addSlice(levels, plan, i, m.bucketKey, r.tenant, hits, m.shadowMode);
+      if (r.tier.cap !== null) this.addSlice(levels, plan, i, `~t|${escapeKeyPart(domain)}|${escapeKeyPart(r.tier.name)}`, r.tier.cap, hits, m.shadowMode);
+    }
+    if (quotas.domainCap !== null) this.addSlice(levels, plan, i, `~d|${escapeKeyPart(domain)}`, quotas.domainCap, hits, m.shadowMode);
+  }
+
+  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, slice: QuotaSlice, hits: number, shadow: boolean): void {
+    this.addLevel(levels, plan, i, key, slice.limit, slice.currentLimit, hits, 'global', true, shadow);
+  }
+
+  private addLevel(
+    levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, limit: GcraLimit, currentLimit: RlsRateLimit | null,
+    hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false,
+  ): void {
+    const existing = levels.get(key);
+    if (existing !== undefined) {
+      existing.hits += hits;
+      if (!existing.descriptors.includes(i)) {
+        existing.descriptors.push(i);
+        plan.levels.push(existing);
+      }
+      return;
+    }
+    const level: Level = {
+      key, limit, currentLimit, scope, velocity, shadow, deny, descriptors: [i], hits,
+      passed: false, remaining: 0, resetNs: 0n, retryNs: 0n, tableFull: false,
+    };
+    levels.set(key, level);
+    plan.levels.push(level);
+  }
+
+  private ruleLimit(m: RuleMatch): { limit: GcraLimit; currentLimit: RlsRateLimit } {
+    let cached = this.ruleLimits.get(m.rule);
+    if (cached === undefined) {
+      if (m.limit.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
+      const unit = m.limit.unit;
+      cached = {
+        limit: limitPerUnit(m.limit.requestsPerUnit, unit.toLowerCase() as TimeUnit, { start: 'full' }),
+        currentLimit: { requestsPerUnit: m.limit.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: m.name ?? '' },
+      };
+      this.ruleLimits.set(m.rule, cached);
+    }
+    return cached;
+  }
+
+  private overrideLimit(requestsPerUnit: number, unit: number): { limit: GcraLimit; currentLimit: RlsRateLimit } {
+    const id = `${requestsPerUnit}/${unit}`;
+    let cached = this.overrideLimits.get(id);
+    if (cached === undefined) {
+      const timeUnit = REQUEST_UNIT_NAMES[unit];
+      if (timeUnit === undefined) throw new Error(`overrideLimit: unit ${unit} was not validated`);
+      cached = {
+        limit: limitPerUnit(requestsPerUnit, timeUnit, { start: 'full' }),
+        // envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit agree on 1..6.
+        currentLimit: { requestsPerUnit, unit, name: '' },
+      };
+      if (this.overrideLimits.size >= 4096) this.overrideLimits.clear();
+      this.overrideLimits.set(id, cached);
+    }
+    return cached;
+  }
+
+  // ---- 3 + 4: check, take, respond --------------------------------------------------------------
+
+  private evaluate(plans: DescriptorPlan[], levels: Map<string, Level>, nowNs: bigint): Decision {
+    const table = this.deps.table;
+    let scope: DecisionScope = 'local';
+    let staticSlice = false;
+    for (const level of levels.values()) {
+      if (level.scope === 'global') {
+        scope = 'global';
+        if (!level.deny) staticSlice = this.options.staticSlices;
+      }
+    }
+
+    let overLimit: boolean;
+    let tableFull = false;
+    const only = levels.size === 1 ? (levels.values().next().value as Level) : null;
+    if (only !== null && !only.deny && only.hits > 0) {
+      // One level (the common case): a single take is already all or nothing.
+      const r = table.take(only.key, only.limit, only.hits, nowNs);
+      only.remaining = r.remaining;
+      only.resetNs = r.resetNs;
+      only.passed = r.verdict !== 'deny';
+      if (r.verdict === 'deny') only.retryNs = r.retryAfterNs;
+      else if (r.verdict === 'table-full') {
+        tableFull = true;
+        only.tableFull = true;
+        if (this.options.tableFull === 'closed') {
+          only.passed = false;
+          only.retryNs = NS_PER_S;
+        }
+      }
+      overLimit = overallOverLimit(plans);
+    } else {
+      for (const level of levels.values()) {
+        if (level.deny) {
+          level.passed = false;
+          level.retryNs = NEVER_NS;
+          continue;
+        }
+        const r = table.take(level.key, level.limit, 0, nowNs);
+        const need = level.hits > 0 ? level.hits : 1;
+        level.remaining = r.remaining;
+        level.resetNs = r.resetNs;
+        level.passed = r.verdict !== 'deny' && r.remaining >= need;
+        if (!level.passed) level.retryNs = retryFor(level.limit, r.resetNs, need);
+      }
+      overLimit = overallOverLimit(plans);
+    }
+    if (!overLimit && only === null) {
+      const toTake: Level[] = [];
+      for (const level of levels.values()) if (level.passed && level.hits > 0) toTake.push(level);
+      if (toTake.length > 1) toTake.sort((a, b) => a.remaining - a.hits - (b.remaining - b.hits));
+      for (const level of toTake) {
+        const r: TakeResult = table.take(level.key, level.limit, level.hits, nowNs);
+        if (r.verdict === 'allow') {
+          level.remaining = r.remaining;
+          level.resetNs = r.resetNs;
+        } else if (r.verdict === 'table-full') {
+          tableFull = true;
+          level.tableFull = true;
+          if (this.options.tableFull === 'closed') {
+            level.passed = false;
+            level.remaining = 0;
+            level.retryNs = NS_PER_S;
+            break;
+          }
+        } else {
+          // Lost a race to another worker between check and take (see the header).
+          level.passed = false;
+          level.remaining = r.remaining;
+          level.resetNs = r.resetNs;
+          level.retryNs = retryFor(level.limit, r.resetNs, level.hits);
+          break;
+        }
+      }
+      overLimit = overallOverLimit(plans);
+    }
+
+    const statuses: RlsDescriptorStatus[] = new Array<RlsDescriptorStatus>(plans.length);
+    let retryAfterNs = 0n;
+    for (let i = 0; i < plans.length; i++) {
+      const plan = plans[i] as DescriptorPlan;
+      statuses[i] = statusOf(plan);
+    }
+    const { velocity, onRefused } = this.deps;
+    for (const level of levels.values()) {
+      if (!level.passed) {
+        if (!level.shadow) {
+          const wait = level.retryNs === NEVER_NS ? (level.limit.windowNs > 0n ? level.limit.windowNs : NS_PER_S) : level.retryNs;
+          if (wait > retryAfterNs) retryAfterNs = wait;
+          onRefused?.(level.key, level.hits);
+        }
+        if (level.velocity && level.hits > 0) velocity?.record(level.key, 0, level.hits, nowNs);
+      } else if (!overLimit && level.velocity && level.hits > 0 && !level.tableFull) {
+        velocity?.record(level.key, level.hits, 0, nowNs);
+      }
+    }
+    if (!overLimit) retryAfterNs = 0n;
+    const degraded = staticSlice || tableFull;
+    let headers: readonly RlsHeader[] = NO_HEADERS;
+    if (this.options.responseHeaders || degraded) {
+      const list: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses, plans) : [];
+      if (degraded) list.push({ key: DEGRADED_HEADER, value: 'true' });
+      headers = list;
+    }
+    return {
+      response: { overallCode: overLimit ? OVER_LIMIT : OK, statuses, responseHeadersToAdd: headers, requestHeadersToAdd: NO_HEADERS, rawBody: null },
+      overLimit,
+      scope,
+      degraded,
+      staticSlice,
+      tableFull,
+      retryAfterNs,
+    };
+  }
+}
+
+/** A limit whose every take is refused (unknown tenant, deny policy); never given to the table. */
+const DENY_LIMIT: GcraLimit = Object.freeze({ intervalNs: 0n, burst: 0n, windowNs: 0n, start: 'empty' });
+
+function retryFor(limit: GcraLimit, resetNs: bigint, hits: number): bigint {
+  if (limit.intervalNs === 0n || BigInt(hits) > limit.burst) return NEVER_NS;
+  // Allowed once debt + hits·T ≤ D, debt = resetNs shrinking 1:1 with time.
+  const wait = resetNs + BigInt(hits) * limit.intervalNs - limit.windowNs;
+  return wait > 0n ? wait : 0n;
+}
+
+function descriptorRefused(plan: DescriptorPlan): boolean {
+  for (const level of plan.levels) if (!level.passed && !level.shadow) return true;
+  return false;
+}
+
+/** envoyproxy/ratelimit: OVER_LIMIT iff a non-quota-mode descriptor is over, or every quota-mode one is (and there is one). */
+function overallOverLimit(plans: readonly DescriptorPlan[]): boolean {
+  let quotaModeCount = 0;
+  let quotaModeOver = 0;
+  for (const plan of plans) {
+    const refused = descriptorRefused(plan);
+    if (plan.quotaMode) {
+      quotaModeCount++;
+      if (refused) quotaModeOver++;
+    } else if (refused) {
+      return true;
+    }
+  }
+  return quotaModeCount > 0 && quotaModeOver === quotaModeCount;
+}
+
+function statusOf(plan: DescriptorPlan): RlsDescriptorStatus {
+  if (plan.levels.length === 0) {
+    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: UINT32_MAX, durationUntilReset: null } : NO_LIMIT_STATUS;
+  }
+  let report: Level | null = null;
+  let shadowRefusal: Level | null = null;
+  for (const level of plan.levels) {
+    if (!level.passed) {
+      if (!level.shadow) {
+        report = level;
+        break;
+      }
+      shadowRefusal ??= level;
+    }
+  }
+  if (report !== null) {
+    return {
+      code: OVER_LIMIT,
+      currentLimit: report.currentLimit,
+      limitRemaining: 0,
+      durationUntilReset: report.deny ? null : seconds(report.retryNs === NEVER_NS ? report.resetNs : report.retryNs),
+    };
+  }
+  if (shadowRefusal !== null) {
+    return { code: OK, currentLimit: shadowRefusal.currentLimit, limitRemaining: 0, durationUntilReset: seconds(shadowRefusal.resetNs) };
+  }
+  let min = plan.levels[0] as Level;
+  for (const level of plan.levels) if (level.remaining < min.remaining) min = level;
+  return { code: OK, currentLimit: min.currentLimit, limitRemaining: Math.min(min.remaining, UINT32_MAX), durationUntilReset: seconds(min.resetNs) };
+}
+
+const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({ code: OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
+
+/** ns → a Duration of whole seconds, rounded up. */
+function seconds(ns: bigint): { seconds: number; nanos: number } {
+  return { seconds: ns <= 0n ? 0 : Number((ns + NS_PER_S - 1n) / NS_PER_S), nanos: 0 };
+}
+
+/**
+ * envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED: among the statuses with a current_limit, a
+ * non-quota-mode OVER_LIMIT one if any (the first), else the one with the fewest remaining (first
+ * on ties).
+ */
+export function rateLimitHeaders(statuses: readonly RlsDescriptorStatus[], plans?: readonly { quotaMode: boolean }[]): RlsHeader[] {
+  let chosen: RlsDescriptorStatus | null = null;
+  for (let i = 0; i < statuses.length; i++) {
+    const s = statuses[i] as RlsDescriptorStatus;
+    if (s.currentLimit === null) continue;
+    if (s.code === OVER_LIMIT && plans?.[i]?.quotaMode !== true) {
+      chosen = s;
+      break;
+    }
+    if (chosen === null || s.limitRemaining < chosen.limitRemaining) chosen = s;
+  }
+  if (chosen === null || chosen.currentLimit === null) return [];
+  return [
+    { key: RATELIMIT_LIMIT_HEADER, value: String(chosen.currentLimit.requestsPerUnit) },
+    { key: RATELIMIT_REMAINING_HEADER, value: String(chosen.limitRemaining) },
+    { key: RATELIMIT_RESET_HEADER, value: String(chosen.durationUntilReset?.seconds ?? 0) },
+  ];
+}
+
+// ---- Keys ---------------------------------------------------------------------------------------
+
+const KEY_SPECIAL = /[\\|=~]/;
+const KEY_SPECIAL_ALL = /[\\|=~]/g;
+
+/** The rules module's escaping of a bucket-key part (`\`, `|`, `=`, `~` get a backslash). */
+export function escapeKeyPart(text: string): string {
+  return KEY_SPECIAL.test(text) ? text.replace(KEY_SPECIAL_ALL, '\\$&') : text;
+}
+
+/** The bucket key of a descriptor with a limit override: per domain and request values. */
+export function overrideKey(domain: string, entries: readonly { readonly key: string; readonly value: string }[]): string {
+  let key = `~o|${escapeKeyPart(domain)}`;
+  for (const e of entries) key += `|${escapeKeyPart(e.key)}=${escapeKeyPart(e.value)}`;
+  return key;
+}

@@ -1,0 +1,227 @@
+// Global quotas before the coordinator is connected: a static table of tiers and tenants (the
+// agent's `--tenants` YAML), and this cell's static share of each.
+//
+//   tiers:
+//     bronze: {rate: 500, burst: 1000}                        # tokens/s and bucket depth, for ALL cells
+//     gold:   {rate: 5000, burst: 10000, cap: {rate: 20000, burst: 40000}}   # cap: all gold tenants together
+//   tenants:
+//     acme: gold                                             # id → tier
+//     globex: {tier: bronze, rate: 800, burst: 1600}          # with overrides
+//   domainCap: {rate: 50000, burst: 100000}                   # optional: all global traffic of a domain
+//
+// A `global: true` rule's value is the tenant id (for the key `tenant`, and for any other key marked
+// global: the quota is looked up by the value). This cell uses `staticShare` (0 < s ≤ 1) of every
+// global quota — tenant, tier cap and domain cap: rate·s and floor(burst·s) — so N cells with shares
+// summing to ≤ 1 never admit more than the quota together (DESIGN "The bound"). Global buckets start
+// EMPTY (limitFromRate's default), so a restart never releases an extra burst.
+//
+// An unknown tenant (not in the table) gets the configured policy: a default tier (its own bucket at
+// that tier's slice, plus that tier's cap), deny (always over the limit), or allow (no tenant
+// level; the domain cap still applies).
+import { readFile } from 'node:fs/promises';
+import { parse as parseYaml } from 'yaml';
+import { z } from 'zod';
+import { limitFromRate } from '../buckets/gcra.js';
+import type { GcraLimit } from '../buckets/gcra.js';
+import type { RlsRateLimit } from '../rls/rls-codec.js';
+
+/** Response unit numbers (RateLimitResponse.RateLimit.Unit). */
+const UNIT_SECOND = 1;
+const UNIT_MINUTE = 2;
+const UNIT_HOUR = 3;
+const UNIT_DAY = 4;
+
+const rateBurstSchema = z.strictObject({
+  rate: z.number().finite().nonnegative(),
+  burst: z.number().finite().nonnegative(),
+});
+
+const tierNameSchema = z.string().min(1).max(128).regex(/^[A-Za-z0-9_.:-]+$/, 'letters, digits and _ . : -');
+
+export const quotaFileSchema = z.strictObject({
+  tiers: z.record(tierNameSchema, z.strictObject({
+    rate: z.number().finite().nonnegative(),
+    burst: z.number().finite().nonnegative(),
+    cap: rateBurstSchema.optional(),
+  })).default({}),
+  tenants: z.record(z.string().min(1).max(1024), z.union([
+    tierNameSchema,
+    z.strictObject({ tier: tierNameSchema, rate: z.number().finite().nonnegative().optional(), burst: z.number().finite().nonnegative().optional() }),
+  ])).default({}),
+  domainCap: rateBurstSchema.optional(),
+}).superRefine((file, ctx) => {
+  for (const [id, t] of Object.entries(file.tenants)) {
+    const tier = typeof t === 'string' ? t : t.tier;
+    if (!Object.hasOwn(file.tiers, tier)) ctx.addIssue({ code: 'custom', path: ['tenants', id], message: `unknown tier '${tier}'` });
+  }
+});
+
+export type QuotaFile = z.output<typeof quotaFileSchema>;
+export type RateBurst = z.output<typeof rateBurstSchema>;
+
+export type UnknownTenantPolicy =
+  | { readonly kind: 'deny' }
+  | { readonly kind: 'allow' }
+  | { readonly kind: 'tier'; readonly tier: string };
+
+/** 'deny' | 'allow' | 'tier:NAME' → a policy; null if the text is none of them. */
+export function parseUnknownTenantPolicy(text: string): UnknownTenantPolicy | null {
+  if (text === 'deny') return { kind: 'deny' };
+  if (text === 'allow') return { kind: 'allow' };
+  if (text.startsWith('tier:') && tierNameSchema.safeParse(text.slice(5)).success) return { kind: 'tier', tier: text.slice(5) };
+  return null;
+}
+
+export function formatUnknownTenantPolicy(p: UnknownTenantPolicy): string {
+  return p.kind === 'tier' ? `tier:${p.tier}` : p.kind;
+}
+
+/** An error in the tenants file or in how the policy refers to it. */
+export class QuotaConfigError extends Error {
+  readonly code = 'QUOTA_CONFIG_INVALID';
+  constructor(message: string) {
+    super(message);
+    this.name = 'QuotaConfigError';
+  }
+}
+
+/** Reads and validates a tenants file (YAML or JSON). Throws QuotaConfigError. */
+export async function loadQuotaFile(path: string): Promise<QuotaFile> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (error) {
+    throw new QuotaConfigError(`${path}: cannot read tenants file: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  let doc: unknown;
+  try {
+    doc = parseYaml(text);
+  } catch (error) {
+    throw new QuotaConfigError(`${path}: not valid YAML: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  return parseQuotaFile(doc ?? {}, path);
+}
+
+/** Validates a parsed tenants document. Throws QuotaConfigError naming the field. */
+export function parseQuotaFile(doc: unknown, source = 'tenants'): QuotaFile {
+  const parsed = quotaFileSchema.safeParse(doc);
+  if (parsed.success) return parsed.data;
+  const lines = parsed.error.issues.map((i) => `  ${i.path.map(String).join('.') || '(root)'}: ${i.message}`);
+  throw new QuotaConfigError(`${source}: invalid tenants file\n${lines.join('\n')}`);
+}
+
+/** A global quota as this cell enforces it: its slice as a GCRA limit, and what to report. */
+export interface QuotaSlice {
+  readonly limit: GcraLimit;
+  readonly currentLimit: RlsRateLimit;
+  /** The slice: rate·share per second and floor(burst·share). */
+  readonly rate: number;
+  readonly burst: number;
+}
+
+export interface TierQuota {
+  readonly name: string;
+  readonly tenant: QuotaSlice;
+  readonly cap: QuotaSlice | null;
+}
+
+export type TenantResolution =
+  | { readonly kind: 'quota'; readonly tier: TierQuota; readonly tenant: QuotaSlice; readonly known: boolean }
+  | { readonly kind: 'deny' }
+  | { readonly kind: 'allow' };
+
+export interface StaticQuotaOptions {
+  /** This cell's share of every global quota, in (0, 1]. */
+  readonly staticShare: number;
+  readonly unknownTenant: UnknownTenantPolicy;
+}
+
+/** The static tier/tenant table with this cell's slices precomputed. Immutable. */
+export class StaticQuotas {
+  readonly domainCap: QuotaSlice | null;
+  readonly staticShare: number;
+  readonly unknownTenant: UnknownTenantPolicy;
+  private readonly tiers = new Map<string, TierQuota>();
+  private readonly tenants = new Map<string, { tier: TierQuota; tenant: QuotaSlice }>();
+  private readonly unknownResolution: TenantResolution;
+
+  constructor(readonly file: QuotaFile, opts: StaticQuotaOptions) {
+    if (!(opts.staticShare > 0 && opts.staticShare <= 1)) throw new QuotaConfigError(`static share must be in (0, 1], got ${opts.staticShare}`);
+    this.staticShare = opts.staticShare;
+    this.unknownTenant = opts.unknownTenant;
+    const share = opts.staticShare;
+    for (const [name, t] of Object.entries(file.tiers)) {
+      this.tiers.set(name, {
+        name,
+        tenant: sliceOf(t, share, name),
+        cap: t.cap === undefined ? null : sliceOf(t.cap, share, `tier-cap:${name}`),
+      });
+    }
+    for (const [id, t] of Object.entries(file.tenants)) {
+      const tierName = typeof t === 'string' ? t : t.tier;
+      const tier = this.tiers.get(tierName);
+      if (tier === undefined) throw new QuotaConfigError(`tenant '${id}': unknown tier '${tierName}'`);
+      const own = typeof t === 'string' || (t.rate === undefined && t.burst === undefined)
+        ? tier.tenant
+        : sliceOf({ rate: t.rate ?? file.tiers[tierName]?.rate ?? 0, burst: t.burst ?? file.tiers[tierName]?.burst ?? 0 }, share, tierName);
+      this.tenants.set(id, { tier, tenant: own });
+    }
+    this.domainCap = file.domainCap === undefined ? null : sliceOf(file.domainCap, share, 'domain-cap');
+    const policy = opts.unknownTenant;
+    if (policy.kind === 'tier') {
+      const tier = this.tiers.get(policy.tier);
+      if (tier === undefined) throw new QuotaConfigError(`unknown-tenant policy names tier '${policy.tier}', which the tenants file does not define`);
+      this.unknownResolution = { kind: 'quota', tier, tenant: tier.tenant, known: false };
+    } else {
+      this.unknownResolution = policy;
+    }
+  }
+
+  /** An empty table (no `--tenants`): every tenant is unknown. */
+  static empty(opts: StaticQuotaOptions): StaticQuotas {
+    return new StaticQuotas({ tiers: {}, tenants: {} }, opts);
+  }
+
+  resolve(tenantId: string): TenantResolution {
+    const t = this.tenants.get(tenantId);
+    return t === undefined ? this.unknownResolution : { kind: 'quota', tier: t.tier, tenant: t.tenant, known: true };
+  }
+
+  /** Slices whose burst rounds down to 0 tokens at this share (they refuse everything): for a start-up warning. */
+  zeroSlices(): string[] {
+    const out: string[] = [];
+    for (const tier of this.tiers.values()) {
+      if (tier.tenant.burst < 1 || tier.tenant.rate <= 0) out.push(`tier ${tier.name}`);
+      if (tier.cap !== null && (tier.cap.burst < 1 || tier.cap.rate <= 0)) out.push(`tier cap ${tier.name}`);
+    }
+    if (this.domainCap !== null && (this.domainCap.burst < 1 || this.domainCap.rate <= 0)) out.push('domain cap');
+    return out;
+  }
+
+  get tenantCount(): number {
+    return this.tenants.size;
+  }
+
+  get tierCount(): number {
+    return this.tiers.size;
+  }
+}
+
+function sliceOf(q: RateBurst, share: number, name: string): QuotaSlice {
+  const rate = q.rate * share;
+  const burst = Math.floor(q.burst * share + 1e-9);
+  return { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, name), rate, burst };
+}
+
+/**
+ * current_limit for a rate in tokens/s: the smallest unit (second, minute, hour, day) in which the
+ * rate is at least one whole request, rounded down.
+ */
+export function reportedLimit(ratePerSecond: number, name: string): RlsRateLimit {
+  const units: readonly [number, number][] = [[UNIT_SECOND, 1], [UNIT_MINUTE, 60], [UNIT_HOUR, 3600], [UNIT_DAY, 86400]];
+  for (const [unit, seconds] of units) {
+    const perUnit = Math.floor(ratePerSecond * seconds + 1e-9);
+    if (perUnit >= 1) return { requestsPerUnit: Math.min(perUnit, 0xffffffff), unit, name };
+  }
+  return { requestsPerUnit: 0, unit: UNIT_SECOND, name };
+}

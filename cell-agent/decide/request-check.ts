@@ -1,0 +1,81 @@
+// Request validation shared by the gRPC server and the HTTP API: envoyproxy/ratelimit's two request
+// errors, then the agent's input bounds.
+//
+// envoyproxy/ratelimit returns a plain Go error for an empty domain or an empty descriptor list, which
+// grpc-go sends as status UNKNOWN with the error text; we send the same code and text. A request over
+// one of the bounds below gets INVALID_ARGUMENT with a message naming the bound. Checked in this
+// order: domain empty, descriptors empty, domain length, descriptor count, then per descriptor its
+// entry count, key and value lengths and the limit override's unit.
+import type { RlsRequest } from '../rls/rls-codec.js';
+import { REQUEST_UNIT } from '../rls/rls-codec.js';
+
+/** gRPC status codes used here (grpc-js's Status enum, without importing grpc into the decision code). */
+export const GRPC_STATUS = Object.freeze({ UNKNOWN: 2, INVALID_ARGUMENT: 3, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8 });
+
+export interface RequestBounds {
+  /** Descriptors in one request. */
+  readonly maxDescriptors: number;
+  /** Entries in one descriptor. */
+  readonly maxEntries: number;
+  /** Length of an entry key, in UTF-16 code units. */
+  readonly maxKeyLength: number;
+  /** Length of an entry value, in UTF-16 code units. */
+  readonly maxValueLength: number;
+  /** Length of the domain, in UTF-16 code units. */
+  readonly maxDomainLength: number;
+}
+
+export const DEFAULT_REQUEST_BOUNDS: RequestBounds = Object.freeze({
+  maxDescriptors: 64,
+  maxEntries: 16,
+  maxKeyLength: 256,
+  maxValueLength: 4096,
+  maxDomainLength: 256,
+});
+
+/** A request the agent answers with an error instead of a decision. */
+export interface RequestFailure {
+  /** gRPC status code. */
+  readonly code: number;
+  readonly message: string;
+}
+
+export const EMPTY_DOMAIN_MESSAGE = 'rate limit domain must not be empty';
+export const EMPTY_DESCRIPTORS_MESSAGE = 'rate limit descriptor list must not be empty';
+
+/** null if the request may be decided, else the error to answer with. */
+export function checkRequest(req: RlsRequest, bounds: RequestBounds): RequestFailure | null {
+  if (req.domain === '') return { code: GRPC_STATUS.UNKNOWN, message: EMPTY_DOMAIN_MESSAGE };
+  if (req.descriptors.length === 0) return { code: GRPC_STATUS.UNKNOWN, message: EMPTY_DESCRIPTORS_MESSAGE };
+  if (req.domain.length > bounds.maxDomainLength) {
+    return invalid(`domain is ${req.domain.length} characters long, more than the maximum of ${bounds.maxDomainLength}`);
+  }
+  if (req.descriptors.length > bounds.maxDescriptors) {
+    return invalid(`request has ${req.descriptors.length} descriptors, more than the maximum of ${bounds.maxDescriptors}`);
+  }
+  for (let i = 0; i < req.descriptors.length; i++) {
+    const d = req.descriptors[i];
+    if (d === undefined) continue;
+    if (d.entries.length > bounds.maxEntries) {
+      return invalid(`descriptor ${i} has ${d.entries.length} entries, more than the maximum of ${bounds.maxEntries}`);
+    }
+    for (let j = 0; j < d.entries.length; j++) {
+      const e = d.entries[j];
+      if (e === undefined) continue;
+      if (e.key.length > bounds.maxKeyLength) {
+        return invalid(`descriptor ${i} entry ${j}: key is ${e.key.length} characters long, more than the maximum of ${bounds.maxKeyLength}`);
+      }
+      if (e.value.length > bounds.maxValueLength) {
+        return invalid(`descriptor ${i} entry ${j}: value is ${e.value.length} characters long, more than the maximum of ${bounds.maxValueLength}`);
+      }
+    }
+    if (d.limit !== null && (d.limit.unit < REQUEST_UNIT.SECOND || d.limit.unit > REQUEST_UNIT.YEAR)) {
+      return invalid(`descriptor ${i}: limit override has unit ${d.limit.unit}, not one of SECOND..YEAR (1..6)`);
+    }
+  }
+  return null;
+}
+
+function invalid(message: string): RequestFailure {
+  return { code: GRPC_STATUS.INVALID_ARGUMENT, message };
+}

@@ -1,0 +1,160 @@
+// The agent's HTTP API (fastify, main thread):
+//
+//   POST /v1/check   {"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}],
+//                     "hits_addend"?: 1, "limit"?: {"requests_per_unit": 10, "unit": "MINUTE"}}],
+//                     "hits_addend"?: 1}
+//                    → 200 (OK) or 429 (OVER_LIMIT) with the decision as JSON (field names as
+//                    protojson's original names: overall_code, statuses[].current_limit, ...),
+//                    RateLimit-Limit / -Remaining / -Reset, Retry-After on 429 (whole seconds, ≥ 1),
+//                    x-ratelimit-degraded: true when degraded.
+//   GET  /metrics    Prometheus text
+//   GET  /healthz    200 {"status": "ok", ...} while every worker serves, else 503
+//
+// The same decision as the gRPC service (CheckService), on the same shared buckets. Every error is
+// JSON {error, message, details}: 400 for a body that is not JSON, fails the schema (details: the
+// zod issues) or the agent's request checks (empty domain, an input bound), 413 for a body over the
+// limit, 415 for another content type, 404 / 405 for other routes.
+import Fastify from 'fastify';
+import type { FastifyError, FastifyInstance } from 'fastify';
+import { z } from 'zod';
+import type { Logger } from '../../shared/logging.js';
+import type { CheckService } from '../decide/check-service.js';
+import { DEGRADED_HEADER, rateLimitHeaders } from '../decide/decide.js';
+import { REQUEST_UNIT } from '../rls/rls-codec.js';
+import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
+
+const UINT32_MAX = 4_294_967_295;
+const REQUEST_UNIT_NAMES = ['SECOND', 'MINUTE', 'HOUR', 'DAY', 'MONTH', 'YEAR'] as const;
+const RESPONSE_UNIT_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'SECOND', 2: 'MINUTE', 3: 'HOUR', 4: 'DAY', 5: 'MONTH', 6: 'YEAR', 7: 'WEEK' };
+const CODE_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'OK', 2: 'OVER_LIMIT' };
+
+export const checkBodySchema = z.strictObject({
+  domain: z.string(),
+  descriptors: z.array(z.strictObject({
+    entries: z.array(z.strictObject({ key: z.string(), value: z.string().default('') })),
+    hits_addend: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
+    limit: z.strictObject({
+      requests_per_unit: z.number().int().min(0).max(UINT32_MAX),
+      unit: z.enum(REQUEST_UNIT_NAMES),
+    }).optional(),
+  })),
+  hits_addend: z.number().int().min(0).max(UINT32_MAX).optional(),
+});
+
+export type CheckBody = z.output<typeof checkBodySchema>;
+
+export interface HttpHealth {
+  readonly ok: boolean;
+  readonly details: Record<string, unknown>;
+}
+
+export interface HttpApiDeps {
+  readonly check: CheckService;
+  readonly metrics: () => Promise<{ contentType: string; body: string }>;
+  readonly health: () => HttpHealth;
+}
+
+export interface HttpApiOptions {
+  readonly host: string;
+  readonly port: number;
+  readonly bodyLimit: number;
+}
+
+export interface HttpApiHandle {
+  /** http://host:port */
+  readonly url: string;
+  readonly app: FastifyInstance;
+  close(): Promise<void>;
+}
+
+class ApiError extends Error {
+  constructor(readonly statusCode: number, readonly error: string, message: string, readonly details: unknown = null) {
+    super(message);
+  }
+}
+
+export function toRlsRequest(body: CheckBody): RlsRequest {
+  return {
+    domain: body.domain,
+    hitsAddend: body.hits_addend ?? 0,
+    descriptors: body.descriptors.map((d) => ({
+      entries: d.entries.map((e) => ({ key: e.key, value: e.value })),
+      hitsAddend: d.hits_addend ?? null,
+      limit: d.limit === undefined ? null : { requestsPerUnit: d.limit.requests_per_unit, unit: REQUEST_UNIT[d.limit.unit] },
+    })),
+  };
+}
+
+function statusJson(s: RlsDescriptorStatus): Record<string, unknown> {
+  const out: Record<string, unknown> = { code: CODE_NAMES[s.code] ?? 'UNKNOWN', limit_remaining: s.limitRemaining };
+  if (s.currentLimit !== null) {
+    out['current_limit'] = { requests_per_unit: s.currentLimit.requestsPerUnit, unit: RESPONSE_UNIT_NAMES[s.currentLimit.unit] ?? 'UNKNOWN', name: s.currentLimit.name };
+  }
+  if (s.durationUntilReset !== null) out['duration_until_reset'] = `${s.durationUntilReset.seconds}s`;
+  return out;
+}
+
+export function responseJson(r: RlsResponse): Record<string, unknown> {
+  return {
+    overall_code: CODE_NAMES[r.overallCode] ?? 'UNKNOWN',
+    statuses: r.statuses.map(statusJson),
+    response_headers_to_add: r.responseHeadersToAdd.map((h) => ({ key: h.key, value: h.value })),
+    degraded: r.responseHeadersToAdd.some((h) => h.key === DEGRADED_HEADER),
+  };
+}
+
+export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logger: Logger): Promise<HttpApiHandle> {
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true });
+
+  app.setErrorHandler((error: FastifyError | ApiError, _request, reply) => {
+    if (error instanceof ApiError) {
+      void reply.code(error.statusCode).send({ error: error.error, message: error.message, details: error.details });
+      return;
+    }
+    const status = typeof error.statusCode === 'number' && error.statusCode >= 400 && error.statusCode < 600 ? error.statusCode : 500;
+    const name = status === 413 ? 'payload_too_large' : status === 415 ? 'unsupported_media_type' : status === 400 ? 'bad_request' : status >= 500 ? 'internal' : 'error';
+    if (status >= 500) logger.error({ err: error }, 'http api error');
+    void reply.code(status).send({ error: name, message: status >= 500 ? 'internal error' : error.message, details: error.code === undefined ? null : { code: error.code } });
+  });
+  app.setNotFoundHandler((request, reply) => {
+    void reply.code(404).send({ error: 'not_found', message: `no route ${request.method} ${request.url}`, details: null });
+  });
+
+  app.post('/v1/check', (request, reply) => {
+    const parsed = checkBodySchema.safeParse(request.body);
+    if (!parsed.success) {
+      throw new ApiError(400, 'validation_failed', 'the request body does not match the check schema',
+        parsed.error.issues.map((i) => ({ path: i.path.map(String).join('.'), message: i.message })));
+    }
+    const req = toRlsRequest(parsed.data);
+    const out = deps.check.check(req);
+    if (out.kind === 'error') throw new ApiError(400, out.code === 3 ? 'invalid_argument' : 'bad_request', out.message);
+    const headers = rateLimitHeaders(out.response.statuses);
+    for (const h of headers) void reply.header(h.key, h.value);
+    for (const h of out.response.responseHeadersToAdd) {
+      if (h.key === DEGRADED_HEADER) void reply.header(h.key, h.value);
+    }
+    if (out.overLimit) {
+      const seconds = Number((out.retryAfterNs + 999_999_999n) / 1_000_000_000n);
+      void reply.header('Retry-After', String(Math.max(1, seconds)));
+      return reply.code(429).send(responseJson(out.response));
+    }
+    return reply.code(200).send(responseJson(out.response));
+  });
+
+  app.get('/metrics', async (_request, reply) => {
+    const m = await deps.metrics();
+    return reply.type(m.contentType).send(m.body);
+  });
+
+  app.get('/healthz', (_request, reply) => {
+    const h = deps.health();
+    return reply.code(h.ok ? 200 : 503).send({ status: h.ok ? 'ok' : 'degraded', ...h.details });
+  });
+
+  await app.listen({ host: opts.host, port: opts.port });
+  const address = app.server.address();
+  const port = typeof address === 'object' && address !== null ? address.port : opts.port;
+  const host = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
+  return { url: `http://${host}:${port}`, app, close: () => app.close() };
+}

@@ -1,0 +1,764 @@
+// Protobuf encoding and decoding of Envoy's RLS v3 messages and of gRPC health messages, by hand.
+//
+// Why not protobufjs (through @grpc/proto-loader)? The request decoder is on the agent's hot path and
+// faces bytes from the network: a hand decoder for these few fixed messages allocates only the
+// objects it returns, never throws (a malformed message comes back as a value the handler answers
+// with INVALID_ARGUMENT, where grpc-js would turn a throwing deserializer into INTERNAL), and skips
+// unknown fields the way protobuf requires (so a newer Envoy adding fields still works). The wire
+// format is fixed by proto/envoy/** (Envoy's field numbers); test/cell-agent/rls/rls-codec.test.ts
+// checks this codec against protobufjs loading those files, both directions, with random messages.
+//
+// Field numbers (../shared/reference/envoy-rls-spec.md §2):
+//   RateLimitRequest      1 domain string, 2 descriptors RateLimitDescriptor*, 3 hits_addend uint32
+//   RateLimitDescriptor   1 entries Entry*, 2 limit RateLimitOverride, 3 hits_addend UInt64Value
+//   Entry                 1 key string, 2 value string
+//   RateLimitOverride     1 requests_per_unit uint32, 2 unit envoy.type.v3.RateLimitUnit
+//   UInt64Value           1 value uint64
+//   RateLimitResponse     1 overall_code Code, 2 statuses DescriptorStatus*, 3 response_headers_to_add
+//                         HeaderValue*, 4 request_headers_to_add HeaderValue*, 5 raw_body bytes
+//   DescriptorStatus      1 code, 2 current_limit RateLimit, 3 limit_remaining uint32,
+//                         4 duration_until_reset Duration
+//   RateLimit             1 requests_per_unit uint32, 2 unit Unit, 3 name string
+//   Duration              1 seconds int64, 2 nanos int32
+//   HeaderValue           1 key string, 2 value string
+// Fields the agent never sends (dynamic_metadata, quota) are skipped when decoding a response.
+
+/** RateLimitResponse.Code. */
+export const RLS_CODE = Object.freeze({ UNKNOWN: 0, OK: 1, OVER_LIMIT: 2 });
+export type RlsCode = 0 | 1 | 2;
+
+/** envoy.type.v3.RateLimitUnit (a request's limit override): no WEEK here. */
+export const REQUEST_UNIT = Object.freeze({ UNKNOWN: 0, SECOND: 1, MINUTE: 2, HOUR: 3, DAY: 4, MONTH: 5, YEAR: 6 });
+
+export interface RlsEntry {
+  readonly key: string;
+  readonly value: string;
+}
+
+export interface RlsLimitOverride {
+  readonly requestsPerUnit: number;
+  /** envoy.type.v3.RateLimitUnit number (REQUEST_UNIT). */
+  readonly unit: number;
+}
+
+export interface RlsDescriptor {
+  readonly entries: readonly RlsEntry[];
+  readonly limit: RlsLimitOverride | null;
+  /** The descriptor's hits_addend when the wrapper is present (0 allowed), else null. Saturates at 2^53 − 1. */
+  readonly hitsAddend: number | null;
+}
+
+export interface RlsRequest {
+  readonly domain: string;
+  readonly descriptors: readonly RlsDescriptor[];
+  /** The request-level hits_addend (uint32; 0 when absent). */
+  readonly hitsAddend: number;
+}
+
+export interface RlsRateLimit {
+  readonly requestsPerUnit: number;
+  /** RateLimitResponse.RateLimit.Unit number (WEEK = 7). */
+  readonly unit: number;
+  readonly name: string;
+}
+
+export interface RlsDuration {
+  readonly seconds: number;
+  readonly nanos: number;
+}
+
+export interface RlsDescriptorStatus {
+  readonly code: RlsCode;
+  readonly currentLimit: RlsRateLimit | null;
+  readonly limitRemaining: number;
+  readonly durationUntilReset: RlsDuration | null;
+}
+
+export interface RlsHeader {
+  readonly key: string;
+  readonly value: string;
+}
+
+export interface RlsResponse {
+  readonly overallCode: RlsCode;
+  readonly statuses: readonly RlsDescriptorStatus[];
+  readonly responseHeadersToAdd: readonly RlsHeader[];
+  readonly requestHeadersToAdd: readonly RlsHeader[];
+  readonly rawBody: Uint8Array | null;
+}
+
+/** A decoded message, or why the bytes are not one. Decoders never throw. */
+export type Decoded<T> = { readonly ok: true; readonly value: T } | { readonly ok: false; readonly error: string };
+
+// ---- Reading ------------------------------------------------------------------------------------
+
+const WT_VARINT = 0;
+const WT_I64 = 1;
+const WT_LEN = 2;
+const WT_I32 = 5;
+
+class Malformed extends Error {}
+
+const SHORT_STRING = 32;
+
+/** UTF-8 bytes [start, end) as a string (invalid sequences become U+FFFD, as protobufjs reads them). */
+function utf8(buf: Uint8Array, start: number, end: number): string {
+  return Buffer.isBuffer(buf) ? buf.toString('utf8', start, end) : Buffer.from(buf.buffer, buf.byteOffset + start, end - start).toString('utf8');
+}
+
+/** A cursor over one length-delimited region; every read is bounds-checked. */
+class Reader {
+  pos: number;
+  constructor(readonly buf: Uint8Array, start: number, readonly end: number) {
+    this.pos = start;
+  }
+
+  /** A varint as a number: exact up to 2^53, saturating above. */
+  varint(): number {
+    const buf = this.buf;
+    let pos = this.pos;
+    let byte = pos < this.end ? (buf[pos++] as number) : this.eof();
+    if (byte < 0x80) {
+      this.pos = pos;
+      return byte;
+    }
+    let result = byte & 0x7f;
+    let mul = 0x80;
+    for (let i = 1; i < 10; i++) {
+      byte = pos < this.end ? (buf[pos++] as number) : this.eof();
+      if (i === 9 && byte > 1) throw new Malformed('varint longer than 64 bits');
+      result += (byte & 0x7f) * mul;
+      mul *= 0x80;
+      if (byte < 0x80) {
+        this.pos = pos;
+        return result > Number.MAX_SAFE_INTEGER ? Number.MAX_SAFE_INTEGER : result;
+      }
+    }
+    throw new Malformed('varint longer than 10 bytes');
+  }
+
+  /** A varint truncated to its low 32 bits, unsigned (protobuf's uint32 / enum reading). */
+  uint32(): number {
+    const buf = this.buf;
+    let pos = this.pos;
+    let byte = pos < this.end ? (buf[pos++] as number) : this.eof();
+    if (byte < 0x80) {
+      this.pos = pos;
+      return byte;
+    }
+    let result = byte & 0x7f;
+    let shift = 7;
+    for (let i = 1; i < 10; i++) {
+      byte = pos < this.end ? (buf[pos++] as number) : this.eof();
+      if (i === 9 && byte > 1) throw new Malformed('varint longer than 64 bits');
+      if (shift < 32) result |= (byte & 0x7f) << shift;
+      shift += 7;
+      if (byte < 0x80) {
+        this.pos = pos;
+        return result >>> 0;
+      }
+    }
+    throw new Malformed('varint longer than 10 bytes');
+  }
+
+  /** An int32 field (sign-extended from 64-bit two's complement). */
+  int32(): number {
+    return this.uint32() | 0;
+  }
+
+  /** An int64 field as a number (values within ±2^53 are exact). */
+  int64(): number {
+    const lo = this.pos;
+    const unsigned = this.varint();
+    // A negative int64 is a 10-byte varint whose top bit is set; recover it through BigInt.
+    if (this.pos - lo === 10 && (this.buf[this.pos - 1] as number) === 1) {
+      let v = 0n;
+      for (let i = 0; i < 10; i++) v |= BigInt((this.buf[lo + i] as number) & 0x7f) << BigInt(7 * i);
+      return Number(BigInt.asIntN(64, v));
+    }
+    return unsigned;
+  }
+
+  /** The end offset of a length-delimited field starting at pos. */
+  lengthEnd(): number {
+    const len = this.varint();
+    const end = this.pos + len;
+    if (end > this.end) throw new Malformed('length-delimited field runs past the end of its message');
+    return end;
+  }
+
+  string(): string {
+    const end = this.lengthEnd();
+    const start = this.pos;
+    this.pos = end;
+    if (start === end) return '';
+    const buf = this.buf;
+    if (end - start <= SHORT_STRING) {
+      // Short ASCII (most keys and values): no Buffer, no decoder.
+      let s = '';
+      for (let i = start; i < end; i++) {
+        const c = buf[i] as number;
+        if (c >= 0x80) return utf8(buf, start, end);
+        s += String.fromCharCode(c);
+      }
+      return s;
+    }
+    return utf8(buf, start, end);
+  }
+
+  bytes(): Uint8Array {
+    const end = this.lengthEnd();
+    const out = this.buf.slice(this.pos, end);
+    this.pos = end;
+    return out;
+  }
+
+  skip(wireType: number): void {
+    switch (wireType) {
+      case WT_VARINT:
+        this.varint();
+        return;
+      case WT_I64:
+        this.advance(8);
+        return;
+      case WT_LEN:
+        this.pos = this.lengthEnd();
+        return;
+      case WT_I32:
+        this.advance(4);
+        return;
+      default:
+        throw new Malformed(`unsupported wire type ${wireType}`);
+    }
+  }
+
+  private advance(n: number): void {
+    if (this.pos + n > this.end) throw new Malformed('fixed-width field runs past the end of its message');
+    this.pos += n;
+  }
+
+  /** Reads a tag; returns the field number (≥ 1), the wire type in lastWireType. */
+  tag(): number {
+    const t = this.uint32();
+    const field = t >>> 3;
+    if (field === 0) throw new Malformed('field number 0');
+    this.lastWireType = t & 7;
+    return field;
+  }
+
+  lastWireType = 0;
+
+  private eof(): never {
+    throw new Malformed('truncated message');
+  }
+}
+
+function expect(r: Reader, wireType: number, what: string): void {
+  if (r.lastWireType !== wireType) throw new Malformed(`${what} has wire type ${r.lastWireType}, expected ${wireType}`);
+}
+
+function decodeWith<T>(bytes: Uint8Array, what: string, body: (r: Reader) => T): Decoded<T> {
+  try {
+    const r = new Reader(bytes, 0, bytes.length);
+    return { ok: true, value: body(r) };
+  } catch (error) {
+    if (error instanceof Malformed) return { ok: false, error: `malformed ${what}: ${error.message}` };
+    return { ok: false, error: `malformed ${what}: ${error instanceof Error ? error.message : String(error)}` };
+  }
+}
+
+// ---- RateLimitRequest ---------------------------------------------------------------------------
+
+/** Decodes a RateLimitRequest. Never throws. */
+export function decodeRateLimitRequest(bytes: Uint8Array): Decoded<RlsRequest> {
+  return decodeWith(bytes, 'RateLimitRequest', (r) => {
+    let domain = '';
+    const descriptors: RlsDescriptor[] = [];
+    let hitsAddend = 0;
+    while (r.pos < r.end) {
+      switch (r.tag()) {
+        case 1:
+          expect(r, WT_LEN, 'domain');
+          domain = r.string();
+          break;
+        case 2: {
+          expect(r, WT_LEN, 'descriptors');
+          const end = r.lengthEnd();
+          descriptors.push(readDescriptor(new Reader(r.buf, r.pos, end)));
+          r.pos = end;
+          break;
+        }
+        case 3:
+          expect(r, WT_VARINT, 'hits_addend');
+          hitsAddend = r.uint32();
+          break;
+        default:
+          r.skip(r.lastWireType);
+      }
+    }
+    return { domain, descriptors, hitsAddend };
+  });
+}
+
+function readDescriptor(r: Reader): RlsDescriptor {
+  const entries: RlsEntry[] = [];
+  let limit: { requestsPerUnit: number; unit: number } | null = null;
+  let hitsAddend: number | null = null;
+  while (r.pos < r.end) {
+    switch (r.tag()) {
+      case 1: {
+        expect(r, WT_LEN, 'entries');
+        const end = r.lengthEnd();
+        entries.push(readEntry(new Reader(r.buf, r.pos, end)));
+        r.pos = end;
+        break;
+      }
+      case 2: {
+        expect(r, WT_LEN, 'limit');
+        const end = r.lengthEnd();
+        // A repeated occurrence of a singular message field merges into the first (protobuf rule).
+        limit = readOverride(new Reader(r.buf, r.pos, end), limit ?? { requestsPerUnit: 0, unit: 0 });
+        r.pos = end;
+        break;
+      }
+      case 3: {
+        expect(r, WT_LEN, 'hits_addend');
+        const end = r.lengthEnd();
+        hitsAddend = readUInt64Value(new Reader(r.buf, r.pos, end), hitsAddend ?? 0);
+        r.pos = end;
+        break;
+      }
+      default:
+        r.skip(r.lastWireType);
+    }
+  }
+  return { entries, limit, hitsAddend };
+}
+
+function readEntry(r: Reader): RlsEntry {
+  let key = '';
+  let value = '';
+  while (r.pos < r.end) {
+    switch (r.tag()) {
+      case 1:
+        expect(r, WT_LEN, 'entry key');
+        key = r.string();
+        break;
+      case 2:
+        expect(r, WT_LEN, 'entry value');
+        value = r.string();
+        break;
+      default:
+        r.skip(r.lastWireType);
+    }
+  }
+  return { key, value };
+}
+
+function readOverride(r: Reader, into: { requestsPerUnit: number; unit: number }): { requestsPerUnit: number; unit: number } {
+  while (r.pos < r.end) {
+    switch (r.tag()) {
+      case 1:
+        expect(r, WT_VARINT, 'limit.requests_per_unit');
+        into.requestsPerUnit = r.uint32();
+        break;
+      case 2:
+        expect(r, WT_VARINT, 'limit.unit');
+        into.unit = r.int32();
+        break;
+      default:
+        r.skip(r.lastWireType);
+    }
+  }
+  return into;
+}
+
+function readUInt64Value(r: Reader, initial: number): number {
+  let value = initial;
+  while (r.pos < r.end) {
+    if (r.tag() === 1) {
+      expect(r, WT_VARINT, 'hits_addend.value');
+      value = r.varint();
+    } else {
+      r.skip(r.lastWireType);
+    }
+  }
+  return value;
+}
+
+// ---- Writing ------------------------------------------------------------------------------------
+
+/** Bytes of a varint for a non-negative safe integer. */
+function varintSize(n: number): number {
+  if (n < 0x80) return 1;
+  if (n < 0x4000) return 2;
+  if (n < 0x200000) return 3;
+  if (n < 0x10000000) return 4;
+  let size = 4;
+  let v = Math.floor(n / 0x10000000);
+  while (v > 0) {
+    size++;
+    v = Math.floor(v / 0x80);
+  }
+  return size;
+}
+
+function stringBytes(s: string): number {
+  // ASCII fast path: most keys, values and header names are ASCII.
+  return s.length < 64 && isAscii(s) ? s.length : Buffer.byteLength(s, 'utf8');
+}
+
+function isAscii(s: string): boolean {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
+  return true;
+}
+
+/** Size of a length-delimited field (tag < 16) holding `len` bytes. */
+function lenField(len: number): number {
+  return 1 + varintSize(len) + len;
+}
+
+class Writer {
+  pos = 0;
+  constructor(readonly buf: Buffer) {}
+
+  varint(n: number): void {
+    const buf = this.buf;
+    let v = n;
+    while (v >= 0x80) {
+      buf[this.pos++] = (v % 0x80) | 0x80;
+      v = Math.floor(v / 0x80);
+    }
+    buf[this.pos++] = v;
+  }
+
+  /** A negative int32/int64 as the 10-byte two's-complement varint. */
+  signed(n: number): void {
+    if (n >= 0) {
+      this.varint(n);
+      return;
+    }
+    let v = BigInt.asUintN(64, BigInt(n));
+    for (let i = 0; i < 9; i++) {
+      this.buf[this.pos++] = Number(v & 0x7fn) | 0x80;
+      v >>= 7n;
+    }
+    this.buf[this.pos++] = Number(v);
+  }
+
+  tag(field: number, wireType: number): void {
+    this.buf[this.pos++] = (field << 3) | wireType;
+  }
+
+  string(field: number, s: string, byteLength: number): void {
+    this.tag(field, WT_LEN);
+    this.varint(byteLength);
+    this.pos += this.buf.write(s, this.pos, byteLength, 'utf8');
+  }
+
+  bytes(field: number, b: Uint8Array): void {
+    this.tag(field, WT_LEN);
+    this.varint(b.length);
+    this.buf.set(b, this.pos);
+    this.pos += b.length;
+  }
+
+  uintField(field: number, n: number): void {
+    if (n === 0) return;
+    this.tag(field, WT_VARINT);
+    this.varint(n);
+  }
+}
+
+function signedSize(n: number): number {
+  return n >= 0 ? varintSize(n) : 10;
+}
+
+function uintFieldSize(n: number): number {
+  return n === 0 ? 0 : 1 + varintSize(n);
+}
+
+function strFieldSize(s: string): number {
+  return s === '' ? 0 : lenField(stringBytes(s));
+}
+
+function checkUint32(n: number, what: string): number {
+  if (!Number.isInteger(n) || n < 0 || n > 0xffffffff) throw new RangeError(`${what} must be a uint32, got ${n}`);
+  return n;
+}
+
+// ---- RateLimitResponse --------------------------------------------------------------------------
+
+function rateLimitSize(l: RlsRateLimit): number {
+  return uintFieldSize(l.requestsPerUnit) + uintFieldSize(l.unit) + strFieldSize(l.name);
+}
+
+function durationSize(d: RlsDuration): number {
+  return (d.seconds === 0 ? 0 : 1 + signedSize(d.seconds)) + (d.nanos === 0 ? 0 : 1 + signedSize(d.nanos));
+}
+
+function statusSize(s: RlsDescriptorStatus): number {
+  let size = uintFieldSize(s.code) + uintFieldSize(s.limitRemaining);
+  if (s.currentLimit !== null) size += lenField(rateLimitSize(s.currentLimit));
+  if (s.durationUntilReset !== null) size += lenField(durationSize(s.durationUntilReset));
+  return size;
+}
+
+function headerSize(h: RlsHeader): number {
+  return strFieldSize(h.key) + strFieldSize(h.value);
+}
+
+function writeHeader(w: Writer, field: number, h: RlsHeader): void {
+  w.tag(field, WT_LEN);
+  w.varint(headerSize(h));
+  if (h.key !== '') w.string(1, h.key, Buffer.byteLength(h.key, 'utf8'));
+  if (h.value !== '') w.string(2, h.value, Buffer.byteLength(h.value, 'utf8'));
+}
+
+/** Encodes a RateLimitResponse. Throws RangeError on out-of-range numbers (a bug of the caller). */
+export function encodeRateLimitResponse(m: RlsResponse): Buffer {
+  let size = uintFieldSize(m.overallCode);
+  const statusSizes = new Array<number>(m.statuses.length);
+  for (let i = 0; i < m.statuses.length; i++) {
+    const s = m.statuses[i] as RlsDescriptorStatus;
+    checkUint32(s.limitRemaining, 'limit_remaining');
+    if (s.currentLimit !== null) checkUint32(s.currentLimit.requestsPerUnit, 'requests_per_unit');
+    const n = statusSize(s);
+    statusSizes[i] = n;
+    size += lenField(n);
+  }
+  for (const h of m.responseHeadersToAdd) size += lenField(headerSize(h));
+  for (const h of m.requestHeadersToAdd) size += lenField(headerSize(h));
+  if (m.rawBody !== null && m.rawBody.length > 0) size += lenField(m.rawBody.length);
+
+  const w = new Writer(Buffer.allocUnsafe(size));
+  w.uintField(1, m.overallCode);
+  for (let i = 0; i < m.statuses.length; i++) {
+    const s = m.statuses[i] as RlsDescriptorStatus;
+    w.tag(2, WT_LEN);
+    w.varint(statusSizes[i] as number);
+    w.uintField(1, s.code);
+    if (s.currentLimit !== null) {
+      const l = s.currentLimit;
+      w.tag(2, WT_LEN);
+      w.varint(rateLimitSize(l));
+      w.uintField(1, l.requestsPerUnit);
+      w.uintField(2, l.unit);
+      if (l.name !== '') w.string(3, l.name, Buffer.byteLength(l.name, 'utf8'));
+    }
+    w.uintField(3, s.limitRemaining);
+    if (s.durationUntilReset !== null) {
+      const d = s.durationUntilReset;
+      w.tag(4, WT_LEN);
+      w.varint(durationSize(d));
+      if (d.seconds !== 0) {
+        w.tag(1, WT_VARINT);
+        w.signed(d.seconds);
+      }
+      if (d.nanos !== 0) {
+        w.tag(2, WT_VARINT);
+        w.signed(d.nanos);
+      }
+    }
+  }
+  for (const h of m.responseHeadersToAdd) writeHeader(w, 3, h);
+  for (const h of m.requestHeadersToAdd) writeHeader(w, 4, h);
+  if (m.rawBody !== null && m.rawBody.length > 0) w.bytes(5, m.rawBody);
+  if (w.pos !== size) throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos} of ${size} bytes`);
+  return w.buf;
+}
+
+/** Decodes a RateLimitResponse (clients, tests, the benchmark's lean client). Never throws. */
+export function decodeRateLimitResponse(bytes: Uint8Array): Decoded<RlsResponse> {
+  return decodeWith(bytes, 'RateLimitResponse', (r) => {
+    let overallCode = 0;
+    const statuses: RlsDescriptorStatus[] = [];
+    const responseHeadersToAdd: RlsHeader[] = [];
+    const requestHeadersToAdd: RlsHeader[] = [];
+    let rawBody: Uint8Array | null = null;
+    while (r.pos < r.end) {
+      const field = r.tag();
+      if (field === 1 && r.lastWireType === WT_VARINT) overallCode = r.uint32();
+      else if (field === 2 && r.lastWireType === WT_LEN) statuses.push(sub(r, readStatus));
+      else if (field === 3 && r.lastWireType === WT_LEN) responseHeadersToAdd.push(sub(r, readHeader));
+      else if (field === 4 && r.lastWireType === WT_LEN) requestHeadersToAdd.push(sub(r, readHeader));
+      else if (field === 5 && r.lastWireType === WT_LEN) rawBody = r.bytes();
+      else r.skip(r.lastWireType);
+    }
+    return { overallCode: overallCode as RlsCode, statuses, responseHeadersToAdd, requestHeadersToAdd, rawBody };
+  });
+}
+
+function sub<T>(r: Reader, read: (inner: Reader) => T): T {
+  const end = r.lengthEnd();
+  const value = read(new Reader(r.buf, r.pos, end));
+  r.pos = end;
+  return value;
+}
+
+function readStatus(r: Reader): RlsDescriptorStatus {
+  let code = 0;
+  let currentLimit: RlsRateLimit | null = null;
+  let limitRemaining = 0;
+  let durationUntilReset: RlsDuration | null = null;
+  while (r.pos < r.end) {
+    const field = r.tag();
+    if (field === 1 && r.lastWireType === WT_VARINT) code = r.uint32();
+    else if (field === 2 && r.lastWireType === WT_LEN) currentLimit = sub(r, readRateLimit);
+    else if (field === 3 && r.lastWireType === WT_VARINT) limitRemaining = r.uint32();
+    else if (field === 4 && r.lastWireType === WT_LEN) durationUntilReset = sub(r, readDuration);
+    else r.skip(r.lastWireType);
+  }
+  return { code: code as RlsCode, currentLimit, limitRemaining, durationUntilReset };
+}
+
+function readRateLimit(r: Reader): RlsRateLimit {
+  let requestsPerUnit = 0;
+  let unit = 0;
+  let name = '';
+  while (r.pos < r.end) {
+    const field = r.tag();
+    if (field === 1 && r.lastWireType === WT_VARINT) requestsPerUnit = r.uint32();
+    else if (field === 2 && r.lastWireType === WT_VARINT) unit = r.int32();
+    else if (field === 3 && r.lastWireType === WT_LEN) name = r.string();
+    else r.skip(r.lastWireType);
+  }
+  return { requestsPerUnit, unit, name };
+}
+
+function readDuration(r: Reader): RlsDuration {
+  let seconds = 0;
+  let nanos = 0;
+  while (r.pos < r.end) {
+    const field = r.tag();
+    if (field === 1 && r.lastWireType === WT_VARINT) seconds = r.int64();
+    else if (field === 2 && r.lastWireType === WT_VARINT) nanos = r.int32();
+    else r.skip(r.lastWireType);
+  }
+  return { seconds, nanos };
+}
+
+function readHeader(r: Reader): RlsHeader {
+  let key = '';
+  let value = '';
+  while (r.pos < r.end) {
+    const field = r.tag();
+    if (field === 1 && r.lastWireType === WT_LEN) key = r.string();
+    else if (field === 2 && r.lastWireType === WT_LEN) value = r.string();
+    else r.skip(r.lastWireType);
+  }
+  return { key, value };
+}
+
+// ---- RateLimitRequest encoding (clients) -------------------------------------------------------
+
+function entrySize(e: RlsEntry): number {
+  return strFieldSize(e.key) + strFieldSize(e.value);
+}
+
+function overrideSize(l: RlsLimitOverride): number {
+  return uintFieldSize(l.requestsPerUnit) + (l.unit === 0 ? 0 : 1 + signedSize(l.unit));
+}
+
+function descriptorSize(d: RlsDescriptor): number {
+  let size = 0;
+  for (const e of d.entries) size += lenField(entrySize(e));
+  if (d.limit !== null) size += lenField(overrideSize(d.limit));
+  if (d.hitsAddend !== null) size += lenField(uintFieldSize(d.hitsAddend));
+  return size;
+}
+
+/** Encodes a RateLimitRequest (for clients: tests and the benchmark). */
+export function encodeRateLimitRequest(m: RlsRequest): Buffer {
+  checkUint32(m.hitsAddend, 'hits_addend');
+  let size = strFieldSize(m.domain) + uintFieldSize(m.hitsAddend);
+  const sizes = m.descriptors.map(descriptorSize);
+  for (const n of sizes) size += lenField(n);
+  const w = new Writer(Buffer.allocUnsafe(size));
+  if (m.domain !== '') w.string(1, m.domain, Buffer.byteLength(m.domain, 'utf8'));
+  m.descriptors.forEach((d, i) => {
+    w.tag(2, WT_LEN);
+    w.varint(sizes[i] as number);
+    for (const e of d.entries) {
+      w.tag(1, WT_LEN);
+      w.varint(entrySize(e));
+      if (e.key !== '') w.string(1, e.key, Buffer.byteLength(e.key, 'utf8'));
+      if (e.value !== '') w.string(2, e.value, Buffer.byteLength(e.value, 'utf8'));
+    }
+    if (d.limit !== null) {
+      w.tag(2, WT_LEN);
+      w.varint(overrideSize(d.limit));
+      w.uintField(1, d.limit.requestsPerUnit);
+      if (d.limit.unit !== 0) {
+        w.tag(2, WT_VARINT);
+        w.signed(d.limit.unit);
+      }
+    }
+    if (d.hitsAddend !== null) {
+      w.tag(3, WT_LEN);
+      w.varint(uintFieldSize(d.hitsAddend));
+      w.uintField(1, d.hitsAddend);
+    }
+  });
+  w.uintField(3, m.hitsAddend);
+  if (w.pos !== size) throw new Error(`RateLimitRequest size mismatch: wrote ${w.pos} of ${size} bytes`);
+  return w.buf;
+}
+
+// ---- grpc.health.v1 -----------------------------------------------------------------------------
+
+/** HealthCheckResponse.ServingStatus. */
+export const SERVING_STATUS = Object.freeze({ UNKNOWN: 0, SERVING: 1, NOT_SERVING: 2, SERVICE_UNKNOWN: 3 });
+
+/** HealthCheckRequest {service = 1}. Never throws. */
+export function decodeHealthCheckRequest(bytes: Uint8Array): Decoded<{ service: string }> {
+  return decodeWith(bytes, 'HealthCheckRequest', (r) => {
+    let service = '';
+    while (r.pos < r.end) {
+      if (r.tag() === 1 && r.lastWireType === WT_LEN) service = r.string();
+      else r.skip(r.lastWireType);
+    }
+    return { service };
+  });
+}
+
+export function encodeHealthCheckRequest(m: { service: string }): Buffer {
+  const w = new Writer(Buffer.allocUnsafe(strFieldSize(m.service)));
+  if (m.service !== '') w.string(1, m.service, Buffer.byteLength(m.service, 'utf8'));
+  return w.buf;
+}
+
+/** HealthCheckResponse {status = 1}. */
+export function encodeHealthCheckResponse(m: { status: number }): Buffer {
+  const w = new Writer(Buffer.allocUnsafe(uintFieldSize(m.status)));
+  w.uintField(1, m.status);
+  return w.buf;
+}
+
+export function decodeHealthCheckResponse(bytes: Uint8Array): Decoded<{ status: number }> {
+  return decodeWith(bytes, 'HealthCheckResponse', (r) => {
+    let status = 0;
+    while (r.pos < r.end) {
+      if (r.tag() === 1 && r.lastWireType === WT_VARINT) status = r.uint32();
+      else r.skip(r.lastWireType);
+    }
+    return { status };
+  });
+}
+
+/** HealthListResponse {map<string, HealthCheckResponse> statuses = 1}. */
+export function encodeHealthListResponse(statuses: ReadonlyMap<string, number>): Buffer {
+  const parts: Buffer[] = [];
+  for (const [service, status] of statuses) {
+    const value = encodeHealthCheckResponse({ status });
+    const keyLen = Buffer.byteLength(service, 'utf8');
+    const entryLen = (service === '' ? 0 : lenField(keyLen)) + lenField(value.length);
+    const w = new Writer(Buffer.allocUnsafe(lenField(entryLen)));
+    w.tag(1, WT_LEN);
+    w.varint(entryLen);
+    if (service !== '') w.string(1, service, keyLen);
+    w.bytes(2, value);
+    parts.push(w.buf);
+  }
+  return Buffer.concat(parts);
+}

@@ -1,0 +1,120 @@
+// `cellquota agent` as a command: settings validation (exit 2), --help, and a real process that
+// prints its endpoints, serves, reports that it runs on static slices, and stops cleanly on SIGTERM.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
+import { runAgentCommand } from '../../../cell-agent/agent-cli.js';
+import { RlsClient, d, tempDir, unixTarget } from './agent-helpers.js';
+
+const RULES = 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n';
+
+function io(): { out: string[]; err: string[]; io: Parameters<typeof runAgentCommand>[2] } {
+  const out: string[] = [];
+  const err: string[] = [];
+  return { out, err, io: { stdout: { write: (t: string) => out.push(t) }, stderr: { write: (t: string) => err.push(t) }, signals: process } };
+}
+
+void test('bad settings exit 2 with the setting and its source named', async () => {
+  const dir = tempDir();
+  try {
+    const rules = dir.file('rules.yaml', RULES);
+    const cases: [string[], NodeJS.ProcessEnv, RegExp][] = [
+      [['--rules', rules, '--rls-socket', '/tmp/x.sock'], {}, /cell: required/],
+      [['--cell', 'c', '--rules', rules], {}, /nothing to serve/],
+      [['--cell', 'c', '--rules', rules, '--http', 'nohost'], {}, /--http: 'nohost' is not HOST:PORT/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0'], { CELLQUOTA_WORKERS: '0' }, /CELLQUOTA_WORKERS/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '10.0.0.1:7001,bad'], {}, /--coordinators: 'bad' is not HOST:PORT/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'maybe'], {}, /--unknown-tenant: 'maybe' is not deny, allow or tier:NAME/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--static-share', '1.5'], {}, /--static-share/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--socket-mode', '999'], {}, /--socket-mode: '999' is not an octal mode/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--bogus', '1'], {}, /unknown flag --bogus/],
+      [['--cell', 'c', '--rules', dir.file('bad.yaml', 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n'), '--http', '127.0.0.1:0'], {}, /invalid rate limit unit 'fortnight'/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--tenants', dir.file('t.yaml', 'tenants: {a: gold}\n')], {}, /unknown tier 'gold'/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'tier:gold'], {}, /names tier 'gold'/],
+    ];
+    for (const [argv, env, message] of cases) {
+      const t = io();
+      assert.equal(await runAgentCommand(argv, env, t.io), 2, argv.join(' '));
+      assert.match(t.err.join(''), message);
+    }
+    const help = io();
+    assert.equal(await runAgentCommand(['--help'], {}, help.io), 0);
+    assert.match(help.out.join(''), /--rls-socket\s+Unix socket for the RLS gRPC server.*\[CELLQUOTA_RLS_SOCKET\]/);
+  } finally {
+    dir.remove();
+  }
+});
+
+void test('settings: defaults, typed values and strings parse alike', () => {
+  const c = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', rlsListen: '127.0.0.1:8089', coordinators: '10.0.0.1:7001, 10.0.0.2:7001', workers: '3', socketMode: '0640', socketOwner: '1000:1001', unknownTenant: 'tier:bronze', staticShare: '0.34', responseHeaders: 'true' });
+  assert.deepEqual(c.rlsListen, { host: '127.0.0.1', port: 8089 });
+  assert.deepEqual(c.coordinators, [{ host: '10.0.0.1', port: 7001 }, { host: '10.0.0.2', port: 7001 }]);
+  assert.equal(c.workers, 3);
+  assert.equal(c.socketMode, 0o640);
+  assert.deepEqual(c.socketOwner, { uid: 1000, gid: 1001 });
+  assert.deepEqual(c.unknownTenant, { kind: 'tier', tier: 'bronze' });
+  assert.equal(c.staticShare, 0.34);
+  assert.equal(c.responseHeaders, true);
+  assert.equal(c.logLevel, 'info');
+  assert.equal(c.tableFull, 'open');
+  assert.throws(() => parseAgentConfig({ cell: 'x', rules: 'r', rlsListen: '127.0.0.1:65535', workers: 2 }), /exceed 65535/);
+});
+
+void test('a real agent process: endpoints printed, serving, static slices logged, clean stop on SIGTERM', async () => {
+  const dir = tempDir();
+  const socket = join(dir.path, 'rls.sock');
+  const cli = fileURLToPath(new URL('../../../cell-agent/agent-cli.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', cli,
+    '--cell', 'proc', '--rules', dir.file('rules.yaml', RULES), '--rls-socket', socket, '--http', '127.0.0.1:0',
+    '--coordinators', '127.0.0.1:7001,127.0.0.1:7002', '--table-capacity', '1000', '--lag-threshold-ms', '0'], {
+    cwd: fileURLToPath(new URL('../../..', import.meta.url)),
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' },
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); });
+  child.stderr.on('data', (b: Buffer) => { stderr += b.toString(); });
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no endpoints printed; stdout: ${stdout} stderr: ${stderr}`)), 30_000);
+      const poll = setInterval(() => {
+        if (stdout.includes('http  ') || /http\s+http:\/\//.test(stdout)) {
+          clearInterval(poll);
+          clearTimeout(timer);
+          resolve();
+        }
+      }, 20);
+      void exited.then(() => {
+        clearInterval(poll);
+        clearTimeout(timer);
+        reject(new Error(`exited early; stdout: ${stdout} stderr: ${stderr}`));
+      });
+    });
+    assert.match(stdout, new RegExp(`rls unix\\s+${socket.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
+    assert.match(stdout, /lease client is not implemented yet: global quotas run on static slices/);
+    const started = stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => typeof l['msg'] === 'string' && l['msg'].startsWith('cell agent started'));
+    assert.ok(started !== undefined, 'a start-up log line');
+    assert.match(String(started['msg']), /runs on static slices/);
+    assert.equal(started['cell'], 'proc');
+    const client = new RlsClient(unixTarget(socket));
+    try {
+      assert.equal((await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code, 'OK');
+      assert.equal((await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code, 'OVER_LIMIT');
+    } finally {
+      client.close();
+    }
+    child.kill('SIGTERM');
+    assert.equal(await exited, 0, `exit code; stderr: ${stderr}`);
+    assert.equal(existsSync(socket), false, 'the socket is removed');
+    assert.match(stdout, /cell agent stopped/);
+  } finally {
+    if (child.exitCode === null) child.kill('SIGKILL');
+    dir.remove();
+  }
+});

@@ -1,0 +1,81 @@
+// Observability pieces without a running agent: the lag guard's overload rule, the per-thread
+// statistics summed across regions, and the aggregated throttling log (one line per key per interval).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
+import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
+import { THROTTLE_LINES_MAX, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
+import { captureLogger } from '../agent/agent-helpers.js';
+
+void test('lag guard: a late timer starts an overload period as long as the lag; a stalled loop is overload too', () => {
+  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, maxHoldMs: 200 });
+  assert.equal(g.overloaded(0), false, 'not started: never overloaded');
+  g.start(995);
+  try {
+    g.tick(1000);
+    g.tick(1005.5);
+    assert.equal(g.overloaded(1006), false, 'on time');
+    g.tick(1100); // 89.5 ms late
+    assert.equal(g.overloaded(1101), true, 'right after a block');
+    for (let t = 1105; t <= 1185; t += 5) g.tick(t);
+    assert.equal(g.overloaded(1186), true, 'held for as long as the loop was blocked');
+    g.tick(1190);
+    assert.equal(g.overloaded(1191), false, 'the hold has passed and the timer runs on time');
+    assert.equal(g.overloaded(1190 + 5 + 10 + 1), true, 'no timer tick for longer than interval + threshold: a stall');
+    g.tick(2000);
+    for (let t = 2005; t <= 2200; t += 5) g.tick(t);
+    assert.equal(g.overloaded(2199), true, 'a long block is held...');
+    assert.equal(g.overloaded(2201), false, '...at most maxHoldMs');
+  } finally {
+    g.stop();
+  }
+  assert.equal(new LagGuard({ thresholdMs: 0 }).overloaded(), false, 'threshold 0 disables the guard');
+});
+
+void test('stats: one region per thread, summed at read time', () => {
+  const shared = createStatsShared(3);
+  const a = new StatsWriter(shared, 0);
+  const b = new StatsWriter(shared, 2);
+  a.decision('ok', 'local', 0.000_02);
+  a.decision('over_limit', 'global', 0.3);
+  b.decision('ok', 'local', 0.002);
+  b.decision('degraded', 'local', 0);
+  b.failOpen('overload');
+  a.rejected('malformed');
+  b.rejected('invalid');
+  b.staticSlice();
+  const t = readStats(shared);
+  assert.deepEqual(t.decisions, { ok: { local: 2, global: 0 }, over_limit: { local: 0, global: 1 }, degraded: { local: 1, global: 0 } });
+  assert.equal(t.latencyCount, 4);
+  assert.equal(t.latencyBuckets.length, LATENCY_BUCKETS_S.length + 1);
+  assert.equal(t.latencyBuckets[0], 1, '0 s');
+  assert.equal(t.latencyBuckets[1], 1, '20 µs');
+  assert.equal(t.latencyBuckets[LATENCY_BUCKETS_S.length], 1, '0.3 s overflows');
+  assert.deepEqual(t.failOpen, { overload: 1, error: 0, table_full: 0 });
+  assert.deepEqual(t.rejected, { invalid: 1, malformed: 1 });
+  assert.equal(t.staticSlice, 1);
+  assert.throws(() => new StatsWriter(shared, 3), /out of range/);
+});
+
+void test('throttling log: one line per key per interval, merged across threads, bounded', () => {
+  const cap = captureLogger();
+  const log = new ThrottleLog(cap.logger, 'eu-west', 1000);
+  const worker = new ThrottleCounts();
+  const main = new ThrottleCounts();
+  for (let i = 0; i < 500; i++) worker.add('api|tenant=acme', 1);
+  for (let i = 0; i < 20; i++) main.add('api|tenant=acme', 2);
+  main.add('api|tenant=globex', 1);
+  log.merge(worker.drain());
+  log.merge(main.drain());
+  log.flush();
+  const lines = cap.lines.filter((l) => l['msg'] === 'throttled');
+  assert.deepEqual(lines.map((l) => [l['key'], l['refused'], l['cell']]), [['api|tenant=acme', 540, 'eu-west'], ['api|tenant=globex', 1, 'eu-west']]);
+  log.flush();
+  assert.equal(cap.lines.length, 2, 'nothing new: nothing logged');
+  const many = new ThrottleCounts();
+  for (let i = 0; i < THROTTLE_LINES_MAX + 50; i++) many.add(`k${i}`, 1);
+  log.merge(many.drain());
+  log.flush();
+  assert.equal(cap.lines.length, 2 + THROTTLE_LINES_MAX + 1, 'the rest in one summary line');
+  assert.deepEqual(cap.lines.at(-1)?.['keys'], 50);
+});
