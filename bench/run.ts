@@ -3,6 +3,10 @@
 import { parseArgs } from 'node:util';
 import { runRaftCoreBench } from './raft-core.js';
 import { runAgentMemoryBench } from './agent-memory.js';
+import { runCoordinatorBench } from './coordinator.js';
+import { runAllocatorBench } from './allocator.js';
+import { runAccuracyBench } from './accuracy.js';
+import { runAgentBench } from './agent-rls.js';
 import { toMarkdown, writeResults, type BenchReport } from './bench-report.js';
 
 type BenchFn = (opts: { smoke: boolean; progress: (msg: string) => void }) => BenchReport | Promise<BenchReport>;
@@ -10,6 +14,10 @@ type BenchFn = (opts: { smoke: boolean; progress: (msg: string) => void }) => Be
 const benches: Record<string, BenchFn> = {
   'raft-core': runRaftCoreBench,
   'agent-memory': runAgentMemoryBench,
+  coordinator: runCoordinatorBench,
+  allocator: runAllocatorBench,
+  accuracy: runAccuracyBench,
+  agent: runAgentBench,
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

@@ -15,7 +15,7 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'rls-socket', description: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>' },
   { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
   { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
-  { flag: 'coordinators', description: 'HOST:PORT,... of the coordinators (accepted and validated; the lease client is not built yet: the agent runs on static slices)' },
+  { flag: 'coordinators', description: 'HOST:PORT,... of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. Without it the agent runs alone on static slices' },
   { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
   { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },

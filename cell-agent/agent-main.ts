@@ -35,6 +35,10 @@ import type { AgentConfig } from './agent-config.js';
 import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
 import type { RlsEndpoints, RlsListenOptions } from './rls/rls-server.js';
 import { VelocityKeys, VelocityTable } from './velocity/velocity-table.js';
+import { Counter, Gauge } from 'prom-client';
+import { LeaseClient } from './lease/lease-client.js';
+import type { LeaseState } from './lease/lease-client.js';
+import { QuotaOverrides } from './lease/quota-overrides.js';
 import type { VelocitySample } from './velocity/velocity-table.js';
 
 export interface AgentEndpoints {
@@ -74,6 +78,8 @@ interface WorkerSlot {
   serving: boolean;
   endpoints: RlsEndpoints | null;
   applied: string | null;
+  /** The last overrides batch this worker decides with (confirmed, or given in its init). */
+  overridesSeq: number;
   restarts: number;
   restartTimer: NodeJS.Timeout | null;
   stopped: (() => void) | null;
@@ -115,24 +121,40 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     },
     responseHeaders: config.responseHeaders,
     tableFull: config.tableFull,
-    // No lease client yet: every global quota runs on its static slice.
-    staticSlices: true,
+    // Without coordinators every global quota runs on its static slice (always degraded); with them,
+    // a global level is degraded unless it holds a live leased grant.
+    staticSlices: config.coordinators.length === 0,
+    velocityKeys: config.coordinators.length === 0 ? 'bucket' : 'quota',
   };
   const lagOptions = { thresholdMs: config.lagThresholdMs };
 
   // ---- the main thread's own checks (HTTP API) --------------------------------------------------
   const mainThrottle = new ThrottleCounts();
   const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
-  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits) => mainThrottle.add(key, hits) }, deciderOptions);
+  const overrides = new QuotaOverrides();
+  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits) => mainThrottle.add(key, hits), overrides }, deciderOptions);
   mainDecider.setRules(currentRules);
   const mainLag = new LagGuard(lagOptions);
   const mainService = new CheckService(mainDecider, new StatsWriter(stats, config.workers), mainLag, componentLogger(logger, 'http'));
 
   // ---- workers ----------------------------------------------------------------------------------
   const slots: WorkerSlot[] = Array.from({ length: config.workers }, (_, index) => ({
-    index, worker: null, serving: false, endpoints: null, applied: null, restarts: 0, restartTimer: null, stopped: null,
+    index, worker: null, serving: false, endpoints: null, applied: null, overridesSeq: 0, restarts: 0, restartTimer: null, stopped: null,
   }));
   let stopping = false;
+  // Overrides batches posted to the workers; a batch counts as applied once every running worker has
+  // confirmed it (a worker that dies is restarted with the full table), and only then does the lease
+  // client acknowledge its grants to the coordinator.
+  let overrideSeq = 0;
+  const overrideWaiters: { readonly seq: number; readonly resolve: () => void }[] = [];
+  const checkOverrideWaiters = (): void => {
+    for (let i = overrideWaiters.length - 1; i >= 0; i--) {
+      const w = overrideWaiters[i];
+      if (w === undefined || !slots.every((s) => s.worker === null || s.overridesSeq >= w.seq)) continue;
+      overrideWaiters.splice(i, 1);
+      w.resolve();
+    }
+  };
 
   const listenFor = (index: number): RlsListenOptions => ({
     unix: config.rlsSocket === undefined ? undefined : {
@@ -160,6 +182,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     lag: lagOptions,
     listen: listenFor(index),
     throttleLogIntervalMs: config.throttleLogIntervalMs,
+    overrides: overrides.entries(),
   });
 
   const onWorkerMessage = (slot: WorkerSlot, m: WorkerToMain): void => {
@@ -172,6 +195,10 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
         return;
       case 'vkey':
         velocityKeys.learn(m.slot, m.gen, m.key);
+        return;
+      case 'overrides-applied':
+        slot.overridesSeq = Math.max(slot.overridesSeq, m.seq);
+        checkOverrideWaiters();
         return;
       case 'rules-applied':
         slot.applied = m.fingerprint;
@@ -191,6 +218,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
 
   const startWorker = (slot: WorkerSlot): Promise<RlsEndpoints> => new Promise((resolveStart, rejectStart) => {
     const init = initFor(slot.index);
+    slot.overridesSeq = overrideSeq; // init.overrides is the table as of this batch
     const worker = spawnWorker(init);
     slot.worker = worker;
     let started = false;
@@ -231,6 +259,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       slot.serving = false;
       slot.worker = null;
       slot.stopped?.();
+      checkOverrideWaiters();
       if (!started) {
         started = true;
         clearTimeout(timer);
@@ -298,6 +327,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     throw failed.reason;
   }
 
+  let leaseClient: LeaseClient | null = null;
+
   // ---- HTTP API ---------------------------------------------------------------------------------
   let http: HttpApiHandle | null = null;
   if (config.http !== undefined) {
@@ -309,7 +340,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
           const serving = slots.filter((s) => s.serving).length;
           return {
             ok: serving === slots.length,
-            details: { cell: config.cell, workers: { serving, total: slots.length }, rules: currentRules.fingerprint, staticSlices: true },
+            details: { cell: config.cell, workers: { serving, total: slots.length }, rules: currentRules.fingerprint, staticSlices: config.coordinators.length === 0, lease: leaseClient?.status() ?? null },
           };
         },
       }, componentLogger(logger, 'http'));
@@ -321,6 +352,37 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   }
   mainLag.start();
   throttleLog.start(mainThrottle);
+
+  // ---- lease client -----------------------------------------------------------------------------
+  const leaseStateGauge = new Gauge({ name: 'cellquota_agent_lease_state', help: 'lease with the coordinator: 0 none yet (static shares), 1 leased, 2 expired (fail-static on floors)', registers: [metrics.registry] });
+  const onFloorGauge = new Gauge({ name: 'cellquota_agent_on_floor', help: '1 while global quotas run on floors or static shares (no live lease), else 0', registers: [metrics.registry] });
+  const leaseChanges = new Counter({ name: 'cellquota_agent_lease_changes_total', help: 'lease state changes', labelNames: ['state'], registers: [metrics.registry] });
+  const LEASE_STATE_VALUE: Record<LeaseState, number> = { none: 0, leased: 1, expired: 2 };
+  leaseStateGauge.set(0);
+  onFloorGauge.set(1);
+  if (config.coordinators.length > 0) {
+    leaseClient = new LeaseClient({
+      cellId: config.cell,
+      coordinators: config.coordinators.map((c) => `${c.host.includes(':') ? `[${c.host}]` : c.host}:${c.port}`),
+      logger: componentLogger(logger, 'lease'),
+      velocity: () => velocityKeys.snapshot(clock()),
+      onOverrides: (entries) => {
+        overrides.apply(entries);
+        const seq = ++overrideSeq;
+        for (const slot of slots) slot.worker?.postMessage({ kind: 'overrides', entries, seq } satisfies MainToWorker);
+        return new Promise<void>((resolve) => {
+          overrideWaiters.push({ seq, resolve });
+          checkOverrideWaiters();
+        });
+      },
+      onStateChange: (state) => {
+        leaseStateGauge.set(LEASE_STATE_VALUE[state]);
+        onFloorGauge.set(state === 'leased' ? 0 : 1);
+        leaseChanges.inc({ state });
+      },
+    });
+    leaseClient.start();
+  }
 
   // ---- hot reload -------------------------------------------------------------------------------
   const applyRules = (next: RuleSet): void => {
@@ -348,7 +410,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   };
   const coordinatorNote = config.coordinators.length === 0
     ? 'no coordinators configured: the agent runs alone on static slices'
-    : 'coordinators configured, but the lease client is not implemented yet: the agent runs on static slices';
+    : 'coordinators configured: the agent runs on static slices until the coordinator leader grants leased slices';
   log.info({
     cell: config.cell,
     endpoints,
@@ -369,6 +431,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       stopPromise ??= (async () => {
         stopping = true;
         unwatch();
+        leaseClient?.stop();
         mainLag.stop();
         if (http !== null) await http.close();
         await Promise.all(slots.map(stopWorker));

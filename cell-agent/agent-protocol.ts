@@ -9,6 +9,7 @@ import type { StatsShared } from './observe/stats.js';
 import type { RulesSnapshot } from './agent-rules.js';
 import type { RlsEndpoints, RlsListenOptions } from './rls/rls-server.js';
 import type { VelocityShared } from './velocity/velocity-table.js';
+import type { OverrideEntry } from './lease/quota-overrides.js';
 
 export interface WorkerInit {
   readonly index: number;
@@ -25,10 +26,14 @@ export interface WorkerInit {
   readonly lag: LagGuardOptions;
   readonly listen: RlsListenOptions;
   readonly throttleLogIntervalMs: number;
+  /** The leased grants (or floors) in force when the worker starts. */
+  readonly overrides: readonly OverrideEntry[];
 }
 
 export type MainToWorker =
   | { readonly kind: 'rules'; readonly snapshot: RulesSnapshot }
+  /** Changed global quota limits from the lease client; confirmed with 'overrides-applied'. */
+  | { readonly kind: 'overrides'; readonly entries: readonly OverrideEntry[]; readonly seq: number }
   | { readonly kind: 'stop'; readonly graceMs: number }
   /** Testing and drills: block this worker's event loop for `ms` (induced overload). */
   | { readonly kind: 'block'; readonly ms: number }
@@ -43,4 +48,5 @@ export type WorkerToMain =
   | { readonly kind: 'throttle'; readonly counts: [string, number][]; readonly other: number }
   | { readonly kind: 'vkey'; readonly slot: number; readonly gen: number; readonly key: string }
   | { readonly kind: 'log'; readonly line: string }
+  | { readonly kind: 'overrides-applied'; readonly seq: number }
   | { readonly kind: 'stopped' };

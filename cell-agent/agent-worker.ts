@@ -9,6 +9,7 @@ import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import { StaticQuotas } from './decide/quotas.js';
+import { QuotaOverrides } from './lease/quota-overrides.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { StatsWriter } from './observe/stats.js';
 import { ThrottleCounts } from './observe/throttle-log.js';
@@ -39,8 +40,10 @@ async function main(): Promise<void> {
     const stats = new StatsWriter(init.stats, init.index);
     const quotas = new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const throttle = new ThrottleCounts();
+    const overrides = new QuotaOverrides();
+    overrides.apply(init.overrides);
     const decider = new Decider(
-      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits) => throttle.add(key, hits) },
+      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits) => throttle.add(key, hits), overrides },
       init.decider,
     );
     decider.setRules(compileSnapshot(init.rules));
@@ -63,6 +66,10 @@ async function main(): Promise<void> {
           } catch (error) {
             send({ kind: 'rules-failed', fingerprint: m.snapshot.fingerprint, message: error instanceof Error ? error.message : String(error) });
           }
+          return;
+        case 'overrides':
+          overrides.apply(m.entries);
+          send({ kind: 'overrides-applied', seq: m.seq });
           return;
         case 'block': {
           const until = Date.now() + m.ms;

@@ -3,12 +3,25 @@
 // ./.cellquota (reused on the next run), a demo tier and tenant — then the endpoints and an
 // example check. Ctrl-C stops everything.
 //
-// Until the lease client connects agents to the coordinators, each agent serves the demo tenant on
-// a static half of its quota (the two halves add up to the quota: the global bound holds).
+// The agents lease their slices from the coordinators (reports every 500 ms). The floors are split
+// over the two cells (--floor-cells 2) and an agent's static share before its first lease equals
+// its floor (0.25 = floorFraction 0.5 / 2 cells), so the global bound holds from the first request.
+//
+// `--demo` then drives a skewed load from inside this process (runDemo below) and prints, each
+// second, what every cell was offered, what it admitted and its current slice, and the global
+// admitted rate against the quota, so the rebalancing shows in the terminal.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, writeFileSync } from 'node:fs';
+import { Agent as HttpAgent, request as httpRequest } from 'node:http';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+
+// The --demo load: the demo tenant's quota, the offered load as a multiple of it, the share of the
+// hot cell, and how often the hot spot moves.
+const DEMO_QUOTA = 100;
+const DEMO_LOAD_FACTOR = 2.5;
+const DEMO_HOT = 0.9;
+const DEMO_SHIFT_S = 10;
 
 interface Child {
   readonly name: string;
@@ -16,13 +29,18 @@ interface Child {
   readonly log: string;
 }
 
-const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091]
+const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091] [--demo]
 
 Starts 3 coordinators on 127.0.0.1 (peers on --peer-port..+2, admin API on --admin-port..+2) and
 2 agents (cell-a, cell-b: HTTP on --agent-port..+1, gRPC RLS on <data-dir>/cell-*.sock and on
 --agent-port+10..+11), creates the demo tier and tenant, prints the endpoints and waits; Ctrl-C
 stops everything.
-Logs go to <data-dir>/logs/. Running it again reuses the data.`;
+Logs go to <data-dir>/logs/. Running it again reuses the data.
+
+--demo: once everything runs, sends checks for tenant 'acme' at ${DEMO_LOAD_FACTOR} × its quota (${DEMO_QUOTA} req/s),
+${DEMO_HOT * 100} % to one cell and ${Math.round((1 - DEMO_HOT) * 100)} % to the other, moving the hot spot every ${DEMO_SHIFT_S} s, and prints each
+second per cell the offered and admitted rates and the cell's slice (from the coordinators), and the
+global admitted rate against the quota.`;
 
 export async function runDevCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
   const { values } = parseArgs({
@@ -33,6 +51,7 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       'peer-port': { type: 'string', default: '7001' },
       'admin-port': { type: 'string', default: '8081' },
       'agent-port': { type: 'string', default: '9091' },
+      demo: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -93,12 +112,17 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
 
   console.log(`cellquota dev: data in ${dataDir}, logs in ${logDir}`);
   ids.forEach((id, i) => {
-    startChild(`coordinator-${id}`, ['coordinator', '--id', id, '--peers', peers, '--data-dir', join(dataDir, id), '--admin', `127.0.0.1:${adminPort + i}`, '--admin-peers', adminPeers]);
+    startChild(`coordinator-${id}`, ['coordinator', '--id', id, '--peers', peers, '--data-dir', join(dataDir, id), '--admin', `127.0.0.1:${adminPort + i}`, '--admin-peers', adminPeers, '--floor-cells', '2']);
     console.log(`  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}`);
   });
   const interrupted = new Promise<'interrupted'>((r) => {
-    process.once('SIGINT', () => r('interrupted'));
-    process.once('SIGTERM', () => r('interrupted'));
+    // Ctrl-C in a terminal reaches the children too (one process group): their exits are expected.
+    const stop = (): void => {
+      stopping = true;
+      r('interrupted');
+    };
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
   });
 
   try {
@@ -108,7 +132,7 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       return 130;
     }
     console.log(`  leader: ${leader}`);
-    await putJson(adminUrls, '/v1/tiers/demo', { rate: 100, burst: 200, floorFraction: 0.5 });
+    await putJson(adminUrls, '/v1/tiers/demo', { rate: DEMO_QUOTA, burst: 200, floorFraction: 0.5 });
     await putJson(adminUrls, '/v1/tenants/acme', { tier: 'demo' });
 
     // The agents: the demo rules and the static tenant table (the coordinators' demo, until leases).
@@ -121,7 +145,7 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     const coordinators = ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',');
     cells.forEach((cell, i) => {
       startChild(`agent-${cell}`, [
-        'agent', '--cell', cell, '--rules', rulesFile, '--tenants', tenantsFile, '--static-share', '0.5',
+        'agent', '--cell', cell, '--rules', rulesFile, '--tenants', tenantsFile, '--static-share', '0.25',
         '--rls-socket', join(dataDir, `${cell}.sock`), '--rls-listen', `127.0.0.1:${agentPort + 10 + i}`,
         '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers',
       ]);
@@ -135,7 +159,7 @@ cellquota is running (3 coordinators and 2 agents on loopback).
   admin API      ${adminUrls.join('  ')}
   peers (gRPC)   ${peers}
   agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  (Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
-  demo           tier 'demo' (100 req/s, burst 200), tenant 'acme'; each agent serves half of it (static share)
+  demo           tier 'demo' (100 req/s, burst 200, floors 25/s per cell), tenant 'acme'; the agents lease slices of it
 
 Try:
   curl -si ${agentHttp[0] ?? ''}/v1/check -H 'content-type: application/json' \\
@@ -146,7 +170,13 @@ Try:
   ${ctl} tiers put gold --rate 5000 --burst 10000
 
 Ctrl-C stops everything; running it again reuses the data.`);
-    await interrupted;
+    if (values.demo) {
+      const demo = runDemo(cells, agentHttp, adminUrls, (line) => console.log(line));
+      await interrupted;
+      await demo.stop();
+    } else {
+      await interrupted;
+    }
     console.log('\nstopping…');
     await stopAll();
     console.log('stopped');
@@ -156,6 +186,123 @@ Ctrl-C stops everything; running it again reuses the data.`);
     await stopAll();
     return 1;
   }
+}
+
+interface DemoCounts {
+  sent: number;
+  admitted: number;
+  refused: number;
+  errors: number;
+}
+
+/**
+ * The `--demo` load: paced checks (open loop: a 10 ms timer sends what is due, whatever the answers
+ * do) over HTTP/1.1 keep-alive to each agent's POST /v1/check, for tenant 'acme' at
+ * DEMO_LOAD_FACTOR × its quota, DEMO_HOT of it to one cell and the rest to the other, the hot cell
+ * changing every DEMO_SHIFT_S seconds. Each second: one line per cell (offered, admitted, refused,
+ * its slice as the coordinators' ledger has it) and the global admitted rate against the quota.
+ * With the demo tier's floors (25/s per cell) the quiet cell keeps its floor and the hot cell can
+ * grow to 75/s: watch the slices swap after each move.
+ */
+function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUrls: readonly string[], print: (line: string) => void): { stop(): Promise<void> } {
+  const agent = new HttpAgent({ keepAlive: true, maxSockets: 32 });
+  const body = JSON.stringify({ domain: 'demo', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] });
+  const counts: DemoCounts[] = cells.map(() => ({ sent: 0, admitted: 0, refused: 0, errors: 0 }));
+  const credit = cells.map(() => 0);
+  const total = DEMO_QUOTA * DEMO_LOAD_FACTOR;
+  const startedAt = Date.now();
+  let hot = 0;
+  let inFlight = 0;
+  let last = performance.now();
+  let stopped = false;
+
+  const send = (i: number): void => {
+    const url = new URL(agentHttp[i] ?? '');
+    const c = counts[i] as DemoCounts;
+    c.sent++;
+    inFlight++;
+    const req = httpRequest({ agent, host: url.hostname, port: url.port, method: 'POST', path: '/v1/check', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }, timeout: 2000 }, (res) => {
+      res.resume();
+      res.on('end', () => {
+        inFlight--;
+        if (res.statusCode === 200) c.admitted++;
+        else if (res.statusCode === 429) c.refused++;
+        else c.errors++;
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', () => {
+      inFlight--;
+      c.errors++;
+    });
+    req.end(body);
+  };
+
+  const pace = setInterval(() => {
+    const now = performance.now();
+    const dt = Math.min(200, now - last) / 1000;
+    last = now;
+    cells.forEach((_, i) => {
+      const share = i === hot ? DEMO_HOT : (1 - DEMO_HOT) / Math.max(1, cells.length - 1);
+      const due = (credit[i] ?? 0) + total * share * dt;
+      const n = Math.floor(due);
+      credit[i] = due - n;
+      for (let k = 0; k < n; k++) send(i);
+    });
+  }, 10);
+
+  // A cell may use max(its grant, its floor) (the agents' rule while leased): that is the slice shown,
+  // marked "(floor)" when the floor is what it runs on.
+  const slices = async (): Promise<Map<string, { rate: number; onFloor: boolean }>> => {
+    for (const u of adminUrls) {
+      try {
+        const res = await fetch(`${u}/v1/tenants/acme?stale=true`, { signal: AbortSignal.timeout(500) });
+        if (!res.ok) continue;
+        const t = (await res.json()) as { slices?: { cellId: string; rate: number; floorRate: number }[] };
+        return new Map((t.slices ?? []).map((s) => [s.cellId, { rate: Math.max(s.rate, s.floorRate), onFloor: s.floorRate > s.rate }]));
+      } catch {
+        // the next replica
+      }
+    }
+    return new Map();
+  };
+
+  let tick = 0;
+  let reporting = false;
+  const pad = (v: number | string, n: number): string => String(v).padStart(n);
+  print(`\ndemo: tenant 'acme' (quota ${DEMO_QUOTA} req/s), ${total} req/s offered, ${DEMO_HOT * 100} % on one cell, moving every ${DEMO_SHIFT_S} s; Ctrl-C stops\n`);
+  const report = setInterval(() => {
+    tick++;
+    if (tick % DEMO_SHIFT_S === 0) hot = (hot + 1) % cells.length;
+    const snapshot = counts.map((c) => ({ ...c }));
+    for (const c of counts) Object.assign(c, { sent: 0, admitted: 0, refused: 0, errors: 0 });
+    if (reporting) return; // the previous slices read is still out: skip a line rather than pile up
+    reporting = true;
+    void slices().then((sl) => {
+      reporting = false;
+      if (stopped) return;
+      const t = `[${pad(Math.round((Date.now() - startedAt) / 1000), 4)} s]`;
+      cells.forEach((cell, i) => {
+        const c = snapshot[i] as DemoCounts;
+        const slice = sl.get(cell);
+        print(`${i === 0 ? t : ' '.repeat(t.length)} ${cell.padEnd(8)} offered ${pad(c.sent, 4)}/s  admitted ${pad(c.admitted, 4)}/s  refused ${pad(c.refused, 4)}/s  slice ${slice === undefined ? '     —' : pad(slice.rate.toFixed(1), 6)}/s${slice?.onFloor === true ? ' (floor)' : ''}${c.errors > 0 ? `  errors ${c.errors}` : ''}`);
+      });
+      const admitted = snapshot.reduce((a, c) => a + c.admitted, 0);
+      const sliceSum = [...sl.values()].reduce((a, b) => a + b.rate, 0);
+      print(`${' '.repeat(t.length)} global   admitted ${pad(admitted, 4)}/s of the quota ${DEMO_QUOTA}/s (${Math.round((admitted / DEMO_QUOTA) * 100)} %), slices sum ${sliceSum.toFixed(1)}/s`);
+    });
+  }, 1000);
+
+  return {
+    async stop(): Promise<void> {
+      stopped = true;
+      clearInterval(pace);
+      clearInterval(report);
+      const until = Date.now() + 2000;
+      while (inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      agent.destroy();
+    },
+  };
 }
 
 async function waitForLeader(urls: readonly string[], progress: (msg: string) => void): Promise<string> {
@@ -226,8 +373,8 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 20}
 `;
 
-const demoTenants = `# cellquota dev: the static tier table the agents use until the lease client connects them to
-# the coordinators (same figures as the coordinators' demo tier and tenant).
+const demoTenants = `# cellquota dev: the agents' tier table (same figures as the coordinators' demo tier and tenant);
+# the rate each cell may use comes from its lease.
 tiers:
   demo: {rate: 100, burst: 200}
 tenants:

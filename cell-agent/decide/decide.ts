@@ -49,6 +49,7 @@ import { RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { QuotaSlice, StaticQuotas } from './quotas.js';
+import type { QuotaOverrides } from '../lease/quota-overrides.js';
 import { GRPC_STATUS, checkRequest } from './request-check.js';
 import type { RequestBounds, RequestFailure } from './request-check.js';
 
@@ -72,6 +73,8 @@ export interface DeciderDeps {
   readonly velocity?: VelocityRecorder | null;
   /** Called once per refused (non-shadow) level: the throttling log. */
   readonly onRefused?: ((key: string, hits: number) => void) | null;
+  /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
+  readonly overrides?: QuotaOverrides | null;
 }
 
 export interface DeciderOptions {
@@ -80,8 +83,12 @@ export interface DeciderOptions {
   readonly responseHeaders: boolean;
   /** What a level does when the bucket table has no slot for its key: pass ('open') or refuse ('closed'). */
   readonly tableFull: 'open' | 'closed';
-  /** Global quotas run on static slices (no coordinator): mark their answers degraded. */
+  /** Global quotas run on static slices (no coordinator): mark their answers degraded. With a
+   * coordinator (false), a global level is degraded unless its key holds a live leased grant. */
   readonly staticSlices: boolean;
+  /** Name the velocity window's global keys by the coordinator's quota key (`tenant/<id>`, ...)
+   * instead of the bucket key: what the lease client reports. Default 'bucket'. */
+  readonly velocityKeys?: 'bucket' | 'quota';
 }
 
 export type DecisionScope = 'local' | 'global';
@@ -108,6 +115,10 @@ interface Level {
   readonly scope: DecisionScope;
   /** A global quota: its demand goes to the velocity window. */
   readonly velocity: boolean;
+  /** A global quota's coordinator key (null: a local level). */
+  readonly quotaKey: string | null;
+  /** A global quota decided on a live leased grant (not a static share or a floor). */
+  readonly leased: boolean;
   readonly shadow: boolean;
   /** An unknown tenant under the deny policy. */
   readonly deny: boolean;
@@ -219,19 +230,24 @@ export class Decider {
     if (r.kind === 'deny') {
       this.addLevel(levels, plan, i, m.bucketKey, DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true);
     } else if (r.kind === 'quota') {
-      this.addSlice(levels, plan, i, m.bucketKey, r.tenant, hits, m.shadowMode);
-      if (r.tier.cap !== null) this.addSlice(levels, plan, i, `~t|${escapeKeyPart(domain)}|${escapeKeyPart(r.tier.name)}`, r.tier.cap, hits, m.shadowMode);
+      this.addSlice(levels, plan, i, m.bucketKey, `tenant/${tenantId}`, r.tenant, hits, m.shadowMode);
+      this.addSlice(levels, plan, i, `~t|${escapeKeyPart(domain)}|${escapeKeyPart(r.tier.name)}`, `tier/${r.tier.name}`, r.tier.cap, hits, m.shadowMode);
     }
-    if (quotas.domainCap !== null) this.addSlice(levels, plan, i, `~d|${escapeKeyPart(domain)}`, quotas.domainCap, hits, m.shadowMode);
+    this.addSlice(levels, plan, i, `~d|${escapeKeyPart(domain)}`, `domain/${domain}`, quotas.domainCap, hits, m.shadowMode);
   }
 
-  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, slice: QuotaSlice, hits: number, shadow: boolean): void {
-    this.addLevel(levels, plan, i, key, slice.limit, slice.currentLimit, hits, 'global', true, shadow);
+  /** A global level: the leased grant (or its floor) for `quotaKey` if any, else the static slice (none: no level). */
+  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean): void {
+    const overrides = this.deps.overrides;
+    const o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
+    const use = o ?? slice;
+    if (use === null) return;
+    this.addLevel(levels, plan, i, key, use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false);
   }
 
   private addLevel(
     levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, limit: GcraLimit, currentLimit: RlsRateLimit | null,
-    hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false,
+    hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false, quotaKey: string | null = null, leased = false,
   ): void {
     const existing = levels.get(key);
     if (existing !== undefined) {
@@ -243,7 +259,7 @@ export class Decider {
       return;
     }
     const level: Level = {
-      key, limit, currentLimit, scope, velocity, shadow, deny, descriptors: [i], hits,
+      key, limit, currentLimit, scope, velocity, quotaKey, leased, shadow, deny, descriptors: [i], hits,
       passed: false, remaining: 0, resetNs: 0n, retryNs: 0n, tableFull: false,
     };
     levels.set(key, level);
@@ -290,7 +306,7 @@ export class Decider {
     for (const level of levels.values()) {
       if (level.scope === 'global') {
         scope = 'global';
-        if (!level.deny) staticSlice = this.options.staticSlices;
+        if (!level.deny && (this.options.staticSlices || !level.leased)) staticSlice = true;
       }
     }
 
@@ -366,6 +382,7 @@ export class Decider {
       statuses[i] = statusOf(plan);
     }
     const { velocity, onRefused } = this.deps;
+    const byQuota = this.options.velocityKeys === 'quota';
     for (const level of levels.values()) {
       if (!level.passed) {
         if (!level.shadow) {
@@ -373,9 +390,9 @@ export class Decider {
           if (wait > retryAfterNs) retryAfterNs = wait;
           onRefused?.(level.key, level.hits);
         }
-        if (level.velocity && level.hits > 0) velocity?.record(level.key, 0, level.hits, nowNs);
+        if (level.velocity && level.hits > 0) velocity?.record(byQuota && level.quotaKey !== null ? level.quotaKey : level.key, 0, level.hits, nowNs);
       } else if (!overLimit && level.velocity && level.hits > 0 && !level.tableFull) {
-        velocity?.record(level.key, level.hits, 0, nowNs);
+        velocity?.record(byQuota && level.quotaKey !== null ? level.quotaKey : level.key, level.hits, 0, nowNs);
       }
     }
     if (!overLimit) retryAfterNs = 0n;

@@ -9,7 +9,9 @@
 // cluster is new does it confirm its identity and vote.
 import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
 import { LevelRaftStorage } from '../storage/index.js';
-import { PeerTransport, type PeerTlsOptions } from '../transport/peer-transport.js';
+import * as grpc from '@grpc/grpc-js';
+import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOptions } from '../transport/peer-transport.js';
+import { LeaseService } from '../lease/lease-service.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
 import { RaftDriver } from './raft-driver.js';
@@ -36,7 +38,11 @@ export interface CoordinatorSettings {
   readonly join: boolean;
   /** The admin API base URL of each member (to ask peers about incarnations), null if unknown. */
   readonly adminUrlOf: (id: NodeId) => string | null;
+  /** The admin API's bearer token, for this replica's own calls to its peers' admin APIs. */
+  readonly adminToken?: string;
   readonly tls?: PeerTlsOptions;
+  /** The agents' lease service on the peer port (cellquota.lease.v1.QuotaLease). */
+  readonly lease?: { readonly ttlMs?: number; readonly roundMs?: number; readonly expireEveryMs?: number };
 }
 
 export interface MemberView {
@@ -64,6 +70,8 @@ export class CoordinatorNode {
   private votingRefused = false;
   private stopped = false;
   private addresses: Map<NodeId, string>;
+  private lease: LeaseService | null = null;
+  private server: grpc.Server | null = null;
 
   private constructor(
     readonly settings: CoordinatorSettings,
@@ -102,10 +110,14 @@ export class CoordinatorNode {
     machine.restore(loaded.snapshot.data);
 
     let nodeRef: CoordinatorNode | null = null;
+    // One gRPC server on the peer address: the Raft peers' service and the agents' lease service.
+    const server = new grpc.Server(peerServerOptions());
+    const listen = settings.peers.get(settings.id) ?? '127.0.0.1:0';
     const transport = new PeerTransport({
+      server,
       selfId: settings.id,
       clusterId: settings.clusterId,
-      listen: settings.peers.get(settings.id) ?? '127.0.0.1:0',
+      listen,
       peers: settings.peers,
       onMessages: (batch) => nodeRef?.driver.receive(batch),
       logger: log.child({ component: 'transport' }),
@@ -161,6 +173,27 @@ export class CoordinatorNode {
     const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation, metrics ?? null);
     node.votingRefused = refuseToVote;
     nodeRef = node;
+    node.server = server;
+    const lease = new LeaseService({
+      backend: node,
+      logger: log.child({ component: 'lease' }),
+      ...(settings.lease?.ttlMs === undefined ? {} : { leaseTtlMs: settings.lease.ttlMs }),
+      ...(settings.lease?.roundMs === undefined ? {} : { roundMs: settings.lease.roundMs }),
+      ...(settings.lease?.expireEveryMs === undefined ? {} : { expireEveryMs: settings.lease.expireEveryMs }),
+    });
+    lease.register(server);
+    node.lease = lease;
+    try {
+      await new Promise<number>((resolveBind, rejectBind) => {
+        server.bindAsync(listen, peerServerCredentials(settings.tls), (err, p) => (err !== null ? rejectBind(err) : resolveBind(p)));
+      });
+    } catch (err) {
+      lease.stop();
+      await transport.stop();
+      server.forceShutdown();
+      await storage.close();
+      throw new Error(`coordinator: cannot listen on ${listen}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
     driver.start();
     if (mustCheck) void node.confirmIdentity();
     else void node.ensureIncarnationRecorded();
@@ -183,7 +216,7 @@ export class CoordinatorNode {
           continue;
         }
         try {
-          const res = await fetch(`${url}/v1/internal/incarnations?stale=true`, { signal: AbortSignal.timeout(1000) });
+          const res = await fetch(`${url}/v1/internal/incarnations?stale=true`, { headers: authHeader(settings.adminToken), signal: AbortSignal.timeout(1000) });
           if (!res.ok) continue;
           const body = (await res.json()) as { incarnations?: Record<string, string> };
           pending.delete(peer);
@@ -231,7 +264,7 @@ export class CoordinatorNode {
           if (url !== null) {
             await fetch(`${url}/v1/internal/incarnations/${this.settings.id}`, {
               method: 'PUT',
-              headers: { 'content-type': 'application/json' },
+              headers: { 'content-type': 'application/json', ...authHeader(this.settings.adminToken) },
               body: JSON.stringify({ incarnation: this.incarnation }),
               signal: AbortSignal.timeout(3000),
             });
@@ -303,6 +336,15 @@ export class CoordinatorNode {
     this.logger.info({ change: cc }, `membership change committed: ${cc.op} ${cc.node}`);
   }
 
+  /** The gRPC (peer and lease) address of a member, null if unknown. */
+  peerAddress(id: NodeId): string | null {
+    return this.addresses.get(id) ?? null;
+  }
+
+  get id(): NodeId {
+    return this.settings.id;
+  }
+
   learnAddress(id: NodeId, address: string): void {
     this.addresses.set(id, address);
     this.transport.setPeers(this.addresses);
@@ -345,9 +387,15 @@ export class CoordinatorNode {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.lease?.stop();
     await this.driver.stop();
     await this.transport.stop();
+    this.server?.forceShutdown();
     await this.storage.close();
     this.logger.info('coordinator stopped');
   }
+}
+
+function authHeader(token: string | undefined): Record<string, string> {
+  return token === undefined ? {} : { authorization: `Bearer ${token}` };
 }

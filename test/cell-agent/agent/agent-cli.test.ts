@@ -97,7 +97,7 @@ void test('a real agent process: endpoints printed, serving, static slices logge
       });
     });
     assert.match(stdout, new RegExp(`rls unix\\s+${socket.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
-    assert.match(stdout, /lease client is not implemented yet: global quotas run on static slices/);
+    assert.match(stdout, /global quotas run on static slices until the leader grants leased slices/);
     const started = stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => typeof l['msg'] === 'string' && l['msg'].startsWith('cell agent started'));
     assert.ok(started !== undefined, 'a start-up log line');
     assert.match(String(started['msg']), /runs on static slices/);

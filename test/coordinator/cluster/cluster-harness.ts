@@ -39,6 +39,8 @@ export interface HttpResult {
 export class CoordinatorCluster {
   readonly root: string;
   readonly replicas = new Map<string, Replica>();
+  /** Sent by waitForLeader and write (not by http, so tests can check what happens without it). */
+  authToken: string | undefined;
 
   private constructor(
     root: string,
@@ -148,7 +150,7 @@ export class CoordinatorCluster {
       for (const id of among) {
         if (this.replica(id).proc === null) continue;
         try {
-          const r = await this.http(id, 'GET', '/v1/cluster?stale=true');
+          const r = await this.http(id, 'GET', '/v1/cluster?stale=true', undefined, this.auth());
           if (r.status === 200) {
             answered++;
             seen.add((r.body['leader'] as string | null) ?? null);
@@ -168,13 +170,18 @@ export class CoordinatorCluster {
   /** A write sent to the leader, following one redirect if leadership moved. */
   async write(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<HttpResult> {
     const leader = await this.waitForLeader();
-    let r = await this.http(leader, method, path, body, headers);
+    const h = { ...this.auth(), ...headers };
+    let r = await this.http(leader, method, path, body, h);
     if (r.status === 307) {
       const loc = r.headers.get('location') ?? '';
       const target = [...this.replicas.values()].find((x) => loc.startsWith(this.adminUrl(x.id)));
-      if (target !== undefined) r = await this.http(target.id, method, path, body, headers);
+      if (target !== undefined) r = await this.http(target.id, method, path, body, h);
     }
     return r;
+  }
+
+  private auth(): Record<string, string> {
+    return this.authToken === undefined ? {} : { authorization: `Bearer ${this.authToken}` };
   }
 
   async waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {

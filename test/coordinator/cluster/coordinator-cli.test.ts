@@ -33,7 +33,8 @@ void test('cellquota coordinator: a bad value says what and where, and exits 2',
 
 void test('admin token: writes without it get 401, with a wrong one 403, and change nothing; ctl works with it', async () => {
   const token = 'secret-token-123';
-  const c = await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--admin-token', token]);
+  const c = await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--admin-token', token, '--auth-reads']);
+  c.authToken = token;
   try {
     c.startAll();
     const leader = await c.waitForLeader();
@@ -42,23 +43,27 @@ void test('admin token: writes without it get 401, with a wrong one 403, and cha
     assert.equal(missing.body['error'], 'UNAUTHORIZED');
     const wrong = await c.http(leader, 'PUT', '/v1/tiers/gold', { rate: 1, burst: 1 }, { authorization: 'Bearer nope' });
     assert.equal(wrong.status, 403);
-    assert.equal((await c.http(leader, 'GET', '/v1/tiers/gold')).status, 404, 'nothing was written');
+    assert.equal((await c.http(leader, 'GET', '/v1/tiers/gold')).status, 401, 'reads need the token too (--auth-reads)');
+    assert.equal((await c.http(leader, 'GET', '/v1/tiers/gold', undefined, { authorization: `Bearer ${token}` })).status, 404, 'nothing was written');
 
     const admin = [...c.replicas.keys()].map((id) => c.adminUrl(id)).join(',');
     const put = run(['ctl', '--admin', admin, '--token', token, 'tiers', 'put', 'gold', '--rate', '500', '--burst', '1000', '--floor-fraction', '0.5']);
     assert.equal(put.status, 0, put.stderr);
     const tenant = run(['ctl', '--admin', admin, 'tenants', 'put', 'acme', '--tier', 'gold'], { CELLQUOTA_ADMIN_TOKEN: token });
     assert.equal(tenant.status, 0, tenant.stderr);
-    const list = run(['ctl', '--admin', admin, '--json', 'tiers', 'list']);
+    const list = run(['ctl', '--admin', admin, '--token', token, '--json', 'tiers', 'list']);
     assert.equal(list.status, 0, list.stderr);
     const doc = JSON.parse(list.stdout) as { tiers: { name: string; rate: number; tenantCount: number }[] };
     assert.deepEqual(doc.tiers.map((t) => [t.name, t.rate, t.tenantCount]), [['gold', 500, 1]]);
-    const table = run(['ctl', '--admin', admin, 'cluster']);
+    const table = run(['ctl', '--admin', admin, '--token', token, 'cluster']);
     assert.match(table.stdout, /^leader n\d {2}term \d+/m);
     assert.match(table.stdout, /ID\s+ROLE\s+ADDRESS/);
-    const missingTenant = run(['ctl', '--admin', admin, 'tenants', 'get', 'nobody']);
+    const missingTenant = run(['ctl', '--admin', admin, '--token', token, 'tenants', 'get', 'nobody']);
     assert.equal(missingTenant.status, 4);
     assert.match(missingTenant.stderr, /404 NOT_FOUND/);
+    // The replicas' own calls to each other's admin APIs carry the token: every data directory got recorded.
+    const inc = await c.http(leader, 'GET', '/v1/internal/incarnations', undefined, { authorization: `Bearer ${token}` });
+    assert.equal(Object.keys(inc.body['incarnations'] as object).length, 3, JSON.stringify(inc.body));
     const noAnswer = run(['ctl', '--admin', 'http://127.0.0.1:9', 'cluster']);
     assert.equal(noAnswer.status, 3);
   } finally {

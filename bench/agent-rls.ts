@@ -1,0 +1,520 @@
+// `npm run bench -- agent`: the agent's RLS server against its ceiling and a common alternative,
+// measured in one run on this machine (DESIGN.md "Targets": throughput ≥ 0.85 × an empty grpc-js
+// handler on the same socket; p99 at a moderate paced rate within 1.5 × the ceiling's p99).
+//
+//   npx tsx bench/run.ts agent [--smoke]
+//   npx tsx bench/agent-rls.ts [--smoke] [--servers ceiling,agent,rlf-memory,rlf-redis]
+//        [--transport uds|tcp] [--client raw|http2] [--sessions N] [--rate N] [--concurrency 1,16,64]
+//        [--seconds S] [--rounds N]
+//
+// Servers (each in a process of its own, bench/servers/host.ts, all started before the first
+// measurement and all stopped at the end, also on failure or Ctrl-C):
+//   ceiling     grpc-js answering ShouldRateLimit with a constant OK (bench/servers/ceiling.ts)
+//   agent       cell-agent/agent-main.ts startAgent, alone, on local rules (bench/servers/agent.ts)
+//   rlf-memory  rate-limiter-flexible RateLimiterMemory behind the same grpc-js handler
+//   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
+//               persistence); skipped, with a note, when redis-server is not installed
+// The load generator (bench/load/loadgen.ts) is one more process: pre-encoded gRPC requests,
+// streams spread over `sessions` HTTP/2 connections, written by bench/load/h2-raw.ts (default) or
+// by node:http2's client (--client http2, about 8× the generator CPU per request: on this
+// machine's two hyper-threads it takes CPU from the server under test; see h2-raw.ts). For every variant (bench: nothing is
+// refused; bench-limited: ~50 % refused, see bench/servers/bench-rules.ts) and every phase — closed
+// loop at each concurrency, then open loop at the paced rate — the servers are measured one after
+// the other (the order rotating from phase to phase), so slow drift of a shared machine does not
+// land on one server only. Report only: the targets are evaluated in the notes, nothing is asserted.
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import type { BenchReport } from './bench-report.js';
+import { LoadGenerator } from './load/loadgen-client.js';
+import type { LoadJob, PhaseResult } from './load/loadgen-protocol.js';
+import { DOMAIN_LIMITED, DOMAIN_UNLIMITED, TENANTS } from './servers/bench-rules.js';
+import { RedisServer, findRedisServer } from './servers/redis-server.js';
+import type { ServerOptions } from './servers/server-module.js';
+import { ServerProcess } from './servers/server-process.js';
+
+export const SERVER_NAMES = ['ceiling', 'agent', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
+export type ServerName = (typeof SERVER_NAMES)[number];
+/** Measured unless --servers says otherwise; 'ceiling-pbjs' only on request. */
+export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'agent', 'rlf-memory', 'rlf-redis'];
+export const VARIANTS = ['unlimited', 'limited'] as const;
+export type Variant = (typeof VARIANTS)[number];
+
+const THROUGHPUT_TARGET = 0.85;
+const P99_TARGET = 1.5;
+
+export interface AgentBenchOptions {
+  readonly smoke: boolean;
+  readonly progress: (msg: string) => void;
+  readonly servers?: readonly ServerName[];
+  readonly variants?: readonly Variant[];
+  readonly transport?: 'uds' | 'tcp';
+  readonly sessions?: number;
+  /** The load generator's HTTP/2 client (LoadJob.client). */
+  readonly client?: 'http2' | 'raw';
+  readonly concurrencies?: readonly number[];
+  readonly pacedRate?: number;
+  /** Length of each measurement window (warm-up is added), ms. */
+  readonly measureMs?: number;
+  /** Every phase is measured this many times (server order reversed each round); the best is reported. */
+  readonly rounds?: number;
+}
+
+export interface PhaseRecord {
+  readonly round: number;
+  readonly server: ServerName;
+  readonly variant: Variant;
+  readonly mode: 'closed' | 'paced';
+  readonly concurrency: number;
+  readonly rate: number;
+  readonly result: PhaseResult;
+  /** CPU of the server's process (plus redis-server's for rlf-redis) over the phase, % of one core; null where /proc is missing. */
+  readonly serverCpuPct: number | null;
+}
+
+export interface AgentBenchResult {
+  readonly report: BenchReport;
+  readonly phases: readonly PhaseRecord[];
+  readonly skipped: readonly { readonly server: ServerName; readonly reason: string }[];
+}
+
+interface Plan {
+  readonly rounds: number;
+  /** Servers take turns within a phase this many ms at a time. */
+  readonly sliceMs: number;
+  readonly concurrencies: readonly number[];
+  readonly pacedRate: number;
+  readonly closedWarmupMs: number;
+  readonly closedMeasureMs: number;
+  readonly pacedWarmupMs: number;
+  readonly pacedMeasureMs: number;
+  readonly drainTimeoutMs: number;
+  readonly progressEveryMs: number;
+}
+
+function makePlan(opts: AgentBenchOptions): Plan {
+  const smoke = opts.smoke;
+  const measure = opts.measureMs;
+  return {
+    rounds: opts.rounds ?? (smoke ? 1 : 2),
+    sliceMs: smoke ? 50 : 250,
+    concurrencies: opts.concurrencies ?? (smoke ? [16] : [1, 16, 64]),
+    pacedRate: opts.pacedRate ?? (smoke ? 1000 : 2000),
+    closedWarmupMs: smoke ? 50 : 1000,
+    closedMeasureMs: measure ?? (smoke ? 200 : 3000),
+    pacedWarmupMs: smoke ? 50 : 1000,
+    pacedMeasureMs: measure ?? (smoke ? 200 : 6000),
+    drainTimeoutMs: smoke ? 2000 : 5000,
+    progressEveryMs: smoke ? 0 : 1000,
+  };
+}
+
+const MODULES: Record<ServerName, string> = {
+  ceiling: fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
+  agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
+  'rlf-memory': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
+  'rlf-redis': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
+  'ceiling-pbjs': fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
+};
+
+const AGENT_MAIN = fileURLToPath(new URL('../cell-agent/agent-main.ts', import.meta.url));
+
+// ---------------------------------------------------------------------------------------------
+// CPU of other processes, from /proc/<pid>/stat (utime + stime, in clock ticks).
+
+let clockTicks: number | undefined;
+function ticksPerSecond(): number {
+  if (clockTicks === undefined) {
+    const out = spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' });
+    const n = Number(out.stdout?.trim());
+    clockTicks = Number.isFinite(n) && n > 0 ? n : 100;
+  }
+  return clockTicks;
+}
+
+function cpuSeconds(pid: number | undefined): number | null {
+  if (pid === undefined) return null;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // After "pid (comm) ": state is field 3, utime 14, stime 15 → indexes 11 and 12 here.
+    const ticks = Number(fields[11]) + Number(fields[12]);
+    return Number.isFinite(ticks) ? ticks / ticksPerSecond() : null;
+  } catch {
+    return null;
+  }
+}
+
+function freeTcpPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      srv.close(() => (addr !== null && typeof addr === 'object' ? resolve(addr.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+function fmtInt(n: number): string {
+  return Math.round(n).toLocaleString('en-US');
+}
+
+function ratio(a: number | undefined, b: number | undefined): string {
+  if (a === undefined || b === undefined || !(b > 0)) return '';
+  return (a / b).toFixed(2);
+}
+
+interface Running {
+  readonly name: ServerName;
+  readonly proc: ServerProcess;
+  readonly target: string;
+  readonly auxPid?: number | undefined;
+  dead: string | null;
+}
+
+export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<AgentBenchResult> {
+  const plan = makePlan(opts);
+  const progress = opts.progress;
+  const transport = opts.transport ?? 'uds';
+  const sessions = opts.sessions ?? 2;
+  const client = opts.client ?? 'raw';
+  const wanted = opts.servers ?? DEFAULT_SERVERS;
+  const variants = opts.variants ?? VARIANTS;
+  const skipped: { server: ServerName; reason: string }[] = [];
+  const notes: string[] = [];
+  const phases: PhaseRecord[] = [];
+  const descriptions = new Map<ServerName, string>();
+
+  const loadBefore = os.loadavg()[0] ?? 0;
+  const scratch = mkdtempSync(join(os.tmpdir(), 'cq-bench-'));
+  const running: Running[] = [];
+  let loadgen: LoadGenerator | null = null;
+  let redis: RedisServer | null = null;
+
+  // Last resort: a synchronous kill of everything still running if this process exits or is
+  // interrupted before the finally block below has stopped them.
+  const killAll = (): void => {
+    loadgen?.killNow();
+    for (const r of running) r.proc.killNow();
+    redis?.killNow();
+  };
+  const onSignal = (signal: NodeJS.Signals): void => {
+    progress(`${signal}: stopping every process this benchmark started`);
+    killAll();
+    rmSync(scratch, { recursive: true, force: true });
+    process.exit(signal === 'SIGINT' ? 130 : 143);
+  };
+  process.on('exit', killAll);
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+
+  try {
+    // --- which servers, and their targets
+    const toStart: { name: ServerName; options: ServerOptions }[] = [];
+    for (const name of wanted) {
+      const dir = mkdtempSync(join(scratch, `${name}-`));
+      if (name === 'agent') {
+        if (!existsSync(AGENT_MAIN)) {
+          skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
+          continue;
+        }
+        toStart.push({ name, options: { scratchDir: dir } });
+      } else if (name === 'ceiling-pbjs') {
+        toStart.push({ name, options: { scratchDir: dir, codec: 'protobufjs' } });
+      } else if (name === 'rlf-redis') {
+        const bin = findRedisServer();
+        if (bin === null) {
+          skipped.push({ server: name, reason: 'redis-server is not installed (not on PATH, $REDIS_SERVER unset): `apt-get install redis-server`' });
+          continue;
+        }
+        progress(`starting redis-server (${bin}) on a Unix socket, --save '' --appendonly no`);
+        try {
+          redis = await RedisServer.start(bin, dir);
+        } catch (err) {
+          skipped.push({ server: name, reason: `redis-server did not start: ${err instanceof Error ? err.message : String(err)}` });
+          continue;
+        }
+        descriptions.set(name, `redis-server ${redis.version}`);
+        toStart.push({ name, options: { scratchDir: dir, store: 'redis', redisSocket: redis.socket } });
+      } else {
+        toStart.push({ name, options: { scratchDir: dir, store: 'memory' } });
+      }
+    }
+    for (const s of skipped) progress(`skipping ${s.server}: ${s.reason}`);
+
+    progress(`starting ${toStart.map((s) => s.name).join(', ') || 'no server'} and the load generator (${transport === 'uds' ? 'Unix sockets' : 'TCP on 127.0.0.1'})`);
+    // Started alongside the servers. (Children still starting when this process dies end
+    // themselves: host.ts and loadgen.ts exit when their IPC channel closes.)
+    const loadgenP = LoadGenerator.start();
+    loadgenP.catch(() => undefined); // its failure is thrown by the await below, not reported as unhandled
+    const started = await Promise.allSettled(
+      toStart.map(async (s) => {
+        const target = transport === 'uds' ? join(scratch, `${s.name}.sock`) : `127.0.0.1:${await freeTcpPort()}`;
+        const proc = await ServerProcess.start(s.name, MODULES[s.name], target, s.options, progress);
+        const r: Running = { name: s.name, proc, target, auxPid: s.name === 'rlf-redis' ? redis?.pid : undefined, dead: null };
+        running.push(r);
+        return r;
+      }),
+    );
+    loadgen = await loadgenP;
+    started.forEach((res, i) => {
+      const name = toStart[i]?.name;
+      if (name === undefined) return;
+      if (res.status === 'rejected') {
+        const reason = res.reason instanceof Error ? res.reason.message : String(res.reason);
+        skipped.push({ server: name, reason: `failed to start: ${reason.split('\n')[0] ?? reason}` });
+        progress(`${name} failed to start: ${reason}`);
+      } else {
+        const d = res.value.proc.description;
+        descriptions.set(name, [d, descriptions.get(name)].filter((x) => x !== undefined && x !== '').join('; '));
+      }
+    });
+    // Keep the planned order (ceiling first) whatever order the starts finished in.
+    running.sort((a, b) => SERVER_NAMES.indexOf(a.name) - SERVER_NAMES.indexOf(b.name));
+
+    // --- the measurements
+    const phaseList: { mode: 'closed' | 'paced'; concurrency: number; rate: number }[] = [
+      ...plan.concurrencies.map((c) => ({ mode: 'closed' as const, concurrency: c, rate: 0 })),
+      { mode: 'paced' as const, concurrency: 0, rate: plan.pacedRate },
+    ];
+    // Every (round, variant, phase) step is one load-generator job in which the servers take turns;
+    // who goes first rotates from step to step, and the order is reversed in even rounds.
+    const steps: { round: number; variant: Variant; ph: (typeof phaseList)[number]; order: Running[] }[] = [];
+    for (let round = 1; round <= plan.rounds; round++) {
+      for (const variant of variants) {
+        for (const ph of phaseList) {
+          const k = steps.length;
+          const order = running.map((_, i) => running[(i + k) % running.length]).filter((r): r is Running => r !== undefined);
+          if (round % 2 === 0) order.reverse();
+          steps.push({ round, variant, ph, order });
+        }
+      }
+    }
+    for (const [phaseIndex, { round, variant, ph, order }] of steps.entries()) {
+      const domain = variant === 'unlimited' ? DOMAIN_UNLIMITED : DOMAIN_LIMITED;
+      const what = `${variant} ${ph.mode === 'closed' ? `c=${ph.concurrency}` : `paced ${fmtInt(ph.rate)}/s`}`;
+      const label = `${plan.rounds > 1 ? `round ${round}/${plan.rounds} ` : ''}${what}`;
+      let alive = order.filter((r) => r.dead === null);
+      // One job: the servers take turns, plan.sliceMs at a time. A server found gone is dropped
+      // and the job run again without it.
+      for (;;) {
+        if (alive.length === 0) break;
+        const job: LoadJob = {
+          targets: alive.map((r) => r.target),
+          sliceMs: plan.sliceMs,
+          domain,
+          tenants: TENANTS,
+          mode: ph.mode,
+          concurrency: ph.concurrency,
+          rate: ph.rate,
+          sessions,
+          client,
+          warmupMs: ph.mode === 'closed' ? plan.closedWarmupMs : plan.pacedWarmupMs,
+          measureMs: ph.mode === 'closed' ? plan.closedMeasureMs : plan.pacedMeasureMs,
+          drainTimeoutMs: plan.drainTimeoutMs,
+          seed: 0x5eed + phaseIndex,
+          progressEveryMs: plan.progressEveryMs,
+        };
+        const cpu0 = alive.map((r) => [cpuSeconds(r.proc.pid), r.auxPid !== undefined ? cpuSeconds(r.auxPid) : 0] as const);
+        const t0 = performance.now();
+        let results: readonly PhaseResult[];
+        try {
+          progress(`${label}: ${alive.map((r) => r.name).join(', ')}${alive.length > 1 ? `, taking turns every ${plan.sliceMs} ms` : ''}`);
+          results = await loadgen.run(job, (p) => progress(`${label}: ${p.phase} ${(p.elapsedMs / 1000).toFixed(1)} s, ${fmtInt(p.completed)} answers, ${p.inFlight} in flight`));
+        } catch (err) {
+          const msg = err instanceof Error ? err.message : String(err);
+          const gone = alive.filter((r) => !r.proc.alive || msg.includes(r.target));
+          if (gone.length === 0) throw err;
+          for (const r of gone) {
+            r.dead = `${label}: ${msg}`;
+            notes.push(`${r.name} stopped answering during ${label} (${msg}); its remaining phases were not run.`);
+            progress(`${r.name} is gone (${msg}); skipping its remaining phases`);
+          }
+          alive = alive.filter((r) => r.dead === null);
+          continue;
+        }
+        // Each server was loaded for 1/n of the job's time: its CPU over that share.
+        const shareS = (performance.now() - t0) / 1000 / alive.length;
+        for (const [i, srv] of alive.entries()) {
+          const result = results[i];
+          if (result === undefined) continue;
+          const [c0, a0] = cpu0[i] ?? [null, null];
+          const c1 = cpuSeconds(srv.proc.pid);
+          const a1 = srv.auxPid !== undefined ? cpuSeconds(srv.auxPid) : 0;
+          const serverCpuPct = c0 !== null && c1 !== null && a0 !== null && a1 !== null ? Math.round(((c1 - c0 + (a1 - a0)) / shareS) * 100) : null;
+          phases.push({ round, server: srv.name, variant, mode: ph.mode, concurrency: ph.concurrency, rate: ph.rate, result, serverCpuPct });
+          const errs = result.errors > 0 ? `, ${fmtInt(result.errors)} errors (${result.errorSamples.join('; ')})` : '';
+          if (ph.mode === 'closed') {
+            progress(`${label} ${srv.name}: ${fmtInt(result.throughput)} req/s (server CPU ${serverCpuPct ?? '?'} % while loaded, generator CPU ${result.generatorCpuPct} %)${errs}`);
+          } else {
+            const l = result.latency;
+            progress(`${label} ${srv.name}: p50 ${l?.p50Us ?? '?'} µs, p99 ${l?.p99Us ?? '?'} µs, p99.9 ${l?.p999Us ?? '?'} µs at ${fmtInt(result.offeredRate)} req/s offered (send lag p99 ${result.sendLag?.p99Us ?? '?'} µs)${errs}`);
+          }
+        }
+        break;
+      }
+    }
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    const stops: Promise<void>[] = [];
+    if (loadgen !== null) stops.push(loadgen.stop());
+    for (const r of running) stops.push(r.proc.stop());
+    await Promise.allSettled(stops);
+    await redis?.stop();
+    process.off('exit', killAll);
+    rmSync(scratch, { recursive: true, force: true });
+    if (running.length > 0 || redis !== null) progress(`stopped ${[...running.map((r) => r.name), ...(redis !== null ? ['redis-server'] : [])].join(', ')}`);
+  }
+
+  notes.push(
+    `Machine load (1-min load average, ${os.cpus().length} CPUs): ${loadBefore.toFixed(2)} before, ${(os.loadavg()[0] ?? 0).toFixed(2)} after — above ~2 (generator + one server) something else was running and the figures carry its noise.`,
+  );
+  const report = buildReport(opts, plan, transport, sessions, client, phases, skipped, notes, descriptions);
+  for (const line of report.notes.filter((n) => n.startsWith('agent ÷ ceiling'))) progress(line);
+  return { report, phases, skipped };
+}
+
+function buildReport(
+  opts: AgentBenchOptions,
+  plan: Plan,
+  transport: 'uds' | 'tcp',
+  sessions: number,
+  client: 'http2' | 'raw',
+  phases: readonly PhaseRecord[],
+  skipped: readonly { server: ServerName; reason: string }[],
+  extraNotes: readonly string[],
+  descriptions: ReadonlyMap<ServerName, string>,
+): BenchReport {
+  // Best of the rounds: the highest throughput of a closed-loop phase, the lowest p99 of a paced one.
+  const score = (p: PhaseRecord): number => (p.mode === 'closed' ? p.result.throughput : -(p.result.latency?.p99Us ?? Number.POSITIVE_INFINITY));
+  const bestOf = (cands: readonly PhaseRecord[]): PhaseRecord | undefined => cands.reduce<PhaseRecord | undefined>((b, p) => (b === undefined || score(p) > score(b) ? p : b), undefined);
+  const find = (server: ServerName, variant: Variant, mode: 'closed' | 'paced', concurrency?: number): PhaseRecord | undefined =>
+    bestOf(phases.filter((p) => p.server === server && p.variant === variant && p.mode === mode && (concurrency === undefined || p.concurrency === concurrency)));
+  const peak = (server: ServerName, variant: Variant): PhaseRecord | undefined => find(server, variant, 'closed');
+
+  const rows: Record<string, number | string>[] = [];
+  const servers = SERVER_NAMES.filter((s) => phases.some((p) => p.server === s));
+  const variants = VARIANTS.filter((v) => phases.some((p) => p.variant === v));
+  for (const variant of variants) {
+    const ceilPeak = peak('ceiling', variant);
+    const ceilPaced = find('ceiling', variant, 'paced');
+    for (const server of servers) {
+      const mine = phases.filter((p) => p.server === server && p.variant === variant);
+      if (mine.length === 0) continue;
+      const row: Record<string, number | string> = { variant, server };
+      for (const c of plan.concurrencies) row[`c=${c} req/s`] = find(server, variant, 'closed', c)?.result.throughput ?? '';
+      const pk = peak(server, variant);
+      row['peak ÷ ceiling'] = ratio(pk?.result.throughput, ceilPeak?.result.throughput);
+      const paced = find(server, variant, 'paced');
+      const lat = paced?.result.latency ?? null;
+      row[`p50 µs @${plan.pacedRate}/s`] = lat?.p50Us ?? '';
+      row['p99 µs'] = lat?.p99Us ?? '';
+      row['p99.9 µs'] = lat?.p999Us ?? '';
+      row['p99 ÷ ceiling'] = ratio(lat?.p99Us, ceilPaced?.result.latency?.p99Us);
+      const ok = mine.reduce((n, p) => n + p.result.ok, 0);
+      const over = mine.reduce((n, p) => n + p.result.overLimit, 0);
+      row['refused %'] = ok > 0 ? Math.round((over / ok) * 1000) / 10 : '';
+      row['requests'] = mine.reduce((n, p) => n + p.result.sent, 0);
+      row['errors'] = mine.reduce((n, p) => n + p.result.errors, 0);
+      row['degraded'] = mine.reduce((n, p) => n + p.result.degraded, 0);
+      row['server CPU % @peak'] = pk?.serverCpuPct ?? '';
+      row['gen CPU % @peak'] = pk?.result.generatorCpuPct ?? '';
+      rows.push(row);
+    }
+  }
+
+  const notes: string[] = [];
+  for (const variant of variants) {
+    const a = peak('agent', variant);
+    const c = peak('ceiling', variant);
+    const ap = find('agent', variant, 'paced')?.result.latency?.p99Us;
+    const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
+    if (a !== undefined && c !== undefined && c.result.throughput > 0) {
+      const tr = a.result.throughput / c.result.throughput;
+      let line = `agent ÷ ceiling (${variant}): throughput ${tr.toFixed(2)} at peak (agent ${fmtInt(a.result.throughput)} req/s at c=${a.concurrency}, ceiling ${fmtInt(c.result.throughput)} at c=${c.concurrency}; target ≥ ${THROUGHPUT_TARGET}: ${tr >= THROUGHPUT_TARGET ? 'met' : 'NOT met'})`;
+      if (ap !== undefined && cp !== undefined && cp > 0) {
+        const lr = ap / cp;
+        line += `; p99 at ${fmtInt(plan.pacedRate)} req/s ${ap} µs vs ${cp} µs = ${lr.toFixed(2)} × (target ≤ ${P99_TARGET} ×: ${lr <= P99_TARGET ? 'met' : 'NOT met'}; ≤ 1 ms: ${ap <= 1000 ? 'yes' : 'no'})`;
+      }
+      notes.push(line + (opts.smoke ? ' — smoke run, figures not meaningful' : ''));
+    }
+  }
+  if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent')) notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');
+  for (const s of skipped) notes.push(`skipped ${s.server}: ${s.reason}`);
+  notes.push(...extraNotes);
+  notes.push(
+    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run; every server in a process of its own, the load generator in another (${client === 'raw' ? 'bench/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
+    `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s) and the best round is reported (highest throughput; lowest p99, with that round's p50 and p99.9). Requests and errors add up all rounds.`,
+    `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
+    `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,
+  );
+  const lags = phases.filter((p) => p.mode === 'paced' && p.result.sendLag !== null).map((p) => p.result.sendLag?.p99Us ?? 0);
+  if (lags.length > 0) notes.push(`Generator send lag (actual − scheduled send) p99: at most ${Math.max(...lags)} µs over the paced runs; it is inside every latency figure alike.`);
+  notes.push('CPU %: of one core; a server\'s over its share of the phase (warm-up included; rlf-redis includes redis-server), the generator\'s over the whole phase. A server well below 100 % at its peak was not the bottleneck: the machine (shared cores, other work) or the generator was.');
+  for (const [name, d] of descriptions) notes.push(`${name}: ${d}`);
+  return { name: 'agent', title: 'Agent RLS server vs. an empty grpc-js handler (ceiling) and rate-limiter-flexible', rows, notes };
+}
+
+/** The `npm run bench -- agent` entry (bench/run.ts). */
+export async function runAgentBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+  return (await runAgentBenchDetailed(opts)).report;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      smoke: { type: 'boolean', default: false },
+      servers: { type: 'string' },
+      transport: { type: 'string', default: 'uds' },
+      sessions: { type: 'string' },
+      rate: { type: 'string' },
+      concurrency: { type: 'string' },
+      seconds: { type: 'string' },
+      rounds: { type: 'string' },
+      client: { type: 'string', default: 'raw' },
+      out: { type: 'string', default: 'bench/results' },
+    },
+  });
+  const servers = values.servers?.split(',').map((s) => s.trim());
+  for (const s of servers ?? []) if (!(SERVER_NAMES as readonly string[]).includes(s)) throw new Error(`unknown server '${s}'; known: ${SERVER_NAMES.join(', ')}`);
+  if (values.transport !== 'uds' && values.transport !== 'tcp') throw new Error('--transport is uds or tcp');
+  if (values.client !== 'raw' && values.client !== 'http2') throw new Error('--client is raw or http2');
+  const num = (v: string | undefined, what: string): number | undefined => {
+    if (v === undefined) return undefined;
+    const n = Number(v);
+    if (!(n > 0)) throw new Error(`${what} must be a positive number`);
+    return n;
+  };
+  const concurrencies = values.concurrency?.split(',').map((c) => num(c, '--concurrency') ?? 1);
+  const seconds = num(values.seconds, '--seconds');
+  const sessions = num(values.sessions, '--sessions');
+  const rate = num(values.rate, '--rate');
+  const rounds = num(values.rounds, '--rounds');
+  const { toMarkdown, writeResults } = await import('./bench-report.js');
+  const result = await runAgentBenchDetailed({
+    smoke: values.smoke,
+    progress: (m) => console.log(`  … ${m}`),
+    transport: values.transport,
+    client: values.client,
+    ...(rounds !== undefined ? { rounds: Math.round(rounds) } : {}),
+    ...(servers !== undefined ? { servers: servers as ServerName[] } : {}),
+    ...(concurrencies !== undefined ? { concurrencies } : {}),
+    ...(seconds !== undefined ? { measureMs: seconds * 1000 } : {}),
+    ...(sessions !== undefined ? { sessions } : {}),
+    ...(rate !== undefined ? { pacedRate: rate } : {}),
+  });
+  const command = `npx tsx bench/agent-rls.ts ${process.argv.slice(2).join(' ')}`.trim();
+  console.log(toMarkdown([result.report], command));
+  const files = writeResults(values.out, [result.report], command);
+  console.log(`results: ${files.json}, ${files.md}`);
+}
+
+if (process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.argv[1]) await main();

@@ -1,0 +1,77 @@
+// Messages between the benchmark (parent) and the load generator process (bench/load/loadgen.ts),
+// over the child_process IPC channel.
+
+export type LoadMode = 'closed' | 'paced';
+
+export interface LoadJob {
+  /**
+   * Unix socket paths (starting with '/') or 'host:port' (TCP, cleartext HTTP/2). With several,
+   * they take turns `sliceMs` at a time, each getting warmupMs + measureMs of load in all.
+   */
+  readonly targets: readonly string[];
+  readonly sliceMs: number;
+  readonly domain: string;
+  readonly tenants: number;
+  /** 'closed': keep `concurrency` requests in flight. 'paced': send at `rate` req/s on a fixed schedule (open loop). */
+  readonly mode: LoadMode;
+  readonly concurrency: number;
+  readonly rate: number;
+  /** HTTP/2 connections; the streams are spread over them round-robin. */
+  readonly sessions: number;
+  /** 'http2': node:http2's client. 'raw': bench/load/h2-raw.ts, frames written and read directly. */
+  readonly client: 'http2' | 'raw';
+  readonly warmupMs: number;
+  readonly measureMs: number;
+  /** After the last send: how long to wait for outstanding answers before counting them as errors. */
+  readonly drainTimeoutMs: number;
+  /** Seed of the tenant order (xorshift32). */
+  readonly seed: number;
+  /** Progress messages every this many ms (0: none). */
+  readonly progressEveryMs: number;
+}
+
+export interface LatencySummary {
+  readonly samples: number;
+  readonly p50Us: number;
+  readonly p90Us: number;
+  readonly p99Us: number;
+  readonly p999Us: number;
+  readonly maxUs: number;
+}
+
+export interface PhaseResult {
+  /** Requests started (warm-up, measurement and drain together). Always sent = ok + errors. */
+  readonly sent: number;
+  /** gRPC status 0 with a response message (allowed, over limit, or an unknown code). */
+  readonly ok: number;
+  /** Any other outcome: a non-zero gRPC status, a reset stream, a bad body, a drain timeout. */
+  readonly errors: number;
+  readonly allowed: number;
+  readonly overLimit: number;
+  /** overall_code neither OK nor OVER_LIMIT (UNKNOWN = 0, which Envoy would treat as OK). */
+  readonly unknownCode: number;
+  /** Answers marked x-ratelimit-degraded: given fail-open, without a decision. */
+  readonly degraded: number;
+  /** Completions inside the measurement window (closed loop: during this target's turns only), and the time measured. */
+  readonly measuredCompletions: number;
+  readonly measuredMs: number;
+  /** measuredCompletions per second. */
+  readonly throughput: number;
+  /** Paced: latency from the scheduled send time to the answer, for sends scheduled in the window. */
+  readonly latency: LatencySummary | null;
+  /** Paced: how late the generator itself sent (actual − scheduled send time). */
+  readonly sendLag: LatencySummary | null;
+  /** Paced: the rate actually offered in the window. */
+  readonly offeredRate: number;
+  /** CPU used by the generator process over the whole phase, % of one core. */
+  readonly generatorCpuPct: number;
+  readonly errorSamples: readonly string[];
+}
+
+export type ToLoadGen = { readonly type: 'job'; readonly id: number; readonly job: LoadJob } | { readonly type: 'exit' };
+
+export type FromLoadGen =
+  | { readonly type: 'ready'; readonly pid: number }
+  | { readonly type: 'progress'; readonly id: number; readonly phase: 'warmup' | 'measure' | 'drain'; readonly elapsedMs: number; readonly completed: number; readonly inFlight: number }
+  | { readonly type: 'result'; readonly id: number; readonly results: readonly PhaseResult[] }
+  | { readonly type: 'failed'; readonly id: number; readonly message: string };

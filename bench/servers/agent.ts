@@ -1,0 +1,40 @@
+// The cellquota agent as a server under test: writes bench-rules.ts's rules as YAML files and starts
+// it with startAgent(parseAgentConfig(...), logger) — alone (no coordinators; the rules here are
+// local ones), one serving worker (the same single event loop as the grpc-js baselines), its RLS
+// server on the benchmark's target and nothing else (no HTTP API).
+//
+// One deviation from the agent's defaults: the lag guard is off (lagThresholdMs 0). With it, a
+// saturated agent answers fail-open without deciding (marked x-ratelimit-degraded) — right in
+// production, but then a throughput figure would count answers that skipped the decision path. The
+// load generator counts degraded answers anyway (column 'degraded'), so a guard left on shows.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseAgentConfig, type AgentConfigInput } from '../../cell-agent/agent-config.js';
+import { startAgent } from '../../cell-agent/agent-main.js';
+import { createRootLogger } from '../../shared/logging.js';
+import { rulesYaml } from './bench-rules.js';
+import type { RunningServer, ServerOptions } from './server-module.js';
+
+export function writeRules(dir: string): string {
+  const rulesDir = join(dir, 'rules');
+  mkdirSync(rulesDir, { recursive: true });
+  for (const { file, text } of rulesYaml()) writeFileSync(join(rulesDir, file), text);
+  return rulesDir;
+}
+
+export async function start(target: string, options: ServerOptions): Promise<RunningServer> {
+  const input: AgentConfigInput = {
+    cell: 'bench',
+    rules: writeRules(options.scratchDir),
+    workers: 1,
+    logLevel: 'warn',
+    lagThresholdMs: 0,
+    ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
+  };
+  const config = parseAgentConfig(input);
+  const agent = await startAgent(config, createRootLogger({ level: config.logLevel, name: 'bench-agent' }));
+  return {
+    stop: () => agent.stop(),
+    description: `cellquota agent (startAgent), 1 worker, lag guard off, local rules only, serving ${[...agent.endpoints.rlsUnix, ...agent.endpoints.rlsTcp].join(', ')}`,
+  };
+}

@@ -1,0 +1,329 @@
+// The agent's lease client: every sync interval (default 500 ms) one Report call to the coordinator
+// leader, with a deadline below the interval. It carries the acknowledgements of the grants applied
+// since the last successful report and the velocity of every global quota with traffic (or that just
+// went quiet); the answer carries the lease TTL and the grants newer than what was acknowledged.
+//
+// Finding the leader: start at any of the configured addresses; a FAILED_PRECONDITION answer names
+// the leader's address (trailers) and the next call goes there; any other failure moves on to the
+// next configured address, with exponential backoff (capped at 4 intervals, jittered).
+//
+// Lease timing: the lease is counted from when the report was SENT (this process's monotonic clock),
+// never from when the answer arrived: expiry = sentAt + TTL. The coordinator answers only after the
+// round that renewed the lease (expiry = its receipt time + TTL) is committed, and releases the grants
+// only after that expiry plus its skew margin, so this view of the lease always ends first.
+//
+// Fail-static: when the lease expires, every global quota drops to its floor (the floor stamped on the
+// grant; a key never granted keeps its static share), `state` turns 'expired', and the agent forgets
+// its grants and takes a new incarnation, so the next answer carries every current grant again (the
+// coordinator may have released the old ones meanwhile). When a report succeeds again the leased
+// grants are back.
+import { randomUUID } from 'node:crypto';
+import * as grpc from '@grpc/grpc-js';
+import type { Logger } from '../../shared/logging.js';
+import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from './lease-proto.js';
+import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from './lease-proto.js';
+import type { OverrideEntry } from './quota-overrides.js';
+
+export const DEFAULT_SYNC_INTERVAL_MS = 500;
+/** Keys sent in one report at most (the busiest first). */
+export const MAX_VELOCITY_KEYS = 50_000;
+const QUOTA_KEY = /^(tenant|tier|domain)\/[a-zA-Z0-9._:-]{1,128}$/;
+
+export type LeaseState = 'none' | 'leased' | 'expired';
+
+/** A window sample: tokens allowed and refused over the last `windowMs`. */
+export interface VelocityInput {
+  readonly key: string;
+  readonly allowed: number;
+  readonly refused: number;
+}
+
+export interface LeaseClientOptions {
+  readonly cellId: string;
+  /** host:port of the coordinators; any one of them is enough. */
+  readonly coordinators: readonly string[];
+  readonly logger: Logger;
+  /** The velocity window (keys are coordinator quota keys). */
+  readonly velocity: () => readonly VelocityInput[];
+  readonly velocityWindowMs?: number;
+  /** Told the entries that changed (grants, floors, removals). A promise: the grants are acknowledged
+   * to the coordinator only once it resolves (every serving thread decides with them). */
+  readonly onOverrides: (entries: OverrideEntry[]) => void | Promise<void>;
+  readonly onStateChange?: (state: LeaseState) => void;
+  readonly intervalMs?: number;
+  /** Per-call deadline (default 80% of the interval). */
+  readonly deadlineMs?: number;
+  /** Monotonic clock in ms (default performance.now). */
+  readonly monotonicMs?: () => number;
+  readonly credentials?: grpc.ChannelCredentials;
+}
+
+interface HeldGrant {
+  readonly epoch: number;
+  readonly rate: number;
+  readonly burst: number;
+  readonly floorRate: number;
+  readonly floorBurst: number;
+}
+
+export interface LeaseClientStatus {
+  readonly state: LeaseState;
+  readonly target: string;
+  readonly leader: string | null;
+  readonly incarnation: string;
+  /** ms until the lease expires (≤ 0: expired or none). */
+  readonly leaseRemainingMs: number;
+  readonly grants: number;
+  readonly reportsOk: number;
+  readonly reportsFailed: number;
+}
+
+export class LeaseClient {
+  private readonly svc = loadQuotaLeaseService();
+  private readonly Client = grpc.makeGenericClientConstructor(loadQuotaLeaseService().definition, 'QuotaLease');
+  private readonly clients = new Map<string, grpc.Client>();
+  private readonly interval: number;
+  private readonly deadline: number;
+  private readonly windowMs: number;
+  private readonly mono: () => number;
+  private incarnation = randomUUID();
+  private target: string;
+  private nextConfigured = 0;
+  private leader: string | null = null;
+  private state: LeaseState = 'none';
+  private leaseExpiresAt = -Infinity;
+  private readonly grants = new Map<string, HeldGrant>();
+  private pendingAcks = new Map<string, number>();
+  private readonly lastVelocity = new Map<string, number>();
+  private failures = 0;
+  private inFlight = false;
+  private timer: NodeJS.Timeout | null = null;
+  private expiryTimer: NodeJS.Timeout | null = null;
+  private stopped = false;
+  private reportsOk = 0;
+  private reportsFailed = 0;
+
+  constructor(private readonly opts: LeaseClientOptions) {
+    if (opts.coordinators.length === 0) throw new Error('LeaseClient: no coordinator address');
+    this.interval = opts.intervalMs ?? DEFAULT_SYNC_INTERVAL_MS;
+    this.deadline = opts.deadlineMs ?? Math.max(50, Math.floor(this.interval * 0.8));
+    this.windowMs = opts.velocityWindowMs ?? 500;
+    this.mono = opts.monotonicMs ?? (() => performance.now());
+    this.nextConfigured = Math.floor(Math.random() * opts.coordinators.length);
+    this.target = opts.coordinators[this.nextConfigured] as string;
+  }
+
+  start(): void {
+    this.schedule(0);
+  }
+
+  stop(): void {
+    this.stopped = true;
+    if (this.timer !== null) clearTimeout(this.timer);
+    if (this.expiryTimer !== null) clearTimeout(this.expiryTimer);
+    this.timer = null;
+    this.expiryTimer = null;
+    for (const c of this.clients.values()) c.close();
+    this.clients.clear();
+  }
+
+  status(): LeaseClientStatus {
+    return {
+      state: this.state,
+      target: this.target,
+      leader: this.leader,
+      incarnation: this.incarnation,
+      leaseRemainingMs: this.state === 'leased' ? this.leaseExpiresAt - this.mono() : 0,
+      grants: this.grants.size,
+      reportsOk: this.reportsOk,
+      reportsFailed: this.reportsFailed,
+    };
+  }
+
+  private schedule(ms: number): void {
+    if (this.stopped) return;
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.tick();
+    }, ms);
+    this.timer.unref();
+  }
+
+  private client(address: string): grpc.Client {
+    let c = this.clients.get(address);
+    if (c === undefined) {
+      c = new this.Client(address, this.opts.credentials ?? grpc.credentials.createInsecure());
+      this.clients.set(address, c);
+    }
+    return c;
+  }
+
+  private velocityMessages(): VelocityMessage[] {
+    const perS = 1000 / this.windowMs;
+    const now = new Map<string, VelocityMessage>();
+    for (const v of this.opts.velocity()) {
+      if (!QUOTA_KEY.test(v.key)) continue;
+      const prev = now.get(v.key);
+      const allowed = (prev?.allowedPerS ?? 0) + v.allowed * perS;
+      const refused = (prev?.refusedPerS ?? 0) + v.refused * perS;
+      now.set(v.key, { key: v.key, allowedPerS: allowed, refusedPerS: refused });
+    }
+    const out = [...now.values()].filter((m) => m.allowedPerS + m.refusedPerS > 0);
+    if (out.length > MAX_VELOCITY_KEYS) {
+      out.sort((a, b) => b.allowedPerS + b.refusedPerS - (a.allowedPerS + a.refusedPerS));
+      out.length = MAX_VELOCITY_KEYS;
+    }
+    // Keys that went quiet since the last report: sent once with 0.
+    for (const key of this.lastVelocity.keys()) if (!now.has(key)) out.push({ key, allowedPerS: 0, refusedPerS: 0 });
+    return out;
+  }
+
+  private async tick(): Promise<void> {
+    if (this.stopped || this.inFlight) return;
+    this.inFlight = true;
+    const startedAt = this.mono();
+    try {
+      await this.reportOnce();
+    } finally {
+      this.inFlight = false;
+    }
+    if (this.stopped) return;
+    if (this.failures === 0) {
+      this.schedule(Math.max(0, this.interval - (this.mono() - startedAt)));
+    } else {
+      const backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(this.failures - 1, 3));
+      this.schedule(backoff * (0.5 + Math.random() * 0.5));
+    }
+  }
+
+  /** One report to the current target. Exposed for tests. */
+  async reportOnce(): Promise<boolean> {
+    const incarnation = this.incarnation;
+    const acks: AckMessage[] = [...this.pendingAcks].map(([key, epoch]) => ({ key, epoch }));
+    const velocity = this.velocityMessages();
+    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity };
+    const address = this.target;
+    const sentAt = this.mono();
+    const result = await new Promise<{ res: ReportResponseMessage } | { err: grpc.ServiceError }>((resolve) => {
+      this.client(address).makeUnaryRequest(
+        this.svc.report.path,
+        this.svc.report.requestSerialize,
+        this.svc.report.responseDeserialize,
+        req,
+        { deadline: Date.now() + this.deadline },
+        (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {
+          if (err !== null || res === undefined) resolve({ err: err ?? Object.assign(new Error('empty answer'), { code: grpc.status.INTERNAL, details: 'empty answer', metadata: new grpc.Metadata() }) });
+          else resolve({ res });
+        },
+      );
+    });
+    if (this.stopped) return false;
+    if ('err' in result) {
+      this.onFailure(address, result.err);
+      return false;
+    }
+    if (incarnation !== this.incarnation) return false; // the lease expired while the call was in flight
+    this.reportsOk++;
+    this.failures = 0;
+    this.leader = result.res.leaderId === '' ? null : result.res.leaderId;
+    // Acknowledged: drop what was sent; velocity sent becomes the baseline for "went quiet".
+    for (const a of acks) if (this.pendingAcks.get(a.key) === a.epoch) this.pendingAcks.delete(a.key);
+    this.lastVelocity.clear();
+    for (const v of velocity) if (v.allowedPerS + v.refusedPerS > 0) this.lastVelocity.set(v.key, v.allowedPerS + v.refusedPerS);
+    this.applyAnswer(result.res, sentAt);
+    return true;
+  }
+
+  private onFailure(address: string, err: grpc.ServiceError): void {
+    this.reportsFailed++;
+    if (err.code === grpc.status.FAILED_PRECONDITION) {
+      const hinted = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
+      if (typeof hinted === 'string' && hinted !== '' && hinted !== address) {
+        this.opts.logger.info({ from: address, to: hinted }, 'following the coordinator leader');
+        this.target = hinted;
+        this.failures = 0;
+        this.schedule(0);
+        return;
+      }
+    }
+    this.failures++;
+    this.nextConfigured = (this.nextConfigured + 1) % this.opts.coordinators.length;
+    this.target = this.opts.coordinators[this.nextConfigured] as string;
+    const log = this.failures === 1 || this.failures % 20 === 0 ? this.opts.logger.warn.bind(this.opts.logger) : this.opts.logger.debug.bind(this.opts.logger);
+    log({ coordinator: address, code: err.code, error: err.details, failures: this.failures, next: this.target }, 'lease report failed');
+  }
+
+  private applyAnswer(res: ReportResponseMessage, sentAt: number): void {
+    const ttl = Number.isFinite(res.leaseTtlMs) && res.leaseTtlMs > 0 ? res.leaseTtlMs : 0;
+    this.leaseExpiresAt = Math.max(this.leaseExpiresAt, sentAt + ttl);
+    // An answer so late that the lease it renewed is already over: its grants apply as floors only.
+    const live = this.leaseExpiresAt > this.mono();
+    const changed = new Map<string, OverrideEntry>();
+    const toAck: [string, number][] = [];
+    for (const g of res.grants) {
+      if (!QUOTA_KEY.test(g.key) || !validGrant(g)) continue;
+      const held = this.grants.get(g.key);
+      if (held !== undefined && held.epoch >= g.epoch) continue;
+      this.grants.set(g.key, { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst });
+      toAck.push([g.key, g.epoch]);
+      changed.set(g.key, live ? leasedEntry(g.key, g) : { key: g.key, rate: g.floorRate, burst: g.floorBurst, leased: false });
+    }
+    if (live && this.state !== 'leased') {
+      // Resuming (or the first lease): every held grant is in force again.
+      for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g));
+      this.setState('leased');
+      this.opts.logger.info({ leader: this.leader, grants: this.grants.size }, 'lease acquired: global quotas run on leased grants');
+    }
+    if (live) this.armExpiry();
+    if (changed.size === 0) return;
+    const incarnation = this.incarnation;
+    const ack = (): void => {
+      if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten
+      for (const [key, epoch] of toAck) if (this.grants.get(key)?.epoch === epoch) this.pendingAcks.set(key, epoch);
+    };
+    const applied = this.opts.onOverrides([...changed.values()]);
+    if (applied instanceof Promise) void applied.then(ack);
+    else ack();
+  }
+
+  private armExpiry(): void {
+    if (this.expiryTimer !== null) clearTimeout(this.expiryTimer);
+    const wait = this.leaseExpiresAt - this.mono();
+    this.expiryTimer = setTimeout(() => this.checkExpiry(), Math.max(0, wait));
+    this.expiryTimer.unref();
+  }
+
+  /** Drops to floors when the lease has expired (also called by the timer). */
+  checkExpiry(): void {
+    if (this.state !== 'leased') return;
+    const left = this.leaseExpiresAt - this.mono();
+    if (left > 0) {
+      this.armExpiry();
+      return;
+    }
+    const entries: OverrideEntry[] = [];
+    for (const [key, g] of this.grants) entries.push({ key, rate: g.floorRate, burst: g.floorBurst, leased: false });
+    this.grants.clear();
+    this.pendingAcks.clear();
+    this.incarnation = randomUUID();
+    this.setState('expired');
+    this.opts.logger.warn({ floors: entries.length, leader: this.leader }, 'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again');
+    if (entries.length > 0) void this.opts.onOverrides(entries);
+  }
+
+  private setState(s: LeaseState): void {
+    if (this.state === s) return;
+    this.state = s;
+    this.opts.onStateChange?.(s);
+  }
+}
+
+function validGrant(g: GrantMessage): boolean {
+  return Number.isSafeInteger(g.epoch) && g.epoch > 0 && [g.rate, g.burst, g.floorRate, g.floorBurst].every((v) => Number.isFinite(v) && v >= 0);
+}
+
+/** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor). */
+function leasedEntry(key: string, g: { rate: number; burst: number; floorRate: number; floorBurst: number }): OverrideEntry {
+  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true };
+}

@@ -1,0 +1,15 @@
+export {
+  allocateRound,
+  AllocatorInputError,
+  AllocatorWorkspace,
+  DEFAULT_TUNING,
+  type AllocatorCell,
+  type AllocatorInput,
+  type AllocatorOutput,
+  type AllocatorQuota,
+  type AllocatorSlices,
+  type AllocatorStats,
+  type AllocatorTuning,
+} from './allocator.js';
+export { AllocatorInputBuilder, allocatorCells, type QuotaStateOptions, type RoundParams, type SliceInput } from './allocator-input.js';
+export { waterFill, WaterFillScratch } from './water-fill.js';

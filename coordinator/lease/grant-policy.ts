@@ -1,0 +1,79 @@
+// The grant computation of one lease round, as one injected function: `(ledger, demands, nowMs) →
+// Grant[]`. The default is the allocator (coordinator/allocator: max-min fair, shrink before grow,
+// mirroring the ledger's counting rule so its rounds are accepted); tests may inject anything. Whatever
+// the policy returns, the ledger refuses a round that would break the bound (QUOTA_EXCEEDED), and the
+// lease service then retries the round without grants, so a wrong policy costs rebalancing, never
+// safety.
+import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
+import type { Ledger } from '../ledger/ledger.js';
+import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
+import { parseQuotaKey, tierCapKey } from '../ledger/ledger-commands.js';
+
+/** What the round knows besides the ledger. */
+export interface RoundDemands {
+  /** Cells whose lease this round renews (they reported since the last round). Only they get grants. */
+  readonly reported: ReadonlySet<string>;
+  /** Demand (allowed + refused per second over the cell's last 500 ms window) per quota key, per cell. */
+  readonly byKey: ReadonlyMap<string, ReadonlyMap<string, number>>;
+  /** The acknowledgements the same entry carries (applied before its grants). */
+  readonly acks: readonly GrantAck[];
+  /** Lease length given with each grant: leaseExpiresAtMs = nowMs + leaseTtlMs. */
+  readonly leaseTtlMs: number;
+}
+
+export type GrantPolicy = (ledger: Ledger, demands: RoundDemands, nowMs: number) => Grant[];
+
+/** The enclosing cap of a quota key, if the ledger has it (a tenant's tier cap). */
+function parentOf(ledger: Ledger, key: string): string | null {
+  const p = parseQuotaKey(key);
+  if (p?.kind !== 'tenant') return null;
+  const t = ledger.getTenant(p.name);
+  if (t === undefined) return null;
+  const cap = tierCapKey(t.tier);
+  return ledger.getQuota(cap) === undefined ? null : cap;
+}
+
+/** The allocator over every quota some cell holds a slice of or reports demand for. */
+export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
+  const cellViews = ledger.listCells();
+  if (cellViews.length === 0 || demands.reported.size === 0) return [];
+  const cells = allocatorCells(cellViews, demands.reported);
+  const index = new Map(cells.map((c, i) => [c.id, i]));
+  const keys = new Set<string>();
+  for (const k of ledger.activeQuotaKeys()) keys.add(k);
+  for (const k of demands.byKey.keys()) keys.add(k);
+  // Keep only keys with a quota; add parents so every parent is in the round.
+  const wanted = new Map<string, string | null>();
+  const add = (k: string): void => {
+    if (wanted.has(k) || ledger.getQuota(k) === undefined) return;
+    const parent = parentOf(ledger, k);
+    wanted.set(k, parent);
+    if (parent !== null) add(parent);
+  };
+  for (const k of keys) add(k);
+  if (wanted.size === 0) return [];
+  const ackedBy = new Map<string, Float64Array>();
+  for (const a of demands.acks) {
+    const i = index.get(a.cellId);
+    if (i === undefined) continue;
+    let row = ackedBy.get(a.key);
+    if (row === undefined) ackedBy.set(a.key, (row = new Float64Array(cells.length)));
+    row[i] = a.epoch;
+  }
+  const builder = new AllocatorInputBuilder(cells, wanted.size);
+  for (const [key, parent] of wanted) {
+    const state = ledger.getQuotaState(key);
+    if (state === undefined) continue;
+    const demand = new Float64Array(cells.length);
+    const d = demands.byKey.get(key);
+    if (d !== undefined) for (const [cellId, v] of d) {
+      const i = index.get(cellId);
+      if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
+    }
+    const acked = ackedBy.get(key);
+    builder.addQuotaState(state, demand, { parent, ...(acked === undefined ? {} : { ackedEpochs: acked }) });
+  }
+  const input = builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
+  return allocateRound(input).grants;
+};
+

@@ -1,0 +1,74 @@
+// Loads proto/lease.proto once and exposes the QuotaLease service definition with typed messages.
+// Used by the coordinator's lease service and by the cell agent's lease client.
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
+
+export const QUOTA_LEASE_SERVICE = 'cellquota.lease.v1.QuotaLease';
+
+/** Trailers of a FAILED_PRECONDITION answer from a replica that is not the leader ('' when unknown). */
+export const LEADER_ID_TRAILER = 'cellquota-leader-id';
+export const LEADER_ADDRESS_TRAILER = 'cellquota-leader-address';
+
+export interface AckMessage {
+  key: string;
+  epoch: number;
+}
+export interface VelocityMessage {
+  key: string;
+  allowedPerS: number;
+  refusedPerS: number;
+}
+export interface ReportRequestMessage {
+  cellId: string;
+  incarnation: string;
+  sentAtMs: number;
+  acks: AckMessage[];
+  velocity: VelocityMessage[];
+}
+export interface GrantMessage {
+  key: string;
+  rate: number;
+  burst: number;
+  epoch: number;
+  floorRate: number;
+  floorBurst: number;
+}
+export interface ReportResponseMessage {
+  leaderId: string;
+  leaseTtlMs: number;
+  grants: GrantMessage[];
+  ledgerIndex: number;
+}
+
+export interface QuotaLeaseService {
+  readonly definition: grpc.ServiceDefinition;
+  readonly report: grpc.MethodDefinition<ReportRequestMessage, ReportResponseMessage>;
+}
+
+/** Finds proto/lease.proto walking up from this module (works from the sources and from dist/). */
+export function findLeaseProto(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let i = 0; i < 6; i++) {
+    const candidate = join(dir, 'proto', 'lease.proto');
+    if (existsSync(candidate)) return candidate;
+    const parent = dirname(dir);
+    if (parent === dir) break;
+    dir = parent;
+  }
+  throw new Error('proto/lease.proto not found above ' + dirname(fileURLToPath(import.meta.url)));
+}
+
+let cached: QuotaLeaseService | undefined;
+
+export function loadQuotaLeaseService(protoPath: string = findLeaseProto()): QuotaLeaseService {
+  if (cached !== undefined) return cached;
+  const pkg = protoLoader.loadSync(protoPath, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+  const def = pkg[QUOTA_LEASE_SERVICE];
+  if (def === undefined || !('Report' in def)) throw new Error(`${protoPath} does not define ${QUOTA_LEASE_SERVICE}`);
+  const definition = def as grpc.ServiceDefinition;
+  cached = { definition, report: definition['Report'] as grpc.MethodDefinition<ReportRequestMessage, ReportResponseMessage> };
+  return cached;
+}

@@ -1,0 +1,362 @@
+// The agents' lease service (cellquota.lease.v1.QuotaLease/Report), registered on the coordinator's
+// gRPC server: the same host:port as the Raft peers.
+//
+// On the leader, each report is held until the next round (default every 100 ms) has COMMITTED:
+//   1. cells never seen are registered (one registerCell entry each, once);
+//   2. ONE reportAndGrant entry carries, for the cells that reported since the last round, the lease
+//      renewals (expiry = the coordinator's receipt time of the cell's latest report + the lease TTL),
+//      the acknowledgements that still change something, and the grants the policy computes (by
+//      default the allocator) from the committed ledger and the cells' reported velocities;
+//   3. once it is applied, every held report is answered from the committed ledger: the lease TTL and
+//      the cell's grants newer than what the agent acknowledged (all of them for an agent incarnation
+//      this leader has not seen: a restarted agent, or any agent after a leader change).
+// Answering only after the commit is what makes the agent's lease safe: the agent times its lease
+// from when it SENT the report, so it ends no later than receipt + TTL, which the ledger already
+// holds, and the ledger releases the cell's grants only after that expiry plus its skew margin.
+// Rounds are shorter than the agents' sync interval (100 ms vs 500 ms) so a report waits at most one
+// round plus one commit, well within the agent's deadline (below its interval).
+//
+// If the policy's grants are refused (QUOTA_EXCEEDED: the state moved under it, e.g. an operator
+// changed a quota), the round is proposed again without grants, so leases are still renewed.
+// Periodically (default every second) the leader also proposes expireLeases when some cell's lease
+// has surely expired, so the grants of silent cells are released even when nobody reports.
+//
+// A follower (or a node that knows no leader) answers FAILED_PRECONDITION with the leader's id and
+// address in the trailers. Nothing in memory matters for safety: a new leader starts with empty
+// sessions (it sends every grant again) and demands (they come back with the next reports).
+import * as grpc from '@grpc/grpc-js';
+import type { Ledger, LedgerResult } from '../ledger/ledger.js';
+import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
+import { isName, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
+import type { Logger } from '../../shared/logging.js';
+import { allocatorPolicy } from './grant-policy.js';
+import type { GrantPolicy } from './grant-policy.js';
+import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from './lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from './lease-proto.js';
+
+export const DEFAULT_LEASE_TTL_MS = 3_000;
+export const DEFAULT_ROUND_MS = 100;
+export const DEFAULT_EXPIRE_EVERY_MS = 1_000;
+/** Most acknowledgements and velocity entries one report may carry. */
+export const MAX_REPORT_ITEMS = 100_000;
+
+/** What the lease service needs of a coordinator replica (CoordinatorNode fits). */
+export interface LeaseBackend {
+  readonly id: string;
+  isLeader(): boolean;
+  leaderId(): string | null;
+  /** The gRPC (peer) address of a member, null if unknown. */
+  peerAddress(id: string): string | null;
+  ledger(): Ledger;
+  propose(cmd: LedgerCommandInput): Promise<LedgerResult>;
+}
+
+export interface LeaseServiceOptions {
+  readonly backend: LeaseBackend;
+  readonly logger: Logger;
+  readonly leaseTtlMs?: number;
+  readonly roundMs?: number;
+  readonly expireEveryMs?: number;
+  readonly policy?: GrantPolicy;
+  /** Wall clock in ms (tests). */
+  readonly now?: () => number;
+}
+
+interface PendingReport {
+  readonly req: ReportRequestMessage;
+  readonly receiptMs: number;
+  readonly resolve: (r: ReportResponseMessage) => void;
+  readonly reject: (e: grpc.ServiceError | Error) => void;
+}
+
+interface CellSession {
+  incarnation: string;
+  /** Quota key → the highest epoch the agent acknowledged. */
+  readonly acked: Map<string, number>;
+}
+
+export interface LeaseServiceStats {
+  rounds: number;
+  refusedRounds: number;
+  failedRounds: number;
+  reports: number;
+  notLeader: number;
+  grantsProposed: number;
+}
+
+function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
+  const e = new Error(details) as grpc.ServiceError;
+  e.code = code;
+  e.details = details;
+  e.metadata = trailers ?? new grpc.Metadata();
+  return e;
+}
+
+export class LeaseService {
+  readonly stats: LeaseServiceStats = { rounds: 0, refusedRounds: 0, failedRounds: 0, reports: 0, notLeader: 0, grantsProposed: 0 };
+  private readonly backend: LeaseBackend;
+  private readonly log: Logger;
+  private readonly ttl: number;
+  private readonly roundMs: number;
+  private readonly expireEveryMs: number;
+  private readonly policy: GrantPolicy;
+  private readonly now: () => number;
+  private pending: PendingReport[] = [];
+  private readonly sessions = new Map<string, CellSession>();
+  /** Cell → quota key → demand (req/s). */
+  private readonly demands = new Map<string, Map<string, number>>();
+  /** Cell and key → when the static-share warning was last logged. */
+  private readonly staticWarned = new Map<string, number>();
+  private roundTimer: NodeJS.Timeout | null = null;
+  private expireTimer: NodeJS.Timeout | null = null;
+  private inRound = false;
+  private wasLeader = false;
+  private server: grpc.Server | null = null;
+
+  constructor(opts: LeaseServiceOptions) {
+    this.backend = opts.backend;
+    this.log = opts.logger;
+    this.ttl = opts.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
+    this.roundMs = opts.roundMs ?? DEFAULT_ROUND_MS;
+    this.expireEveryMs = opts.expireEveryMs ?? DEFAULT_EXPIRE_EVERY_MS;
+    this.policy = opts.policy ?? allocatorPolicy;
+    this.now = opts.now ?? Date.now;
+  }
+
+  /** Registers QuotaLease on `server` and starts the round and expiry timers. */
+  register(server: grpc.Server): void {
+    const svc = loadQuotaLeaseService();
+    server.addService(svc.definition, {
+      Report: ((call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>) =>
+        this.handleReport(call, cb)) as grpc.handleUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+    });
+    this.server = server;
+    this.roundTimer = setInterval(() => void this.round(), this.roundMs);
+    this.expireTimer = setInterval(() => void this.expire(), this.expireEveryMs);
+    this.roundTimer.unref();
+    this.expireTimer.unref();
+  }
+
+  /** Stops the timers, fails held reports and removes the service from the server. */
+  stop(): void {
+    if (this.roundTimer !== null) clearInterval(this.roundTimer);
+    if (this.expireTimer !== null) clearInterval(this.expireTimer);
+    this.roundTimer = null;
+    this.expireTimer = null;
+    this.failPending(statusError(grpc.status.UNAVAILABLE, 'coordinator stopping'));
+    if (this.server !== null) this.server.removeService(loadQuotaLeaseService().definition);
+    this.server = null;
+  }
+
+  private notLeaderError(): grpc.ServiceError {
+    const leader = this.backend.leaderId();
+    const md = new grpc.Metadata();
+    const known = leader !== null && leader !== this.backend.id ? leader : null;
+    md.set(LEADER_ID_TRAILER, known ?? '');
+    md.set(LEADER_ADDRESS_TRAILER, known === null ? '' : (this.backend.peerAddress(known) ?? ''));
+    return statusError(grpc.status.FAILED_PRECONDITION, known === null ? 'not the leader; no leader known' : `not the leader; the leader is ${known}`, md);
+  }
+
+  private handleReport(call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>): void {
+    const receiptMs = this.now();
+    this.stats.reports++;
+    if (!this.backend.isLeader()) {
+      this.stats.notLeader++;
+      cb(this.notLeaderError());
+      return;
+    }
+    const req = call.request;
+    const invalid = validateReport(req);
+    if (invalid !== null) {
+      cb(statusError(grpc.status.INVALID_ARGUMENT, invalid));
+      return;
+    }
+    this.pending.push({ req, receiptMs, resolve: (r) => cb(null, r), reject: (e) => cb(e) });
+  }
+
+  private failPending(err: grpc.ServiceError): void {
+    const batch = this.pending;
+    this.pending = [];
+    for (const p of batch) p.reject(err);
+  }
+
+  private async expire(): Promise<void> {
+    if (!this.backend.isLeader() || this.inRound) return;
+    const nowMs = this.now();
+    // Only when some lease has surely expired (an entry per second forever would only grow the log).
+    const skew = this.backend.ledger().config.skewMarginMs;
+    if (!this.backend.ledger().listCells().some((c) => c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew)) return;
+    try {
+      await this.backend.propose({ type: 'expireLeases', nowMs });
+    } catch (err) {
+      this.log.debug({ err }, 'expireLeases not committed');
+    }
+  }
+
+  /** One round: registers new cells, proposes one reportAndGrant entry, answers the held reports. */
+  async round(): Promise<void> {
+    if (this.inRound) return;
+    const leader = this.backend.isLeader();
+    if (!leader) {
+      if (this.wasLeader) {
+        this.sessions.clear();
+        this.demands.clear();
+      }
+      this.wasLeader = false;
+      if (this.pending.length > 0) this.failPending(this.notLeaderError());
+      return;
+    }
+    if (!this.wasLeader) {
+      // A new term of ours: whatever we remembered may be stale (another leader served in between).
+      this.sessions.clear();
+      this.demands.clear();
+      this.wasLeader = true;
+    }
+    if (this.pending.length === 0) return;
+    const batch = this.pending;
+    this.pending = [];
+    this.inRound = true;
+    try {
+      await this.runRound(batch);
+    } catch (err) {
+      this.stats.failedRounds++;
+      this.log.warn({ err }, 'lease round not committed; the reports are failed and will be retried by the agents');
+      const e = !this.backend.isLeader() ? this.notLeaderError() : statusError(grpc.status.UNAVAILABLE, `lease round failed: ${err instanceof Error ? err.message : String(err)}`);
+      for (const p of batch) p.reject(e);
+    } finally {
+      this.inRound = false;
+    }
+  }
+
+  private async runRound(batch: PendingReport[]): Promise<void> {
+    const ledger = this.backend.ledger();
+    // 1. New cells.
+    const cells = new Map<string, PendingReport>();
+    for (const p of batch) {
+      const prev = cells.get(p.req.cellId);
+      if (prev === undefined || prev.receiptMs <= p.receiptMs) cells.set(p.req.cellId, p);
+    }
+    for (const cellId of cells.keys()) {
+      if (ledger.getCell(cellId) !== undefined) continue;
+      const r = await this.backend.propose({ type: 'registerCell', cellId, nowMs: this.now() });
+      if (!r.ok) {
+        this.log.warn({ cellId, error: r.error }, 'cell registration refused');
+        const e = statusError(grpc.status.RESOURCE_EXHAUSTED, `cell ${cellId} cannot register: ${r.error.message}`);
+        for (const p of batch) if (p.req.cellId === cellId) p.reject(e);
+        cells.delete(cellId);
+      } else {
+        this.log.info({ cellId }, 'cell registered');
+      }
+    }
+    if (cells.size === 0) return;
+
+    // 2. Sessions, demands, renewals, acks.
+    const leases: LeaseRenewal[] = [];
+    const acks: GrantAck[] = [];
+    for (const p of batch) {
+      if (!cells.has(p.req.cellId)) continue;
+      const session = this.session(p.req.cellId, p.req.incarnation);
+      let demand = this.demands.get(p.req.cellId);
+      if (demand === undefined) this.demands.set(p.req.cellId, (demand = new Map<string, number>()));
+      for (const v of p.req.velocity) {
+        const d = v.allowedPerS + v.refusedPerS;
+        if (d > 0) demand.set(v.key, d);
+        else demand.delete(v.key);
+        this.checkStaticShare(ledger, p.req.cellId, v.key, v.allowedPerS);
+      }
+      for (const a of p.req.acks) {
+        if ((session.acked.get(a.key) ?? 0) < a.epoch) session.acked.set(a.key, a.epoch);
+        const s = ledger.getSlice(a.key, p.req.cellId);
+        if (s !== undefined && s.epoch === a.epoch && !s.acknowledged) acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
+      }
+    }
+    for (const [cellId, p] of cells) leases.push({ cellId, leaseExpiresAtMs: p.receiptMs + this.ttl });
+    const byKey = new Map<string, Map<string, number>>();
+    for (const [cellId, m] of this.demands) {
+      for (const [key, d] of m) {
+        let row = byKey.get(key);
+        if (row === undefined) byKey.set(key, (row = new Map<string, number>()));
+        row.set(cellId, d);
+      }
+    }
+    const reported = new Set(cells.keys());
+    const nowMs = Math.max(this.now(), ledger.nowMs);
+    let grants = this.policy(ledger, { reported, byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl }, nowMs);
+    grants = grants.filter((g) => reported.has(g.cellId));
+
+    // 3. One entry (or, refused, the same without grants).
+    let r = await this.backend.propose({ type: 'reportAndGrant', nowMs, leases, acks: dedupeAcks(acks), grants });
+    if (!r.ok && grants.length > 0) {
+      this.stats.refusedRounds++;
+      this.log.warn({ error: r.error, grants: grants.length }, 'the round\'s grants were refused; renewing leases without them');
+      r = await this.backend.propose({ type: 'reportAndGrant', nowMs: Math.max(nowMs, this.now()), leases, acks: dedupeAcks(acks) });
+    }
+    if (!r.ok) throw new Error(`reportAndGrant refused: ${r.error.code}: ${r.error.message}`);
+    this.stats.rounds++;
+    this.stats.grantsProposed += grants.length;
+
+    // 4. Answers from the committed ledger.
+    const committed = this.backend.ledger();
+    const keys = committed.activeQuotaKeys();
+    for (const p of batch) {
+      if (!cells.has(p.req.cellId)) continue;
+      const session = this.session(p.req.cellId, p.req.incarnation);
+      const out: GrantMessage[] = [];
+      for (const key of keys) {
+        const s = committed.getSlice(key, p.req.cellId);
+        if (s === undefined || s.epoch === 0 || s.epoch <= (session.acked.get(key) ?? 0)) continue;
+        out.push({ key, rate: s.rate, burst: s.burst, epoch: s.epoch, floorRate: s.floorRate, floorBurst: s.floorBurst });
+      }
+      p.resolve({ leaderId: this.backend.id, leaseTtlMs: this.ttl, grants: out, ledgerIndex: committed.appliedIndex });
+    }
+  }
+
+  /**
+   * A cell holding no grant for a key runs on its static share, which the ledger counts at the
+   * cell's floor: admitting clearly more than the floor (plus what a burst can add to a 500 ms
+   * window) means the agent's --static-share is above the floor, which breaks the bound. Logged, at
+   * most once a minute per cell and key.
+   */
+  private checkStaticShare(ledger: Ledger, cellId: string, key: string, allowedPerS: number): void {
+    const s = ledger.getSlice(key, cellId);
+    if (s === undefined || s.epoch !== 0 || allowedPerS <= s.floorRate + 2 * s.floorBurst + 1) return;
+    const id = `${cellId}\u0000${key}`;
+    const last = this.staticWarned.get(id);
+    const now = this.now();
+    if (last !== undefined && now - last < 60_000) return;
+    if (this.staticWarned.size > 10_000) this.staticWarned.clear();
+    this.staticWarned.set(id, now);
+    this.log.warn({ cellId, key, allowedPerS, floorRate: s.floorRate, floorBurst: s.floorBurst }, 'a cell admits above its floor on a quota it holds no grant for: its --static-share exceeds the floor (floorFraction × quota / floorCells), which breaks the global bound');
+  }
+
+  private session(cellId: string, incarnation: string): CellSession {
+    let s = this.sessions.get(cellId);
+    if (s === undefined || s.incarnation !== incarnation) {
+      s = { incarnation, acked: new Map() };
+      this.sessions.set(cellId, s);
+    }
+    return s;
+  }
+}
+
+function dedupeAcks(acks: readonly GrantAck[]): GrantAck[] {
+  const seen = new Map<string, GrantAck>();
+  for (const a of acks) seen.set(`${a.cellId}\u0000${a.key}`, a);
+  return [...seen.values()];
+}
+
+/** Null if the report is well formed, else why not. */
+export function validateReport(req: ReportRequestMessage): string | null {
+  if (!isName(req.cellId)) return 'cell_id must be 1..128 characters of [a-zA-Z0-9._:-]';
+  if (req.incarnation.length === 0 || req.incarnation.length > 128) return 'incarnation must be 1..128 characters';
+  if (req.acks.length > MAX_REPORT_ITEMS || req.velocity.length > MAX_REPORT_ITEMS) return `at most ${MAX_REPORT_ITEMS} acks and velocity entries`;
+  for (const a of req.acks) {
+    if (!QUOTA_KEY_PATTERN.test(a.key)) return `ack key ${a.key.slice(0, 140)} is not a quota key`;
+    if (!Number.isSafeInteger(a.epoch) || a.epoch < 1) return `ack epoch of ${a.key} must be a positive integer`;
+  }
+  for (const v of req.velocity) {
+    if (!QUOTA_KEY_PATTERN.test(v.key)) return `velocity key ${v.key.slice(0, 140)} is not a quota key`;
+    if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0)) return `velocity of ${v.key} must be finite and ≥ 0`;
+  }
+  return null;
+}

@@ -1,0 +1,231 @@
+// The agent's lease client against fake coordinators (small real gRPC servers in the test): it follows
+// the leader hint, applies grants and acknowledges them, reports velocity per second (quiet keys once
+// with 0), drops to the floors when its lease (counted from the send time) expires and takes a new
+// incarnation, and resumes leased grants when contact returns.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as grpc from '@grpc/grpc-js';
+import { pino } from 'pino';
+import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../../cell-agent/lease/lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../../cell-agent/lease/lease-proto.js';
+import { LeaseClient } from '../../../cell-agent/lease/lease-client.js';
+import type { LeaseState, VelocityInput } from '../../../cell-agent/lease/lease-client.js';
+import type { OverrideEntry } from '../../../cell-agent/lease/quota-overrides.js';
+import { QuotaOverrides } from '../../../cell-agent/lease/quota-overrides.js';
+
+const svc = loadQuotaLeaseService();
+const logger = pino({ level: 'silent' });
+
+type Behaviour = (req: ReportRequestMessage) => { res: ReportResponseMessage } | { code: grpc.status; leaderAddress?: string; leaderId?: string };
+
+interface Fake {
+  readonly address: string;
+  readonly requests: ReportRequestMessage[];
+  behaviour: Behaviour;
+  stop(): void;
+}
+
+async function fakeCoordinator(behaviour: Behaviour): Promise<Fake> {
+  const server = new grpc.Server();
+  const requests: ReportRequestMessage[] = [];
+  const fake: { behaviour: Behaviour } = { behaviour };
+  server.addService(svc.definition, {
+    Report: ((call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>) => {
+      requests.push(call.request);
+      const out = fake.behaviour(call.request);
+      if ('res' in out) {
+        cb(null, out.res);
+        return;
+      }
+      const md = new grpc.Metadata();
+      md.set(LEADER_ID_TRAILER, out.leaderId ?? '');
+      md.set(LEADER_ADDRESS_TRAILER, out.leaderAddress ?? '');
+      cb({ code: out.code, details: 'fake refusal', metadata: md, name: 'Error', message: 'fake refusal' });
+    }) as grpc.handleUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+  });
+  const port = await new Promise<number>((ok, fail) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))));
+  return Object.assign(fake, { address: `127.0.0.1:${port}`, requests, stop: () => server.forceShutdown() });
+}
+
+async function eventually<T>(what: string, fn: () => T | undefined | false, timeoutMs = 5000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = fn();
+    if (v !== undefined && v !== false) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({ key: 'tenant/acme', rate, burst, epoch, floorRate: 100, floorBurst: 100 });
+const ok = (grants: GrantMessage[], ttl = 3000): { res: ReportResponseMessage } => ({ res: { leaderId: 'n2', leaseTtlMs: ttl, grants, ledgerIndex: 1 } });
+
+void test('lease client: follows the leader hint, applies and acknowledges grants, reports velocity', async () => {
+  const leader = await fakeCoordinator(() => ok([]));
+  const follower = await fakeCoordinator(() => ({ code: grpc.status.FAILED_PRECONDITION, leaderId: 'n2', leaderAddress: leader.address }));
+  const overrides = new QuotaOverrides();
+  const applied: OverrideEntry[][] = [];
+  const states: LeaseState[] = [];
+  let velocity: VelocityInput[] = [
+    { key: 'tenant/acme', allowed: 50, refused: 25 },
+    { key: 'not a quota key', allowed: 1, refused: 0 },
+  ];
+  let epoch = 0;
+  leader.behaviour = (req) => {
+    // Sends epoch 1 until acknowledged, then epoch 2 once.
+    const acked = req.acks.find((a) => a.key === 'tenant/acme')?.epoch ?? 0;
+    if (epoch === 0) epoch = 1;
+    if (acked === 1 && epoch === 1) epoch = 2;
+    return ok(acked >= epoch ? [] : [grant(epoch, epoch === 1 ? 300 : 50)]);
+  };
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [follower.address],
+    logger,
+    velocity: () => velocity,
+    onOverrides: (e) => {
+      applied.push(e);
+      overrides.apply(e);
+    },
+    onStateChange: (s) => states.push(s),
+    intervalMs: 100,
+  });
+  try {
+    client.start();
+    await eventually('a report to the leader', () => leader.requests.length >= 1);
+    assert.equal(client.status().target, leader.address, 'follows the hint');
+    assert.ok(follower.requests.length >= 1, 'asked the follower first');
+    const first = leader.requests[0] as ReportRequestMessage;
+    assert.equal(first.cellId, 'eu');
+    assert.deepEqual(first.velocity, [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 50 }], 'per second, only quota keys');
+
+    await eventually('the grant applied', () => overrides.get('tenant/acme')?.rate === 300);
+    assert.equal(overrides.get('tenant/acme')?.leased, true);
+    assert.equal(states[0], 'leased');
+    // Acknowledged in the next report, then the shrink (epoch 2, below the floor: max(grant, floor) = 100).
+    await eventually('ack of epoch 1', () => leader.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)));
+    await eventually('epoch 2 applied', () => overrides.get('tenant/acme')?.rate === 100);
+    await eventually('ack of epoch 2', () => leader.requests.some((r) => r.acks.some((a) => a.epoch === 2)));
+    const n = leader.requests.length;
+    await eventually('two more reports', () => leader.requests.length >= n + 2);
+    assert.equal(leader.requests[leader.requests.length - 1]?.acks.length, 0, 'acknowledged once, not again');
+
+    // A key that goes quiet is sent once with 0, then not at all.
+    velocity = [];
+    const m = leader.requests.length;
+    await eventually('three more reports', () => leader.requests.length >= m + 3);
+    const later = leader.requests.slice(m);
+    assert.deepEqual(later[0]?.velocity, [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 0 }], 'quiet key once with 0');
+    assert.deepEqual(later[2]?.velocity, [], 'then nothing');
+    assert.ok(applied.length >= 2, 'overrides were applied');
+  } finally {
+    client.stop();
+    leader.stop();
+    follower.stop();
+  }
+});
+
+void test('lease client: fail-static on expiry (counted from the send time), new incarnation, recovery', async () => {
+  let clockMs = 0;
+  let down = false;
+  const coord = await fakeCoordinator(() => (down ? { code: grpc.status.UNAVAILABLE } : ok([grant(1)], 1000)));
+  const overrides = new QuotaOverrides();
+  const states: LeaseState[] = [];
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [coord.address],
+    logger,
+    velocity: () => [],
+    onOverrides: (e) => overrides.apply(e),
+    onStateChange: (s) => states.push(s),
+    intervalMs: 100,
+    monotonicMs: () => clockMs,
+  });
+  try {
+    // One report by hand, sent at t = 0 and answered at t = 400: the lease ends at 0 + 1000, not 1400.
+    const sending = client.reportOnce();
+    clockMs = 400;
+    assert.equal(await sending, true);
+    assert.equal(client.status().state, 'leased');
+    assert.equal(client.status().leaseRemainingMs, 600, 'counted from the send time');
+    assert.equal(overrides.get('tenant/acme')?.rate, 300);
+    const firstIncarnation = client.status().incarnation;
+
+    down = true;
+    assert.equal(await client.reportOnce(), false, 'the coordinator is down');
+    clockMs = 999;
+    client.checkExpiry();
+    assert.equal(client.status().state, 'leased', 'still leased just before the expiry');
+    clockMs = 1000;
+    client.checkExpiry();
+    assert.equal(client.status().state, 'expired', 'expired at send time + TTL');
+    assert.deepEqual(states, ['leased', 'expired']);
+    const floor = overrides.get('tenant/acme');
+    assert.equal(floor?.rate, 100, 'on the floor');
+    assert.equal(floor?.leased, false, 'not leased: degraded');
+    assert.notEqual(client.status().incarnation, firstIncarnation, 'a new incarnation after expiry');
+
+    // Contact returns: the next report (new incarnation) gets every grant again and resumes them.
+    down = false;
+    assert.equal(await client.reportOnce(), true);
+    assert.equal(client.status().state, 'leased', 'leased again');
+    assert.equal(overrides.get('tenant/acme')?.rate, 300, 'the leased grant is back');
+    assert.equal(overrides.get('tenant/acme')?.leased, true);
+    const last = coord.requests[coord.requests.length - 1];
+    assert.notEqual(last?.incarnation, firstIncarnation, 'reported with the new incarnation');
+    assert.deepEqual(states, ['leased', 'expired', 'leased']);
+
+    // An answer arriving after the lease it renews is over applies the grants as floors only.
+    down = true;
+    clockMs = 5000;
+    client.checkExpiry();
+    assert.equal(client.status().state, 'expired');
+    down = false;
+    const late = client.reportOnce();
+    clockMs = 7000;
+    assert.equal(await late, true);
+    assert.equal(client.status().state, 'expired', 'a late answer does not revive the lease');
+    assert.equal(overrides.get('tenant/acme')?.leased, false, 'grants of a late answer only as floors');
+  } finally {
+    client.stop();
+    coord.stop();
+  }
+});
+
+void test('lease client: rotates over the configured coordinators when one is unreachable', async () => {
+  const coord = await fakeCoordinator(() => ok([]));
+  const client = new LeaseClient({ cellId: 'eu', coordinators: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3', coord.address], logger, velocity: () => [], onOverrides: () => undefined, intervalMs: 100 });
+  try {
+    client.start();
+    await eventually('a successful report', () => client.status().state === 'leased', 8000);
+    assert.equal(client.status().target, coord.address);
+  } finally {
+    client.stop();
+    coord.stop();
+  }
+});
+
+void test('lease client: a grant is acknowledged only once every serving thread applied it', async () => {
+  const coord = await fakeCoordinator((req) => ok(req.acks.some((a) => a.epoch === 1) ? [] : [grant(1)]));
+  let release: () => void = () => undefined;
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [coord.address],
+    logger,
+    velocity: () => [],
+    onOverrides: () => new Promise<void>((r) => { release = r; }),
+    intervalMs: 100,
+  });
+  try {
+    assert.equal(await client.reportOnce(), true);
+    assert.equal(await client.reportOnce(), true);
+    assert.deepEqual(coord.requests[1]?.acks, [], 'not acknowledged while the workers have not confirmed');
+    release();
+    await new Promise((r) => setImmediate(r));
+    assert.equal(await client.reportOnce(), true);
+    assert.deepEqual(coord.requests[2]?.acks, [{ key: 'tenant/acme', epoch: 1 }], 'acknowledged after the confirmation');
+  } finally {
+    client.stop();
+    coord.stop();
+  }
+});

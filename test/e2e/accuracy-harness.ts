@@ -1,0 +1,323 @@
+// The accuracy scenario with real processes, shared by test/e2e/accuracy.test.ts and
+// bench/accuracy.ts: three coordinators (optional), one cell agent per cell, one tenant with a global
+// quota Q, and ONE lean load generator (this process) that sends Envoy RLS checks over each agent's
+// Unix socket (bench/load/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
+// paced (open loop) at a rate per cell that can be changed at any time. Every answer is counted in
+// 100 ms bins per cell (sent, admitted, refused, errors, degraded), stamped with the time the answer
+// arrived; the analysis helpers below turn the bins into rates, windows and convergence times.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../bench/load/h2-raw.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
+
+const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
+export const BIN_MS = 100;
+
+export interface ScenarioOptions {
+  /** The tenant's quota (req/s). */
+  readonly quota: number;
+  readonly burst: number;
+  readonly cells: readonly string[];
+  /** Leased from three coordinators (floorFraction of the quota split over the cells as floors), or
+   * every agent alone on a static share of the quota (no coordinator at all). */
+  readonly mode: { readonly kind: 'leased'; readonly floorFraction: number } | { readonly kind: 'static'; readonly share: number };
+}
+
+export interface RunningAgent {
+  readonly cell: string;
+  readonly socket: string;
+  readonly httpUrl: string;
+  readonly proc: ChildProcess;
+  output: string;
+}
+
+export class Scenario {
+  private constructor(
+    readonly opts: ScenarioOptions,
+    readonly root: string,
+    readonly cluster: CoordinatorCluster | null,
+    readonly agents: RunningAgent[],
+  ) {}
+
+  /** Starts everything and waits until every agent serves (and, leased, holds a lease). */
+  static async start(opts: ScenarioOptions, progress: (msg: string) => void = () => undefined): Promise<Scenario> {
+    const cluster = opts.mode.kind === 'leased' ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)]) : null;
+    const root = cluster?.root ?? mkdtempSync(join(tmpdir(), 'cq-accuracy-'));
+    const s = new Scenario(opts, root, cluster, []);
+    try {
+      writeFileSync(join(root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
+      writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`);
+      let coordinators: string | null = null;
+      let share: number;
+      if (cluster !== null && opts.mode.kind === 'leased') {
+        progress('starting 3 coordinators');
+        cluster.startAll();
+        await cluster.waitForLeader(60_000);
+        const tier = await cluster.write('PUT', '/v1/tiers/gold', { rate: opts.quota, burst: opts.burst, floorFraction: opts.mode.floorFraction });
+        if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
+        const tenant = await cluster.write('PUT', '/v1/tenants/acme', { tier: 'gold' });
+        if (tenant.status !== 200) throw new Error(`PUT tenant: ${tenant.status} ${JSON.stringify(tenant.body)}`);
+        coordinators = [...cluster.replicas.values()].map((r) => `127.0.0.1:${r.peerPort}`).join(',');
+        // The static share before the first lease must not exceed the floor the ledger counts.
+        share = opts.mode.floorFraction / opts.cells.length;
+      } else {
+        share = opts.mode.kind === 'static' ? opts.mode.share : 1;
+      }
+      progress(`starting ${opts.cells.length} agents (${coordinators === null ? `static share ${share}` : 'leased'})`);
+      for (const cell of opts.cells) s.agents.push(await startAgent(root, cell, share, coordinators));
+      for (const a of s.agents) {
+        await waitUntil(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, 60_000, () => a.output);
+        if (coordinators !== null) await waitUntil(`agent ${a.cell} leased`, async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, 60_000, () => a.output);
+      }
+      return s;
+    } catch (err) {
+      await s.stop();
+      throw err;
+    }
+  }
+
+  /** The slice per cell as the coordinators' ledger has it (stale read on any replica): the rate the
+   * cell may use, max(grant, floor). */
+  async slices(): Promise<Map<string, number>> {
+    const out = new Map<string, number>();
+    if (this.cluster === null) return out;
+    for (const r of this.cluster.replicas.values()) {
+      if (r.proc === null) continue;
+      try {
+        const t = await this.cluster.http(r.id, 'GET', '/v1/tenants/acme?stale=true');
+        const slices = (t.body['slices'] ?? []) as { cellId: string; rate: number; floorRate: number }[];
+        for (const sl of slices) out.set(sl.cellId, Math.round(Math.max(sl.rate, sl.floorRate) * 10) / 10);
+        return out;
+      } catch {
+        // try the next replica
+      }
+    }
+    return out;
+  }
+
+  async stop(): Promise<void> {
+    for (const a of this.agents) {
+      if (a.proc.exitCode === null && a.proc.signalCode === null) {
+        const exited = new Promise<void>((ok) => a.proc.once('exit', () => ok()));
+        a.proc.kill('SIGKILL');
+        await exited;
+      }
+    }
+    if (this.cluster !== null) await this.cluster.cleanup();
+    else rmSync(this.root, { recursive: true, force: true });
+  }
+}
+
+async function startAgent(root: string, cell: string, share: number, coordinators: string | null): Promise<RunningAgent> {
+  const port = await freePort();
+  const socket = join(root, `${cell}.sock`);
+  const args = ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'), '--tenants', join(root, 'tenants.yaml'),
+    '--static-share', String(share), '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0',
+    ...(coordinators === null ? [] : ['--coordinators', coordinators])];
+  const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
+  const agent: RunningAgent = { cell, socket, httpUrl: `http://127.0.0.1:${port}`, proc, output: '' };
+  const keep = (b: Buffer): void => {
+    agent.output = (agent.output + b.toString()).slice(-20_000);
+  };
+  proc.stdout.on('data', keep);
+  proc.stderr.on('data', keep);
+  return agent;
+}
+
+export async function agentMetric(agent: RunningAgent, name: string): Promise<number | null> {
+  const text = await (await fetch(`${agent.httpUrl}/metrics`, { signal: AbortSignal.timeout(2000) })).text();
+  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+  return m === null ? null : Number(m[1]);
+}
+
+export async function waitUntil(what: string, fn: () => Promise<boolean>, timeoutMs: number, context: () => string = () => ''): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    if (await fn().catch(() => false)) return;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${context().slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** Counts of one cell over one 100 ms bin (by the time the answer arrived; `sent` by send time). */
+export interface Bin {
+  sent: number;
+  admitted: number;
+  refused: number;
+  errors: number;
+  degraded: number;
+}
+
+const emptyBin = (): Bin => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0 });
+
+/**
+ * Paced checks for tenant `acme` over every cell's socket: each cell has a rate (req/s) that may be
+ * changed at any time; a 5 ms timer sends what is due (fractional credit carried over), so a cell
+ * gets its rate whatever the answers do (open loop). One HTTP/2 connection per cell.
+ */
+export class PacedLoad implements StreamSink {
+  readonly bins: Bin[][];
+  private readonly sessions: RawH2Session[] = [];
+  private readonly template: RequestTemplate;
+  private rates: number[];
+  private credit: number[];
+  private timer: NodeJS.Timeout | null = null;
+  private last = 0;
+  readonly t0: number;
+  private inFlight = 0;
+
+  private constructor(readonly cells: readonly string[]) {
+    this.bins = cells.map(() => []);
+    this.rates = cells.map(() => 0);
+    this.credit = cells.map(() => 0);
+    this.template = requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), grpcFrame(encodeRateLimitRequest('api', [[{ key: 'tenant', value: 'acme' }]])));
+    this.t0 = performance.now();
+  }
+
+  static async connect(agents: readonly RunningAgent[]): Promise<PacedLoad> {
+    const load = new PacedLoad(agents.map((a) => a.cell));
+    for (const a of agents) load.sessions.push(await RawH2Session.connect(a.socket, load));
+    return load;
+  }
+
+  /** ms since the load was created (the bins' time base). */
+  now(): number {
+    return performance.now() - this.t0;
+  }
+
+  setRates(rates: readonly number[]): void {
+    this.rates = [...rates];
+  }
+
+  start(): void {
+    this.last = this.now();
+    this.timer = setInterval(() => this.tick(), 5);
+  }
+
+  private bin(cell: number, atMs: number): Bin {
+    const row = this.bins[cell] as Bin[];
+    const i = Math.floor(atMs / BIN_MS);
+    while (row.length <= i) row.push(emptyBin());
+    return row[i] as Bin;
+  }
+
+  private tick(): void {
+    const now = this.now();
+    const dt = Math.min(100, now - this.last) / 1000;
+    this.last = now;
+    for (let c = 0; c < this.sessions.length; c++) {
+      const due = (this.credit[c] ?? 0) + (this.rates[c] ?? 0) * dt;
+      const n = Math.floor(due);
+      this.credit[c] = due - n;
+      if (n === 0) continue;
+      this.bin(c, now).sent += n;
+      const session = this.sessions[c] as RawH2Session;
+      for (let i = 0; i < n; i++) {
+        this.inFlight++;
+        session.request(this.template, c);
+      }
+    }
+  }
+
+  streamDone(token: unknown, body: Buffer | null, error: string | null): void {
+    this.inFlight--;
+    const b = this.bin(token as number, this.now());
+    if (error !== null || body === null) {
+      b.errors++;
+      return;
+    }
+    const r = decodeResponse(body);
+    if ((r & DEGRADED_FLAG) !== 0 && r >= 0) b.degraded++;
+    const code = r < 0 ? -1 : r & 0xffff;
+    if (code === CODE_OK) b.admitted++;
+    else if (code === CODE_OVER_LIMIT) b.refused++;
+    else b.errors++;
+  }
+
+  /** Stops sending, waits (≤ 2 s) for the answers in flight, closes the connections. */
+  async stop(): Promise<void> {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+    const until = Date.now() + 2000;
+    while (this.inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+    await Promise.all(this.sessions.map((s) => s.close()));
+  }
+
+  /** Sums of cell `cell` (or of every cell when null) over [fromMs, toMs). */
+  sum(cell: number | null, fromMs: number, toMs: number): Bin {
+    const out = emptyBin();
+    const rows = cell === null ? this.bins : [this.bins[cell] ?? []];
+    for (const row of rows) {
+      for (let i = Math.floor(fromMs / BIN_MS); i < Math.ceil(toMs / BIN_MS) && i < row.length; i++) {
+        const b = row[i];
+        if (b === undefined) continue;
+        out.sent += b.sent;
+        out.admitted += b.admitted;
+        out.refused += b.refused;
+        out.errors += b.errors;
+        out.degraded += b.degraded;
+      }
+    }
+    return out;
+  }
+
+  /** Admitted per second by `cell` in consecutive steps of `stepMs` over [fromMs, toMs) (bins aligned). */
+  trace(cell: number, fromMs: number, toMs: number, stepMs = 200): number[] {
+    const out: number[] = [];
+    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + stepMs <= toMs; t += stepMs) out.push(Math.round(this.admittedRate(cell, t, t + stepMs)));
+    return out;
+  }
+
+  /** Admitted per second by `cell` (every cell when null) over [fromMs, toMs). */
+  admittedRate(cell: number | null, fromMs: number, toMs: number): number {
+    return this.sum(cell, fromMs, toMs).admitted / ((toMs - fromMs) / 1000);
+  }
+
+  /** The most admitted (all cells) in any window of `windowMs` (whole bins) within [fromMs, toMs). */
+  maxWindow(fromMs: number, toMs: number, windowMs = 1000): number {
+    let max = 0;
+    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + windowMs <= toMs; t += BIN_MS) max = Math.max(max, this.sum(null, t, t + windowMs).admitted);
+    return max;
+  }
+
+  /**
+   * ms from `fromMs` until cell `cell` first admits at ≥ `target` req/s over a window of `windowMs`
+   * (default 200 ms: two bins; the window's end is the time reported, so the figure includes the
+   * window itself), or null when it does not within [fromMs, toMs).
+   */
+  convergenceMs(cell: number, target: number, fromMs: number, toMs: number, windowMs = 200): number | null {
+    for (let end = Math.ceil(fromMs / BIN_MS) * BIN_MS + windowMs; end <= toMs; end += BIN_MS) {
+      if (this.admittedRate(cell, end - windowMs, end) >= target) return Math.round(end - fromMs);
+    }
+    return null;
+  }
+}
+
+/**
+ * What each cell may admit under max-min fairness: every cell keeps at least its floor (the ledger
+ * counts a cell at max(grant, floor) whatever its demand), and the rest of the quota is water-filled
+ * over the demands above the floors. This is "its demand" for a cell when the cells together want
+ * more than the quota: a cell that wants more than its fair share is entitled to that share, no more.
+ */
+export function fairShares(demands: readonly number[], quota: number, floors: readonly number[]): number[] {
+  const out = demands.map((_, i) => floors[i] ?? 0);
+  let free = quota - out.reduce((a, b) => a + b, 0);
+  let open = demands.map((d, i) => i).filter((i) => (demands[i] ?? 0) > (out[i] ?? 0));
+  while (free > 1e-9 && open.length > 0) {
+    const each = free / open.length;
+    const next: number[] = [];
+    for (const i of open) {
+      const want = (demands[i] ?? 0) - (out[i] ?? 0);
+      const give = Math.min(want, each);
+      out[i] = (out[i] ?? 0) + give;
+      free -= give;
+      if (want > each) next.push(i);
+    }
+    if (next.length === open.length) break;
+    open = next;
+  }
+  return out;
+}
