@@ -25,6 +25,8 @@ import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMess
 import type { OverrideEntry } from './quota-overrides.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
+/** Delay of the extra report that acknowledges newly applied grants. */
+const ACK_REPORT_DELAY_MS = 10;
 /** Keys sent in one report at most (the busiest first). */
 export const MAX_VELOCITY_KEYS = 50_000;
 const QUOTA_KEY = /^(tenant|tier|domain)\/[a-zA-Z0-9._:-]{1,128}$/;
@@ -97,6 +99,8 @@ export class LeaseClient {
   private readonly lastVelocity = new Map<string, number>();
   private failures = 0;
   private inFlight = false;
+  /** An acknowledgement is waiting: report again right after the call in flight. */
+  private soon = false;
   private timer: NodeJS.Timeout | null = null;
   private expiryTimer: NodeJS.Timeout | null = null;
   private stopped = false;
@@ -179,9 +183,17 @@ export class LeaseClient {
     return out;
   }
 
+  /** An extra report shortly (to acknowledge new grants), without waiting for the interval. */
+  private reportSoon(): void {
+    if (this.stopped || this.failures > 0) return;
+    if (this.inFlight) this.soon = true;
+    else this.schedule(ACK_REPORT_DELAY_MS);
+  }
+
   private async tick(): Promise<void> {
     if (this.stopped || this.inFlight) return;
     this.inFlight = true;
+    this.soon = false;
     const startedAt = this.mono();
     try {
       await this.reportOnce();
@@ -189,7 +201,9 @@ export class LeaseClient {
       this.inFlight = false;
     }
     if (this.stopped) return;
-    if (this.failures === 0) {
+    if (this.soon && this.failures === 0) {
+      this.schedule(ACK_REPORT_DELAY_MS);
+    } else if (this.failures === 0) {
       this.schedule(Math.max(0, this.interval - (this.mono() - startedAt)));
     } else {
       const backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(this.failures - 1, 3));
@@ -281,6 +295,9 @@ export class LeaseClient {
     const ack = (): void => {
       if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten
       for (const [key, epoch] of toAck) if (this.grants.get(key)?.epoch === epoch) this.pendingAcks.set(key, epoch);
+      // Acknowledge at once rather than at the next interval: a shrink frees capacity for another
+      // cell only once acknowledged, so this takes one report interval off every rebalance.
+      if (toAck.length > 0) this.reportSoon();
     };
     const applied = this.opts.onOverrides([...changed.values()]);
     if (applied instanceof Promise) void applied.then(ack);
