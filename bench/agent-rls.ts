@@ -432,6 +432,7 @@ function buildReport(
   }
 
   const notes: string[] = [];
+  const verdict = (ok: boolean): string => (opts.smoke ? '' : `: ${ok ? 'met' : 'NOT met'}`);
   for (const variant of variants) {
     const a = peak('agent', variant);
     const c = peak('ceiling', variant);
@@ -439,12 +440,12 @@ function buildReport(
     const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
     if (a !== undefined && c !== undefined && c.result.throughput > 0) {
       const tr = a.result.throughput / c.result.throughput;
-      let line = `agent ÷ ceiling (${variant}): throughput ${tr.toFixed(2)} at peak (agent ${fmtInt(a.result.throughput)} req/s at c=${a.concurrency}, ceiling ${fmtInt(c.result.throughput)} at c=${c.concurrency}; target ≥ ${THROUGHPUT_TARGET}: ${tr >= THROUGHPUT_TARGET ? 'met' : 'NOT met'})`;
+      let line = `agent ÷ ceiling (${variant}): throughput ${tr.toFixed(2)} at peak (agent ${fmtInt(a.result.throughput)} req/s at c=${a.concurrency}, ceiling ${fmtInt(c.result.throughput)} at c=${c.concurrency}; target ≥ ${THROUGHPUT_TARGET}${verdict(tr >= THROUGHPUT_TARGET)})`;
       if (ap !== undefined && cp !== undefined && cp > 0) {
         const lr = ap / cp;
-        line += `; p99 at ${fmtInt(plan.pacedRate)} req/s ${ap} µs vs ${cp} µs = ${lr.toFixed(2)} × (target ≤ ${P99_TARGET} ×: ${lr <= P99_TARGET ? 'met' : 'NOT met'}; ≤ 1 ms: ${ap <= 1000 ? 'yes' : 'no'})`;
+        line += `; p99 at ${fmtInt(plan.pacedRate)} req/s ${ap} µs vs ${cp} µs = ${lr.toFixed(2)} × (target ≤ ${P99_TARGET} ×${verdict(lr <= P99_TARGET)}; ≤ 1 ms: ${ap <= 1000 ? 'yes' : 'no'})`;
       }
-      notes.push(line + (opts.smoke ? ' — smoke run, figures not meaningful' : ''));
+      notes.push(line + (opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : ''));
     }
   }
   if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent')) notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');
