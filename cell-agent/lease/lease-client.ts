@@ -20,8 +20,8 @@
 import { randomUUID } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from '../../shared/logging.js';
-import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from './lease-proto.js';
-import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from './lease-proto.js';
+import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
+import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
 import type { OverrideEntry } from './quota-overrides.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;

@@ -31,8 +31,8 @@ import { isName, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { allocatorPolicy } from './grant-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
-import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from './lease-proto.js';
-import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from './lease-proto.js';
+import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../shared/lease-proto.js';
 
 export const DEFAULT_LEASE_TTL_MS = 3_000;
 export const DEFAULT_ROUND_MS = 100;

@@ -12,8 +12,8 @@ import type { LedgerCommandInput } from '../../../coordinator/ledger/ledger-comm
 import { LeaseService } from '../../../coordinator/lease/lease-service.js';
 import type { LeaseBackend } from '../../../coordinator/lease/lease-service.js';
 import type { GrantPolicy } from '../../../coordinator/lease/grant-policy.js';
-import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../../coordinator/lease/lease-proto.js';
-import type { ReportRequestMessage, ReportResponseMessage } from '../../../coordinator/lease/lease-proto.js';
+import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../../shared/lease-proto.js';
+import type { ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
 
 const svc = loadQuotaLeaseService();
 const Client = grpc.makeGenericClientConstructor(svc.definition, 'QuotaLease');

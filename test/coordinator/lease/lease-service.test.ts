@@ -7,8 +7,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as grpc from '@grpc/grpc-js';
 import { CoordinatorCluster } from '../cluster/cluster-harness.js';
-import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../../coordinator/lease/lease-proto.js';
-import type { ReportRequestMessage, ReportResponseMessage } from '../../../coordinator/lease/lease-proto.js';
+import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../../shared/lease-proto.js';
+import type { ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const svc = loadQuotaLeaseService();

@@ -1,6 +1,6 @@
 // Loads proto/lease.proto once and exposes the QuotaLease service definition with typed messages.
-// The agent-side copy of coordinator/lease/lease-proto.ts (cell-agent/ must not import coordinator/);
-// both load the same proto/lease.proto.
+// Used by the coordinator's lease service and by the cell agent's lease client (shared/, so both
+// can import it).
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
