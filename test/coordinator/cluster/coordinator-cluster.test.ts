@@ -123,7 +123,7 @@ void test('leadership transfer under write load loses nothing; a node replaced w
   const c = await CoordinatorCluster.create(ids);
   try {
     c.startAll();
-    const leader = await c.waitForLeader();
+    await c.waitForLeader();
     assert.equal((await c.write('PUT', '/v1/tiers/t', { rate: 100, burst: 100 })).status, 200);
     const acked: string[] = [];
     let stop = false;
@@ -134,10 +134,22 @@ void test('leadership transfer under write load loses nothing; a node replaced w
       }
     })();
     await new Promise((r) => setTimeout(r, 300));
-    const transfer = await c.http(leader, 'POST', '/v1/cluster/transfer-leadership', {});
-    assert.equal(transfer.status, 200, JSON.stringify(transfer.body));
-    const target = transfer.body['transferringTo'] as string;
-    await c.waitFor('the transfer', async () => (await c.waitForLeader()) === target);
+    // A transfer is abandoned if the target cannot catch up within an election timeout (on this
+    // small machine, under load, it can happen): ask again, as an operator's script would.
+    let target = '';
+    for (let attempt = 0; attempt < 3 && target === ''; attempt++) {
+      const from = await c.waitForLeader();
+      const transfer = await c.http(from, 'POST', '/v1/cluster/transfer-leadership', {});
+      assert.equal(transfer.status, 200, JSON.stringify(transfer.body));
+      const to = transfer.body['transferringTo'] as string;
+      try {
+        await c.waitFor('the transfer', async () => (await c.waitForLeader()) === to, 5000);
+        target = to;
+      } catch {
+        // not moved this time
+      }
+    }
+    assert.notEqual(target, '', 'leadership moved');
     await new Promise((r) => setTimeout(r, 300));
     stop = true;
     await writer;
