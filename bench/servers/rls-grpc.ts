@@ -1,5 +1,5 @@
 // The grpc-js side shared by the baseline servers: the RLS service definition loaded from the
-// bench's proto (bench/servers/rls-bench.proto) with the project's proto-loader settings (as
+// project's proto/envoy/service/ratelimit/v3/rls.proto with the project's proto-loader settings (as
 // coordinator/transport/peer-proto.ts), a raw one that neither decodes nor encodes (the ceiling),
 // binding to a Unix socket or TCP, and shutdown.
 import { fileURLToPath } from 'node:url';
@@ -35,8 +35,10 @@ let cached: grpc.ServiceDefinition | undefined;
 
 export function loadRlsService(): grpc.ServiceDefinition {
   if (cached !== undefined) return cached;
-  const protoPath = fileURLToPath(new URL('./rls-bench.proto', import.meta.url));
-  const pkg = protoLoader.loadSync(protoPath, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+  // The project's own wire-compatible RLS proto (the one the agent's codec is checked against).
+  const protoRoot = fileURLToPath(new URL('../../proto/', import.meta.url));
+  const protoPath = 'envoy/service/ratelimit/v3/rls.proto';
+  const pkg = protoLoader.loadSync(protoPath, { includeDirs: [protoRoot], keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
   const def = pkg[RLS_SERVICE];
   if (def === undefined || !('ShouldRateLimit' in def)) throw new Error(`${protoPath} does not define ${RLS_SERVICE}`);
   cached = def;

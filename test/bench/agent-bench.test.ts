@@ -16,10 +16,10 @@ import { rawRlsService, startRlsServer, stopRlsServer } from '../../bench/server
 import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, DEGRADED_HEADER, decodeOverallCode, decodeResponse, encodeRateLimitRequest, grpcFrame, tenantFrames } from '../../bench/load/rls-wire.js';
 import { isLimitedTenant, rulesYaml } from '../../bench/servers/bench-rules.js';
 
-const PROTO = fileURLToPath(new URL('../../bench/servers/rls-bench.proto', import.meta.url));
+const PROTO_ROOT = fileURLToPath(new URL('../../proto/', import.meta.url));
 
 function rlsMethod(): protoLoader.MethodDefinition<object, object> {
-  const pkg = protoLoader.loadSync(PROTO, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+  const pkg = protoLoader.loadSync('envoy/service/ratelimit/v3/rls.proto', { includeDirs: [PROTO_ROOT], keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
   const svc = pkg['envoy.service.ratelimit.v3.RateLimitService'] as Record<string, protoLoader.MethodDefinition<object, object>> | undefined;
   const m = svc?.['ShouldRateLimit'];
   assert.ok(m !== undefined);
