@@ -65,7 +65,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
   if (e.http !== null) lines.push(`  http      ${e.http}`);
   lines.push(config.coordinators.length === 0
     ? '  (no coordinators: global quotas run on static slices)'
-    : `  (coordinators ${config.coordinators.map((c) => `${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);
+    : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);
   io.stdout.write(`${lines.join('\n')}\n`);
 
   const signal = await new Promise<NodeJS.Signals>((resolveSignal) => {

@@ -15,7 +15,7 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'rls-socket', description: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>' },
   { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
   { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
-  { flag: 'coordinators', description: 'HOST:PORT,... of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. Without it the agent runs alone on static slices' },
+  { flag: 'coordinators', description: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices' },
   { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
   { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
@@ -49,16 +49,37 @@ const hostPort = z.union([z.string(), z.object({ host: z.string().min(1), port: 
   return parsed;
 });
 
+const COORDINATOR_ID = /^[a-z0-9][a-z0-9-]{0,62}$/;
+
+/** One configured coordinator: its gRPC address and, when given as ID=HOST:PORT, its replica id. */
+export interface CoordinatorAddress {
+  readonly host: string;
+  readonly port: number;
+  readonly id?: string;
+}
+
 const coordinators = z.union([z.string(), z.array(z.string())]).transform((v, ctx) => {
   const items = (typeof v === 'string' ? v.split(',') : v).map((s) => s.trim()).filter((s) => s !== '');
-  const out: { host: string; port: number }[] = [];
+  const out: CoordinatorAddress[] = [];
+  const ids = new Set<string>();
   for (const item of items) {
-    const parsed = parseHostPort(item);
-    if (parsed === null || parsed.port === 0) {
-      ctx.addIssue({ code: 'custom', message: `'${item}' is not HOST:PORT with a port in 1..65535` });
+    const eq = item.indexOf('=');
+    const id = eq < 0 ? undefined : item.slice(0, eq);
+    if (id !== undefined && !COORDINATOR_ID.test(id)) {
+      ctx.addIssue({ code: 'custom', message: `'${item}': the replica id before '=' must be lowercase letters, digits and dashes (as in the coordinators' --peers)` });
       return z.NEVER;
     }
-    out.push(parsed);
+    if (id !== undefined && ids.has(id)) {
+      ctx.addIssue({ code: 'custom', message: `replica id '${id}' is listed twice` });
+      return z.NEVER;
+    }
+    const parsed = parseHostPort(eq < 0 ? item : item.slice(eq + 1));
+    if (parsed === null || parsed.port === 0) {
+      ctx.addIssue({ code: 'custom', message: `'${item}' is not HOST:PORT (or ID=HOST:PORT) with a port in 1..65535` });
+      return z.NEVER;
+    }
+    if (id !== undefined) ids.add(id);
+    out.push(id === undefined ? parsed : { ...parsed, id });
   }
   return out;
 });

@@ -363,7 +363,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   if (config.coordinators.length > 0) {
     leaseClient = new LeaseClient({
       cellId: config.cell,
-      coordinators: config.coordinators.map((c) => `${c.host.includes(':') ? `[${c.host}]` : c.host}:${c.port}`),
+      coordinators: config.coordinators.map(coordinatorAddress),
+      coordinatorById: new Map(config.coordinators.flatMap((c) => (c.id === undefined ? [] : [[c.id, coordinatorAddress(c)] as const]))),
       logger: componentLogger(logger, 'lease'),
       velocity: () => velocityKeys.snapshot(clock()),
       onOverrides: (entries) => {
@@ -420,7 +421,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     tiers: quotas.tierCount,
     staticShare: config.staticShare,
     unknownTenant: formatUnknownTenantPolicy(config.unknownTenant),
-    coordinators: config.coordinators.map((c) => `${c.host}:${c.port}`),
+    coordinators: config.coordinators.map((c) => (c.id === undefined ? coordinatorAddress(c) : `${c.id}=${coordinatorAddress(c)}`)),
   }, `cell agent started; ${coordinatorNote}`);
 
   let stopPromise: Promise<void> | null = null;
@@ -466,6 +467,11 @@ async function loadRulesWithSnapshot(path: string): Promise<{ ruleSet: RuleSet; 
 }
 
 /** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
+/** host:port as gRPC dials it (IPv6 hosts in brackets). */
+function coordinatorAddress(c: { readonly host: string; readonly port: number }): string {
+  return `${c.host.includes(':') ? `[${c.host}]` : c.host}:${c.port}`;
+}
+
 function spawnWorker(init: WorkerInit): Worker {
   const fromSource = import.meta.url.endsWith('.ts');
   const entry = new URL(fromSource ? './agent-worker.ts' : './agent-worker.js', import.meta.url);

@@ -4,8 +4,11 @@
 // went quiet); the answer carries the lease TTL and the grants newer than what was acknowledged.
 //
 // Finding the leader: start at any of the configured addresses; a FAILED_PRECONDITION answer names
-// the leader's address (trailers) and the next call goes there; any other failure moves on to the
-// next configured address, with exponential backoff (capped at 4 intervals, jittered).
+// the leader (id and address, in trailers) and the next call goes there — to this agent's own address
+// for that id when the coordinators were configured as ID=HOST:PORT (the address the replicas know
+// each other by may not be the one this cell reaches them at: proxies, per-replica load balancers),
+// else to the address named; any other failure moves on to the next configured address, with
+// exponential backoff (capped at 4 intervals, jittered).
 //
 // Lease timing: the lease is counted from when the report was SENT (this process's monotonic clock),
 // never from when the answer arrived: expiry = sentAt + TTL. The coordinator answers only after the
@@ -20,7 +23,7 @@
 import { randomUUID } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from '../../shared/logging.js';
-import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
+import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
 import type { OverrideEntry } from './quota-overrides.js';
 
@@ -44,6 +47,9 @@ export interface LeaseClientOptions {
   readonly cellId: string;
   /** host:port of the coordinators; any one of them is enough. */
   readonly coordinators: readonly string[];
+  /** This agent's address of a replica by id (from ID=HOST:PORT); preferred to the leader's address
+   * named in a FAILED_PRECONDITION answer. */
+  readonly coordinatorById?: ReadonlyMap<string, string>;
   readonly logger: Logger;
   /** The velocity window (keys are coordinator quota keys). */
   readonly velocity: () => readonly VelocityInput[];
@@ -252,7 +258,9 @@ export class LeaseClient {
   private onFailure(address: string, err: grpc.ServiceError): void {
     this.reportsFailed++;
     if (err.code === grpc.status.FAILED_PRECONDITION) {
-      const hinted = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
+      const hintedId = err.metadata?.get(LEADER_ID_TRAILER)[0];
+      const own = typeof hintedId === 'string' ? this.opts.coordinatorById?.get(hintedId) : undefined;
+      const hinted = own ?? err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
       if (typeof hinted === 'string' && hinted !== '' && hinted !== address) {
         this.opts.logger.info({ from: address, to: hinted }, 'following the coordinator leader');
         this.target = hinted;

@@ -53,6 +53,10 @@ void test('settings: defaults, typed values and strings parse alike', () => {
   const c = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', rlsListen: '127.0.0.1:8089', coordinators: '10.0.0.1:7001, 10.0.0.2:7001', workers: '3', socketMode: '0640', socketOwner: '1000:1001', unknownTenant: 'tier:bronze', staticShare: '0.34', responseHeaders: 'true' });
   assert.deepEqual(c.rlsListen, { host: '127.0.0.1', port: 8089 });
   assert.deepEqual(c.coordinators, [{ host: '10.0.0.1', port: 7001 }, { host: '10.0.0.2', port: 7001 }]);
+  const byId = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n2=lb-n2.example:443' });
+  assert.deepEqual(byId.coordinators, [{ host: '10.0.0.1', port: 7001, id: 'n1' }, { host: 'lb-n2.example', port: 443, id: 'n2' }], 'ID=HOST:PORT keeps the replica id');
+  assert.throws(() => parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n1=10.0.0.2:7001' }), /replica id 'n1' is listed twice/);
+  assert.throws(() => parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'N 1=10.0.0.1:7001' }), /replica id before '=' must be lowercase/);
   assert.equal(c.workers, 3);
   assert.equal(c.socketMode, 0o640);
   assert.deepEqual(c.socketOwner, { uid: 1000, gid: 1001 });

@@ -127,6 +127,35 @@ void test('lease client: follows the leader hint, applies and acknowledges grant
   }
 });
 
+void test('lease client: with ID=HOST:PORT it follows the leader by id to its own address, not the address the replicas know', async () => {
+  // The replicas know n2 at `elsewhere` (say, a pod address this cell cannot reach); this agent
+  // reaches n2 at `leader` (its proxy, its load balancer).
+  const leader = await fakeCoordinator(() => ok([]));
+  const elsewhere = await fakeCoordinator(() => ok([]));
+  const follower = await fakeCoordinator(() => ({ code: grpc.status.FAILED_PRECONDITION, leaderId: 'n2', leaderAddress: elsewhere.address }));
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [follower.address, leader.address],
+    coordinatorById: new Map([['n1', follower.address], ['n2', leader.address]]),
+    logger,
+    velocity: () => [],
+    onOverrides: () => undefined,
+    intervalMs: 100,
+  });
+  try {
+    // Start at the follower whichever configured address the client picks first.
+    client.start();
+    await eventually('reports reaching n2 at this agent\'s address', () => leader.requests.length >= 3);
+    assert.equal(client.status().target, leader.address, 'the target is the configured address of n2');
+    assert.equal(elsewhere.requests.length, 0, 'never dialled the address the replicas know n2 by');
+  } finally {
+    client.stop();
+    leader.stop();
+    elsewhere.stop();
+    follower.stop();
+  }
+});
+
 void test('lease client: fail-static on expiry (counted from the send time), new incarnation, recovery', async () => {
   let clockMs = 0;
   let down = false;
