@@ -22,9 +22,9 @@ import { CheckService } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
 import { StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
-import type { QuotaFile } from './decide/quotas.js';
+import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { startHttpApi } from './http/http-api.js';
-import type { HttpApiHandle } from './http/http-api.js';
+import type { HttpApiHandle, QuotaInForce } from './http/http-api.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { createAgentMetrics } from './observe/metrics.js';
 import { StatsWriter, createStatsShared } from './observe/stats.js';
@@ -336,6 +336,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       http = await startHttpApi({ host: config.http.host, port: config.http.port, bodyLimit: config.httpBodyLimit }, {
         check: mainService,
         metrics: async () => ({ contentType: metrics.registry.contentType, body: await metrics.registry.metrics() }),
+        quota: (key) => quotaInForce(key, overrides, quotas),
         health: () => {
           const serving = slots.filter((s) => s.serving).length;
           return {
@@ -467,6 +468,25 @@ async function loadRulesWithSnapshot(path: string): Promise<{ ruleSet: RuleSet; 
 }
 
 /** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
+/** What GET /v1/quotas/KIND/NAME answers: the override in force, else the static share. */
+function quotaInForce(key: string, overrides: QuotaOverrides, quotas: StaticQuotas): QuotaInForce | null {
+  const o = overrides.get(key);
+  if (o !== undefined) return { key, source: o.leased ? 'leased' : 'floor', rate: o.rate, burst: o.burst };
+  const slash = key.indexOf('/');
+  const kind = key.slice(0, slash);
+  const name = key.slice(slash + 1);
+  let slice: QuotaSlice | null = null;
+  if (kind === 'tenant') {
+    const r = quotas.resolve(name);
+    slice = r.kind === 'quota' && r.known ? r.tenant : null;
+  } else if (kind === 'tier') {
+    slice = quotas.tier(name)?.cap ?? null;
+  } else if (kind === 'domain') {
+    slice = quotas.domainCap;
+  }
+  return slice === null ? null : { key, source: 'static', rate: slice.rate, burst: slice.burst };
+}
+
 /** host:port as gRPC dials it (IPv6 hosts in brackets). */
 function coordinatorAddress(c: { readonly host: string; readonly port: number }): string {
   return `${c.host.includes(':') ? `[${c.host}]` : c.host}:${c.port}`;

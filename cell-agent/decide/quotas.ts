@@ -182,6 +182,11 @@ export class StaticQuotas {
     return new StaticQuotas({ tiers: {}, tenants: {} }, opts);
   }
 
+  /** A tier by name (its per-tenant slice and cap at this cell's share). */
+  tier(name: string): TierQuota | undefined {
+    return this.tiers.get(name);
+  }
+
   resolve(tenantId: string): TenantResolution {
     const t = this.tenants.get(tenantId);
     return t === undefined ? this.unknownResolution : { kind: 'quota', tier: t.tier, tenant: t.tenant, known: true };

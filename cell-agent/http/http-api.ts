@@ -48,8 +48,20 @@ export interface HttpHealth {
   readonly details: Record<string, unknown>;
 }
 
+/** The slice of one global quota this cell decides with now. */
+export interface QuotaInForce {
+  readonly key: string;
+  /** leased: a live grant; floor: the grant's floor (lease expired, fail-static); static: this
+   * cell's static share (no grant yet, or no coordinator). */
+  readonly source: 'leased' | 'floor' | 'static';
+  readonly rate: number;
+  readonly burst: number;
+}
+
 export interface HttpApiDeps {
   readonly check: CheckService;
+  /** The slice in force for a quota key (tenant/ID, tier/NAME, domain/NAME), null when none. */
+  readonly quota?: (key: string) => QuotaInForce | null;
   readonly metrics: () => Promise<{ contentType: string; body: string }>;
   readonly health: () => HttpHealth;
 }
@@ -140,6 +152,16 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
       return reply.code(429).send(responseJson(out.response));
     }
     return reply.code(200).send(responseJson(out.response));
+  });
+
+  const quotaParams = z.strictObject({ kind: z.enum(['tenant', 'tier', 'domain']), name: z.string().min(1).max(128).regex(/^[a-zA-Z0-9._:-]+$/) });
+  app.get('/v1/quotas/:kind/:name', (request, reply) => {
+    const parsed = quotaParams.safeParse(request.params);
+    if (!parsed.success) throw new ApiError(400, 'bad_request', 'the quota key is KIND/NAME with KIND tenant, tier or domain and NAME of letters, digits and . _ : -', z.treeifyError(parsed.error));
+    const key = `${parsed.data.kind}/${parsed.data.name}`;
+    const q = deps.quota?.(key) ?? null;
+    if (q === null) throw new ApiError(404, 'not_found', `no global quota ${key} in this cell`);
+    return reply.code(200).send(q);
   });
 
   app.get('/metrics', async (_request, reply) => {

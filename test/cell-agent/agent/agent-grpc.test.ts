@@ -346,6 +346,14 @@ void test('HTTP API: /v1/check 200 and 429 with RateLimit headers and Retry-Afte
     'cellquota_agent_config_reloads_total{result="success"}', 'cellquota_agent_static_slice_decisions_total', 'cellquota_agent_workers_serving 1']) {
     assert.ok(text.includes(name), `metrics have ${name}`);
   }
+  // The slice in force for a global quota: here the static share (no coordinator): bronze 100/s × 0.5.
+  const quota = await fetch(`${base}/v1/quotas/tenant/acme`);
+  assert.equal(quota.status, 200);
+  assert.deepEqual(await quota.json(), { key: 'tenant/acme', source: 'static', rate: 50, burst: 50 });
+  assert.equal((await fetch(`${base}/v1/quotas/tenant/nobody`)).status, 404, 'a tenant this cell does not know');
+  const badKey = await fetch(`${base}/v1/quotas/user/acme`);
+  assert.equal(badKey.status, 400);
+  assert.match(((await badKey.json()) as { message: string }).message, /KIND\/NAME with KIND tenant, tier or domain/);
   const health = await fetch(`${base}/healthz`);
   assert.equal(health.status, 200);
   assert.deepEqual(((await health.json()) as { status: string; workers: unknown }).workers, { serving: 1, total: 1 });

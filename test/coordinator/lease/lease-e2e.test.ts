@@ -115,6 +115,9 @@ void test('end to end: a busy cell grows above its static share; agents survive 
       grantRate = slices.find((s) => s.cellId === 'busy')?.rate ?? 0;
     }
     assert.ok(grantRate > 20, `the busy cell's grant grew above its static share: ${grantRate}`);
+    const inForce = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as { source: string; rate: number };
+    assert.equal(inForce.source, 'leased', `the agent decides on its leased grant: ${JSON.stringify(inForce)}`);
+    assert.ok(inForce.rate > 10, `the grant in force is above the static share: ${JSON.stringify(inForce)}`);
     const measured = await load(busy, 150, 2000);
     assert.ok(measured.admitted > 40, `the busy cell admits more than its static share would (≤ 10/s + 10): ${JSON.stringify(measured)}`);
     assert.ok(measured.admitted <= 2 * 100 + 100, `never above the global quota's bound: ${JSON.stringify(measured)}`);
@@ -144,6 +147,8 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     for (const id of rest) await c.kill(id);
     for (const a of agents) await waitFor(`agent ${a.cell} fail-static`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 2, 15_000);
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 1, 'on floors');
+    const floor = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as { source: string; rate: number };
+    assert.equal(floor.source, 'floor', `the agent decides on the grant's floor: ${JSON.stringify(floor)}`);
     const onFloor = await load(busy, 40, 1500);
     assert.equal(onFloor.answered, onFloor.sent, 'every check answered without coordinators');
     assert.equal(onFloor.degraded, onFloor.answered, 'every answer marked x-ratelimit-degraded');
