@@ -7,7 +7,7 @@ import { collectDefaultMetrics, Registry } from 'prom-client';
 import { CoordinatorMetrics } from '../coordinator/node/coordinator-metrics.js';
 import { loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
 import { createRootLogger, logLevels } from '../shared/logging.js';
-import { CoordinatorNode } from '../coordinator/node/coordinator-node.js';
+import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coordinator/node/coordinator-node.js';
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
 
 export const coordinatorSpecs: readonly SettingSpec[] = [
@@ -89,6 +89,11 @@ export const coordinatorSchema = z
 
 export type CoordinatorCommandSettings = z.output<typeof coordinatorSchema>;
 
+/** Exit code when the data directory failed under a running node (sysexits EX_IOERR). */
+export const exitStorageFailure = 74;
+/** Exit code when the Raft node failed otherwise (sysexits EX_SOFTWARE). */
+export const exitInternalFailure = 70;
+
 export function coordinatorHelp(): string {
   return `cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin 127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}\n  --config FILE               settings from a YAML or JSON file [CELLQUOTA_CONFIG]`;
 }
@@ -113,29 +118,54 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
   const metrics = new CoordinatorMetrics(registry);
-  const node = await CoordinatorNode.start(
-    {
-      id: s.id,
-      clusterId: s.clusterId,
-      peers: s.peers,
-      dataDir: resolve(s.dataDir),
-      tickMs: s.tickMs,
-      electionTicks: s.electionTicks,
-      heartbeatTicks: s.heartbeatTicks,
-      snapshotEveryEntries: s.snapshotEvery,
-      snapshotTrailingEntries: Math.min(1000, Math.floor(s.snapshotEvery / 2)),
-      requestTimeoutMs: 5000,
-      floorCells: s.floorCells,
-      skewMarginMs: 1000,
-      join: s.join,
-      adminUrlOf,
-      ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),
-      lease: { ttlMs: s.leaseTtlMs, roundMs: s.leaseRoundMs },
-      ...(tls === undefined ? {} : { tls }),
-    },
-    logger,
-    metrics,
-  );
+  const dataDir = resolve(s.dataDir);
+  // Crash-stop. The node has logged the fatal line, refuses every request and fails readiness; a
+  // process that can no longer persist must not linger (a zombie leader would keep clients
+  // waiting, a zombie follower would look alive). Exit explicitly, non-zero, once the log is
+  // flushed, without closing the storage (nothing more is written to a directory in an unknown
+  // state); the supervisor (systemd, Kubernetes) restarts the process, which recovers from what
+  // is durable or, if the directory is corrupt below the commit index, refuses to start.
+  const crashStop = (f: CoordinatorFailure): void => {
+    const code = f.kind === 'storage' ? exitStorageFailure : exitInternalFailure;
+    process.exitCode = code;
+    const exit = (): never => process.exit(code);
+    setTimeout(exit, 2000);
+    logger.flush(() => exit());
+  };
+  let node: CoordinatorNode;
+  try {
+    node = await CoordinatorNode.start(
+      {
+        id: s.id,
+        clusterId: s.clusterId,
+        peers: s.peers,
+        dataDir,
+        tickMs: s.tickMs,
+        electionTicks: s.electionTicks,
+        heartbeatTicks: s.heartbeatTicks,
+        snapshotEveryEntries: s.snapshotEvery,
+        snapshotTrailingEntries: Math.min(1000, Math.floor(s.snapshotEvery / 2)),
+        requestTimeoutMs: 5000,
+        floorCells: s.floorCells,
+        skewMarginMs: 1000,
+        join: s.join,
+        adminUrlOf,
+        ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),
+        lease: { ttlMs: s.leaseTtlMs, roundMs: s.leaseRoundMs },
+        ...(tls === undefined ? {} : { tls }),
+        onFatal: crashStop,
+      },
+      logger,
+      metrics,
+    );
+  } catch (err) {
+    // Cannot start (e.g. StorageCorruptionError: committed data is missing; or the disk is still
+    // failing): one structured line naming the directory, then the error as before (exit 1).
+    const code = (err as { code?: unknown }).code;
+    logger.fatal({ err, dataDir, code: typeof code === 'string' ? code : null, errno: storageErrno(err) }, `coordinator cannot start on ${dataDir}: ${err instanceof Error ? err.message : String(err)}`);
+    logger.flush();
+    throw err;
+  }
   metrics.sample(registry, {
     term: () => node.cluster().term,
     isLeader: () => node.isLeader(),

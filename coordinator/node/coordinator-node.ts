@@ -7,6 +7,13 @@
 // peers; if any of them has seen a term above 0 the cluster already existed, so the node keeps
 // refusing to vote and logs the command that re-adds it. Only when every peer answers that the
 // cluster is new does it confirm its identity and vote.
+//
+// A failed persist (disk full, failed fsync) is fatal, by design a crash-stop: the driver has
+// already refused to send, apply or acknowledge anything of the Ready it could not persist; the
+// node then logs one fatal line naming the data directory and the errno, fails /healthz and
+// /readyz, stops its lease rounds and tells its owner (settings.onFatal), which exits the process.
+// Restarted, the node recovers from what is durable (LevelRaftStorage.open repairs a torn tail
+// above the commit index and refuses, with StorageCorruptionError, anything worse).
 import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
 import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
@@ -14,7 +21,7 @@ import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOp
 import { LeaseService } from '../lease/lease-service.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
-import { RaftDriver } from './raft-driver.js';
+import { RaftDriver, RaftPersistError } from './raft-driver.js';
 import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
 import type { CoordinatorMetrics } from './coordinator-metrics.js';
@@ -43,6 +50,45 @@ export interface CoordinatorSettings {
   readonly tls?: PeerTlsOptions;
   /** The agents' lease service on the peer port (cellquota.lease.v1.QuotaLease). */
   readonly lease?: { readonly ttlMs?: number; readonly roundMs?: number; readonly expireEveryMs?: number };
+  /**
+   * Called once when the node stops for good (see CoordinatorFailure), after it logged the fatal
+   * line. The owner must end the process: the node serves nothing correct any more.
+   */
+  readonly onFatal?: (failure: CoordinatorFailure) => void;
+}
+
+/** Why a running node stopped for good. */
+export interface CoordinatorFailure {
+  /** 'storage': a write or sync of the data directory failed; 'internal': stepping or applying threw. */
+  readonly kind: 'storage' | 'internal';
+  readonly error: Error;
+  readonly dataDir: string;
+  /** The errno of the failed I/O when known (ENOSPC, EIO, ...). */
+  readonly errno: string | null;
+}
+
+// strerror(3) texts LevelDB puts in its IOError messages ("IO error: <file>: <strerror>").
+const errnoOfStrerror: Readonly<Record<string, string>> = {
+  'No space left on device': 'ENOSPC',
+  'Input/output error': 'EIO',
+  'Disk quota exceeded': 'EDQUOT',
+  'Read-only file system': 'EROFS',
+  'File too large': 'EFBIG',
+  'Permission denied': 'EACCES',
+  'Too many open files': 'EMFILE',
+  'No such file or directory': 'ENOENT',
+};
+
+/** The errno behind a storage error: a Node `code` like ENOSPC, or LevelDB's strerror text, anywhere in the cause chain. */
+export function storageErrno(err: unknown): string | null {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'string' && /^E[A-Z0-9]+$/.test(code)) return code;
+    const m = /IO error: .*: ([^:]+)$/.exec(e.message);
+    const known = m?.[1] === undefined ? undefined : errnoOfStrerror[m[1].trim()];
+    if (known !== undefined) return known;
+  }
+  return null;
 }
 
 export interface MemberView {
@@ -69,6 +115,7 @@ export interface ClusterView {
 export class CoordinatorNode {
   private votingRefused = false;
   private stopped = false;
+  private fatal: CoordinatorFailure | null = null;
   private addresses: Map<NodeId, string>;
   private lease: LeaseService | null = null;
   private server: grpc.Server | null = null;
@@ -168,7 +215,7 @@ export class CoordinatorNode {
         metrics?.snapshotsInstalled.inc();
         log.info({ index, term, bytes }, 'installed a snapshot from the leader');
       },
-      onError: (err) => log.fatal({ err }, 'raft node stopped: storage failed; restart the process after fixing the disk'),
+      onError: (err) => nodeRef?.fail(err),
     });
     const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation, metrics ?? null);
     node.votingRefused = refuseToVote;
@@ -195,8 +242,12 @@ export class CoordinatorNode {
       throw new Error(`coordinator: cannot listen on ${listen}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
     driver.start();
-    if (mustCheck) void node.confirmIdentity();
-    else void node.ensureIncarnationRecorded();
+    // Background tasks: a storage failure in them (confirmIncarnation) is fatal like one in the
+    // driver, and is handled here explicitly rather than left to an unhandled rejection.
+    const background = mustCheck ? node.confirmIdentity() : node.ensureIncarnationRecorded();
+    background.catch((err: unknown) => {
+      if (!node.stopped) node.fail(err instanceof Error ? err : new Error(String(err)));
+    });
     log.info({ peers: Object.fromEntries(settings.peers), dataDir: settings.dataDir, snapshotIndex: loaded.snapshot.meta.index, term: loaded.hardState.term }, 'coordinator started');
     return node;
   }
@@ -242,9 +293,11 @@ export class CoordinatorNode {
 
   /** Asks the peers whether this data directory is the one they know; votes only if so (or if none is known). */
   private async confirmIdentity(): Promise<void> {
-    const verdict = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.stopped);
-    if (this.stopped || verdict === 'wiped') return;
-    await this.storage.confirmIncarnation();
+    const verdict = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.halted());
+    if (this.halted() || verdict === 'wiped') return;
+    await this.storage.confirmIncarnation().catch((err: unknown) => {
+      throw new RaftPersistError('confirm-incarnation', err);
+    });
     await this.driver.setVoting(true);
     this.votingRefused = false;
     this.logger.info({ incarnation: this.incarnation, verdict }, 'data directory confirmed; voting');
@@ -253,7 +306,7 @@ export class CoordinatorNode {
 
   /** Until the cluster has recorded this node's incarnation, asks the leader to record it. */
   private async ensureIncarnationRecorded(): Promise<void> {
-    while (!this.stopped) {
+    while (!this.halted()) {
       if (this.machine.incarnationOf(this.settings.id) === this.incarnation) return;
       const leader = this.driver.status().leader;
       try {
@@ -382,7 +435,32 @@ export class CoordinatorNode {
   }
 
   failure(): Error | null {
-    return this.driver.failure();
+    return this.fatal?.error ?? this.driver.failure();
+  }
+
+  private halted(): boolean {
+    return this.stopped || this.fatal !== null;
+  }
+
+  /**
+   * The node cannot go on (see the header): one fatal log line with the data directory and the
+   * errno, no more lease rounds, /healthz and /readyz failing (failure() is set), and the owner
+   * told to end the process. Idempotent: only the first failure is reported.
+   */
+  private fail(err: Error): void {
+    if (this.fatal !== null) return;
+    const kind = err instanceof RaftPersistError ? 'storage' : 'internal';
+    const errno = kind === 'storage' ? storageErrno(err) : null;
+    const failure: CoordinatorFailure = { kind, error: err, dataDir: this.settings.dataDir, errno };
+    this.fatal = failure;
+    this.logger.fatal(
+      { err, kind, dataDir: failure.dataDir, errno },
+      kind === 'storage'
+        ? `storage failed on ${failure.dataDir} (${errno ?? 'unknown errno'}): nothing unpersisted was acknowledged; this replica stops serving and exits — fix the disk and restart it, it recovers from what is durable`
+        : `raft node failed: ${err.message}; this replica stops serving and exits`,
+    );
+    this.lease?.stop();
+    this.settings.onFatal?.(failure);
   }
 
   async stop(): Promise<void> {

@@ -41,6 +41,11 @@ export interface RaftDriverOptions<R> {
   readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
   readonly onSnapshotInstalled?: (index: number, term: number, bytes: number) => void;
   readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
+  /**
+   * Called once when the driver stops for good: a persist (save/compact) failed — the error is a
+   * RaftPersistError — or stepping/applying threw. Nothing after the failed step was sent, applied
+   * or acknowledged; the owner must stop the process (crash-stop) and restart from what is durable.
+   */
   readonly onError?: (err: Error) => void;
 }
 
@@ -62,6 +67,28 @@ export class RaftRequestError extends Error {
   }
 }
 
+/**
+ * Persisting a Ready (or a compaction) failed: the disk state is unknown (a failed fsync may have
+ * lost writes the kernel had accepted), so the node must not act on that Ready — no message that
+ * depends on it is sent, nothing in it is applied or acknowledged — and must not go on at all.
+ */
+export class RaftPersistError extends Error {
+  readonly code = 'RAFT_PERSIST_FAILED' as const;
+  constructor(
+    readonly during: 'save' | 'compact' | 'confirm-incarnation',
+    cause: unknown,
+  ) {
+    super(`persisting raft state failed (${during}): ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = 'RaftPersistError';
+  }
+}
+
+interface QueuedInput {
+  /** Fails the caller's promise if the input is never run (null: nobody waits on it). */
+  readonly refuse: ((e: Error) => void) | null;
+  readonly run: () => void;
+}
+
 interface PendingProposal<R> {
   readonly term: number;
   readonly resolve: (r: R) => void;
@@ -79,7 +106,7 @@ interface PendingRead {
 export class RaftDriver<R> {
   private readonly raft: RaftNode;
   private readonly opts: RaftDriverOptions<R>;
-  private inputs: (() => void)[] = [];
+  private inputs: QueuedInput[] = [];
   private running = false;
   private stopped = false;
   private ticker: NodeJS.Timeout | null = null;
@@ -101,9 +128,9 @@ export class RaftDriver<R> {
   }
 
   start(): void {
-    this.ticker = setInterval(() => this.enqueue(() => this.raft.tick()), this.opts.tickMs);
+    this.ticker = setInterval(() => this.enqueue(null, () => this.raft.tick()), this.opts.tickMs);
     this.ticker.unref();
-    this.enqueue(() => undefined);
+    this.enqueue(null, () => undefined);
   }
 
   async stop(): Promise<void> {
@@ -123,11 +150,14 @@ export class RaftDriver<R> {
     this.reads.clear();
     this.readsWaitingApply = [];
     while (this.running) await new Promise((r) => setTimeout(r, 1));
+    // Inputs queued behind the last step never run now.
+    for (const input of this.inputs) input.refuse?.(err);
+    this.inputs = [];
   }
 
   /** Messages from peers. */
   receive(messages: readonly Message[]): void {
-    this.enqueue(() => {
+    this.enqueue(null, () => {
       for (const m of messages) this.raft.step(m);
     });
   }
@@ -135,7 +165,7 @@ export class RaftDriver<R> {
   /** Replicates a command; resolves with the state machine's result once it is applied here. */
   propose(data: Uint8Array): Promise<R> {
     return new Promise<R>((resolve, reject) => {
-      this.enqueue(() => {
+      this.enqueue(reject, () => {
         const res = this.raft.propose(data);
         if (!res.ok) {
           if (res.reason === 'not-leader') reject(new NotLeaderError(res.leader));
@@ -153,7 +183,7 @@ export class RaftDriver<R> {
   /** Resolves once this node's state machine reflects every write committed before the call. */
   linearizableRead(): Promise<void> {
     return new Promise<void>((resolve, reject) => {
-      this.enqueue(() => {
+      this.enqueue(reject, () => {
         const ctx = `r${++this.readSeq}`;
         const timer = setTimeout(() => {
           const r = this.reads.get(ctx);
@@ -171,7 +201,7 @@ export class RaftDriver<R> {
 
   proposeConfChange(cc: ConfChange): Promise<void> {
     return new Promise<void>((resolve, reject) => {
-      this.enqueue(() => {
+      this.enqueue(reject, () => {
         const res = this.raft.proposeConfChange(cc);
         if (!res.ok) {
           if (res.reason === 'not-leader') reject(new NotLeaderError(res.leader));
@@ -188,7 +218,7 @@ export class RaftDriver<R> {
 
   transferLeadership(to: NodeId): Promise<void> {
     return new Promise<void>((resolve, reject) => {
-      this.enqueue(() => {
+      this.enqueue(reject, () => {
         const res = this.raft.transferLeadership(to);
         if (res.ok) resolve();
         else reject(new RaftRequestError('REFUSED', res.detail));
@@ -197,8 +227,8 @@ export class RaftDriver<R> {
   }
 
   setVoting(allowed: boolean): Promise<void> {
-    return new Promise<void>((resolve) => {
-      this.enqueue(() => {
+    return new Promise<void>((resolve, reject) => {
+      this.enqueue(reject, () => {
         this.raft.setVoting(allowed);
         resolve();
       });
@@ -214,9 +244,16 @@ export class RaftDriver<R> {
     return this.fatal;
   }
 
-  private enqueue(input: () => void): void {
-    if (this.stopped || this.fatal !== null) return;
-    this.inputs.push(input);
+  /**
+   * Queues an input. A stopped or failed driver takes none: a request's promise is rejected at
+   * once (`refuse`) rather than left pending forever; peer messages and ticks are dropped.
+   */
+  private enqueue(refuse: ((e: Error) => void) | null, input: () => void): void {
+    if (this.stopped || this.fatal !== null) {
+      refuse?.(new RaftRequestError('STOPPED', this.fatal === null ? 'the node is stopping' : `node stopped: ${this.fatal.message}`));
+      return;
+    }
+    this.inputs.push({ refuse, run: input });
     if (!this.running) void this.pump();
   }
 
@@ -226,13 +263,25 @@ export class RaftDriver<R> {
       while (!this.stopped && (this.inputs.length > 0 || this.raft.hasReady())) {
         const batch = this.inputs;
         this.inputs = [];
-        for (const input of batch) input();
+        for (const [i, input] of batch.entries()) {
+          try {
+            input.run();
+          } catch (err) {
+            // The inputs after the one that threw never ran: put them back to be refused below.
+            this.inputs = [...batch.slice(i + 1), ...this.inputs];
+            throw err;
+          }
+        }
         if (!this.raft.hasReady()) continue;
         const rd = this.raft.ready();
         // A leader's replication goes out while its own write is in flight (thesis §10.2.1).
         const early = rd.softState.role === 'leader' ? rd.messages.filter(sendBeforePersist) : [];
         if (early.length > 0) this.opts.outbox.send(early);
-        await this.opts.storage.save(rd);
+        // If this rejects, nothing below runs: the Ready's messages (votes, append acks, the
+        // leader's own progress) are never sent nor counted, and its entries never applied.
+        await this.opts.storage.save(rd).catch((err: unknown) => {
+          throw new RaftPersistError('save', err);
+        });
         this.opts.outbox.send(early.length > 0 ? rd.messages.filter((m) => !early.includes(m)) : rd.messages);
         this.applyReady(rd);
         this.raft.advance(rd);
@@ -240,12 +289,27 @@ export class RaftDriver<R> {
         await this.maybeSnapshot();
       }
     } catch (err) {
+      // Fatal: the driver takes no more input (enqueue refuses it) and every waiting request
+      // fails now. Whoever owns the process is told through onError and must stop it.
       this.fatal = err instanceof Error ? err : new Error(String(err));
-      this.opts.onError?.(this.fatal);
       if (this.ticker !== null) clearInterval(this.ticker);
+      this.ticker = null;
       const failed = new RaftRequestError('STOPPED', `node stopped: ${this.fatal.message}`);
-      for (const p of this.proposals.values()) p.reject(failed);
+      // Inputs that arrived while the failed write was in flight were never run.
+      for (const input of this.inputs) input.refuse?.(failed);
+      this.inputs = [];
+      for (const p of this.proposals.values()) {
+        clearTimeout(p.timer);
+        p.reject(failed);
+      }
       this.proposals.clear();
+      for (const r of [...this.reads.values(), ...this.readsWaitingApply]) {
+        clearTimeout(r.timer);
+        r.reject(failed);
+      }
+      this.reads.clear();
+      this.readsWaitingApply = [];
+      this.opts.onError?.(this.fatal);
     } finally {
       this.running = false;
     }
@@ -321,7 +385,9 @@ export class RaftDriver<R> {
     if (every <= 0 || this.applied - this.snapshotIndex < every) return;
     const started = performance.now();
     const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
-    await this.opts.storage.compact(snap, snap.meta.index - this.opts.snapshotTrailingEntries + 1);
+    await this.opts.storage.compact(snap, snap.meta.index - this.opts.snapshotTrailingEntries + 1).catch((err: unknown) => {
+      throw new RaftPersistError('compact', err);
+    });
     this.snapshotIndex = snap.meta.index;
     this.opts.onSnapshotTaken?.(snap.meta.index, snap.data.byteLength, performance.now() - started);
   }

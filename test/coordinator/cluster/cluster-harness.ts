@@ -75,7 +75,8 @@ export class CoordinatorCluster {
     return `http://127.0.0.1:${this.replica(id).adminPort}`;
   }
 
-  start(id: string, opts: { join?: boolean; peers?: readonly string[] } = {}): void {
+  /** `env`: extra environment variables for this replica's process only (e.g. a fault shim's). */
+  start(id: string, opts: { join?: boolean; peers?: readonly string[]; env?: Readonly<Record<string, string>> } = {}): void {
     const r = this.replica(id);
     if (r.proc !== null) throw new Error(`${id} is already running`);
     const args = [
@@ -89,7 +90,7 @@ export class CoordinatorCluster {
       ...(opts.join === true ? ['--join'] : []),
       ...this.extraArgs,
     ];
-    const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], ...(opts.env === undefined ? {} : { env: { ...process.env, ...opts.env } }) });
     r.output = '';
     proc.stdout.on('data', (b: Buffer) => (r.output += b.toString()));
     proc.stderr.on('data', (b: Buffer) => (r.output += b.toString()));
