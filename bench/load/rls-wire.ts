@@ -84,13 +84,17 @@ export function tenantFrames(domain: string, tenants: number): Buffer[] {
 export const DEGRADED_HEADER = 'x-ratelimit-degraded';
 /** Set in decodeResponse's result when the answer carries the DEGRADED_HEADER response header. */
 export const DEGRADED_FLAG = 0x1_0000;
+export const FAIL_OPEN_HEADER = 'x-ratelimit-fail-open';
+/** Set in decodeResponse's result when the answer carries the FAIL_OPEN_HEADER (given without a decision). */
+export const FAIL_OPEN_FLAG = 0x2_0000;
 const DEGRADED_KEY = utf8.encode(DEGRADED_HEADER);
+const FAIL_OPEN_KEY = utf8.encode(FAIL_OPEN_HEADER);
 
-/** True when HeaderValue bytes body[from, to) have key (field 1) = DEGRADED_HEADER. */
-function isDegradedHeader(body: Uint8Array, from: number, to: number): boolean {
+/** True when HeaderValue bytes body[from, to) have key (field 1) = `key`. */
+function isHeader(key: Uint8Array, body: Uint8Array, from: number, to: number): boolean {
   // The key is normally the first field: 0x0a, length, bytes.
-  if (body[from] !== 0x0a || body[from + 1] !== DEGRADED_KEY.length || from + 2 + DEGRADED_KEY.length > to) return false;
-  for (let i = 0; i < DEGRADED_KEY.length; i++) if (body[from + 2 + i] !== DEGRADED_KEY[i]) return false;
+  if (body[from] !== 0x0a || body[from + 1] !== key.length || from + 2 + key.length > to) return false;
+  for (let i = 0; i < key.length; i++) if (body[from + 2 + i] !== key[i]) return false;
   return true;
 }
 
@@ -101,8 +105,9 @@ export function decodeOverallCode(body: Uint8Array): number {
 }
 
 /**
- * The overall_code of the RateLimitResponse in a gRPC body (prefix included), OR DEGRADED_FLAG when
- * a response header is DEGRADED_HEADER; -1 when the body is not one whole uncompressed message.
+ * The overall_code of the RateLimitResponse in a gRPC body (prefix included), OR DEGRADED_FLAG when a
+ * response header is DEGRADED_HEADER and FAIL_OPEN_FLAG when one is FAIL_OPEN_HEADER; -1 when the
+ * body is not one whole uncompressed message.
  * Walks the top-level fields, skipping all but fields 1 and 3.
  */
 export function decodeResponse(body: Uint8Array): number {
@@ -136,7 +141,10 @@ export function decodeResponse(body: Uint8Array): number {
         if (field === 1) code = v;
       } else if (wire === 2) {
         const n = readVarint(); // not `at += readVarint()`: that reads `at` before the call moves it
-        if (field === 3 && at + n <= end && isDegradedHeader(body, at, at + n)) flags = DEGRADED_FLAG;
+        if (field === 3 && at + n <= end) {
+          if (isHeader(DEGRADED_KEY, body, at, at + n)) flags |= DEGRADED_FLAG;
+          else if (isHeader(FAIL_OPEN_KEY, body, at, at + n)) flags |= FAIL_OPEN_FLAG;
+        }
         at += n;
       } else if (wire === 1) {
         at += 8;

@@ -17,7 +17,7 @@ import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { Decider, DecisionScope } from './decide.js';
-import { DEGRADED_HEADER } from './decide.js';
+import { DEGRADED_HEADER, FAIL_OPEN_HEADER } from './decide.js';
 
 export type CheckOutcome =
   | {
@@ -32,14 +32,14 @@ export type CheckOutcome =
   | { readonly kind: 'error'; readonly code: number; readonly message: string };
 
 const OK_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
-const DEGRADED_HEADERS = Object.freeze([Object.freeze({ key: DEGRADED_HEADER, value: 'true' })]);
+const FAIL_OPEN_HEADERS = Object.freeze([Object.freeze({ key: DEGRADED_HEADER, value: 'true' }), Object.freeze({ key: FAIL_OPEN_HEADER, value: 'true' })]);
 
-/** The fail-open answer: OK for every descriptor, marked degraded. */
+/** The fail-open answer: OK for every descriptor, marked degraded and fail-open. */
 export function failOpenResponse(descriptorCount: number): RlsResponse {
   return {
     overallCode: RLS_CODE.OK,
     statuses: new Array<RlsDescriptorStatus>(descriptorCount).fill(OK_STATUS),
-    responseHeadersToAdd: DEGRADED_HEADERS,
+    responseHeadersToAdd: FAIL_OPEN_HEADERS,
     requestHeadersToAdd: [],
     rawBody: null,
   };

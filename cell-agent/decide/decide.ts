@@ -55,6 +55,9 @@ import type { RequestBounds, RequestFailure } from './request-check.js';
 
 export const UINT32_MAX = 4_294_967_295;
 export const DEGRADED_HEADER = 'x-ratelimit-degraded';
+/** Added (with DEGRADED_HEADER) to answers given fail-open, without a decision: overload, an internal
+ * error, a full bucket table. They are the one exception to the global bound, so they say so. */
+export const FAIL_OPEN_HEADER = 'x-ratelimit-fail-open';
 export const RATELIMIT_LIMIT_HEADER = 'RateLimit-Limit';
 export const RATELIMIT_REMAINING_HEADER = 'RateLimit-Remaining';
 export const RATELIMIT_RESET_HEADER = 'RateLimit-Reset';

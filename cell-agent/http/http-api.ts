@@ -19,7 +19,7 @@ import type { FastifyError, FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
-import { DEGRADED_HEADER, rateLimitHeaders } from '../decide/decide.js';
+import { DEGRADED_HEADER, FAIL_OPEN_HEADER, rateLimitHeaders } from '../decide/decide.js';
 import { REQUEST_UNIT } from '../rls/rls-codec.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 
@@ -144,7 +144,7 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     const headers = rateLimitHeaders(out.response.statuses);
     for (const h of headers) void reply.header(h.key, h.value);
     for (const h of out.response.responseHeadersToAdd) {
-      if (h.key === DEGRADED_HEADER) void reply.header(h.key, h.value);
+      if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER) void reply.header(h.key, h.value);
     }
     if (out.overLimit) {
       const seconds = Number((out.retryAfterNs + 999_999_999n) / 1_000_000_000n);

@@ -55,6 +55,7 @@ void test('a blocked serving thread answers the queued checks fail-open, marked 
   for (const r of answers) {
     assert.equal(r.overall_code, 'OK', 'fail-open');
     assert.equal(degraded(r), true, 'marked degraded');
+    assert.equal(r.response_headers_to_add.some((h) => h.key === 'x-ratelimit-fail-open' && h.value === 'true'), true, 'marked fail-open: outside the bound');
     assert.deepEqual(r.statuses.map((s) => s.code), ['OK', 'OK'], 'one OK status per descriptor');
   }
   const text = await agent.metricsText();
@@ -68,6 +69,7 @@ void test('a blocked serving thread answers the queued checks fail-open, marked 
     return r.overall_code === 'OVER_LIMIT' ? r : undefined;
   }, 5000);
   assert.equal(degraded(normal), false);
+  assert.equal(normal.response_headers_to_add.some((h) => h.key === 'x-ratelimit-fail-open'), false, 'a decision is not marked fail-open');
 });
 
 void test('a worker that dies is restarted on the same socket', async () => {
