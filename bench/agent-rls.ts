@@ -3,7 +3,7 @@
 // handler on the same socket; p99 at a moderate paced rate within 1.5 × the ceiling's p99).
 //
 //   npx tsx bench/run.ts agent [--smoke]
-//   npx tsx bench/agent-rls.ts [--smoke] [--servers ceiling,agent,rlf-memory,rlf-redis]
+//   npx tsx bench/agent-rls.ts [--smoke] [--servers ceiling,agent,agent-2w,rlf-memory,rlf-redis]
 //        [--transport uds|tcp] [--client raw|http2] [--sessions N] [--rate N] [--concurrency 1,16,64]
 //        [--seconds S] [--rounds N]
 //
@@ -11,6 +11,9 @@
 // measurement and all stopped at the end, also on failure or Ctrl-C):
 //   ceiling     grpc-js answering ShouldRateLimit with a constant OK (bench/servers/ceiling.ts)
 //   agent       cell-agent/agent-main.ts startAgent, alone, on local rules (bench/servers/agent.ts)
+//   agent-2w    the same with 2 serving workers, each on a socket of its own (<socket>, <socket>.1;
+//               over TCP port, port + 1): the generator spreads its connections over both, as
+//               Envoy does over the cluster's endpoints ("throughput grows with cores")
 //   rlf-memory  rate-limiter-flexible RateLimiterMemory behind the same grpc-js handler
 //   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
 //               persistence); skipped, with a note, when redis-server is not installed
@@ -37,10 +40,10 @@ import { RedisServer, findRedisServer } from './servers/redis-server.js';
 import type { ServerOptions } from './servers/server-module.js';
 import { ServerProcess } from './servers/server-process.js';
 
-export const SERVER_NAMES = ['ceiling', 'agent', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
+export const SERVER_NAMES = ['ceiling', 'agent', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
 export type ServerName = (typeof SERVER_NAMES)[number];
 /** Measured unless --servers says otherwise; 'ceiling-pbjs' only on request. */
-export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'agent', 'rlf-memory', 'rlf-redis'];
+export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'agent', 'agent-2w', 'rlf-memory', 'rlf-redis'];
 export const VARIANTS = ['unlimited', 'limited'] as const;
 export type Variant = (typeof VARIANTS)[number];
 
@@ -116,6 +119,7 @@ function makePlan(opts: AgentBenchOptions): Plan {
 const MODULES: Record<ServerName, string> = {
   ceiling: fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
   agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
+  'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'rlf-memory': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'rlf-redis': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'ceiling-pbjs': fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
@@ -175,6 +179,8 @@ interface Running {
   readonly name: ServerName;
   readonly proc: ServerProcess;
   readonly target: string;
+  /** Every address it serves on (agent-2w: one socket per worker); the generator spreads its connections over them. */
+  readonly endpoints: readonly string[];
   readonly auxPid?: number | undefined;
   dead: string | null;
 }
@@ -220,12 +226,12 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     const toStart: { name: ServerName; options: ServerOptions }[] = [];
     for (const name of wanted) {
       const dir = mkdtempSync(join(scratch, `${name}-`));
-      if (name === 'agent') {
+      if (name === 'agent' || name === 'agent-2w') {
         if (!existsSync(AGENT_MAIN)) {
           skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
           continue;
         }
-        toStart.push({ name, options: { scratchDir: dir } });
+        toStart.push({ name, options: { scratchDir: dir, workers: name === 'agent-2w' ? 2 : 1 } });
       } else if (name === 'ceiling-pbjs') {
         toStart.push({ name, options: { scratchDir: dir, codec: 'protobufjs' } });
       } else if (name === 'rlf-redis') {
@@ -258,7 +264,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
       toStart.map(async (s) => {
         const target = transport === 'uds' ? join(scratch, `${s.name}.sock`) : `127.0.0.1:${await freeTcpPort()}`;
         const proc = await ServerProcess.start(s.name, MODULES[s.name], target, s.options, progress);
-        const r: Running = { name: s.name, proc, target, auxPid: s.name === 'rlf-redis' ? redis?.pid : undefined, dead: null };
+        const r: Running = { name: s.name, proc, target, endpoints: proc.endpoints, auxPid: s.name === 'rlf-redis' ? redis?.pid : undefined, dead: null };
         running.push(r);
         return r;
       }),
@@ -307,7 +313,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
       for (;;) {
         if (alive.length === 0) break;
         const job: LoadJob = {
-          targets: alive.map((r) => r.target),
+          targets: alive.map((r) => r.endpoints),
           sliceMs: plan.sliceMs,
           domain,
           tenants: TENANTS,
@@ -330,7 +336,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
           results = await loadgen.run(job, (p) => progress(`${label}: ${p.phase} ${(p.elapsedMs / 1000).toFixed(1)} s, ${fmtInt(p.completed)} answers, ${p.inFlight} in flight`));
         } catch (err) {
           const msg = err instanceof Error ? err.message : String(err);
-          const gone = alive.filter((r) => !r.proc.alive || msg.includes(r.target));
+          const gone = alive.filter((r) => !r.proc.alive || r.endpoints.some((e) => msg.includes(e)));
           if (gone.length === 0) throw err;
           for (const r of gone) {
             r.dead = `${label}: ${msg}`;
@@ -448,11 +454,25 @@ function buildReport(
       notes.push(line + (opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : ''));
     }
   }
+  // "Throughput grows with cores" (DESIGN.md): the agent with 2 workers against 1, at the highest
+  // concurrency measured (c = 64 by default), where a second worker has the most to take.
+  const cMax = Math.max(...plan.concurrencies);
+  for (const variant of variants) {
+    const one = find('agent', variant, 'closed', cMax);
+    const two = find('agent-2w', variant, 'closed', cMax);
+    if (one === undefined || two === undefined || !(one.result.throughput > 0)) continue;
+    const r = two.result.throughput / one.result.throughput;
+    notes.push(
+      `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
+        `"throughput grows with cores" (DESIGN.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
+        (opts.smoke ? ' — smoke run: no verdict' : ''),
+    );
+  }
   if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent')) notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');
   for (const s of skipped) notes.push(`skipped ${s.server}: ${s.reason}`);
   notes.push(...extraNotes);
   notes.push(
-    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run; every server in a process of its own, the load generator in another (${client === 'raw' ? 'bench/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
+    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'bench/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
     `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s) and the best round is reported (highest throughput; lowest p99, with that round's p50 and p99.9). Requests and errors add up all rounds.`,
     `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
     `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,

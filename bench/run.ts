@@ -7,6 +7,7 @@ import { runCoordinatorBench } from './coordinator.js';
 import { runAllocatorBench } from './allocator.js';
 import { runAccuracyBench } from './accuracy.js';
 import { runAgentBench } from './agent-rls.js';
+import { runCoordinatorMemoryBench } from './coordinator-memory.js';
 import { toMarkdown, writeResults, type BenchReport } from './bench-report.js';
 
 type BenchFn = (opts: { smoke: boolean; progress: (msg: string) => void }) => BenchReport | Promise<BenchReport>;
@@ -18,6 +19,8 @@ const benches: Record<string, BenchFn> = {
   allocator: runAllocatorBench,
   accuracy: runAccuracyBench,
   agent: runAgentBench,
+  cascade: async (o) => (await import('./cascade.js')).runCascadeBench(o),
+  'coordinator-memory': runCoordinatorMemoryBench,
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

@@ -156,6 +156,11 @@ export class RawH2Session {
 
   private settingsReceived: (() => void) | null = null;
 
+  /** Why the connection ended (null while open): requests made now fail at once with it. */
+  get closedReason(): string | null {
+    return this.closed;
+  }
+
   get inFlight(): number {
     return this.streams.size + this.queue.length;
   }

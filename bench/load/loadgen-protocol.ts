@@ -3,12 +3,29 @@
 
 export type LoadMode = 'closed' | 'paced';
 
+/** One server: its address, or all of its addresses (see LoadJob.targets). */
+export type LoadTarget = string | readonly string[];
+
+/** The addresses of a target. */
+export function targetAddresses(target: LoadTarget): readonly string[] {
+  return typeof target === 'string' ? [target] : target;
+}
+
+/** A target as one string, for messages. */
+export function targetLabel(target: LoadTarget): string {
+  return targetAddresses(target).join(' + ');
+}
+
 export interface LoadJob {
   /**
-   * Unix socket paths (starting with '/') or 'host:port' (TCP, cleartext HTTP/2). With several,
-   * they take turns `sliceMs` at a time, each getting warmupMs + measureMs of load in all.
+   * The servers under test. Each is one address — a Unix socket path (starting with '/') or
+   * 'host:port' (TCP, cleartext HTTP/2) — or the list of addresses of one server that serves on
+   * several sockets (the agent with several workers: one socket per worker); its `sessions` are
+   * then spread over them round-robin (session k to address k mod n, at least one session per
+   * address). With several servers they take turns `sliceMs` at a time, each getting
+   * warmupMs + measureMs of load in all.
    */
-  readonly targets: readonly string[];
+  readonly targets: readonly LoadTarget[];
   readonly sliceMs: number;
   readonly domain: string;
   readonly tenants: number;
@@ -16,7 +33,7 @@ export interface LoadJob {
   readonly mode: LoadMode;
   readonly concurrency: number;
   readonly rate: number;
-  /** HTTP/2 connections; the streams are spread over them round-robin. */
+  /** HTTP/2 connections per target (raised to its number of addresses); the streams are spread over them round-robin. */
   readonly sessions: number;
   /** 'http2': node:http2's client. 'raw': bench/load/h2-raw.ts, frames written and read directly. */
   readonly client: 'http2' | 'raw';

@@ -9,6 +9,10 @@
 //          answer is read only as far as the gRPC status and the overall_code. About 8× the CPU
 //          of raw, about what the grpc-js server spends per request.
 //
+// A target may be several addresses of one server (the agent with one socket per worker): its
+// sessions are spread over them, session k to address k mod n, so each worker gets its share of
+// the streams, as Envoy spreads its checks over every endpoint of the cluster.
+//
 // Several targets (servers) in one job take turns, LoadJob.sliceMs at a time, round-robin, each
 // with its own connections and counters: on a shared machine a noisy second then lands on all of
 // them alike instead of on whichever was being measured.
@@ -33,7 +37,7 @@ import http2 from 'node:http2';
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, decodeResponse, tenantFrames } from './rls-wire.js';
-import type { FromLoadGen, LatencySummary, LoadJob, PhaseResult, ToLoadGen } from './loadgen-protocol.js';
+import { targetAddresses, type FromLoadGen, type LatencySummary, type LoadJob, type PhaseResult, type ToLoadGen } from './loadgen-protocol.js';
 import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './h2-raw.js';
 
 const HEADERS: http2.OutgoingHttpHeaders = {
@@ -370,13 +374,16 @@ export async function runJob(job: LoadJob, onProgress: (phase: 'warmup' | 'measu
   };
   try {
     for (const [i, run] of runs.entries()) {
-      const target = job.targets[i] ?? '';
-      for (let k = 0; k < Math.max(1, job.sessions); k++) {
+      // A target with several addresses (one socket per worker): session k goes to address k mod n.
+      const addresses = targetAddresses(job.targets[i] ?? '');
+      if (addresses.length === 0) throw new Error(`target ${i} has no address`);
+      for (let k = 0; k < Math.max(1, job.sessions, addresses.length); k++) {
+        const address = addresses[k % addresses.length] ?? '';
         try {
-          if (job.client === 'raw') run.rawSessions.push(await RawH2Session.connect(target, run));
-          else run.sessions.push(await connect(target));
+          if (job.client === 'raw') run.rawSessions.push(await RawH2Session.connect(address, run));
+          else run.sessions.push(await connect(address));
         } catch (err) {
-          throw new Error(`connect ${target}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+          throw new Error(`connect ${address}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
         }
       }
     }

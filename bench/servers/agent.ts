@@ -1,7 +1,10 @@
 // The cellquota agent as a server under test: writes bench-rules.ts's rules as YAML files and starts
 // it with startAgent(parseAgentConfig(...), logger) — alone (no coordinators; the rules here are
-// local ones), one serving worker (the same single event loop as the grpc-js baselines), its RLS
-// server on the benchmark's target and nothing else (no HTTP API).
+// local ones), one serving worker by default (the same single event loop as the grpc-js baselines;
+// `options.workers` for more: worker i > 0 serves on `<socket>.<i>`, or TCP port + i — all of them
+// reported as `endpoints` for the load generator to spread its connections over, as Envoy spreads
+// its checks over every endpoint of the cluster), its RLS server on the benchmark's target and
+// nothing else (no HTTP API).
 //
 // One deviation from the agent's defaults: the lag guard is off (lagThresholdMs 0). With it, a
 // saturated agent answers fail-open without deciding (marked x-ratelimit-degraded) — right in
@@ -23,18 +26,25 @@ export function writeRules(dir: string): string {
 }
 
 export async function start(target: string, options: ServerOptions): Promise<RunningServer> {
+  const workers = options.workers ?? 1;
   const input: AgentConfigInput = {
     cell: 'bench',
     rules: writeRules(options.scratchDir),
-    workers: 1,
+    workers,
     logLevel: 'warn',
     lagThresholdMs: 0,
     ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
   };
   const config = parseAgentConfig(input);
   const agent = await startAgent(config, createRootLogger({ level: config.logLevel, name: 'bench-agent' }));
+  const endpoints = [...agent.endpoints.rlsUnix, ...agent.endpoints.rlsTcp];
+  if (endpoints.length !== workers) {
+    await agent.stop();
+    throw new Error(`the agent serves on ${endpoints.length} endpoint(s) (${endpoints.join(', ')}), expected one per worker (${workers})`);
+  }
   return {
     stop: () => agent.stop(),
-    description: `cellquota agent (startAgent), 1 worker, lag guard off, local rules only, serving ${[...agent.endpoints.rlsUnix, ...agent.endpoints.rlsTcp].join(', ')}`,
+    endpoints,
+    description: `cellquota agent (startAgent), ${workers} worker${workers === 1 ? '' : 's'}, lag guard off, local rules only, serving ${endpoints.join(', ')}`,
   };
 }

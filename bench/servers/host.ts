@@ -5,7 +5,7 @@ import { pathToFileURL } from 'node:url';
 import type { RunningServer, ServerOptions, StartServer } from './server-module.js';
 
 export type ToHost = { readonly type: 'start'; readonly modulePath: string; readonly target: string; readonly options: ServerOptions } | { readonly type: 'stop' };
-export type FromHost = { readonly type: 'ready'; readonly description: string } | { readonly type: 'failed'; readonly message: string } | { readonly type: 'stopped' };
+export type FromHost = { readonly type: 'ready'; readonly description: string; readonly endpoints: readonly string[] } | { readonly type: 'failed'; readonly message: string } | { readonly type: 'stopped' };
 
 function send(msg: FromHost): void {
   if (process.send !== undefined && process.connected) process.send(msg);
@@ -33,7 +33,7 @@ async function startServer(msg: Extract<ToHost, { type: 'start' }>): Promise<voi
     const mod = (await import(pathToFileURL(msg.modulePath).href)) as { start?: StartServer };
     if (typeof mod.start !== 'function') throw new Error(`${msg.modulePath} exports no start()`);
     running = await mod.start(msg.target, msg.options);
-    send({ type: 'ready', description: running.description ?? '' });
+    send({ type: 'ready', description: running.description ?? '', endpoints: running.endpoints ?? [msg.target] });
   } catch (err) {
     send({ type: 'failed', message: err instanceof Error ? (err.stack ?? err.message) : String(err) });
     stopAndExit(1);

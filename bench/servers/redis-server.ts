@@ -91,4 +91,12 @@ export class RedisServer {
   killNow(): void {
     if (!this.exited) this.child.kill('SIGKILL');
   }
+
+  /** SIGKILL (a crash, no shutdown work), resolved once the process has exited. */
+  async kill(): Promise<void> {
+    if (this.exited) return;
+    const exited = new Promise<void>((resolve) => this.child.once('exit', () => resolve()));
+    this.child.kill('SIGKILL');
+    await exited;
+  }
 }

@@ -12,12 +12,24 @@ export interface ServerOptions {
   readonly redisSocket?: string;
   /** The ceiling's codec: none at all (default), or proto-loader/protobufjs. */
   readonly codec?: 'raw' | 'protobufjs';
+  /**
+   * bench/servers/rlf-quota.ts: one quota, rate-limiter-flexible points per duration, for each
+   * value of descriptor entry `key` in `domain` (the accuracy benchmark's central-Redis variant).
+   */
+  readonly quota?: { readonly domain: string; readonly key: string; readonly points: number; readonly durationSec: number };
+  /** The agent's serving workers (bench/servers/agent.ts; default 1), each on a socket of its own. */
+  readonly workers?: number;
 }
 
 export interface RunningServer {
   stop(): Promise<void>;
   /** One line on what runs (versions, settings), for the report's notes. */
   readonly description?: string;
+  /**
+   * Every address it answers on, when that is more than `target` (the agent with several workers:
+   * one socket per worker); the load generator spreads its connections over them. Default [target].
+   */
+  readonly endpoints?: readonly string[];
 }
 
 export type StartServer = (target: string, options: ServerOptions) => Promise<RunningServer>;

@@ -16,6 +16,8 @@ export class ServerProcess {
     readonly name: string,
     private readonly child: ChildProcess,
     readonly description: string,
+    /** Every address the server answers on (several for the agent with several workers). */
+    readonly endpoints: readonly string[],
   ) {}
 
   get pid(): number | undefined {
@@ -41,7 +43,7 @@ export class ServerProcess {
       rejectEarly(new Error(`${name}: exited before it was ready (${signal ?? code})${tail.length > 0 ? ':\n' + tail.join('\n') : ''}`));
     child.once('exit', onEarlyExit);
     try {
-      const description = await new Promise<string>((resolve, reject) => {
+      const ready = await new Promise<{ description: string; endpoints: readonly string[] }>((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`${name}: not ready after ${timeoutMs} ms`)), timeoutMs);
         rejectEarly = (err) => {
           clearTimeout(timer);
@@ -51,7 +53,7 @@ export class ServerProcess {
         child.on('message', (msg: FromHost) => {
           if (msg.type === 'ready') {
             clearTimeout(timer);
-            resolve(msg.description);
+            resolve({ description: msg.description, endpoints: msg.endpoints.length > 0 ? msg.endpoints : [target] });
           } else if (msg.type === 'failed') {
             clearTimeout(timer);
             reject(new Error(`${name}: ${msg.message}`));
@@ -60,7 +62,7 @@ export class ServerProcess {
         child.send({ type: 'start', modulePath, target, options } satisfies ToHost);
       });
       child.off('exit', onEarlyExit);
-      const proc = new ServerProcess(name, child, description);
+      const proc = new ServerProcess(name, child, ready.description, ready.endpoints);
       child.once('exit', () => {
         proc.exited = true;
       });

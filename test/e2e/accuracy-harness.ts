@@ -12,8 +12,11 @@ import { join, resolve } from 'node:path';
 import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
 import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../bench/load/h2-raw.js';
 import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
+import { RedisServer, findRedisServer } from '../../bench/servers/redis-server.js';
+import { ServerProcess } from '../../bench/servers/server-process.js';
 
 const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
+const rlfQuotaModule = resolve(import.meta.dirname, '../../bench/servers/rlf-quota.ts');
 export const BIN_MS = 100;
 
 export interface ScenarioOptions {
@@ -22,8 +25,21 @@ export interface ScenarioOptions {
   readonly burst: number;
   readonly cells: readonly string[];
   /** Leased from three coordinators (floorFraction of the quota split over the cells as floors), or
-   * every agent alone on a static share of the quota (no coordinator at all). */
-  readonly mode: { readonly kind: 'leased'; readonly floorFraction: number } | { readonly kind: 'static'; readonly share: number };
+   * every agent alone on a static share of the quota (no coordinator at all), or — no agent at
+   * all — one RLS server per cell (each a process of its own, bench/servers/rlf-quota.ts) all
+   * counting in ONE redis-server: rate-limiter-flexible's RateLimiterRedis, a fixed window of
+   * `quota` points per 1 s (the burst is not used: a fixed window has none). Needs redis-server
+   * (on PATH or $REDIS_SERVER): Scenario.start throws when there is none. */
+  readonly mode:
+    | { readonly kind: 'leased'; readonly floorFraction: number }
+    | { readonly kind: 'static'; readonly share: number }
+    | { readonly kind: 'central-redis' };
+}
+
+/** Where the checks of one cell go: an agent's socket, or a central-redis RLS server's. */
+export interface CellTarget {
+  readonly cell: string;
+  readonly socket: string;
 }
 
 export interface RunningAgent {
@@ -35,6 +51,10 @@ export interface RunningAgent {
 }
 
 export class Scenario {
+  /** Mode 'central-redis': the shared redis-server and the RLS server of each cell (no agents). */
+  redis: RedisServer | null = null;
+  readonly rlsServers: { readonly cell: string; readonly socket: string; readonly proc: ServerProcess }[] = [];
+
   private constructor(
     readonly opts: ScenarioOptions,
     readonly root: string,
@@ -42,12 +62,40 @@ export class Scenario {
     readonly agents: RunningAgent[],
   ) {}
 
+  /** The socket of each cell, in the order of opts.cells: its agent's, or its RLS server's. */
+  targets(): CellTarget[] {
+    return this.opts.mode.kind === 'central-redis' ? this.rlsServers.map((r) => ({ cell: r.cell, socket: r.socket })) : this.agents.map((a) => ({ cell: a.cell, socket: a.socket }));
+  }
+
   /** Starts everything and waits until every agent serves (and, leased, holds a lease). */
   static async start(opts: ScenarioOptions, progress: (msg: string) => void = () => undefined): Promise<Scenario> {
     const cluster = opts.mode.kind === 'leased' ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)]) : null;
     const root = cluster?.root ?? mkdtempSync(join(tmpdir(), 'cq-accuracy-'));
     const s = new Scenario(opts, root, cluster, []);
     try {
+      if (opts.mode.kind === 'central-redis') {
+        const bin = findRedisServer();
+        if (bin === null) throw new Error('central-redis: redis-server is not installed (not on PATH, $REDIS_SERVER unset)');
+        progress(`starting redis-server (${bin}) and ${opts.cells.length} RLS servers counting in it (rate-limiter-flexible RateLimiterRedis, ${opts.quota} points per 1 s)`);
+        s.redis = await RedisServer.start(bin, root);
+        const redisSocket = s.redis.socket;
+        const quota = { domain: 'api', key: 'tenant', points: opts.quota, durationSec: 1 };
+        let output = '';
+        const keep = (line: string): void => {
+          output = (output + line + '\n').slice(-20_000);
+        };
+        const started = await Promise.allSettled(
+          opts.cells.map(async (cell) => {
+            const socket = join(root, `${cell}.sock`);
+            const proc = await ServerProcess.start(cell, rlfQuotaModule, socket, { scratchDir: root, store: 'redis', redisSocket, quota }, keep);
+            s.rlsServers.push({ cell, socket, proc });
+          }),
+        );
+        const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+        if (failed !== undefined) throw new Error(`central-redis: an RLS server did not start: ${String(failed.reason)}\n${output.slice(-2000)}`);
+        s.rlsServers.sort((a, b) => opts.cells.indexOf(a.cell) - opts.cells.indexOf(b.cell));
+        return s;
+      }
       writeFileSync(join(root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
       writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`);
       let coordinators: string | null = null;
@@ -99,6 +147,8 @@ export class Scenario {
   }
 
   async stop(): Promise<void> {
+    await Promise.allSettled(this.rlsServers.map((r) => r.proc.stop(2000)));
+    await this.redis?.stop();
     for (const a of this.agents) {
       if (a.proc.exitCode === null && a.proc.signalCode === null) {
         const exited = new Promise<void>((ok) => a.proc.once('exit', () => ok()));
@@ -177,9 +227,10 @@ export class PacedLoad implements StreamSink {
     this.t0 = performance.now();
   }
 
-  static async connect(agents: readonly RunningAgent[]): Promise<PacedLoad> {
-    const load = new PacedLoad(agents.map((a) => a.cell));
-    for (const a of agents) load.sessions.push(await RawH2Session.connect(a.socket, load));
+  /** One connection per cell: to its agent (a RunningAgent is a CellTarget), or to whatever Scenario.targets() names. */
+  static async connect(cells: readonly CellTarget[]): Promise<PacedLoad> {
+    const load = new PacedLoad(cells.map((a) => a.cell));
+    for (const a of cells) load.sessions.push(await RawH2Session.connect(a.socket, load));
     return load;
   }
 
