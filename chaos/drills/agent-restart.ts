@@ -1,0 +1,25 @@
+// Drill 7: the agent of the busiest cell killed (-9) and started again under load. It comes back on
+// its static share (no larger than its floor) with empty buckets, so it cannot over-admit while it
+// has no lease; then it leases again. Its checks fail while it is down — Envoy applies its failure
+// mode there — and are excused from the error count for exactly that span.
+import type { Drill } from '../drill-runner.js';
+
+export const agentRestart: Drill = {
+  name: 'agent-restart',
+  title: 'the busiest cell\'s agent killed and restarted under load',
+  recoveryLimitMs: 8000,
+  async run(ctx) {
+    const cell = 'cell-a';
+    const heal = ctx.fault(`kill -9 agent ${cell}, start it again`);
+    const from = ctx.now();
+    await ctx.d.signalAgent(cell, 'SIGKILL');
+    ctx.d.startAgent(cell);
+    await ctx.d.waitForAgent(cell, false, 30_000);
+    // The load process reconnects within 100 ms of the socket's return.
+    ctx.excuseErrors(cell, from, ctx.now() + 500);
+    heal();
+    await ctx.d.waitForAgent(cell, true, 30_000);
+    ctx.note(`${cell} leased again`);
+    await ctx.sleep(6000);
+  },
+};

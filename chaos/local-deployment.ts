@@ -1,0 +1,348 @@
+// The deployment a drill runs against: three coordinator replicas and one agent per cell, real
+// processes on loopback started from this checkout (`node --import tsx cli/main.ts ...`), with a
+// fault proxy (chaos/fault-proxy.ts) on every path a fault may cut:
+//
+//   coordinator i → coordinator j   one proxy per ordered pair: replica i's --peers names j at it,
+//                                   so i→j and j→i can be cut apart (a one-way cut)
+//   agent of cell c → coordinator j one proxy per pair: the agent's --coordinators is
+//                                   j=PROXY,... so it follows a leader by id to its own proxy
+//
+// The admin API is not proxied: the drill's admin clients are operators, not part of the fault.
+// Every process writes its output to <dir>/logs/<name>.log, kept as evidence next to the timeline.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream, existsSync, mkdirSync, writeFileSync, type WriteStream } from 'node:fs';
+import { createServer } from 'node:net';
+import { join, resolve } from 'node:path';
+import { FaultProxy } from './fault-proxy.js';
+
+const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
+
+export interface DeploymentOptions {
+  /** Where data, sockets and logs go (created). */
+  readonly dir: string;
+  readonly coordinators: readonly string[];
+  readonly cells: readonly string[];
+  /** The drill tenant's global quota (req/s) and burst. */
+  readonly quota: number;
+  readonly burst: number;
+  /** Share of the quota split evenly over the cells as floors. */
+  readonly floorFraction: number;
+  /** Extra environment per coordinator id (e.g. a failing-disk shim). */
+  readonly coordinatorEnv?: Readonly<Record<string, Readonly<Record<string, string>>>>;
+}
+
+export const TENANT = 'acme';
+export const DOMAIN = 'api';
+export const TIER = 'gold';
+
+interface Proc {
+  readonly name: string;
+  proc: ChildProcess | null;
+  log: WriteStream;
+  exit: { code: number | null; signal: string | null } | null;
+  paused: boolean;
+}
+
+export interface CoordinatorInfo extends Proc {
+  readonly id: string;
+  readonly peerPort: number;
+  readonly adminPort: number;
+  readonly dataDir: string;
+}
+
+export interface AgentInfo extends Proc {
+  readonly cell: string;
+  readonly socket: string;
+  readonly httpPort: number;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const srv = createServer();
+    srv.once('error', fail);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
+      srv.close(() => ok(port));
+    });
+  });
+}
+
+export class LocalDeployment {
+  readonly coordinators = new Map<string, CoordinatorInfo>();
+  readonly agents = new Map<string, AgentInfo>();
+  /** `${from}>${to}` → the proxy replica `from` reaches replica `to` through. */
+  readonly peerProxies = new Map<string, FaultProxy>();
+  /** `${cell}>${to}` → the proxy the agent of `cell` reaches replica `to` through. */
+  readonly agentProxies = new Map<string, FaultProxy>();
+  /** Extra environment per coordinator id, applied when it (re)starts. */
+  readonly coordinatorEnv = new Map<string, Readonly<Record<string, string>>>();
+  private readonly logDir: string;
+
+  private constructor(readonly opts: DeploymentOptions) {
+    this.logDir = join(opts.dir, 'logs');
+    for (const [id, env] of Object.entries(opts.coordinatorEnv ?? {})) this.coordinatorEnv.set(id, env);
+  }
+
+  static async create(opts: DeploymentOptions): Promise<LocalDeployment> {
+    const d = new LocalDeployment(opts);
+    mkdirSync(d.logDir, { recursive: true });
+    for (const id of opts.coordinators) {
+      d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await freePort(), adminPort: await freePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
+    }
+    for (const from of opts.coordinators) {
+      for (const to of opts.coordinators) {
+        if (from === to) continue;
+        d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, name: `${from}>${to}` }));
+      }
+    }
+    for (const cell of opts.cells) {
+      for (const to of opts.coordinators) {
+        d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, name: `${cell}>${to}` }));
+      }
+      d.agents.set(cell, { cell, name: `agent-${cell}`, socket: join(opts.dir, `${cell}.sock`), httpPort: await freePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+    }
+    writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
+    writeFileSync(join(opts.dir, 'tenants.yaml'), `tiers:\n  ${TIER}: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  ${TENANT}: ${TIER}\n`);
+    return d;
+  }
+
+  private openLog(name: string): WriteStream {
+    return createWriteStream(join(this.logDir, `${name}.log`), { flags: 'a' });
+  }
+
+  coordinator(id: string): CoordinatorInfo {
+    const c = this.coordinators.get(id);
+    if (c === undefined) throw new Error(`no coordinator ${id}`);
+    return c;
+  }
+
+  agent(cell: string): AgentInfo {
+    const a = this.agents.get(cell);
+    if (a === undefined) throw new Error(`no agent for cell ${cell}`);
+    return a;
+  }
+
+  adminUrl(id: string): string {
+    return `http://127.0.0.1:${this.coordinator(id).adminPort}`;
+  }
+
+  agentUrl(cell: string): string {
+    return `http://127.0.0.1:${this.agent(cell).httpPort}`;
+  }
+
+  /** Every proxy between replica `id` and the other replicas, both directions. */
+  peerLinks(id: string): { outbound: FaultProxy[]; inbound: FaultProxy[] } {
+    const outbound: FaultProxy[] = [];
+    const inbound: FaultProxy[] = [];
+    for (const [key, p] of this.peerProxies) {
+      const [from, to] = key.split('>');
+      if (from === id) outbound.push(p);
+      if (to === id) inbound.push(p);
+    }
+    return { outbound, inbound };
+  }
+
+  /** The proxies between a cell's agent and every replica. */
+  cellLinks(cell: string): FaultProxy[] {
+    return [...this.agentProxies].filter(([k]) => k.startsWith(`${cell}>`)).map(([, p]) => p);
+  }
+
+  private spawnLogged(p: Proc, args: readonly string[], env: Readonly<Record<string, string>> = {}): void {
+    if (p.proc !== null) throw new Error(`${p.name} is already running`);
+    p.log.write(`\n==== ${new Date().toISOString()} start: ${args.join(' ')}\n`);
+    const proc = spawn(process.execPath, ['--import', 'tsx', cliPath, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+    proc.stdout.pipe(p.log, { end: false });
+    proc.stderr.pipe(p.log, { end: false });
+    p.exit = null;
+    p.paused = false;
+    proc.on('exit', (code, signal) => {
+      p.log.write(`\n==== ${new Date().toISOString()} exit: code ${code} signal ${signal}\n`);
+      if (p.proc === proc) {
+        p.proc = null;
+        p.exit = { code, signal };
+      }
+    });
+    p.proc = proc;
+  }
+
+  startCoordinator(id: string): void {
+    const c = this.coordinator(id);
+    const peers = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${to === id ? c.peerPort : (this.peerProxies.get(`${id}>${to}`) as FaultProxy).port}`).join(',');
+    const adminPeers = this.opts.coordinators.map((to) => `${to}=${this.adminUrl(to)}`).join(',');
+    this.spawnLogged(c, ['coordinator', '--id', id, '--peers', peers, '--data-dir', c.dataDir, '--admin', `127.0.0.1:${c.adminPort}`, '--admin-peers', adminPeers,
+      '--floor-cells', String(this.opts.cells.length), '--log-level', 'info'], this.coordinatorEnv.get(id) ?? {});
+  }
+
+  startAgent(cell: string): void {
+    const a = this.agent(cell);
+    const coordinators = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${(this.agentProxies.get(`${cell}>${to}`) as FaultProxy).port}`).join(',');
+    // Before its first lease a cell runs on a static share no larger than the floor the ledger counts
+    // for it, so a fresh agent can never push the cells over the quota.
+    const share = this.opts.floorFraction / this.opts.cells.length;
+    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--tenants', join(this.opts.dir, 'tenants.yaml'),
+      '--static-share', String(share), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info']);
+  }
+
+  /** Starts everything, sets up the tier and tenant, and waits until every agent holds a lease. */
+  async start(progress: (msg: string) => void): Promise<void> {
+    progress(`starting ${this.opts.coordinators.length} coordinators`);
+    for (const id of this.opts.coordinators) this.startCoordinator(id);
+    const leader = await this.waitForLeader(60_000);
+    progress(`leader ${leader}; tier ${TIER} (${this.opts.quota}/s, burst ${this.opts.burst}, floors ${this.opts.floorFraction}) and tenant ${TENANT}`);
+    await this.adminWrite('PUT', `/v1/tiers/${TIER}`, { rate: this.opts.quota, burst: this.opts.burst, floorFraction: this.opts.floorFraction });
+    await this.adminWrite('PUT', `/v1/tenants/${TENANT}`, { tier: TIER });
+    progress(`starting ${this.opts.cells.length} agents`);
+    for (const cell of this.opts.cells) this.startAgent(cell);
+    for (const cell of this.opts.cells) await this.waitForAgent(cell, true, 60_000);
+  }
+
+  /** Waits until the agent serves (socket and /healthz), and, if `leased`, holds a lease. */
+  async waitForAgent(cell: string, leased: boolean, timeoutMs: number): Promise<void> {
+    const a = this.agent(cell);
+    await waitUntil(`agent ${cell} serving${leased ? ' with a lease' : ''}`, async () => {
+      if (a.proc === null) throw new Error(`agent ${cell} exited: ${JSON.stringify(a.exit)}`);
+      if (!existsSync(a.socket)) return false;
+      const h = await fetch(`${this.agentUrl(cell)}/healthz`, { signal: AbortSignal.timeout(1000) });
+      if (!h.ok) return false;
+      if (!leased) return true;
+      const metrics = await (await fetch(`${this.agentUrl(cell)}/metrics`, { signal: AbortSignal.timeout(1000) })).text();
+      return /^cellquota_agent_lease_state 1$/m.test(metrics);
+    }, timeoutMs);
+  }
+
+  /** The slice the agent decides with for the drill tenant, null when unreachable. */
+  async agentQuota(cell: string, timeoutMs = 500): Promise<{ source: string; rate: number; burst: number } | null> {
+    try {
+      const r = await fetch(`${this.agentUrl(cell)}/v1/quotas/tenant/${TENANT}`, { signal: AbortSignal.timeout(timeoutMs) });
+      if (!r.ok) return null;
+      return (await r.json()) as { source: string; rate: number; burst: number };
+    } catch {
+      return null;
+    }
+  }
+
+  /** Each live replica's view of the cluster (stale read), null when it does not answer. */
+  async clusterViews(timeoutMs = 500): Promise<Map<string, { leader: string | null; term: number; role: string } | null>> {
+    const out = new Map<string, { leader: string | null; term: number; role: string } | null>();
+    await Promise.all(this.opts.coordinators.map(async (id) => {
+      const c = this.coordinator(id);
+      if (c.proc === null || c.paused) {
+        out.set(id, null);
+        return;
+      }
+      try {
+        const r = await fetch(`${this.adminUrl(id)}/v1/cluster?stale=true`, { signal: AbortSignal.timeout(timeoutMs) });
+        out.set(id, r.ok ? ((await r.json()) as { leader: string | null; term: number; role: string }) : null);
+      } catch {
+        out.set(id, null);
+      }
+    }));
+    return out;
+  }
+
+  /** The leader named by the replica with the highest term among those that answer (null: none). */
+  async leader(timeoutMs = 500): Promise<string | null> {
+    let best: { leader: string | null; term: number } | null = null;
+    for (const v of (await this.clusterViews(timeoutMs)).values()) {
+      if (v !== null && (best === null || v.term > best.term || (v.term === best.term && best.leader === null))) best = v;
+    }
+    return best?.leader ?? null;
+  }
+
+  /** Polls until the live, unpaused replicas agree on a leader among them. */
+  async waitForLeader(timeoutMs = 20_000): Promise<string> {
+    let last = '';
+    const until = Date.now() + timeoutMs;
+    while (Date.now() < until) {
+      const views = [...(await this.clusterViews()).entries()].filter(([, v]) => v !== null);
+      const named = new Set(views.map(([, v]) => v?.leader ?? null));
+      const [only] = [...named];
+      if (views.length > 0 && named.size === 1 && typeof only === 'string') {
+        const c = this.coordinators.get(only);
+        if (c !== undefined && c.proc !== null && !c.paused) return only;
+      }
+      last = JSON.stringify(views);
+      await sleep(100);
+    }
+    throw new Error(`no agreed leader within ${timeoutMs} ms (last views: ${last})`);
+  }
+
+  /** A write through any live replica, following the redirect to the leader; retried for 20 s. */
+  async adminWrite(method: string, path: string, body: unknown): Promise<void> {
+    const until = Date.now() + 20_000;
+    let last = '';
+    while (Date.now() < until) {
+      for (const id of this.opts.coordinators) {
+        const c = this.coordinator(id);
+        if (c.proc === null || c.paused) continue;
+        try {
+          const r = await fetch(`${this.adminUrl(id)}${path}`, { method, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(5000) });
+          const text = await r.text();
+          if (r.ok) return;
+          last = `${r.status} ${text}`;
+        } catch (e) {
+          last = String(e);
+        }
+      }
+      await sleep(200);
+    }
+    throw new Error(`${method} ${path} did not succeed within 20 s: ${last}`);
+  }
+
+  /** Sends a signal to a coordinator; SIGKILL/SIGTERM wait for the exit. */
+  async signalCoordinator(id: string, signal: 'SIGKILL' | 'SIGTERM' | 'SIGSTOP' | 'SIGCONT'): Promise<void> {
+    await signalProc(this.coordinator(id), signal);
+  }
+
+  async signalAgent(cell: string, signal: 'SIGKILL' | 'SIGTERM' | 'SIGSTOP' | 'SIGCONT'): Promise<void> {
+    await signalProc(this.agent(cell), signal);
+  }
+
+  /** Heals every proxy, resumes what is paused, kills every process, stops the proxies. */
+  async stop(): Promise<void> {
+    const all: Proc[] = [...this.agents.values(), ...this.coordinators.values()];
+    for (const p of all) {
+      if (p.paused && p.proc !== null) p.proc.kill('SIGCONT');
+      p.paused = false;
+    }
+    await Promise.all(all.map((p) => signalProc(p, 'SIGKILL')));
+    await Promise.all([...this.peerProxies.values(), ...this.agentProxies.values()].map((p) => p.stop()));
+    await Promise.all(all.map((p) => new Promise<void>((ok) => p.log.end(ok))));
+  }
+}
+
+async function signalProc(p: Proc, signal: 'SIGKILL' | 'SIGTERM' | 'SIGSTOP' | 'SIGCONT'): Promise<void> {
+  const proc = p.proc;
+  if (proc === null) return;
+  if (signal === 'SIGSTOP' || signal === 'SIGCONT') {
+    proc.kill(signal);
+    p.paused = signal === 'SIGSTOP';
+    p.log.write(`\n==== ${new Date().toISOString()} ${signal}\n`);
+    return;
+  }
+  const exited = new Promise<void>((ok) => proc.once('exit', () => ok()));
+  if (p.paused) proc.kill('SIGCONT');
+  p.paused = false;
+  proc.kill(signal);
+  const timer = signal === 'SIGTERM' ? setTimeout(() => proc.kill('SIGKILL'), 10_000) : null;
+  await exited;
+  if (timer !== null) clearTimeout(timer);
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export async function waitUntil(what: string, fn: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  let lastError = '';
+  for (;;) {
+    try {
+      if (await fn()) return;
+    } catch (e) {
+      lastError = e instanceof Error ? e.message : String(e);
+      if (lastError.includes('exited')) throw e;
+    }
+    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === '' ? '' : ` (last error: ${lastError})`}`);
+    await sleep(200);
+  }
+}

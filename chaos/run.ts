@@ -1,0 +1,72 @@
+// `npm run chaos [-- --drill NAME[,NAME...]] [--out DIR] [--p99-ms N] [--keep-data] [--list]`: runs the
+// drills (all by default) one after the other against a fresh local deployment each, prints progress
+// and a verdict per drill, and writes <out>/<drill>/{timeline.json,timeline.svg,verdict.json,logs/}.
+// Exit status 0 when every verdict holds, 1 when one fails, 2 on bad arguments.
+import { writeFileSync, mkdirSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { runDrill, type DrillResult } from './drill-runner.js';
+import { DRILLS } from './drills/index.js';
+
+const usage = `usage: npm run chaos -- [--drill NAME[,NAME...]] [--out DIR] [--p99-ms N] [--keep-data] [--list]
+drills: ${DRILLS.map((d) => d.name).join(', ')}`;
+
+let values: { drill?: string; out: string; 'p99-ms': string; 'keep-data': boolean; list: boolean; help: boolean };
+try {
+  values = parseArgs({
+    options: {
+      drill: { type: 'string' },
+      out: { type: 'string', default: 'chaos/results' },
+      'p99-ms': { type: 'string', default: '1.5' },
+      'keep-data': { type: 'boolean', default: false },
+      list: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+  }).values;
+} catch (e) {
+  console.error(`${e instanceof Error ? e.message : String(e)}\n${usage}`);
+  process.exit(2);
+}
+if (values.help) {
+  console.log(usage);
+  process.exit(0);
+}
+if (values.list) {
+  for (const d of DRILLS) console.log(`${d.name.padEnd(24)} ${d.title}`);
+  process.exit(0);
+}
+const names = values.drill === undefined ? DRILLS.map((d) => d.name) : values.drill.split(',').map((s) => s.trim()).filter((s) => s !== '');
+const unknown = names.filter((n) => !DRILLS.some((d) => d.name === n));
+const p99 = Number(values['p99-ms']);
+if (unknown.length > 0 || names.length === 0 || !(p99 > 0)) {
+  console.error(`${unknown.length > 0 ? `unknown drill(s): ${unknown.join(', ')}` : names.length === 0 ? 'no drill named' : `--p99-ms must be a positive number, got '${values['p99-ms']}'`}\n${usage}`);
+  process.exit(2);
+}
+
+const out = resolve(values.out);
+mkdirSync(out, { recursive: true });
+const results: DrillResult[] = [];
+let interrupted = false;
+process.on('SIGINT', () => {
+  if (interrupted) process.exit(130);
+  interrupted = true;
+  console.log('\ninterrupted: finishing the current drill (its processes are stopped at its end); Ctrl-C again to leave now');
+});
+const started = Date.now();
+for (const name of names) {
+  if (interrupted) break;
+  const drill = DRILLS.find((d) => d.name === name);
+  if (drill === undefined) continue;
+  console.log(`▶ ${drill.name}: ${drill.title}`);
+  const r = await runDrill(drill, { out, p99LimitMs: p99, keepData: values['keep-data'], progress: (m) => console.log(`  ${m}`) });
+  results.push(r);
+  if (r.skipped !== undefined) console.log(`– ${drill.name}: SKIPPED (${r.skipped})`);
+  else {
+    for (const v of r.verdicts) console.log(`    ${v.ok ? 'ok  ' : 'FAIL'} ${v.name}: ${v.detail}`);
+    console.log(`${r.ok ? '✔' : '✘'} ${drill.name} ${r.ok ? 'passed' : 'FAILED'} in ${r.seconds.toFixed(0)} s — ${join(r.dir, 'timeline.svg')}`);
+  }
+}
+const failed = results.filter((r) => !r.ok);
+writeFileSync(join(out, 'summary.json'), JSON.stringify({ finishedAt: new Date().toISOString(), seconds: (Date.now() - started) / 1000, results }, null, 2));
+console.log(`\n${results.length - failed.length} of ${results.length} drills passed in ${((Date.now() - started) / 1000).toFixed(0)} s${failed.length > 0 ? `; failed: ${failed.map((r) => r.drill).join(', ')}` : ''}. Results in ${out}`);
+process.exit(failed.length > 0 ? 1 : 0);
