@@ -101,8 +101,13 @@ export class AdminWorkload {
         this.summary.writesFailed++;
         return { outcome: 'failed', value, status };
       }
-    } catch {
-      // timeout, reset, too many redirects: unknown
+    } catch (e) {
+      // Refused connection: the request never reached a server, so it was not applied. (Anything
+      // else — a timeout, a reset, too many redirects — may have been.)
+      if (e instanceof Error && (e.cause as { code?: string } | undefined)?.code === 'ECONNREFUSED') {
+        this.summary.writesFailed++;
+        return { outcome: 'failed', value, status };
+      }
     }
     this.history.push({ ...op, return: Infinity });
     this.summary.writesUnknown++;

@@ -7,9 +7,12 @@
 // ## Per quota, per round
 //
 // 1. Targets (max-min fair, water-filling). Demand d = allowed + refused velocity over the cell's last
-//    500 ms window. The capacity C is the quota minus what the allocator cannot move this round:
-//    unregistered floor slots and the counted use of cells that did not report (they get no grant:
-//    a grant would renew their lease and keep their capacity counted). Phase 1 splits C over the
+//    500 ms window. The capacity C is the quota minus the unregistered floor slots. Every cell takes
+//    part, also one that did not report this round (it gets no grant: a grant would renew its lease
+//    and keep its capacity counted) with the demand it last reported, or its floor alone once its
+//    lease is over — agents report every 500 ms and rounds run every 100 ms, so most rounds see one
+//    cell, and splitting only what the silent cells hold would freeze whoever grabbed the quota
+//    first (the chaos drills found that). Phase 1 splits C over the
 //    demands, each cell at least its floor: cells that want less than the fair level get their
 //    demand, the others share what is left equally (water-filling). Only if every demand fits does
 //    phase 2 hand out headroom (want = max(d × 1.2, d + max(1 req/s, 1% of the quota)), at most the
@@ -261,8 +264,13 @@ class Scratch {
   readonly flags: Uint8Array;
   /** localDecisions' flags, copied to `flags` only when it succeeds. */
   readonly lflags: Uint8Array;
+  /** Per silent cell (at [k, n)): its burst cap and burst floor. */
+  readonly pcapB: Float64Array;
+  readonly pflb: Float64Array;
   constructor(n: number) {
     const f = (): Float64Array => new Float64Array(n);
+    this.pcapB = f();
+    this.pflb = f();
     this.idx = new Int32Array(n);
     this.fl = f();
     this.flb = f();
@@ -308,6 +316,8 @@ interface Ctx {
   readonly localDecisions: boolean;
   readonly reported: Uint8Array;
   readonly released: Uint8Array;
+  /** 1: the cell has no live lease at the round's time (a silent one's demand is not counted). */
+  readonly lapsed: Uint8Array;
   readonly hasFloor: Uint8Array;
   /** Per slice: the level after this round (max(floor, grant)), filled for parents only. */
   readonly levelRate: Float64Array | null;
@@ -388,6 +398,7 @@ export function allocateRoundWith(input: AllocatorInput, options: { readonly fas
 
   const reported = new Uint8Array(n);
   const released = new Uint8Array(n);
+  const lapsed = new Uint8Array(n);
   const hasFloor = new Uint8Array(n);
   let reportedCells = 0;
   let releasedCells = 0;
@@ -404,6 +415,8 @@ export function allocateRoundWith(input: AllocatorInput, options: { readonly fas
       released[c] = 1;
       if (cell.reported) releasedCells++;
     }
+    // A cell without a live lease: when silent, its last demand no longer counts in the targets.
+    if (cell.leaseExpiresAtMs === null || input.nowMs >= cell.leaseExpiresAtMs) lapsed[c] = 1;
   }
 
   // Hierarchy: parents first (by depth), in input order within a depth.
@@ -519,6 +532,7 @@ export function allocateRoundWith(input: AllocatorInput, options: { readonly fas
     localDecisions: options.localDecisions,
     reported,
     released,
+    lapsed,
     hasFloor,
     levelRate: anyParent ? workspace.levelRate : null,
     levelBurst: anyParent ? workspace.levelBurst : null,
@@ -597,7 +611,7 @@ function validate(input: AllocatorInput, tuning: AllocatorTuning): void {
 
 function allocateQuota(ctx: Ctx, qi: number, tryLocal: boolean): void {
   const q = ctx.quotas[qi] as AllocatorQuota;
-  const { n, s, tuning, reported, released, hasFloor } = ctx;
+  const { n, s, tuning, reported, released, lapsed, hasFloor } = ctx;
   const sc = ctx.scratch;
   const { idx, fl, flb, cur, curb, u, ub, d, lo, hi1, hi2, nr, nb, flags } = sc;
   const base = qi * n;
@@ -625,10 +639,13 @@ function allocateQuota(ctx: Ctx, qi: number, tryLocal: boolean): void {
   let givenB = 0;
   let sumU = 0;
   let sumUB = 0;
-  let fixedR = 0;
-  let fixedB = 0;
   let sum1 = 0;
   let sum2 = 0;
+  let psum1 = 0;
+  let psum2 = 0;
+  let p = 0; // cells that did not report, at [n − p, n) of lo/hi1/hi2
+  const pcapB = sc.pcapB;
+  const pflb = sc.pflb;
   let k = 0; // reporting cells, compacted into idx[0..k)
   for (let c = 0; c < n; c++) {
     const i = base + c;
@@ -651,8 +668,20 @@ function allocateQuota(ctx: Ctx, qi: number, tryLocal: boolean): void {
     sumU += uu;
     sumUB += uub;
     if (reported[c] !== 1) {
-      fixedR += uu;
-      fixedB += uub;
+      // A cell that did not report this round gets no grant, but it takes part in the targets with
+      // the demand it last reported (a released one on its floor only), stored from the top of the
+      // scratch arrays: otherwise each round would split only what the silent cells leave, and with
+      // reports spread over rounds no cell's target would ever move (passiveWant).
+      p++;
+      const j = n - p;
+      const w = passiveWant(rel || lapsed[c] === 1 ? 0 : (demand[i] as number), R, H, headMin, capR === null ? Infinity : (capR[i] as number), f);
+      lo[j] = f;
+      hi1[j] = w.h1;
+      hi2[j] = w.h2;
+      psum1 += w.h1;
+      psum2 += w.h2;
+      pcapB[j] = capB === null ? Infinity : (capB[i] as number);
+      pflb[j] = fb;
       if (levelRate !== null && levelBurst !== null) {
         levelRate[i] = lvl;
         levelBurst[i] = lvlB;
@@ -704,17 +733,21 @@ function allocateQuota(ctx: Ctx, qi: number, tryLocal: boolean): void {
   const overB = usedB > B + epsB;
 
   // ---- targets ----------------------------------------------------------------------------------
-  const capacity = R - reservedR - fixedR;
+  // Max-min fair over every cell (reporting at [0, k), silent at [k, n): k + p = n); the reporting
+  // cells' targets are t[0..k), the silent cells' targets count against the burst capacity below.
+  const capacity = R - reservedR;
   // Usually every want fits (t = the wants, no split needed).
   let t: Float64Array = hi2;
-  if (sum2 > capacity) {
+  if (sum2 + psum2 > capacity) {
     t = sc.t;
-    if (sum1 <= capacity) waterFill(hi1, hi2, k, capacity, t, sc.fill);
-    else waterFill(lo, hi1, k, capacity, t, sc.fill);
+    if (sum1 + psum1 <= capacity) waterFill(hi1, hi2, n, capacity, t, sc.fill);
+    else waterFill(lo, hi1, n, capacity, t, sc.fill);
   }
   // Burst targets: proportional to the rate targets, under the burst's own capacity and parent cap.
-  const capacityB = B - reservedB - fixedB;
   const ratio = B / R;
+  let fixedB = 0;
+  for (let j = k; j < n; j++) fixedB += passiveBurst(t[j] as number, ratio, pcapB[j] as number, pflb[j] as number);
+  const capacityB = B - reservedB - fixedB;
   let sumB = 0;
   for (let j = 0; j < k; j++) {
     let want = (t[j] as number) * ratio;
@@ -1065,6 +1098,28 @@ const FAST_TRY_LOCAL = 1;
 const FAST_STAGED = 2;
 
 /**
+ * The phase-1 and phase-2 upper bounds of a cell that did not report this round, from the demand it
+ * last reported (0 for a cell whose lease the round releases): the same wants a reporting cell has.
+ */
+function passiveWant(demandRate: number, R: number, H: number, headMin: number, cap: number, f: number): { h1: number; h2: number } {
+  const dd = demandRate > 0 ? (demandRate < R ? demandRate : R) : 0; // NaN → 0
+  let want = dd * H;
+  if (want < dd + headMin) want = dd + headMin;
+  if (want > R) want = R;
+  if (dd === 0) want = 0; // a silent cell without demand keeps only its floor in the targets
+  const h1 = dd < cap ? dd : cap;
+  const h2 = want < cap ? want : cap;
+  return { h1: h1 > f ? h1 : f, h2: h2 > f ? h2 : f };
+}
+
+/** A silent cell's burst target for rate target `t` (as a reporting cell's, before any split). */
+function passiveBurst(t: number, ratio: number, capB: number, fb: number): number {
+  let want = t * ratio;
+  if (want > capB) want = capB;
+  return want > fb ? want : fb;
+}
+
+/**
  * The same round for one quota as the general path below, in one pass, for the common case where no
  * split binds: every cell's want fits (targets = wants, rates and bursts), every grow fits in the free
  * capacity, nobody is starved or short of burst, and the quota is not over its limit while something
@@ -1079,7 +1134,7 @@ function fastQuota(ctx: Ctx, qi: number): number {
   const n = ctx.n;
   const s = ctx.s;
   const kc = ctx.k;
-  const { reported, released, hasFloor } = ctx;
+  const { reported, released, lapsed, hasFloor } = ctx;
   const { idx, nr, nb, flags } = ctx.scratch;
   const base = qi * n;
   const R = q.rate;
@@ -1146,8 +1201,10 @@ function fastQuota(ctx: Ctx, qi: number): number {
     sumU += uu;
     sumUB += uub;
     if (reported[c] !== 1) {
-      fixedR += uu;
-      fixedB += uub;
+      // As in allocateQuota: a silent cell counts with its target, which is its want when all fit.
+      const w = passiveWant(rel || lapsed[c] === 1 ? 0 : (demand[i] as number), R, H, headMin, capR === null ? Infinity : (capR[i] as number), f);
+      fixedR += w.h2;
+      fixedB += passiveBurst(w.h2, ratio, capB === null ? Infinity : (capB[i] as number), fb);
       if (levelRate !== null && levelBurst !== null) {
         levelRate[i] = lvl;
         levelBurst[i] = lvlB;

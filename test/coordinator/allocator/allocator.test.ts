@@ -154,6 +154,28 @@ void test('a cell that stops reporting gets no grant; its capacity returns once 
   assert.deepEqual(levels(s), [900, 0, 0]);
 });
 
+void test('reports spread over rounds (one cell per round, as agents report every 500 ms and rounds run every 100 ms): the cells still converge to the fair split', () => {
+  // Found by the chaos drills: with only the reporting cell's target computed, against what the
+  // silent cells hold, a cell that grabbed the quota first kept it and a later one stayed on its floor.
+  const s = sim({ rate: 600, ff: 0.3 });
+  const cells = ['a', 'b', 'c'];
+  const d = { a: 450, b: 0, c: 0 } as Record<string, number>;
+  let round = 0;
+  const next = (): void => {
+    const turn = cells[round++ % 3] as string;
+    s.round({ demand: (_k, c) => d[c] ?? 0, reports: (c) => c === turn });
+  };
+  for (let r = 0; r < 9; r++) next();
+  assert.equal(s.level(KEY, 'a') > 400, true, `a alone takes most of the quota: ${levels(s).join(', ')}`);
+  d['b'] = 270;
+  d['c'] = 180;
+  for (let r = 0; r < 30; r++) next();
+  // Max-min fair with floors 60: c 180, a and b 210 each.
+  const lv = levels(s);
+  assert.equal(Math.abs((lv[0] ?? 0) - 210) <= 0.05 * 600 && Math.abs((lv[1] ?? 0) - 210) <= 0.05 * 600 && (lv[2] ?? 0) >= 180 * 0.95, true, `converged to 210 / 210 / 180: ${lv.join(', ')}`);
+  assert.equal(lv.reduce((x, y) => x + y, 0) <= 600 * (1 + 1e-9), true, `within the quota: ${lv.join(', ')}`);
+});
+
 void test('a lowered quota: no cell grows while the cells may use more than the new limit; shrinks bring it back', () => {
   const s = sim({ rate: 1000, ff: 0 });
   const d = { a: 400, b: 400, c: 0 } as Record<string, number>;
