@@ -45,7 +45,8 @@ export interface DrillContext {
   note(label: string): void;
   /** Declares when the system should be back to normal allocation (default: the last heal). */
   healedAt(t: number): void;
-  /** The checks of one cell between `from` and `to` are excused from the error count. */
+  /** The checks of one cell between `from` and `to` are excused from the error count and the latency
+   * (its agent is down or starting on purpose). */
   excuseErrors(cell: string, from: number, to: number): void;
   /** A verdict of the drill's own (e.g. "the paused leader stepped down"). */
   check(name: string, ok: boolean, detail: string): void;
@@ -211,7 +212,7 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
   verdicts.unshift(
     boundVerdict(measured, QUOTA, BURST),
     // Latency after the load's warm-up (connections, JIT): the first WARMUP_MS of answers are left out.
-    latencyVerdict(measured.filter((b) => b.t > loadStartedAt + WARMUP_MS), opts.p99LimitMs, firstFault),
+    latencyVerdict(measured.filter((b) => b.t > loadStartedAt + WARMUP_MS), opts.p99LimitMs, firstFault, excuses),
     errorsVerdict(measured, excuses),
     ...(healed === null ? [] : [recoveryVerdict(samples, measured, healed, drill.recoveryLimitMs, QUOTA, endAt)]),
   );

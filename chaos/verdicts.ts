@@ -15,7 +15,8 @@ export interface Verdict {
   readonly detail: string;
 }
 
-/** A span of one cell's checks excused from the error count (its agent was down on purpose). */
+/** A span of one cell's checks excused from the error count and the latency (its agent was down or
+ * starting on purpose). */
 export interface ErrorExcuse {
   readonly cell: number;
   readonly from: number;
@@ -72,9 +73,20 @@ export function boundVerdict(bins: readonly RecordedBin[], quota: number, burst:
   };
 }
 
-function latencies(bins: readonly RecordedBin[]): number[] {
+/** Whether cell `cell`'s checks in bin `b` are excused (its agent was restarting or warming up). */
+function excused(excuses: readonly ErrorExcuse[], cell: number, b: RecordedBin): boolean {
+  const from = b.t - b.durationMs;
+  // A bin that overlaps the excused span: checks in flight when the agent was killed fail too.
+  return excuses.some((e) => e.cell === cell && b.t > e.from && from < e.to);
+}
+
+function latencies(bins: readonly RecordedBin[], excuses: readonly ErrorExcuse[]): number[] {
   const all: number[] = [];
-  for (const b of bins) for (const c of b.cells) for (const l of c.latenciesUs) all.push(l);
+  for (const b of bins) {
+    b.cells.forEach((c, i) => {
+      if (!excused(excuses, i, b)) for (const l of c.latenciesUs) all.push(l);
+    });
+  }
   return all.sort((a, b) => a - b);
 }
 
@@ -86,17 +98,19 @@ const ms = (us: number | null): string => (us === null ? '–' : `${(us / 1000).
  * figure is for production hardware; here a target is a ratio against a baseline measured in the same
  * run) — p99 from the fault on ≤ 1.5 × the p99 of the steady state before it.
  */
-export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number, faultAt: number | null): Verdict {
-  const all = latencies(bins);
+export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number, faultAt: number | null, excuses: readonly ErrorExcuse[] = []): Verdict {
+  const all = latencies(bins, excuses);
   const p99 = quantile(all, 0.99);
   if (p99 === null) return { name: 'latency', ok: false, detail: 'no answers at all' };
-  const base = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t <= faultAt)), 0.99);
-  const during = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t > faultAt)), 0.99);
+  const base = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t <= faultAt), excuses), 0.99);
+  const during = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t > faultAt), excuses), 0.99);
   let worst = { p99: 0, at: 0 };
   let window: number[] = [];
   let windowMs = 0;
   for (const b of bins) {
-    for (const c of b.cells) window.push(...c.latenciesUs);
+    b.cells.forEach((c, i) => {
+      if (!excused(excuses, i, b)) window.push(...c.latenciesUs);
+    });
     windowMs += b.durationMs;
     if (windowMs >= 1000) {
       window.sort((a, b2) => a - b2);
@@ -120,16 +134,14 @@ export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number,
 
 export function errorsVerdict(bins: readonly RecordedBin[], excuses: readonly ErrorExcuse[]): Verdict {
   let errors = 0;
-  let excused = 0;
+  let excusedErrors = 0;
   let sent = 0;
   let first: number | null = null;
   for (const b of bins) {
     b.cells.forEach((c, i) => {
       sent += c.sent;
       if (c.errors === 0) return;
-      const from = b.t - b.durationMs;
-      // A bin that overlaps the excused span: checks in flight when the agent was killed fail too.
-      if (excuses.some((e) => e.cell === i && b.t > e.from && from < e.to)) excused += c.errors;
+      if (excused(excuses, i, b)) excusedErrors += c.errors;
       else {
         errors += c.errors;
         first ??= b.t;
@@ -139,7 +151,7 @@ export function errorsVerdict(bins: readonly RecordedBin[], excuses: readonly Er
   return {
     name: 'errors',
     ok: errors === 0,
-    detail: `${errors} failed checks of ${sent}${first === null ? '' : ` (first at ${fmtS(first)})`}${excused > 0 ? `; ${excused} more while an agent was down on purpose (Envoy's failure mode applies)` : ''}`,
+    detail: `${errors} failed checks of ${sent}${first === null ? '' : ` (first at ${fmtS(first)})`}${excusedErrors > 0 ? `; ${excusedErrors} more while an agent was down on purpose (Envoy's failure mode applies)` : ''}`,
   };
 }
 
