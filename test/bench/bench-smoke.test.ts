@@ -1,0 +1,48 @@
+// The smoke runs of the benchmarks that have no test of their own: each still runs end to end and
+// reports what it measures — finite figures in every row, its targets evaluated in the notes. No
+// figure is compared with a threshold (DESIGN.md: targets are judged by the full runs, side by side).
+// The others' smoke runs: agent-bench, agent-2w-bench, cascade-bench, coordinator-bench,
+// coordinator-memory-bench and accuracy-central-redis-bench.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { runAccuracyBench } from '../../bench/accuracy.js';
+import { runAgentMemoryBench } from '../../bench/agent-memory.js';
+import { runAllocatorBench } from '../../bench/allocator.js';
+import type { BenchReport } from '../../bench/bench-report.js';
+import { runRaftCoreBench } from '../../bench/raft-core.js';
+
+const quiet = { smoke: true, progress: (): void => undefined };
+
+function assertReport(r: BenchReport, name: string, numericColumns: readonly string[]): void {
+  assert.equal(r.name, name);
+  assert.equal(r.rows.length > 0, true, `${name}: rows`);
+  for (const row of r.rows) {
+    for (const col of numericColumns) {
+      const v = row[col];
+      assert.equal(typeof v === 'number' && Number.isFinite(v), true, `${name}: ${col} is a finite number in ${JSON.stringify(row)}`);
+    }
+  }
+  assert.equal(r.notes.length > 0, true, `${name}: notes`);
+}
+
+void test('raft-core smoke: commits per second in memory', () => {
+  const r = runRaftCoreBench(quiet);
+  assertReport(r, 'raft-core', Object.keys(r.rows[0] ?? {}).filter((k) => typeof r.rows[0]?.[k] === 'number'));
+});
+
+void test('agent-memory smoke: bucket table bytes and in-process decision latency', () => {
+  const r = runAgentMemoryBench(quiet);
+  assertReport(r, 'agent-memory', Object.keys(r.rows[0] ?? {}).filter((k) => typeof r.rows[0]?.[k] === 'number'));
+});
+
+void test('allocator smoke: round time and entry size per scale', () => {
+  const r = runAllocatorBench(quiet);
+  assertReport(r, 'allocator', Object.keys(r.rows[0] ?? {}).filter((k) => typeof r.rows[0]?.[k] === 'number'));
+});
+
+void test('accuracy smoke: coordinated slices against the static shares, with real processes', { timeout: 180_000 }, async () => {
+  const r = await runAccuracyBench({ ...quiet, kinds: ['leased', 'static'] });
+  assertReport(r, 'accuracy', ['admitted/s (skew)', 'errors']);
+  assert.deepEqual(r.rows.map((row) => row['variant']), ['coordinated (leased slices)', 'static Q÷3 per cell', 'static Q per cell']);
+  for (const row of r.rows) assert.equal(row['errors'], 0, `no failed checks: ${JSON.stringify(row)}`);
+});
