@@ -11,9 +11,9 @@
 // Every process writes its output to <dir>/logs/<name>.log, kept as evidence next to the timeline.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, existsSync, mkdirSync, writeFileSync, type WriteStream } from 'node:fs';
-import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { FaultProxy } from './fault-proxy.js';
+import { freePort } from '../test/coordinator/cluster/cluster-harness.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
 
@@ -54,18 +54,6 @@ export interface AgentInfo extends Proc {
   readonly cell: string;
   readonly socket: string;
   readonly httpPort: number;
-}
-
-export async function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const srv = createServer();
-    srv.once('error', fail);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
-      srv.close(() => ok(port));
-    });
-  });
 }
 
 export class LocalDeployment {

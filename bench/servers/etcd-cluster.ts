@@ -6,9 +6,9 @@
 // binary is found on PATH (or $ETCD_BIN); when there is none, the etcd rows are skipped.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, constants, mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
+import { freePort } from '../../test/coordinator/cluster/cluster-harness.js';
 
 export function findEtcd(): string | null {
   const explicit = process.env['ETCD_BIN'];
@@ -27,18 +27,6 @@ export function findEtcd(): string | null {
 export function etcdVersion(bin: string): string {
   const out = spawnSync(bin, ['--version'], { encoding: 'utf8' }).stdout;
   return /etcd Version:\s*(\S+)/.exec(out)?.[1] ?? 'unknown';
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const srv = createServer();
-    srv.once('error', fail);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
-      srv.close(() => ok(port));
-    });
-  });
 }
 
 /** Sum and count of a Prometheus histogram (no labels, or the first series) from a /metrics URL. */
