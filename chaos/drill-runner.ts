@@ -48,6 +48,9 @@ export interface DrillContext {
   /** The checks of one cell between `from` and `to` are excused from the error count and the latency
    * (its agent is down or starting on purpose). */
   excuseErrors(cell: string, from: number, to: number): void;
+  /** Every cell's latency between `from` and `to` is left out (and said so): a process starting on
+   * this shared machine (not errors: those still count). */
+  excuseLatency(from: number, to: number): void;
   /** A verdict of the drill's own (e.g. "the paused leader stepped down"). */
   check(name: string, ok: boolean, detail: string): void;
   /** The leader now (the replica with the highest term names it), waiting up to `timeoutMs`. */
@@ -175,6 +178,9 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
       },
       excuseErrors(cell, from, to) {
         excuses.push({ cell: CELLS.indexOf(cell as (typeof CELLS)[number]), from, to });
+      },
+      excuseLatency(from, to) {
+        excuses.push({ cell: -1, from, to });
       },
       check(name, ok, detail) {
         progress(`${ok ? 'ok' : 'FAILED'} ${name}: ${detail}`);

@@ -13,7 +13,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, existsSync, mkdirSync, writeFileSync, type WriteStream } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { FaultProxy } from './fault-proxy.js';
-import { freePort } from '../test/coordinator/cluster/cluster-harness.js';
+import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
 
@@ -76,19 +76,19 @@ export class LocalDeployment {
     const d = new LocalDeployment(opts);
     mkdirSync(d.logDir, { recursive: true });
     for (const id of opts.coordinators) {
-      d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await freePort(), adminPort: await freePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
+      d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await reservePort(), adminPort: await reservePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
     }
     for (const from of opts.coordinators) {
       for (const to of opts.coordinators) {
         if (from === to) continue;
-        d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, name: `${from}>${to}` }));
+        d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${from}>${to}` }));
       }
     }
     for (const cell of opts.cells) {
       for (const to of opts.coordinators) {
-        d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, name: `${cell}>${to}` }));
+        d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
       }
-      d.agents.set(cell, { cell, name: `agent-${cell}`, socket: join(opts.dir, `${cell}.sock`), httpPort: await freePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+      d.agents.set(cell, { cell, name: `agent-${cell}`, socket: join(opts.dir, `${cell}.sock`), httpPort: await reservePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
     }
     writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
     writeFileSync(join(opts.dir, 'tenants.yaml'), `tiers:\n  ${TIER}: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  ${TENANT}: ${TIER}\n`);

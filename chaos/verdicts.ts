@@ -16,7 +16,7 @@ export interface Verdict {
 }
 
 /** A span of one cell's checks excused from the error count and the latency (its agent was down or
- * starting on purpose). */
+ * starting on purpose); cell −1: every cell's latency only (a process starting on this machine). */
 export interface ErrorExcuse {
   readonly cell: number;
   readonly from: number;
@@ -73,11 +73,12 @@ export function boundVerdict(bins: readonly RecordedBin[], quota: number, burst:
   };
 }
 
-/** Whether cell `cell`'s checks in bin `b` are excused (its agent was restarting or warming up). */
+/** Whether cell `cell`'s checks in bin `b` are excused (its agent was restarting or warming up;
+ * cell −1: every cell's, for latency only). */
 function excused(excuses: readonly ErrorExcuse[], cell: number, b: RecordedBin): boolean {
   const from = b.t - b.durationMs;
   // A bin that overlaps the excused span: checks in flight when the agent was killed fail too.
-  return excuses.some((e) => e.cell === cell && b.t > e.from && from < e.to);
+  return excuses.some((e) => (e.cell === cell || e.cell === -1) && b.t > e.from && from < e.to);
 }
 
 function latencies(bins: readonly RecordedBin[], excuses: readonly ErrorExcuse[]): number[] {
@@ -125,10 +126,11 @@ export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number,
   const relative = ratio !== null && ratio <= 1.5;
   const ok = absolute || relative;
   const how = absolute ? `p99 ${ms(p99)} ≤ ${p99LimitMs} ms` : relative ? `p99 ${ms(p99)} > ${p99LimitMs} ms on this machine, but from the fault on ${ms(during)} = ${(ratio ?? 0).toFixed(2)} × the steady state's ${ms(base)} (≤ 1.5 ×)` : `p99 ${ms(p99)} > ${p99LimitMs} ms and from the fault on ${ms(during)} = ${ratio === null ? '?' : ratio.toFixed(2)} × the steady state's ${ms(base)} (> 1.5 ×)`;
+  const machineWide = excuses.filter((e) => e.cell === -1).reduce((a, e) => a + (e.to - e.from), 0);
   return {
     name: 'latency',
     ok,
-    detail: `${how}; ${all.length} answers, p50 ${ms(quantile(all, 0.5))}, p99.9 ${ms(quantile(all, 0.999))}, max ${ms(all.at(-1) ?? null)}; worst 1 s window p99 ${ms(worst.p99)} at ${fmtS(worst.at)}`,
+    detail: `${how}${machineWide > 0 ? ` (left out: ${(machineWide / 1000).toFixed(1)} s while a restarted agent started up, which takes this one machine's CPU from every other process)` : ''}; ${all.length} answers, p50 ${ms(quantile(all, 0.5))}, p99.9 ${ms(quantile(all, 0.999))}, max ${ms(all.at(-1) ?? null)}; worst 1 s window p99 ${ms(worst.p99)} at ${fmtS(worst.at)}`,
   };
 }
 
@@ -141,7 +143,7 @@ export function errorsVerdict(bins: readonly RecordedBin[], excuses: readonly Er
     b.cells.forEach((c, i) => {
       sent += c.sent;
       if (c.errors === 0) return;
-      if (excused(excuses, i, b)) excusedErrors += c.errors;
+      if (excused(excuses.filter((e) => e.cell !== -1), i, b)) excusedErrors += c.errors;
       else {
         errors += c.errors;
         first ??= b.t;

@@ -9,16 +9,30 @@ import { join, resolve } from 'node:path';
 
 const cliPath = resolve(import.meta.dirname, '../../../cli/main.ts');
 
+/** Ports handed out by this process (never twice). */
+const handedOut = new Set<number>();
+
+/**
+ * A free port for a process that binds it later, taken BELOW Linux's ephemeral range (32768–60999):
+ * a port found free in that range and released can be handed by the kernel to any other socket (a
+ * server listening on port 0, an outgoing connection) before its owner binds it — the chaos drills
+ * hit exactly that (a coordinator's EADDRINUSE).
+ */
 export async function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const srv = createServer();
-    srv.once('error', fail);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
-      srv.close(() => ok(port));
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const port = 20_000 + Math.floor(Math.random() * 12_000);
+    if (handedOut.has(port)) continue;
+    const free = await new Promise<boolean>((ok) => {
+      const srv = createServer();
+      srv.once('error', () => ok(false));
+      srv.listen(port, '127.0.0.1', () => srv.close(() => ok(true)));
     });
-  });
+    if (free) {
+      handedOut.add(port);
+      return port;
+    }
+  }
+  throw new Error('no free port in 20000–31999 after 200 tries');
 }
 
 export interface Replica {
