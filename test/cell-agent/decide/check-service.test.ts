@@ -24,7 +24,7 @@ void test('an exception inside the decision is answered fail-open, counted and l
     assert.equal(out.verdict, 'degraded');
     assert.equal(out.response.overallCode, 1);
     assert.equal(out.response.statuses.length, 2);
-    assert.deepEqual(out.response.responseHeadersToAdd, [{ key: 'x-ratelimit-degraded', value: 'true' }]);
+    assert.deepEqual(out.response.responseHeadersToAdd, [{ key: 'x-ratelimit-degraded', value: 'true' }, { key: 'x-ratelimit-fail-open', value: 'true' }], 'degraded and marked fail-open (outside the bound)');
   }
   const t = readStats(stats);
   assert.equal(t.failOpen.error, 3);
