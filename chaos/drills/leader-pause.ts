@@ -16,6 +16,7 @@ export const leaderPause: Drill = {
     const before = (await ctx.d.clusterViews()).get(leader);
     const heal = ctx.fault(`SIGSTOP leader ${leader} for ${PAUSE_MS / 1000} s`);
     await ctx.d.signalCoordinator(leader, 'SIGSTOP');
+    const pausedAt = ctx.now();
     // Writes to the paused leader itself, not following redirects: a 200 could only come from it.
     const url = ctx.d.adminUrl(leader);
     const pinned = [0, 1, 2, 3, 4, 5].map(async (i) => {
@@ -24,7 +25,7 @@ export const leaderPause: Drill = {
     });
     const next = await ctx.leader(10_000);
     ctx.check('new leader while paused', next !== leader, `${next} leads while ${leader} is paused`);
-    await ctx.sleep(Math.max(0, PAUSE_MS - 2000));
+    await ctx.sleep(Math.max(0, pausedAt + PAUSE_MS - ctx.now()));
     await ctx.d.signalCoordinator(leader, 'SIGCONT');
     const resumedAt = ctx.now();
     heal();
