@@ -3,15 +3,16 @@
 // quota Q, and ONE lean load generator (this process) that sends Envoy RLS checks over each agent's
 // Unix socket (bench/load/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
 // paced (open loop) at a rate per cell that can be changed at any time. Every answer is counted in
-// 100 ms bins per cell (sent, admitted, refused, errors, degraded), stamped with the time the answer
-// arrived; the analysis helpers below turn the bins into rates, windows and convergence times.
+// 100 ms bins per cell (sent, admitted, refused, errors, degraded), in the bin its check was SENT in
+// (whenever the answer came back); the analysis helpers below turn the bins into rates, windows
+// (with the admitted answers' latency as the slack of the bound) and convergence times.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
 import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../bench/load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
 import { RedisServer, findRedisServer } from '../../bench/servers/redis-server.js';
 import { ServerProcess } from '../../bench/servers/server-process.js';
 
@@ -193,15 +194,26 @@ export async function waitUntil(what: string, fn: () => Promise<boolean>, timeou
 }
 
 /** Counts of one cell over one 100 ms bin (by the time the answer arrived; `sent` by send time). */
+/** Counts of one cell's checks SENT in one 100 ms bin, with what came back for them whenever it came
+ * (so a stall of this process cannot bunch answers into a window they were not decided in). */
 export interface Bin {
   sent: number;
   admitted: number;
   refused: number;
   errors: number;
   degraded: number;
+  /** OK answers given without a decision (x-ratelimit-fail-open): not in `admitted`. */
+  failOpen: number;
+  /** The longest latency of an admitted answer, ms: its decision lies within [send, send + this]. */
+  maxAdmittedLatencyMs: number;
 }
 
-const emptyBin = (): Bin => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0 });
+const emptyBin = (): Bin => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, maxAdmittedLatencyMs: 0 });
+
+interface Sent {
+  readonly cell: number;
+  readonly at: number;
+}
 
 /**
  * Paced checks for tenant `acme` over every cell's socket: each cell has a rate (req/s) that may be
@@ -268,14 +280,15 @@ export class PacedLoad implements StreamSink {
       const session = this.sessions[c] as RawH2Session;
       for (let i = 0; i < n; i++) {
         this.inFlight++;
-        session.request(this.template, c);
+        session.request(this.template, { cell: c, at: now } satisfies Sent);
       }
     }
   }
 
   streamDone(token: unknown, body: Buffer | null, error: string | null): void {
     this.inFlight--;
-    const b = this.bin(token as number, this.now());
+    const sent = token as Sent;
+    const b = this.bin(sent.cell, sent.at);
     if (error !== null || body === null) {
       b.errors++;
       return;
@@ -283,8 +296,11 @@ export class PacedLoad implements StreamSink {
     const r = decodeResponse(body);
     if ((r & DEGRADED_FLAG) !== 0 && r >= 0) b.degraded++;
     const code = r < 0 ? -1 : r & 0xffff;
-    if (code === CODE_OK) b.admitted++;
-    else if (code === CODE_OVER_LIMIT) b.refused++;
+    if (code === CODE_OK && (r & FAIL_OPEN_FLAG) !== 0) b.failOpen++;
+    else if (code === CODE_OK) {
+      b.admitted++;
+      b.maxAdmittedLatencyMs = Math.max(b.maxAdmittedLatencyMs, this.now() - sent.at);
+    } else if (code === CODE_OVER_LIMIT) b.refused++;
     else b.errors++;
   }
 
@@ -310,6 +326,8 @@ export class PacedLoad implements StreamSink {
         out.refused += b.refused;
         out.errors += b.errors;
         out.degraded += b.degraded;
+        out.failOpen += b.failOpen;
+        out.maxAdmittedLatencyMs = Math.max(out.maxAdmittedLatencyMs, b.maxAdmittedLatencyMs);
       }
     }
     return out;
@@ -329,10 +347,32 @@ export class PacedLoad implements StreamSink {
 
   /** The most admitted (all cells) in any window of `windowMs` (whole bins) within [fromMs, toMs). */
   maxWindow(fromMs: number, toMs: number, windowMs = 1000): number {
-    let max = 0;
-    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + windowMs <= toMs; t += BIN_MS) max = Math.max(max, this.sum(null, t, t + windowMs).admitted);
-    return max;
+    return this.worstWindow(fromMs, toMs, 0, 0, windowMs).admitted;
   }
+
+  /**
+   * The window of send time closest to (or furthest over) the bound: checks sent within `windowMs`
+   * and admitted were decided within windowMs + u, u the longest admitted latency among them, so the
+   * bound for them is quota·(windowMs + u) + burst — exact whatever this process's scheduling was.
+   */
+  worstWindow(fromMs: number, toMs: number, quota: number, burst: number, windowMs = 1000): { admitted: number; limit: number; slackMs: number } {
+    let worst = { admitted: 0, limit: quota * (windowMs / 1000) + burst, slackMs: 0 };
+    let margin = -Infinity;
+    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + windowMs <= toMs; t += BIN_MS) {
+      let slack = 0;
+      for (const row of this.bins) {
+        for (let i = Math.floor(t / BIN_MS); i < Math.ceil((t + windowMs) / BIN_MS) && i < row.length; i++) slack = Math.max(slack, row[i]?.maxAdmittedLatencyMs ?? 0);
+      }
+      const admitted = this.sum(null, t, t + windowMs).admitted;
+      const limit = quota * ((windowMs + slack) / 1000) + burst;
+      if (admitted - limit > margin) {
+        margin = admitted - limit;
+        worst = { admitted, limit, slackMs: slack };
+      }
+    }
+    return worst;
+  }
+
 
   /**
    * ms from `fromMs` until cell `cell` first admits at ≥ `target` req/s over a window of `windowMs`
