@@ -9,7 +9,9 @@
 import { checkLinearizable, kvModel, type KvInput, type KvOutput, type Operation } from '../test/check/linearizability.js';
 import { sleep } from './local-deployment.js';
 
-const KEYS = ['lin-0', 'lin-1', 'lin-2'];
+/** The register tenants (also on a staging deployment: named so nobody mistakes them). */
+export const ADMIN_KEYS: readonly string[] = ['chaos-lin-0', 'chaos-lin-1', 'chaos-lin-2'];
+const KEYS = ADMIN_KEYS;
 const OP_TIMEOUT_MS = 3000;
 
 export interface AdminTarget {
@@ -17,6 +19,8 @@ export interface AdminTarget {
   urls(): readonly string[];
   /** The tier every register tenant is on. */
   readonly tier: string;
+  /** Bearer token for the admin API (null: none). */
+  readonly token: string | null;
 }
 
 export interface AdminWorkloadSummary {
@@ -70,6 +74,10 @@ export class AdminWorkload {
     }
   }
 
+  private auth(): Record<string, string> {
+    return this.target.token === null ? {} : { authorization: `Bearer ${this.target.token}` };
+  }
+
   private pick(pinned: string | null): string | null {
     if (pinned !== null) return pinned;
     const urls = this.target.urls();
@@ -88,7 +96,7 @@ export class AdminWorkload {
     const op = { clientId: client, input: { kind: 'put', key, value } as KvInput, output: null, call };
     let status: number | null = null;
     try {
-      const r = await fetch(`${url}/v1/tenants/${key}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tier: this.target.tier, rate: Number(value) }), redirect: opts.followRedirects === false ? 'manual' : 'follow', signal: AbortSignal.timeout(opts.timeoutMs ?? OP_TIMEOUT_MS) });
+      const r = await fetch(`${url}/v1/tenants/${key}`, { method: 'PUT', headers: { 'content-type': 'application/json', ...this.auth() }, body: JSON.stringify({ tier: this.target.tier, rate: Number(value) }), redirect: opts.followRedirects === false ? 'manual' : 'follow', signal: AbortSignal.timeout(opts.timeoutMs ?? OP_TIMEOUT_MS) });
       await r.arrayBuffer();
       status = r.status;
       if (r.status === 200) {
@@ -120,7 +128,7 @@ export class AdminWorkload {
     if (url === null) return undefined;
     const call = this.clock();
     try {
-      const r = await fetch(`${url}/v1/tenants/${key}`, { redirect: 'follow', signal: AbortSignal.timeout(OP_TIMEOUT_MS) });
+      const r = await fetch(`${url}/v1/tenants/${key}`, { redirect: 'follow', headers: this.auth(), signal: AbortSignal.timeout(OP_TIMEOUT_MS) });
       const body = (await r.json()) as { rate?: number };
       if (r.status === 200 || r.status === 404) {
         const value = r.status === 404 || typeof body.rate !== 'number' ? null : String(body.rate);

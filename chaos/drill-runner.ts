@@ -7,7 +7,7 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
 import { ChaosLoad, type RecordedBin } from './load.js';
-import { DOMAIN, LocalDeployment, TENANT, TIER, sleep } from './local-deployment.js';
+import { LocalDeployment, sleep } from './local-deployment.js';
 import { renderTimelineSvg } from './timeline-chart.js';
 import type { Timeline, TimelineEvent, TimelineSample } from './timeline.js';
 import { boundVerdict, errorsVerdict, latencyVerdict, quantile, recoveryVerdict, type ErrorExcuse, type Verdict } from './verdicts.js';
@@ -32,8 +32,40 @@ export interface DrillOptions {
   readonly keepData: boolean;
 }
 
-export interface DrillContext {
-  readonly d: LocalDeployment;
+/** What a drill runs against: the tenant it loads and the cells and coordinators it watches. */
+export interface DrillSpec {
+  readonly cells: readonly string[];
+  readonly coordinators: readonly string[];
+  readonly tenant: string;
+  readonly domain: string;
+  /** The tenant's quota (req/s) and burst: the bound is quota·1 s + burst. */
+  readonly quota: number;
+  readonly burst: number;
+  /** Offered req/s per cell, in the order of `cells`. */
+  readonly offered: readonly number[];
+  /** The tier of the tenants the operators' writes go to (null: no admin writes). */
+  readonly adminTier: string | null;
+  /** Bearer token for admin writes (null: none). */
+  readonly adminToken: string | null;
+}
+
+/** The deployment under a drill: the local one (local-deployment.ts) or one reached by address
+ * (remote-deployment.ts). */
+export interface DrillTarget {
+  readonly spec: DrillSpec;
+  start(progress: (msg: string) => void): Promise<void>;
+  stop(): Promise<void>;
+  /** Where each cell's RLS server listens (a Unix socket path or host:port), in the order of cells. */
+  rlsTargets(): string[];
+  /** Admin URLs of the replicas that may answer now. */
+  adminUrls(): string[];
+  agentQuota(cell: string, timeoutMs: number): Promise<{ source: string; rate: number; burst: number } | null>;
+  leader(timeoutMs: number): Promise<string | null>;
+  waitForLeader(timeoutMs: number): Promise<string>;
+}
+
+export interface DrillContext<D extends DrillTarget = LocalDeployment> {
+  readonly d: D;
   readonly admin: AdminWorkload;
   readonly load: ChaosLoad;
   /** ms since the drill started. */
@@ -57,14 +89,14 @@ export interface DrillContext {
   leader(timeoutMs?: number): Promise<string>;
 }
 
-export interface Drill {
+export interface Drill<D extends DrillTarget = LocalDeployment> {
   readonly name: string;
   readonly title: string;
   /** Stated time for normal allocation to return after the fault heals. */
   readonly recoveryLimitMs: number;
   /** Extra environment per coordinator id (built before the deployment starts). */
   readonly coordinatorEnv?: (dir: string) => Promise<Record<string, Record<string, string>> | { skip: string }>;
-  readonly run: (ctx: DrillContext) => Promise<void>;
+  readonly run: (ctx: DrillContext<D>) => Promise<void>;
 }
 
 export interface DrillResult {
@@ -83,7 +115,12 @@ interface SamplerPoint {
   readonly leader: string | null;
 }
 
+/** Runs a drill of the local deployment: three coordinators and three agents started here. */
 export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillResult> {
+  return runDrillOn(drill, opts, (dir, env) => LocalDeployment.create({ dir, coordinators: COORDINATORS, cells: CELLS, quota: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION, offered: OFFERED, coordinatorEnv: env }));
+}
+
+export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: DrillOptions, makeTarget: (dir: string, env: Record<string, Record<string, string>>) => Promise<D>): Promise<DrillResult> {
   const dir = join(opts.out, drill.name);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
@@ -102,7 +139,8 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
     env = e as Record<string, Record<string, string>>;
   }
 
-  const d = await LocalDeployment.create({ dir, coordinators: COORDINATORS, cells: CELLS, quota: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION, coordinatorEnv: env });
+  const d = await makeTarget(dir, env);
+  const { cells, coordinators, tenant, domain, quota, burst, offered } = d.spec;
   const events: TimelineEvent[] = [];
   const points: SamplerPoint[] = [];
   const excuses: ErrorExcuse[] = [];
@@ -116,11 +154,14 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
   let lastLeader: string | null = null;
   try {
     await d.start(progress);
-    admin = new AdminWorkload({ urls: () => COORDINATORS.filter((id) => d.coordinator(id).proc !== null && !d.coordinator(id).paused).map((id) => d.adminUrl(id)), tier: TIER }, now);
-    await admin.start();
-    load = await ChaosLoad.start({ sockets: CELLS.map((c) => d.agent(c).socket), rates: OFFERED, tenant: TENANT, domain: DOMAIN, binMs: BIN_MS, clock: now });
+    const adminTier = d.spec.adminTier;
+    if (adminTier !== null) {
+      admin = new AdminWorkload({ urls: () => d.adminUrls(), tier: adminTier, token: d.spec.adminToken }, now);
+      await admin.start();
+    }
+    load = await ChaosLoad.start({ sockets: d.rlsTargets(), rates: offered, tenant, domain, binMs: BIN_MS, clock: now });
     loadStartedAt = now();
-    progress(`load ${OFFERED.join('/')} req/s over ${CELLS.join(', ')} (quota ${QUOTA}/s, burst ${BURST}); admin writes running`);
+    progress(`load ${offered.join('/')} req/s over ${cells.join(', ')} (quota ${quota}/s, burst ${burst})${admin === null ? '' : '; admin writes running'}`);
 
     // The sampler: slices in force and lease state every SAMPLE_MS, the leader every other time.
     let busy = false;
@@ -131,13 +172,13 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
       const t = now();
       const askLeader = tick++ % 2 === 0;
       void Promise.all([
-        Promise.all(CELLS.map((c) => d.agentQuota(c, 150))),
+        Promise.all(cells.map((c) => d.agentQuota(c, 150))),
         askLeader ? d.leader(300) : Promise.resolve(lastLeader),
       ]).then(([quotas, leader]) => {
         lastLeader = leader;
         const slices: Record<string, number | null> = {};
         const leased: Record<string, number | null> = {};
-        CELLS.forEach((c, i) => {
+        cells.forEach((c, i) => {
           const q = quotas[i];
           slices[c] = q === null || q === undefined ? null : q.rate;
           leased[c] = q === null || q === undefined ? null : q.source === 'leased' ? 1 : 0;
@@ -149,8 +190,8 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
     }, SAMPLE_MS);
 
     const loadRef = load;
-    const adminRef = admin;
-    const ctx: DrillContext = {
+    const adminRef = admin ?? new AdminWorkload({ urls: () => [], tier: '', token: null }, now);
+    const ctx: DrillContext<D> = {
       d,
       admin: adminRef,
       load: loadRef,
@@ -177,7 +218,7 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
         healed = t;
       },
       excuseErrors(cell, from, to) {
-        excuses.push({ cell: CELLS.indexOf(cell as (typeof CELLS)[number]), from, to });
+        excuses.push({ cell: cells.indexOf(cell), from, to });
       },
       excuseLatency(from, to) {
         excuses.push({ cell: -1, from, to });
@@ -212,19 +253,19 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
 
   const bins = load?.bins ?? [];
   const endAt = now();
-  const samples = buildSamples(points, bins.filter((b) => b.t > loadStartedAt));
+  const samples = buildSamples(cells, points, bins.filter((b) => b.t > loadStartedAt));
   const measured = bins.filter((b) => b.t > loadStartedAt);
   const firstFault = events.find((e) => e.kind === 'fault')?.t ?? null;
   verdicts.unshift(
-    boundVerdict(measured, QUOTA, BURST),
+    boundVerdict(measured, quota, burst),
     // Latency after the load's warm-up (connections, JIT): the first WARMUP_MS of answers are left out.
     latencyVerdict(measured.filter((b) => b.t > loadStartedAt + WARMUP_MS), opts.p99LimitMs, firstFault, excuses),
     errorsVerdict(measured, excuses),
-    ...(healed === null ? [] : [recoveryVerdict(samples, measured, healed, drill.recoveryLimitMs, QUOTA, endAt)]),
+    ...(healed === null ? [] : [recoveryVerdict(samples, measured, healed, drill.recoveryLimitMs, quota, endAt)]),
   );
   verdicts.push(...own);
 
-  const timeline: Timeline = { drill: drill.name, title: drill.title, quota: QUOTA, bound: BURST, cells: CELLS, coordinators: COORDINATORS, startedAt, samples, events };
+  const timeline: Timeline = { drill: drill.name, title: drill.title, quota, bound: burst, cells, coordinators, startedAt, samples, events };
   writeFileSync(join(dir, 'timeline.json'), JSON.stringify(timeline));
   writeFileSync(join(dir, 'timeline.svg'), renderTimelineSvg(timeline));
   const ok = verdicts.every((v) => v.ok);
@@ -234,7 +275,7 @@ export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillR
 }
 
 /** One timeline sample per sampler point: the load bins since the previous point, as rates. */
-function buildSamples(points: readonly SamplerPoint[], bins: readonly RecordedBin[]): TimelineSample[] {
+function buildSamples(cells: readonly string[], points: readonly SamplerPoint[], bins: readonly RecordedBin[]): TimelineSample[] {
   const out: TimelineSample[] = [];
   let prev = bins[0] === undefined ? 0 : bins[0].t - bins[0].durationMs;
   let bi = 0;
@@ -246,7 +287,7 @@ function buildSamples(points: readonly SamplerPoint[], bins: readonly RecordedBi
     if (ms === 0) continue;
     const per = (f: (c: RecordedBin['cells'][number]) => number): Record<string, number> => {
       const o: Record<string, number> = {};
-      CELLS.forEach((cell, i) => {
+      cells.forEach((cell, i) => {
         o[cell] = Math.round((window.reduce((a, b) => a + f(b.cells[i] as RecordedBin['cells'][number]), 0) / ms) * 1000);
       });
       return o;

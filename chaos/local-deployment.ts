@@ -14,6 +14,7 @@ import { createWriteStream, existsSync, mkdirSync, writeFileSync, type WriteStre
 import { join, resolve } from 'node:path';
 import { FaultProxy } from './fault-proxy.js';
 import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
+import type { DrillSpec, DrillTarget } from './drill-runner.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
 
@@ -27,6 +28,8 @@ export interface DeploymentOptions {
   readonly burst: number;
   /** Share of the quota split evenly over the cells as floors. */
   readonly floorFraction: number;
+  /** The load the drills offer, req/s per cell in the order of `cells`. */
+  readonly offered: readonly number[];
   /** Extra environment per coordinator id (e.g. a failing-disk shim). */
   readonly coordinatorEnv?: Readonly<Record<string, Readonly<Record<string, string>>>>;
 }
@@ -56,7 +59,7 @@ export interface AgentInfo extends Proc {
   readonly httpPort: number;
 }
 
-export class LocalDeployment {
+export class LocalDeployment implements DrillTarget {
   readonly coordinators = new Map<string, CoordinatorInfo>();
   readonly agents = new Map<string, AgentInfo>();
   /** `${from}>${to}` → the proxy replica `from` reaches replica `to` through. */
@@ -70,6 +73,19 @@ export class LocalDeployment {
   private constructor(readonly opts: DeploymentOptions) {
     this.logDir = join(opts.dir, 'logs');
     for (const [id, env] of Object.entries(opts.coordinatorEnv ?? {})) this.coordinatorEnv.set(id, env);
+  }
+
+  get spec(): DrillSpec {
+    return { cells: this.opts.cells, coordinators: this.opts.coordinators, tenant: TENANT, domain: DOMAIN, quota: this.opts.quota, burst: this.opts.burst, offered: this.opts.offered, adminTier: TIER, adminToken: null };
+  }
+
+  rlsTargets(): string[] {
+    return this.opts.cells.map((c) => this.agent(c).socket);
+  }
+
+  /** The replicas running and not paused. */
+  adminUrls(): string[] {
+    return this.opts.coordinators.filter((id) => this.coordinator(id).proc !== null && !this.coordinator(id).paused).map((id) => this.adminUrl(id));
   }
 
   static async create(opts: DeploymentOptions): Promise<LocalDeployment> {

@@ -2,6 +2,7 @@
 // to it directly and wait in its socket; the other two elect a leader and go on. Resumed, the old
 // leader must step down (it hears the higher term), and nothing it took while isolated may commit:
 // none of those writes is acknowledged by it, and none of their values is ever read.
+import { ADMIN_KEYS } from '../admin-workload.js';
 import type { Drill } from '../drill-runner.js';
 
 const PAUSE_MS = 10_000;
@@ -21,7 +22,7 @@ export const leaderPause: Drill = {
     const url = ctx.d.adminUrl(leader);
     const pinned = [0, 1, 2, 3, 4, 5].map(async (i) => {
       await ctx.sleep(i * 300);
-      return ctx.admin.write(PINNED_CLIENT, `lin-${i % 3}`, url, { timeoutMs: PAUSE_MS + 8000, followRedirects: false });
+      return ctx.admin.write(PINNED_CLIENT, ADMIN_KEYS[i % ADMIN_KEYS.length] as string, url, { timeoutMs: PAUSE_MS + 8000, followRedirects: false });
     });
     const next = await ctx.leader(10_000);
     ctx.check('new leader while paused', next !== leader, `${next} leads while ${leader} is paused`);
@@ -48,7 +49,7 @@ export const leaderPause: Drill = {
     await ctx.sleep(5000);
     const seen = ctx.admin.valuesRead();
     // A final read of every register, so the check sees the settled state too.
-    for (const key of ['lin-0', 'lin-1', 'lin-2']) await ctx.admin.read(0, key, null);
+    for (const key of ADMIN_KEYS) await ctx.admin.read(0, key, null);
     const visible = outcomes.filter((o) => ctx.admin.valuesRead().has(o.value) || seen.has(o.value));
     ctx.check('nothing it took while isolated committed', visible.length === 0,
       visible.length === 0 ? `none of the ${outcomes.length} values written to the paused leader was ever read` : `values read that only the paused leader took: ${visible.map((o) => o.value).join(', ')}`);
