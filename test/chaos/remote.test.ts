@@ -8,10 +8,10 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
-import { LocalDeployment } from '../../chaos/local-deployment.js';
 import { loadTargetFile } from '../../chaos/remote-deployment.js';
 
 const runPath = resolve(import.meta.dirname, '../../chaos/run.ts');
+const stagingPath = resolve(import.meta.dirname, 'staging-deployment.ts');
 
 async function runChaos(args: readonly string[]): Promise<{ code: number | null; output: string }> {
   const proc = spawn(process.execPath, ['--import', 'tsx', runPath, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -24,29 +24,36 @@ async function runChaos(args: readonly string[]): Promise<{ code: number | null;
 
 void test('a drill by address: the operator\'s fault command, the same verdicts', { timeout: 180_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'cq-remote-'));
-  const cells = ['cell-a', 'cell-b', 'cell-c'];
-  const d = await LocalDeployment.create({ dir: join(dir, 'staging'), coordinators: ['n1', 'n2', 'n3'], cells, quota: 600, burst: 120, floorFraction: 0.3, offered: [450, 270, 180] });
+  // The "staging" deployment runs in a process of its own, as a real one would.
+  const staging = spawn(process.execPath, ['--import', 'tsx', stagingPath, dir], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stagingOutput = '';
+  staging.stderr.on('data', (b: Buffer) => (stagingOutput += b.toString()));
   try {
-    await d.start(() => undefined);
-    const leader = await d.waitForLeader(30_000);
-    const pid = d.coordinator(leader).proc?.pid;
-    assert.equal(typeof pid, 'number', 'the leader runs');
-    const target = join(dir, 'target.yaml');
-    writeFileSync(target, [
-      'tenant: acme', 'domain: api', 'quota: 600', 'burst: 120', 'adminTier: gold',
-      'cells:', ...cells.map((c, i) => `  - {id: ${c}, rls: ${d.agent(c).socket}, http: ${d.agentUrl(c)}, rate: ${[450, 270, 180][i]}}`),
-      'coordinators:', ...['n1', 'n2', 'n3'].map((id) => `  - {id: ${id}, admin: ${d.adminUrl(id)}}`),
-    ].join('\n'));
+    const ready = await new Promise<{ target: string; leaderPid: number | null }>((ok, fail) => {
+      let buf = '';
+      staging.stdout.on('data', (b: Buffer) => {
+        buf += b.toString();
+        const line = buf.split('\n').find((l) => l.startsWith('{'));
+        if (line !== undefined) ok(JSON.parse(line) as { target: string; leaderPid: number | null });
+      });
+      staging.once('exit', (code) => fail(new Error(`staging deployment exited ${code}: ${stagingOutput.slice(-3000)}`)));
+    });
+    assert.equal(typeof ready.leaderPid, 'number', 'the leader runs');
+    const pid = ready.leaderPid as number;
     const out = join(dir, 'out');
-    const r = await runChaos(['--target', target, '--fault', `kill -STOP ${pid}`, '--heal', `kill -CONT ${pid}`, '--fault-seconds', '5', '--recovery-seconds', '6', '--recovery-limit-seconds', '6', '--out', out]);
+    const r = await runChaos(['--target', ready.target, '--fault', `kill -STOP ${pid}`, '--heal', `kill -CONT ${pid}`, '--fault-seconds', '5', '--recovery-seconds', '6', '--recovery-limit-seconds', '6', '--out', out]);
     assert.equal(r.code, 0, `exit ${r.code}:\n${r.output.slice(-5000)}`);
     const verdict = JSON.parse(readFileSync(join(out, 'external', 'verdict.json'), 'utf8')) as { ok: boolean; verdicts: { name: string; ok: boolean }[] };
     assert.deepEqual(['bound', 'latency', 'errors', 'recovery', 'admin writes', 'fault command', 'heal command'].filter((n) => !verdict.verdicts.some((v) => v.name === n)), [], JSON.stringify(verdict.verdicts));
     assert.match(readFileSync(join(out, 'external', 'timeline.svg'), 'utf8'), /<\/svg>\s*$/);
   } finally {
-    const c = d.coordinators.get((await d.leader().catch(() => null)) ?? 'n1');
-    c?.proc?.kill('SIGCONT');
-    await d.stop();
+    if (staging.exitCode === null) {
+      const exited = new Promise<void>((ok) => staging.once('exit', () => ok()));
+      staging.kill('SIGTERM');
+      const timer = setTimeout(() => staging.kill('SIGKILL'), 20_000);
+      await exited;
+      clearTimeout(timer);
+    }
     rmSync(dir, { recursive: true, force: true });
   }
 });
