@@ -1,8 +1,9 @@
-// Runs one drill: a fresh local deployment (chaos/local-deployment.ts), the load over every cell's
-// socket (chaos/load.ts), operators' admin writes (chaos/admin-workload.ts) and a sampler of the
-// slices in force and the leader; then the drill's own script injects its fault and heals it. At the
-// end the verdicts (chaos/verdicts.ts) are computed, and the timeline (JSON), its chart (SVG) and the
-// verdicts are written to <out>/<drill>/, next to every process's log.
+// Runs one drill against a DrillTarget — a fresh local deployment (chaos/local-deployment.ts) or one
+// reached by address (chaos/remote-deployment.ts): the load over every cell's RLS server
+// (chaos/load.ts), operators' admin writes (chaos/admin-workload.ts) and a sampler of the slices in
+// force and the leader; then the drill's own script injects its fault and heals it. At the end the
+// verdicts (chaos/verdicts.ts) are computed, and the timeline (JSON), its chart (SVG) and the
+// verdicts are written to <out>/<drill>/, next to every process's log (local deployments).
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
