@@ -39,6 +39,7 @@ import { DOMAIN_LIMITED, DOMAIN_UNLIMITED, TENANTS } from './servers/bench-rules
 import { RedisServer, findRedisServer } from './servers/redis-server.js';
 import type { ServerOptions } from './servers/server-module.js';
 import { ServerProcess } from './servers/server-process.js';
+import { armEmergencyStop } from './emergency-stop.js';
 
 export const SERVER_NAMES = ['ceiling', 'agent', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
 export type ServerName = (typeof SERVER_NAMES)[number];
@@ -211,15 +212,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     for (const r of running) r.proc.killNow();
     redis?.killNow();
   };
-  const onSignal = (signal: NodeJS.Signals): void => {
-    progress(`${signal}: stopping every process this benchmark started`);
-    killAll();
-    rmSync(scratch, { recursive: true, force: true });
-    process.exit(signal === 'SIGINT' ? 130 : 143);
-  };
-  process.on('exit', killAll);
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  const emergency = armEmergencyStop(killAll, scratch, progress);
 
   try {
     // --- which servers, and their targets
@@ -368,14 +361,13 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
       }
     }
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    emergency.signalsOff();
     const stops: Promise<void>[] = [];
     if (loadgen !== null) stops.push(loadgen.stop());
     for (const r of running) stops.push(r.proc.stop());
     await Promise.allSettled(stops);
     await redis?.stop();
-    process.off('exit', killAll);
+    emergency.exitOff();
     rmSync(scratch, { recursive: true, force: true });
     if (running.length > 0 || redis !== null) progress(`stopped ${[...running.map((r) => r.name), ...(redis !== null ? ['redis-server'] : [])].join(', ')}`);
   }

@@ -55,6 +55,7 @@ import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, tena
 import { DOMAIN_LIMITED } from './servers/bench-rules.js';
 import { RedisServer, findRedisServer } from './servers/redis-server.js';
 import { ServerProcess } from './servers/server-process.js';
+import { armEmergencyStop } from './emergency-stop.js';
 
 // ------------------------------------------------------------------------------------------------
 // Settings
@@ -910,15 +911,7 @@ export async function runCascadeBenchDetailed(opts: CascadeBenchOptions): Promis
     loader?.killNow();
     sut?.killNow();
   };
-  const onSignal = (signal: NodeJS.Signals): void => {
-    progress(`${signal}: stopping every process this benchmark started`);
-    killAll();
-    rmSync(scratch, { recursive: true, force: true });
-    process.exit(signal === 'SIGINT' ? 130 : 143);
-  };
-  process.on('exit', killAll);
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  const emergency = armEmergencyStop(killAll, scratch, progress);
   const notRun = (system: SystemName, reason: string): void => {
     for (const step of STEPS) results.push({ system, step: step.name, fault: '—', measure: null, leaseStates: [], note: reason });
   };
@@ -957,12 +950,11 @@ export async function runCascadeBenchDetailed(opts: CascadeBenchOptions): Promis
       }
     }
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    emergency.signalsOff();
     currentLoader = null;
     await sut?.stop().catch(() => undefined);
     await loader?.stop();
-    process.off('exit', killAll);
+    emergency.exitOff();
     rmSync(scratch, { recursive: true, force: true });
   }
 
