@@ -275,7 +275,7 @@ export class Decider {
       if (m.limit.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
       const unit = m.limit.unit;
       cached = {
-        limit: limitPerUnit(m.limit.requestsPerUnit, unit.toLowerCase() as TimeUnit, { start: 'full' }),
+        limit: limitPerUnit(m.limit.requestsPerUnit, unit.toLowerCase() as TimeUnit, m.limit.burst === undefined ? { start: 'full' } : { start: 'full', burst: m.limit.burst }),
         currentLimit: { requestsPerUnit: m.limit.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: m.name ?? '' },
       };
       this.ruleLimits.set(m.rule, cached);

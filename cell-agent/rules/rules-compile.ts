@@ -20,6 +20,7 @@ import { RULES_ERROR_CODES, RulesError } from './rules-errors.js';
 import type { SourcePos } from './rules-errors.js';
 import { compileGlob, isGlobPattern } from './rules-glob.js';
 import type { GlobMatcher } from './rules-glob.js';
+import { MAX_WINDOW_NS } from '../buckets/gcra.js';
 import { RATE_LIMIT_UNITS, RULES_DEPTH_MAX, checkGlobalDescriptor, parseRateLimitUnit } from './rules-schema.js';
 import type { JsonObject, RateLimitUnit, RulesDescriptor, RulesFile } from './rules-schema.js';
 
@@ -27,8 +28,9 @@ import type { JsonObject, RateLimitUnit, RulesDescriptor, RulesFile } from './ru
 
 /** What a matched rule limits to. */
 export type RuleLimit =
-  /** `rate_limit: {unit, requests_per_unit}`; requestsPerUnit 0 means every request is over the limit. */
-  | { readonly kind: 'rate'; readonly requestsPerUnit: number; readonly unit: RateLimitUnit; readonly unitSeconds: number }
+  /** `rate_limit: {unit, requests_per_unit}`; requestsPerUnit 0 means every request is over the limit.
+   * `burst` (ours, only when given): the bucket depth instead of requests_per_unit. */
+  | { readonly kind: 'rate'; readonly requestsPerUnit: number; readonly unit: RateLimitUnit; readonly unitSeconds: number; readonly burst?: number }
   /** `rate_limit: {unlimited: true}`: always OK, never counted. */
   | { readonly kind: 'unlimited' }
   /** `global: true`: the limit is a quota leased from the coordinator (for key `tenant`, the tier's). */
@@ -211,12 +213,23 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
           throw new RulesError(RULES_ERROR_CODES.UNLIMITED_WITH_UNIT, file, 'should not specify rate limit unit when unlimited',
             rateLimit.unitPos ?? rateLimit.pos);
         }
+        if (rateLimit.burst !== undefined) {
+          throw new RulesError(RULES_ERROR_CODES.UNLIMITED_WITH_UNIT, file, 'should not specify burst when unlimited', rateLimit.pos);
+        }
         limit = Object.freeze({ kind: 'unlimited' });
       } else if (unit === null) {
         throw new RulesError(RULES_ERROR_CODES.INVALID_UNIT, file, `invalid rate limit unit '${rateLimit.unit}'`,
           rateLimit.unitPos ?? rateLimit.pos);
       } else {
-        limit = Object.freeze({ kind: 'rate', requestsPerUnit: rateLimit.requestsPerUnit, unit, unitSeconds: RATE_LIMIT_UNITS[unit].seconds });
+        const base = { kind: 'rate', requestsPerUnit: rateLimit.requestsPerUnit, unit, unitSeconds: RATE_LIMIT_UNITS[unit].seconds } as const;
+        if (rateLimit.burst !== undefined && rateLimit.requestsPerUnit > 0) {
+          // The bucket's window T·burst must fit the table's bound (gcra.ts MAX_WINDOW_NS).
+          const intervalNs = (BigInt(RATE_LIMIT_UNITS[unit].seconds) * 1_000_000_000n + BigInt(rateLimit.requestsPerUnit) - 1n) / BigInt(rateLimit.requestsPerUnit);
+          if (intervalNs * BigInt(rateLimit.burst) > MAX_WINDOW_NS) {
+            throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, file, `burst ${rateLimit.burst} at ${rateLimit.requestsPerUnit} per ${unit.toLowerCase()} takes longer than ${MAX_WINDOW_NS / 1_000_000_000n} s to refill`, rateLimit.pos);
+          }
+        }
+        limit = Object.freeze(rateLimit.burst === undefined ? base : { ...base, burst: rateLimit.burst });
       }
       for (const replace of rateLimit.replaces) {
         if (replace.name === '') {

@@ -97,6 +97,8 @@ export interface RulesRateLimit {
   readonly unit: string;
   /** uint32; 0 when absent (then every request is over the limit, as in envoyproxy/ratelimit). */
   readonly requestsPerUnit: number;
+  /** Ours: the bucket depth in tokens (absent: requests_per_unit, one unit's worth). */
+  readonly burst?: number | undefined;
   readonly unlimited: boolean;
   /** '' when absent. */
   readonly name: string;
@@ -138,7 +140,7 @@ export interface RulesFile {
 const ROOT_KEYS = ['domain', 'descriptors'] as const;
 const DESCRIPTOR_KEYS = ['key', 'value', 'rate_limit', 'descriptors', 'shadow_mode', 'detailed_metric',
   'value_to_metric', 'share_threshold', 'quota_mode', 'metadata', 'global'] as const;
-const RATE_LIMIT_KEYS = ['unit', 'requests_per_unit', 'unlimited', 'name', 'replaces'] as const;
+const RATE_LIMIT_KEYS = ['unit', 'requests_per_unit', 'burst', 'unlimited', 'name', 'replaces'] as const;
 const REPLACES_KEYS = ['name'] as const;
 /** Every key envoyproxy/ratelimit knows (its `validKeys`) plus ours; used to word the error. */
 const KNOWN_KEYS: ReadonlySet<string> = new Set<string>([...ROOT_KEYS, ...DESCRIPTOR_KEYS, ...RATE_LIMIT_KEYS]);
@@ -279,9 +281,11 @@ function readRateLimit(ctx: WalkContext, entries: Entries): RulesRateLimit | nul
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
       `more than ${RULES_REPLACES_PER_RULE_MAX} entries in 'replaces'`, nodePos(ctx, replaces[RULES_REPLACES_PER_RULE_MAX] ?? null));
   }
+  const burst = readBurst(ctx, fields);
   return Object.freeze({
     unit: readString(ctx, fields, 'unit', RULES_NAME_LENGTH_MAX),
     requestsPerUnit: readUint32(ctx, fields, 'requests_per_unit'),
+    ...(burst === null ? {} : { burst }),
     unlimited: readBool(ctx, fields, 'unlimited'),
     name: readString(ctx, fields, 'name', RULES_NAME_LENGTH_MAX),
     replaces: Object.freeze(replaces.map((item) => {
@@ -363,6 +367,17 @@ function readBool(ctx: WalkContext, entries: Entries, field: string): boolean {
   if (isScalar(node) && (node.value === null || typeof node.value === 'boolean')) return node.value === true;
   throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
     `config error, '${field}' must be true or false, found ${describeNode(node)}`, nodePos(ctx, node));
+}
+
+/** Ours: `burst`, a whole number of tokens ≥ 1; null when absent. */
+function readBurst(ctx: WalkContext, entries: Entries): number | null {
+  const entry = entries.get('burst');
+  if (entry === undefined) return null;
+  const burst = readUint32(ctx, entries, 'burst');
+  if (burst < 1) {
+    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file, "config error, 'burst' must be at least 1", nodePos(ctx, deref(ctx, entry.value)) ?? entry.keyPos);
+  }
+  return burst;
 }
 
 function readUint32(ctx: WalkContext, entries: Entries, field: string): number {
