@@ -1,4 +1,4 @@
-// The accuracy benchmark (DESIGN.md "Targets": ±5 % of the quota under skew at 3 × the quota; a
+// The accuracy benchmark (docs/targets.md: ±5 % of the quota under skew at 3 × the quota; a
 // moved demand served at ≥ 90 % within 2 s), with real processes: the scenario of
 // test/e2e/accuracy.test.ts (test/e2e/accuracy-harness.ts), run three times side by side:
 //

@@ -1,5 +1,5 @@
 // `npm run bench -- agent`: the agent's RLS server against its ceiling and a common alternative,
-// measured in one run on this machine (DESIGN.md "Targets": throughput ≥ 0.85 × an empty grpc-js
+// measured in one run on this machine (docs/targets.md: throughput ≥ 0.85 × an empty grpc-js
 // handler on the same socket; p99 at a moderate paced rate within 1.5 × the ceiling's p99).
 //
 //   npx tsx bench/run.ts agent [--smoke]
@@ -446,7 +446,7 @@ function buildReport(
       notes.push(line + (opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : ''));
     }
   }
-  // "Throughput grows with cores" (DESIGN.md): the agent with 2 workers against 1, at the highest
+  // "Throughput grows with cores" (docs/targets.md): the agent with 2 workers against 1, at the highest
   // concurrency measured (c = 64 by default), where a second worker has the most to take.
   const cMax = Math.max(...plan.concurrencies);
   for (const variant of variants) {
@@ -456,7 +456,7 @@ function buildReport(
     const r = two.result.throughput / one.result.throughput;
     notes.push(
       `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
-        `"throughput grows with cores" (DESIGN.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
+        `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
   }

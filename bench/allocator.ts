@@ -346,7 +346,7 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included.`,
       "'round': the round after demands moved so that about 10% of the slices get a new grant (the grants are the output, so creating them is included); 'quiet round': the converged state, steady demands, no grant changes.",
       "'baseline': one pass reading the six input columns the allocator reads, on the same machine in the same run — the least any round over this input costs; 'round / baseline' is the machine-independent figure.",
-      'Target (DESIGN.md): a round for 100,000 tenants × 16 cells in under 100 ms (production hardware).',
+      'Target (docs/targets.md): a round for 100,000 tenants × 16 cells in under 100 ms (production hardware).',
       'Entry: encodeCommand({type: "reportAndGrant", nowMs, grants}) — plain msgpack of the grant objects (field names repeated per grant); encode ms includes its zod validation.',
     ],
   };

@@ -826,7 +826,7 @@ function sameLatency(p99: number, base: number): boolean {
   return p99 <= Math.max(1.5 * base, base + 1);
 }
 
-/** One line per fault step against DESIGN.md's fault target, computed from the figures. */
+/** One line per fault step against the fault target of docs/targets.md, computed from the figures. */
 export function verdicts(results: readonly StepResult[]): string[] {
   const lines: string[] = [];
   for (const system of SYSTEMS) {
@@ -875,7 +875,7 @@ export function verdicts(results: readonly StepResult[]): string[] {
       const noisy = !ok && m.sendLagP99 > DEADLINE_MS / 4 ? ` (the generator itself sent late, p99 ${m.sendLagP99} ms: the machine was busy — rerun on a quiet one)` : '';
       lines.push(`${system === 'redis' ? 'rlf-redis' : 'cellquota'} · ${r.step}: ${parts.join('; ')} → ${ok ? 'meets' : 'misses'} the fault target${noisy}`);
     }
-    lines.push(`${system === 'redis' ? 'rlf-redis' : 'cellquota'}: meets DESIGN.md's fault target ("keep answering with the same latency, on their floors, no quota exceeded beyond the bound") in ${met} of ${steps} fault steps.`);
+    lines.push(`${system === 'redis' ? 'rlf-redis' : 'cellquota'}: meets the fault target ("keep answering with the same latency, on their floors, no quota exceeded beyond the bound") in ${met} of ${steps} fault steps.`);
   }
   return lines;
 }

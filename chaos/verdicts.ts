@@ -1,5 +1,5 @@
 // The invariants every drill is judged by, as pure functions of what was recorded (no I/O):
-//   bound     admitted over every 1 s window ≤ quota + burst (DESIGN "The bound")
+//   bound     admitted over every 1 s window ≤ quota + burst (docs/quota-model.md "The bound")
 //   latency   decision p99 over the drill ≤ the target (1.5 ms), and no check errors outside the
 //             windows a drill declares (an agent that is restarting answers nothing)
 //   recovery  after the fault heals, every cell is back on a leased slice and the cells together
@@ -95,7 +95,7 @@ const ms = (us: number | null): string => (us === null ? '–' : `${(us / 1000).
 
 /**
  * Decision latency over the drill (after the load's warm-up): p99 ≤ the target, or — on a machine
- * whose own noise puts the target out of reach even before any fault (DESIGN "Targets": the absolute
+ * whose own noise puts the target out of reach even before any fault (docs/targets.md: the absolute
  * figure is for production hardware; here a target is a ratio against a baseline measured in the same
  * run) — p99 from the fault on ≤ 1.5 × the p99 of the steady state before it.
  */

@@ -1,6 +1,6 @@
 // The bytes the load generator sends and the little it reads back, encoded by hand (no protobuf
 // library in the generator's hot path): envoy.service.ratelimit.v3.RateLimitRequest as Envoy sends
-// it (../shared/reference/envoy-rls-spec.md §2, §4) inside a gRPC length-prefixed message, and the
+// it (docs/envoy-rls.md §2, §4) inside a gRPC length-prefixed message, and the
 // `overall_code` of a RateLimitResponse.
 //
 //   RateLimitRequest      1 domain: string, 2 descriptors: RateLimitDescriptor (repeated)

@@ -12,7 +12,7 @@
 // A `global: true` rule's value is the tenant id (for the key `tenant`, and for any other key marked
 // global: the quota is looked up by the value). This cell uses `staticShare` (0 < s ≤ 1) of every
 // global quota — tenant, tier cap and domain cap: rate·s and floor(burst·s) — so N cells with shares
-// summing to ≤ 1 never admit more than the quota together (DESIGN "The bound"). Global buckets start
+// summing to ≤ 1 never admit more than the quota together (docs/quota-model.md "The bound"). Global buckets start
 // EMPTY (limitFromRate's default), so a restart never releases an extra burst.
 //
 // An unknown tenant (not in the table) gets the configured policy: a default tier (its own bucket at

@@ -8,7 +8,7 @@
 // format is fixed by proto/envoy/** (Envoy's field numbers); test/cell-agent/rls/rls-codec.test.ts
 // checks this codec against protobufjs loading those files, both directions, with random messages.
 //
-// Field numbers (../shared/reference/envoy-rls-spec.md §2):
+// Field numbers (docs/envoy-rls.md §2):
 //   RateLimitRequest      1 domain string, 2 descriptors RateLimitDescriptor*, 3 hits_addend uint32
 //   RateLimitDescriptor   1 entries Entry*, 2 limit RateLimitOverride, 3 hits_addend UInt64Value
 //   Entry                 1 key string, 2 value string

@@ -1,6 +1,6 @@
 // Compiles parsed rules files into an immutable RuleSet: per domain a tree whose levels correspond to
 // the entries of a request descriptor (level i matches entry i). Each level holds three indexes, in
-// the order rules-match.ts consults them (envoy-ratelimit-config.md §2):
+// the order rules-match.ts consults them (docs/envoy-ratelimit-rules.md §2):
 //
 //   exact     key → value → node     a descriptor with a literal value
 //   wildcards key → [node, ...]      a descriptor whose value contains `*`, in YAML order, each with

@@ -1,5 +1,5 @@
 // Matching a request descriptor against a compiled RuleSet, exactly as envoyproxy/ratelimit's
-// GetLimit does (../shared/reference/envoy-ratelimit-config.md §2), plus our `global: true` rules.
+// GetLimit does (docs/envoy-ratelimit-rules.md §2), plus our `global: true` rules.
 //
 // A request descriptor is a list of entries [{key, value}, ...]. Entry i is matched against level i
 // of the domain's tree; at each level, in this order:
@@ -25,7 +25,7 @@
 // across a reload which changes a limit decides itself whether to reset them.
 //
 // Global rules and "every level it belongs to": envoyproxy/ratelimit applies only the node matched at
-// the last entry, so with DESIGN's example
+// the last entry, so with the example in docs/interfaces.md
 //
 //   - key: tenant
 //     global: true

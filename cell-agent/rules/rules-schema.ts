@@ -1,5 +1,5 @@
 // The shape of a rules file: envoyproxy/ratelimit's YAML format plus our `global: true` extension
-// (see cell-agent/rules/README.md and ../shared/reference/envoy-ratelimit-config.md §1).
+// (see cell-agent/rules/README.md and docs/envoy-ratelimit-rules.md §1).
 //
 //   domain: api
 //   descriptors:

@@ -1,7 +1,7 @@
 // The `agent` benchmark's agent-2w server (the agent with 2 workers, one socket each): the load
 // generator spreads a target's connections over all of its addresses, and the smoke run of agent
 // and agent-2w side by side reports both rows and the agent-2w ÷ agent note. Structure only: no
-// wall-clock figure is asserted (DESIGN.md: targets are for benchmarks).
+// wall-clock figure is asserted (docs/targets.md: targets are for benchmarks).
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';

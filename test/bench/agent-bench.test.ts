@@ -1,6 +1,6 @@
 // The `agent` benchmark's harness, run as its smoke variant against the ceiling server only: the
 // report has the shape bench/run.ts prints and writes, and the load generator accounts for every
-// request it sent. No wall-clock figure is asserted (DESIGN.md: targets are for benchmarks).
+// request it sent. No wall-clock figure is asserted (docs/targets.md: targets are for benchmarks).
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { describe, it } from 'node:test';

@@ -1,6 +1,6 @@
 // The smoke runs of the benchmarks that have no test of their own: each still runs end to end and
 // reports what it measures — finite figures in every row, its targets evaluated in the notes. No
-// figure is compared with a threshold (DESIGN.md: targets are judged by the full runs, side by side).
+// figure is compared with a threshold (docs/targets.md: targets are judged by the full runs, side by side).
 // The others' smoke runs: agent-bench, agent-2w-bench, cascade-bench, coordinator-bench,
 // coordinator-memory-bench and accuracy-central-redis-bench.
 import assert from 'node:assert/strict';

@@ -1,6 +1,6 @@
 // The `cascade` benchmark (bench/cascade.ts) run as its smoke variant: a row per system and step,
 // the step's figures present and finite wherever it ran, every request accounted for, and the
-// verdict lines computed. No wall-clock figure is asserted (DESIGN.md: targets are for benchmarks).
+// verdict lines computed. No wall-clock figure is asserted (docs/targets.md: targets are for benchmarks).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { STEP_NAMES, SYSTEMS, runCascadeBenchDetailed } from '../../bench/cascade.js';
@@ -67,7 +67,7 @@ void describe('npm run bench -- cascade --smoke', () => {
 
     // A verdict line per system, computed from the figures.
     for (const s of ['cellquota', ...(redisInstalled ? ['rlf-redis'] : [])]) {
-      assert.equal(report.notes.some((n) => n.startsWith(`${s}: meets DESIGN.md's fault target`)), true, `verdict for ${s}`);
+      assert.equal(report.notes.some((n) => n.startsWith(`${s}: meets the fault target`)), true, `verdict for ${s}`);
     }
     assert.equal(messages.some((m) => m.includes('cellquota: stopping its processes')), true, 'cellquota stopped');
   });

@@ -1,6 +1,6 @@
 // The `coordinator` benchmark (cellquota vs a 3-member etcd), run as its smoke variant: the report
 // has the shape bench/run.ts prints and writes, every phase and failover run is accounted for, and
-// no process it started is left behind. No wall-clock figure is asserted (DESIGN.md: targets are
+// no process it started is left behind. No wall-clock figure is asserted (docs/targets.md: targets are
 // for benchmarks). Without etcd on PATH the etcd rows are skipped with a note, which is checked too.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

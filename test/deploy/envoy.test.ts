@@ -1,5 +1,5 @@
 // The Envoy configs (the agent's sidecar, and the example for Envoys reaching the agent over TCP)
-// have what Envoy needs to call the agent (../shared/reference/envoy-rls-spec.md §§4–7): the HTTP
+// have what Envoy needs to call the agent (docs/envoy-rls.md §§4–7): the HTTP
 // rate-limit filter with its typed_config, a domain, fail-open, a timeout, the V3 transport, a gRPC
 // cluster speaking HTTP/2, and routes whose rate_limits actions produce the descriptors.
 import { test } from 'node:test';

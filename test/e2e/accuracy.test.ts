@@ -3,7 +3,7 @@
 // each agent's Unix socket, see accuracy-harness.ts).
 //
 // 1. Skew: 3·Q offered, 70/20/10 % over the cells. After a warm-up, the admitted global rate over
-//    10 s is within ±5 % of Q (DESIGN.md "Targets").
+//    10 s is within ±5 % of Q (docs/targets.md).
 // 2. Shift: all the load moves to cell c (a region failing over: the tenant's traffic arrives
 //    elsewhere). Its demand, 3·Q, exceeds the quota, so "its demand" is what the quota allows it: its
 //    max-min fair share given every cell's demand and floor (fairShares) — here Q minus the floors of
@@ -11,7 +11,7 @@
 //    ≥ 90 % of that (over a 200 ms window).
 // 3. Failover: skewed again (20/10/70), then kill -9 of the coordinator leader. The agents keep
 //    answering (no errors), and over the whole run the cells together never admit more than Q·1 s +
-//    burst in any 1 s window (the bound of DESIGN.md, with the windows taken on the answers' arrival).
+//    burst in any 1 s window (the bound of docs/quota-model.md, with the windows taken on the answers' arrival).
 //
 // Load: the issue's figure (Q = 1,000 req/s, 3,000 checks/s offered) is what this 2-core machine
 // sustains alongside the six server processes (measured: see the printed figures).

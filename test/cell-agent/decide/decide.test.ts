@@ -1,5 +1,5 @@
 // The decision in-process, on a virtual clock: envoyproxy/ratelimit's evaluation semantics
-// (../shared/reference/envoy-ratelimit-config.md §3) on GCRA buckets, all-or-nothing across levels,
+// (docs/envoy-ratelimit-rules.md §3) on GCRA buckets, all-or-nothing across levels,
 // global quotas with static slices, caps and the unknown-tenant policies.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

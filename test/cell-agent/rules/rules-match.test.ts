@@ -1,4 +1,4 @@
-// Matching (envoy-ratelimit-config.md §2 and §3): each test names the rule of the reference it checks.
+// Matching (docs/envoy-ratelimit-rules.md §2 and §3): each test names the rule of the reference it checks.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';

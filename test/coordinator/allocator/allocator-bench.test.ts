@@ -1,6 +1,6 @@
 // The allocator benchmark's smoke variant: the report has the shape bench/run.ts prints and writes,
 // the moved round changes about 10% of the slices, and its entry encodes. No timing is asserted
-// (DESIGN.md: targets are for benchmarks, not unit tests).
+// (docs/targets.md: targets are for benchmarks, not unit tests).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runAllocatorBench } from '../../../bench/allocator.js';
