@@ -107,6 +107,9 @@ export interface Decision {
   readonly tableFull: boolean;
   /** For HTTP Retry-After: the longest wait among the refusing levels (0 when OK). */
   readonly retryAfterNs: bigint;
+  /** Per status, the bucket limit of the level it reports (its rate and depth; null: no level, or a
+   * denied unknown tenant): what the embedded limiter's RateLimit-Policy header describes. */
+  readonly statusLimits: readonly (GcraLimit | null)[];
 }
 
 export type DecideResult = { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
@@ -379,10 +382,13 @@ export class Decider {
     }
 
     const statuses: RlsDescriptorStatus[] = new Array<RlsDescriptorStatus>(plans.length);
+    const statusLimits: (GcraLimit | null)[] = new Array<GcraLimit | null>(plans.length);
     let retryAfterNs = 0n;
     for (let i = 0; i < plans.length; i++) {
       const plan = plans[i] as DescriptorPlan;
-      statuses[i] = statusOf(plan);
+      const reported = reportedLevel(plan);
+      statuses[i] = statusOf(reported, plan);
+      statusLimits[i] = reported === null || reported.level.deny ? null : reported.level.limit;
     }
     const { velocity, onRefused } = this.deps;
     const byQuota = this.options.velocityKeys === 'quota';
@@ -414,6 +420,7 @@ export class Decider {
       staticSlice,
       tableFull,
       retryAfterNs,
+      statusLimits,
     };
   }
 }
@@ -449,35 +456,37 @@ function overallOverLimit(plans: readonly DescriptorPlan[]): boolean {
   return quotaModeCount > 0 && quotaModeOver === quotaModeCount;
 }
 
-function statusOf(plan: DescriptorPlan): RlsDescriptorStatus {
-  if (plan.levels.length === 0) {
-    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: UINT32_MAX, durationUntilReset: null } : NO_LIMIT_STATUS;
-  }
-  let report: Level | null = null;
+/** The level a descriptor's status reports: the refusing one, else a shadow refusal, else the one with the fewest tokens. */
+function reportedLevel(plan: DescriptorPlan): { readonly level: Level; readonly as: 'refused' | 'shadow' | 'least' } | null {
+  if (plan.levels.length === 0) return null;
   let shadowRefusal: Level | null = null;
   for (const level of plan.levels) {
     if (!level.passed) {
-      if (!level.shadow) {
-        report = level;
-        break;
-      }
+      if (!level.shadow) return { level, as: 'refused' };
       shadowRefusal ??= level;
     }
   }
-  if (report !== null) {
-    return {
-      code: OVER_LIMIT,
-      currentLimit: report.currentLimit,
-      limitRemaining: 0,
-      durationUntilReset: report.deny ? null : seconds(report.retryNs === NEVER_NS ? report.resetNs : report.retryNs),
-    };
-  }
-  if (shadowRefusal !== null) {
-    return { code: OK, currentLimit: shadowRefusal.currentLimit, limitRemaining: 0, durationUntilReset: seconds(shadowRefusal.resetNs) };
-  }
+  if (shadowRefusal !== null) return { level: shadowRefusal, as: 'shadow' };
   let min = plan.levels[0] as Level;
   for (const level of plan.levels) if (level.remaining < min.remaining) min = level;
-  return { code: OK, currentLimit: min.currentLimit, limitRemaining: Math.min(min.remaining, UINT32_MAX), durationUntilReset: seconds(min.resetNs) };
+  return { level: min, as: 'least' };
+}
+
+function statusOf(reported: ReturnType<typeof reportedLevel>, plan: DescriptorPlan): RlsDescriptorStatus {
+  if (reported === null) {
+    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: UINT32_MAX, durationUntilReset: null } : NO_LIMIT_STATUS;
+  }
+  const { level, as } = reported;
+  if (as === 'refused') {
+    return {
+      code: OVER_LIMIT,
+      currentLimit: level.currentLimit,
+      limitRemaining: 0,
+      durationUntilReset: level.deny ? null : seconds(level.retryNs === NEVER_NS ? level.resetNs : level.retryNs),
+    };
+  }
+  if (as === 'shadow') return { code: OK, currentLimit: level.currentLimit, limitRemaining: 0, durationUntilReset: seconds(level.resetNs) };
+  return { code: OK, currentLimit: level.currentLimit, limitRemaining: Math.min(level.remaining, UINT32_MAX), durationUntilReset: seconds(level.resetNs) };
 }
 
 const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({ code: OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
