@@ -87,8 +87,6 @@ export const coordinatorSchema = z
     if (tls !== 0 && tls !== 3) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-ca, --tls-cert and --tls-key go together' });
   });
 
-export type CoordinatorCommandSettings = z.output<typeof coordinatorSchema>;
-
 /** Exit code when the data directory failed under a running node (sysexits EX_IOERR). */
 export const exitStorageFailure = 74;
 /** Exit code when the Raft node failed otherwise (sysexits EX_SOFTWARE). */

@@ -735,17 +735,6 @@ export function encodeHealthCheckResponse(m: { status: number }): Buffer {
   return w.buf;
 }
 
-export function decodeHealthCheckResponse(bytes: Uint8Array): Decoded<{ status: number }> {
-  return decodeWith(bytes, 'HealthCheckResponse', (r) => {
-    let status = 0;
-    while (r.pos < r.end) {
-      if (r.tag() === 1 && r.lastWireType === WT_VARINT) status = r.uint32();
-      else r.skip(r.lastWireType);
-    }
-    return { status };
-  });
-}
-
 /** HealthListResponse {map<string, HealthCheckResponse> statuses = 1}. */
 export function encodeHealthListResponse(statuses: ReadonlyMap<string, number>): Buffer {
   const parts: Buffer[] = [];

@@ -203,7 +203,6 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
 export type LedgerCommand = z.output<typeof ledgerCommandSchema>;
 /** What a caller may hand in (before validation and normalisation). */
 export type LedgerCommandInput = z.input<typeof ledgerCommandSchema>;
-export type LedgerCommandType = LedgerCommand['type'];
 export type SessionTag = z.output<typeof sessionSchema>;
 export type PutTierCommand = z.output<typeof putTierSchema>;
 export type DeleteTierCommand = z.output<typeof deleteTierSchema>;

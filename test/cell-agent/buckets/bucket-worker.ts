@@ -1,5 +1,6 @@
 // Worker thread for the concurrency tests: attaches the shared bucket table and hammers it on
-// command. Started through ts-worker.ts (tsx loader); driven by messages from the test.
+// command. Started by bucket-concurrency.test.ts through the tsx loader (its startWorker); driven
+// by messages from the test.
 import { parentPort } from 'node:worker_threads';
 import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
 import type { BucketTableShared } from '../../../cell-agent/buckets/bucket-table.js';
