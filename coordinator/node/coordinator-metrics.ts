@@ -54,7 +54,7 @@ export class CoordinatorMetrics {
     gauge('cellquota_raft_commit_index', 'Highest log index known committed', () => src.commitIndex());
     gauge('cellquota_raft_applied_index', 'Highest log index applied to the ledger', () => src.appliedIndex());
     gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => src.reachablePeers());
-    gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped)', () => (src.votingRefused() ? 1 : 0));
+    gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log lost entries it may have acknowledged and it has not caught up yet)', () => (src.votingRefused() ? 1 : 0));
     gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
   }
 }

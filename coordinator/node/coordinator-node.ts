@@ -4,16 +4,24 @@
 //
 // A data directory that is new (or whose identity was never confirmed) may belong to a node that
 // lost its disk: such a node must not vote as if it remembered its votes. At start it asks its
-// peers; if any of them has seen a term above 0 the cluster already existed, so the node keeps
-// refusing to vote and logs the command that re-adds it. Only when every peer answers that the
-// cluster is new does it confirm its identity and vote.
+// peers which incarnation the cluster committed for it, and trusts only answers that reflect the
+// committed record: a linearizable read (a peer's ReadIndex barrier through the leader), or, in a
+// cluster that never elected a leader, enough peers still at the founding term that no majority can
+// ever have existed. A stale "unknown" from a peer that has not applied the record yet (right after
+// a full-cluster restart) is never taken for "new". Recorded elsewhere: the node keeps refusing to
+// vote and logs the command that re-adds it.
+//
+// A log whose tail above the commit index was found corrupt and truncated at open (storage's vote
+// barrier) may have lost entries this node acknowledged: it votes only once its commit index,
+// learned from a leader, has reached the barrier (protocol-aware recovery).
 //
 // A failed persist (disk full, failed fsync) is fatal, by design a crash-stop: the driver has
 // already refused to send, apply or acknowledge anything of the Ready it could not persist; the
 // node then logs one fatal line naming the data directory and the errno, fails /healthz and
 // /readyz, stops its lease rounds and tells its owner (settings.onFatal), which exits the process.
-// Restarted, the node recovers from what is durable (LevelRaftStorage.open repairs a torn tail
-// above the commit index and refuses, with StorageCorruptionError, anything worse).
+// Restarted, the node recovers from what is durable (LevelRaftStorage.open truncates a corrupt tail
+// above the commit index, with a vote barrier, and refuses, with StorageCorruptionError, anything
+// worse).
 import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
 import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
@@ -112,8 +120,12 @@ export interface ClusterView {
   readonly members: MemberView[];
 }
 
+/** Why a replica does not vote yet; it votes once there is none. */
+type VoteHold = 'identity' | 'log-repair';
+
 export class CoordinatorNode {
   private votingRefused = false;
+  private readonly voteHolds = new Set<VoteHold>();
   private stopped = false;
   private fatal: CoordinatorFailure | null = null;
   private addresses: Map<NodeId, string>;
@@ -152,7 +164,7 @@ export class CoordinatorNode {
       await storage.save({ hardState: { term: 1, vote: null, commit: 1 }, entries: [bootstrapEntry([...settings.peers.keys()])], snapshot: null, mustSync: true });
       loaded = await storage.load();
     }
-    for (const r of loaded.meta.repairs) log.warn({ repair: r }, 'storage repaired a torn write at the log tail');
+    for (const r of loaded.meta.repairs) log.warn({ repair: r, voteBarrier: loaded.meta.voteBarrier }, 'storage truncated a corrupt log tail above the commit index');
     const machine = new CoordinatorState({ floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs });
     machine.restore(loaded.snapshot.data);
 
@@ -179,7 +191,8 @@ export class CoordinatorNode {
     // A data directory the cluster may not know yet votes only once the peers confirm it is not a
     // wiped one (checked in the background once everything, the admin API included, is up).
     const mustCheck = !loaded.meta.incarnationConfirmed && !settings.join;
-    const refuseToVote = mustCheck;
+    const voteBarrier = loaded.meta.voteBarrier;
+    const refuseToVote = mustCheck || voteBarrier > 0;
     if (!mustCheck && !loaded.meta.incarnationConfirmed) await storage.confirmIncarnation();
 
     const raftConfig: RaftConfig = {
@@ -219,6 +232,8 @@ export class CoordinatorNode {
     });
     const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation, metrics ?? null);
     node.votingRefused = refuseToVote;
+    if (mustCheck) node.voteHolds.add('identity');
+    if (voteBarrier > 0) node.voteHolds.add('log-repair');
     nodeRef = node;
     node.server = server;
     const lease = new LeaseService({
@@ -244,64 +259,106 @@ export class CoordinatorNode {
     driver.start();
     // Background tasks: a storage failure in them (confirmIncarnation) is fatal like one in the
     // driver, and is handled here explicitly rather than left to an unhandled rejection.
-    const background = mustCheck ? node.confirmIdentity() : node.ensureIncarnationRecorded();
-    background.catch((err: unknown) => {
-      if (!node.stopped) node.fail(err instanceof Error ? err : new Error(String(err)));
-    });
+    const background = [mustCheck ? node.confirmIdentity() : node.ensureIncarnationRecorded()];
+    if (voteBarrier > 0) background.push(node.catchUpPastVoteBarrier(voteBarrier));
+    for (const task of background) {
+      task.catch((err: unknown) => {
+        if (!node.stopped) node.fail(err instanceof Error ? err : new Error(String(err)));
+      });
+    }
     log.info({ peers: Object.fromEntries(settings.peers), dataDir: settings.dataDir, snapshotIndex: loaded.snapshot.meta.index, term: loaded.hardState.term }, 'coordinator started');
     return node;
   }
 
   /**
-   * Asks every peer (admin API) which incarnation the cluster recorded for this id. Another one than
-   * ours: the data directory was wiped, so the node must not vote. None anywhere: a first start.
+   * Asks the peers (admin API) which incarnation the cluster committed for this id. Another one than
+   * ours: the data directory was wiped, so the node must not vote. Only answers that reflect the
+   * committed record count (see the header): a linearizable read on any peer, or enough peers
+   * still at the founding term (1) that no leader, hence no record and no vote of ours that
+   * mattered, can ever have existed. Retries until one of the two is had.
    */
-  private static async checkIncarnation(settings: CoordinatorSettings, mine: string, log: Logger, stopped: () => boolean): Promise<'new' | 'same' | 'wiped'> {
-    const others = [...settings.peers.keys()].filter((p) => p !== settings.id);
-    const pending = new Set(others);
-    for (let attempt = 0; pending.size > 0 && !stopped(); attempt++) {
-      for (const peer of [...pending]) {
-        const url = settings.adminUrlOf(peer);
-        if (url === null) {
-          pending.delete(peer);
-          continue;
+  private static async checkIncarnation(settings: CoordinatorSettings, mine: string, log: Logger, stopped: () => boolean): Promise<{ verdict: 'new' | 'same' | 'wiped'; basis: string }> {
+    const others = [...settings.peers.keys()].filter((p) => p !== settings.id && settings.adminUrlOf(p) !== null);
+    const voters = settings.peers.size;
+    // Peers that never saw an election: with this many, at most a minority (us included) ever had a term above 1.
+    const neededAtFoundingTerm = voters - (Math.floor(voters / 2) + 1) + 1;
+    const headers = authHeader(settings.adminToken);
+    for (let attempt = 0; !stopped(); attempt++) {
+      const atFoundingTerm: NodeId[] = [];
+      for (const peer of others) {
+        const url = settings.adminUrlOf(peer) ?? '';
+        try {
+          const res = await fetch(`${url}/v1/internal/incarnations`, { headers, signal: AbortSignal.timeout(2000) });
+          if (res.ok) {
+            const body = (await res.json()) as { incarnations?: Record<string, string> };
+            const recorded = body.incarnations?.[settings.id];
+            const basis = `linearizable read on ${peer}`;
+            if (recorded === undefined) return { verdict: 'new', basis };
+            if (recorded === mine) return { verdict: 'same', basis };
+            log.error(
+              { recordedIncarnation: recorded, incarnation: mine, peer, basis },
+              `data directory ${settings.dataDir} is not the one the cluster knows for ${settings.id} (it was wiped or replaced): this node must not vote. ` +
+                `Re-add it: cellquota ctl members replace ${settings.id} --address ${settings.peers.get(settings.id) ?? 'HOST:PORT'}, then restart it with --join and an empty data directory`,
+            );
+            return { verdict: 'wiped', basis };
+          }
+        } catch {
+          // not reachable, or no leader to confirm the read yet
         }
         try {
-          const res = await fetch(`${url}/v1/internal/incarnations?stale=true`, { headers: authHeader(settings.adminToken), signal: AbortSignal.timeout(1000) });
-          if (!res.ok) continue;
-          const body = (await res.json()) as { incarnations?: Record<string, string> };
-          pending.delete(peer);
-          const recorded = body.incarnations?.[settings.id];
-          if (recorded === undefined) continue;
-          if (recorded === mine) return 'same';
-          log.error(
-            { recordedIncarnation: recorded, incarnation: mine, peer },
-            `data directory ${settings.dataDir} is not the one the cluster knows for ${settings.id} (it was wiped or replaced): this node must not vote. ` +
-              `Re-add it: cellquota ctl members replace ${settings.id} --address ${settings.peers.get(settings.id) ?? 'HOST:PORT'}, then restart it with --join and an empty data directory`,
-          );
-          return 'wiped';
+          const res = await fetch(`${url}/v1/cluster?stale=true`, { headers, signal: AbortSignal.timeout(1000) });
+          if (res.ok && ((await res.json()) as { term?: number }).term === 1) atFoundingTerm.push(peer);
         } catch {
           // not reachable yet
         }
       }
-      if (pending.size === 0) break;
-      if (attempt % 25 === 0) log.info({ waitingFor: [...pending] }, 'new data directory: asking every peer whether the cluster knows this node before voting');
+      if (others.length === 0 || atFoundingTerm.length >= neededAtFoundingTerm) {
+        return { verdict: 'new', basis: `${atFoundingTerm.length} of ${voters} voters (${atFoundingTerm.join(', ') || 'none'}) never saw an election: the cluster never had a leader` };
+      }
+      if (attempt % 25 === 0) {
+        log.info({ atFoundingTerm }, 'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted');
+      }
       await new Promise((r) => setTimeout(r, 200));
     }
-    return 'new';
+    return { verdict: 'new', basis: 'stopped' };
   }
 
   /** Asks the peers whether this data directory is the one they know; votes only if so (or if none is known). */
   private async confirmIdentity(): Promise<void> {
-    const verdict = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.halted());
+    const { verdict, basis } = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.halted());
     if (this.halted() || verdict === 'wiped') return;
     await this.storage.confirmIncarnation().catch((err: unknown) => {
       throw new RaftPersistError('confirm-incarnation', err);
     });
+    this.logger.info({ incarnation: this.incarnation, verdict, basis }, `data directory confirmed (${verdict}, by ${basis})`);
+    await this.releaseVoteHold('identity');
+    await this.ensureIncarnationRecorded();
+  }
+
+  /**
+   * After a repair truncated entries up to `barrier` that this node may have acknowledged: waits
+   * until the commit index a leader gave it has reached the barrier (its log holds every entry it
+   * may have acknowledged again), lifts the barrier durably, then may vote.
+   */
+  private async catchUpPastVoteBarrier(barrier: number): Promise<void> {
+    this.logger.warn({ voteBarrier: barrier, commit: this.driver.status().commit }, `log repaired: not voting until the commit index reaches ${barrier} (entries this node may have acknowledged were lost)`);
+    while (!this.halted() && this.driver.status().commit < barrier) await new Promise((r) => setTimeout(r, 100));
+    if (this.halted()) return;
+    const commit = this.driver.status().commit;
+    await this.storage.clearVoteBarrier(commit).catch((err: unknown) => {
+      throw new RaftPersistError('clear-vote-barrier', err);
+    });
+    this.logger.info({ voteBarrier: barrier, commit }, `caught up past the repaired log (commit ${commit} >= ${barrier})`);
+    await this.releaseVoteHold('log-repair');
+  }
+
+  /** Drops one reason not to vote; the node votes once none is left. */
+  private async releaseVoteHold(hold: VoteHold): Promise<void> {
+    this.voteHolds.delete(hold);
+    if (this.voteHolds.size > 0 || !this.votingRefused) return;
     await this.driver.setVoting(true);
     this.votingRefused = false;
-    this.logger.info({ incarnation: this.incarnation, verdict }, 'data directory confirmed; voting');
-    await this.ensureIncarnationRecorded();
+    this.logger.info({ released: hold }, 'voting');
   }
 
   /** Until the cluster has recorded this node's incarnation, asks the leader to record it. */

@@ -75,7 +75,7 @@ export class RaftRequestError extends Error {
 export class RaftPersistError extends Error {
   readonly code = 'RAFT_PERSIST_FAILED' as const;
   constructor(
-    readonly during: 'save' | 'compact' | 'confirm-incarnation',
+    readonly during: 'save' | 'compact' | 'confirm-incarnation' | 'clear-vote-barrier',
     cause: unknown,
   ) {
     super(`persisting raft state failed (${during}): ${cause instanceof Error ? cause.message : String(cause)}`, { cause });

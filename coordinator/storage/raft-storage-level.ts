@@ -4,8 +4,12 @@
 // `sync: true` when the Ready says mustSync, so term, vote and entries are on disk before the
 // caller sends the messages that depend on them. Every record carries a CRC-32 (storage-codec.ts
 // has the key layout and framing). At open the whole store is read and checked:
-//   - a bad record or a gap in the log strictly above the commit index is a torn write (the tail of
-//     a write that never completed): the tail is truncated, in one synced batch, and reported in
+//   - a bad record or a gap in the log strictly above the commit index: LevelDB batches are atomic,
+//     so this is corruption, not a torn write, and the lost entries may have been acknowledged and
+//     counted toward a commit. The tail is truncated and, in the same synced batch, meta records a
+//     vote barrier (the highest index that was stored): the node must not vote until its commit
+//     index has reached it, i.e. until a leader has given it back every entry it may have
+//     acknowledged (protocol-aware recovery, Alagappan et al., FAST '18). Reported in
 //     meta.repairs and through the logger;
 //   - a bad record or gap at or below the commit index, an unreadable hard state, snapshot or meta
 //     record, or an unknown key is fatal: StorageCorruptionError, naming the key.
@@ -42,7 +46,7 @@ import { StorageCorruptionError, StorageFormatError, StorageIdentityError } from
 
 export { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';
 
-/** A torn tail found at open and removed. */
+/** A corrupt log tail above the commit index found at open and removed. */
 export interface StorageRepair {
   /** The first key found bad or missing (e.g. 'log/42'). */
   readonly key: string;
@@ -73,8 +77,13 @@ export interface StorageMeta {
    * start and the caller's decision does not turn the node into one that "remembers".
    */
   readonly incarnationConfirmed: boolean;
-  /** Torn tails removed when the directory was opened (empty normally). */
+  /** Log tails removed when the directory was opened (empty normally). */
   readonly repairs: readonly StorageRepair[];
+  /**
+   * 0, or the index the node's commit index must reach before it may vote: a repair removed entries
+   * up to this index that it may have acknowledged. Survives restarts until clearVoteBarrier().
+   */
+  readonly voteBarrier: number;
 }
 
 export interface StorageLogger {
@@ -213,6 +222,7 @@ export class LevelRaftStorage {
       const scan = await scanStore(this.dir, this.db, this.logger, this.opts);
       if (scan === null) throw new StorageCorruptionError(this.dir, 'meta', 'the store is empty');
       this.repairs.push(...scan.repairs);
+      this.storedMeta = scan.storedMeta;
       this.first = scan.first;
       this.last = scan.last;
       return { ...scan.state, meta: this.meta() };
@@ -323,6 +333,21 @@ export class LevelRaftStorage {
     });
   }
 
+  /**
+   * Lifts the vote barrier, durably, once the node's commit index (learned from a leader) has
+   * reached it: its log again holds every entry it may have acknowledged before the repair.
+   */
+  clearVoteBarrier(commit: number): Promise<void> {
+    return this.run(async () => {
+      const barrier = this.storedMeta.voteBarrier;
+      if (barrier === 0) return;
+      if (commit < barrier) throw new Error(`clearVoteBarrier: commit ${commit} has not reached the vote barrier ${barrier}`);
+      const m: StoredMeta = { ...this.storedMeta, voteBarrier: 0 };
+      await this.write([{ type: 'put', key: metaKey, value: encodeMeta(m) }], true);
+      this.storedMeta = m;
+    });
+  }
+
   /** The last synced batch's duration and size (null before the first). */
   get lastSync(): SyncStat | null {
     return this.lastSyncStat;
@@ -392,6 +417,7 @@ async function initialise(db: DB, opts: LevelRaftStorageOptions): Promise<void> 
     incarnation: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('hex'),
     createdAt: new Date((opts.now ?? Date.now)()).toISOString(),
     confirmed: false,
+    voteBarrier: 0,
   };
   const boot = opts.bootstrap ?? defaultBootstrap;
   const snapshot: Snapshot = { meta: { index: 0, term: 0, conf: { voters: [...boot.conf.voters], learners: [...boot.conf.learners] } }, data: boot.data };
@@ -503,14 +529,21 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
   }
 
   const repairs: StorageRepair[] = [];
+  let storedMeta = m;
   if (problem !== null) {
     if (problem.index <= commit) {
       throw new StorageCorruptionError(dir, problem.key, `${problem.reason}; it is at or below the commit index ${commit}, so committed data is lost`);
     }
     const tail = entryRecords.slice(problemAt);
-    await db.batch(tail.map(({ key }) => ({ type: 'del' as const, key })), { sync: true });
+    // The highest index stored: every entry up to it may have been acknowledged to a leader.
+    const lastStored = Math.max(problem.index, ...tail.map(({ key }) => entryIndexOfKey(key) ?? 0));
+    storedMeta = { ...m, voteBarrier: Math.max(m.voteBarrier, lastStored) };
+    await db.batch([...tail.map(({ key }) => ({ type: 'del' as const, key })), { type: 'put' as const, key: metaKey, value: encodeMeta(storedMeta) }], { sync: true });
     const repair: StorageRepair = { key: problem.key, reason: problem.reason, truncatedFrom: problem.index, removedRecords: tail.length, commit };
-    logger.warn({ dir, ...repair }, 'raft storage: torn log tail above the commit index truncated');
+    logger.warn(
+      { dir, ...repair, voteBarrier: storedMeta.voteBarrier },
+      'raft storage: corrupt log record above the commit index; tail truncated, and the node must not vote until its commit index reaches the vote barrier',
+    );
     repairs.push(repair);
   }
 
@@ -522,7 +555,7 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
   const first = good[0]?.index ?? S + 1;
   const last = lastEntry?.index ?? first - 1;
   return {
-    storedMeta: m,
+    storedMeta,
     state: { hardState: hard, snapshot, entries: good.filter((e) => e.index > S) },
     first,
     last,
@@ -539,6 +572,7 @@ function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]
     fresh,
     incarnationConfirmed: m.confirmed,
     repairs: [...repairs],
+    voteBarrier: m.voteBarrier,
   };
 }
 

@@ -174,10 +174,16 @@ export interface StoredMeta {
   readonly createdAt: string;
   /** Set by confirmIncarnation(): the caller has decided this incarnation may vote. */
   readonly confirmed: boolean;
+  /**
+   * 0, or the highest log index this store held before a repair removed entries above the commit
+   * index: entries it may have acknowledged. The node must not vote until its commit index has
+   * reached it (cleared by clearVoteBarrier). Absent in records written before it existed: 0.
+   */
+  readonly voteBarrier: number;
 }
 
 export function encodeMeta(m: StoredMeta): Uint8Array {
-  return seal(metaKey, [m.format, m.clusterId, m.nodeId, m.incarnation, m.createdAt, m.confirmed]);
+  return seal(metaKey, [m.format, m.clusterId, m.nodeId, m.incarnation, m.createdAt, m.confirmed, m.voteBarrier]);
 }
 
 export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
@@ -185,9 +191,9 @@ export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
   if (!r.ok) return r;
   const v = r.value;
   if (!Array.isArray(v) || v.length < 6) return fail('meta record is not [format, clusterId, nodeId, incarnation, createdAt, confirmed]');
-  const [format, clusterId, nodeId, incarnation, createdAt, confirmed] = v as unknown[];
-  if (!isIndex(format) || typeof clusterId !== 'string' || typeof nodeId !== 'string' || typeof incarnation !== 'string' || typeof createdAt !== 'string' || typeof confirmed !== 'boolean') {
+  const [format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier = 0] = v as unknown[];
+  if (!isIndex(format) || typeof clusterId !== 'string' || typeof nodeId !== 'string' || typeof incarnation !== 'string' || typeof createdAt !== 'string' || typeof confirmed !== 'boolean' || !isIndex(voteBarrier)) {
     return fail('meta record has fields of the wrong type');
   }
-  return { ok: true, value: { format, clusterId, nodeId, incarnation, createdAt, confirmed } };
+  return { ok: true, value: { format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier } };
 }

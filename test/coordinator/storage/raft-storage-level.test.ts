@@ -76,6 +76,7 @@ void test('a new directory starts from the bootstrap conf-only snapshot and reco
       fresh: true,
       incarnationConfirmed: false,
       repairs: [],
+      voteBarrier: 0,
     });
     await s.close();
 
@@ -273,7 +274,7 @@ async function expectCorrupt(dir: string, key: string, reason: RegExp): Promise<
   });
 }
 
-void test('a torn last entry above the commit index is truncated and reported', async () => {
+void test('a corrupt last entry above the commit index is truncated and reported', async () => {
   await withTempDir(async (dir) => {
     await prepared(dir, 7);
     await flipByte(dir, entryKey(10));
@@ -289,7 +290,7 @@ void test('a torn last entry above the commit index is truncated and reported', 
     assert.equal(rep.commit, 7);
     assert.match(rep.reason, /checksum mismatch/);
     assert.equal(logger.lines.length, 1);
-    assert.match(logger.lines[0] ?? '', /torn log tail/);
+    assert.match(logger.lines[0] ?? '', /corrupt log record above the commit index/);
     // The log continues from the repaired tail.
     await s.save(save({ entries: [ent(10, 2)], hardState: { term: 2, vote: null, commit: 7 } }));
     await s.close();
@@ -298,6 +299,32 @@ void test('a torn last entry above the commit index is truncated and reported', 
     assert.deepEqual(st2.meta.repairs, []);
     assert.deepEqual(st2.entries.map((e) => e.term), [1, 1, 1, 1, 1, 1, 1, 1, 1, 2]);
     await r.close();
+  });
+});
+
+void test('a corrupt record above commit sets a durable vote barrier at the highest stored index, lifted only once commit reaches it', async () => {
+  await withTempDir(async (dir) => {
+    await prepared(dir, 4);
+    await flipByte(dir, entryKey(6)); // entries 6..10 are lost; any of them may have been acknowledged
+    const logger = captureLogger();
+    let s = await LevelRaftStorage.open(dir, options({ logger }));
+    assert.equal(s.meta().voteBarrier, 10);
+    assert.match(logger.lines.join('\n'), /must not vote until its commit index reaches the vote barrier.*"voteBarrier":10/);
+    await s.close();
+    // A crash before the node caught up: the barrier is still there on the next open (nothing is repaired now).
+    s = await LevelRaftStorage.open(dir, options());
+    assert.deepEqual(s.meta().repairs, []);
+    assert.equal(s.meta().voteBarrier, 10);
+    // The leader re-sends 6..12; the commit index it reports reaches 9 first, then 12.
+    await s.save(save({ entries: ents(6, 12, 1), hardState: { term: 1, vote: 'n1', commit: 9 } }));
+    await assert.rejects(s.clearVoteBarrier(9), /commit 9 has not reached the vote barrier 10/);
+    assert.equal(s.meta().voteBarrier, 10);
+    await s.save(save({ hardState: { term: 1, vote: 'n1', commit: 12 } }));
+    await s.clearVoteBarrier(12);
+    await s.close();
+    s = await LevelRaftStorage.open(dir, options());
+    assert.equal(s.meta().voteBarrier, 0);
+    await s.close();
   });
 });
 
