@@ -9,17 +9,27 @@
 //
 // The admin API is not proxied: the drill's admin clients are operators, not part of the fault.
 // Every process writes its output to <dir>/logs/<name>.log, kept as evidence next to the timeline.
+//
+// The agents' Unix sockets go into a short folder of their own under the system's temporary folder,
+// not under <dir>: a socket path has at most 107 bytes (sun_path), and a checkout some 60 characters
+// deep (a CI runner's workspace) would otherwise put `<dir>/<drill>/cell-a.sock` past it.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, existsSync, mkdirSync, writeFileSync, type WriteStream } from 'node:fs';
+import { createWriteStream, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync, type WriteStream } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { FaultProxy } from './fault-proxy.js';
 import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
 import type { DrillSpec, DrillTarget } from './drill-runner.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
+/**
+ * Longest Unix socket path the agents may be given: sun_path holds 108 bytes with the NUL on Linux
+ * (104 on the BSDs), and an agent with several workers appends `.N` to its socket.
+ */
+const MAX_SOCKET_PATH = 100;
 
 export interface DeploymentOptions {
-  /** Where data, sockets and logs go (created). */
+  /** Where data and logs go (created). */
   readonly dir: string;
   readonly coordinators: readonly string[];
   readonly cells: readonly string[];
@@ -69,9 +79,12 @@ export class LocalDeployment implements DrillTarget {
   /** Extra environment per coordinator id, applied when it (re)starts. */
   readonly coordinatorEnv = new Map<string, Readonly<Record<string, string>>>();
   private readonly logDir: string;
+  /** The agents' sockets (short, under the temporary folder); removed by stop(). */
+  private readonly socketDir: string;
 
   private constructor(readonly opts: DeploymentOptions) {
     this.logDir = join(opts.dir, 'logs');
+    this.socketDir = mkdtempSync(join(tmpdir(), 'cq-'));
     for (const [id, env] of Object.entries(opts.coordinatorEnv ?? {})) this.coordinatorEnv.set(id, env);
   }
 
@@ -90,24 +103,33 @@ export class LocalDeployment implements DrillTarget {
 
   static async create(opts: DeploymentOptions): Promise<LocalDeployment> {
     const d = new LocalDeployment(opts);
-    mkdirSync(d.logDir, { recursive: true });
-    for (const id of opts.coordinators) {
-      d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await reservePort(), adminPort: await reservePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
-    }
-    for (const from of opts.coordinators) {
-      for (const to of opts.coordinators) {
-        if (from === to) continue;
-        d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${from}>${to}` }));
+    try {
+      mkdirSync(d.logDir, { recursive: true });
+      for (const id of opts.coordinators) {
+        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await reservePort(), adminPort: await reservePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
       }
-    }
-    for (const cell of opts.cells) {
-      for (const to of opts.coordinators) {
-        d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
+      for (const from of opts.coordinators) {
+        for (const to of opts.coordinators) {
+          if (from === to) continue;
+          d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${from}>${to}` }));
+        }
       }
-      d.agents.set(cell, { cell, name: `agent-${cell}`, socket: join(opts.dir, `${cell}.sock`), httpPort: await reservePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+      for (const cell of opts.cells) {
+        for (const to of opts.coordinators) {
+          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
+        }
+        const socket = join(d.socketDir, `${cell}.sock`);
+        if (Buffer.byteLength(socket) > MAX_SOCKET_PATH) {
+          throw new Error(`the agent socket ${socket} is longer than ${MAX_SOCKET_PATH} bytes: set TMPDIR to a shorter folder`);
+        }
+        d.agents.set(cell, { cell, name: `agent-${cell}`, socket, httpPort: await reservePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+      }
+      writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
+      writeFileSync(join(opts.dir, 'tenants.yaml'), `tiers:\n  ${TIER}: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  ${TENANT}: ${TIER}\n`);
+    } catch (e) {
+      await d.stop();
+      throw e;
     }
-    writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
-    writeFileSync(join(opts.dir, 'tenants.yaml'), `tiers:\n  ${TIER}: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  ${TENANT}: ${TIER}\n`);
     return d;
   }
 
@@ -313,6 +335,7 @@ export class LocalDeployment implements DrillTarget {
     await Promise.all(all.map((p) => signalProc(p, 'SIGKILL')));
     await Promise.all([...this.peerProxies.values(), ...this.agentProxies.values()].map((p) => p.stop()));
     await Promise.all(all.map((p) => new Promise<void>((ok) => p.log.end(ok))));
+    rmSync(this.socketDir, { recursive: true, force: true });
   }
 }
 

@@ -9,7 +9,7 @@
 //   domain: api
 //   quota: 600                    # its rate and burst (the bound is quota·1 s + burst)
 //   burst: 120
-//   adminTier: gold               # optional: operators' writes to tenants chaos-lin-0..2 on this tier
+//   adminTier: gold               # optional: operators' writes to tenants chaos-lin-0..5 on this tier
 //   adminToken: ...               # optional: bearer token for admin writes
 //   cells:
 //     - {id: eu-west, rls: 10.0.0.5:8089, http: http://10.0.0.5:9091, rate: 300}

@@ -25,6 +25,16 @@
 // The model still checks their output if it linearizes them earlier, so give such operations an
 // output the model accepts whatever it is (a put's); an unknown-outcome read constrains nothing and
 // is best left out of the history.
+//
+// Unknown outcomes are what makes a search explode: each one stays pending to the end, so every
+// subset of them that might have taken effect is a different (bitset, state) pair to the cache, and
+// a drill where the coordinators are down for a while leaves hundreds of them on a few keys. The
+// key-value model therefore drops, before the search, every unknown-outcome put whose value no get
+// of its key returned. This changes no verdict: in any linearization that contains such a put, the
+// operations between it and the next put of that key are gets, which would have returned its value,
+// so there are none, and the put can be taken out (taking it never to have happened is always
+// allowed for an unknown outcome). The writer should make values unique (a fresh value per write),
+// so that what remains are the unknown puts some read really saw.
 
 export interface Operation<Input, Output> {
   clientId: number | string;
@@ -227,10 +237,19 @@ export const kvModel: Model<KvState, KvInput, KvOutput> = {
       if (list) list.push(op);
       else byKey.set(op.input.key, [op]);
     }
-    return [...byKey.values()];
+    return [...byKey.values()].map(withoutUnseenUnknownPuts);
   },
   describe(input, output) {
     if (input.kind === 'put') return `put(${JSON.stringify(input.key)}, ${JSON.stringify(input.value)})`;
     return `get(${JSON.stringify(input.key)}) -> ${JSON.stringify(output?.value ?? null)}`;
   },
 };
+
+/** The key's operations without the unknown-outcome puts whose value no get returned (see the header). */
+function withoutUnseenUnknownPuts(ops: Operation<KvInput, KvOutput>[]): Operation<KvInput, KvOutput>[] {
+  const seen = new Set<string>();
+  for (const op of ops) {
+    if (op.input.kind === 'get' && typeof op.output?.value === 'string') seen.add(op.output.value);
+  }
+  return ops.filter((op) => !(op.input.kind === 'put' && op.return === Infinity && !seen.has(op.input.value)));
+}
