@@ -30,6 +30,16 @@ export default tseslint.config(
     languageOptions: { globals: { process: 'readonly', console: 'readonly', URL: 'readonly' } },
   },
   {
+    // The live view's browser script (served as is, no build step).
+    files: ['coordinator/api/ui/**/*.js'],
+    ...tseslint.configs.disableTypeChecked,
+    languageOptions: {
+      ...tseslint.configs.disableTypeChecked.languageOptions,
+      sourceType: 'script',
+      globals: Object.fromEntries(['window', 'document', 'location', 'history', 'fetch', 'URLSearchParams', 'AbortController', 'setTimeout', 'clearTimeout', 'setInterval', 'uPlot'].map((g) => [g, 'readonly'])),
+    },
+  },
+  {
     files: ['coordinator/**/*.ts'],
     rules: { 'no-restricted-imports': ['error', { patterns: [{ group: ['**/cell-agent/**'], message: 'coordinator/ must not import cell-agent/' }] }] },
   },

@@ -27,7 +27,7 @@ import { startHttpApi } from './http/http-api.js';
 import type { HttpApiHandle, QuotaInForce } from './http/http-api.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { createAgentMetrics } from './observe/metrics.js';
-import { StatsWriter, createStatsShared } from './observe/stats.js';
+import { StatsWriter, createStatsShared, readStats } from './observe/stats.js';
 import { ThrottleCounts, ThrottleLog } from './observe/throttle-log.js';
 import { RulesChangedError, snapshotOf } from './agent-rules.js';
 import type { RulesSnapshot } from './agent-rules.js';
@@ -368,6 +368,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       coordinatorById: new Map(config.coordinators.flatMap((c) => (c.id === undefined ? [] : [[c.id, coordinatorAddress(c)] as const]))),
       logger: componentLogger(logger, 'lease'),
       velocity: () => velocityKeys.snapshot(clock()),
+      failOpenTotal: () => Object.values(readStats(stats).failOpen).reduce((a, b) => a + b, 0),
       onOverrides: (entries) => {
         overrides.apply(entries);
         const seq = ++overrideSeq;

@@ -9,6 +9,7 @@ import { loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../
 import { createRootLogger, logLevels } from '../shared/logging.js';
 import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coordinator/node/coordinator-node.js';
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
+import { LiveTraffic } from '../coordinator/api/live-traffic.js';
 
 export const coordinatorSpecs: readonly SettingSpec[] = [
   { flag: 'id', description: 'this replica id, one of the ids in --peers (e.g. n1)' },
@@ -116,6 +117,9 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
   const metrics = new CoordinatorMetrics(registry);
+  // The leader's live traffic (reports → overshoot windows, fail-open rates): the live view and metrics.
+  let nodeRef: CoordinatorNode | null = null;
+  const traffic = new LiveTraffic(() => (nodeRef as CoordinatorNode).ledger(), () => nodeRef?.isLeader() ?? false);
   const dataDir = resolve(s.dataDir);
   // Crash-stop. The node has logged the fatal line, refuses every request and fails readiness; a
   // process that can no longer persist must not linger (a zombie leader would keep clients
@@ -149,7 +153,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
         join: s.join,
         adminUrlOf,
         ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),
-        lease: { ttlMs: s.leaseTtlMs, roundMs: s.leaseRoundMs },
+        lease: { ttlMs: s.leaseTtlMs, roundMs: s.leaseRoundMs, onReport: (req, receiptMs) => traffic.onReport(req, receiptMs) },
         ...(tls === undefined ? {} : { tls }),
         onFatal: crashStop,
       },
@@ -164,6 +168,9 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     logger.flush();
     throw err;
   }
+  nodeRef = node;
+  traffic.registerMetrics(registry);
+  traffic.start();
   metrics.sample(registry, {
     term: () => node.cluster().term,
     isLeader: () => node.isLeader(),
@@ -173,7 +180,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     votingRefused: () => node.cluster().votingRefused,
     tenants: () => node.ledger().tenantCount,
   });
-  const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads });
+  const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads, traffic });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });
   logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id) }, 'admin API listening');
   return new Promise<number>((resolveExit) => {
@@ -183,6 +190,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
       stopping = true;
       logger.info({ signal }, 'stopping');
       void (async () => {
+        traffic.stop();
         await app.close();
         await node.stop();
         resolveExit(0);

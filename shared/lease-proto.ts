@@ -28,6 +28,8 @@ export interface ReportRequestMessage {
   sentAtMs: number;
   acks: AckMessage[];
   velocity: VelocityMessage[];
+  /** Fail-open answers of this agent incarnation so far (a counter; decoded as 0 when absent). */
+  failOpenTotal?: number;
 }
 export interface GrantMessage {
   key: string;

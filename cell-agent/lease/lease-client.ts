@@ -61,6 +61,8 @@ export interface LeaseClientOptions {
   /** The velocity window (keys are coordinator quota keys). */
   readonly velocity: () => readonly VelocityInput[];
   readonly velocityWindowMs?: number;
+  /** Checks answered fail-open since the agent started (reported with every report). */
+  readonly failOpenTotal?: () => number;
   /** Told the entries that changed (grants, floors, removals). A promise: the grants are acknowledged
    * to the coordinator only once it resolves (every serving thread decides with them). */
   readonly onOverrides: (entries: OverrideEntry[]) => void | Promise<void>;
@@ -229,7 +231,7 @@ export class LeaseClient {
     const incarnation = this.incarnation;
     const acks: AckMessage[] = [...this.pendingAcks].map(([key, epoch]) => ({ key, epoch }));
     const velocity = this.velocityMessages();
-    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity };
+    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0 };
     const address = this.target;
     const sentAt = this.mono();
     const result = await new Promise<{ res: ReportResponseMessage } | { err: grpc.ServiceError }>((resolve) => {

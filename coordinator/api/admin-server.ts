@@ -12,6 +12,8 @@ import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
 import type { ClusterView } from '../node/coordinator-node.js';
 import type { ConfChange, NodeId } from '../raft/index.js';
 import { NotLeaderError, RaftRequestError } from '../node/raft-driver.js';
+import type { LiveTraffic } from './live-traffic.js';
+import { registerUiRoutes } from './ui-routes.js';
 
 /** What the API needs from a coordinator replica. */
 export interface AdminBackend {
@@ -39,6 +41,8 @@ export interface AdminServerOptions {
   readonly registry?: Registry;
   /** Wall clock for the time a cell-facing command carries (default Date.now). */
   readonly now?: () => number;
+  /** The leader's traffic from the cells' reports, for the live view (GET /ui/). */
+  readonly traffic?: LiveTraffic;
 }
 
 /** Stable error codes of the API, with their HTTP status. */
@@ -318,6 +322,9 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     return reply.code(ready ? 200 : 503).send({ ready, leader: c.leader, term: c.term, votingRefused: c.votingRefused });
   });
   app.get('/metrics', async (_req, reply) => reply.header('content-type', registry.contentType).send(await registry.metrics()));
+  // ---- the live view -----------------------------------------------------------------------------
+  registerUiRoutes(app, { backend, adminUrlOf: opts.adminUrlOf, now, ...(opts.token === undefined ? {} : { token: opts.token }), ...(opts.traffic === undefined ? {} : { traffic: opts.traffic }) });
+
   const openApi = openApiDocument();
   app.get('/docs/json', (_req, reply) => reply.send(openApi));
 
@@ -374,6 +381,8 @@ function openApiDocument(): Record<string, unknown> {
       '/healthz': { get: { responses } },
       '/readyz': { get: { responses } },
       '/metrics': { get: { responses: { 200: { description: 'Prometheus text format' } } } },
+      '/ui/': { get: { description: 'the live view (HTML); with a token configured, Authorization: Bearer or the session cookie of POST /ui/login', responses: { 200: { description: 'HTML' }, 401: { description: 'the login page' } } } },
+      '/ui/api/state': { get: { description: 'the live view\'s document: cluster, cells, overshoot, one page of tenants, the chosen tenant', parameters: [{ name: 'q', in: 'query', schema: { type: 'string' } }, { name: 'page', in: 'query', schema: { type: 'integer' } }, { name: 'size', in: 'query', schema: { type: 'integer' } }, { name: 'sort', in: 'query', schema: { type: 'string', enum: ['busy', 'id'] } }, { name: 'tenant', in: 'query', schema: { type: 'string' } }], responses } },
     },
   };
 }

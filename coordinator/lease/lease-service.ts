@@ -60,6 +60,8 @@ export interface LeaseServiceOptions {
   readonly policy?: GrantPolicy;
   /** Wall clock in ms (tests). */
   readonly now?: () => number;
+  /** Told every well-formed report the leader accepts, with its receipt time (the live view, the overshoot). */
+  readonly onReport?: (req: ReportRequestMessage, receiptMs: number) => void;
 }
 
 interface PendingReport {
@@ -101,6 +103,7 @@ export class LeaseService {
   private readonly expireEveryMs: number;
   private readonly policy: GrantPolicy;
   private readonly now: () => number;
+  private readonly onReport: ((req: ReportRequestMessage, receiptMs: number) => void) | undefined;
   private pending: PendingReport[] = [];
   private readonly sessions = new Map<string, CellSession>();
   /** Cell → quota key → demand (req/s). */
@@ -121,6 +124,7 @@ export class LeaseService {
     this.expireEveryMs = opts.expireEveryMs ?? DEFAULT_EXPIRE_EVERY_MS;
     this.policy = opts.policy ?? allocatorPolicy;
     this.now = opts.now ?? Date.now;
+    this.onReport = opts.onReport;
   }
 
   /** Registers QuotaLease on `server` and starts the round and expiry timers. */
@@ -171,6 +175,7 @@ export class LeaseService {
       cb(statusError(grpc.status.INVALID_ARGUMENT, invalid));
       return;
     }
+    this.onReport?.(req, receiptMs);
     this.pending.push({ req, receiptMs, resolve: (r) => cb(null, r), reject: (e) => cb(e) });
   }
 
@@ -358,5 +363,7 @@ export function validateReport(req: ReportRequestMessage): string | null {
     if (!QUOTA_KEY_PATTERN.test(v.key)) return `velocity key ${v.key.slice(0, 140)} is not a quota key`;
     if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0)) return `velocity of ${v.key} must be finite and ≥ 0`;
   }
+  const failOpen = req.failOpenTotal ?? 0;
+  if (!(Number.isFinite(failOpen) && failOpen >= 0)) return 'fail_open_total must be finite and ≥ 0';
   return null;
 }

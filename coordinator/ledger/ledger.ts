@@ -926,6 +926,12 @@ export class Ledger {
     return this.tenants.size;
   }
 
+  /** Every tenant id in id order (a shared, cached array: read it, never change it). */
+  tenantIds(): readonly string[] {
+    this.sortedTenantIds ??= [...this.tenants.keys()].sort(cmp);
+    return this.sortedTenantIds;
+  }
+
   /** Tenants in id order, `limit` at a time (1..MAX_PAGE_LIMIT), after `cursor` (the last id of the previous page). */
   listTenants(opts: { readonly cursor?: string; readonly limit?: number } = {}): { tenants: TenantView[]; nextCursor: string | null } {
     const limit = Math.min(MAX_PAGE_LIMIT, Math.max(1, Math.floor(opts.limit ?? DEFAULT_PAGE_LIMIT)));

@@ -26,7 +26,7 @@ import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig
 import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
 import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOptions } from '../transport/peer-transport.js';
-import { LeaseService } from '../lease/lease-service.js';
+import { LeaseService, type LeaseServiceOptions } from '../lease/lease-service.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
 import { RaftDriver, RaftPersistError } from './raft-driver.js';
@@ -57,7 +57,7 @@ export interface CoordinatorSettings {
   readonly adminToken?: string;
   readonly tls?: PeerTlsOptions;
   /** The agents' lease service on the peer port (cellquota.lease.v1.QuotaLease). */
-  readonly lease?: { readonly ttlMs?: number; readonly roundMs?: number; readonly expireEveryMs?: number };
+  readonly lease?: { readonly ttlMs?: number; readonly roundMs?: number; readonly expireEveryMs?: number; readonly onReport?: LeaseServiceOptions['onReport'] };
   /**
    * Called once when the node stops for good (see CoordinatorFailure), after it logged the fatal
    * line. The owner must end the process: the node serves nothing correct any more.
@@ -242,6 +242,7 @@ export class CoordinatorNode {
       ...(settings.lease?.ttlMs === undefined ? {} : { leaseTtlMs: settings.lease.ttlMs }),
       ...(settings.lease?.roundMs === undefined ? {} : { roundMs: settings.lease.roundMs }),
       ...(settings.lease?.expireEveryMs === undefined ? {} : { expireEveryMs: settings.lease.expireEveryMs }),
+      ...(settings.lease?.onReport === undefined ? {} : { onReport: settings.lease.onReport }),
     });
     lease.register(server);
     node.lease = lease;
