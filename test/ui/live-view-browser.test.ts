@@ -75,6 +75,7 @@ async function text(page: Page, selector: string): Promise<string> {
 }
 
 async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 20_000, everyMs = 100): Promise<T> {
+  if (process.env['CQ_TEST_TRACE'] !== undefined) console.error(`[live-view test] waiting for ${what}`);
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {
@@ -114,6 +115,8 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
 
     // The page on a follower (it survives the leader's kill): the login form first.
     const page = await browser.context.newPage();
+    // A probe that finds nothing must fail fast, so `until` polls again (the default waits 30 s).
+    page.setDefaultTimeout(5_000);
     const first = await page.goto(`${c.adminUrl(follower)}/ui/`);
     assert.equal(first?.status(), 401, 'without a session the page is the login form');
     await page.fill('input[name=token]', 'wrong');
