@@ -124,7 +124,6 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     // Without coordinators every global quota runs on its static slice (always degraded); with them,
     // a global level is degraded unless it holds a live leased grant.
     staticSlices: config.coordinators.length === 0,
-    velocityKeys: config.coordinators.length === 0 ? 'bucket' : 'quota',
   };
   const lagOptions = { thresholdMs: config.lagThresholdMs };
 

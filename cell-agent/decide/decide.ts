@@ -13,11 +13,16 @@
 // 2. Levels. Every limit the request must pass is one level with a bucket key and a GCRA limit:
 //      local rule        rule.bucketKey, limitPerUnit(rpu, unit), starts FULL
 //      limit override    `~o|domain|k=v…`, limitPerUnit(override), starts FULL
-//      tenant quota      rule.bucketKey (`api|tenant=acme`), the tier's static slice, starts EMPTY
-//      tier cap          `~t|domain|tier`, the cap's static slice, starts EMPTY
-//      domain cap        `~d|domain`, the cap's static slice, starts EMPTY
-//    (`~` cannot start a rule key: the rules module escapes it.) A key appearing twice in one
-//    request is one level with the hits summed. Unknown tenants follow the policy (quotas.ts).
+//      tenant quota      `~q|tenant/<id>`, the grant (or the tier's static slice), starts EMPTY
+//      tier cap          `~q|tier/<tier>`, the cap's grant or static slice, starts EMPTY
+//      domain cap        `~q|domain/<domain>`, the cap's grant or static slice, starts EMPTY
+//    (`~` cannot start a rule key: the rules module escapes it.) A global level's bucket is named by
+//    its coordinator quota key alone — never by the domain or the rule path that reached it — so a
+//    tenant reached through two domains, two rule paths or two descriptor shapes is ONE bucket per
+//    cell, the bucket the grant for that key is sized for (velocity is recorded per quota key too).
+//    A key appearing twice in one request is one level with the hits summed; a global rule passed
+//    on the way to a deeper match is counted once per request and quota key. Unknown tenants follow
+//    the policy (quotas.ts).
 // 3. Check, then take — all or nothing. Every level is first read without consuming (take with 0
 //    hits: the level's whole tokens now); a level passes if it holds at least its hits (at least 1
 //    for a 0-hit check). The verdicts give the statuses and overall_code (shadow_mode turns a
@@ -50,6 +55,7 @@ import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsRespo
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { QuotaSlice, StaticQuotas } from './quotas.js';
 import type { QuotaOverrides } from '../lease/quota-overrides.js';
+import { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js';
 import { GRPC_STATUS, checkRequest } from './request-check.js';
 import type { RequestBounds, RequestFailure } from './request-check.js';
 
@@ -74,7 +80,7 @@ export interface DeciderDeps {
   /** Now in ns on the table's clock (process.hrtime.bigint() in the agent). */
   readonly clock: () => bigint;
   readonly velocity?: VelocityRecorder | null;
-  /** Called once per refused (non-shadow) level: the throttling log. */
+  /** Called once per refused (non-shadow) level with its quota key (global) or bucket key (local): the throttling log. */
   readonly onRefused?: ((key: string, hits: number) => void) | null;
   /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
   readonly overrides?: QuotaOverrides | null;
@@ -89,9 +95,6 @@ export interface DeciderOptions {
   /** Global quotas run on static slices (no coordinator): mark their answers degraded. With a
    * coordinator (false), a global level is degraded unless its key holds a live leased grant. */
   readonly staticSlices: boolean;
-  /** Name the velocity window's global keys by the coordinator's quota key (`tenant/<id>`, ...)
-   * instead of the bucket key: what the lease client reports. Default 'bucket'. */
-  readonly velocityKeys?: 'bucket' | 'quota';
 }
 
 export type DecisionScope = 'local' | 'global';
@@ -121,7 +124,7 @@ interface Level {
   readonly scope: DecisionScope;
   /** A global quota: its demand goes to the velocity window. */
   readonly velocity: boolean;
-  /** A global quota's coordinator key (null: a local level). */
+  /** A global quota's coordinator key (`tenant/<id>`, `tier/<name>`, `domain/<name>`; null: a local level). */
   readonly quotaKey: string | null;
   /** A global quota decided on a live leased grant (not a static share or a floor). */
   readonly leased: boolean;
@@ -197,8 +200,10 @@ export class Decider {
     const levels = new Map<string, Level>();
     const plans: DescriptorPlan[] = new Array<DescriptorPlan>(n);
     for (let i = 0; i < n; i++) plans[i] = { levels: [], unlimited: false, quotaMode: false };
+    // Quota keys already counted for this request: a global rule passed on the way to a deeper match
+    // adds its quota once, unless a descriptor matched that quota itself.
     const countedGlobal = new Set<string>();
-    for (const m of matched) if (m !== null && m.limit.kind === 'global') countedGlobal.add(m.bucketKey);
+    for (const m of matched) if (m !== null && m.limit.kind === 'global') countedGlobal.add(globalQuotaKey(m));
 
     for (let i = 0; i < n; i++) {
       const d = req.descriptors[i];
@@ -221,8 +226,9 @@ export class Decider {
         }
       }
       for (const a of ancestors[i] ?? []) {
-        if (countedGlobal.has(a.bucketKey)) continue;
-        countedGlobal.add(a.bucketKey);
+        const quotaKey = globalQuotaKey(a);
+        if (countedGlobal.has(quotaKey)) continue;
+        countedGlobal.add(quotaKey);
         this.addGlobal(levels, plan, i, domain, a, h);
       }
     }
@@ -232,23 +238,24 @@ export class Decider {
   private addGlobal(levels: Map<string, Level>, plan: DescriptorPlan, i: number, domain: string, m: RuleMatch, hits: number): void {
     const quotas = this.deps.quotas;
     const tenantId = m.global?.value ?? '';
+    const tenantQuota = tenantKey(tenantId);
     const r = quotas.resolve(tenantId);
     if (r.kind === 'deny') {
-      this.addLevel(levels, plan, i, m.bucketKey, DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true);
+      this.addLevel(levels, plan, i, globalBucketKey(tenantQuota), DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true, tenantQuota);
     } else if (r.kind === 'quota') {
-      this.addSlice(levels, plan, i, m.bucketKey, `tenant/${tenantId}`, r.tenant, hits, m.shadowMode);
-      this.addSlice(levels, plan, i, `~t|${escapeKeyPart(domain)}|${escapeKeyPart(r.tier.name)}`, `tier/${r.tier.name}`, r.tier.cap, hits, m.shadowMode);
+      this.addSlice(levels, plan, i, tenantQuota, r.tenant, hits, m.shadowMode);
+      this.addSlice(levels, plan, i, tierCapKey(r.tier.name), r.tier.cap, hits, m.shadowMode);
     }
-    this.addSlice(levels, plan, i, `~d|${escapeKeyPart(domain)}`, `domain/${domain}`, quotas.domainCap, hits, m.shadowMode);
+    this.addSlice(levels, plan, i, domainCapKey(domain), quotas.domainCap, hits, m.shadowMode);
   }
 
-  /** A global level: the leased grant (or its floor) for `quotaKey` if any, else the static slice (none: no level). */
-  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean): void {
+  /** A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no level). */
+  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean): void {
     const overrides = this.deps.overrides;
     const o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
     const use = o ?? slice;
     if (use === null) return;
-    this.addLevel(levels, plan, i, key, use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false);
+    this.addLevel(levels, plan, i, globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false);
   }
 
   private addLevel(
@@ -391,17 +398,16 @@ export class Decider {
       statusLimits[i] = reported === null || reported.level.deny ? null : reported.level.limit;
     }
     const { velocity, onRefused } = this.deps;
-    const byQuota = this.options.velocityKeys === 'quota';
     for (const level of levels.values()) {
       if (!level.passed) {
         if (!level.shadow) {
           const wait = level.retryNs === NEVER_NS ? (level.limit.windowNs > 0n ? level.limit.windowNs : NS_PER_S) : level.retryNs;
           if (wait > retryAfterNs) retryAfterNs = wait;
-          onRefused?.(level.key, level.hits);
+          onRefused?.(level.quotaKey ?? level.key, level.hits);
         }
-        if (level.velocity && level.hits > 0) velocity?.record(byQuota && level.quotaKey !== null ? level.quotaKey : level.key, 0, level.hits, nowNs);
+        if (level.velocity && level.hits > 0) velocity?.record(level.quotaKey ?? level.key, 0, level.hits, nowNs);
       } else if (!overLimit && level.velocity && level.hits > 0 && !level.tableFull) {
-        velocity?.record(byQuota && level.quotaKey !== null ? level.quotaKey : level.key, level.hits, 0, nowNs);
+        velocity?.record(level.quotaKey ?? level.key, level.hits, 0, nowNs);
       }
     }
     if (!overLimit) retryAfterNs = 0n;
@@ -528,6 +534,20 @@ const KEY_SPECIAL_ALL = /[\\|=~]/g;
 /** The rules module's escaping of a bucket-key part (`\`, `|`, `=`, `~` get a backslash). */
 export function escapeKeyPart(text: string): string {
   return KEY_SPECIAL.test(text) ? text.replace(KEY_SPECIAL_ALL, '\\$&') : text;
+}
+
+/**
+ * The bucket of a global quota: named by its coordinator quota key (`tenant/acme`, `tier/gold`,
+ * `domain/api`) and nothing else, so every domain, rule path and descriptor that reaches the quota
+ * shares one bucket per cell. (`~` cannot start a rule's bucket key, and `~o|` is the override prefix.)
+ */
+export function globalBucketKey(quotaKey: string): string {
+  return `~q|${quotaKey}`;
+}
+
+/** The tenant quota a `global: true` match selects: the tenant named by the descriptor's value. */
+function globalQuotaKey(m: RuleMatch): string {
+  return tenantKey(m.global?.value ?? '');
 }
 
 /** The bucket key of a descriptor with a limit override: per domain and request values. */

@@ -16,6 +16,15 @@
 // All of envoyproxy/ratelimit's load-time checks happen here, in its order per descriptor (empty
 // key, duplicate, unit / unlimited, replaces, share_threshold), followed by ours (`global`), so a
 // RulesFile built in code is held to the same rules as one parsed from YAML.
+//
+// Global rules, across the whole rule set (checkGlobalRules): the agent keeps ONE bucket per quota
+// key (`tenant/<value>`), whatever domain, file or rule path reaches it, and every global rule's
+// value names a tenant. A rule set that would need that one bucket enforced differently depending
+// on the path is refused, naming the file and the rule:
+//   - `quota_mode` on a global rule: another descriptor's verdict could overrule the quota;
+//   - a global rule nested under another global rule: one descriptor would charge two tenants;
+//   - `shadow_mode` on some global rules and not on others: one tenant quota enforced on one path
+//     and only observed on another.
 import { RULES_ERROR_CODES, RulesError } from './rules-errors.js';
 import type { SourcePos } from './rules-errors.js';
 import { compileGlob, isGlobPattern } from './rules-glob.js';
@@ -152,6 +161,7 @@ export function compileRules(files: readonly RulesFile[], options: CompileOption
   }
   // Levels are sealed only once every file has been loaded, because merged domains add to them.
   for (const seal of finish) seal();
+  checkGlobalRules(rules);
   const sealedDomains = new Map<string, RuleDomain>();
   for (const [domain, { root, files: domainFiles }] of domains) {
     sealedDomains.set(domain, Object.freeze({ domain, root: root.sealed(), files: Object.freeze([...domainFiles]) }));
@@ -287,6 +297,47 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
 }
 
 type Mutable<T> = { -readonly [P in keyof T]: T[P] };
+
+/** "rule 'api.tenant' (a.yaml:3:5)" */
+function describeRule(node: RuleNode): string {
+  return `rule '${node.id}' (${node.file}${node.pos === undefined ? '' : `:${node.pos.line}:${node.pos.column}`})`;
+}
+
+/** The rule-set-wide checks of global rules (see the header). */
+function checkGlobalRules(rules: readonly RuleNode[]): void {
+  let first: RuleNode | null = null;
+  for (const node of rules) {
+    if (!node.global) continue;
+    if (node.quotaMode) {
+      throw new RulesError(RULES_ERROR_CODES.GLOBAL_QUOTA_MODE, node.file,
+        `rule '${node.id}' has global: true and quota_mode: true; a global quota is enforced on every path, and quota_mode would let other descriptors overrule it, so remove quota_mode`,
+        node.pos);
+    }
+    for (const child of globalDescendants(node)) {
+      throw new RulesError(RULES_ERROR_CODES.GLOBAL_NESTED, child.file,
+        `rule '${child.id}' has global: true under the global ${describeRule(node)}; every global rule's value names a tenant quota, so one descriptor would be charged to two tenants: keep one global rule per path`,
+        child.pos);
+    }
+    if (first === null) first = node;
+    else if (node.shadowMode !== first.shadowMode) {
+      throw new RulesError(RULES_ERROR_CODES.GLOBAL_SHADOW_MIXED, node.file,
+        `rule '${node.id}' has global: true with shadow_mode ${node.shadowMode}, but the global ${describeRule(first)} has shadow_mode ${first.shadowMode}; both can reach the same tenant quota, whose one bucket per cell cannot be enforced on one path and only observed on the other: give every global rule the same shadow_mode`,
+        node.pos);
+    }
+  }
+}
+
+/** The global rules below `node` (depth first). */
+function* globalDescendants(node: RuleNode): Generator<RuleNode> {
+  const level = node.children;
+  const nodes: RuleNode[] = [...level.keyOnly.values()];
+  for (const byValue of level.exact.values()) nodes.push(...byValue.values());
+  for (const list of level.wildcards.values()) nodes.push(...list);
+  for (const child of nodes) {
+    if (child.global) yield child;
+    yield* globalDescendants(child);
+  }
+}
 
 const GLOBAL_LIMIT: RuleLimit = Object.freeze({ kind: 'global' });
 

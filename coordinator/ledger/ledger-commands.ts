@@ -13,6 +13,7 @@
 
 import { Packr, Unpackr } from 'msgpackr';
 import { z } from 'zod';
+import type { QuotaKind } from '../../shared/quota-keys.js';
 
 // ---- bounds -------------------------------------------------------------------------------------
 
@@ -49,18 +50,8 @@ export const COMMAND_FORMAT_VERSION = 1;
  * `domain/<name>` (the optional domain-wide cap). `/` is not a name character, so keys are
  * unambiguous.
  */
-export type QuotaKind = 'tenant' | 'tier' | 'domain';
-export type QuotaKey = `${QuotaKind}/${string}`;
-
-export function tenantKey(id: string): QuotaKey {
-  return `tenant/${id}`;
-}
-export function tierCapKey(tier: string): QuotaKey {
-  return `tier/${tier}`;
-}
-export function domainCapKey(domain: string): QuotaKey {
-  return `domain/${domain}`;
-}
+export type { QuotaKey, QuotaKind } from '../../shared/quota-keys.js';
+export { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js';
 export function parseQuotaKey(key: string): { readonly kind: QuotaKind; readonly name: string } | undefined {
   const slash = key.indexOf('/');
   if (slash < 0) return undefined;

@@ -275,9 +275,9 @@ void test('global tenant quotas: the tier\'s static slice, started empty, marked
   // An unknown tenant gets bronze (its own bucket).
   const stranger = await uds.check({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'stranger' }], hits_addend: { value: 0 } }] });
   assert.equal(stranger.statuses[0]?.current_limit?.name, 'bronze');
-  const velocity = await eventually(() => agent.velocity().find((v) => v.key === 'api|tenant=acme'));
+  const velocity = await eventually(() => agent.velocity().find((v) => v.key === 'tenant/acme'));
   assert.ok(velocity.allowed >= 46 && velocity.refused >= 45, `velocity ${JSON.stringify(velocity)}`);
-  assert.match(await agent.metricsText(), /cellquota_agent_global_velocity_tokens_per_second\{quota="api\|tenant=acme",outcome="allowed"\}/);
+  assert.match(await agent.metricsText(), /cellquota_agent_global_velocity_tokens_per_second\{quota="tenant\/acme",outcome="allowed"\}/);
 });
 
 void test('hot reload: a changed rule applies in the workers; a broken file keeps the last good rules', async () => {

@@ -280,9 +280,9 @@ void test('global quota: the tenant\'s tier slice, counted once per request, mar
   const nestedOnly = h.check('api', desc('tenant=acme,remote_address=2.2.2.2'));
   assert.equal(nestedOnly.response.statuses[0]?.limitRemaining, 1, 'the fewest remaining: its own rule (2/hour) has 1 left, the tenant 2');
   assert.deepEqual([1, 2, 3].map(() => overall(h.check('api', desc('tenant=acme')))), ['OK', 'OK', 'OVER_LIMIT'], 'burst 4, 2 used');
-  assert.equal(h.refused.get('api|tenant=acme'), 1);
+  assert.equal(h.refused.get('tenant/acme'), 1);
   const velocity = h.velocity.snapshot(h.clock.now);
-  assert.deepEqual(velocity, [{ key: 'api|tenant=acme', allowed: 4, refused: 1 }]);
+  assert.deepEqual(velocity, [{ key: 'tenant/acme', allowed: 4, refused: 1 }]);
   h.clock.now += S / 10n;
   assert.equal(overall(h.check('api', desc('tenant=acme'))), 'OK', 'rate 10/s: one token per 100 ms');
 });
@@ -335,7 +335,7 @@ void test('unknown tenants: deny, allow, or a default tier', () => {
   const denied = deny.check('api', desc('tenant=stranger'), desc('x=y'));
   assert.equal(overall(denied), 'OVER_LIMIT');
   assert.deepEqual(denied.response.statuses[0], { code: 2, currentLimit: { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, limitRemaining: 0, durationUntilReset: null });
-  assert.equal(deny.refused.get('api|tenant=stranger'), 1);
+  assert.equal(deny.refused.get('tenant/stranger'), 1);
 
   const allow = harness(GLOBAL_RULES, { tenants: { ...TENANTS, domainCap: { rate: 1, burst: 2 } }, unknown: { kind: 'allow' } });
   assert.deepEqual([1, 2, 3].map(() => overall(allow.check('api', desc('tenant=stranger')))), ['OK', 'OK', 'OVER_LIMIT'], 'allow: only the domain cap');

@@ -68,6 +68,13 @@ const CASES: Record<string, readonly [RulesErrorCode, string]> = {
   'global-with-rate-limit.yaml': [C.GLOBAL_WITH_RATE_LIMIT,
     ":5:17: descriptor 'tenant' has global: true and its own rate_limit; a global descriptor's limit comes from the coordinator (for key 'tenant', the tenant's tier quota), so remove rate_limit"],
   'global-not-bool.yaml': [C.INVALID_TYPE, ":4:13: config error, 'global' must be true or false, found the string 'always'"],
+  // Global rules one bucket per quota key cannot enforce as written.
+  'global-quota-mode.yaml': [C.GLOBAL_QUOTA_MODE,
+    ":3:5: rule 'api.tenant' has global: true and quota_mode: true; a global quota is enforced on every path, and quota_mode would let other descriptors overrule it, so remove quota_mode"],
+  'global-nested.yaml': [C.GLOBAL_NESTED,
+    ":6:9: rule 'api.tenant.team' has global: true under the global rule 'api.tenant' (FIXTURE:3:5); every global rule's value names a tenant quota, so one descriptor would be charged to two tenants: keep one global rule per path"],
+  'global-shadow-mixed': [C.GLOBAL_SHADOW_MIXED,
+    "/b.yaml:5:9: rule 'web.route.tenant' has global: true with shadow_mode true, but the global rule 'api.tenant' (FIXTURE/a.yaml:3:5) has shadow_mode false; both can reach the same tenant quota, whose one bucket per cell cannot be enforced on one path and only observed on the other: give every global rule the same shadow_mode"],
 };
 
 void test('every fixture in test/fixtures/rules/invalid has a case, and every case a fixture', () => {
@@ -79,7 +86,7 @@ for (const [fixture, [code, suffix]] of Object.entries(CASES)) {
     const path = join(FIXTURES, fixture);
     await assert.rejects(loadRules(path), (error: unknown) => {
       assert.ok(error instanceof RulesError, `not a RulesError: ${String(error)}`);
-      assert.equal(error.message, `${path}${suffix}`);
+      assert.equal(error.message, `${path}${suffix.replaceAll('FIXTURE', path)}`);
       assert.equal(error.code, code);
       return true;
     });
