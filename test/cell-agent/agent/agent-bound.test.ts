@@ -58,6 +58,7 @@ before(async () => {
     rlsSocket: join(dir.path, 'rls.sock'), tableCapacity: 1000, lagThresholdMs: 0,
   }), captureLogger().logger);
   client = new RlsClient(unixTarget(agent.endpoints.rlsUnix[0] ?? ''));
+  await client.check({ domain: 'none', descriptors: [d(['k', 'v'])] }); // connected before any window opens
 });
 
 after(async () => {
@@ -72,7 +73,8 @@ async function drive(shapes: readonly RequestIn[], ms: number): Promise<{ admitt
   const until = startMs + ms;
   let admitted = 0;
   let sent = 0;
-  while (Date.now() < until) {
+  // At least 200 checks whatever the machine's load: enough to saturate a 20/s quota in any case.
+  while (Date.now() < until || sent < 200) {
     const answers = await Promise.all(shapes.map((s) => client.check(s)));
     sent += answers.length;
     admitted += answers.filter((a) => a.overall_code === 'OK').length;
@@ -89,7 +91,6 @@ void test('one bucket per tenant quota: two domains, two rule paths and two desc
     { domain: 'api', descriptors: [d(['tenant', 'acme']), d(['route', 'upload'], ['tenant', 'acme'])] },
   ];
   const { admitted, bound, sent } = await drive(shapes, 1200);
-  assert.ok(sent > 100, `enough load to saturate the quota (${sent} sent)`);
   assert.ok(admitted <= bound, `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst)`);
   assert.ok(admitted >= BURST, `the quota is used (${admitted} admitted)`);
   // Velocity is kept per quota key, never per rule path or domain.
