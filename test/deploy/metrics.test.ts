@@ -12,6 +12,8 @@ import { createAgentMetrics } from '../../cell-agent/observe/metrics.js';
 import { createStatsShared } from '../../cell-agent/observe/stats.js';
 import { BucketTable } from '../../cell-agent/buckets/bucket-table.js';
 import { VelocityKeys, VelocityTable } from '../../cell-agent/velocity/velocity-table.js';
+import { LiveTraffic } from '../../coordinator/api/live-traffic.js';
+import { Ledger } from '../../coordinator/ledger/ledger.js';
 import { asArray, at, deployDir, listFiles, loadYamlDocs, rel, repoRoot, walk } from './deploy-fixtures.js';
 
 const SOURCE_DIRS = ['coordinator', 'cell-agent', 'cli'];
@@ -51,9 +53,19 @@ async function scanSources(): Promise<Exported> {
   return { types, defaultPrefixes };
 }
 
-/** The names real registries hold: CoordinatorMetrics (with sampled gauges) and the agent's metrics. */
+/** The leader's live-traffic metrics after one report (their label values are written at scrape time). */
+function leaderTrafficRegistry(): Registry {
+  const registry = new Registry();
+  const traffic = new LiveTraffic(() => new Ledger(), () => true);
+  traffic.onReport({ cellId: 'c1', incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [{ key: 'tenant/t1', allowedPerS: 1, refusedPerS: 0 }], failOpenTotal: 1 }, Date.now());
+  traffic.registerMetrics(registry);
+  return registry;
+}
+
+/** The names real registries hold: CoordinatorMetrics (with sampled gauges), the leader's traffic metrics and the agent's metrics. */
 async function liveRegistries(): Promise<Map<string, string>> {
   const out = new Map<string, string>();
+  for (const m of await leaderTrafficRegistry().getMetricsAsJSON()) out.set(m.name, String(m.type));
   const coordinator = new Registry();
   new CoordinatorMetrics(coordinator).sample(coordinator, { term: () => 1, isLeader: () => true, commitIndex: () => 1, appliedIndex: () => 1, reachablePeers: () => 2, votingRefused: () => false, tenants: () => 0 });
   for (const m of await coordinator.getMetricsAsJSON()) out.set(m.name, String(m.type));
@@ -136,7 +148,7 @@ async function labelValues(): Promise<Set<string>> {
   const table = new BucketTable({ capacity: 1024 });
   const velocityTable = VelocityTable.create({ capacity: 64, startNs: 0n });
   const agent = createAgentMetrics({ stats: createStatsShared(1), table, velocityTable, velocityKeys: new VelocityKeys(velocityTable), clock: () => 0n, workersServing: () => 1, rulesFingerprint: () => null });
-  for (const r of [coordinator, agent.registry]) {
+  for (const r of [coordinator, leaderTrafficRegistry(), agent.registry]) {
     for (const m of await r.getMetricsAsJSON()) for (const v of m.values) for (const l of Object.values((v.labels as Record<string, string | number> | undefined) ?? {})) out.add(String(l));
     r.clear();
   }
@@ -171,7 +183,7 @@ void test('the alerts the deploy issue asks for exist, each with a severity and 
       for (const g of asArray(at(doc, 'spec', 'groups'))) for (const r of asArray(at(g, 'rules'))) alerts.set(String(at(r, 'alert')), r);
     }
   }
-  for (const name of ['CellquotaTenantThrottleSpike', 'CellquotaAgentDegraded', 'CellquotaAgentOnFloors', 'CellquotaCoordinatorNoLeader', 'CellquotaLeaseFailures', 'CellquotaCoordinatorSlowFsync']) {
+  for (const name of ['CellquotaTenantThrottleSpike', 'CellquotaAgentDegraded', 'CellquotaAgentOnFloors', 'CellquotaCoordinatorNoLeader', 'CellquotaLeaseFailures', 'CellquotaCoordinatorSlowFsync', 'CellquotaQuotaOverBound']) {
     assert.ok(alerts.has(name), `alert ${name}`);
   }
   for (const [name, r] of alerts) {
