@@ -12,6 +12,7 @@
 //   the thread keep serving.
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
+import type { GcraLimit } from '../buckets/gcra.js';
 import type { LagGuard } from '../observe/lag-guard.js';
 import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
@@ -28,9 +29,12 @@ export type CheckOutcome =
     readonly scope: DecisionScope;
     /** For HTTP Retry-After (0n when OK). */
     readonly retryAfterNs: bigint;
+    /** Decision.statusLimits (empty for a fail-open answer). */
+    readonly statusLimits: readonly (GcraLimit | null)[];
   }
   | { readonly kind: 'error'; readonly code: number; readonly message: string };
 
+const NO_LIMITS: readonly (GcraLimit | null)[] = Object.freeze([]);
 const OK_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
 const FAIL_OPEN_HEADERS = Object.freeze([Object.freeze({ key: DEGRADED_HEADER, value: 'true' }), Object.freeze({ key: FAIL_OPEN_HEADER, value: 'true' })]);
 
@@ -61,7 +65,7 @@ export class CheckService {
     if (this.lag !== null && this.lag.overloaded(start)) {
       this.stats.failOpen('overload');
       this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
-      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n };
+      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
     }
     try {
       const result = this.decider.decide(req);
@@ -74,12 +78,12 @@ export class CheckService {
       if (d.staticSlice) this.stats.staticSlice();
       if (d.tableFull) this.stats.failOpen('table_full');
       this.stats.decision(verdict, d.scope, (performance.now() - start) / 1000);
-      return { kind: 'answer', response: d.response, overLimit: d.overLimit, verdict, scope: d.scope, retryAfterNs: d.retryAfterNs };
+      return { kind: 'answer', response: d.response, overLimit: d.overLimit, verdict, scope: d.scope, retryAfterNs: d.retryAfterNs, statusLimits: d.statusLimits };
     } catch (error) {
       this.reportError(error);
       this.stats.failOpen('error');
       this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
-      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n };
+      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
     }
   }
 

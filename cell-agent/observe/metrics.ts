@@ -40,7 +40,7 @@ interface Value {
 }
 
 /** A metric computed at scrape time; registry.registerMetric accepts anything with name, help, type and get(). */
-class ComputedMetric {
+export class ComputedMetric {
   readonly aggregator = 'sum';
   constructor(
     readonly name: string,

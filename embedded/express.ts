@@ -1,0 +1,103 @@
+// `cellquota/express`: the embedded limiter as an express / connect middleware.
+//
+//   app.use('/v2', rateLimit({ rules: './rules.yaml', trustedProxies: ['10.0.0.0/8'] }))
+//
+// The middleware is returned at once; the limiter starts in the background (rules are read from a
+// path asynchronously). Requests that arrive before it is ready wait for it; if it cannot start, they
+// get the error through next(err). `await middleware.ready` to start serving only once it is up, and
+// `await middleware.close()` on shutdown. It only uses Node's own request and response (no
+// express-specific API), so it works with connect and plain `http` handlers too. One middleware is one
+// limiter: mount the same middleware on several paths to share it, or pass `limiter` (from
+// createLimiter) to several.
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { pino } from 'pino';
+import { HttpGate, defaultRefusalBody } from './http-gate.js';
+import type { HttpOptions } from './http-gate.js';
+import { createLimiter } from './limiter.js';
+import type { LimitDecision, Limiter } from './limiter.js';
+import { limiterOptionsOf } from './options.js';
+import type { LimiterLogger, LimiterOptions } from './options.js';
+
+export type { HeaderMode } from './http-gate.js';
+export type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
+
+export type CellquotaExpressOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> =
+  (LimiterOptions | { readonly limiter: Limiter; readonly logger?: LimiterLogger }) & HttpOptions<Req> & {
+    /** The body of a refusal: a value (sent as JSON unless a string) or a function of the request and decision. */
+    readonly body?: unknown;
+    /** Called for every refused request before the answer is sent (it may set headers on the response). */
+    readonly onRefused?: (request: Req, response: Res, decision: LimitDecision | null) => void;
+  };
+
+export interface RateLimitMiddleware<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
+  (request: Req, response: Res, next: (error?: unknown) => void): void;
+  /** Resolves with the limiter once it is ready; rejects if it cannot start. */
+  readonly ready: Promise<Limiter>;
+  /** Closes the limiter (unless it was passed in as `limiter`). */
+  close(): Promise<void>;
+}
+
+/** The decision of a request the middleware checked (null: not checked, e.g. allow-listed). */
+export function decisionOf(request: IncomingMessage): LimitDecision | null {
+  return DECISIONS.get(request) ?? null;
+}
+
+const DECISIONS = new WeakMap<IncomingMessage, LimitDecision>();
+
+export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
+  options: CellquotaExpressOptions<Req, Res>,
+): RateLimitMiddleware<Req, Res> {
+  const logger: LimiterLogger = options.logger ?? pino({ name: 'cellquota', level: 'warn' });
+  const own = !('limiter' in options);
+  let gate: HttpGate<Req> | null = null;
+  const ready: Promise<Limiter> = (async () => {
+    const limiter = 'limiter' in options ? options.limiter : await createLimiter(limiterOptionsOf(options, logger));
+    try {
+      gate = new HttpGate<Req>(limiter, options, logger, 'express middleware');
+    } catch (error) {
+      if (own) await limiter.close();
+      throw error;
+    }
+    return limiter;
+  })();
+  // A start-up failure is reported to every request (next(err)) and through `ready`; never unhandled.
+  ready.catch(() => undefined);
+  const body = options.body;
+  const onRefused = options.onRefused;
+
+  const handle = (g: HttpGate<Req>, req: Req, res: Res, next: (error?: unknown) => void): void => {
+    const r = g.decide(req, req.socket.remoteAddress, req.headers);
+    if (r.decision !== null) DECISIONS.set(req, r.decision);
+    for (const [name, value] of r.headers) res.setHeader(name, value);
+    if (!r.refused) {
+      next();
+      return;
+    }
+    onRefused?.(req, res, r.decision);
+    if (res.headersSent || res.writableEnded) return;
+    const payload = typeof body === 'function' ? (body as (q: Req, d: LimitDecision | null) => unknown)(req, r.decision) : body ?? defaultRefusalBody(r.decision);
+    const text = typeof payload === 'string' ? payload : JSON.stringify(payload);
+    res.statusCode = g.statusCode;
+    if (!res.hasHeader('content-type')) res.setHeader('content-type', typeof payload === 'string' ? 'text/plain; charset=utf-8' : 'application/json; charset=utf-8');
+    res.setHeader('content-length', Buffer.byteLength(text));
+    res.end(text);
+  };
+
+  const middleware = (req: Req, res: Res, next: (error?: unknown) => void): void => {
+    if (gate !== null) {
+      handle(gate, req, res, next);
+      return;
+    }
+    ready.then(() => handle(gate as HttpGate<Req>, req, res, next), (error: unknown) => next(error));
+  };
+  let closing: Promise<void> | null = null;
+  return Object.assign(middleware, {
+    ready,
+    close: (): Promise<void> => {
+      closing ??= own ? ready.then((l) => l.close(), () => undefined) : Promise.resolve();
+      return closing;
+    },
+  });
+}
+
+export default rateLimit;

@@ -1,0 +1,75 @@
+// `cellquota/fastify`: the embedded limiter as a fastify plugin (fastify-plugin conventions).
+//
+//   await app.register(cellquota, { rules: './rules.yaml', trustedProxies: ['10.0.0.0/8'] })
+//
+// The plugin is wrapped with fastify-plugin, so its onRequest hook applies to the context it is
+// registered in: the whole app at the root, or only one encapsulated context (register it inside
+// your own plugin with a prefix to limit those routes alone). Several instances can live side by side
+// (one per context), each with its own rules and buckets; pass `limiter` (from createLimiter) to
+// several contexts to make them share one. A route opts out with `config: { cellquota: false }`.
+// `request.cellquota` holds the decision (null when the route was not checked).
+import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import fp from 'fastify-plugin';
+import { HttpGate, defaultRefusalBody } from './http-gate.js';
+import type { HttpOptions } from './http-gate.js';
+import { createLimiter } from './limiter.js';
+import type { LimitDecision, Limiter } from './limiter.js';
+import { limiterOptionsOf } from './options.js';
+import type { LimiterLogger, LimiterOptions } from './options.js';
+
+export type { HeaderMode } from './http-gate.js';
+export type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The rate-limit decision of this request (null: not checked, e.g. allow-listed). */
+    cellquota: LimitDecision | null;
+  }
+  interface FastifyContextConfig {
+    /** false: this route is not rate limited. */
+    cellquota?: boolean;
+  }
+}
+
+/** The limiter options (unless `limiter` is given), the HTTP options, and what to answer when refused. */
+export type CellquotaFastifyOptions = (LimiterOptions | { readonly limiter: Limiter; readonly logger?: LimiterLogger }) & HttpOptions<FastifyRequest> & {
+  /** The body of a refusal: a value (sent as JSON unless a string) or a function of the request and decision. */
+  readonly body?: unknown;
+  /** Called for every refused request (before the answer is sent; it may set headers on the reply). */
+  readonly onRefused?: (request: FastifyRequest, reply: FastifyReply, decision: LimitDecision | null) => void;
+};
+
+const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (fastify: FastifyInstance, options: CellquotaFastifyOptions) => {
+  const logger = ('logger' in options && options.logger !== undefined ? options.logger : fastify.log);
+  const own = !('limiter' in options);
+  const limiter = 'limiter' in options ? options.limiter : await createLimiter(limiterOptionsOf(options, logger));
+  const gate = new HttpGate<FastifyRequest>(limiter, options, logger, 'fastify plugin');
+  const body = options.body;
+  const onRefused = options.onRefused;
+  const statusCode = gate.statusCode;
+
+  if (!fastify.hasRequestDecorator('cellquota')) fastify.decorateRequest('cellquota', null);
+  if (own) fastify.addHook('onClose', async () => limiter.close());
+
+  fastify.addHook('onRequest', (request, reply, done) => {
+    if (request.routeOptions.config.cellquota === false) {
+      done();
+      return;
+    }
+    const r = gate.decide(request, request.raw.socket.remoteAddress, request.headers);
+    request.cellquota = r.decision;
+    for (const [name, value] of r.headers) void reply.header(name, value);
+    if (!r.refused) {
+      done();
+      return;
+    }
+    onRefused?.(request, reply, r.decision);
+    const payload = typeof body === 'function' ? (body as (req: FastifyRequest, d: LimitDecision | null) => unknown)(request, r.decision) : body ?? defaultRefusalBody(r.decision);
+    void reply.code(statusCode).send(payload);
+  });
+};
+
+/** The fastify plugin (default export). */
+const cellquota = fp(plugin, { fastify: '5.x', name: 'cellquota' });
+export default cellquota;
+export { cellquota };
