@@ -14,6 +14,7 @@ import { startAgent } from './agent-main.js';
 import type { AgentHandle } from './agent-main.js';
 import { QuotaConfigError } from './decide/quotas.js';
 import { isRulesError } from './rules/rules-errors.js';
+import { RoutesError } from './front-door/routes.js';
 
 export interface AgentCommandIo {
   readonly stdout: { write(text: string): unknown };
@@ -50,7 +51,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     agent = await startAgent(config, logger);
   } catch (error) {
     const message = error instanceof Error ? error.message : String(error);
-    if (isRulesError(error) || error instanceof QuotaConfigError) {
+    if (isRulesError(error) || error instanceof QuotaConfigError || error instanceof RoutesError) {
       io.stderr.write(`cellquota agent: ${message}\n`);
       return 2;
     }
@@ -62,7 +63,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];
   for (const p of e.rlsUnix) lines.push(`  rls unix  ${p}`);
   for (const a of e.rlsTcp) lines.push(`  rls tcp   ${a}`);
-  if (e.http !== null) lines.push(`  http      ${e.http}`);
+  if (e.http !== null) lines.push(`  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth)`);
   lines.push(config.coordinators.length === 0
     ? '  (no coordinators: global quotas run on static slices)'
     : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);

@@ -8,6 +8,9 @@ import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
 import type { UnknownTenantPolicy } from './decide/quotas.js';
+import { parseTrustedProxies } from '../shared/client-address.js';
+import { DENY_STATUSES } from './front-door/forward-auth.js';
+import type { DenyStatus } from './front-door/forward-auth.js';
 
 export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'cell', description: 'this cell\'s id, e.g. eu-west (required)' },
@@ -16,7 +19,7 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
   { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
   { flag: 'coordinators', description: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices' },
-  { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1)' },
+  { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1; 0: no RLS server, the HTTP API only)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
   { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
   { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for global quotas until the coordinator is connected' },
@@ -36,6 +39,9 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'max-domain-length', description: `length of the domain (default ${DEFAULT_REQUEST_BOUNDS.maxDomainLength})` },
   { flag: 'max-message-bytes', description: 'largest gRPC request message in bytes (default 1048576)' },
   { flag: 'http-body-limit', description: 'largest HTTP request body in bytes (default 65536)' },
+  { flag: 'routes', description: 'forward-auth routes: YAML mapping forwarded requests to descriptors with Envoy\'s rate-limit actions (default: [{remote_address: <client>}] in domain edge)' },
+  { flag: 'trusted-proxies', description: 'addresses and CIDRs (comma-separated, or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP forward-auth believes (default loopback)' },
+  { flag: 'forward-auth-deny-status', description: 'status of a forward-auth refusal: 429 | 401 | 403 (nginx auth_request passes only 401/403; default 429)' },
   { flag: 'rules-debounce-ms', description: 'quiet time after a rules file change before reloading (default 200)' },
 ]);
 
@@ -82,6 +88,26 @@ const coordinators = z.union([z.string(), z.array(z.string())]).transform((v, ct
     out.push(id === undefined ? parsed : { ...parsed, id });
   }
   return out;
+});
+
+const addressList = z.union([z.string(), z.array(z.string())]).transform((v, ctx) => {
+  const items = (typeof v === 'string' ? v.split(',') : v).map((s) => s.trim()).filter((s) => s !== '');
+  try {
+    return parseTrustedProxies(items);
+  } catch (error) {
+    ctx.addIssue({ code: 'custom', message: error instanceof Error ? error.message : String(error) });
+    return z.NEVER;
+  }
+});
+
+const denyStatus = z.union([z.number(), z.string()]).transform((v, ctx): DenyStatus => {
+  const n = Number(v);
+  const allowed: readonly number[] = DENY_STATUSES;
+  if (!allowed.includes(n)) {
+    ctx.addIssue({ code: 'custom', message: `'${v}' is not one of ${DENY_STATUSES.join(', ')}` });
+    return z.NEVER;
+  }
+  return n as DenyStatus;
 });
 
 const boolish = z.union([z.boolean(), z.enum(['true', 'false', '1', '0'])]).transform((v) => v === true || v === 'true' || v === '1');
@@ -132,7 +158,7 @@ export const agentConfigSchema = z.object({
   rlsListen: hostPort.optional(),
   http: hostPort.optional(),
   coordinators: coordinators.default([]),
-  workers: int(1, 64).default(1),
+  workers: int(0, 64).default(1),
   socketMode: socketMode.default(0o660),
   socketOwner: socketOwner.optional(),
   tenants: z.string().min(1).optional(),
@@ -153,9 +179,15 @@ export const agentConfigSchema = z.object({
   maxMessageBytes: int(1024, 64 * 1024 * 1024).default(1024 * 1024),
   httpBodyLimit: int(1024, 64 * 1024 * 1024).default(64 * 1024),
   rulesDebounceMs: int(0, 60_000).default(200),
+  routes: z.string().min(1).optional(),
+  trustedProxies: addressList.prefault(['loopback']),
+  forwardAuthDenyStatus: denyStatus.default(429),
 }).superRefine((c, ctx) => {
-  if (c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
+  if (c.workers > 0 && c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
     ctx.addIssue({ code: 'custom', path: ['rlsSocket'], message: 'nothing to serve: give --rls-socket, --rls-listen or --http' });
+  }
+  if (c.workers === 0 && (c.rlsSocket !== undefined || c.rlsListen !== undefined)) {
+    ctx.addIssue({ code: 'custom', path: ['workers'], message: '--workers 0 serves no RLS: drop --rls-socket and --rls-listen, or give at least one worker' });
   }
   if ((c.rlsSocket !== undefined || c.rlsListen !== undefined) && c.rlsListen !== undefined && c.rlsListen.port !== 0 && c.rlsListen.port + c.workers - 1 > 65535) {
     ctx.addIssue({ code: 'custom', path: ['rlsListen'], message: `ports ${c.rlsListen.port}..${c.rlsListen.port + c.workers - 1} for ${c.workers} workers exceed 65535` });

@@ -24,6 +24,8 @@ import type { DeciderOptions } from './decide/decide.js';
 import { StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { startHttpApi } from './http/http-api.js';
+import { DEFAULT_ROUTES, loadRoutes } from './front-door/routes.js';
+import type { Routes } from './front-door/routes.js';
 import type { HttpApiHandle, QuotaInForce } from './http/http-api.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { createAgentMetrics } from './observe/metrics.js';
@@ -61,6 +63,10 @@ export interface AgentHandle {
   velocity(): VelocitySample[];
   /** Fingerprint of the rules in force in the main thread, and as applied by each worker. */
   rulesStatus(): { main: string | null; workers: (string | null)[] };
+  /** The main thread's check (the HTTP API's and an embedding gateway's): same buckets and leases. */
+  readonly check: CheckService;
+  /** True while every RLS worker serves (always with --workers 0). */
+  healthy(): boolean;
   /** Testing and drills: block worker `index`'s event loop for `ms` (induced overload). */
   blockWorkerForTesting(index: number, ms: number): void;
   /** Testing: make worker `index` exit abruptly; it is restarted like after a crash. */
@@ -93,6 +99,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules);
   let currentRules: RuleSet = ruleSet;
   let currentSnapshot: RulesSnapshot = snapshot;
+  const routes: Routes = config.routes === undefined ? DEFAULT_ROUTES : await loadRoutes(config.routes);
   const quotaFile: QuotaFile = config.tenants === undefined ? { tiers: {}, tenants: {} } : await loadQuotaFile(config.tenants);
   const quotaOptions = { staticShare: config.staticShare, unknownTenant: config.unknownTenant };
   const quotas = new StaticQuotas(quotaFile, quotaOptions);
@@ -343,6 +350,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
             details: { cell: config.cell, workers: { serving, total: slots.length }, rules: currentRules.fingerprint, staticSlices: config.coordinators.length === 0, lease: leaseClient?.status() ?? null },
           };
         },
+        forwardAuth: { routes: () => routes, trusted: config.trustedProxies, denyStatus: config.forwardAuthDenyStatus },
       }, componentLogger(logger, 'http'));
     } catch (error) {
       stopping = true;
@@ -442,6 +450,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       })();
       return stopPromise;
     },
+    check: mainService,
+    healthy: () => slots.every((s) => s.serving),
     metricsText: () => metrics.registry.metrics(),
     velocity: () => velocityKeys.snapshot(clock()),
     rulesStatus: () => ({ main: currentRules.fingerprint, workers: slots.map((s) => s.applied) }),
