@@ -4,12 +4,14 @@ import { runCoordinatorCommand } from './coordinator-command.js';
 import { runCtlCommand } from './ctl-command.js';
 import { runDevCommand } from './dev-command.js';
 import { runAgentCommand } from '../cell-agent/agent-cli.js';
+import { runGatewayCommand } from '../cell-agent/gateway/gateway-cli.js';
 
 const usage = `cellquota — cell-based, multi-cluster quota coordinator
 
 Usage:
   cellquota coordinator --id n1 --peers n1=HOST:PORT,... --data-dir DIR [--admin HOST:PORT]
   cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] [--coordinators HOST:PORT,...]
+  cellquota gateway --listen HOST:PORT --upstream URL --rules FILE [--routes FILE] [--coordinators HOST:PORT,...] [--trusted-proxies CIDR,...]
   cellquota dev [--data-dir ./.cellquota]       the whole local deployment on loopback
   cellquota ctl <cluster|tiers|tenants|cells|members|transfer-leadership> ...
 
@@ -22,6 +24,8 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv): Pro
       return runCoordinatorCommand(rest, env);
     case 'agent':
       return runAgentCommand(rest, env);
+    case 'gateway':
+      return runGatewayCommand(rest, env);
     case 'ctl':
       return runCtlCommand(rest, env);
     case 'dev':
