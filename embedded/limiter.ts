@@ -149,7 +149,6 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     responseHeaders: false,
     tableFull: o.tableFull,
     staticSlices: !coordinated,
-    velocityKeys: coordinated ? 'quota' : 'bucket',
   });
   decider.setRules(ruleSet);
   let rules: RuleSet = ruleSet;
