@@ -3,6 +3,7 @@
 // retry after a lost answer applies once; a follower's 307 is followed to the leader.
 import { parseArgs } from 'node:util';
 import { randomBytes } from 'node:crypto';
+import { runTop } from './ctl-top.js';
 
 const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] <command>
 
@@ -16,6 +17,8 @@ const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] 
   members remove ID
   members replace ID --address HOST:PORT         re-add a replica whose data directory was lost
   transfer-leadership [--to ID]                  hand leadership to another replica (before a restart)
+  top [--limit N]                                the live view in the terminal, each second: cluster, the
+                                                 bound, cells, busiest tenants by admitted and refused; q quits
 
 --admin defaults to CELLQUOTA_ADMIN or http://127.0.0.1:8081; --token to CELLQUOTA_ADMIN_TOKEN.`;
 
@@ -208,6 +211,11 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           out(r, () => `${id} replaced`);
         } else throw new CtlError(`unknown members command '${verb ?? ''}'\n\n${ctlUsage}`, 2);
         return 0;
+      }
+      case 'top': {
+        const rows = num(values.limit, 'limit');
+        if (rows !== undefined && !(Number.isInteger(rows) && rows >= 1 && rows <= 20)) throw new CtlError('--limit must be an integer in 1..20', 2);
+        return await runTop({ urls, token: ctx.token, ...(rows === undefined ? {} : { rows }) });
       }
       case 'transfer-leadership': {
         const r = (await call(ctx, 'POST', '/v1/cluster/transfer-leadership', values.to === undefined ? {} : { to: values.to })) as { transferringTo: string };

@@ -382,7 +382,7 @@ function openApiDocument(): Record<string, unknown> {
       '/readyz': { get: { responses } },
       '/metrics': { get: { responses: { 200: { description: 'Prometheus text format' } } } },
       '/ui/': { get: { description: 'the live view (HTML); with a token configured, Authorization: Bearer or the session cookie of POST /ui/login', responses: { 200: { description: 'HTML' }, 401: { description: 'the login page' } } } },
-      '/ui/api/state': { get: { description: 'the live view\'s document: cluster, cells, overshoot, one page of tenants, the chosen tenant', parameters: [{ name: 'q', in: 'query', schema: { type: 'string' } }, { name: 'page', in: 'query', schema: { type: 'integer' } }, { name: 'size', in: 'query', schema: { type: 'integer' } }, { name: 'sort', in: 'query', schema: { type: 'string', enum: ['busy', 'id'] } }, { name: 'tenant', in: 'query', schema: { type: 'string' } }], responses } },
+      '/ui/api/state': { get: { description: 'the live view\'s document: cluster, cells, overshoot, one page of tenants, the chosen tenant', parameters: [{ name: 'q', in: 'query', schema: { type: 'string' } }, { name: 'page', in: 'query', schema: { type: 'integer' } }, { name: 'size', in: 'query', schema: { type: 'integer' } }, { name: 'sort', in: 'query', schema: { type: 'string', enum: ['busy', 'admitted', 'refused', 'id'] } }, { name: 'tenant', in: 'query', schema: { type: 'string' } }], responses } },
     },
   };
 }

@@ -17,7 +17,7 @@ export const liveQuerySchema = z.strictObject({
   q: z.string().max(128).optional().describe('substring of the tenant id'),
   page: z.coerce.number().int().min(0).max(1_000_000).default(0),
   size: z.coerce.number().int().min(1).max(UI_PAGE_SIZE_MAX).default(UI_PAGE_SIZE_DEFAULT),
-  sort: z.enum(['busy', 'id']).default('busy'),
+  sort: z.enum(['busy', 'admitted', 'refused', 'id']).default('busy').describe('busy: admitted + refused'),
   tenant: z.string().max(128).optional().describe('the chosen tenant: its slices and history'),
 });
 export type LiveQuery = z.output<typeof liveQuerySchema>;
@@ -70,7 +70,7 @@ export interface LiveState {
     failOpenTotal: number | null;
   }[];
   readonly overshoot: { readonly peakRatio: number | null; readonly windows: number | null; readonly windowsOver: number | null; readonly peakQuota: string | null };
-  readonly tenants: { readonly total: number; readonly matched: number; readonly page: number; readonly size: number; readonly sort: 'busy' | 'id'; readonly rows: TenantRow[] };
+  readonly tenants: { readonly total: number; readonly matched: number; readonly page: number; readonly size: number; readonly sort: LiveQuery['sort']; readonly rows: TenantRow[] };
   readonly selected: (TenantRow & { readonly history: TrafficHistory | null }) | null;
 }
 
@@ -112,12 +112,13 @@ export function buildLiveState(input: LiveInput, query: LiveQuery): LiveState {
   const all = ledger.tenantIds();
   const matches = q === '' ? all : all.filter((id) => id.includes(q));
   let ordered: readonly string[] = matches;
-  if (query.sort === 'busy' && flows.length > 0) {
+  if (query.sort !== 'id' && flows.length > 0) {
+    const measure = query.sort;
     const busy = flows
-      .filter((f) => f.key.startsWith('tenant/') && f.admittedPerS + f.refusedPerS > 0)
+      .filter((f) => f.key.startsWith('tenant/') && load(f, measure) > 0)
       .map((f) => f.key.slice('tenant/'.length))
       .filter((id) => (q === '' || id.includes(q)) && ledger.getTenant(id) !== undefined);
-    busy.sort((a, b) => load(byKey.get(tenantKey(b))) - load(byKey.get(tenantKey(a))) || (a < b ? -1 : 1));
+    busy.sort((a, b) => load(byKey.get(tenantKey(b)), measure) - load(byKey.get(tenantKey(a)), measure) || (a < b ? -1 : 1));
     const busySet = new Set(busy);
     const start = query.page * query.size;
     const rest = start + query.size > busy.length ? matches.filter((id) => !busySet.has(id)) : [];
@@ -161,8 +162,9 @@ export function buildLiveState(input: LiveInput, query: LiveQuery): LiveState {
   };
 }
 
-function load(t: QuotaTraffic | undefined): number {
-  return t === undefined ? 0 : t.admittedPerS + t.refusedPerS;
+function load(t: QuotaTraffic | undefined, measure: 'busy' | 'admitted' | 'refused'): number {
+  if (t === undefined) return 0;
+  return measure === 'admitted' ? t.admittedPerS : measure === 'refused' ? t.refusedPerS : t.admittedPerS + t.refusedPerS;
 }
 
 function tenantRow(input: LiveInput, id: string, flow: QuotaTraffic | null): TenantRow | null {

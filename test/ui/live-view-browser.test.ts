@@ -100,7 +100,7 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     writeFileSync(join(c.root, 'rules.yaml'), RULES);
     writeFileSync(join(c.root, 'tenants.yaml'), TENANTS);
     c.startAll();
-    const leader = await c.waitForLeader();
+    const leader = await c.waitForLeader(60_000);
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: QUOTA, burst: QUOTA, floorFraction: 0.3 })).status, 200);
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
