@@ -10,6 +10,7 @@ import { createServer, request } from 'node:http';
 import type { IncomingHttpHeaders, Server } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
 import { WebSocketServer } from 'ws';
 import { freePort } from '../coordinator/cluster/cluster-harness.js';
@@ -207,19 +208,11 @@ ${http}
   return { port, url: `http://127.0.0.1:${port}`, output, stop: () => stopProcess(proc) };
 }
 
-/** Caddy (`caddy run` with a Caddyfile; admin endpoint off, its data under DIR). */
-export async function startCaddy(dir: string, port: number, site: string): Promise<ProxyProcess> {
+/** Caddy (`caddy run` with this Caddyfile text; its data under DIR). */
+export async function startCaddy(dir: string, port: number, caddyfile: string): Promise<ProxyProcess> {
   mkdirSync(dir, { recursive: true });
   const file = join(dir, 'Caddyfile');
-  writeFileSync(file, `{
-  admin off
-  auto_https off
-}
-http://127.0.0.1:${port} {
-  bind 127.0.0.1
-${site}
-}
-`);
+  writeFileSync(file, caddyfile);
   let out = '';
   const env = { ...process.env, HOME: dir, XDG_DATA_HOME: join(dir, 'data'), XDG_CONFIG_HOME: join(dir, 'config') };
   const proc = spawn('caddy', ['run', '--config', file, '--adapter', 'caddyfile'], { stdio: ['ignore', 'pipe', 'pipe'], env });
@@ -229,49 +222,28 @@ ${site}
   return { port, url: `http://127.0.0.1:${port}`, output: () => out, stop: () => stopProcess(proc) };
 }
 
-/** The nginx http-block lines that put `auth_request` to the agent in front of `upstream`. */
-export function nginxForwardAuth(port: number, upstreamPort: number, agentPort: number, location = '/'): string {
-  return `  upstream app { server 127.0.0.1:${upstreamPort}; keepalive 16; }
-  upstream cellquota { server 127.0.0.1:${agentPort}; keepalive 16; }
-  server {
-    listen 127.0.0.1:${port};
-    location ${location} {
-      auth_request /_cellquota;
-      auth_request_set $cq_retry_after $upstream_http_retry_after;
-      auth_request_set $cq_limit $upstream_http_ratelimit_limit;
-      auth_request_set $cq_remaining $upstream_http_ratelimit_remaining;
-      auth_request_set $cq_reset $upstream_http_ratelimit_reset;
-      add_header RateLimit-Limit $cq_limit always;
-      add_header RateLimit-Remaining $cq_remaining always;
-      add_header RateLimit-Reset $cq_reset always;
-      error_page 403 = @cellquota_refused;
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-    }
-    location = /_cellquota {
-      internal;
-      proxy_pass http://cellquota/v1/forward-auth;
-      proxy_pass_request_body off;
-      proxy_set_header Content-Length "";
-      proxy_set_header X-Original-URI $request_uri;
-      proxy_set_header X-Forwarded-Method $request_method;
-      proxy_set_header X-Forwarded-Host $host;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-    location @cellquota_refused {
-      add_header Retry-After $cq_retry_after always;
-      add_header RateLimit-Limit $cq_limit always;
-      add_header RateLimit-Remaining $cq_remaining always;
-      add_header RateLimit-Reset $cq_reset always;
-      default_type text/plain;
-      return 429 "Too Many Requests\\n";
-    }
-  }
-`;
+const EXAMPLES = fileURLToPath(new URL('../../deploy/examples/front-door/', import.meta.url));
+
+/** Replaces `from` in `text`, insisting that it is there (an example that changed fails loudly). */
+function swap(text: string, from: string, to: string): string {
+  assert.ok(text.includes(from), `the example no longer contains ${from}`);
+  return text.split(from).join(to);
+}
+
+/** deploy/examples/front-door/nginx/cellquota.conf with this test's ports. */
+export function nginxExample(port: number, upstreamPort: number, agentPort: number): string {
+  let conf = readFileSync(join(EXAMPLES, 'nginx/cellquota.conf'), 'utf8');
+  conf = swap(conf, 'listen 80;', `listen 127.0.0.1:${port};`);
+  conf = swap(conf, '127.0.0.1:8080', `127.0.0.1:${upstreamPort}`);
+  return swap(conf, '127.0.0.1:9091', `127.0.0.1:${agentPort}`);
+}
+
+/** deploy/examples/front-door/caddy/Caddyfile with this test's ports, bound to 127.0.0.1. */
+export function caddyExample(port: number, upstreamPort: number, agentPort: number): string {
+  let conf = readFileSync(join(EXAMPLES, 'caddy/Caddyfile'), 'utf8');
+  conf = swap(conf, '\n:80 {\n', `\nhttp://127.0.0.1:${port} {\n\tbind 127.0.0.1\n`);
+  conf = swap(conf, '127.0.0.1:8080', `127.0.0.1:${upstreamPort}`);
+  return swap(conf, '127.0.0.1:9091', `127.0.0.1:${agentPort}`);
 }
 
 /** The per-visitor limit the front-door tests configure: a rule on remote_address. */

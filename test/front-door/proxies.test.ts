@@ -1,5 +1,5 @@
 // Forward-auth through real proxies: nginx (auth_request) and Caddy (forward_auth) from Debian's
-// packages in front of a real upstream, each asking one agent's /v1/forward-auth. Every visitor
+// packages, configured with deploy/examples/front-door's files, in front of a real upstream, each asking one agent's /v1/forward-auth. Every visitor
 // connects from its own loopback address; the agent trusts only 127.0.0.1 (where the proxies connect
 // from), so the visitor is the address the proxy appended to X-Forwarded-For.
 import { after, before, describe, test } from 'node:test';
@@ -9,7 +9,7 @@ import { startAgent } from '../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../cell-agent/agent-main.js';
 import { captureLogger, tempDir } from '../cell-agent/agent/agent-helpers.js';
 import type { TempDir } from '../cell-agent/agent/agent-helpers.js';
-import { PER_MINUTE, freePort, missing, nginxForwardAuth, perVisitorLimits, startCaddy, startNginx, startUpstream, visitors } from './front-door-helpers.js';
+import { PER_MINUTE, caddyExample, freePort, missing, nginxExample, perVisitorLimits, startCaddy, startNginx, startUpstream, visitors } from './front-door-helpers.js';
 import type { ProxyProcess, Upstream } from './front-door-helpers.js';
 
 const RULES = `
@@ -53,7 +53,7 @@ void describe('nginx auth_request → /v1/forward-auth', { skip: missing('nginx'
     // nginx's auth_request passes only 2xx, 401 and 403 on: the agent refuses with 403, nginx turns
     // that back into 429 with the agent's Retry-After.
     const agentPort = await startEdgeAgent(403);
-    nginx = await startNginx(join(dir.path, 'nginx'), port, nginxForwardAuth(port, upstream.port, agentPort));
+    nginx = await startNginx(join(dir.path, 'nginx'), port, nginxExample(port, upstream.port, agentPort));
   });
   after(() => nginx.stop());
 
@@ -66,16 +66,8 @@ void describe('Caddy forward_auth → /v1/forward-auth', { skip: missing('caddy'
   let caddy: ProxyProcess;
   before(async () => {
     const agentPort = await startEdgeAgent(429);
-    caddy = await startCaddy(join(dir.path, 'caddy'), await freePort(), `
-  forward_auth 127.0.0.1:${agentPort} {
-    uri /v1/forward-auth
-    copy_headers RateLimit-Limit RateLimit-Remaining RateLimit-Reset
-  }
-  header ?RateLimit-Limit {http.request.header.RateLimit-Limit}
-  header ?RateLimit-Remaining {http.request.header.RateLimit-Remaining}
-  header ?RateLimit-Reset {http.request.header.RateLimit-Reset}
-  reverse_proxy 127.0.0.1:${upstream.port}
-`);
+    const port = await freePort();
+    caddy = await startCaddy(join(dir.path, 'caddy'), port, caddyExample(port, upstream.port, agentPort));
   });
   after(() => caddy.stop());
 

@@ -1,6 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { DEFAULT_ROUTES, RoutesError, parseRoutes, parseRoutesText } from '../../../cell-agent/front-door/routes.js';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { DEFAULT_ROUTES, RoutesError, loadRoutes, parseRoutes, parseRoutesText } from '../../../cell-agent/front-door/routes.js';
+import { loadRules } from '../../../cell-agent/rules/rules-load.js';
 import type { ForwardedRequest } from '../../../cell-agent/front-door/routes.js';
 
 function req(over: Partial<Omit<ForwardedRequest, 'header'>> & { headers?: Record<string, string> } = {}): ForwardedRequest {
@@ -69,4 +72,14 @@ void test('a bad routes file names the file, line, column and the problem', () =
   bad('routes: [{rate_limits: [{actions: [{}]}]}]', /exactly one of .*got none/);
   bad('routes: [\n', /^r\.yaml(:\d+:\d+)?: invalid YAML/);
   assert.throws(() => parseRoutes({ routes: 'x' }, 'obj'), /RoutesError: obj: routes: .*expected array/);
+});
+
+void test('the examples in deploy/examples/front-door load: routes (per visitor on /api/ and /auth/ only) and rules', async () => {
+  const dir = fileURLToPath(new URL('../../../deploy/examples/front-door/', import.meta.url));
+  const routes = await loadRoutes(join(dir, 'routes.yaml'));
+  assert.deepEqual(entries(routes.requestFor(req({ uri: '/api/x' }))), [['remote_address=198.51.100.7']]);
+  assert.deepEqual(entries(routes.requestFor(req({ uri: '/auth/login' }))), [['remote_address=198.51.100.7']]);
+  assert.deepEqual(entries(routes.requestFor(req({ uri: '/index.html' }))), []);
+  const rules = await loadRules(join(dir, 'rules.yaml'));
+  assert.deepEqual([...rules.domains.keys()], ['edge']);
 });
