@@ -21,6 +21,7 @@ const benches: Record<string, BenchFn> = {
   agent: runAgentBench,
   cascade: async (o) => (await import('./cascade.js')).runCascadeBench(o),
   'coordinator-memory': runCoordinatorMemoryBench,
+  frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });
