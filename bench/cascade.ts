@@ -644,12 +644,10 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
     for (const r of cluster.replicas.values()) proxies.push(await FaultProxy.start({ target: { host: '127.0.0.1', port: r.peerPort }, name: `coordinator ${r.id}` }));
     const coordinators = [...cluster.replicas.values()].map((r, i) => `${r.id}=${proxies[i]?.address ?? ''}`).join(',');
     writeFileSync(join(root, 'rules.yaml'), `domain: ${CQ_DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
-    writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${QUOTA}, burst: ${BURST}}\ntenants:\n${tenants.map((t) => `  ${t}: gold\n`).join('')}`);
     const port = await freePort();
     const socket = join(root, 'agent.sock');
-    // Before its first lease the agent must not use more than the floor the ledger counts for it.
-    const share = FLOOR_FRACTION / floorCells;
-    const args = ['--import', 'tsx', AGENT_CLI, '--cell', 'cell-a', '--rules', join(root, 'rules.yaml'), '--tenants', join(root, 'tenants.yaml'), '--static-share', String(share),
+    // No tenants file: the tier and tenants come from the admin API above.
+    const args = ['--import', 'tsx', AGENT_CLI, '--cell', 'cell-a', '--rules', join(root, 'rules.yaml'),
       '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0', '--coordinators', coordinators];
     progress(`cellquota: starting the agent, --coordinators ${coordinators} (fault proxies)`);
     const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });

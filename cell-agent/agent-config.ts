@@ -22,9 +22,9 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1; 0: no RLS server, the HTTP API only)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
   { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
-  { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for global quotas until the coordinator is connected' },
-  { flag: 'unknown-tenant', description: 'policy for a tenant not in the table: deny | allow | tier:NAME (default deny)' },
-  { flag: 'static-share', description: 'this cell\'s share of every global quota without a coordinator, in (0, 1] (default 1)' },
+  { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running alone; refused with --coordinators (they hold every quota)' },
+  { flag: 'unknown-tenant', description: 'alone: policy for a tenant not in the table: deny | allow | tier:NAME (default deny); refused with --coordinators (PUT /v1/settings sets it there)' },
+  { flag: 'static-share', description: 'alone: this cell\'s share of every global quota, in (0, 1] (default 1); refused with --coordinators (the coordinator grants slices and floors)' },
   { flag: 'response-headers', description: 'add RateLimit-Limit/-Remaining/-Reset to responses (envoyproxy/ratelimit LIMIT_RESPONSE_HEADERS_ENABLED)', boolean: true },
   { flag: 'log-level', description: `log level: ${logLevels.join(' | ')} (default info)` },
   { flag: 'table-capacity', description: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key (default 1000000)' },
@@ -162,8 +162,8 @@ export const agentConfigSchema = z.object({
   socketMode: socketMode.default(0o660),
   socketOwner: socketOwner.optional(),
   tenants: z.string().min(1).optional(),
-  unknownTenant: unknownTenant.default({ kind: 'deny' }),
-  staticShare: z.coerce.number().gt(0, 'must be > 0').max(1).default(1),
+  unknownTenant: unknownTenant.optional(),
+  staticShare: z.coerce.number().gt(0, 'must be > 0').max(1).optional(),
   responseHeaders: boolish.default(false),
   logLevel: z.enum(logLevels).default('info'),
   tableCapacity: int(1, 50_000_000).default(1_000_000),
@@ -183,6 +183,14 @@ export const agentConfigSchema = z.object({
   trustedProxies: addressList.prefault(['loopback']),
   forwardAuthDenyStatus: denyStatus.default(429),
 }).superRefine((c, ctx) => {
+  if (c.coordinators.length > 0) {
+    // One source of truth: with coordinators every tier, tenant, floor and the unknown-tenant policy
+    // come from the ledger; a file or flag repeating them could only disagree with it.
+    const why = 'not with --coordinators: the coordinators hold every tier, tenant, floor and the unknown-tenant policy (admin API)';
+    if (c.tenants !== undefined) ctx.addIssue({ code: 'custom', path: ['tenants'], message: why });
+    if (c.staticShare !== undefined) ctx.addIssue({ code: 'custom', path: ['staticShare'], message: why });
+    if (c.unknownTenant !== undefined) ctx.addIssue({ code: 'custom', path: ['unknownTenant'], message: why });
+  }
   if (c.workers > 0 && c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
     ctx.addIssue({ code: 'custom', path: ['rlsSocket'], message: 'nothing to serve: give --rls-socket, --rls-listen or --http' });
   }
@@ -192,7 +200,7 @@ export const agentConfigSchema = z.object({
   if ((c.rlsSocket !== undefined || c.rlsListen !== undefined) && c.rlsListen !== undefined && c.rlsListen.port !== 0 && c.rlsListen.port + c.workers - 1 > 65535) {
     ctx.addIssue({ code: 'custom', path: ['rlsListen'], message: `ports ${c.rlsListen.port}..${c.rlsListen.port + c.workers - 1} for ${c.workers} workers exceed 65535` });
   }
-});
+}).transform((c) => ({ ...c, staticShare: c.staticShare ?? 1, unknownTenant: c.unknownTenant ?? ({ kind: 'deny' }) }));
 
 export type AgentConfig = z.output<typeof agentConfigSchema>;
 export type AgentConfigInput = z.input<typeof agentConfigSchema>;

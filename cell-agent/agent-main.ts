@@ -21,7 +21,7 @@ import { loadRules, watchRules } from './rules/rules-load.js';
 import { CheckService } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
-import { StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
+import { CoordinatedQuotas, StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { startHttpApi } from './http/http-api.js';
 import { DEFAULT_ROUTES, loadRoutes } from './front-door/routes.js';
@@ -41,6 +41,7 @@ import { Counter, Gauge } from 'prom-client';
 import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseState } from './lease/lease-client.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
+import type { ClampedEntry } from './lease/quota-overrides.js';
 import type { VelocitySample } from './velocity/velocity-table.js';
 
 export interface AgentEndpoints {
@@ -100,13 +101,17 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   let currentRules: RuleSet = ruleSet;
   let currentSnapshot: RulesSnapshot = snapshot;
   const routes: Routes = config.routes === undefined ? DEFAULT_ROUTES : await loadRoutes(config.routes);
+  // With coordinators every quota comes from them (CoordinatedQuotas over the lease client's
+  // entries); alone, from the --tenants file at --static-share (the config refuses mixing the two).
+  const coordinated = config.coordinators.length > 0;
   const quotaFile: QuotaFile = config.tenants === undefined ? { tiers: {}, tenants: {} } : await loadQuotaFile(config.tenants);
   const quotaOptions = { staticShare: config.staticShare, unknownTenant: config.unknownTenant };
-  const quotas = new StaticQuotas(quotaFile, quotaOptions);
+  const overrides = new QuotaOverrides();
+  const quotas: StaticQuotas = coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(quotaFile, quotaOptions);
   const zero = quotas.zeroSlices();
   if (zero.length > 0) log.warn({ slices: zero, staticShare: config.staticShare }, 'these global quotas have a slice below one token at this static share: they refuse every request');
-  if (ruleSet.rules.some((r) => r.global) && config.tenants === undefined) {
-    log.warn({ unknownTenant: formatUnknownTenantPolicy(config.unknownTenant) }, 'the rules have global quotas but no --tenants table was given: every tenant is unknown');
+  if (!coordinated && ruleSet.rules.some((r) => r.global) && config.tenants === undefined) {
+    log.warn({ unknownTenant: formatUnknownTenantPolicy(config.unknownTenant) }, 'the rules have global quotas but neither --coordinators nor a --tenants table was given: every tenant is unknown');
   }
 
   // ---- shared memory ----------------------------------------------------------------------------
@@ -137,7 +142,6 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   // ---- the main thread's own checks (HTTP API) --------------------------------------------------
   const mainThrottle = new ThrottleCounts();
   const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
-  const overrides = new QuotaOverrides();
   const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits) => mainThrottle.add(key, hits), overrides }, deciderOptions);
   mainDecider.setRules(currentRules);
   const mainLag = new LagGuard(lagOptions);
@@ -181,6 +185,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     velocity: velocityTable.shared,
     stats,
     quotaFile,
+    coordinated,
     staticShare: config.staticShare,
     unknownTenant: config.unknownTenant,
     rules: currentSnapshot,
@@ -342,7 +347,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       http = await startHttpApi({ host: config.http.host, port: config.http.port, bodyLimit: config.httpBodyLimit }, {
         check: mainService,
         metrics: async () => ({ contentType: metrics.registry.contentType, body: await metrics.registry.metrics() }),
-        quota: (key) => quotaInForce(key, overrides, quotas),
+        quota: (key) => quotaInForce(key, overrides, coordinated ? null : quotas),
         health: () => {
           const serving = slots.filter((s) => s.serving).length;
           return {
@@ -377,11 +382,11 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       velocity: () => velocityKeys.snapshot(clock()),
       failOpenTotal: () => Object.values(readStats(stats).failOpen).reduce((a, b) => a + b, 0),
       onOverrides: (entries) => {
-        overrides.apply(entries);
+        const clamped = overrides.apply(entries);
         const seq = ++overrideSeq;
         for (const slot of slots) slot.worker?.postMessage({ kind: 'overrides', entries, seq } satisfies MainToWorker);
-        return new Promise<void>((resolve) => {
-          overrideWaiters.push({ seq, resolve });
+        return new Promise<ClampedEntry[]>((resolve) => {
+          overrideWaiters.push({ seq, resolve: () => resolve(clamped) });
           checkOverrideWaiters();
         });
       },
@@ -478,10 +483,11 @@ async function loadRulesWithSnapshot(path: string): Promise<{ ruleSet: RuleSet; 
 }
 
 /** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
-/** What GET /v1/quotas/KIND/NAME answers: the override in force, else the static share. */
-function quotaInForce(key: string, overrides: QuotaOverrides, quotas: StaticQuotas): QuotaInForce | null {
+/** What GET /v1/quotas/KIND/NAME answers: the coordinator's entry in force, else (alone) the static share. */
+function quotaInForce(key: string, overrides: QuotaOverrides, quotas: StaticQuotas | null): QuotaInForce | null {
   const o = overrides.get(key);
-  if (o !== undefined) return { key, source: o.leased ? 'leased' : 'floor', rate: o.rate, burst: o.burst };
+  if (o !== undefined) return { key, source: o.unknown ? 'unknown-allowed' : o.leased ? 'leased' : 'floor', rate: o.rate, burst: o.burst };
+  if (quotas === null) return null;
   const slash = key.indexOf('/');
   const kind = key.slice(0, slash);
   const name = key.slice(slash + 1);

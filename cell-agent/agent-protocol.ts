@@ -19,6 +19,8 @@ export interface WorkerInit {
   readonly velocity: VelocityShared;
   readonly stats: StatsShared;
   readonly quotaFile: QuotaFile;
+  /** Started with --coordinators: every quota comes from the coordinator's entries (CoordinatedQuotas). */
+  readonly coordinated: boolean;
   readonly staticShare: number;
   readonly unknownTenant: UnknownTenantPolicy;
   readonly rules: RulesSnapshot;

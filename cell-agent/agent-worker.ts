@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
-import { StaticQuotas } from './decide/quotas.js';
+import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { StatsWriter } from './observe/stats.js';
@@ -38,10 +38,10 @@ async function main(): Promise<void> {
     const velocity = VelocityTable.attach(init.velocity);
     velocity.onNewKey = (slot, gen, key) => send({ kind: 'vkey', slot, gen, key });
     const stats = new StatsWriter(init.stats, init.index);
-    const quotas = new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const throttle = new ThrottleCounts();
     const overrides = new QuotaOverrides();
     overrides.apply(init.overrides);
+    const quotas = init.coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const decider = new Decider(
       { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits) => throttle.add(key, hits), overrides },
       init.decider,

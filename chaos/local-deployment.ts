@@ -125,7 +125,6 @@ export class LocalDeployment implements DrillTarget {
         d.agents.set(cell, { cell, name: `agent-${cell}`, socket, httpPort: await reservePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
       }
       writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
-      writeFileSync(join(opts.dir, 'tenants.yaml'), `tiers:\n  ${TIER}: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  ${TENANT}: ${TIER}\n`);
     } catch (e) {
       await d.stop();
       throw e;
@@ -203,11 +202,9 @@ export class LocalDeployment implements DrillTarget {
   startAgent(cell: string): void {
     const a = this.agent(cell);
     const coordinators = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${(this.agentProxies.get(`${cell}>${to}`) as FaultProxy).port}`).join(',');
-    // Before its first lease a cell runs on a static share no larger than the floor the ledger counts
-    // for it, so a fresh agent can never push the cells over the quota.
-    const share = this.opts.floorFraction / this.opts.cells.length;
-    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--tenants', join(this.opts.dir, 'tenants.yaml'),
-      '--static-share', String(share), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info']);
+    // No tenants file: the tier and tenant come from the admin API (a fresh agent refuses a key until
+    // its first grant, so it can never push the cells over the quota).
+    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info']);
   }
 
   /** Starts everything, sets up the tier and tenant, and waits until every agent holds a lease. */

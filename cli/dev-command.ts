@@ -3,9 +3,11 @@
 // ./.cellquota (reused on the next run), a demo tier and tenant — then the endpoints and an
 // example check. Ctrl-C stops everything.
 //
-// The agents lease their slices from the coordinators (reports every 500 ms). The floors are split
-// over the two cells (--floor-cells 2) and an agent's static share before its first lease equals
-// its floor (0.25 = floorFraction 0.5 / 2 cells), so the global bound holds from the first request.
+// The agents lease their slices from the coordinators (reports every 500 ms) and have no tenants
+// file: the demo tier and tenant exist only in the coordinators (the admin API), and an agent learns
+// them from its lease answers. The floors are split over the two cells (--floor-cells 2). Before the
+// endpoints are printed, cell-a is sent checks until one is decided on a leased grant, so the
+// printed example check is answered from a lease.
 //
 // `--demo` then drives a skewed load from inside this process (runDemo below) and prints, each
 // second, what every cell was offered, what it admitted and its current slice, and the global
@@ -135,23 +137,27 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     await putJson(adminUrls, '/v1/tiers/demo', { rate: DEMO_QUOTA, burst: 200, floorFraction: 0.5 });
     await putJson(adminUrls, '/v1/tenants/acme', { tier: 'demo' });
 
-    // The agents: the demo rules and the static tenant table (the coordinators' demo, until leases).
+    // The agents: the demo rules only; every quota comes from the coordinators.
     const rulesFile = join(dataDir, 'rules.yaml');
-    const tenantsFile = join(dataDir, 'tenants.yaml');
     writeFileSync(rulesFile, demoRules);
-    writeFileSync(tenantsFile, demoTenants);
     const cells = ['cell-a', 'cell-b'];
     const agentHttp = cells.map((_, i) => `http://127.0.0.1:${agentPort + i}`);
     const coordinators = ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',');
     cells.forEach((cell, i) => {
       startChild(`agent-${cell}`, [
-        'agent', '--cell', cell, '--rules', rulesFile, '--tenants', tenantsFile, '--static-share', '0.25',
+        'agent', '--cell', cell, '--rules', rulesFile,
         '--rls-socket', join(dataDir, `${cell}.sock`), '--rls-listen', `127.0.0.1:${agentPort + 10 + i}`,
         '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers',
       ]);
       console.log(`  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`);
     });
     await Promise.race([Promise.all(agentHttp.map((u) => waitForHttp(`${u}/healthz`))), interrupted]);
+    const leased = await Promise.race([waitForLeasedCheck(agentHttp[0] ?? ''), interrupted]);
+    if (leased === 'interrupted') {
+      await stopAll();
+      return 130;
+    }
+    console.log(leased ? '  cell-a decides acme on a leased grant' : '  cell-a holds no grant for acme yet (its checks are refused until the first one)');
     const ctl = `node ${script.endsWith('.ts') ? `--import tsx ${script}` : script} ctl`;
     console.log(`
 cellquota is running (3 coordinators and 2 agents on loopback).
@@ -373,10 +379,26 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 20}
 `;
 
-const demoTenants = `# cellquota dev: the agents' tier table (same figures as the coordinators' demo tier and tenant);
-# the rate each cell may use comes from its lease.
-tiers:
-  demo: {rate: 100, burst: 200}
-tenants:
-  acme: demo
-`;
+/**
+ * Sends a demo check to `agentUrl` every 200 ms until one is admitted without x-ratelimit-degraded
+ * (decided on a leased grant): the agent reported acme's demand and got its grant. False after 20 s.
+ */
+async function waitForLeasedCheck(agentUrl: string): Promise<boolean> {
+  const until = Date.now() + 20_000;
+  while (Date.now() < until) {
+    try {
+      const r = await fetch(`${agentUrl}/v1/check`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ domain: 'demo', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] }),
+        signal: AbortSignal.timeout(1000),
+      });
+      await r.arrayBuffer();
+      if (r.status === 200 && r.headers.get('x-ratelimit-degraded') !== 'true') return true;
+    } catch {
+      // not serving yet
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  return false;
+}

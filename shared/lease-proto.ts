@@ -30,6 +30,8 @@ export interface ReportRequestMessage {
   velocity: VelocityMessage[];
   /** Fail-open answers of this agent incarnation so far (a counter; decoded as 0 when absent). */
   failOpenTotal?: number;
+  capsVersion: number;
+  wantFull: boolean;
 }
 export interface GrantMessage {
   key: string;
@@ -38,12 +40,21 @@ export interface GrantMessage {
   epoch: number;
   floorRate: number;
   floorBurst: number;
+  version: number;
+  parent: string;
+  deleted: boolean;
 }
 export interface ReportResponseMessage {
   leaderId: string;
   leaseTtlMs: number;
   grants: GrantMessage[];
   ledgerIndex: number;
+  unknownTenant: string;
+  unknownKeys: string[];
+  capsIncluded: boolean;
+  capsVersion: number;
+  cappedDomains: string[];
+  full: boolean;
 }
 
 export interface QuotaLeaseService {

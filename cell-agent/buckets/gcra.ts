@@ -25,6 +25,8 @@
 // Rate 0 (or burst 0) is encoded as intervalNs = 0n, burst = 0n: every take is over the limit.
 
 /** Units of envoyproxy/ratelimit's `rate_limit.unit` (month = 30 days, year = 365 days, as there). */
+import { MAX_GCRA_WINDOW_NS } from '../../shared/gcra-window.js';
+
 export type TimeUnit = 'second' | 'minute' | 'hour' | 'day' | 'week' | 'month' | 'year';
 
 const SECOND_NS = 1_000_000_000n;
@@ -67,7 +69,7 @@ export const NEVER_NS = 0x7fff_ffff_ffff_ffffn;
  * Largest allowed D = T·b (2^56 ns ≈ 2.28 years: a full year-unit window with twice its requests
  * as burst still fits). Keeps TAT arithmetic far from 64-bit overflow in the shared table.
  */
-export const MAX_WINDOW_NS = 1n << 56n;
+export const MAX_WINDOW_NS: bigint = MAX_GCRA_WINDOW_NS;
 
 
 function checkWholeNonNegative(name: string, v: number): void {

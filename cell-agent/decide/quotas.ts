@@ -1,5 +1,7 @@
-// Global quotas before the coordinator is connected: a static table of tiers and tenants (the
-// agent's `--tenants` YAML), and this cell's static share of each.
+// Global quotas of an agent running alone (no --coordinators): a static table of tiers and tenants
+// (the agent's `--tenants` YAML), and this cell's static share of each. An agent with coordinators
+// takes every definition from them instead (CoordinatedQuotas below): --tenants, --static-share
+// and --unknown-tenant are refused there, so a file can never disagree with the ledger.
 //
 //   tiers:
 //     bronze: {rate: 500, burst: 1000}                        # tokens/s and bucket depth, for ALL cells
@@ -229,4 +231,55 @@ export function reportedLimit(ratePerSecond: number, name: string): RlsRateLimit
     if (perUnit >= 1) return { requestsPerUnit: Math.min(perUnit, 0xffffffff), unit, name };
   }
   return { requestsPerUnit: 0, unit: UNIT_SECOND, name };
+}
+
+// ---- with coordinators --------------------------------------------------------------------------
+
+/** A coordinator-defined slice (QuotaOverrides' entries): the numbers, the tenant's cap, unknown or not. */
+export interface CoordinatedSlice extends QuotaSlice {
+  /** For a tenant: the cap its checks must also pass (`tier/<name>`), or null. */
+  readonly parent: string | null;
+  /** An unknown tenant the coordinator's policy admits (no tenant level of its own). */
+  readonly unknown: boolean;
+}
+
+/** Where CoordinatedQuotas reads the coordinator's definitions (QuotaOverrides). */
+export interface CoordinatedLookup {
+  get(key: string): CoordinatedSlice | undefined;
+}
+
+/** Nothing: every take is refused (a key the coordinator has not granted yet). */
+export const PENDING_SLICE: QuotaSlice = Object.freeze({
+  limit: limitFromRate(0, 0, { start: 'empty' }),
+  currentLimit: { requestsPerUnit: 0, unit: UNIT_SECOND, name: 'pending' },
+  rate: 0,
+  burst: 0,
+});
+const NO_TIER: TierQuota = Object.freeze({ name: '', tenant: PENDING_SLICE, cap: null });
+
+/**
+ * The quota table of an agent with coordinators: every answer comes from what the coordinator sent
+ * (the lease client's entries), nothing from a file.
+ *   - a tenant with an entry: its slice (grant or floor) and, when the coordinator names a parent
+ *     `tier/<name>`, that tier cap as a second level (its own entry, or refused until granted);
+ *   - an unknown tenant the coordinator's policy admits: a limit no traffic reaches (the level
+ *     exists so its traffic is still reported, and a tenant created later is learned);
+ *   - a tenant with no entry: PENDING_SLICE, refused. Its refusals are reported as demand under
+ *     `tenant/<id>`, which is how the coordinator learns the agent needs it: the next answer grants
+ *     it (within one report interval and one round). The ledger counts such a cell at its floor
+ *     slot, never below what it uses (nothing).
+ *   - a domain cap: the `domain/<d>` entry when the coordinator lists the domain as capped (the
+ *     decider looks it up; a capped domain not granted yet has a pending zero entry), else none.
+ */
+export class CoordinatedQuotas extends StaticQuotas {
+  constructor(private readonly lookup: CoordinatedLookup) {
+    super({ tiers: {}, tenants: {} }, { staticShare: 1, unknownTenant: { kind: 'deny' } });
+  }
+
+  override resolve(tenantId: string): TenantResolution {
+    const o = this.lookup.get(`tenant/${tenantId}`);
+    if (o === undefined) return { kind: 'quota', tier: NO_TIER, tenant: PENDING_SLICE, known: false };
+    if (o.unknown || o.parent === null) return { kind: 'quota', tier: NO_TIER, tenant: o, known: !o.unknown };
+    return { kind: 'quota', tier: { name: o.parent.slice(o.parent.indexOf('/') + 1), tenant: o, cap: PENDING_SLICE }, tenant: o, known: true };
+  }
 }

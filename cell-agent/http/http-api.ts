@@ -60,7 +60,7 @@ export interface QuotaInForce {
   readonly key: string;
   /** leased: a live grant; floor: the grant's floor (lease expired, fail-static); static: this
    * cell's static share (no grant yet, or no coordinator). */
-  readonly source: 'leased' | 'floor' | 'static';
+  readonly source: 'leased' | 'floor' | 'static' | 'unknown-allowed';
   readonly rate: number;
   readonly burst: number;
 }

@@ -16,16 +16,28 @@
 // only after that expiry plus its skew margin, so this view of the lease always ends first.
 //
 // Fail-static: when the lease expires, every global quota drops to its floor (the floor stamped on the
-// grant; a key never granted keeps its static share), `state` turns 'expired', and the agent forgets
-// its grants and takes a new incarnation, so the next answer carries every current grant again (the
+// grant; a key never granted stays refused), `state` turns 'expired', and the agent forgets its
+// grants and takes a new incarnation, so the next answer carries every current grant again (the
 // coordinator may have released the old ones meanwhile). When a report succeeds again the leased
 // grants are back.
+//
+// Definitions: the coordinator is the one source of every quota this agent enforces. A key the
+// agent holds nothing for is refused and its refusals are reported as velocity; the answer grants it
+// (with its floor, the definition version the numbers come from and, for a tenant, its tier cap) or,
+// when the coordinator's unknown-tenant policy is "allow", names it unknown. An answer marked full
+// (the first one of an incarnation) carries every slice the cell holds: keys it leaves out are
+// dropped. A grant marked deleted (the quota was deleted) is acknowledged and forgotten. The capped
+// domains come with the answer whenever the agent's copy is stale.
+//
+// Applying an answer never throws out of the client: an entry the bucket table cannot hold is
+// clamped (QuotaOverrides) and logged; any other error while applying is logged, the grants of that
+// answer are not acknowledged, and their keys stay on their floors (pending if they have none).
 import { randomUUID } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from '../../shared/logging.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
-import type { OverrideEntry } from './quota-overrides.js';
+import type { ClampedEntry, OverrideEntry } from './quota-overrides.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
 /** Delay of the extra report that acknowledges newly applied grants. */
@@ -64,8 +76,9 @@ export interface LeaseClientOptions {
   /** Checks answered fail-open since the agent started (reported with every report). */
   readonly failOpenTotal?: () => number;
   /** Told the entries that changed (grants, floors, removals). A promise: the grants are acknowledged
-   * to the coordinator only once it resolves (every serving thread decides with them). */
-  readonly onOverrides: (entries: OverrideEntry[]) => void | Promise<void>;
+   * to the coordinator only once it resolves (every serving thread decides with them). Returns (or
+   * resolves to) the entries that had to be clamped. */
+  readonly onOverrides: (entries: OverrideEntry[]) => ClampedEntry[] | void | Promise<ClampedEntry[] | void>;
   readonly onStateChange?: (state: LeaseState) => void;
   readonly intervalMs?: number;
   /** Per-call deadline (default 80% of the interval). */
@@ -81,7 +94,12 @@ interface HeldGrant {
   readonly burst: number;
   readonly floorRate: number;
   readonly floorBurst: number;
+  readonly version: number;
+  readonly parent: string | null;
 }
+
+/** What the agent knows of the coordinator's unknown-tenant policy before the first answer. */
+const INITIAL_UNKNOWN_POLICY = 'deny';
 
 export interface LeaseClientStatus {
   readonly state: LeaseState;
@@ -112,6 +130,13 @@ export class LeaseClient {
   private readonly grants = new Map<string, HeldGrant>();
   private pendingAcks = new Map<string, number>();
   private readonly lastVelocity = new Map<string, number>();
+  /** Keys with an entry posted through onOverrides (grants, floors, pending domains, unknown markers). */
+  private readonly posted = new Map<string, 'slice' | 'pending' | 'unknown'>();
+  /** A full answer arrived in this incarnation (until then every report asks for one). */
+  private haveFull = false;
+  private unknownPolicy: string = INITIAL_UNKNOWN_POLICY;
+  private capsVersion = 0;
+  private cappedDomains = new Set<string>();
   private failures = 0;
   private inFlight = false;
   /** An acknowledgement is waiting: report again right after the call in flight. */
@@ -231,7 +256,7 @@ export class LeaseClient {
     const incarnation = this.incarnation;
     const acks: AckMessage[] = [...this.pendingAcks].map(([key, epoch]) => ({ key, epoch }));
     const velocity = this.velocityMessages();
-    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0 };
+    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull };
     const address = this.target;
     const sentAt = this.mono();
     const result = await new Promise<{ res: ReportResponseMessage } | { err: grpc.ServiceError }>((resolve) => {
@@ -292,14 +317,29 @@ export class LeaseClient {
     const live = this.leaseExpiresAt > this.mono();
     const changed = new Map<string, OverrideEntry>();
     const toAck: [string, number][] = [];
+    const forgotten: string[] = [];
+    const granted = new Set<string>();
+    const newHeld = new Map<string, HeldGrant>();
     for (const g of res.grants) {
       if (!QUOTA_KEY.test(g.key) || !validGrant(g)) continue;
+      granted.add(g.key);
       const held = this.grants.get(g.key);
       if (held !== undefined && held.epoch >= g.epoch) continue;
-      this.grants.set(g.key, { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst });
       toAck.push([g.key, g.epoch]);
-      changed.set(g.key, live ? leasedEntry(g.key, g) : { key: g.key, rate: g.floorRate, burst: g.floorBurst, leased: false });
+      if (g.deleted) {
+        // The quota was deleted: acknowledge its zero grant, then forget the key.
+        this.grants.delete(g.key);
+        forgotten.push(g.key);
+        continue;
+      }
+      const parent = typeof g.parent === 'string' && QUOTA_KEY.test(g.parent) && g.parent.startsWith('tier/') ? g.parent : null;
+      const h: HeldGrant = { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst, version: g.version, parent };
+      this.grants.set(g.key, h);
+      newHeld.set(g.key, h);
+      changed.set(g.key, live ? leasedEntry(g.key, h) : floorEntry(g.key, h));
     }
+    this.applyDefinitions(res, granted, forgotten, changed);
+    if (res.full) this.haveFull = true;
     if (live && this.state !== 'leased') {
       // Resuming (or the first lease): every held grant is in force again.
       for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g));
@@ -307,18 +347,90 @@ export class LeaseClient {
       this.opts.logger.info({ leader: this.leader, grants: this.grants.size }, 'lease acquired: global quotas run on leased grants');
     }
     if (live) this.armExpiry();
-    if (changed.size === 0) return;
+    if (changed.size === 0 && toAck.length === 0) return;
     const incarnation = this.incarnation;
-    const ack = (): void => {
+    const ack = (clamped: ClampedEntry[] | void): void => {
+      if (clamped !== undefined && clamped.length > 0) {
+        this.opts.logger.warn({ clamped: clamped.slice(0, 20), count: clamped.length }, 'grants whose GCRA window the bucket table cannot hold were clamped to the deepest bucket that fits (they admit less than granted)');
+      }
       if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten
-      for (const [key, epoch] of toAck) if (this.grants.get(key)?.epoch === epoch) this.pendingAcks.set(key, epoch);
+      for (const [key, epoch] of toAck) if (this.grants.get(key)?.epoch === epoch || forgotten.includes(key)) this.pendingAcks.set(key, epoch);
       // Acknowledge at once rather than at the next interval: a shrink frees capacity for another
       // cell only once acknowledged, so this takes one report interval off every rebalance.
       if (toAck.length > 0) this.reportSoon();
     };
-    const applied = this.opts.onOverrides([...changed.values()]);
-    if (applied instanceof Promise) void applied.then(ack);
-    else ack();
+    const failed = (err: unknown): void => {
+      // Nothing of this answer is acknowledged; its grants' keys run on their floors (not leased),
+      // and the coordinator sends the grants again with the next answer (they are not acknowledged).
+      for (const [key] of toAck) this.grants.delete(key);
+      this.opts.logger.error({ err, grants: toAck.length }, 'a lease answer could not be applied: its quotas stay on their floors until the next answer');
+      try {
+        const floors = [...newHeld].map(([key, h]) => floorEntry(key, h));
+        const r = this.opts.onOverrides(floors);
+        if (r instanceof Promise) r.catch((e: unknown) => this.opts.logger.error({ err: e }, 'could not fall back to the floors either'));
+      } catch (e) {
+        this.opts.logger.error({ err: e }, 'could not fall back to the floors either');
+      }
+    };
+    try {
+      const applied = this.opts.onOverrides([...changed.values()]);
+      if (applied instanceof Promise) void applied.then(ack, failed);
+      else ack(applied);
+    } catch (err) {
+      failed(err);
+    }
+  }
+
+  /**
+   * The non-grant parts of an answer: a full answer's dropped keys, the unknown-tenant policy and
+   * unknown keys, the capped domains. Adds the entries to `changed`.
+   */
+  private applyDefinitions(res: ReportResponseMessage, granted: ReadonlySet<string>, forgotten: readonly string[], changed: Map<string, OverrideEntry>): void {
+    for (const key of forgotten) {
+      this.posted.delete(key);
+      changed.set(key, { key, remove: true });
+    }
+    for (const key of changed.keys()) if (!forgotten.includes(key)) this.posted.set(key, 'slice');
+    const policy = res.unknownTenant === 'allow' ? 'allow' : 'deny';
+    if (policy !== this.unknownPolicy) {
+      this.opts.logger.info({ unknownTenant: policy }, 'the coordinator\'s unknown-tenant policy');
+      this.unknownPolicy = policy;
+    }
+    if (res.capsIncluded && Number.isFinite(res.capsVersion)) {
+      this.capsVersion = res.capsVersion;
+      this.cappedDomains = new Set(res.cappedDomains.filter((d) => QUOTA_KEY.test(`domain/${d}`)));
+    }
+    // Drop what the coordinator no longer defines for this cell.
+    for (const [key, kind] of [...this.posted]) {
+      const domainCapped = key.startsWith('domain/') && this.cappedDomains.has(key.slice(7));
+      const drop =
+        (kind === 'unknown' && policy !== 'allow') ||
+        (kind === 'pending' && !domainCapped) ||
+        (kind === 'slice' && res.full && !granted.has(key));
+      if (!drop) continue;
+      this.grants.delete(key);
+      if (domainCapped) {
+        this.posted.set(key, 'pending');
+        changed.set(key, { key, rate: 0, burst: 0, leased: false });
+      } else {
+        this.posted.delete(key);
+        changed.set(key, { key, remove: true });
+      }
+    }
+    // A capped domain this cell holds nothing for: refused until its grant arrives (reported as demand).
+    for (const d of this.cappedDomains) {
+      const key = `domain/${d}`;
+      if (this.posted.has(key) || this.grants.has(key)) continue;
+      this.posted.set(key, 'pending');
+      changed.set(key, { key, rate: 0, burst: 0, leased: false });
+    }
+    if (policy === 'allow') {
+      for (const key of res.unknownKeys) {
+        if (!QUOTA_KEY.test(key) || !key.startsWith('tenant/') || this.grants.has(key) || granted.has(key)) continue;
+        this.posted.set(key, 'unknown');
+        changed.set(key, { key, allowUnknown: true });
+      }
+    }
   }
 
   private armExpiry(): void {
@@ -337,13 +449,20 @@ export class LeaseClient {
       return;
     }
     const entries: OverrideEntry[] = [];
-    for (const [key, g] of this.grants) entries.push({ key, rate: g.floorRate, burst: g.floorBurst, leased: false });
+    for (const [key, g] of this.grants) entries.push(floorEntry(key, g));
     this.grants.clear();
     this.pendingAcks.clear();
+    this.haveFull = false;
     this.incarnation = randomUUID();
     this.setState('expired');
     this.opts.logger.warn({ floors: entries.length, leader: this.leader }, 'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again');
-    if (entries.length > 0) void this.opts.onOverrides(entries);
+    if (entries.length === 0) return;
+    try {
+      const applied = this.opts.onOverrides(entries);
+      if (applied instanceof Promise) applied.catch((err: unknown) => this.opts.logger.error({ err }, 'could not apply the floors'));
+    } catch (err) {
+      this.opts.logger.error({ err }, 'could not apply the floors');
+    }
   }
 
   private setState(s: LeaseState): void {
@@ -358,6 +477,11 @@ function validGrant(g: GrantMessage): boolean {
 }
 
 /** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor). */
-function leasedEntry(key: string, g: { rate: number; burst: number; floorRate: number; floorBurst: number }): OverrideEntry {
-  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true };
+function leasedEntry(key: string, g: HeldGrant): OverrideEntry {
+  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent };
+}
+
+/** Without a live lease a cell uses the floor stamped on its latest grant (the ledger holds it counted). */
+function floorEntry(key: string, g: HeldGrant): OverrideEntry {
+  return { key, rate: g.floorRate, burst: g.floorBurst, leased: false, parent: g.parent };
 }

@@ -1,27 +1,62 @@
 // The runtime part of the global quota table: per quota key (`tenant/<id>`, `tier/<name>`,
-// `domain/<domain>`, as the coordinator names them), the rate and burst this cell uses instead of its
-// static share. The lease client computes the entries (a live grant, or the grant's floor once the
-// lease expired) and the main thread posts them to every worker; each thread's Decider looks them up.
-// A key with no entry runs on the static share (quotas.ts), as before any grant.
+// `domain/<domain>`, as the coordinator names them), what this cell decides that quota with. The
+// lease client computes the entries (a live grant; the grant's floor once the lease expired; a
+// pending zero for a capped domain not granted yet; an unknown tenant the coordinator's policy
+// admits) and the main thread posts them to every worker; each thread's Decider looks them up.
+// Without coordinators there are no entries and every global quota runs on its static share
+// (quotas.ts); with coordinators a key with no entry is refused until its first grant
+// (CoordinatedQuotas).
 //
 // Changing a key's limit only changes the GcraLimit passed to take(): the bucket keeps its state,
 // and a smaller burst clamps at once (the bucket module's rule), so a shrink never lets an old,
 // deeper bucket through.
+//
+// Applying never throws: a rate and burst whose GCRA window the bucket table cannot hold (burst/rate
+// beyond MAX_GCRA_WINDOW_S; the admin API refuses such quotas, but an older coordinator or a tiny
+// rate's rounding could still send one) is clamped to the deepest bucket that fits — fewer tokens
+// than granted, never more — and reported back so the caller can log it.
+import { MAX_GCRA_WINDOW_NS } from '../../shared/gcra-window.js';
 import { limitFromRate } from '../buckets/gcra.js';
-import type { QuotaSlice } from '../decide/quotas.js';
+import type { CoordinatedSlice } from '../decide/quotas.js';
 import { reportedLimit } from '../decide/quotas.js';
 
-/** One key's entry: `leased` = a live grant (false: the grant's floor, the agent is fail-static). */
-export type OverrideEntry =
-  | { readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean }
-  | { readonly key: string; readonly remove: true };
+/** Largest rate a quota may have (the ledger's MAX_RATE): the limit an admitted unknown tenant runs on. */
+const ALLOW_RATE = 1e9;
 
-export interface OverrideSlice extends QuotaSlice {
+/**
+ * One key's entry: a slice (`leased` = a live grant; false: a floor or a pending zero, the agent is
+ * fail-static there), the removal of a key, or an unknown tenant the coordinator's policy admits.
+ */
+export type OverrideEntry =
+  | { readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null }
+  | { readonly key: string; readonly remove: true }
+  | { readonly key: string; readonly allowUnknown: true };
+
+export interface OverrideSlice extends CoordinatedSlice {
   readonly leased: boolean;
 }
 
+/** A key whose rate and burst had to be clamped to fit the bucket table. */
+export interface ClampedEntry {
+  readonly key: string;
+  readonly rate: number;
+  readonly burst: number;
+  readonly appliedBurst: number;
+}
+
+const ALLOW_SLICE: OverrideSlice = Object.freeze({
+  limit: limitFromRate(ALLOW_RATE, ALLOW_RATE, { start: 'full' }),
+  currentLimit: { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant:allow' },
+  rate: ALLOW_RATE,
+  burst: ALLOW_RATE,
+  leased: true,
+  parent: null,
+  unknown: true,
+});
+
 export class QuotaOverrides {
   private readonly map = new Map<string, OverrideSlice>();
+  private readonly given = new Map<string, OverrideEntry>();
 
   get size(): number {
     return this.map.size;
@@ -31,20 +66,40 @@ export class QuotaOverrides {
     return this.map.get(key);
   }
 
-  apply(entries: readonly OverrideEntry[]): void {
+  /** Applies the entries in order; returns the ones that had to be clamped (never throws for finite input). */
+  apply(entries: readonly OverrideEntry[]): ClampedEntry[] {
+    const clamped: ClampedEntry[] = [];
     for (const e of entries) {
       if ('remove' in e) {
         this.map.delete(e.key);
+        this.given.delete(e.key);
         continue;
       }
-      const rate = Math.max(0, e.rate);
-      const burst = Math.max(0, Math.floor(e.burst + 1e-9));
-      this.map.set(e.key, { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, e.key), rate, burst, leased: e.leased });
+      this.given.set(e.key, e);
+      if ('allowUnknown' in e) {
+        this.map.set(e.key, ALLOW_SLICE);
+        continue;
+      }
+      const rate = Number.isFinite(e.rate) ? Math.max(0, e.rate) : 0;
+      const wanted = Number.isFinite(e.burst) ? Math.max(0, Math.floor(e.burst + 1e-9)) : 0;
+      const burst = Math.min(wanted, deepestBurst(rate));
+      if (burst < wanted) clamped.push({ key: e.key, rate, burst: wanted, appliedBurst: burst });
+      this.map.set(e.key, { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, e.key), rate, burst, leased: e.leased, parent: e.parent ?? null, unknown: false });
     }
+    return clamped;
   }
 
   /** Every entry, for a (re)started worker. */
   entries(): OverrideEntry[] {
-    return [...this.map].map(([key, s]) => ({ key, rate: s.rate, burst: s.burst, leased: s.leased }));
+    return [...this.given.values()];
   }
+}
+
+/** The largest whole burst whose window T·burst fits the bucket table at this rate (as limitFromRate computes T). */
+function deepestBurst(rate: number): number {
+  const microRate = BigInt(Math.floor(rate * 1e6));
+  if (microRate === 0n) return Number.MAX_SAFE_INTEGER; // a blocked limit: no window at all
+  const intervalNs = (1_000_000n * 1_000_000_000n + microRate - 1n) / microRate;
+  const most = MAX_GCRA_WINDOW_NS / intervalNs;
+  return most > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(most);
 }

@@ -7,6 +7,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
+import { UNKNOWN_TENANT_POLICIES } from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
 import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
 import type { ClusterView } from '../node/coordinator-node.js';
@@ -84,6 +85,9 @@ const tenantBody = z.strictObject({
   tier: nameParam,
   rate: z.number().gt(0).optional(),
   burst: z.number().min(1).optional(),
+});
+const settingsBody = z.strictObject({
+  unknownTenant: z.enum(UNKNOWN_TENANT_POLICIES).describe('what every agent does with a tenant the coordinators do not hold: deny (refuse its checks) or allow (no tenant level)'),
 });
 const listQuery = z.strictObject({
   stale: z.enum(['true', 'false']).optional(),
@@ -302,6 +306,17 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     return { deleted: id };
   }));
 
+  // ---- settings (what every agent follows) ----------------------------------------------------
+  app.get('/v1/settings', guard(async (req) => {
+    const q = parse(readQuery, req.query, 'query');
+    return read(req, q.stale === 'true', (l) => l.settings);
+  }));
+  app.put('/v1/settings', guard(async (req, reply) => {
+    const body = parse(settingsBody, req.body, 'body');
+    const v = await write(req, reply, { type: 'putSettings', unknownTenant: body.unknownTenant, ...session(req) });
+    return v.kind === 'settings' ? v.settings : v;
+  }));
+
   // ---- cells ---------------------------------------------------------------------------------
   app.get('/v1/cells', guard(async (req) => {
     const q = parse(readQuery, req.query, 'query');
@@ -376,6 +391,7 @@ function openApiDocument(): Record<string, unknown> {
       '/v1/tiers': { get: { parameters: [stale], responses } },
       '/v1/tiers/{name}': { put: { parameters: [nameP('name')], requestBody: body(tierBody), responses }, get: { parameters: [nameP('name'), stale], responses }, delete: { parameters: [nameP('name')], responses } },
       '/v1/tenants': { get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 1000 } }], responses } },
+      '/v1/settings': { get: { parameters: [stale], responses }, put: { requestBody: body(settingsBody), responses } },
       '/v1/tenants/{id}': { put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses }, get: { parameters: [nameP('id'), stale], responses }, delete: { parameters: [nameP('id')], responses } },
       '/v1/cells': { get: { parameters: [stale], responses } },
       '/healthz': { get: { responses } },

@@ -37,6 +37,7 @@ function parentOf(ledger: Ledger, key: string): string | null {
 export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
   const cellViews = ledger.listCells();
   if (cellViews.length === 0 || demands.reported.size === 0) return [];
+  const definitionsOnly = (): Grant[] => withDefinitionGrants(ledger, demands, nowMs, []);
   const cells = allocatorCells(cellViews, demands.reported);
   const index = new Map(cells.map((c, i) => [c.id, i]));
   const keys = new Set<string>();
@@ -51,7 +52,7 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
     if (parent !== null) add(parent);
   };
   for (const k of keys) add(k);
-  if (wanted.size === 0) return [];
+  if (wanted.size === 0) return definitionsOnly();
   const ackedBy = new Map<string, Float64Array>();
   for (const a of demands.acks) {
     const i = index.get(a.cellId);
@@ -74,6 +75,38 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
     builder.addQuotaState(state, demand, { parent, ...(acked === undefined ? {} : { ackedEpochs: acked }) });
   }
   const input = builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
-  return allocateRound(input).grants;
+  return withDefinitionGrants(ledger, demands, nowMs, allocateRound(input).grants);
 };
+
+/** Most re-grants (new definitions, wind-downs) one round carries; the rest follow in the next rounds. */
+export const MAX_DEFINITION_GRANTS_PER_ROUND = 20_000;
+
+/**
+ * Adds, for every reporting cell, a grant for each slice stamped with an older definition of its
+ * quota (a tier or tenant changed: same numbers, the new floor, version and parent) and a zero
+ * grant for each slice of a deleted quota not yet wound down — unless the round already grants that
+ * slice. A re-grant never raises what the ledger counts (the same numbers; a floor change is held at
+ * the old value until acknowledged), so it is accepted in any state, also while a lowered quota is
+ * still above its limit. The agent applies the new definition and acknowledges it; a deleted quota's
+ * slice is dropped once its zero grant is acknowledged (or the cell's lease surely expired and
+ * nothing on it is counted any more).
+ */
+export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowMs: number, grants: Grant[]): Grant[] {
+  const taken = new Set<string>();
+  for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
+  const leaseExpiresAtMs = nowMs + demands.leaseTtlMs;
+  let added = 0;
+  for (const cellId of [...demands.reported].sort()) {
+    for (const key of ledger.staleSliceKeys(cellId)) {
+      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return grants;
+      if (taken.has(`${cellId}\u0000${key}`)) continue;
+      const s = ledger.getSlice(key, cellId);
+      if (s === undefined) continue;
+      const live = ledger.getQuota(key) !== undefined;
+      grants.push({ key, cellId, rate: live ? s.rate : 0, burst: live ? s.burst : 0, epoch: s.epoch + 1, leaseExpiresAtMs });
+      added++;
+    }
+  }
+  return grants;
+}
 

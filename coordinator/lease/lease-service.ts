@@ -28,6 +28,7 @@ import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
 import { isName, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
+import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { allocatorPolicy } from './grant-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
@@ -75,7 +76,16 @@ interface CellSession {
   incarnation: string;
   /** Quota key → the highest epoch the agent acknowledged. */
   readonly acked: Map<string, number>;
+  /** Keys granted to the cell that the agent has not acknowledged yet: what the next answer carries. */
+  readonly outstanding: Set<string>;
+  /** Tenant keys already named in unknown_keys to this incarnation. */
+  readonly toldUnknown: Set<string>;
+  /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
+  fresh: boolean;
 }
+
+/** Most keys a session remembers having named unknown (beyond: forgotten, named again). */
+const MAX_TOLD_UNKNOWN = 100_000;
 
 export interface LeaseServiceStats {
   rounds: number;
@@ -108,12 +118,12 @@ export class LeaseService {
   private readonly sessions = new Map<string, CellSession>();
   /** Cell → quota key → demand (req/s). */
   private readonly demands = new Map<string, Map<string, number>>();
-  /** Cell and key → when the static-share warning was last logged. */
-  private readonly staticWarned = new Map<string, number>();
   private roundTimer: NodeJS.Timeout | null = null;
   private expireTimer: NodeJS.Timeout | null = null;
   private inRound = false;
   private wasLeader = false;
+  /** The unknown-tenant policy the sessions' toldUnknown sets were built under. */
+  private unknownPolicy: UnknownTenantPolicyName | null = null;
   private server: grpc.Server | null = null;
 
   constructor(opts: LeaseServiceOptions) {
@@ -267,10 +277,10 @@ export class LeaseService {
         const d = v.allowedPerS + v.refusedPerS;
         if (d > 0) demand.set(v.key, d);
         else demand.delete(v.key);
-        this.checkStaticShare(ledger, p.req.cellId, v.key, v.allowedPerS);
       }
       for (const a of p.req.acks) {
         if ((session.acked.get(a.key) ?? 0) < a.epoch) session.acked.set(a.key, a.epoch);
+        if ((ledger.getSlice(a.key, p.req.cellId)?.epoch ?? 0) <= a.epoch) session.outstanding.delete(a.key);
         const s = ledger.getSlice(a.key, p.req.cellId);
         if (s !== undefined && s.epoch === a.epoch && !s.acknowledged) acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
       }
@@ -302,42 +312,73 @@ export class LeaseService {
 
     // 4. Answers from the committed ledger.
     const committed = this.backend.ledger();
-    const keys = committed.activeQuotaKeys();
+    for (const g of grants) this.sessions.get(g.cellId)?.outstanding.add(g.key);
+    const settings = committed.settings;
+    if (settings.unknownTenant !== this.unknownPolicy) {
+      for (const session of this.sessions.values()) session.toldUnknown.clear();
+      this.unknownPolicy = settings.unknownTenant;
+    }
+    const caps = committed.cappedDomains();
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
-      const session = this.session(p.req.cellId, p.req.incarnation);
-      const out: GrantMessage[] = [];
-      for (const key of keys) {
-        const s = committed.getSlice(key, p.req.cellId);
-        if (s === undefined || s.epoch === 0 || s.epoch <= (session.acked.get(key) ?? 0)) continue;
-        out.push({ key, rate: s.rate, burst: s.burst, epoch: s.epoch, floorRate: s.floorRate, floorBurst: s.floorBurst });
-      }
-      p.resolve({ leaderId: this.backend.id, leaseTtlMs: this.ttl, grants: out, ledgerIndex: committed.appliedIndex });
+      p.resolve(this.answer(committed, p.req, caps, settings.unknownTenant));
     }
   }
 
   /**
-   * A cell holding no grant for a key runs on its static share, which the ledger counts at the
-   * cell's floor: admitting clearly more than the floor (plus what a burst can add to a 500 ms
-   * window) means the agent's --static-share is above the floor, which breaks the bound. Logged, at
-   * most once a minute per cell and key.
+   * One agent's answer: its grants newer than what it acknowledged — every slice of the cell for a
+   * session's first answer or when the agent asks for a full picture, else only the keys granted
+   * since (a million tenants do not mean a million grants per answer) — each with the definition it
+   * was stamped with; the unknown-tenant policy and the unknown keys it asked about; the capped
+   * domains when its copy is stale.
    */
-  private checkStaticShare(ledger: Ledger, cellId: string, key: string, allowedPerS: number): void {
-    const s = ledger.getSlice(key, cellId);
-    if (s === undefined || s.epoch !== 0 || allowedPerS <= s.floorRate + 2 * s.floorBurst + 1) return;
-    const id = `${cellId}\u0000${key}`;
-    const last = this.staticWarned.get(id);
-    const now = this.now();
-    if (last !== undefined && now - last < 60_000) return;
-    if (this.staticWarned.size > 10_000) this.staticWarned.clear();
-    this.staticWarned.set(id, now);
-    this.log.warn({ cellId, key, allowedPerS, floorRate: s.floorRate, floorBurst: s.floorBurst }, 'a cell admits above its floor on a quota it holds no grant for: its --static-share exceeds the floor (floorFraction × quota / floorCells), which breaks the global bound');
+  private answer(ledger: Ledger, req: ReportRequestMessage, caps: { readonly domains: string[]; readonly version: number }, unknownTenant: UnknownTenantPolicyName): ReportResponseMessage {
+    const session = this.session(req.cellId, req.incarnation);
+    const full = session.fresh || req.wantFull;
+    session.fresh = false;
+    const keys: Iterable<string> = full ? [...ledger.cellSliceKeys(req.cellId)].sort() : [...session.outstanding];
+    if (full) session.outstanding.clear();
+    const out: GrantMessage[] = [];
+    for (const key of keys) {
+      const s = ledger.getSlice(key, req.cellId);
+      const acked = full ? 0 : (session.acked.get(key) ?? 0);
+      if (s === undefined || s.epoch === 0 || s.epoch <= acked) {
+        session.outstanding.delete(key);
+        continue;
+      }
+      session.outstanding.add(key);
+      session.toldUnknown.delete(key);
+      const def = ledger.definition(key);
+      out.push({ key, rate: s.rate, burst: s.burst, epoch: s.epoch, floorRate: s.floorRate, floorBurst: s.floorBurst, version: s.version, parent: def?.parent ?? '', deleted: def === undefined });
+    }
+    const unknownKeys: string[] = [];
+    if (unknownTenant === 'allow') {
+      if (session.toldUnknown.size > MAX_TOLD_UNKNOWN) session.toldUnknown.clear();
+      for (const v of req.velocity) {
+        if (!v.key.startsWith('tenant/') || session.toldUnknown.has(v.key) || ledger.getQuota(v.key) !== undefined) continue;
+        session.toldUnknown.add(v.key);
+        unknownKeys.push(v.key);
+      }
+    }
+    const capsIncluded = req.capsVersion !== caps.version;
+    return {
+      leaderId: this.backend.id,
+      leaseTtlMs: this.ttl,
+      grants: out,
+      ledgerIndex: ledger.appliedIndex,
+      unknownTenant,
+      unknownKeys,
+      capsIncluded,
+      capsVersion: caps.version,
+      cappedDomains: capsIncluded ? caps.domains : [],
+      full,
+    };
   }
 
   private session(cellId: string, incarnation: string): CellSession {
     let s = this.sessions.get(cellId);
     if (s === undefined || s.incarnation !== incarnation) {
-      s = { incarnation, acked: new Map() };
+      s = { incarnation, acked: new Map(), outstanding: new Set(), toldUnknown: new Set(), fresh: true };
       this.sessions.set(cellId, s);
     }
     return s;

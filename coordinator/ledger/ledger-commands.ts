@@ -171,6 +171,20 @@ export const reportAndGrantSchema = z.strictObject({
   grants: z.array(grantSchema).max(MAX_ROUND_ITEMS).optional(),
   ...session,
 });
+/**
+ * What every agent does with a tenant the ledger does not hold: `deny` refuses its checks, `allow`
+ * admits them without a tenant level (a domain cap still applies). Agents learn it through the
+ * lease protocol; the ledger counts nothing for an unknown tenant (it has no quota to bound).
+ */
+export const UNKNOWN_TENANT_POLICIES = ['deny', 'allow'] as const;
+export type UnknownTenantPolicyName = (typeof UNKNOWN_TENANT_POLICIES)[number];
+export const DEFAULT_UNKNOWN_TENANT_POLICY: UnknownTenantPolicyName = 'deny';
+/** The cluster-wide settings agents follow (only the unknown-tenant policy today). */
+export const putSettingsSchema = z.strictObject({
+  type: z.literal('putSettings'),
+  unknownTenant: z.enum(UNKNOWN_TENANT_POLICIES),
+  ...session,
+});
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
 export const expireLeasesSchema = z.strictObject({ type: z.literal('expireLeases'), nowMs: timeSchema, ...session });
 
@@ -186,6 +200,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   registerCellSchema,
   reportAndGrantSchema,
   expireLeasesSchema,
+  putSettingsSchema,
 ]);
 
 // ---- types --------------------------------------------------------------------------------------
@@ -206,6 +221,7 @@ export type DeleteTenantCommand = z.output<typeof deleteTenantSchema>;
 export type RegisterCellCommand = z.output<typeof registerCellSchema>;
 export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;
 export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
+export type PutSettingsCommand = z.output<typeof putSettingsSchema>;
 export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
 export type GrantAck = z.output<typeof grantAckSchema>;
 export type Grant = z.output<typeof grantSchema>;

@@ -92,8 +92,10 @@ import { ClientSessions } from '../raft/raft-sessions.js';
 import type { SessionEntry } from '../raft/raft-sessions.js';
 import { Packr, Unpackr } from 'msgpackr';
 import { z } from 'zod';
+import { MAX_GCRA_WINDOW_S, gcraWindowFits } from '../../shared/gcra-window.js';
 import {
   DEFAULT_FLOOR_FRACTION,
+  DEFAULT_UNKNOWN_TENANT_POLICY,
   MAX_BURST,
   MAX_CELLS,
   MAX_DOMAIN_CAPS,
@@ -108,6 +110,7 @@ import {
   domainCapKey,
   parseCommand,
   QUOTA_KEY_PATTERN,
+  UNKNOWN_TENANT_POLICIES,
   tenantKey,
   tierCapKey,
 } from './ledger-commands.js';
@@ -122,9 +125,11 @@ import type {
   PutDomainCapCommand,
   PutTenantCommand,
   PutTierCapCommand,
+  PutSettingsCommand,
   PutTierCommand,
   RegisterCellCommand,
   ReportAndGrantCommand,
+  UnknownTenantPolicyName,
 } from './ledger-commands.js';
 
 // ---- configuration ------------------------------------------------------------------------------
@@ -138,7 +143,9 @@ export const DEFAULT_MAX_SESSIONS = 10_000;
 /** Largest skew margin accepted (1 hour). */
 export const MAX_SKEW_MARGIN_MS = 3_600_000;
 /** Version tag of the snapshot format. */
-export const SNAPSHOT_FORMAT_VERSION = 1;
+export const SNAPSHOT_FORMAT_VERSION = 2;
+/** Older snapshot formats restore() still reads (v1: no epoch marks, slice versions or settings). */
+const READABLE_SNAPSHOT_VERSIONS = [1, 2] as const;
 /** Relative tolerance of the bound's float comparisons. */
 export const BOUND_TOLERANCE = 1e-9;
 /** Default and largest page size of listTenants. */
@@ -229,6 +236,8 @@ export interface SliceView {
   /** What the ledger counts the cell as possibly using (u). */
   readonly countedRate: number;
   readonly countedBurst: number;
+  /** The quota definition version the grant was stamped with (0: a deleted quota's wind-down grant). */
+  readonly version: number;
 }
 
 export interface TenantDetail extends TenantView {
@@ -280,7 +289,21 @@ export type LedgerValue =
       /** Cells whose lease surely expired when the clock advanced (their grants were released). */
       readonly expiredCells: string[];
     }
-  | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] };
+  | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] }
+  | { readonly kind: 'settings'; readonly settings: LedgerSettings };
+
+/** The cluster-wide settings agents follow. */
+export interface LedgerSettings {
+  readonly unknownTenant: UnknownTenantPolicyName;
+}
+
+/** What an agent needs to know of a quota besides its numbers (sent with every grant). */
+export interface QuotaDefinition {
+  /** Log index of the last change of anything the agent applies for this key (numbers, floors, parent). */
+  readonly version: number;
+  /** The enclosing cap a tenant's checks must also pass (`tier/<name>`), or null. */
+  readonly parent: string | null;
+}
 
 export type LedgerResult = { readonly ok: true; readonly value: LedgerValue } | { readonly ok: false; readonly error: LedgerError };
 
@@ -310,6 +333,9 @@ interface CellRec {
   readonly registeredAtMs: number;
   lastReportAtMs: number | null;
   leaseExpiresAtMs: number | null;
+  /** The largest epoch of any slice dropped from this cell: a new slice's epochs continue above it,
+   * so epochs only grow for a (key, cell), across a delete and re-create. */
+  epochMark: number;
 }
 
 interface SliceRec {
@@ -324,6 +350,8 @@ interface SliceRec {
   heldBurst: number;
   heldFloorRate: number;
   heldFloorBurst: number;
+  /** The quota definition version stamped with the current grant (0: a wind-down grant of a deleted quota). */
+  version: number;
 }
 
 interface Ceiling {
@@ -390,6 +418,15 @@ export class Ledger {
   private sortedTenantIds: string[] | null = null;
   /** The undo log of the command being applied tentatively (reportAndGrant), else null. */
   private txn: Rollback | null = null;
+  private unknownTenant: UnknownTenantPolicyName = DEFAULT_UNKNOWN_TENANT_POLICY;
+  /** Log index of the last domain cap change (agents learn the capped domains when it moves). */
+  private domainCapsIndex = 0;
+  /**
+   * Derived, not replicated (rebuilt by restore): per cell, quota keys whose slice there may hold a
+   * grant stamped with an older definition (or a deleted quota's live grant), so the lease rounds
+   * re-grant them without scanning every slice. A superset: readers filter with isStale.
+   */
+  private readonly staleHints = new Map<string, Set<string>>();
 
   constructor(options: LedgerOptions = {}) {
     const floorCells = options.floorCells ?? DEFAULT_FLOOR_CELLS;
@@ -479,11 +516,11 @@ export class Ledger {
       case 'putTierCap':
         return this.putTierCap(cmd, index);
       case 'deleteTierCap':
-        return this.deleteTierCap(cmd);
+        return this.deleteTierCap(cmd, index);
       case 'putDomainCap':
         return this.putDomainCap(cmd, index);
       case 'deleteDomainCap':
-        return this.deleteDomainCap(cmd);
+        return this.deleteDomainCap(cmd, index);
       case 'putTenant':
         return this.putTenant(cmd, index);
       case 'deleteTenant':
@@ -494,19 +531,32 @@ export class Ledger {
         return this.reportAndGrant(cmd);
       case 'expireLeases':
         return this.expireLeases(cmd);
+      case 'putSettings':
+        return this.putSettings(cmd);
     }
   }
 
   private putTier(cmd: PutTierCommand, index: number): LedgerResult {
     const existing = this.tiers.get(cmd.name);
     if (existing === undefined && this.tiers.size >= MAX_TIERS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TIERS} tiers`);
+    const bad = windowError(`tier ${cmd.name}`, cmd.rate, cmd.burst);
+    if (bad !== null) return bad;
+    if ((this.tierTenantCount.get(cmd.name) ?? 0) > 0) {
+      for (const [id, t] of this.tenants) {
+        if (t.tier !== cmd.name || (t.rate === null && t.burst === null)) continue;
+        const e = windowError(`tenant ${id} (its overrides on tier ${cmd.name})`, t.rate ?? cmd.rate, t.burst ?? cmd.burst);
+        if (e !== null) return e;
+      }
+    }
     const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
     this.tiers.set(cmd.name, rec);
     if (existing !== undefined) {
-      // Every tenant on the tier whose cells hold slices may now be over (or under) its quota.
-      for (const key of this.byKey.keys()) {
-        if (key.startsWith('tenant/') && this.tenants.get(key.slice(7))?.tier === cmd.name) this.rebaseCeiling(key);
-      }
+      // Every tenant on the tier whose cells hold slices may now be over (or under) its quota, and
+      // holds grants stamped with the old definition.
+      this.forTenantKeysOfTier(cmd.name, (key) => {
+        this.rebaseCeiling(key);
+        this.markStale(key);
+      });
     }
     return ok({ kind: 'tier', tier: this.tierView(cmd.name, rec), created: existing === undefined });
   }
@@ -521,45 +571,61 @@ export class Ledger {
   }
 
   private putTierCap(cmd: PutTierCapCommand, index: number): LedgerResult {
-    if (!this.tiers.has(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
+    const tier = this.tiers.get(cmd.tier);
+    if (tier === undefined) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
+    const bad = windowError(`the cap of tier ${cmd.tier}`, cmd.rate, cmd.burst);
+    if (bad !== null) return bad;
     const created = !this.tierCaps.has(cmd.tier);
     const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
     this.tierCaps.set(cmd.tier, rec);
     this.rebaseCeiling(tierCapKey(cmd.tier));
+    this.markStale(tierCapKey(cmd.tier));
+    if (created) this.tierParentChanged(cmd.tier, tier, index);
     return ok({ kind: 'tierCap', tier: cmd.tier, cap: quotaConfig(rec), created });
   }
 
-  private deleteTierCap(cmd: DeleteTierCapCommand): LedgerResult {
+  private deleteTierCap(cmd: DeleteTierCapCommand, index: number): LedgerResult {
     if (!this.tierCaps.delete(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} has no cap`);
     this.retireKey(tierCapKey(cmd.tier));
+    const tier = this.tiers.get(cmd.tier);
+    if (tier !== undefined) this.tierParentChanged(cmd.tier, tier, index);
     return ok({ kind: 'deleted', what: 'tierCap', id: cmd.tier });
   }
 
   private putDomainCap(cmd: PutDomainCapCommand, index: number): LedgerResult {
     const created = !this.domainCaps.has(cmd.domain);
     if (created && this.domainCaps.size >= MAX_DOMAIN_CAPS) return fail('LIMIT_EXCEEDED', `at most ${MAX_DOMAIN_CAPS} domain caps`);
+    const bad = windowError(`the cap of domain ${cmd.domain}`, cmd.rate, cmd.burst);
+    if (bad !== null) return bad;
     const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
     this.domainCaps.set(cmd.domain, rec);
     this.rebaseCeiling(domainCapKey(cmd.domain));
+    this.markStale(domainCapKey(cmd.domain));
+    this.domainCapsIndex = index;
     return ok({ kind: 'domainCap', cap: { domain: cmd.domain, ...quotaConfig(rec), updatedIndex: index }, created });
   }
 
-  private deleteDomainCap(cmd: DeleteDomainCapCommand): LedgerResult {
+  private deleteDomainCap(cmd: DeleteDomainCapCommand, index: number): LedgerResult {
     if (!this.domainCaps.delete(cmd.domain)) return fail('NOT_FOUND', `domain ${cmd.domain} has no cap`);
     this.retireKey(domainCapKey(cmd.domain));
+    this.domainCapsIndex = index;
     return ok({ kind: 'deleted', what: 'domainCap', id: cmd.domain });
   }
 
   private putTenant(cmd: PutTenantCommand, index: number): LedgerResult {
-    if (!this.tiers.has(cmd.tier)) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
+    const tier = this.tiers.get(cmd.tier);
+    if (tier === undefined) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
     const existing = this.tenants.get(cmd.id);
     if (existing === undefined && this.tenants.size >= MAX_TENANTS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TENANTS} tenants`);
+    const bad = windowError(`tenant ${cmd.id}`, cmd.rate ?? tier.rate, cmd.burst ?? tier.burst);
+    if (bad !== null) return bad;
     if (existing !== undefined) this.addTierUse(existing.tier, -1);
     else this.sortedTenantIds = null;
     const rec: TenantRec = { tier: cmd.tier, rate: cmd.rate ?? null, burst: cmd.burst ?? null, updatedIndex: index };
     this.tenants.set(cmd.id, rec);
     this.addTierUse(cmd.tier, 1);
     this.rebaseCeiling(tenantKey(cmd.id));
+    this.markStale(tenantKey(cmd.id));
     return ok({ kind: 'tenant', tenant: this.tenantView(cmd.id, rec), created: existing === undefined });
   }
 
@@ -573,13 +639,18 @@ export class Ledger {
     return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
   }
 
+  private putSettings(cmd: PutSettingsCommand): LedgerResult {
+    this.unknownTenant = cmd.unknownTenant;
+    return ok({ kind: 'settings', settings: this.settings });
+  }
+
   private registerCell(cmd: RegisterCellCommand): LedgerResult {
     const existing = this.cells.get(cmd.cellId);
     if (existing === undefined && this.cells.size >= MAX_CELLS) return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells`);
     this.advanceTime(cmd.nowMs);
     if (existing !== undefined) return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
     const slot = this.slotsTaken < this.config.floorCells ? this.slotsTaken++ : null;
-    const rec: CellRec = { id: cmd.cellId, slot, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null };
+    const rec: CellRec = { id: cmd.cellId, slot, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null, epochMark: 0 };
     this.cells.set(cmd.cellId, rec);
     this.cellOrder.push(cmd.cellId);
     return ok({ kind: 'cell', cell: this.cellView(rec), created: true });
@@ -651,10 +722,16 @@ export class Ledger {
         if (q === undefined && s === undefined) continue; // a retired slice released above
         const cell = this.cells.get(g.cellId);
         if (cell === undefined) continue;
-        if (s === undefined) s = this.createSlice(g.key, g.cellId); // its undo removes it
-        else this.saveSlice(s);
+        let epoch = g.epoch;
+        if (s === undefined) {
+          s = this.createSlice(g.key, g.cellId); // its undo removes it
+          // A new slice continues above every epoch this cell ever held for a dropped slice: the
+          // agent ignores grants at or below the epoch it holds (a deleted and re-created tenant).
+          epoch = Math.max(epoch, cell.epochMark + 1);
+        } else this.saveSlice(s);
         const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
-        s.epoch = g.epoch;
+        s.epoch = epoch;
+        s.version = q === undefined ? 0 : q.updatedIndex;
         s.rate = g.rate + 0; // + 0: never store a -0 (msgpack would turn it into 0 and break exact round trips)
         s.burst = g.burst + 0;
         s.leaseExpiresAtMs = g.leaseExpiresAtMs + 0;
@@ -685,6 +762,8 @@ export class Ledger {
           return fail('QUOTA_EXCEEDED', `the grants would let the cells use ${what} for ${key}${during}; the round is refused`);
         }
       }
+      // Committed from here on: the granted slices carry the current definitions.
+      for (const g of grants) this.staleHints.get(g.cellId)?.delete(g.key);
       return ok({ kind: 'round', nowMs: this.now, acked, ignoredAcks: acks.length - acked, renewed: leases.length, granted: grants.length, expiredCells });
     } catch (e) {
       txn.run();
@@ -741,14 +820,16 @@ export class Ledger {
     if (this.txn === null) return;
     const lastReportAtMs = c.lastReportAtMs;
     const leaseExpiresAtMs = c.leaseExpiresAtMs;
+    const epochMark = c.epochMark;
     this.txn.push(() => {
       c.lastReportAtMs = lastReportAtMs;
       c.leaseExpiresAtMs = leaseExpiresAtMs;
+      c.epochMark = epochMark;
     });
   }
 
   private createSlice(key: string, cellId: string): SliceRec {
-    const s: SliceRec = { epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: 0, floorRate: 0, floorBurst: 0, heldRate: 0, heldBurst: 0, heldFloorRate: 0, heldFloorBurst: 0 };
+    const s: SliceRec = { epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: 0, floorRate: 0, floorBurst: 0, heldRate: 0, heldBurst: 0, heldFloorRate: 0, heldFloorBurst: 0, version: 0 };
     this.insertSlice(key, cellId, s);
     this.txn?.push(() => this.removeSlice(key, cellId));
     return s;
@@ -761,6 +842,7 @@ export class Ledger {
     let c = this.byCell.get(cellId);
     if (c === undefined) this.byCell.set(cellId, (c = new Map<string, SliceRec>()));
     c.set(key, s);
+    if (this.isStale(key, s)) this.hint(cellId, key);
   }
 
   private removeSlice(key: string, cellId: string): void {
@@ -770,12 +852,56 @@ export class Ledger {
     const c = this.byCell.get(cellId);
     c?.delete(key);
     if (c?.size === 0) this.byCell.delete(cellId);
+    const h = this.staleHints.get(cellId);
+    h?.delete(key);
+    if (h?.size === 0) this.staleHints.delete(cellId);
+  }
+
+  private hint(cellId: string, key: string): void {
+    let h = this.staleHints.get(cellId);
+    if (h === undefined) this.staleHints.set(cellId, (h = new Set<string>()));
+    h.add(key);
+  }
+
+  /** After a quota's definition changed (or it was deleted): every slice of it needs a new grant. */
+  private markStale(key: string): void {
+    const slices = this.byKey.get(key);
+    if (slices === undefined) return;
+    for (const cellId of slices.keys()) this.hint(cellId, key);
+  }
+
+  /** The tenant keys of a tier that some cell holds a slice of. */
+  private forTenantKeysOfTier(tier: string, fn: (key: string) => void): void {
+    for (const key of [...this.byKey.keys()]) {
+      if (key.startsWith('tenant/') && this.tenants.get(key.slice(7))?.tier === tier) fn(key);
+    }
+  }
+
+  /** A tier cap was created or deleted: its tenants' parent changed, so their definitions did. */
+  private tierParentChanged(name: string, tier: QuotaRec, index: number): void {
+    tier.updatedIndex = index;
+    this.forTenantKeysOfTier(name, (key) => this.markStale(key));
+  }
+
+  /**
+   * True if the slice's grant is not what the quota's current definition would stamp: an older
+   * version, or a deleted quota whose cell has not been sent the zero wind-down grant yet.
+   */
+  private isStale(key: string, s: SliceRec): boolean {
+    const q = this.quotaOf(key);
+    if (q === undefined) return !(s.version === 0 && s.epoch > 0 && s.rate === 0 && s.burst === 0 && s.floorRate === 0 && s.floorBurst === 0);
+    return s.version < q.updatedIndex;
   }
 
   /** A slice of a key without a quota is dropped once nothing on it is counted any more. */
   private dropIfRetiredAndEmpty(key: string, cellId: string, s: SliceRec): void {
     if (this.quotaOf(key) !== undefined) return;
     if (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0 || s.heldFloorRate !== 0 || s.heldFloorBurst !== 0) return;
+    const cell = this.cells.get(cellId);
+    if (cell !== undefined && s.epoch > cell.epochMark) {
+      this.saveCell(cell);
+      cell.epochMark = s.epoch;
+    }
     this.removeSlice(key, cellId);
     this.txn?.push(() => this.insertSlice(key, cellId, s));
   }
@@ -786,6 +912,7 @@ export class Ledger {
     const slices = this.byKey.get(key);
     if (slices === undefined) return;
     for (const [cellId, s] of [...slices]) this.dropIfRetiredAndEmpty(key, cellId, s);
+    this.markStale(key);
   }
 
   private addTierUse(tier: string, delta: number): void {
@@ -965,6 +1092,51 @@ export class Ledger {
     return this.cellOrder.map((id) => this.cellView(this.cells.get(id) as CellRec));
   }
 
+  /** The cluster-wide settings agents follow. */
+  get settings(): LedgerSettings {
+    return { unknownTenant: this.unknownTenant };
+  }
+
+  /** Domains with a domain-wide cap, sorted, and the log index of the last change to that set or a cap. */
+  cappedDomains(): { readonly domains: string[]; readonly version: number } {
+    return { domains: [...this.domainCaps.keys()].sort(cmp), version: this.domainCapsIndex };
+  }
+
+  /** What an agent applies for a quota key besides the numbers; undefined if the quota does not exist. */
+  definition(key: string): QuotaDefinition | undefined {
+    const q = this.quotaOf(key);
+    if (q === undefined) return undefined;
+    let parent: string | null = null;
+    if (key.startsWith('tenant/')) {
+      const t = this.tenants.get(key.slice(7));
+      if (t !== undefined && this.tierCaps.has(t.tier)) parent = tierCapKey(t.tier);
+    }
+    return { version: q.updatedIndex, parent };
+  }
+
+  /** The quota keys cell `cellId` holds a slice of (unordered; retired keys included). */
+  cellSliceKeys(cellId: string): IterableIterator<string> {
+    return (this.byCell.get(cellId) ?? new Map<string, SliceRec>()).keys();
+  }
+
+  /**
+   * The keys whose slice on `cellId` holds a grant stamped with an older definition, or a deleted
+   * quota's grant not yet wound down: the lease round sends them a new grant (the same numbers at
+   * the current definition, or zero). Sorted.
+   */
+  staleSliceKeys(cellId: string): string[] {
+    const h = this.staleHints.get(cellId);
+    if (h === undefined) return [];
+    const out: string[] = [];
+    for (const key of [...h]) {
+      const s = this.byKey.get(key)?.get(cellId);
+      if (s !== undefined && this.isStale(key, s)) out.push(key);
+      else h.delete(key); // derived state only: pruning a hint changes nothing replicated
+    }
+    if (h.size === 0) this.staleHints.delete(cellId);
+    return out.sort(cmp);
+  }
+
   /** Quotas some cell holds a slice of (the allocator's working set), sorted. Includes retired keys. */
   activeQuotaKeys(): string[] {
     return [...this.byKey.keys()].sort(cmp);
@@ -1008,7 +1180,7 @@ export class Ledger {
     const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
     const u = this.counted(floor, s, this.leaseLive(cell));
     if (s === undefined) {
-      return { cellId: cell.id, slot: cell.slot, epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: null, floorRate: floor.rate, floorBurst: floor.burst, acknowledged: true, countedRate: u.rate, countedBurst: u.burst };
+      return { cellId: cell.id, slot: cell.slot, epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: null, floorRate: floor.rate, floorBurst: floor.burst, acknowledged: true, countedRate: u.rate, countedBurst: u.burst, version: 0 };
     }
     return {
       cellId: cell.id,
@@ -1022,6 +1194,7 @@ export class Ledger {
       acknowledged: s.heldRate === s.rate && s.heldBurst === s.burst && s.heldFloorRate === s.floorRate && s.heldFloorBurst === s.floorBurst,
       countedRate: u.rate,
       countedBurst: u.burst,
+      version: s.version,
     };
   }
 
@@ -1056,6 +1229,7 @@ export class Ledger {
         slots++;
       } else if (slots < this.config.floorCells) bad(`cell ${id} has no floor slot while slots are free`);
       if (c.leaseExpiresAtMs !== null && !this.leaseLive(c)) bad(`cell ${id}: lease surely expired but not released`);
+      if (!Number.isSafeInteger(c.epochMark) || c.epochMark < 0) bad(`cell ${id}: bad epoch mark ${c.epochMark}`);
     }
     if (slots !== this.slotsTaken || slots > this.config.floorCells) bad('floor slot count is wrong');
     // Tiers, tenants, caps.
@@ -1070,6 +1244,7 @@ export class Ledger {
     for (const tier of this.tierCaps.keys()) if (!this.tiers.has(tier)) bad(`cap of missing tier ${tier}`);
     for (const [name, q] of [...this.tiers, ...this.tierCaps, ...this.domainCaps]) {
       if (!(q.rate > 0 && q.rate <= MAX_RATE && q.burst >= 1 && q.burst <= MAX_BURST && q.floorFraction >= 0 && q.floorFraction <= 1)) bad(`quota ${name} is out of range`);
+      if (!gcraWindowFits(q.rate, q.burst)) bad(`quota ${name}: burst/rate beyond the agents' GCRA window`);
     }
     // Slices.
     let count = 0;
@@ -1124,7 +1299,7 @@ export class Ledger {
       for (const cellId of [...m.keys()].sort(cmp)) {
         const s = m.get(cellId);
         if (s === undefined) continue;
-        slices.push([key, cellId, s.epoch, s.rate, s.burst, s.leaseExpiresAtMs, s.floorRate, s.floorBurst, s.heldRate, s.heldBurst, s.heldFloorRate, s.heldFloorBurst]);
+        slices.push([key, cellId, s.epoch, s.rate, s.burst, s.leaseExpiresAtMs, s.floorRate, s.floorBurst, s.heldRate, s.heldBurst, s.heldFloorRate, s.heldFloorBurst, s.version]);
       }
     }
     const snap: Snapshot = {
@@ -1138,11 +1313,12 @@ export class Ledger {
       tenants: [...this.tenants].sort((a, b) => cmp(a[0], b[0])).map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
       cells: this.cellOrder.map((id) => {
         const c = this.cells.get(id) as CellRec;
-        return [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs];
+        return [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
       }),
       slices,
       ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
+      settings: [this.unknownTenant, this.domainCapsIndex],
     };
     return snapPackr.pack(snap);
   }
@@ -1174,14 +1350,18 @@ export class Ledger {
       l.tenants.set(id, { tier, rate, burst, updatedIndex });
       l.addTierUse(tier, 1);
     }
-    for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs] of s.cells) {
+    if (s.settings !== undefined) {
+      l.unknownTenant = s.settings[0];
+      l.domainCapsIndex = s.settings[1];
+    }
+    for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
-      l.cells.set(id, { id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs });
+      l.cells.set(id, { id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark: epochMark ?? 0 });
       l.cellOrder.push(id);
       if (slot !== null) l.slotsTaken++;
     }
-    for (const [key, cellId, epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst] of s.slices) {
-      l.insertSlice(key, cellId, { epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst });
+    for (const [key, cellId, epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst, version] of s.slices) {
+      l.insertSlice(key, cellId, { epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst, version: version ?? 0 });
     }
     for (const [key, rate, burst] of s.ceilings) l.ceilings.set(key, { rate, burst });
     const entries: SessionEntry<LedgerResult>[] = s.sessions.map(([clientId, seq, result]) => ({ clientId, seq, result: result as LedgerResult }));
@@ -1216,6 +1396,7 @@ type SnapSlice = [
   heldBurst: number,
   heldFloorRate: number,
   heldFloorBurst: number,
+  version?: number,
 ];
 interface Snapshot {
   v: number;
@@ -1226,10 +1407,12 @@ interface Snapshot {
   tierCaps: SnapQuota[];
   domainCaps: SnapQuota[];
   tenants: [id: string, tier: string, rate: number | null, burst: number | null, updatedIndex: number][];
-  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null][];
+  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null, epochMark?: number][];
   slices: SnapSlice[];
   ceilings: [key: string, rate: number, burst: number][];
   sessions: [clientId: string, seq: number, result: unknown][];
+  /** v2: [unknownTenant, domainCapsIndex]. */
+  settings?: [unknownTenant: UnknownTenantPolicyName, domainCapsIndex: number];
 }
 
 const snapPackr = new Packr({ useRecords: false, moreTypes: false });
@@ -1246,7 +1429,7 @@ const sResult = z.union([
   z.object({ ok: z.literal(false), error: z.object({ code: z.enum(LEDGER_ERROR_CODES), message: z.string() }) }),
 ]);
 const snapshotSchema = z.object({
-  v: z.literal(SNAPSHOT_FORMAT_VERSION),
+  v: z.union(READABLE_SNAPSHOT_VERSIONS.map((v) => z.literal(v))),
   config: z.tuple([z.number().int(), z.number(), z.number().int()]),
   nowMs: sTime,
   appliedIndex: sIndex,
@@ -1254,8 +1437,15 @@ const snapshotSchema = z.object({
   tierCaps: z.array(sQuota).max(MAX_TIERS),
   domainCaps: z.array(sQuota).max(MAX_DOMAIN_CAPS),
   tenants: z.array(z.tuple([sName, sName, z.number().gt(0).max(MAX_RATE).nullable(), z.number().min(1).max(MAX_BURST).nullable(), sIndex])).max(MAX_TENANTS),
-  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable()])).max(MAX_CELLS),
-  slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum])),
+  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable(), sIndex.optional()])).max(MAX_CELLS),
+  slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum, sIndex.optional()])),
   ceilings: z.array(z.tuple([sKey, sNum, sNum])),
   sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),
+  settings: z.tuple([z.enum(UNKNOWN_TENANT_POLICIES), sIndex]).optional(),
 });
+
+/** A quota whose bucket no agent can represent (burst/rate beyond the GCRA window): refused, naming the limit. */
+function windowError(what: string, rate: number, burst: number): LedgerResult | null {
+  if (gcraWindowFits(rate, burst)) return null;
+  return fail('INVALID', `${what}: burst/rate = ${(burst / rate).toPrecision(6)} s is longer than the agents' longest GCRA window, ${MAX_GCRA_WINDOW_S} s (MAX_GCRA_WINDOW_S): lower the burst or raise the rate`);
+}

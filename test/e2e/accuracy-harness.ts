@@ -98,7 +98,6 @@ export class Scenario {
         return s;
       }
       writeFileSync(join(root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
-      writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`);
       let coordinators: string | null = null;
       let share: number;
       if (cluster !== null && opts.mode.kind === 'leased') {
@@ -110,9 +109,10 @@ export class Scenario {
         const tenant = await cluster.write('PUT', '/v1/tenants/acme', { tier: 'gold' });
         if (tenant.status !== 200) throw new Error(`PUT tenant: ${tenant.status} ${JSON.stringify(tenant.body)}`);
         coordinators = [...cluster.replicas.values()].map((r) => `127.0.0.1:${r.peerPort}`).join(',');
-        // The static share before the first lease must not exceed the floor the ledger counts.
-        share = opts.mode.floorFraction / opts.cells.length;
+        share = 0; // unused: leased agents take every quota and floor from the coordinators
       } else {
+        // Alone: the tenant comes from a tenants file, at a static share of it.
+        writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`);
         share = opts.mode.kind === 'static' ? opts.mode.share : 1;
       }
       progress(`starting ${opts.cells.length} agents (${coordinators === null ? `static share ${share}` : 'leased'})`);
@@ -165,9 +165,10 @@ export class Scenario {
 async function startAgent(root: string, cell: string, share: number, coordinators: string | null): Promise<RunningAgent> {
   const port = await freePort();
   const socket = join(root, `${cell}.sock`);
-  const args = ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'), '--tenants', join(root, 'tenants.yaml'),
-    '--static-share', String(share), '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0',
-    ...(coordinators === null ? [] : ['--coordinators', coordinators])];
+  // With coordinators no tenants file: every tenant comes from the admin API.
+  const args = ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'),
+    '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0',
+    ...(coordinators === null ? ['--tenants', join(root, 'tenants.yaml'), '--static-share', String(share)] : ['--coordinators', coordinators])];
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
   const agent: RunningAgent = { cell, socket, httpUrl: `http://127.0.0.1:${port}`, proc, output: '' };
   const keep = (b: Buffer): void => {

@@ -39,6 +39,10 @@ void test('bad settings exit 2 with the setting and its source named', async () 
       [['--cell', 'c', '--rules', dir.file('bad.yaml', 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n'), '--http', '127.0.0.1:0'], {}, /invalid rate limit unit 'fortnight'/],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--tenants', dir.file('t.yaml', 'tenants: {a: gold}\n')], {}, /unknown tier 'gold'/],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'tier:gold'], {}, /names tier 'gold'/],
+      // With coordinators they hold every quota: a file or share beside them could only disagree.
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001', '--tenants', dir.file('t2.yaml', 'tiers: {gold: {rate: 1, burst: 1}}\n')], {}, /--tenants: not with --coordinators/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001', '--static-share', '0.5'], {}, /--static-share: not with --coordinators/],
+      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001'], { CELLQUOTA_UNKNOWN_TENANT: 'allow' }, /CELLQUOTA_UNKNOWN_TENANT|--unknown-tenant: not with --coordinators/],
     ];
     for (const [argv, env, message] of cases) {
       const t = io();
@@ -54,9 +58,10 @@ void test('bad settings exit 2 with the setting and its source named', async () 
 });
 
 void test('settings: defaults, typed values and strings parse alike', () => {
-  const c = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', rlsListen: '127.0.0.1:8089', coordinators: '10.0.0.1:7001, 10.0.0.2:7001', workers: '3', socketMode: '0640', socketOwner: '1000:1001', unknownTenant: 'tier:bronze', staticShare: '0.34', responseHeaders: 'true' });
+  const c = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', rlsListen: '127.0.0.1:8089', workers: '3', socketMode: '0640', socketOwner: '1000:1001', unknownTenant: 'tier:bronze', staticShare: '0.34', responseHeaders: 'true' });
   assert.deepEqual(c.rlsListen, { host: '127.0.0.1', port: 8089 });
-  assert.deepEqual(c.coordinators, [{ host: '10.0.0.1', port: 7001 }, { host: '10.0.0.2', port: 7001 }]);
+  const leased = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: '10.0.0.1:7001, 10.0.0.2:7001' });
+  assert.deepEqual(leased.coordinators, [{ host: '10.0.0.1', port: 7001 }, { host: '10.0.0.2', port: 7001 }]);
   const byId = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n2=lb-n2.example:443' });
   assert.deepEqual(byId.coordinators, [{ host: '10.0.0.1', port: 7001, id: 'n1' }, { host: 'lb-n2.example', port: 443, id: 'n2' }], 'ID=HOST:PORT keeps the replica id');
   assert.throws(() => parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n1=10.0.0.2:7001' }), /replica id 'n1' is listed twice/);

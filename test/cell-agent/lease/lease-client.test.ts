@@ -57,8 +57,8 @@ async function eventually<T>(what: string, fn: () => T | undefined | false, time
   }
 }
 
-const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({ key: 'tenant/acme', rate, burst, epoch, floorRate: 100, floorBurst: 100 });
-const ok = (grants: GrantMessage[], ttl = 3000): { res: ReportResponseMessage } => ({ res: { leaderId: 'n2', leaseTtlMs: ttl, grants, ledgerIndex: 1 } });
+const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({ key: 'tenant/acme', rate, burst, epoch, floorRate: 100, floorBurst: 100, version: 1, parent: '', deleted: false });
+const ok = (grants: GrantMessage[], ttl = 3000): { res: ReportResponseMessage } => ({ res: { leaderId: 'n2', leaseTtlMs: ttl, grants, ledgerIndex: 1, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full: false } });
 
 void test('lease client: follows the leader hint, applies and acknowledges grants, reports velocity', async () => {
   const leader = await fakeCoordinator(() => ok([]));
@@ -258,5 +258,44 @@ void test('lease client: a grant is acknowledged only once every serving thread 
   } finally {
     client.stop();
     coord.stop();
+  }
+});
+
+void test('finding 4: a grant whose GCRA window the bucket table cannot hold is clamped and acknowledged; an answer that fails to apply leaves the key on its floor, and the client keeps reporting', async () => {
+  // rate 1/s, burst 1e8: T·burst = 1e17 ns, beyond the table's 2^56 ns (an older coordinator accepted such tiers).
+  const huge: GrantMessage = { key: 'tenant/acme', rate: 1, burst: 1e8, epoch: 1, floorRate: 0.5, floorBurst: 5e7, version: 1, parent: '', deleted: false };
+  const other: GrantMessage = { ...huge, key: 'tenant/other', rate: 10, burst: 10, floorRate: 2, floorBurst: 2 };
+  const coordinator = await fakeCoordinator(() => ok([huge]));
+  const overrides = new QuotaOverrides();
+  let failNext = false;
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [coordinator.address],
+    logger,
+    velocity: () => [],
+    onOverrides: (e) => {
+      if (failNext && e.some((x) => x.key === 'tenant/other' && 'leased' in x && x.leased)) {
+        failNext = false;
+        throw new Error('induced: the workers could not take the entries');
+      }
+      return overrides.apply(e);
+    },
+    intervalMs: 100,
+  });
+  try {
+    client.start();
+    await eventually('the huge grant acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)));
+    const inForce = overrides.get('tenant/acme');
+    assert.ok(inForce !== undefined && inForce.leased && inForce.rate === 1, 'applied as a leased grant');
+    assert.ok(inForce.burst < 1e8 && inForce.burst >= 7e7, `the burst clamped to the deepest bucket that fits (72,057,594 at 1/s): ${inForce.burst}`);
+    // An answer whose entries cannot be applied at all: logged, the key runs on its floor, not acknowledged, retried.
+    failNext = true;
+    coordinator.behaviour = () => ok([other]);
+    await eventually('the failed grant re-applied from the next answer and acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/other')), 10_000);
+    assert.equal(overrides.get('tenant/other')?.leased, true);
+    assert.ok(client.status().reportsOk >= 3, 'the client kept reporting');
+  } finally {
+    client.stop();
+    coordinator.stop();
   }
 });

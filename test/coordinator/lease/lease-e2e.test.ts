@@ -1,5 +1,5 @@
 // End to end, all real processes: three coordinators and two cell agents (`--coordinators` listing
-// every coordinator). A tenant quota of 100 req/s; load on one cell only: that cell's grant grows
+// every coordinator, no tenants file: the tier and tenant come from the admin API). A tenant quota of 100 req/s; load on one cell only: that cell's grant grows
 // above its static share (10 req/s) and it admits more than the static share would. Then kill -9 of
 // the coordinator leader: both agents keep answering checks, and then report to the new leader. Then
 // every coordinator down: fail-static on the floors (degraded answers), and leased again once they
@@ -19,11 +19,6 @@ descriptors:
   - key: tenant
     global: true
 `;
-const TENANTS = `tiers:
-  gold: {rate: 100, burst: 100}
-tenants:
-  acme: gold
-`;
 
 interface Agent {
   readonly cell: string;
@@ -35,7 +30,7 @@ interface Agent {
 async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
   const port = await freePort();
   const proc = spawn(process.execPath, ['--import', 'tsx', agentCli,
-    '--cell', cell, '--rules', join(root, 'rules.yaml'), '--tenants', join(root, 'tenants.yaml'), '--static-share', '0.1',
+    '--cell', cell, '--rules', join(root, 'rules.yaml'),
     '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' } });
   const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
   proc.stdout?.on('data', (b: Buffer) => (agent.output += b.toString()));
@@ -95,7 +90,6 @@ void test('end to end: a busy cell grows above its static share; agents survive 
   const agents: Agent[] = [];
   try {
     writeFileSync(join(c.root, 'rules.yaml'), RULES);
-    writeFileSync(join(c.root, 'tenants.yaml'), TENANTS);
     c.startAll();
     const leader = await c.waitForLeader();
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100, floorFraction: 0.3 })).status, 200);

@@ -53,7 +53,7 @@ async function setup(policy: GrantPolicy, now: () => number): Promise<{ backend:
 
 function report(address: string, req: Partial<ReportRequestMessage> & { cellId: string }): Promise<{ res: ReportResponseMessage | null; err: grpc.ServiceError | null }> {
   const client = new Client(address, grpc.credentials.createInsecure());
-  const full: ReportRequestMessage = { incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [], ...req };
+  const full: ReportRequestMessage = { incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [], capsVersion: 0, wantFull: false, ...req };
   return new Promise((resolve) => {
     client.makeUnaryRequest(svc.report.path, svc.report.requestSerialize, svc.report.responseDeserialize, full, { deadline: Date.now() + 3000 },
       (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {

@@ -23,7 +23,7 @@ interface Answer {
 
 function report(address: string, req: Partial<ReportRequestMessage> & { cellId: string }): Promise<Answer> {
   const client = new Client(address, grpc.credentials.createInsecure());
-  const full: ReportRequestMessage = { incarnation: 'inc-1', sentAtMs: Date.now(), acks: [], velocity: [], ...req };
+  const full: ReportRequestMessage = { incarnation: 'inc-1', sentAtMs: Date.now(), acks: [], velocity: [], capsVersion: 0, wantFull: false, ...req };
   return new Promise((resolve) => {
     client.makeUnaryRequest(
       svc.report.path,

@@ -1,0 +1,110 @@
+// The ledger as the one source of every definition an agent applies (issue 12): epochs that only
+// grow for a (key, cell) across a delete and re-create; a deleted tenant's slices wound down by zero
+// grants and then dropped (also from the snapshot); a changed definition re-granted to every cell at
+// the new version, its old floor counted until acknowledged; quotas no agent can represent refused.
+// Driven through the real ledger and the lease rounds' real grant policy (allocator + re-grants).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Ledger } from '../../../coordinator/ledger/ledger.js';
+import type { Grant } from '../../../coordinator/ledger/ledger-commands.js';
+import { allocatorPolicy } from '../../../coordinator/lease/grant-policy.js';
+import { MAX_GCRA_WINDOW_S } from '../../../shared/gcra-window.js';
+import { Driver } from './ledger-helpers.js';
+
+const KEY = 'tenant/acme';
+const TTL = 3000;
+
+function setup(floorFraction = 0): Driver {
+  const d = Driver.create({ floorCells: 2 });
+  d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction });
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
+  for (const cellId of ['a', 'b']) d.ok({ type: 'registerCell', cellId, nowMs: 0 });
+  return d;
+}
+
+/** One lease round as the lease service runs it: renewals for the reporting cells, their acks, the policy's grants. */
+function round(d: Driver, nowMs: number, demand: Record<string, number>, acks: { key: string; cellId: string; epoch: number }[] = []): Grant[] {
+  const reported = new Set(Object.keys(demand));
+  const byKey = new Map([[KEY, new Map(Object.entries(demand).filter(([, v]) => v > 0))]]);
+  const grants = allocatorPolicy(d.ledger, { reported, byKey, acks, leaseTtlMs: TTL }, nowMs);
+  d.ok({ type: 'reportAndGrant', nowMs, leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: nowMs + TTL })), acks, grants });
+  return grants;
+}
+
+function ackAll(grants: readonly Grant[]): { key: string; cellId: string; epoch: number }[] {
+  return grants.map((g) => ({ key: g.key, cellId: g.cellId, epoch: g.epoch }));
+}
+
+void test('finding 6: epochs only grow for a (key, cell), across a delete and re-create', () => {
+  const d = setup();
+  d.ok({ type: 'reportAndGrant', nowMs: 0, leases: [{ cellId: 'a', leaseExpiresAtMs: TTL }], grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: TTL }] });
+  d.ok({ type: 'reportAndGrant', nowMs: 10, grants: [{ key: KEY, cellId: 'a', rate: 0, burst: 0, epoch: 2, leaseExpiresAtMs: TTL }] });
+  d.ok({ type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }] });
+  // The agent holds epoch 2 (a zero grant, acknowledged); the tenant is deleted: nothing on the slice
+  // is counted any more, so it is dropped at once.
+  d.ok({ type: 'deleteTenant', id: 'acme' });
+  assert.equal(d.ledger.activeQuotaKeys().length, 0);
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
+  // A grant proposed as the slice's first (epoch 1) continues above every epoch the cell held.
+  d.ok({ type: 'reportAndGrant', nowMs: 30, leases: [{ cellId: 'a', leaseExpiresAtMs: 30 + TTL }], grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: 30 + TTL }] });
+  const s = d.ledger.getSlice(KEY, 'a');
+  assert.ok(s !== undefined && s.epoch > 2, `the re-created tenant's epoch on cell a is above the 2 the agent holds: ${s?.epoch}`);
+  // And it survives a snapshot.
+  assert.equal(Ledger.restore(d.ledger.snapshot()).getSlice(KEY, 'a')?.epoch, s.epoch);
+});
+
+void test('finding 7: a deleted tenant\'s slices get zero grants; once acknowledged they are dropped from the ledger and its snapshot', () => {
+  const d = setup(0.5);
+  let grants = round(d, 0, { a: 60, b: 35 });
+  grants = round(d, 100, { a: 60, b: 35 }, ackAll(grants));
+  round(d, 200, { a: 60, b: 35 }, ackAll(grants));
+  assert.ok((d.ledger.getSlice(KEY, 'a')?.rate ?? 0) > 25, 'cell a holds a grant above its floor');
+  d.ok({ type: 'deleteTenant', id: 'acme' });
+  assert.deepEqual(d.ledger.activeQuotaKeys(), [KEY], 'still counted: the cells may use the grants');
+  const windDown = round(d, 300, { a: 60, b: 35 });
+  assert.deepEqual(windDown.map((g) => [g.cellId, g.rate, g.burst]).sort(), [['a', 0, 0], ['b', 0, 0]], 'a zero grant per cell');
+  assert.ok(windDown.every((g) => d.ledger.getSlice(g.key, g.cellId)?.version === 0), 'stamped as a wind-down grant');
+  round(d, 400, { a: 60, b: 35 }, ackAll(windDown));
+  assert.deepEqual(d.ledger.activeQuotaKeys(), [], 'dropped once every cell acknowledged its zero grant');
+  assert.deepEqual(Ledger.restore(d.ledger.snapshot()).activeQuotaKeys(), [], 'and gone from the snapshot');
+  assert.deepEqual(round(d, 500, { a: 60, b: 35 }), [], 'nothing more to send');
+});
+
+void test('finding 2: a changed definition is re-granted at the new version; the old floor stays counted until the cell acknowledges it', () => {
+  const d = setup(0.5);
+  let grants = round(d, 0, { a: 40, b: 30 });
+  round(d, 100, { a: 40, b: 30 }, ackAll(grants));
+  const before = d.ledger.getSlice(KEY, 'a');
+  assert.equal(before?.floorRate, 25);
+  d.ok({ type: 'putTier', name: 'gold', rate: 40, burst: 40, floorFraction: 0.5 });
+  const version = d.ledger.definition(KEY)?.version ?? 0;
+  grants = round(d, 200, { a: 10, b: 10 });
+  assert.ok(['a', 'b'].every((c) => (d.ledger.getSlice(KEY, c)?.epoch ?? 0) > 0), 'both cells hold slices');
+  for (const cellId of ['a', 'b']) {
+    const g = grants.find((x) => x.cellId === cellId);
+    assert.ok(g !== undefined, `cell ${cellId} is re-granted`);
+    const s = d.ledger.getSlice(KEY, cellId);
+    assert.equal(s?.version, version, 'stamped with the new definition');
+    assert.equal(s?.floorRate, 10, 'with the new floor');
+    assert.ok((s?.countedRate ?? 0) >= 25, `the old floor (25) is counted until acknowledged: ${s?.countedRate}`);
+  }
+  grants = round(d, 300, { a: 10, b: 10 }, ackAll(grants));
+  round(d, 400, { a: 10, b: 10 }, ackAll(grants));
+  for (const cellId of ['a', 'b']) {
+    const s = d.ledger.getSlice(KEY, cellId);
+    assert.ok(s !== undefined && s.countedRate <= 20 + 1e-9, `acknowledged: counted at the new numbers: ${s?.countedRate}`);
+  }
+});
+
+void test('finding 4: a quota whose GCRA window no agent can represent is refused, naming the limit', () => {
+  const d = Driver.create();
+  const msg = d.err({ type: 'putTier', name: 'huge', rate: 1, burst: 1e8 }, 'INVALID');
+  assert.match(msg, /MAX_GCRA_WINDOW_S/);
+  assert.match(msg, new RegExp(String(MAX_GCRA_WINDOW_S)));
+  d.ok({ type: 'putTier', name: 'gold', rate: 1, burst: 1000 });
+  assert.match(d.err({ type: 'putTenant', id: 'acme', tier: 'gold', burst: 1e8 }, 'INVALID'), /tenant acme: burst\/rate/);
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'gold', burst: 1000, rate: 1 });
+  d.ok({ type: 'putTenant', id: 'slow', tier: 'gold', burst: 5e7 });
+  // Lowering the tier's rate would make a tenant's overrides unrepresentable: refused too.
+  assert.match(d.err({ type: 'putTier', name: 'gold', rate: 0.1, burst: 1000 }, 'INVALID'), /tenant slow/);
+});
