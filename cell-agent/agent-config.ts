@@ -151,7 +151,8 @@ const unknownTenant = z.union([
   return policy;
 });
 
-export const agentConfigSchema = z.object({
+/** The settings' fields alone (for callers that pick some, e.g. the embedded limiter's options). */
+export const agentConfigFields = z.object({
   cell: z.string({ error: 'required: this cell\'s id' }).regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, 'letters, digits, _ . - (at most 63, starting with a letter or digit)'),
   rules: z.string({ error: 'required: a rules file or directory' }).min(1),
   rlsSocket: z.string().min(1).optional(),
@@ -182,7 +183,9 @@ export const agentConfigSchema = z.object({
   routes: z.string().min(1).optional(),
   trustedProxies: addressList.prefault(['loopback']),
   forwardAuthDenyStatus: denyStatus.default(429),
-}).superRefine((c, ctx) => {
+});
+
+export const agentConfigSchema = agentConfigFields.superRefine((c, ctx) => {
   if (c.coordinators.length > 0) {
     // One source of truth: with coordinators every tier, tenant, floor and the unknown-tenant policy
     // come from the ledger; a file or flag repeating them could only disagree with it.

@@ -3,7 +3,7 @@
 // sizes) are the agent's own schemas, so a value means the same thing, with the same bounds, in both.
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
-import { agentConfigSchema } from '../cell-agent/agent-config.js';
+import { agentConfigFields } from '../cell-agent/agent-config.js';
 import type { CoordinatorAddress } from '../cell-agent/agent-config.js';
 import type { UnknownTenantPolicy } from '../cell-agent/decide/quotas.js';
 
@@ -53,7 +53,7 @@ export interface LimiterOptions {
 /** The embedded default: a tenth of the agent's table (the app's process holds it). */
 export const EMBEDDED_TABLE_CAPACITY_DEFAULT = 100_000;
 
-const agent = agentConfigSchema.shape;
+const agent = agentConfigFields.shape;
 
 const rulesDocument = z.looseObject({ domain: z.string(), descriptors: z.array(z.unknown()) });
 
@@ -64,8 +64,8 @@ export const limiterOptionsSchema = z.strictObject({
   cell: agent.cell.optional(),
   coordinators: agent.coordinators.default([]),
   tenants: z.union([z.string().min(1), z.looseObject({})]).optional(),
-  staticShare: agent.staticShare,
-  unknownTenant: agent.unknownTenant,
+  staticShare: agent.staticShare.default(1),
+  unknownTenant: agent.unknownTenant.default({ kind: 'deny' }),
   shadow: z.boolean().default(false),
   tableCapacity: agent.tableCapacity.default(EMBEDDED_TABLE_CAPACITY_DEFAULT),
   tableFull: agent.tableFull,

@@ -57,7 +57,7 @@ async function scanSources(): Promise<Exported> {
 function leaderTrafficRegistry(): Registry {
   const registry = new Registry();
   const traffic = new LiveTraffic(() => new Ledger(), () => true);
-  traffic.onReport({ cellId: 'c1', incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [{ key: 'tenant/t1', allowedPerS: 1, refusedPerS: 0 }], failOpenTotal: 1 }, Date.now());
+  traffic.onReport({ cellId: 'c1', incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [{ key: 'tenant/t1', allowedPerS: 1, refusedPerS: 0 }], failOpenTotal: 1, capsVersion: 0, wantFull: false }, Date.now());
   traffic.registerMetrics(registry);
   return registry;
 }
