@@ -21,6 +21,11 @@
 // Periodically (default every second) the leader also proposes expireLeases when some cell's lease
 // has surely expired, so the grants of silent cells are released even when nobody reports.
 //
+// Times: every time this service stamps (receipts, each command's nowMs) comes from a LeaderClock
+// (leader-clock.ts): this process's monotonic clock, adopted to the ledger's frame after a read
+// barrier at the start of each term of ours, and held at the ledger's time for the first TTL +
+// margin of the term, so no offset between two coordinators' clocks can release a lease early.
+//
 // A follower (or a node that knows no leader) answers FAILED_PRECONDITION with the leader's id and
 // address in the trailers. Nothing in memory matters for safety: a new leader starts with empty
 // sessions (it sends every grant again) and demands (they come back with the next reports).
@@ -32,6 +37,7 @@ import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { allocatorPolicy } from './grant-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
+import { LeaderClock } from './leader-clock.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../shared/lease-proto.js';
 
@@ -46,6 +52,10 @@ export interface LeaseBackend {
   readonly id: string;
   isLeader(): boolean;
   leaderId(): string | null;
+  /** The current Raft term: a term of ours starts a new LeaderClock grace. */
+  term(): number;
+  /** Resolves once the ledger reflects every entry committed before the call (a ReadIndex barrier). */
+  readBarrier(): Promise<void>;
   /** The gRPC (peer) address of a member, null if unknown. */
   peerAddress(id: string): string | null;
   ledger(): Ledger;
@@ -59,15 +69,18 @@ export interface LeaseServiceOptions {
   readonly roundMs?: number;
   readonly expireEveryMs?: number;
   readonly policy?: GrantPolicy;
-  /** Wall clock in ms (tests). */
-  readonly now?: () => number;
-  /** Told every well-formed report the leader accepts, with its receipt time (the live view, the overshoot). */
+  /** Monotonic clock in ms (default performance.now; tests). */
+  readonly monoMs?: () => number;
+  /** Wall clock in ms, read once to anchor the monotonic one (default Date.now; tests). */
+  readonly wallMs?: () => number;
+  /** Told every well-formed report the leader accepts, with its receipt time on the wall clock (the live view, the overshoot). */
   readonly onReport?: (req: ReportRequestMessage, receiptMs: number) => void;
 }
 
 interface PendingReport {
   readonly req: ReportRequestMessage;
-  readonly receiptMs: number;
+  /** This service's time at receipt (raised to the ledger's clock when the term's clock syncs). */
+  receiptMs: number;
   readonly resolve: (r: ReportResponseMessage) => void;
   readonly reject: (e: grpc.ServiceError | Error) => void;
 }
@@ -112,7 +125,10 @@ export class LeaseService {
   private readonly roundMs: number;
   private readonly expireEveryMs: number;
   private readonly policy: GrantPolicy;
-  private readonly now: () => number;
+  private readonly clock: LeaderClock;
+  /** The term whose LeaderClock grace is running (null: not leader); barrier: its read barrier in flight. */
+  private term: number | null = null;
+  private barrier: Promise<void> | null = null;
   private readonly onReport: ((req: ReportRequestMessage, receiptMs: number) => void) | undefined;
   private pending: PendingReport[] = [];
   private readonly sessions = new Map<string, CellSession>();
@@ -133,8 +149,13 @@ export class LeaseService {
     this.roundMs = opts.roundMs ?? DEFAULT_ROUND_MS;
     this.expireEveryMs = opts.expireEveryMs ?? DEFAULT_EXPIRE_EVERY_MS;
     this.policy = opts.policy ?? allocatorPolicy;
-    this.now = opts.now ?? Date.now;
     this.onReport = opts.onReport;
+    this.clock = new LeaderClock({ monoMs: opts.monoMs ?? (() => performance.now()), wallMs: opts.wallMs ?? Date.now });
+  }
+
+  /** This service's time (its LeaderClock; the frame every receipt and command of its term uses). */
+  now(): number {
+    return this.clock.time();
   }
 
   /** Registers QuotaLease on `server` and starts the round and expiry timers. */
@@ -185,7 +206,7 @@ export class LeaseService {
       cb(statusError(grpc.status.INVALID_ARGUMENT, invalid));
       return;
     }
-    this.onReport?.(req, receiptMs);
+    this.onReport?.(req, Date.now()); // the live view bins by this process's wall clock, not the lease frame
     this.pending.push({ req, receiptMs, resolve: (r) => cb(null, r), reject: (e) => cb(e) });
   }
 
@@ -196,8 +217,8 @@ export class LeaseService {
   }
 
   private async expire(): Promise<void> {
-    if (!this.backend.isLeader() || this.inRound) return;
-    const nowMs = this.now();
+    if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term() || !this.clock.synced) return;
+    const nowMs = this.clock.stamp(this.backend.ledger().nowMs);
     // Only when some lease has surely expired (an entry per second forever would only grow the log).
     const skew = this.backend.ledger().config.skewMarginMs;
     if (!this.backend.ledger().listCells().some((c) => c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew)) return;
@@ -221,11 +242,19 @@ export class LeaseService {
       if (this.pending.length > 0) this.failPending(this.notLeaderError());
       return;
     }
-    if (!this.wasLeader) {
+    const term = this.backend.term();
+    if (!this.wasLeader || this.term !== term) {
       // A new term of ours: whatever we remembered may be stale (another leader served in between).
       this.sessions.clear();
       this.demands.clear();
       this.wasLeader = true;
+      this.term = term;
+      this.clock.beginTerm(this.ttl + this.backend.ledger().config.skewMarginMs);
+      this.barrier = null;
+    }
+    if (!this.clock.synced) {
+      await (this.barrier ??= this.syncClock(term));
+      if (!this.clock.synced || this.inRound) return;
     }
     if (this.pending.length === 0) return;
     const batch = this.pending;
@@ -243,6 +272,26 @@ export class LeaseService {
     }
   }
 
+  /** The term's read barrier: then the clock adopts the ledger's frame (the grace runs on regardless). */
+  private async syncClock(term: number): Promise<void> {
+    try {
+      await this.backend.readBarrier();
+      if (this.term !== term || this.backend.term() !== term || !this.backend.isLeader()) return;
+      const ledger = this.backend.ledger();
+      this.clock.sync(ledger.nowMs);
+      // Receipts stamped before the clock adopted the ledger's frame may lie below it: raised, so a
+      // renewal is never born expired.
+      for (const p of this.pending) p.receiptMs = Math.max(p.receiptMs, ledger.nowMs);
+      const inherited = ledger.listCells().filter((c) => c.leaseExpiresAtMs !== null).length;
+      if (inherited === 0) this.clock.endGrace();
+      this.log.info({ term, ledgerNowMs: ledger.nowMs, graceLeftMs: Math.round(this.clock.graceLeftMs()), inheritedLeases: inherited }, 'lease leader synced: releases nothing it did not renew itself until the grace is over');
+    } catch (err) {
+      this.log.debug({ err }, 'lease leader read barrier failed; retried next round');
+    } finally {
+      if (this.term === term) this.barrier = null;
+    }
+  }
+
   private async runRound(batch: PendingReport[]): Promise<void> {
     const ledger = this.backend.ledger();
     // 1. New cells.
@@ -253,7 +302,7 @@ export class LeaseService {
     }
     for (const cellId of cells.keys()) {
       if (ledger.getCell(cellId) !== undefined) continue;
-      const r = await this.backend.propose({ type: 'registerCell', cellId, nowMs: this.now() });
+      const r = await this.backend.propose({ type: 'registerCell', cellId, nowMs: this.clock.stamp(this.backend.ledger().nowMs) });
       if (!r.ok) {
         this.log.warn({ cellId, error: r.error }, 'cell registration refused');
         const e = statusError(grpc.status.RESOURCE_EXHAUSTED, `cell ${cellId} cannot register: ${r.error.message}`);
@@ -295,7 +344,7 @@ export class LeaseService {
       }
     }
     const reported = new Set(cells.keys());
-    const nowMs = Math.max(this.now(), ledger.nowMs);
+    const nowMs = this.clock.stamp(ledger.nowMs);
     let grants = this.policy(ledger, { reported, byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl }, nowMs);
     grants = grants.filter((g) => reported.has(g.cellId));
 
@@ -304,7 +353,7 @@ export class LeaseService {
     if (!r.ok && grants.length > 0) {
       this.stats.refusedRounds++;
       this.log.warn({ error: r.error, grants: grants.length }, 'the round\'s grants were refused; renewing leases without them');
-      r = await this.backend.propose({ type: 'reportAndGrant', nowMs: Math.max(nowMs, this.now()), leases, acks: dedupeAcks(acks) });
+      r = await this.backend.propose({ type: 'reportAndGrant', nowMs: this.clock.stamp(Math.max(nowMs, this.backend.ledger().nowMs)), leases, acks: dedupeAcks(acks) });
     }
     if (!r.ok) throw new Error(`reportAndGrant refused: ${r.error.code}: ${r.error.message}`);
     this.stats.rounds++;

@@ -284,10 +284,21 @@ export class CoordinatorNode {
     // Peers that never saw an election: with this many, at most a minority (us included) ever had a term above 1.
     const neededAtFoundingTerm = voters - (Math.floor(voters / 2) + 1) + 1;
     const headers = authHeader(settings.adminToken);
+    // Seen at term 1 since this process started, hence after the old directory (if any) was gone: a
+    // term only grows, so each sighting stays true of everything before it.
+    const atFoundingTerm = new Set<NodeId>();
     for (let attempt = 0; !stopped(); attempt++) {
-      const atFoundingTerm: NodeId[] = [];
       for (const peer of others) {
         const url = settings.adminUrlOf(peer) ?? '';
+        if (!atFoundingTerm.has(peer)) {
+          try {
+            const res = await fetch(`${url}/v1/cluster?stale=true`, { headers, signal: AbortSignal.timeout(1000) });
+            if (res.ok && ((await res.json()) as { term?: number }).term === 1) atFoundingTerm.add(peer);
+          } catch {
+            // not reachable yet
+          }
+        }
+        if (atFoundingTerm.size >= neededAtFoundingTerm) break;
         try {
           const res = await fetch(`${url}/v1/internal/incarnations`, { headers, signal: AbortSignal.timeout(2000) });
           if (res.ok) {
@@ -306,18 +317,12 @@ export class CoordinatorNode {
         } catch {
           // not reachable, or no leader to confirm the read yet
         }
-        try {
-          const res = await fetch(`${url}/v1/cluster?stale=true`, { headers, signal: AbortSignal.timeout(1000) });
-          if (res.ok && ((await res.json()) as { term?: number }).term === 1) atFoundingTerm.push(peer);
-        } catch {
-          // not reachable yet
-        }
       }
-      if (others.length === 0 || atFoundingTerm.length >= neededAtFoundingTerm) {
-        return { verdict: 'new', basis: `${atFoundingTerm.length} of ${voters} voters (${atFoundingTerm.join(', ') || 'none'}) never saw an election: the cluster never had a leader` };
+      if (others.length === 0 || atFoundingTerm.size >= neededAtFoundingTerm) {
+        return { verdict: 'new', basis: `${atFoundingTerm.size} of ${voters} voters (${[...atFoundingTerm].join(', ') || 'none'}) never saw an election: the cluster never had a leader` };
       }
       if (attempt % 25 === 0) {
-        log.info({ atFoundingTerm }, 'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted');
+        log.info({ atFoundingTerm: [...atFoundingTerm] }, 'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted');
       }
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -426,6 +431,15 @@ export class CoordinatorNode {
 
   isLeader(): boolean {
     return this.driver.status().role === 'leader';
+  }
+
+  term(): number {
+    return this.driver.status().term;
+  }
+
+  /** Resolves once this replica's ledger reflects every entry committed before the call. */
+  readBarrier(): Promise<void> {
+    return this.driver.linearizableRead();
   }
 
   leaderId(): NodeId | null {

@@ -21,9 +21,16 @@ const Client = grpc.makeGenericClientConstructor(svc.definition, 'QuotaLease');
 class FakeBackend implements LeaseBackend {
   readonly id = 'n1';
   leader = true;
+  currentTerm = 2;
   readonly ledgerInstance = new Ledger({ floorCells: 3, skewMarginMs: 1000, assertInvariants: true });
   readonly proposed: LedgerCommandInput[] = [];
   private index = 0;
+  term(): number {
+    return this.currentTerm;
+  }
+  readBarrier(): Promise<void> {
+    return Promise.resolve();
+  }
   isLeader(): boolean {
     return this.leader;
   }
@@ -44,7 +51,7 @@ class FakeBackend implements LeaseBackend {
 
 async function setup(policy: GrantPolicy, now: () => number): Promise<{ backend: FakeBackend; service: LeaseService; address: string; stop: () => void }> {
   const backend = new FakeBackend();
-  const service = new LeaseService({ backend, logger: pino({ level: 'silent' }), roundMs: 1e9, expireEveryMs: 1e9, leaseTtlMs: 3000, policy, now });
+  const service = new LeaseService({ backend, logger: pino({ level: 'silent' }), roundMs: 1e9, expireEveryMs: 1e9, leaseTtlMs: 3000, policy, monoMs: now, wallMs: now });
   const server = new grpc.Server();
   service.register(server);
   const port = await new Promise<number>((ok, fail) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))));
