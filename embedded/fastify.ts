@@ -25,6 +25,10 @@ declare module 'fastify' {
     /** The rate-limit decision of this request (null: not checked, e.g. allow-listed). */
     cellquota: LimitDecision | null;
   }
+  interface FastifyInstance {
+    /** The limiter of the (first) cellquota plugin registered in this context. */
+    cellquotaLimiter: Limiter;
+  }
   interface FastifyContextConfig {
     /** false: this route is not rate limited. */
     cellquota?: boolean;
@@ -49,6 +53,7 @@ const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (fastify: Fast
   const statusCode = gate.statusCode;
 
   if (!fastify.hasRequestDecorator('cellquota')) fastify.decorateRequest('cellquota', null);
+  if (!fastify.hasDecorator('cellquotaLimiter')) fastify.decorate('cellquotaLimiter', limiter);
   if (own) fastify.addHook('onClose', async () => limiter.close());
 
   fastify.addHook('onRequest', (request, reply, done) => {

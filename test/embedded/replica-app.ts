@@ -1,0 +1,43 @@
+// One app replica for the replicas test: a fastify hello-world with the cellquota plugin on `/`, one
+// global quota per tenant (`global: true`, the tenant from the x-tenant header), leased from the
+// coordinators as cell CELL. Settings come as one JSON argument; it prints `listening <url>` once it
+// serves; GET /lease answers the lease state; it exits on SIGTERM.
+import Fastify from 'fastify';
+import cellquota from '../../embedded/fastify.js';
+import { createLimiter } from '../../embedded/limiter.js';
+
+interface Settings {
+  readonly cell: string;
+  readonly coordinators: string;
+  readonly tiers: Record<string, { rate: number; burst: number }>;
+  readonly tenants: Record<string, string>;
+  readonly staticShare: number;
+}
+
+const settings = JSON.parse(process.argv[2] ?? '{}') as Settings;
+const limiter = await createLimiter({
+  rules: { domain: 'api', descriptors: [{ key: 'tenant', global: true }] },
+  cell: settings.cell,
+  coordinators: settings.coordinators,
+  tenants: { tiers: settings.tiers, tenants: settings.tenants },
+  staticShare: settings.staticShare,
+});
+const app = Fastify();
+await app.register(async (scope) => {
+  await scope.register(cellquota, {
+    limiter,
+    descriptors: (request) => [[{ key: 'tenant', value: String(request.headers['x-tenant'] ?? 'none') }]],
+    headersOnAllowed: false,
+  });
+  scope.get('/', (_request, reply) => {
+    void reply.send('hello');
+  });
+});
+app.get('/lease', (_request, reply) => {
+  void reply.send({ lease: limiter.status().lease });
+});
+const url = await app.listen({ host: '127.0.0.1', port: 0 });
+console.log(`listening ${url}`);
+process.on('SIGTERM', () => {
+  void app.close().then(() => limiter.close()).then(() => process.exit(0));
+});
