@@ -82,7 +82,8 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
 export const MAX_DEFINITION_GRANTS_PER_ROUND = 20_000;
 
 /**
- * Adds, for every reporting cell, a grant for each slice stamped with an older definition of its
+ * Adds, for every reporting cell, a first grant for each quota it asks for but holds no slice of,
+ * a grant for each slice stamped with an older definition of its
  * quota (a tier or tenant changed: same numbers, the new floor, version and parent) and a zero
  * grant for each slice of a deleted quota not yet wound down — unless the round already grants that
  * slice. A re-grant never raises what the ledger counts (the same numbers; a floor change is held at
@@ -96,6 +97,20 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
   for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
   const leaseExpiresAtMs = nowMs + demands.leaseTtlMs;
   let added = 0;
+  // A cell asking for a quota it holds no slice of (its refusals are its demand) gets a first grant
+  // even when the allocator leaves it at its floor: the grant is how it learns the definition and
+  // the floor. A zero grant: the cell uses max(grant, floor), which the ledger counts already.
+  for (const [key, byCell] of demands.byKey) {
+    if (ledger.getQuota(key) === undefined) continue;
+    for (const [cellId, d] of byCell) {
+      if (!(d > 0) || !demands.reported.has(cellId) || taken.has(`${cellId}\u0000${key}`)) continue;
+      if ((ledger.getSlice(key, cellId)?.epoch ?? 0) !== 0) continue;
+      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return grants;
+      grants.push({ key, cellId, rate: 0, burst: 0, epoch: 1, leaseExpiresAtMs });
+      taken.add(`${cellId}\u0000${key}`);
+      added++;
+    }
+  }
   for (const cellId of [...demands.reported].sort()) {
     for (const key of ledger.staleSliceKeys(cellId)) {
       if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return grants;

@@ -1,0 +1,107 @@
+// Issue 12 through real processes: three coordinators and two agents started with --coordinators
+// and rules only (no tenants file). A tenant created through the admin API is admitted on every
+// agent, decided on a leased grant; a quota no agent can represent is refused with a 400 naming the
+// limit; deleting the tenant winds its slices down (every agent refuses it again) and re-creating it
+// works on every agent (epochs continue above the old ones).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+
+const ids = ['n1', 'n2', 'n3'];
+const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
+
+interface Agent {
+  readonly cell: string;
+  readonly url: string;
+  readonly proc: ChildProcess;
+  output: string;
+}
+
+async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
+  const port = await freePort();
+  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'),
+    '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
+  proc.stdout?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
+  proc.stderr?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
+  return agent;
+}
+
+async function check(agent: Agent, tenant: string): Promise<{ status: number; degraded: boolean }> {
+  const r = await fetch(`${agent.url}/v1/check`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: tenant }] }] }),
+    signal: AbortSignal.timeout(2000),
+  });
+  await r.arrayBuffer();
+  return { status: r.status, degraded: r.headers.get('x-ratelimit-degraded') === 'true' };
+}
+
+async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs: number, output: () => string = () => ''): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    if (await fn().catch(() => false)) return;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${output().slice(-3000)}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+void test('no tenants file: a tenant from the admin API is enforced on every agent on a lease; deleted, it is refused; re-created, admitted again', async () => {
+  const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
+  const agents: Agent[] = [];
+  try {
+    writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
+    c.startAll();
+    const leader = await c.waitForLeader(60_000);
+    // Finding 4: a window no agent can hold is refused with a 400 that names the limit.
+    const huge = await c.write('PUT', '/v1/tiers/huge', { rate: 1, burst: 1e8 });
+    assert.equal(huge.status, 400, JSON.stringify(huge.body));
+    assert.match(String(huge.body['message']), /MAX_GCRA_WINDOW_S/);
+    assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 200, burst: 200, floorFraction: 0.5 })).status, 200);
+    assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
+    const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
+    agents.push(await startAgent(c.root, 'cell-a', coordinators), await startAgent(c.root, 'cell-b', coordinators));
+
+    // Every agent admits acme, decided on a leased grant (not degraded), with no file naming it.
+    for (const a of agents) {
+      await waitFor(`${a.cell} admits acme on a lease`, async () => {
+        const r = await check(a, 'acme');
+        return r.status === 200 && !r.degraded;
+      }, 60_000, () => a.output);
+    }
+    // A tenant the coordinators do not hold is refused (the default unknown-tenant policy, deny).
+    for (const a of agents) assert.equal((await check(a, 'nobody')).status, 429);
+    const epochs = new Map<string, number>();
+    const t = await c.http(leader, 'GET', '/v1/tenants/acme');
+    for (const s of (t.body['slices'] ?? []) as { cellId: string; epoch: number }[]) epochs.set(s.cellId, s.epoch);
+    assert.ok(['cell-a', 'cell-b'].every((id) => (epochs.get(id) ?? 0) > 0), `both cells hold slices: ${JSON.stringify(t.body['slices'])}`);
+
+    // Finding 7: deleted, the tenant's grants are wound down on every agent while their leases live.
+    assert.equal((await c.write('DELETE', '/v1/tenants/acme')).status, 200);
+    for (const a of agents) {
+      await waitFor(`${a.cell} refuses the deleted tenant`, async () => {
+        const r = await check(a, 'acme');
+        return r.status === 429;
+      }, 10_000, () => a.output);
+    }
+    // Finding 6: re-created, every agent admits it again (its new grants' epochs are above the old).
+    assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
+    for (const a of agents) {
+      await waitFor(`${a.cell} admits the re-created tenant on a lease`, async () => {
+        const r = await check(a, 'acme');
+        return r.status === 200 && !r.degraded;
+      }, 30_000, () => a.output);
+    }
+    const again = await c.http(leader, 'GET', '/v1/tenants/acme');
+    for (const s of (again.body['slices'] ?? []) as { cellId: string; epoch: number }[]) {
+      if (s.epoch > 0) assert.ok(s.epoch > (epochs.get(s.cellId) ?? 0), `cell ${s.cellId}: epoch ${s.epoch} above the old ${epochs.get(s.cellId)}`);
+    }
+  } finally {
+    for (const a of agents) a.proc.kill('SIGKILL');
+    await c.cleanup();
+  }
+});
