@@ -67,7 +67,7 @@ async function serve(service: LeaseService): Promise<{ address: string; server: 
 /** One report answered after one round of `service` (driven here). */
 async function reportThrough(service: LeaseService, address: string, cellId: string): Promise<void> {
   const client = new Client(address, grpc.credentials.createInsecure());
-  const req: ReportRequestMessage = { cellId, incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [] };
+  const req: ReportRequestMessage = { cellId, incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [], capsVersion: 0, wantFull: false };
   const seen = service.stats.reports;
   const answered = new Promise<grpc.ServiceError | null>((resolve) => {
     client.makeUnaryRequest(svc.report.path, svc.report.requestSerialize, svc.report.responseDeserialize, req, { deadline: Date.now() + 5000 }, (err: grpc.ServiceError | null) => resolve(err));
