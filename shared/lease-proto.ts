@@ -30,8 +30,10 @@ export interface ReportRequestMessage {
   velocity: VelocityMessage[];
   /** Fail-open answers of this agent incarnation so far (a counter; decoded as 0 when absent). */
   failOpenTotal?: number;
-  capsVersion: number;
-  wantFull: boolean;
+  /** The capped-domain list version the agent holds (decoded as 0 when absent). */
+  capsVersion?: number;
+  /** The agent asks for every slice of its cell (decoded as false when absent). */
+  wantFull?: boolean;
 }
 export interface GrantMessage {
   key: string;

@@ -383,7 +383,7 @@ export class LeaseService {
    */
   private answer(ledger: Ledger, req: ReportRequestMessage, caps: { readonly domains: string[]; readonly version: number }, unknownTenant: UnknownTenantPolicyName): ReportResponseMessage {
     const session = this.session(req.cellId, req.incarnation);
-    const full = session.fresh || req.wantFull;
+    const full = session.fresh || req.wantFull === true;
     session.fresh = false;
     const keys: Iterable<string> = full ? [...ledger.cellSliceKeys(req.cellId)].sort() : [...session.outstanding];
     if (full) session.outstanding.clear();
@@ -409,7 +409,7 @@ export class LeaseService {
         unknownKeys.push(v.key);
       }
     }
-    const capsIncluded = req.capsVersion !== caps.version;
+    const capsIncluded = (req.capsVersion ?? 0) !== caps.version;
     return {
       leaderId: this.backend.id,
       leaseTtlMs: this.ttl,
