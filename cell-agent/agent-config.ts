@@ -7,6 +7,7 @@ import type { SettingSpec } from '../shared/cli-config.js';
 import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
+import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import type { UnknownTenantPolicy } from './decide/quotas.js';
 import { parseTrustedProxies } from '../shared/client-address.js';
 import { DENY_STATUSES } from './front-door/forward-auth.js';
@@ -20,6 +21,7 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
   { flag: 'coordinators', description: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices' },
   { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1; 0: no RLS server, the HTTP API only)' },
+  { flag: 'rls-server', description: 'the RLS gRPC server: lean (gRPC framing on node:http2) | grpc-js (the previous server, kept for comparison) (default lean)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
   { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
   { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running alone; refused with --coordinators (they hold every quota)' },
@@ -160,6 +162,7 @@ export const agentConfigFields = z.object({
   http: hostPort.optional(),
   coordinators: coordinators.default([]),
   workers: int(0, 64).default(1),
+  rlsServer: z.enum(RLS_SERVER_KINDS).default('lean'),
   socketMode: socketMode.default(0o660),
   socketOwner: socketOwner.optional(),
   tenants: z.string().min(1).optional(),

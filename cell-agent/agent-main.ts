@@ -7,7 +7,8 @@
 //                 texts), the HTTP API (its checks decide on the same shared buckets), /metrics (sums
 //                 the shared statistics), the aggregated throttling log, worker supervision (a worker
 //                 that exits unexpectedly is restarted on the same socket, with back-off).
-//   worker i      one grpc-js server: RLS + health on `<rls-socket>` (i = 0) or `<rls-socket>.<i>`,
+//   worker i      one RLS server (the lean node:http2 one, or grpc-js with --rls-server grpc-js):
+//                 RLS + health on `<rls-socket>` (i = 0) or `<rls-socket>.<i>`,
 //                 and on TCP port PORT + i (any free port each when PORT is 0).
 //   shared        ONE bucket table, the velocity window and the statistics, in SharedArrayBuffers:
 //                 every thread decides from the same buckets, so a key's limit is shared exactly.
@@ -175,6 +176,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     },
     tcp: config.rlsListen === undefined ? undefined : { host: config.rlsListen.host, port: config.rlsListen.port === 0 ? 0 : config.rlsListen.port + index },
     maxMessageBytes: config.maxMessageBytes,
+    server: config.rlsServer,
   });
 
   const initFor = (index: number): WorkerInit => ({

@@ -515,8 +515,12 @@ function writeHeader(w: Writer, field: number, h: RlsHeader): void {
   if (h.value !== '') w.string(2, h.value, Buffer.byteLength(h.value, 'utf8'));
 }
 
-/** Encodes a RateLimitResponse. Throws RangeError on out-of-range numbers (a bug of the caller). */
-export function encodeRateLimitResponse(m: RlsResponse): Buffer {
+/**
+ * Encodes a RateLimitResponse. Throws RangeError on out-of-range numbers (a bug of the caller).
+ * `framed`: as one gRPC length-prefixed message (flag 0, big-endian length, then the message), in
+ * the same buffer — what the lean server writes as its DATA frame.
+ */
+export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer {
   let size = uintFieldSize(m.overallCode);
   const statusSizes = new Array<number>(m.statuses.length);
   for (let i = 0; i < m.statuses.length; i++) {
@@ -531,7 +535,13 @@ export function encodeRateLimitResponse(m: RlsResponse): Buffer {
   for (const h of m.requestHeadersToAdd) size += lenField(headerSize(h));
   if (m.rawBody !== null && m.rawBody.length > 0) size += lenField(m.rawBody.length);
 
-  const w = new Writer(Buffer.allocUnsafe(size));
+  const prefix = framed ? 5 : 0;
+  const w = new Writer(Buffer.allocUnsafe(prefix + size));
+  if (framed) {
+    w.buf[0] = 0;
+    w.buf.writeUInt32BE(size, 1);
+    w.pos = prefix;
+  }
   w.uintField(1, m.overallCode);
   for (let i = 0; i < m.statuses.length; i++) {
     const s = m.statuses[i] as RlsDescriptorStatus;
@@ -564,7 +574,7 @@ export function encodeRateLimitResponse(m: RlsResponse): Buffer {
   for (const h of m.responseHeadersToAdd) writeHeader(w, 3, h);
   for (const h of m.requestHeadersToAdd) writeHeader(w, 4, h);
   if (m.rawBody !== null && m.rawBody.length > 0) w.bytes(5, m.rawBody);
-  if (w.pos !== size) throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos} of ${size} bytes`);
+  if (w.pos !== prefix + size) throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos - prefix} of ${size} bytes`);
   return w.buf;
 }
 
