@@ -15,7 +15,7 @@ import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
 import { decodeGrpcMessage, frameMessage } from '../../../cell-agent/rls/grpc-wire.js';
-import { decodeHealthCheckResponse, decodeRateLimitResponse, encodeHealthCheckRequest, encodeRateLimitRequest } from '../../../cell-agent/rls/rls-codec.js';
+import { decodeRateLimitResponse, encodeHealthCheckRequest, encodeRateLimitRequest } from '../../../cell-agent/rls/rls-codec.js';
 import type { RlsRequest } from '../../../cell-agent/rls/rls-codec.js';
 import { RlsClient, captureLogger, d, grpcError, tempDir, unixTarget } from '../agent/agent-helpers.js';
 import type { TempDir } from '../agent/agent-helpers.js';
@@ -28,6 +28,12 @@ const GRPCIO_CLIENT = fileURLToPath(new URL('./grpcio-client.py', import.meta.ur
 let dir: TempDir;
 let agent: AgentHandle;
 let socketPath: string;
+
+/** HealthCheckResponse {status = 1 (varint)}: the one field a server sends. */
+function decodeHealthCheckResponse(bytes: Buffer): { ok: boolean; value: { status: number } } {
+  if (bytes.length === 0) return { ok: true, value: { status: 0 } };
+  return { ok: bytes.length === 2 && bytes[0] === 0x08, value: { status: bytes[1] ?? -1 } };
+}
 
 const request = (value: string, domain = 'lean'): RlsRequest => ({ domain, descriptors: [{ entries: [{ key: 'k', value }], limit: null, hitsAddend: null }], hitsAddend: 0 });
 
