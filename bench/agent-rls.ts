@@ -41,15 +41,18 @@ import type { ServerOptions } from './servers/server-module.js';
 import { ServerProcess } from './servers/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
 
-export const SERVER_NAMES = ['ceiling', 'agent', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
+export const SERVER_NAMES = ['ceiling', 'bare-h2', 'agent', 'agent-grpcjs', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
 export type ServerName = (typeof SERVER_NAMES)[number];
 /** Measured unless --servers says otherwise; 'ceiling-pbjs' only on request. */
-export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'agent', 'agent-2w', 'rlf-memory', 'rlf-redis'];
+export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'bare-h2', 'agent', 'agent-grpcjs', 'agent-2w', 'rlf-memory', 'rlf-redis'];
 export const VARIANTS = ['unlimited', 'limited'] as const;
 export type Variant = (typeof VARIANTS)[number];
 
 const THROUGHPUT_TARGET = 0.85;
 const P99_TARGET = 1.5;
+/** Issue 21: the lean agent against the empty grpc-js handler and against a bare node:http2 answer. */
+const LEAN_VS_CEILING = 1.25;
+const LEAN_VS_BARE = 0.9;
 
 export interface AgentBenchOptions {
   readonly smoke: boolean;
@@ -119,7 +122,9 @@ function makePlan(opts: AgentBenchOptions): Plan {
 
 const MODULES: Record<ServerName, string> = {
   ceiling: fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
+  'bare-h2': fileURLToPath(new URL('./servers/bare-h2.ts', import.meta.url)),
   agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
+  'agent-grpcjs': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'rlf-memory': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'rlf-redis': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
@@ -219,12 +224,12 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     const toStart: { name: ServerName; options: ServerOptions }[] = [];
     for (const name of wanted) {
       const dir = mkdtempSync(join(scratch, `${name}-`));
-      if (name === 'agent' || name === 'agent-2w') {
+      if (name === 'agent' || name === 'agent-2w' || name === 'agent-grpcjs') {
         if (!existsSync(AGENT_MAIN)) {
           skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
           continue;
         }
-        toStart.push({ name, options: { scratchDir: dir, workers: name === 'agent-2w' ? 2 : 1 } });
+        toStart.push({ name, options: { scratchDir: dir, workers: name === 'agent-2w' ? 2 : 1, rlsServer: name === 'agent-grpcjs' ? 'grpc-js' : 'lean' } });
       } else if (name === 'ceiling-pbjs') {
         toStart.push({ name, options: { scratchDir: dir, codec: 'protobufjs' } });
       } else if (name === 'rlf-redis') {
@@ -446,6 +451,25 @@ function buildReport(
       notes.push(line + (opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : ''));
     }
   }
+  // Issue 21's targets for the lean server: >= 1.25 x the empty grpc-js handler (ceiling), >= 0.9 x a
+  // bare node:http2 answer, p99 <= the ceiling's; the grpc-js agent beside it for comparison.
+  for (const variant of variants) {
+    const lean = peak('agent', variant);
+    if (lean === undefined) continue;
+    const parts: string[] = [];
+    const vs = (other: PhaseRecord | undefined, name: string, target: number | null): void => {
+      if (other === undefined || !(other.result.throughput > 0)) return;
+      const r = lean.result.throughput / other.result.throughput;
+      parts.push(`÷ ${name} ${r.toFixed(2)}${target === null ? '' : ` (target ≥ ${target}${verdict(r >= target)})`}`);
+    };
+    vs(peak('ceiling', variant), 'ceiling', LEAN_VS_CEILING);
+    vs(peak('bare-h2', variant), 'bare-h2', LEAN_VS_BARE);
+    vs(peak('agent-grpcjs', variant), 'agent-grpcjs', null);
+    const lp = find('agent', variant, 'paced')?.result.latency?.p99Us;
+    const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
+    if (lp !== undefined && cp !== undefined) parts.push(`p99 ${lp} µs vs the ceiling's ${cp} µs (target ≤${verdict(lp <= cp)})`);
+    if (parts.length > 0) notes.push(`lean agent (${variant}, peak ${fmtInt(lean.result.throughput)} req/s at c=${lean.concurrency}): ${parts.join('; ')}${opts.smoke ? ' — smoke run: no verdict' : ''}`);
+  }
   // "Throughput grows with cores" (docs/targets.md): the agent with 2 workers against 1, at the highest
   // concurrency measured (c = 64 by default), where a second worker has the most to take.
   const cMax = Math.max(...plan.concurrencies);
@@ -455,7 +479,7 @@ function buildReport(
     if (one === undefined || two === undefined || !(one.result.throughput > 0)) continue;
     const r = two.result.throughput / one.result.throughput;
     notes.push(
-      `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
+      `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (target ≥ 1.4${verdict(r >= 1.4)}; 2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
         `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );

@@ -33,6 +33,7 @@ export async function start(target: string, options: ServerOptions): Promise<Run
     workers,
     logLevel: 'warn',
     lagThresholdMs: 0,
+    rlsServer: options.rlsServer ?? 'lean',
     ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
   };
   const config = parseAgentConfig(input);
@@ -45,6 +46,6 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   return {
     stop: () => agent.stop(),
     endpoints,
-    description: `cellquota agent (startAgent), ${workers} worker${workers === 1 ? '' : 's'}, lag guard off, local rules only, serving ${endpoints.join(', ')}`,
+    description: `cellquota agent (startAgent, ${options.rlsServer ?? 'lean'} RLS server), ${workers} worker${workers === 1 ? '' : 's'}, lag guard off, local rules only, serving ${endpoints.join(', ')}`,
   };
 }

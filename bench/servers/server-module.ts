@@ -19,6 +19,8 @@ export interface ServerOptions {
   readonly quota?: { readonly domain: string; readonly key: string; readonly points: number; readonly durationSec: number };
   /** The agent's serving workers (bench/servers/agent.ts; default 1), each on a socket of its own. */
   readonly workers?: number;
+  /** The agent's RLS server (bench/servers/agent.ts): 'lean' (default) or 'grpc-js'. */
+  readonly rlsServer?: 'lean' | 'grpc-js';
 }
 
 export interface RunningServer {
