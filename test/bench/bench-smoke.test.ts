@@ -46,3 +46,10 @@ void test('accuracy smoke: coordinated slices against the static shares, with re
   assert.deepEqual(r.rows.map((row) => row['variant']), ['coordinated (leased slices)', 'static Q÷3 per cell', 'static Q per cell']);
   for (const row of r.rows) assert.equal(row['errors'], 0, `no failed checks: ${JSON.stringify(row)}`);
 });
+
+void test('coordinator-source smoke: PUT to admitted on every agent without a tenants file, lease message bytes', { timeout: 240_000 }, async () => {
+  const { runCoordinatorSourceBench } = await import('../../bench/coordinator-source.js');
+  const r = await runCoordinatorSourceBench(quiet);
+  assert.equal(r.name, 'coordinator-source');
+  for (const row of r.rows) assert.ok(Number.isFinite(row['value']) && (row['value'] as number) > 0, `${String(row['measure'])}: ${String(row['value'])}`);
+});

@@ -1,0 +1,137 @@
+// `npm run bench -- coordinator-source`: the coordinator as the one source of every quota (issue 12).
+//
+//   PUT → admitted   three real coordinators and two real agents with rules only (no tenants
+//                    file): for each of N tenants, the time from its PUT /v1/tenants/:id answer to
+//                    the first check each agent admits on a leased grant (polled every 20 ms over
+//                    HTTP); median and max over N (20; smoke 3). The agent learns a key by reporting
+//                    its refusals, so this is about one report interval (500 ms) plus one round.
+//   lease bytes      in process, over the real ledger and the lease protocol's real protobuf
+//                    encoding, with T active tenants on a cell (100,000; smoke 2,000): the bytes of
+//                    a report carrying velocity for all of them (what the agent sends each interval),
+//                    of a full answer (every slice: once per agent incarnation or leader term) and of
+//                    a steady answer where 1% of the grants changed (what one round costs).
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { resolve } from 'node:path';
+import { Ledger } from '../coordinator/ledger/ledger.js';
+import { loadQuotaLeaseService } from '../shared/lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../shared/lease-proto.js';
+import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
+import { machineLine, type BenchReport } from './bench-report.js';
+
+const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
+const ids = ['n1', 'n2', 'n3'];
+
+function quantile(xs: readonly number[], q: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? NaN;
+}
+
+async function admitted(url: string, tenant: string): Promise<boolean> {
+  try {
+    const r = await fetch(`${url}/v1/check`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: tenant }] }] }),
+      signal: AbortSignal.timeout(2000),
+    });
+    await r.arrayBuffer();
+    return r.status === 200 && r.headers.get('x-ratelimit-degraded') !== 'true';
+  } catch {
+    return false;
+  }
+}
+
+async function putToAdmitted(n: number, progress: (msg: string) => void): Promise<{ median: number; max: number }> {
+  const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
+  const procs: ChildProcess[] = [];
+  try {
+    writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
+    c.startAll();
+    await c.waitForLeader(60_000);
+    await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100, floorFraction: 0.5 });
+    const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
+    const urls: string[] = [];
+    for (const cell of ['cell-a', 'cell-b']) {
+      const port = await freePort();
+      procs.push(spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(c.root, 'rules.yaml'), '--http', `127.0.0.1:${port}`,
+        '--coordinators', coordinators, '--workers', '1', '--log-level', 'warn'], { stdio: 'ignore' }));
+      urls.push(`http://127.0.0.1:${port}`);
+    }
+    // Warm up: a first tenant, admitted on both agents (they are serving and leased).
+    await c.write('PUT', '/v1/tenants/warm', { tier: 'gold' });
+    for (const u of urls) for (let i = 0; i < 600 && !(await admitted(u, 'warm')); i++) await new Promise((r) => setTimeout(r, 100));
+    const times: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const id = `t-${i}`;
+      const r = await c.write('PUT', `/v1/tenants/${id}`, { tier: 'gold' });
+      if (r.status !== 200) throw new Error(`PUT ${id}: ${r.status}`);
+      const t0 = performance.now();
+      const done = await Promise.all(urls.map(async (u) => {
+        while (performance.now() - t0 < 30_000) {
+          if (await admitted(u, id)) return performance.now() - t0;
+          await new Promise((res) => setTimeout(res, 20));
+        }
+        return NaN;
+      }));
+      times.push(Math.max(...done));
+      progress(`tenant ${id}: admitted on every agent after ${Math.max(...done).toFixed(0)} ms`);
+    }
+    return { median: quantile(times, 0.5), max: Math.max(...times) };
+  } finally {
+    for (const p of procs) p.kill('SIGKILL');
+    await c.cleanup();
+  }
+}
+
+function leaseBytes(tenants: number): { report: number; full: number; steady: number } {
+  const svc = loadQuotaLeaseService();
+  const l = new Ledger({ floorCells: 2 });
+  let index = 0;
+  l.apply({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.5 }, ++index);
+  l.apply({ type: 'registerCell', cellId: 'cell-a', nowMs: 0 }, ++index);
+  const keys: string[] = [];
+  for (let i = 0; i < tenants; i++) {
+    l.apply({ type: 'putTenant', id: `tenant-${i}`, tier: 'gold' }, ++index);
+    keys.push(`tenant/tenant-${i}`);
+  }
+  l.apply({ type: 'reportAndGrant', nowMs: 1, leases: [{ cellId: 'cell-a', leaseExpiresAtMs: 3001 }], grants: keys.map((key) => ({ key, cellId: 'cell-a', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 3001 })) }, ++index);
+  const grant = (key: string): GrantMessage => {
+    const s = l.getSlice(key, 'cell-a');
+    return { key, rate: s?.rate ?? 0, burst: s?.burst ?? 0, epoch: s?.epoch ?? 0, floorRate: s?.floorRate ?? 0, floorBurst: s?.floorBurst ?? 0, version: s?.version ?? 0, parent: '', deleted: false };
+  };
+  const answer = (grants: GrantMessage[], full: boolean): ReportResponseMessage => ({ leaderId: 'n1', leaseTtlMs: 3000, grants, ledgerIndex: index, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full });
+  const req: ReportRequestMessage = { cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: [], velocity: keys.map((key) => ({ key, allowedPerS: 37.5, refusedPerS: 2.5 })), failOpenTotal: 0, capsVersion: 0, wantFull: false };
+  const size = (b: Buffer): number => b.length;
+  return {
+    report: size(svc.report.requestSerialize(req)),
+    full: size(svc.report.responseSerialize(answer(keys.map(grant), true))),
+    steady: size(svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false))),
+  };
+}
+
+export async function runCoordinatorSourceBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+  const n = opts.smoke ? 3 : 20;
+  const tenants = opts.smoke ? 2_000 : 100_000;
+  opts.progress(`lease message bytes with ${tenants} active tenants`);
+  const bytes = leaseBytes(tenants);
+  opts.progress(`PUT → admitted on both agents, ${n} tenants`);
+  const put = await putToAdmitted(n, opts.progress);
+  return {
+    name: 'coordinator-source',
+    title: 'The coordinator as the one source of every quota: PUT to admitted, lease message bytes',
+    rows: [
+      { measure: `PUT → first leased admit on every agent, median (ms, n=${n})`, value: Math.round(put.median) },
+      { measure: `PUT → first leased admit on every agent, max (ms, n=${n})`, value: Math.round(put.max) },
+      { measure: `report bytes, velocity for ${tenants} active tenants`, value: bytes.report },
+      { measure: `full answer bytes (${tenants} slices, once per incarnation/term)`, value: bytes.full },
+      { measure: `steady answer bytes (1% of ${tenants} grants changed)`, value: bytes.steady },
+    ],
+    notes: [
+      `Machine: ${machineLine()}.`,
+      'Agents report every 500 ms; a key an agent holds nothing for is refused and reported, and the next round grants it: PUT → admitted is about one report interval plus one round (and the commit).',
+      'Only grants newer than what the agent acknowledged travel in an answer; the report carries velocity only for keys with traffic.',
+    ],
+  };
+}
