@@ -23,6 +23,7 @@ const benches: Record<string, BenchFn> = {
   'coordinator-memory': runCoordinatorMemoryBench,
   'coordinator-source': async (o) => (await import('./coordinator-source.js')).runCoordinatorSourceBench(o),
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
+  embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });
