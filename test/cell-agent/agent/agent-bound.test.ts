@@ -90,7 +90,7 @@ void test('one bucket per tenant quota: two domains, two rule paths and two desc
     { domain: 'web', descriptors: [d(['customer', 'acme'])] },
     { domain: 'api', descriptors: [d(['tenant', 'acme']), d(['route', 'upload'], ['tenant', 'acme'])] },
   ];
-  const { admitted, bound, sent } = await drive(shapes, 1200);
+  const { admitted, bound } = await drive(shapes, 1200);
   assert.ok(admitted <= bound, `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst)`);
   assert.ok(admitted >= BURST, `the quota is used (${admitted} admitted)`);
   // Velocity is kept per quota key, never per rule path or domain.
