@@ -137,13 +137,14 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     // Without coordinators every global quota runs on its static slice (always degraded); with them,
     // a global level is degraded unless it holds a live leased grant.
     staticSlices: config.coordinators.length === 0,
+    cell: config.cell,
   };
   const lagOptions = { thresholdMs: config.lagThresholdMs };
 
   // ---- the main thread's own checks (HTTP API) --------------------------------------------------
   const mainThrottle = new ThrottleCounts();
   const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
-  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits) => mainThrottle.add(key, hits), overrides }, deciderOptions);
+  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits, why) => mainThrottle.add(key, hits, why), overrides }, deciderOptions);
   mainDecider.setRules(currentRules);
   const mainLag = new LagGuard(lagOptions);
   const mainService = new CheckService(mainDecider, new StatsWriter(stats, config.workers), mainLag, componentLogger(logger, 'http'));

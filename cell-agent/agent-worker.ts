@@ -43,7 +43,7 @@ async function main(): Promise<void> {
     overrides.apply(init.overrides);
     const quotas = init.coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const decider = new Decider(
-      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits) => throttle.add(key, hits), overrides },
+      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides },
       init.decider,
     );
     decider.setRules(compileSnapshot(init.rules));

@@ -68,6 +68,33 @@ export const RATELIMIT_LIMIT_HEADER = 'RateLimit-Limit';
 export const RATELIMIT_REMAINING_HEADER = 'RateLimit-Remaining';
 export const RATELIMIT_RESET_HEADER = 'RateLimit-Reset';
 export const NO_CONFIG_MESSAGE = 'no rate limit configuration loaded';
+/** A refusal's provenance (response_headers_to_add of an OVER_LIMIT answer, so Envoy passes them to
+ * the client with its 429): which level refused, its rule name or quota key, what the cell decided
+ * on (a lease with its epoch, a floor, a static share) and which cell. */
+export const REFUSED_BY_HEADER = 'x-ratelimit-refused-by';
+export const REFUSED_LIMIT_HEADER = 'x-ratelimit-refused-limit';
+export const DECIDED_ON_HEADER = 'x-ratelimit-decided-on';
+export const CELL_HEADER = 'x-ratelimit-cell';
+export const PROVENANCE_HEADERS: readonly string[] = [REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, DECIDED_ON_HEADER, CELL_HEADER];
+
+/** The level that refused a request. */
+export type RefusingLevel = 'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
+
+export interface Refusal {
+  readonly level: RefusingLevel;
+  /** The local rule's name (its bucket key when unnamed) or the global quota's key. */
+  readonly limit: string;
+  /** Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share' (no grant yet). */
+  readonly decidedOn: 'lease' | 'floor' | 'static-share' | null;
+  readonly epoch: number | null;
+  readonly cell: string | null;
+}
+
+/** `lease epoch=7`, `floor epoch=7`, `static-share`; null for a local level. */
+export function decidedOnText(r: Refusal): string | null {
+  if (r.decidedOn === null) return null;
+  return r.epoch === null ? r.decidedOn : `${r.decidedOn} epoch=${r.epoch}`;
+}
 
 /** Records per global quota what was allowed and refused (the velocity window). */
 export interface VelocityRecorder {
@@ -80,8 +107,9 @@ export interface DeciderDeps {
   /** Now in ns on the table's clock (process.hrtime.bigint() in the agent). */
   readonly clock: () => bigint;
   readonly velocity?: VelocityRecorder | null;
-  /** Called once per refused (non-shadow) level with its quota key (global) or bucket key (local): the throttling log. */
-  readonly onRefused?: ((key: string, hits: number) => void) | null;
+  /** Called once per refused (non-shadow) level with its quota key (global) or bucket key (local) and
+   * its provenance: the throttling log. */
+  readonly onRefused?: ((key: string, hits: number, why: Refusal) => void) | null;
   /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
   readonly overrides?: QuotaOverrides | null;
 }
@@ -95,6 +123,8 @@ export interface DeciderOptions {
   /** Global quotas run on static slices (no coordinator): mark their answers degraded. With a
    * coordinator (false), a global level is degraded unless its key holds a live leased grant. */
   readonly staticSlices: boolean;
+  /** This agent's cell, named in a refusal's provenance. */
+  readonly cell?: string;
 }
 
 export type DecisionScope = 'local' | 'global';
@@ -113,6 +143,8 @@ export interface Decision {
   /** Per status, the bucket limit of the level it reports (its rate and depth; null: no level, or a
    * denied unknown tenant): what the embedded limiter's RateLimit-Policy header describes. */
   readonly statusLimits: readonly (GcraLimit | null)[];
+  /** Why the request was refused (the first refusing level); null when admitted. */
+  readonly refusal: Refusal | null;
 }
 
 export type DecideResult = { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
@@ -131,6 +163,11 @@ interface Level {
   readonly shadow: boolean;
   /** An unknown tenant under the deny policy. */
   readonly deny: boolean;
+  readonly kind: RefusingLevel;
+  /** The rule's name (null: unnamed) for a local rule. */
+  readonly ruleName: string | null;
+  /** The leased grant's epoch (global levels with a grant). */
+  readonly epoch: number | null;
   readonly descriptors: number[];
   hits: number;
   passed: boolean;
@@ -212,7 +249,7 @@ export class Decider {
       if (d === undefined) continue;
       if (d.limit !== null) {
         const { limit, currentLimit } = this.overrideLimit(d.limit.requestsPerUnit, d.limit.unit);
-        this.addLevel(levels, plan, i, overrideKey(domain, d.entries), limit, currentLimit, h, 'local', false, false);
+        this.addLevel(levels, plan, i, overrideKey(domain, d.entries), limit, currentLimit, h, 'local', false, false, false, null, false, { kind: 'limit-override' });
       }
       const m = matched[i] ?? null;
       if (m !== null) {
@@ -220,7 +257,7 @@ export class Decider {
         else if (m.limit.kind === 'rate') {
           const { limit, currentLimit } = this.ruleLimit(m);
           plan.quotaMode = m.quotaMode;
-          this.addLevel(levels, plan, i, m.bucketKey, limit, currentLimit, h, 'local', false, m.shadowMode);
+          this.addLevel(levels, plan, i, m.bucketKey, limit, currentLimit, h, 'local', false, m.shadowMode, false, null, false, { kind: 'local-rule', ruleName: m.name ?? null });
         } else {
           this.addGlobal(levels, plan, i, domain, m, h);
         }
@@ -241,26 +278,27 @@ export class Decider {
     const tenantQuota = tenantKey(tenantId);
     const r = quotas.resolve(tenantId);
     if (r.kind === 'deny') {
-      this.addLevel(levels, plan, i, globalBucketKey(tenantQuota), DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true, tenantQuota);
+      this.addLevel(levels, plan, i, globalBucketKey(tenantQuota), DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true, tenantQuota, false, { kind: 'unknown-tenant' });
     } else if (r.kind === 'quota') {
-      this.addSlice(levels, plan, i, tenantQuota, r.tenant, hits, m.shadowMode);
-      this.addSlice(levels, plan, i, tierCapKey(r.tier.name), r.tier.cap, hits, m.shadowMode);
+      this.addSlice(levels, plan, i, tenantQuota, r.tenant, hits, m.shadowMode, 'tenant-quota');
+      this.addSlice(levels, plan, i, tierCapKey(r.tier.name), r.tier.cap, hits, m.shadowMode, 'tier-cap');
     }
-    this.addSlice(levels, plan, i, domainCapKey(domain), quotas.domainCap, hits, m.shadowMode);
+    this.addSlice(levels, plan, i, domainCapKey(domain), quotas.domainCap, hits, m.shadowMode, 'domain-cap');
   }
 
   /** A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no level). */
-  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean): void {
+  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean, kind: RefusingLevel): void {
     const overrides = this.deps.overrides;
     const o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
     const use = o ?? slice;
     if (use === null) return;
-    this.addLevel(levels, plan, i, globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false);
+    this.addLevel(levels, plan, i, globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null });
   }
 
   private addLevel(
     levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, limit: GcraLimit, currentLimit: RlsRateLimit | null,
     hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false, quotaKey: string | null = null, leased = false,
+    about: { readonly kind: RefusingLevel; readonly ruleName?: string | null; readonly epoch?: number | null } = { kind: 'local-rule' },
   ): void {
     const existing = levels.get(key);
     if (existing !== undefined) {
@@ -273,6 +311,7 @@ export class Decider {
     }
     const level: Level = {
       key, limit, currentLimit, scope, velocity, quotaKey, leased, shadow, deny, descriptors: [i], hits,
+      kind: about.kind, ruleName: about.ruleName ?? null, epoch: about.epoch ?? null,
       passed: false, remaining: 0, resetNs: 0n, retryNs: 0n, tableFull: false,
     };
     levels.set(key, level);
@@ -398,24 +437,35 @@ export class Decider {
       statusLimits[i] = reported === null || reported.level.deny ? null : reported.level.limit;
     }
     const { velocity, onRefused } = this.deps;
+    let refusal: Refusal | null = null;
     for (const level of levels.values()) {
       if (!level.passed) {
         if (!level.shadow) {
           const wait = level.retryNs === NEVER_NS ? (level.limit.windowNs > 0n ? level.limit.windowNs : NS_PER_S) : level.retryNs;
           if (wait > retryAfterNs) retryAfterNs = wait;
-          onRefused?.(level.quotaKey ?? level.key, level.hits);
+          const why = this.refusalOf(level);
+          refusal ??= why;
+          onRefused?.(level.quotaKey ?? level.key, level.hits, why);
         }
         if (level.velocity && level.hits > 0) velocity?.record(level.quotaKey ?? level.key, 0, level.hits, nowNs);
       } else if (!overLimit && level.velocity && level.hits > 0 && !level.tableFull) {
         velocity?.record(level.quotaKey ?? level.key, level.hits, 0, nowNs);
       }
     }
-    if (!overLimit) retryAfterNs = 0n;
+    if (!overLimit) {
+      retryAfterNs = 0n;
+      refusal = null;
+    } else {
+      // The status Envoy reports first names the level that refused, if it is one of ours.
+      const first = plans.map(reportedLevel).find((r) => r !== null && r.as === 'refused');
+      if (first !== undefined && first !== null) refusal = this.refusalOf(first.level);
+    }
     const degraded = staticSlice || tableFull;
     let headers: readonly RlsHeader[] = NO_HEADERS;
-    if (this.options.responseHeaders || degraded) {
+    if (this.options.responseHeaders || degraded || refusal !== null) {
       const list: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses, plans) : [];
       if (degraded) list.push({ key: DEGRADED_HEADER, value: 'true' });
+      if (refusal !== null) list.push(...provenanceHeaders(refusal));
       headers = list;
     }
     return {
@@ -427,8 +477,33 @@ export class Decider {
       tableFull,
       retryAfterNs,
       statusLimits,
+      refusal,
     };
   }
+
+  private refusalOf(level: Level): Refusal {
+    const global = level.scope === 'global' && !level.deny;
+    const decidedOn = !global ? null : level.leased ? 'lease' : level.epoch !== null ? 'floor' : 'static-share';
+    return {
+      level: level.kind,
+      limit: level.quotaKey ?? level.ruleName ?? level.key,
+      decidedOn,
+      epoch: global ? level.epoch : null,
+      cell: this.options.cell ?? null,
+    };
+  }
+}
+
+/** The provenance of a refusal as response headers. */
+export function provenanceHeaders(r: Refusal): RlsHeader[] {
+  const out: RlsHeader[] = [
+    { key: REFUSED_BY_HEADER, value: r.level },
+    { key: REFUSED_LIMIT_HEADER, value: r.limit },
+  ];
+  const on = decidedOnText(r);
+  if (on !== null) out.push({ key: DECIDED_ON_HEADER, value: on });
+  if (r.cell !== null) out.push({ key: CELL_HEADER, value: r.cell });
+  return out;
 }
 
 /** A limit whose every take is refused (unknown tenant, deny policy); never given to the table. */

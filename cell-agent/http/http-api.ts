@@ -22,7 +22,7 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import { z } from 'zod';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
-import { DEGRADED_HEADER, FAIL_OPEN_HEADER, rateLimitHeaders } from '../decide/decide.js';
+import { CELL_HEADER, DECIDED_ON_HEADER, DEGRADED_HEADER, FAIL_OPEN_HEADER, PROVENANCE_HEADERS, REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, rateLimitHeaders } from '../decide/decide.js';
 import { REQUEST_UNIT } from '../rls/rls-codec.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 import type { AddressSet } from '../../shared/client-address.js';
@@ -128,7 +128,16 @@ export function responseJson(r: RlsResponse): Record<string, unknown> {
     statuses: r.statuses.map(statusJson),
     response_headers_to_add: r.responseHeadersToAdd.map((h) => ({ key: h.key, value: h.value })),
     degraded: r.responseHeadersToAdd.some((h) => h.key === DEGRADED_HEADER),
+    ...refusalJson(r),
   };
+}
+
+/** A refusal's provenance (from its headers) as `refused_by` {level, limit, decided_on, cell}. */
+function refusalJson(r: RlsResponse): { refused_by?: Record<string, string | null> } {
+  const get = (k: string): string | null => r.responseHeadersToAdd.find((h) => h.key === k)?.value ?? null;
+  const level = get(REFUSED_BY_HEADER);
+  if (level === null) return {};
+  return { refused_by: { level, limit: get(REFUSED_LIMIT_HEADER), decided_on: get(DECIDED_ON_HEADER), cell: get(CELL_HEADER) } };
 }
 
 export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logger: Logger): Promise<HttpApiHandle> {
@@ -160,7 +169,7 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     const headers = rateLimitHeaders(out.response.statuses);
     for (const h of headers) void reply.header(h.key, h.value);
     for (const h of out.response.responseHeadersToAdd) {
-      if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER) void reply.header(h.key, h.value);
+      if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER || PROVENANCE_HEADERS.includes(h.key)) void reply.header(h.key, h.value);
     }
     if (out.overLimit) {
       const seconds = Number((out.retryAfterNs + 999_999_999n) / 1_000_000_000n);

@@ -478,10 +478,10 @@ function validGrant(g: GrantMessage): boolean {
 
 /** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor). */
 function leasedEntry(key: string, g: HeldGrant): OverrideEntry {
-  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent };
+  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent, epoch: g.epoch };
 }
 
 /** Without a live lease a cell uses the floor stamped on its latest grant (the ledger holds it counted). */
 function floorEntry(key: string, g: HeldGrant): OverrideEntry {
-  return { key, rate: g.floorRate, burst: g.floorBurst, leased: false, parent: g.parent };
+  return { key, rate: g.floorRate, burst: g.floorBurst, leased: false, parent: g.parent, epoch: g.epoch };
 }

@@ -28,12 +28,13 @@ const ALLOW_RATE = 1e9;
  * fail-static there), the removal of a key, or an unknown tenant the coordinator's policy admits.
  */
 export type OverrideEntry =
-  | { readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null }
+  | { readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null; readonly epoch?: number }
   | { readonly key: string; readonly remove: true }
   | { readonly key: string; readonly allowUnknown: true };
 
 export interface OverrideSlice extends CoordinatedSlice {
   readonly leased: boolean;
+  readonly epoch: number | null;
 }
 
 /** A key whose rate and burst had to be clamped to fit the bucket table. */
@@ -50,6 +51,7 @@ const ALLOW_SLICE: OverrideSlice = Object.freeze({
   rate: ALLOW_RATE,
   burst: ALLOW_RATE,
   leased: true,
+  epoch: null,
   parent: null,
   unknown: true,
 });
@@ -84,7 +86,7 @@ export class QuotaOverrides {
       const wanted = Number.isFinite(e.burst) ? Math.max(0, Math.floor(e.burst + 1e-9)) : 0;
       const burst = Math.min(wanted, deepestBurst(rate));
       if (burst < wanted) clamped.push({ key: e.key, rate, burst: wanted, appliedBurst: burst });
-      this.map.set(e.key, { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, e.key), rate, burst, leased: e.leased, parent: e.parent ?? null, unknown: false });
+      this.map.set(e.key, { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, e.key), rate, burst, leased: e.leased, epoch: e.epoch ?? null, parent: e.parent ?? null, unknown: false });
     }
     return clamped;
   }

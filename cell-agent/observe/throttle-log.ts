@@ -3,6 +3,11 @@
 // flood). Every deciding thread counts into its own ThrottleCounts; workers post theirs to the main
 // thread every interval, and the main thread's ThrottleLog merges them and writes the lines.
 import type { Logger } from '../../shared/logging.js';
+import { decidedOnText, type Refusal } from '../decide/decide.js';
+
+// Counts are kept per key AND provenance (which level refused, on a lease with its epoch, a floor or
+// a static share), joined by SEP, so one line says why; the cell is the log's own.
+const SEP = '\u0001';
 
 /** Distinct keys one thread tracks per interval; refusals for further keys are counted as `other`. */
 export const THROTTLE_KEYS_MAX = 10_000;
@@ -13,7 +18,8 @@ export class ThrottleCounts {
   private counts = new Map<string, number>();
   private other = 0;
 
-  add(key: string, hits: number): void {
+  add(bucketOrQuotaKey: string, hits: number, why?: Refusal): void {
+    const key = why === undefined ? bucketOrQuotaKey : `${bucketOrQuotaKey}${SEP}${why.level}${SEP}${decidedOnText(why) ?? ''}`;
     const n = hits > 0 ? hits : 1;
     const c = this.counts.get(key);
     if (c !== undefined) this.counts.set(key, c + n);
@@ -68,8 +74,9 @@ export class ThrottleLog {
     const { counts, other } = this.merged.drain();
     counts.sort((a, b) => b[1] - a[1]);
     const shown = counts.slice(0, THROTTLE_LINES_MAX);
-    for (const [key, refused] of shown) {
-      this.logger.info({ key, refused, cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
+    for (const [composite, refused] of shown) {
+      const [key, level, decidedOn] = composite.split(SEP);
+      this.logger.info({ key, refused, ...(level === undefined ? {} : { refusedBy: level }), ...(decidedOn === undefined || decidedOn === '' ? {} : { decidedOn }), cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
     }
     const rest = counts.slice(THROTTLE_LINES_MAX).reduce((s, [, n]) => s + n, 0) + other;
     if (rest > 0) {

@@ -106,7 +106,7 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
     agents.push(await startAgent(c.root, 'east', coordinators), await startAgent(c.root, 'west', coordinators));
     const [east, west] = agents as [Agent, Agent];
-    await until('both agents answer', async () => ((await Promise.all(agents.map((a) => fetch(`${a.url}/healthz`).then((r) => r.ok)))).every(Boolean) ? true : undefined), 30_000, 200);
+    await until('both agents answer', async () => ((await Promise.all(agents.map((a) => fetch(`${a.url}/healthz`).then((r) => r.ok)))).every(Boolean) ? true : undefined), 90_000, 200);
     load = skewedLoad(east, west, 3 * QUOTA);
 
     // The state document is guarded by the admin token.
@@ -162,6 +162,18 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     const metrics = await (await fetch(`${c.adminUrl(leader)}/metrics`)).text();
     assert.match(metrics, /^cellquota_quota_windows_over_bound_total\{quota="_all"\} 0$/m, 'the leader exports no window over the bound');
     assert.match(metrics, /^cellquota_quota_overshoot_ratio\{quota="tenant\/acme"\} 0\.\d+/m, 'and the ratio of the busiest quota');
+
+    // Why a 429 happened: the hot cell's refusal names the level, the lease and its epoch, the cell.
+    const refused = await until('a refusal on the hot cell', async () => {
+      const r = await fetch(`${east.url}/v1/check`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] }) });
+      const body = (await r.json()) as { refused_by?: Record<string, string | null> };
+      return r.status === 429 ? { headers: r.headers, body } : undefined;
+    }, 20_000, 20);
+    assert.equal(refused.headers.get('x-ratelimit-refused-by'), 'tenant-quota');
+    assert.equal(refused.headers.get('x-ratelimit-refused-limit'), 'tenant/acme');
+    assert.match(refused.headers.get('x-ratelimit-decided-on') ?? '', /^lease epoch=\d+$/);
+    assert.equal(refused.headers.get('x-ratelimit-cell'), 'east');
+    assert.deepEqual(refused.body.refused_by, { level: 'tenant-quota', limit: 'tenant/acme', decided_on: refused.headers.get('x-ratelimit-decided-on'), cell: 'east' });
 
     // A tenant created through the admin API appears (found by the search).
     assert.equal((await c.write('PUT', '/v1/tenants/newco-7', { tier: 'gold' })).status, 200);

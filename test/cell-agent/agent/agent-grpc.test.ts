@@ -127,7 +127,7 @@ void test('endpoints: the Unix socket (mode 0600) and a TCP port; both serve the
   await uds.check({ domain: 'basic', descriptors: [d(['key1', 'value1'])] });
   const over = await tcp.check({ domain: 'basic', descriptors: [d(['key1', 'value1'])] });
   assert.equal(over.overall_code, 'OVER_LIMIT');
-  assert.deepEqual(over.response_headers_to_add.map((h) => [h.key, h.value]), [['RateLimit-Limit', '3'], ['RateLimit-Remaining', '0'], ['RateLimit-Reset', '20']]);
+  assert.deepEqual(over.response_headers_to_add.map((h) => [h.key, h.value]), [['RateLimit-Limit', '3'], ['RateLimit-Remaining', '0'], ['RateLimit-Reset', '20'], ['x-ratelimit-refused-by', 'local-rule'], ['x-ratelimit-refused-limit', 'three'], ['x-ratelimit-cell', 'test-cell']], 'over the limit: the RateLimit headers and why (which level, which cell)');
 });
 
 void test('matching: per-value keys, nested descriptors, wildcards, unlimited, shadow mode, replaces', async () => {

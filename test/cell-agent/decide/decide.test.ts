@@ -229,7 +229,7 @@ void test('RateLimit-* headers: the over-limit status, else the fewest remaining
   ]);
   h.check('basic', desc('zero=1'));
   const over = h.check('basic', desc('key1=value1'), desc('zero=1'));
-  assert.deepEqual(over.response.responseHeadersToAdd.map((x) => x.value), ['0', '0', '0'], 'requests_per_unit 0: never resets');
+  assert.deepEqual(over.response.responseHeadersToAdd.filter((x) => x.key.startsWith('RateLimit-')).map((x) => x.value), ['0', '0', '0'], 'requests_per_unit 0: never resets');
   assert.deepEqual(h.check('basic', desc('free=1')).response.responseHeadersToAdd, []);
 });
 
