@@ -22,12 +22,7 @@ descriptors:
     global: true
 `;
 const QUOTA = 100;
-// The agents' static table for the time before their first lease (the same figures as the ledger's).
-const TENANTS = `tiers:
-  gold: {rate: ${QUOTA}, burst: ${QUOTA}}
-tenants:
-  acme: gold
-`;
+
 
 interface Agent {
   readonly cell: string;
@@ -37,7 +32,7 @@ interface Agent {
 
 async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
   const port = await freePort();
-  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'), '--tenants', join(root, 'tenants.yaml'), '--static-share', '0.1', '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: 'ignore' });
+  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'), '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: 'ignore' });
   return { cell, url: `http://127.0.0.1:${port}`, proc };
 }
 
@@ -98,7 +93,6 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
   const browser = await launchBrowser();
   try {
     writeFileSync(join(c.root, 'rules.yaml'), RULES);
-    writeFileSync(join(c.root, 'tenants.yaml'), TENANTS);
     c.startAll();
     const leader = await c.waitForLeader(60_000);
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: QUOTA, burst: QUOTA, floorFraction: 0.3 })).status, 200);
