@@ -48,7 +48,9 @@ const ACK_REPORT_DELAY_MS = 10;
  * were back (found by the coordinators-down chaos drill). The report loop has its own backoff (at most
  * 4 intervals), so the channel may retry often: at most every second.
  */
-const CHANNEL_OPTIONS: grpc.ChannelOptions = Object.freeze({ 'grpc.initial_reconnect_backoff_ms': 200, 'grpc.max_reconnect_backoff_ms': 1000 });
+// A full answer carries every slice of the cell (about 80 bytes each: 8 MB at 100,000 slices,
+// measured by bench/coordinator-source.ts), beyond grpc-js's 4 MiB default receive limit.
+const CHANNEL_OPTIONS: grpc.ChannelOptions = Object.freeze({ 'grpc.initial_reconnect_backoff_ms': 200, 'grpc.max_reconnect_backoff_ms': 1000, 'grpc.max_receive_message_length': 64 * 1024 * 1024 });
 /** Keys sent in one report at most (the busiest first). */
 export const MAX_VELOCITY_KEYS = 50_000;
 const QUOTA_KEY = /^(tenant|tier|domain)\/[a-zA-Z0-9._:-]{1,128}$/;
