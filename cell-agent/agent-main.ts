@@ -69,8 +69,8 @@ export interface AgentHandle {
   readonly check: CheckService;
   /** True while every RLS worker serves (always with --workers 0). */
   healthy(): boolean;
-  /** Testing and drills: block worker `index`'s event loop for `ms` (induced overload). */
-  blockWorkerForTesting(index: number, ms: number): void;
+  /** Testing and drills: block worker `index`'s event loop for `ms` (induced overload); resolves once it is blocked. */
+  blockWorkerForTesting(index: number, ms: number): Promise<void>;
   /** Testing: make worker `index` exit abruptly; it is restarted like after a crash. */
   crashWorkerForTesting(index: number): void;
 }
@@ -227,6 +227,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       case 'ready':
       case 'fatal':
         return; // handled by startWorker
+      case 'blocking':
+        return; // handled by blockWorkerForTesting
     }
   };
 
@@ -463,9 +465,20 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     metricsText: () => metrics.registry.metrics(),
     velocity: () => velocityKeys.snapshot(clock()),
     rulesStatus: () => ({ main: currentRules.fingerprint, workers: slots.map((s) => s.applied) }),
-    blockWorkerForTesting: (index, ms) => {
-      slots[index]?.worker?.postMessage({ kind: 'block', ms } satisfies MainToWorker);
-    },
+    blockWorkerForTesting: (index, ms) => new Promise<void>((resolveBlocked, reject) => {
+      const worker = slots[index]?.worker;
+      if (worker === null || worker === undefined) {
+        reject(new Error(`no running worker ${index}`));
+        return;
+      }
+      const onMessage = (m: WorkerToMain): void => {
+        if (m.kind !== 'blocking') return;
+        worker.off('message', onMessage);
+        resolveBlocked();
+      };
+      worker.on('message', onMessage);
+      worker.postMessage({ kind: 'block', ms } satisfies MainToWorker);
+    }),
     crashWorkerForTesting: (index) => {
       slots[index]?.worker?.postMessage({ kind: 'crash' } satisfies MainToWorker);
     },

@@ -51,4 +51,6 @@ export type WorkerToMain =
   | { readonly kind: 'vkey'; readonly slot: number; readonly gen: number; readonly key: string }
   | { readonly kind: 'log'; readonly line: string }
   | { readonly kind: 'overrides-applied'; readonly seq: number }
+  /** Testing: sent just before the worker blocks on a 'block' message. */
+  | { readonly kind: 'blocking' }
   | { readonly kind: 'stopped' };

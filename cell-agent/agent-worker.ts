@@ -72,6 +72,7 @@ async function main(): Promise<void> {
           send({ kind: 'overrides-applied', seq: m.seq });
           return;
         case 'block': {
+          send({ kind: 'blocking' });
           const until = Date.now() + m.ms;
           while (Date.now() < until) {
             // busy: the event loop is blocked, as under CPU starvation or a long GC pause

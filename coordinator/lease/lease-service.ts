@@ -216,7 +216,8 @@ export class LeaseService {
     for (const p of batch) p.reject(err);
   }
 
-  private async expire(): Promise<void> {
+  /** One expiry check (run every expireEveryMs once started): releases the leases that surely expired. */
+  async expire(): Promise<void> {
     if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term() || !this.clock.synced) return;
     const nowMs = this.clock.stamp(this.backend.ledger().nowMs);
     // Only when some lease has surely expired (an entry per second forever would only grow the log).

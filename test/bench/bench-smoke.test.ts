@@ -35,9 +35,15 @@ void test('agent-memory smoke: bucket table bytes and in-process decision latenc
   assertReport(r, 'agent-memory', ['buckets', 'SAB MiB', 'RSS MiB']);
 });
 
-void test('allocator smoke: round time and entry size per scale', () => {
+void test('allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants', () => {
   const r = runAllocatorBench(quiet);
-  assertReport(r, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes']);
+  assertReport(r, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes', 'changed %']);
+  for (const row of r.rows) {
+    const pct = row['changed %'] as number;
+    assert.equal(pct > 3 && pct < 30, true, `changed % ${pct}`);
+    assert.equal((row['entry bytes'] as number) > 0, true, 'an entry was encoded');
+    assert.notEqual(row['rounds to converge'], 12, 'the world converged before the measure');
+  }
 });
 
 void test('accuracy smoke: coordinated slices against the static shares, with real processes', { timeout: 180_000 }, async () => {

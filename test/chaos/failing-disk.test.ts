@@ -6,7 +6,7 @@
 //      data directory and the errno; every write acknowledged with 200 is readable from the two
 //      survivors; with the trigger removed and restarted on the same directory it catches up;
 //   2. then the leader's: same, and the survivors elect a new leader that takes writes again.
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -148,6 +148,5 @@ void test('failing disk, ENOSPC on write: the replica crash-stops; no acknowledg
 
 void test('failing disk, EIO on fsync: the replica crash-stops; no acknowledged write is lost; it rejoins after the disk is fixed', { skip }, () => drill('eio-fsync'));
 
-void test('cleanup of the shim build', () => {
-  rmSync(shimDir, { recursive: true, force: true });
-});
+// The shim's build folder goes whichever tests ran (also under --test-name-pattern).
+after(() => rmSync(shimDir, { recursive: true, force: true }));

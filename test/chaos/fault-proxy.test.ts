@@ -44,6 +44,8 @@ function sha256(b: Buffer): string {
 /** An echo server that also records what it received and its open sockets. */
 class EchoServer {
   received = 0;
+  /** When each chunk reached the server (performance.now()), with its text. */
+  readonly arrivals: { text: string; at: number }[] = [];
   readonly sockets = new Set<net.Socket>();
   private constructor(
     readonly server: net.Server,
@@ -58,7 +60,9 @@ class EchoServer {
       s.on('error', () => undefined);
       s.on('close', () => echo?.sockets.delete(s));
       s.on('data', (d: Buffer) => {
-        if (echo !== null) echo.received += d.length;
+        if (echo === null) return;
+        echo.received += d.length;
+        echo.arrivals.push({ text: d.toString('utf8'), at: performance.now() });
       });
       s.pipe(s);
     });
@@ -255,20 +259,29 @@ void test('fault-proxy: delay both ways on a bulk transfer keeps every byte in o
 });
 
 void test('fault-proxy: delayUpMs delays client→server as well', async () => {
+  // Side by side in one run: the same bytes, written at the same moment, through a delaying proxy
+  // and through one that does not delay. A slow machine slows both alike, so only the delay itself
+  // can put the delayed bytes ~120 ms behind the others (and a delay can never make them early).
   const echo = await EchoServer.start();
-  const proxy = await FaultProxy.start({ target: echo.endpoint });
+  const delayed = await FaultProxy.start({ target: echo.endpoint });
+  const plain = await FaultProxy.start({ target: echo.endpoint });
   try {
-    proxy.set({ delayUpMs: 120 });
-    const c = new Client(proxy);
+    delayed.set({ delayUpMs: 120 });
+    const slow = new Client(delayed);
+    const fast = new Client(plain);
+    await waitFor(() => slow.connected && fast.connected, 'both clients connected');
     const t0 = performance.now();
-    c.socket.write('abc');
-    await sleep(40);
-    assert.equal(echo.received, 0, 'nothing reached the server yet');
-    await c.waitBytes(3);
-    assert.equal(performance.now() - t0 >= 110, true, `round trip took ${performance.now() - t0} ms`);
-    assert.equal(c.text(), 'abc');
+    slow.socket.write('slow');
+    fast.socket.write('fast');
+    await slow.waitBytes(4);
+    await fast.waitBytes(4);
+    const at = (text: string): number => echo.arrivals.find((a) => a.text === text)?.at ?? Number.NaN;
+    assert.equal(at('slow') - t0 >= 119, true, `the delayed bytes reached the server ${at('slow') - t0} ms after the write`);
+    assert.equal(at('slow') - at('fast') >= 100, true, `the delayed bytes arrived ${at('slow') - at('fast')} ms after the undelayed ones`);
+    assert.equal(slow.text(), 'slow');
   } finally {
-    await proxy.stop();
+    await delayed.stop();
+    await plain.stop();
     await echo.close();
   }
 });

@@ -2,7 +2,7 @@
 // the rule of the Raft paper (Ongaro & Ousterhout 2014) or dissertation it checks.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { RaftNode, Role, type Message } from '../../coordinator/raft/index.js';
+import { EntryKind, RaftNode, Role, type Message } from '../../coordinator/raft/index.js';
 import { Harness } from './raft-harness.js';
 
 const three = ['n1', 'n2', 'n3'];
@@ -25,7 +25,7 @@ void test('§5.2: one leader is elected, it commits a no-op of its term, followe
   assert.deepEqual(h.leaders(), ['n1']);
   const st = h.raft('n1').status();
   assert.equal(st.commit, 1, 'the no-op of term 1 is committed');
-  assert.equal(h.raft('n1').entryAt(1)?.kind, 2);
+  assert.equal(h.raft('n1').entryAt(1)?.kind, EntryKind.Noop);
   const onFollower = h.propose('n2', 'x');
   assert.deepEqual(onFollower, { ok: false, reason: 'not-leader', leader: 'n1' });
 });

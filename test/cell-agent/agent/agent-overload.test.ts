@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
-import { RlsClient, captureLogger, d, eventually, sleep, tempDir, unixTarget } from './agent-helpers.js';
+import { RlsClient, captureLogger, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
 import type { CapturedLogger, ResponseOut, TempDir } from './agent-helpers.js';
 
 const RULES = `
@@ -49,8 +49,7 @@ const check = (): Promise<ResponseOut> => client.check({ domain: 'o', descriptor
 void test('a blocked serving thread answers the queued checks fail-open, marked degraded, then decides again', async () => {
   // Normally the rule refuses everything (eventually: the lag guard may still be settling after start-up).
   await eventually(async () => ((await check()).overall_code === 'OVER_LIMIT' ? true : undefined));
-  agent.blockWorkerForTesting(0, 800);
-  await sleep(50); // the worker is now blocked; these checks wait in the socket
+  await agent.blockWorkerForTesting(0, 800); // the worker is now blocked; these checks wait in the socket
   const answers = await Promise.all(Array.from({ length: 6 }, () => check()));
   for (const r of answers) {
     assert.equal(r.overall_code, 'OK', 'fail-open');

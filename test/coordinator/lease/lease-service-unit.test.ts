@@ -110,10 +110,10 @@ void test('lease service: lease expiry = receipt + TTL; refused grants retried w
 
     // No lease has surely expired: no expireLeases entry. Past expiry + skew: one.
     const before = h.backend.proposed.length;
-    await (h.service as unknown as { expire(): Promise<void> }).expire();
+    await h.service.expire();
     assert.equal(h.backend.proposed.length, before, 'nothing to expire');
     nowMs += 3000 + 1000;
-    await (h.service as unknown as { expire(): Promise<void> }).expire();
+    await h.service.expire();
     assert.equal(h.backend.proposed[h.backend.proposed.length - 1]?.type, 'expireLeases');
     assert.equal(h.backend.ledgerInstance.getCell('eu')?.leaseExpiresAtMs, null, 'released');
 

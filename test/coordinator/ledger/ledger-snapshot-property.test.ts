@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerResult } from '../../../coordinator/ledger/ledger.js';
-import { encodeCommand } from '../../../coordinator/ledger/ledger-commands.js';
+import { encodeCommand, LedgerCommandError } from '../../../coordinator/ledger/ledger-commands.js';
 import type { Grant, LedgerCommandInput, QuotaKey, SessionTag } from '../../../coordinator/ledger/ledger-commands.js';
 
 const TIERS = ['gold', 'silver'];
@@ -172,12 +172,15 @@ void test('property: two ledgers fed the same entries (one through the encoding)
       const { cmds, results } = run(a, steps, 0);
       const b = new Ledger(OPTIONS);
       for (const [i, c] of cmds.entries()) {
-        let r: LedgerResult;
+        let encoded: Uint8Array | null = null;
         try {
-          r = b.applyEncoded(encodeCommand(c), i + 1);
-        } catch {
-          r = b.apply(c, i + 1); // invalid commands cannot be encoded; the ledger refuses them the same way
+          encoded = encodeCommand(c);
+        } catch (e) {
+          if (!(e instanceof LedgerCommandError)) throw e;
         }
+        // Invalid commands cannot be encoded; the ledger refuses them the same way. A valid encoding
+        // must apply without throwing.
+        const r: LedgerResult = encoded === null ? b.apply(c, i + 1) : b.applyEncoded(encoded, i + 1);
         assert.deepEqual(r, results[i]);
       }
       assert.deepEqual(Buffer.from(b.snapshot()), Buffer.from(a.snapshot()));
