@@ -124,6 +124,9 @@ pid ${join(dir, 'nginx.pid')};
 events { worker_connections 4096; }
 http {
   access_log off;
+  # nginx closes a client connection after 1,000 requests by default; a close with a request in
+  # flight counts as an error in autocannon, which is the load client's artefact, not the proxy's
+  keepalive_requests 10000000;
   client_body_temp_path ${join(dir, 'body')}; proxy_temp_path ${join(dir, 'proxy')}; fastcgi_temp_path ${join(dir, 'fastcgi')}; uwsgi_temp_path ${join(dir, 'uwsgi')}; scgi_temp_path ${join(dir, 'scgi')};
   limit_req_zone $binary_remote_addr zone=visitors:10m rate=100000000r/s;
 ${forwardAuth}
