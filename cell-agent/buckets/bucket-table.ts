@@ -58,9 +58,14 @@
 // shutdown, with the table discarded, is fine): a slot it held LOCKED, or an insert stripe, would
 // stay held.
 //
+// Start: a bucket with no state yet starts FULL for a 'full' limit (local rules; see evictFloor
+// above) and EMPTY AT ITS CREATION for an 'empty' limit (global quota slices): a new key, a key
+// whose grant just moved in from another cell, a key re-created after eviction and every key after
+// an agent restart all begin with no tokens and refill at their slice's rate, so no cell ever holds
+// a burst it did not refill itself.
+//
 // Time: callers pass nowNs on their own clock (e.g. process.hrtime.bigint(), shared by all threads);
-// startNs (default 0n) is the table's origin on that clock and the instant at which 'empty'-start
-// buckets are empty. nowNs must lie in [startNs, startNs + 2^57 ns ≈ 4.5 years] (a TAT is at most
+// startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns ≈ 4.5 years] (a TAT is at most
 // now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
 
 import { gcraInitialTat, gcraReconfigure, gcraStep, MAX_WINDOW_NS, NEVER_NS, type GcraLimit } from './gcra.js';
@@ -285,8 +290,9 @@ export class BucketTable {
   }
 
   /**
-   * Take `hits` tokens for `key` under `limit` at `nowNs`. hits = 0 only reports (and creates no
-   * bucket). A key keeps one limit at a time: a different limit re-configures its bucket (level
+   * Take `hits` tokens for `key` under `limit` at `nowNs`. hits = 0 only reports (and creates a
+   * bucket only for an 'empty'-start limit, which refills from its creation on; 'table-full' if no
+   * slot can be had). A key keeps one limit at a time: a different limit re-configures its bucket (level
    * preserved, burst clamped: gcraReconfigure). Rate 0: always 'deny'.
    */
   take(key: string, limit: GcraLimit, hits: number, nowNs: bigint): TakeResult {
@@ -310,7 +316,10 @@ export class BucketTable {
       let s = this.find(h0, h1, h2);
       if (s < 0) {
         if (limit.intervalNs === 0n) return BLOCKED;
-        if (n === 0n) return this.reportFresh(limit, nowRel);
+        // A 0-hit report creates no 'full' bucket (it would report the same fresh one); an 'empty'
+        // bucket is created by it, since it refills from its creation on: a key that is only ever
+        // checked (a request refused at another level) must still start refilling.
+        if (n === 0n && limit.start === 'full') return this.reportFresh(limit, nowRel);
         s = this.insert(h0, h1, h2, limit, nowRel);
         if (s < 0) return TABLE_FULL;
       }
@@ -404,8 +413,16 @@ export class BucketTable {
     return { verdict: 'allow', allowed: true, remaining: d.remaining, resetNs: d.resetNs, retryAfterNs: 0n };
   }
 
+  /**
+   * A new bucket's TAT. 'empty' (global quota slices): empty NOW, at its creation — whether the key
+   * is new, came with a grant that moved in from another cell, or was evicted and comes back under
+   * a larger burst — so a cell's bucket only ever holds what it refilled at its own slice's rate
+   * since it began counting the key (the global bound's term Σ rateᵢ·W, with no burst it did not
+   * earn). 'full' (local rules): full, but never fuller than an evicted bucket (evictFloor).
+   */
   private initialTat(limit: GcraLimit, nowRel: bigint): bigint {
-    const tat = gcraInitialTat(limit, nowRel, 0n);
+    const tat = gcraInitialTat(limit, nowRel);
+    if (limit.start === 'empty') return tat;
     const floor = Atomics.load(this.h64, H_FLOOR);
     return tat > floor ? tat : floor;
   }

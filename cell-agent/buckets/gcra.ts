@@ -43,8 +43,8 @@ export const UNIT_NS: Readonly<Record<TimeUnit, bigint>> = Object.freeze({
 
 /**
  * How a bucket that has no state yet starts: 'full' (local descriptor rules, like a fresh
- * envoyproxy/ratelimit window) or 'empty' (global quota slices: a restarted agent must not release
- * an extra burst into the global count).
+ * envoyproxy/ratelimit window) or 'empty' (global quota slices: a new, moved-in, re-created or
+ * restarted bucket must not release a burst into the global count that this cell did not refill).
  */
 export type StartPolicy = 'full' | 'empty';
 
@@ -76,8 +76,15 @@ function checkWholeNonNegative(name: string, v: number): void {
   if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`${name} must be a non-negative safe integer, got ${v}`);
 }
 
+/**
+ * Largest burst, in tokens: below 2^53 − 1, the value at which callers saturate summed hits, so a
+ * saturated request is more than any bucket can ever hold (a refusal, never an overflow).
+ */
+export const MAX_BURST_TOKENS = BigInt(Number.MAX_SAFE_INTEGER) - 1n;
+
 function makeLimit(intervalNs: bigint, burst: bigint, start: StartPolicy): GcraLimit {
   if (intervalNs === 0n || burst === 0n) return Object.freeze({ intervalNs: 0n, burst: 0n, windowNs: 0n, start });
+  if (burst > MAX_BURST_TOKENS) throw new RangeError(`burst ${burst} exceeds ${MAX_BURST_TOKENS} tokens`);
   const window = intervalNs * burst;
   if (window > MAX_WINDOW_NS) throw new RangeError(`limit window T·burst = ${window} ns exceeds ${MAX_WINDOW_NS} ns`);
   return Object.freeze({ intervalNs, burst, windowNs: window, start });

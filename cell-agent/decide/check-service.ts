@@ -1,11 +1,12 @@
 // One check, as both front ends (gRPC in the workers, HTTP in the main thread) answer it: the
 // overload guard, the decision, the statistics, and fail-open on an unexpected error.
 //
+// - A request the agent refuses to decide (empty domain / descriptors, over an input bound): an error
+//   with a gRPC status code, checked FIRST (before the overload guard: a huge request must not turn
+//   its own decoding time into a fail-open OK); counted in rejected_requests.
 // - Overloaded (LagGuard): answer OK at once — one OK status per descriptor, `x-ratelimit-degraded:
 //   true` — without matching or touching a bucket; counted as verdict "degraded", fail_open
 //   {reason="overload"}.
-// - A request the agent refuses to decide (empty domain / descriptors, over an input bound): an error
-//   with a gRPC status code; counted in rejected_requests.
 // - An exception inside the decision (a bug, or memory pressure): logged (at most once a second,
 //   with the number suppressed), answered fail-open like an overload — rate limiting must never
 //   take down the traffic it protects — and counted as fail_open {reason="error"}. The process and
@@ -19,6 +20,7 @@ import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-co
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { Decider, DecisionScope } from './decide.js';
 import { DEGRADED_HEADER, FAIL_OPEN_HEADER } from './decide.js';
+import { checkRequest } from './request-check.js';
 
 export type CheckOutcome =
   | {
@@ -62,6 +64,13 @@ export class CheckService {
 
   check(req: RlsRequest): CheckOutcome {
     const start = performance.now();
+    // The request errors and input bounds first, before the overload guard: a request over a bound
+    // is refused on every transport, even when its own size is what made the thread late.
+    const failure = checkRequest(req, this.decider.options.bounds);
+    if (failure !== null) {
+      this.stats.rejected('invalid');
+      return { kind: 'error', code: failure.code, message: failure.message };
+    }
     if (this.lag !== null && this.lag.overloaded(start)) {
       this.stats.failOpen('overload');
       this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);

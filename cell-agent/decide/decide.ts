@@ -239,6 +239,7 @@ export class Decider {
     for (let i = 0; i < n; i++) plans[i] = { levels: [], unlimited: false, quotaMode: false };
     // Quota keys already counted for this request: a global rule passed on the way to a deeper match
     // adds its quota once, unless a descriptor matched that quota itself.
+    const knownDomain = rules.domains.has(domain);
     const countedGlobal = new Set<string>();
     for (const m of matched) if (m !== null && m.limit.kind === 'global') countedGlobal.add(globalQuotaKey(m));
 
@@ -247,7 +248,8 @@ export class Decider {
       const plan = plans[i] as DescriptorPlan;
       const h = hits[i] ?? 1;
       if (d === undefined) continue;
-      if (d.limit !== null) {
+      // envoyproxy/ratelimit looks the domain up first: in a domain without rules an override is "no limit" too.
+      if (d.limit !== null && knownDomain) {
         const { limit, currentLimit } = this.overrideLimit(d.limit.requestsPerUnit, d.limit.unit);
         this.addLevel(levels, plan, i, overrideKey(domain, d.entries), limit, currentLimit, h, 'local', false, false, false, null, false, { kind: 'limit-override' });
       }
@@ -302,7 +304,7 @@ export class Decider {
   ): void {
     const existing = levels.get(key);
     if (existing !== undefined) {
-      existing.hits += hits;
+      existing.hits = saturatingAdd(existing.hits, hits);
       if (!existing.descriptors.includes(i)) {
         existing.descriptors.push(i);
         plan.levels.push(existing);
@@ -504,6 +506,17 @@ export function provenanceHeaders(r: Refusal): RlsHeader[] {
   if (on !== null) out.push({ key: DECIDED_ON_HEADER, value: on });
   if (r.cell !== null) out.push({ key: CELL_HEADER, value: r.cell });
   return out;
+}
+
+/**
+ * Hits summed over the descriptors of one request, saturating at 2^53 − 1 (the codec and the HTTP
+ * schema saturate each addend there too): more than any bucket can hold, so a saturated sum is a plain
+ * refusal (gcra.ts's MAX_BURST_TOKENS is below it) — never an unsafe integer that the bucket table
+ * would have to reject by throwing.
+ */
+function saturatingAdd(a: number, b: number): number {
+  const sum = a + b;
+  return sum > Number.MAX_SAFE_INTEGER ? Number.MAX_SAFE_INTEGER : sum;
 }
 
 /** A limit whose every take is refused (unknown tenant, deny policy); never given to the table. */

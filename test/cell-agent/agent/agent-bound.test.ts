@@ -1,15 +1,20 @@
 // The global bound on a running agent, over its gRPC socket: one bucket per quota key whatever
 // domain, rule path or descriptor reaches it (tenant quotas and tier caps); rule sets that one
-// bucket per quota key cannot enforce are refused at load, naming the file and the rule.
+// bucket per quota key cannot enforce are refused at load, naming the file and the rule; global
+// buckets start empty when created (a new key long after start, a key re-created after eviction);
+// hits saturate (a refusal, never an exception and a fail-open answer); the request bounds hold on
+// gRPC and HTTP even with the overload guard on; a limit override in a domain without rules is "no
+// limit" (envoyproxy/ratelimit).
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
+import * as grpc from '@grpc/grpc-js';
 import { join } from 'node:path';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
 import { RULES_ERROR_CODES, RulesError } from '../../../cell-agent/rules/rules-errors.js';
-import { RlsClient, captureLogger, d, tempDir, unixTarget } from './agent-helpers.js';
+import { RlsClient, captureLogger, d, eventually, grpcError, tempDir, unixTarget } from './agent-helpers.js';
 import type { RequestIn, TempDir } from './agent-helpers.js';
 
 // One tenant reachable through two domains and two rule paths.
@@ -23,6 +28,8 @@ descriptors:
     descriptors:
       - key: tenant
         global: true
+  - key: plan
+    rate_limit: {unit: hour, requests_per_unit: 1}
 `;
 const WEB = `
 domain: web
@@ -35,8 +42,12 @@ const TENANTS = `
 tiers:
   gold: {rate: 20, burst: 10}
   capped: {rate: 1000, burst: 1000, cap: {rate: 20, burst: 10}}
+  fast: {rate: 100, burst: 50}
 tenants:
   acme: gold
+  newcomer: fast
+  a1: fast
+  a2: fast
   initech: capped
   globex: capped
 `;
@@ -46,6 +57,7 @@ const BURST = 10;
 let dir: TempDir;
 let agent: AgentHandle;
 let client: RlsClient;
+let startedAtMs: number;
 
 before(async () => {
   dir = tempDir();
@@ -53,6 +65,7 @@ before(async () => {
   mkdirSync(rules);
   writeFileSync(join(rules, 'api.yaml'), API);
   writeFileSync(join(rules, 'web.yaml'), WEB);
+  startedAtMs = Date.now();
   agent = await startAgent(parseAgentConfig({
     cell: 'bound', rules, tenants: dir.file('tenants.yaml', TENANTS), staticShare: 1,
     rlsSocket: join(dir.path, 'rls.sock'), tableCapacity: 1000, lagThresholdMs: 0,
@@ -90,8 +103,8 @@ void test('one bucket per tenant quota: two domains, two rule paths and two desc
     { domain: 'web', descriptors: [d(['customer', 'acme'])] },
     { domain: 'api', descriptors: [d(['tenant', 'acme']), d(['route', 'upload'], ['tenant', 'acme'])] },
   ];
-  const { admitted, bound } = await drive(shapes, 1200);
-  assert.ok(admitted <= bound, `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst)`);
+  const { admitted, bound, sent } = await drive(shapes, 1200);
+  assert.ok(admitted <= bound, `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst), ${sent} sent`);
   assert.ok(admitted >= BURST, `the quota is used (${admitted} admitted)`);
   // Velocity is kept per quota key, never per rule path or domain.
   const keys = agent.velocity().map((v) => v.key);
@@ -129,4 +142,93 @@ void test('a rule set one bucket per quota key cannot enforce is refused at star
       return true;
     },
   );
+});
+
+const remaining = (r: { statuses: { limit_remaining: number }[] }): number | undefined => r.statuses[0]?.limit_remaining;
+
+void test('a global bucket first created long after the agent started starts empty, not with a burst it never refilled', async () => {
+  // tier fast: 100/s, burst 50 — a bucket refills completely in 0.5 s. Once the agent has run longer
+  // than that, a key seen for the first time (a new tenant, or a grant that moved in) must not hold 50.
+  await eventually(() => (Date.now() - startedAtMs > 700 ? true : undefined));
+  const first = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 50 } }] });
+  assert.equal(first.overall_code, 'OVER_LIMIT', 'a fresh global bucket is empty');
+  // It refills at the slice's rate from its creation on.
+  await eventually(async () => {
+    const r = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 0 } }] });
+    return remaining(r) === 50 ? true : undefined;
+  });
+});
+
+void test('a global bucket evicted and re-created starts empty again', async () => {
+  const small = await startAgent(parseAgentConfig({
+    cell: 'evict', rules: join(dir.path, 'rules'), tenants: join(dir.path, 'tenants.yaml'), staticShare: 1,
+    rlsSocket: join(dir.path, 'evict.sock'), tableCapacity: 1, lagThresholdMs: 0,
+  }), captureLogger().logger);
+  const c = new RlsClient(unixTarget(small.endpoints.rlsUnix[0] ?? ''));
+  try {
+    const probe = async (tenant: string): Promise<number | undefined> =>
+      remaining(await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', tenant]), hits_addend: { value: 0 } }] }));
+    // a1's bucket fills up (50 tokens) and goes idle; a2 takes the table's only slot, evicting it.
+    await eventually(async () => ((await probe('a1')) === 50 ? true : undefined));
+    await eventually(async () => ((await probe('a2')) === 50 ? true : undefined));
+    assert.match(await small.metricsText(), /cellquota_agent_bucket_evictions_total [1-9]/);
+    // a1 comes back: a re-created global bucket holds nothing yet.
+    const back = await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'a1']), hits_addend: { value: 50 } }] });
+    assert.equal(back.overall_code, 'OVER_LIMIT');
+  } finally {
+    c.close();
+    await small.stop();
+  }
+});
+
+void test('hits saturate: summed hits_addend beyond 2^53 is a refusal, never an exception answered fail-open', async () => {
+  const max = { value: Number.MAX_SAFE_INTEGER };
+  const local = await client.check({ domain: 'api', descriptors: [{ ...d(['plan', 'p1']), hits_addend: max }, { ...d(['plan', 'p1']), hits_addend: max }] });
+  assert.equal(local.overall_code, 'OVER_LIMIT', 'two descriptors of 2^53 − 1 against a 1/hour rule');
+  const global = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'acme']), hits_addend: max }, { ...d(['tenant', 'acme']), hits_addend: max }] });
+  assert.equal(global.overall_code, 'OVER_LIMIT', 'the same for a global quota');
+  const uint64 = await client.check({ domain: 'api', descriptors: [{ ...d(['plan', 'p2']), hits_addend: { value: '18446744073709551615' as unknown as number } }] });
+  assert.equal(uint64.overall_code, 'OVER_LIMIT', 'hits_addend 2^64 − 1');
+  assert.ok(!/x-ratelimit-fail-open/.test(JSON.stringify([local, global, uint64])), 'decided, not given fail-open');
+  assert.equal((await client.check({ domain: 'api', descriptors: [d(['plan', 'p1'])] })).overall_code, 'OK', 'nothing was consumed');
+  assert.doesNotMatch(await agent.metricsText(), /cellquota_agent_fail_open_total\{reason="error"\} [1-9]/);
+});
+
+void test('request bounds hold on gRPC and HTTP with the overload guard on (the default 10 ms)', async () => {
+  const guarded = await startAgent(parseAgentConfig({
+    cell: 'guarded', rules: join(dir.path, 'rules'), rlsSocket: join(dir.path, 'guarded.sock'), http: '127.0.0.1:0', tableCapacity: 100,
+  }), captureLogger().logger);
+  const c = new RlsClient(unixTarget(guarded.endpoints.rlsUnix[0] ?? ''));
+  try {
+    const many = await grpcError(c.check({ domain: 'api', descriptors: Array.from({ length: 20_000 }, (_, i) => d(['plan', `p${i}`])) }));
+    assert.equal(many.code, grpc.status.INVALID_ARGUMENT);
+    assert.equal(many.details, 'request has 20000 descriptors, more than the maximum of 64');
+    const long = await grpcError(c.check({ domain: 'api', descriptors: [d(['plan', 'x'.repeat(200_000)])] }));
+    assert.equal(long.code, grpc.status.INVALID_ARGUMENT);
+    assert.equal(long.details, 'descriptor 0 entry 0: value is 200000 characters long, more than the maximum of 4096');
+    const post = (body: unknown): Promise<Response> => fetch(`${guarded.endpoints.http ?? ''}/v1/check`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const httpMany = await post({ domain: 'api', descriptors: Array.from({ length: 65 }, () => ({ entries: [{ key: 'plan', value: 'p' }] })) });
+    assert.equal(httpMany.status, 400);
+    assert.match(await httpMany.text(), /request has 65 descriptors, more than the maximum of 64/);
+    const httpLong = await post({ domain: 'api', descriptors: [{ entries: [{ key: 'plan', value: 'x'.repeat(4097) }] }] });
+    assert.equal(httpLong.status, 400);
+    assert.match(await httpLong.text(), /value is 4097 characters long, more than the maximum of 4096/);
+  } finally {
+    c.close();
+    await guarded.stop();
+  }
+});
+
+void test('a limit override in a domain without rules answers no limit, as envoyproxy/ratelimit does', async () => {
+  const override = { entries: [{ key: 'k', value: 'v' }], limit: { requests_per_unit: 1, unit: 'HOUR' } };
+  for (let i = 0; i < 3; i++) {
+    const r = await client.check({ domain: 'no-such-domain', descriptors: [override] });
+    assert.equal(r.overall_code, 'OK');
+    assert.equal(r.statuses[0]?.current_limit, null);
+  }
+  // In a domain with rules the override applies.
+  const ruled = { ...override, entries: [{ key: 'unmatched', value: 'v' }] };
+  const codes = [];
+  for (let i = 0; i < 2; i++) codes.push((await client.check({ domain: 'api', descriptors: [ruled] })).overall_code);
+  assert.deepEqual(codes, ['OK', 'OVER_LIMIT']);
 });

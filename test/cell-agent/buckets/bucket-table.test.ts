@@ -85,12 +85,12 @@ void test('basic decisions, remaining, reset and retry-after through the table',
 type Model = Map<string, { tat: bigint; limit: GcraLimit }>;
 
 /** The pure-GCRA model of one table (no eviction: capacity is ample). */
-function modelTake(m: Model, key: string, limit: GcraLimit, hits: number, now: bigint, startNs: bigint): TakeResult {
+function modelTake(m: Model, key: string, limit: GcraLimit, hits: number, now: bigint): TakeResult {
   let b = m.get(key);
   if (b === undefined) {
     if (limit.intervalNs === 0n) return { verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS };
-    const tat = gcraInitialTat(limit, now, startNs);
-    if (hits === 0) {
+    const tat = gcraInitialTat(limit, now); // 'empty': empty at creation
+    if (hits === 0 && limit.start === 'full') {
       const d = gcraTake(tat, now, limit, 0);
       return { verdict: 'allow', allowed: true, remaining: d.remaining, resetNs: d.resetNs, retryAfterNs: 0n };
     }
@@ -131,7 +131,7 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
         const limit = limits[op.limit] ?? limits[0];
         if (limit === undefined) return;
         const key = `k${op.key}`;
-        assert.deepEqual(table.take(key, limit, op.hits, now), modelTake(model, key, limit, op.hits, now, startNs));
+        assert.deepEqual(table.take(key, limit, op.hits, now), modelTake(model, key, limit, op.hits, now));
       }
       assert.equal(table.size(), model.size);
       assert.equal(table.evictions, 0);
@@ -155,16 +155,25 @@ void test('a runtime limit change through the table keeps the level and clamps a
   assert.equal(t.take('k', a, 0, 5_100n).remaining, 1);
 });
 
-void test('global (empty-start) buckets are empty at the table start, not at first sight', () => {
+void test('global (empty-start) buckets are empty when created, however long the table has run; also after eviction', () => {
   const start = 50n * S;
-  const t = new BucketTable({ capacity: 8, startNs: start });
+  const t = new BucketTable({ capacity: 1, startNs: start });
   const g = limitFromRate(10, 5); // T = 100 ms, D = 500 ms
   assert.equal(t.take('early', g, 1, start).verdict, 'deny');
   assert.equal(t.take('early', g, 1, start + 100n * MS).verdict, 'allow');
-  assert.equal(t.take('later', g, 0, start + 300n * MS).remaining, 3);
-  assert.equal(t.take('late', g, 5, start + 10n * S).verdict, 'allow'); // refilled since the start
+  const other = new BucketTable({ capacity: 2, startNs: start });
+  assert.equal(other.take('checked', g, 0, start + 300n * MS).remaining, 0, 'hits 0 on an absent key creates it empty');
+  assert.equal(other.take('checked', g, 0, start + 500n * MS).remaining, 2, 'and it refills from then on');
+  // 10 s later 'early' is full and idle: evicted for 'late', which starts empty (a grant that moved
+  // in, a new tenant), not with a burst it never refilled.
+  assert.equal(t.take('late', g, 5, start + 10n * S).verdict, 'deny');
+  assert.equal(t.take('late', g, 1, start + 10n * S + 100n * MS).verdict, 'allow');
+  assert.equal(t.evictions, 1);
+  // 'early' comes back (evicting the full 'late' 20 s on), under a larger burst: empty again.
+  assert.equal(t.take('early', limitFromRate(10, 50), 1, start + 30n * S).verdict, 'deny');
+  assert.equal(t.evictions, 2);
   const local = limitPerUnit(5, 'second');
-  assert.equal(t.take('local', local, 5, start).verdict, 'allow');
+  assert.equal(new BucketTable({ capacity: 2, startNs: start }).take('local', local, 5, start).verdict, 'allow', 'local rules start full');
 });
 
 void test('attach: another view of the same shared memory shares every bucket and counter', () => {

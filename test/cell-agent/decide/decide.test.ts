@@ -23,6 +23,9 @@ interface Harness {
   readonly velocity: VelocityKeys;
   decide(req: RlsRequest): Decision;
   check(domain: string, ...descriptors: RlsDescriptor[]): Decision;
+  /** Global buckets start empty when created: checks these descriptors with 0 hits (creating their
+   * buckets), then lets 1000 s pass so that every bucket is full. */
+  fill(domain: string, ...descriptors: RlsDescriptor[]): void;
 }
 
 function harness(rules: string, opts: {
@@ -43,7 +46,12 @@ function harness(rules: string, opts: {
     if (!r.ok) throw new Error(`unexpected failure: ${r.failure.message}`);
     return r.decision;
   };
-  return { decider, clock, refused, velocity, decide, check: (domain, ...descriptors) => decide({ domain, descriptors, hitsAddend: 0 }) };
+  const check = (domain: string, ...descriptors: RlsDescriptor[]): Decision => decide({ domain, descriptors, hitsAddend: 0 });
+  const fill = (domain: string, ...descriptors: RlsDescriptor[]): void => {
+    for (const d of descriptors) check(domain, { ...d, hitsAddend: 0 });
+    clock.now += 1000n * S;
+  };
+  return { decider, clock, refused, velocity, decide, check, fill };
 }
 
 function desc(spec: string, extra: Partial<RlsDescriptor> = {}): RlsDescriptor {
@@ -268,6 +276,7 @@ const TENANTS = {
 
 void test('global quota: the tenant\'s tier slice, counted once per request, marked degraded (static slice)', () => {
   const h = harness(GLOBAL_RULES, { tenants: { tiers: TENANTS.tiers, tenants: { acme: 'bronze' } } });
+  h.fill('api', desc('tenant=acme'));
   // Envoy sends both descriptors: the tenant quota is taken once, the per-address rule once.
   const d = h.check('api', desc('tenant=acme'), desc('tenant=acme,remote_address=1.1.1.1'));
   assert.equal(overall(d), 'OK');
@@ -302,6 +311,7 @@ void test('global quotas start empty; local rules start full', () => {
 void test('levels: tenant, tier cap and domain cap must all pass; a refusal at one consumes nothing at the others', () => {
   const h = harness(GLOBAL_RULES, { tenants: { ...TENANTS, domainCap: { rate: 1, burst: 9 } } });
   // gold tenants: 10 each, the gold cap 6 together, the domain cap 9.
+  h.fill('api', desc('tenant=acme'), desc('tenant=globex'), desc('tenant=initech'));
   const take = (t: string): string => overall(h.check('api', desc(`tenant=${t}`)));
   assert.deepEqual([1, 2, 3, 4].map(() => take('acme')), ['OK', 'OK', 'OK', 'OK']);
   assert.deepEqual([1, 2, 3].map(() => take('globex')), ['OK', 'OK', 'OVER_LIMIT'], 'the gold cap (6) is shared');
@@ -327,6 +337,7 @@ void test('static share: each level gets share × rate and floor(share × burst)
   assert.deepEqual(reportedLimit(0.5, 'x'), { requestsPerUnit: 30, unit: 2, name: 'x' });
   assert.deepEqual(new StaticQuotas(parseQuotaFile({ tiers: { t: { rate: 1, burst: 2 } } }), { staticShare: 0.3, unknownTenant: { kind: 'deny' } }).zeroSlices(), ['tier t']);
   const h = harness(GLOBAL_RULES, { tenants: { tiers: { gold: { rate: 100, burst: 10 } }, tenants: { acme: 'gold' } }, share: 0.5 });
+  h.fill('api', desc('tenant=acme'));
   assert.deepEqual([1, 2, 3, 4, 5, 6].map(() => overall(h.check('api', desc('tenant=acme')))), ['OK', 'OK', 'OK', 'OK', 'OK', 'OVER_LIMIT'], 'half of burst 10');
 });
 
@@ -338,9 +349,11 @@ void test('unknown tenants: deny, allow, or a default tier', () => {
   assert.equal(deny.refused.get('tenant/stranger'), 1);
 
   const allow = harness(GLOBAL_RULES, { tenants: { ...TENANTS, domainCap: { rate: 1, burst: 2 } }, unknown: { kind: 'allow' } });
+  allow.fill('api', desc('tenant=stranger'));
   assert.deepEqual([1, 2, 3].map(() => overall(allow.check('api', desc('tenant=stranger')))), ['OK', 'OK', 'OVER_LIMIT'], 'allow: only the domain cap');
 
   const tier = harness(GLOBAL_RULES, { tenants: TENANTS, unknown: { kind: 'tier', tier: 'bronze' } });
+  tier.fill('api', desc('tenant=s1'), desc('tenant=s2'));
   assert.deepEqual([1, 2, 3, 4, 5].map(() => overall(tier.check('api', desc('tenant=s1')))), ['OK', 'OK', 'OK', 'OK', 'OVER_LIMIT'], 'bronze burst 4');
   assert.equal(overall(tier.check('api', desc('tenant=s2'))), 'OK', 'each unknown tenant has its own bucket');
   assert.deepEqual(parseUnknownTenantPolicy('tier:gold'), { kind: 'tier', tier: 'gold' });
@@ -352,6 +365,7 @@ void test('unknown tenants: deny, allow, or a default tier', () => {
 void test('an override never lifts a global quota', () => {
   const h = harness(GLOBAL_RULES, { tenants: { tiers: TENANTS.tiers, tenants: { acme: 'bronze' } } });
   const withOverride = (): Decision => h.check('api', desc('tenant=acme', { limit: { requestsPerUnit: 1000, unit: 1 } }));
+  h.fill('api', desc('tenant=acme'));
   assert.deepEqual([1, 2, 3, 4, 5].map(() => overall(withOverride())), ['OK', 'OK', 'OK', 'OK', 'OVER_LIMIT']);
 });
 
