@@ -71,19 +71,24 @@ export interface HealthWatcher {
   write(status: number): void;
 }
 
+/** envoyproxy/ratelimit's health service name (`NewHealthChecker(health.NewServer(), "ratelimit", …)`), which deployments migrating from it probe. */
+export const RATELIMIT_HEALTH_NAME = 'ratelimit';
+/** The service names the health service knows: the whole server, the RLS, and envoyproxy/ratelimit's name. */
+export const HEALTH_SERVICE_NAMES: readonly string[] = Object.freeze(['', RLS_SERVICE_NAME, RATELIMIT_HEALTH_NAME]);
+
 export class HealthState {
   private serving = false;
   private readonly watchers = new Set<HealthWatcher>();
 
   /** The status of a service name, null for a service this server does not know. */
   statusOf(service: string): number | null {
-    if (service !== '' && service !== RLS_SERVICE_NAME) return null;
+    if (!HEALTH_SERVICE_NAMES.includes(service)) return null;
     return this.serving ? SERVING_STATUS.SERVING : SERVING_STATUS.NOT_SERVING;
   }
 
   all(): Map<string, number> {
     const s = this.serving ? SERVING_STATUS.SERVING : SERVING_STATUS.NOT_SERVING;
-    return new Map([['', s], [RLS_SERVICE_NAME, s]]);
+    return new Map(HEALTH_SERVICE_NAMES.map((name) => [name, s]));
   }
 
   set(serving: boolean): void {

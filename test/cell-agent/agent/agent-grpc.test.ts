@@ -233,7 +233,7 @@ void test('garbage: undecodable payloads get INVALID_ARGUMENT; raw bytes on the 
   assert.match(metrics, /cellquota_agent_rejected_requests_total\{reason="malformed"\} ([1-9]\d*)/);
 });
 
-void test('gRPC health: Check and Watch', async () => {
+void test('gRPC health: Check and Watch; also under envoyproxy/ratelimit\'s name "ratelimit"', async () => {
   const health = new HealthClient(unixTarget(socketPath), grpc.credentials.createInsecure());
   try {
     const check = (service: string): Promise<{ status: string }> => new Promise((resolve, reject) => {
@@ -241,6 +241,7 @@ void test('gRPC health: Check and Watch', async () => {
     });
     assert.deepEqual(await check(''), { status: 'SERVING' });
     assert.deepEqual(await check('envoy.service.ratelimit.v3.RateLimitService'), { status: 'SERVING' });
+    assert.deepEqual(await check('ratelimit'), { status: 'SERVING' }, 'the name envoyproxy/ratelimit registers and deployments probe');
     assert.equal((await grpcError(check('nope'))).code, grpc.status.NOT_FOUND);
     const watch = (health as unknown as { Watch: (r: unknown) => grpc.ClientReadableStream<{ status: string }> }).Watch({ service: '' });
     const first = await new Promise<{ status: string }>((resolve) => watch.once('data', resolve));

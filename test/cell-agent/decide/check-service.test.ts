@@ -5,6 +5,7 @@ import { performance } from 'node:perf_hooks';
 import assert from 'node:assert/strict';
 import { CheckService } from '../../../cell-agent/decide/check-service.js';
 import type { Decider } from '../../../cell-agent/decide/decide.js';
+import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
 import type { RlsRequest } from '../../../cell-agent/rls/rls-codec.js';
@@ -15,7 +16,7 @@ const REQ: RlsRequest = { domain: 'd', hitsAddend: 0, descriptors: [{ entries: [
 void test('an exception inside the decision is answered fail-open, counted and logged once a second', () => {
   const stats = createStatsShared(1);
   const cap = captureLogger();
-  const throwing = { decide: () => { throw new Error('boom'); } } as unknown as Decider;
+  const throwing = { options: { bounds: DEFAULT_REQUEST_BOUNDS }, decide: () => { throw new Error('boom'); } } as unknown as Decider;
   const service = new CheckService(throwing, new StatsWriter(stats, 0), null, cap.logger);
   for (let i = 0; i < 3; i++) {
     const out = service.check(REQ);
@@ -35,7 +36,7 @@ void test('an exception inside the decision is answered fail-open, counted and l
 void test('overloaded: answered at once without calling the decider', () => {
   const stats = createStatsShared(1);
   let called = 0;
-  const decider = { decide: () => { called++; throw new Error('not reached'); } } as unknown as Decider;
+  const decider = { options: { bounds: DEFAULT_REQUEST_BOUNDS }, decide: () => { called++; throw new Error('not reached'); } } as unknown as Decider;
   const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5 });
   const t0 = performance.now();
   lag.start(t0);

@@ -194,8 +194,8 @@ descriptors:
   assert.equal(overall(over()), 'OVER_LIMIT', 'no shadow mode for an override');
   assert.equal(h.check('o', desc('k=v')).response.statuses[0]?.limitRemaining, 999, 'the rule\'s counter is separate');
   assert.equal(overrideKey('o', [{ key: 'k', value: 'v' }]), '~o|o|k=v');
-  // Also for a domain without rules (envoyproxy/ratelimit requires the domain to exist; we do not).
-  assert.equal(overall(h.check('none', desc('x=y', { limit: { requestsPerUnit: 0, unit: 1 } }))), 'OVER_LIMIT');
+  // Not in a domain without rules: envoyproxy/ratelimit looks the domain up first, "no limit".
+  assert.deepEqual(h.check('none', desc('x=y', { limit: { requestsPerUnit: 0, unit: 1 } })).response.statuses[0], { code: 1, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
 });
 
 void test('all or nothing: when one descriptor is over the limit, no other counter is consumed', () => {
