@@ -31,12 +31,17 @@ function setup(overrides: QuotaOverrides | null) {
     { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: overrides === null, cell: 'eu-west' },
   );
   decider.setRules(compileRules([parseRulesYaml(RULES, 'rules.yaml')]));
-  const check = (key: string, value: string): Decision => {
-    const r = decider.decide({ domain: 'api', descriptors: [{ entries: [{ key, value }], limit: null, hitsAddend: null }], hitsAddend: 0 });
+  const check = (key: string, value: string, hits: number | null = null): Decision => {
+    const r = decider.decide({ domain: 'api', descriptors: [{ entries: [{ key, value }], limit: null, hitsAddend: hits }], hitsAddend: 0 });
     if (!r.ok) throw new Error(r.failure.message);
     return r.decision;
   };
-  return { check, refusals, now };
+  /** Global buckets start empty when created: a 0-hit check creates them, then 1 s lets them fill. */
+  const fill = (...tenants: string[]): void => {
+    for (const t of tenants) check('tenant', t, 0);
+    now.ns += S;
+  };
+  return { check, fill, refusals, now };
 }
 
 function headers(d: Decision): Record<string, string> {
@@ -56,7 +61,7 @@ void test('a local rule refuses: named, no lease, the cell', () => {
 void test('the tier cap and the tenant quota on static shares; an unknown tenant', () => {
   const s = setup(null);
   // Global buckets start empty: the tenant (burst 2) and the cap (burst 3) fill at 10/s.
-  s.now.ns += S;
+  s.fill('acme', 'globex');
   for (let i = 0; i < 2; i++) assert.equal(s.check('tenant', 'acme').overLimit, false);
   const tenant = s.check('tenant', 'acme');
   assert.deepEqual(headers(tenant), { [REFUSED_BY_HEADER]: 'tenant-quota', [REFUSED_LIMIT_HEADER]: 'tenant/acme', [DECIDED_ON_HEADER]: 'static-share', [CELL_HEADER]: 'eu-west' });
@@ -74,7 +79,7 @@ void test('on a lease the epoch is named; after the lease, the floor with the gr
   const overrides = new QuotaOverrides();
   overrides.apply([{ key: 'tenant/acme', rate: 10, burst: 1, leased: true, epoch: 7 }]);
   const s = setup(overrides);
-  s.now.ns += S;
+  s.fill('acme');
   assert.equal(s.check('tenant', 'acme').overLimit, false);
   const leased = s.check('tenant', 'acme');
   assert.equal(headers(leased)[DECIDED_ON_HEADER], 'lease epoch=7');
