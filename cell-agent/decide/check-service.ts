@@ -66,17 +66,19 @@ export class CheckService {
     const start = performance.now();
     // The request errors and input bounds first, before the overload guard: a request over a bound
     // is refused on every transport, even when its own size is what made the thread late.
-    const failure = checkRequest(req, this.decider.options.bounds);
-    if (failure !== null) {
-      this.stats.rejected('invalid');
-      return { kind: 'error', code: failure.code, message: failure.message };
-    }
-    if (this.lag !== null && this.lag.overloaded(start)) {
-      this.stats.failOpen('overload');
-      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
-      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
-    }
+    // An exception while checking the bounds (a request object built by an embedding app, with a
+    // throwing getter) is an internal error like one inside the decision: the catch below.
     try {
+      const failure = checkRequest(req, this.decider.options.bounds);
+      if (failure !== null) {
+        this.stats.rejected('invalid');
+        return { kind: 'error', code: failure.code, message: failure.message };
+      }
+      if (this.lag !== null && this.lag.overloaded(start)) {
+        this.stats.failOpen('overload');
+        this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+        return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
+      }
       const result = this.decider.decide(req);
       if (!result.ok) {
         this.stats.rejected('invalid');

@@ -2,9 +2,8 @@
 // allowance: a visitor whose requests alternate between them is admitted within rate·W + burst in
 // every 1 s window; beside them, two nginx with `limit_req` at the same rate and burst admit about
 // twice it (each counts alone). The visitor's quota is a global quota on remote_address: tier
-// `visitor` and the visitor as a tenant, written through the admin API. Today each agent also needs
-// the same tiers in its --tenants file for its static share before the first grant (issue 12 makes
-// the coordinator the only source; then that file goes).
+// `visitor` and the visitor as a tenant, written through the admin API, which is the gateways' only
+// source of it (no tenants file beside --coordinators).
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
@@ -37,12 +36,10 @@ before(async () => {
   upstream = await startUpstream();
   const rules = join(cluster.root, 'rules.yaml');
   writeFileSync(rules, 'domain: edge\ndescriptors:\n  - key: remote_address\n    global: true\n');
-  const tenants = join(cluster.root, 'tenants.yaml');
-  writeFileSync(tenants, `tiers:\n  visitor: {rate: ${RATE}, burst: ${BURST}}\ntenants:\n  "${VISITOR}": visitor\n`);
   const coordinators = ids.map((id) => `127.0.0.1:${cluster.replica(id).peerPort}`).join(',');
   for (const cell of ['gw-a', 'gw-b']) {
     gateways.push(await startGateway(parseGatewayConfig({
-      listen: '127.0.0.1:0', health: '127.0.0.1:0', upstream: upstream.url, rules, tenants, coordinators, cell, staticShare: '0.5',
+      listen: '127.0.0.1:0', health: '127.0.0.1:0', upstream: upstream.url, rules, coordinators, cell,
     }), captureLogger().logger));
   }
   for (const g of gateways) {
