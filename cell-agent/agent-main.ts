@@ -42,6 +42,7 @@ import { Counter, Gauge } from 'prom-client';
 import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseState } from './lease/lease-client.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
+import { LeaseDeadline, deadlineWriter, monotonicMsOf } from './lease/lease-deadline.js';
 import type { ClampedEntry } from './lease/quota-overrides.js';
 import type { VelocitySample } from './velocity/velocity-table.js';
 
@@ -123,6 +124,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   const velocityKeys = new VelocityKeys(velocityTable);
   velocityTable.onNewKey = (slot, gen, key) => velocityKeys.learn(slot, gen, key);
   const stats = createStatsShared(config.workers + 1);
+  // The lease's end, read by every deciding thread (lease-deadline.ts) on the same clock as the buckets.
+  const deadline = LeaseDeadline.create();
 
   const deciderOptions: DeciderOptions = {
     bounds: {
@@ -144,7 +147,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   // ---- the main thread's own checks (HTTP API) --------------------------------------------------
   const mainThrottle = new ThrottleCounts();
   const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
-  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits, why) => mainThrottle.add(key, hits, why), overrides }, deciderOptions);
+  const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits, why) => mainThrottle.add(key, hits, why), overrides, deadline }, deciderOptions);
   mainDecider.setRules(currentRules);
   const mainLag = new LagGuard(lagOptions);
   const mainService = new CheckService(mainDecider, new StatsWriter(stats, config.workers), mainLag, componentLogger(logger, 'http'));
@@ -187,6 +190,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     table: table.shared,
     velocity: velocityTable.shared,
     stats,
+    deadline: deadline.shared,
     quotaFile,
     coordinated,
     staticShare: config.staticShare,
@@ -386,6 +390,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       logger: componentLogger(logger, 'lease'),
       velocity: () => velocityKeys.snapshot(clock()),
       failOpenTotal: () => Object.values(readStats(stats).failOpen).reduce((a, b) => a + b, 0),
+      monotonicMs: monotonicMsOf(clock, startNs),
+      deadline: deadlineWriter(deadline, startNs),
       onOverrides: (entries) => {
         const clamped = overrides.apply(entries);
         const seq = ++overrideSeq;

@@ -10,6 +10,7 @@ import type { RulesSnapshot } from './agent-rules.js';
 import type { RlsEndpoints, RlsListenOptions } from './rls/rls-server.js';
 import type { VelocityShared } from './velocity/velocity-table.js';
 import type { OverrideEntry } from './lease/quota-overrides.js';
+import type { LeaseDeadlineShared } from './lease/lease-deadline.js';
 
 export interface WorkerInit {
   readonly index: number;
@@ -18,6 +19,8 @@ export interface WorkerInit {
   readonly table: BucketTableShared;
   readonly velocity: VelocityShared;
   readonly stats: StatsShared;
+  /** The lease's end (lease-deadline.ts), written by the main thread's lease client. */
+  readonly deadline: LeaseDeadlineShared;
   readonly quotaFile: QuotaFile;
   /** Started with --coordinators: every quota comes from the coordinator's entries (CoordinatedQuotas). */
   readonly coordinated: boolean;

@@ -10,6 +10,7 @@ import { CheckService } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
+import { LeaseDeadline } from './lease/lease-deadline.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { StatsWriter } from './observe/stats.js';
 import { ThrottleCounts } from './observe/throttle-log.js';
@@ -43,7 +44,7 @@ async function main(): Promise<void> {
     overrides.apply(init.overrides);
     const quotas = init.coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const decider = new Decider(
-      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides },
+      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides, deadline: LeaseDeadline.attach(init.deadline) },
       init.decider,
     );
     decider.setRules(compileSnapshot(init.rules));

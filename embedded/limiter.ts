@@ -20,6 +20,7 @@ import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { LeaseClient } from '../cell-agent/lease/lease-client.js';
 import type { LeaseState } from '../cell-agent/lease/lease-client.js';
 import { QuotaOverrides } from '../cell-agent/lease/quota-overrides.js';
+import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
 import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry } from '../cell-agent/rls/rls-codec.js';
 import { RLS_CODE } from '../cell-agent/rls/rls-codec.js';
@@ -136,6 +137,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   const clock = (): bigint => process.hrtime.bigint();
   const table = new BucketTable({ capacity: o.tableCapacity, startNs });
   const overrides = coordinated ? new QuotaOverrides() : null;
+  const deadline = coordinated ? LeaseDeadline.create() : null;
   let velocityKeys: VelocityKeys | null = null;
   let velocityTable: VelocityTable | null = null;
   if (coordinated) {
@@ -144,7 +146,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     velocityTable.onNewKey = (slot, gen, key) => keys.learn(slot, gen, key);
     velocityKeys = keys;
   }
-  const decider = new Decider({ table, quotas, clock, velocity: velocityTable, overrides }, {
+  const decider = new Decider({ table, quotas, clock, velocity: velocityTable, overrides, deadline }, {
     bounds: DEFAULT_REQUEST_BOUNDS,
     responseHeaders: false,
     tableFull: o.tableFull,
@@ -171,6 +173,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       coordinatorById: byId,
       logger: logger as Logger,
       velocity: () => keys.snapshot(clock()),
+      ...(deadline === null ? {} : { monotonicMs: monotonicMsOf(clock, startNs), deadline: deadlineWriter(deadline, startNs) }),
       // One thread: the Decider reads the same QuotaOverrides, so a grant is in force once applied.
       onOverrides: (entries) => overrides.apply(entries),
       onStateChange: (state) => {

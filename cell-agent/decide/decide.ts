@@ -55,6 +55,7 @@ import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsRespo
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { QuotaSlice, StaticQuotas } from './quotas.js';
 import type { QuotaOverrides } from '../lease/quota-overrides.js';
+import type { LeaseDeadline } from '../lease/lease-deadline.js';
 import { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js';
 import { GRPC_STATUS, checkRequest } from './request-check.js';
 import type { RequestBounds, RequestFailure } from './request-check.js';
@@ -112,6 +113,8 @@ export interface DeciderDeps {
   readonly onRefused?: ((key: string, hits: number, why: Refusal) => void) | null;
   /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
   readonly overrides?: QuotaOverrides | null;
+  /** The lease's end in shared memory (lease-deadline.ts): a leased grant whose lease ended decides on its floor at once. */
+  readonly deadline?: LeaseDeadline | null;
 }
 
 export interface DeciderOptions {
@@ -194,6 +197,8 @@ export class Decider {
   private rules: RuleSet | null = null;
   private readonly ruleLimits = new WeakMap<object, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
   private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
+  /** The current decision's clock reading (the lease deadline is compared with it while planning). */
+  private nowNs = 0n;
 
   constructor(private readonly deps: DeciderDeps, readonly options: DeciderOptions) {}
 
@@ -211,6 +216,7 @@ export class Decider {
     const rules = this.rules;
     if (rules === null) return { ok: false, failure: { code: GRPC_STATUS.UNKNOWN, message: NO_CONFIG_MESSAGE } };
     const nowNs = this.deps.clock();
+    this.nowNs = nowNs;
     const { plans, levels } = this.plan(rules, req);
     return { ok: true, decision: this.evaluate(plans, levels, nowNs) };
   }
@@ -291,7 +297,10 @@ export class Decider {
   /** A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no level). */
   private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean, kind: RefusingLevel): void {
     const overrides = this.deps.overrides;
-    const o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
+    let o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
+    // A leased grant holds only while its lease does: past the deadline, its floor (lease-deadline.ts).
+    const deadline = this.deps.deadline;
+    if (o !== undefined && o.lease !== null && o.floor !== null && deadline !== undefined && deadline !== null && !deadline.live(o.lease, this.nowNs)) o = o.floor;
     const use = o ?? slice;
     if (use === null) return;
     this.addLevel(levels, plan, i, globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null });

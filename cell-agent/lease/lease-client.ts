@@ -29,6 +29,13 @@
 // dropped. A grant marked deleted (the quota was deleted) is acknowledged and forgotten. The capped
 // domains come with the answer whenever the agent's copy is stale.
 //
+// The lease's end also lives in shared memory when a LeaseDeadline writer is given (lease-deadline.ts):
+// leased entries carry the lease generation, and every deciding thread falls to the floors once the
+// deadline passed, without waiting for this client's expiry timer (the main thread may be busy).
+//
+// Inputs: the transport (gRPC by default), the timers, the clocks and the randomness (incarnations,
+// jitter) can be given, so the quota simulation runs this very client in simulated time.
+//
 // Applying an answer never throws out of the client: an entry the bucket table cannot hold is
 // clamped (QuotaOverrides) and logged; any other error while applying is logged, the grants of that
 // answer are not acknowledged, and their keys stay on their floors (pending if they have none).
@@ -38,6 +45,7 @@ import type { Logger } from '../../shared/logging.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
 import type { ClampedEntry, OverrideEntry } from './quota-overrides.js';
+import type { LeaseDeadlineWriter } from './lease-deadline.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
 /** Delay of the extra report that acknowledges newly applied grants. */
@@ -88,6 +96,97 @@ export interface LeaseClientOptions {
   /** Monotonic clock in ms (default performance.now). */
   readonly monotonicMs?: () => number;
   readonly credentials?: grpc.ChannelCredentials;
+  /** The lease's end in shared memory, on the same clock as monotonicMs (the deciders read it). */
+  readonly deadline?: LeaseDeadlineWriter;
+  /** How reports reach the coordinators (default: gRPC with `credentials`). */
+  readonly transport?: LeaseTransport;
+  /** Timers (default the process's, unref'd). */
+  readonly timers?: LeaseTimers;
+  /** Wall clock in ms, for the report's sent_at stamp (default Date.now). */
+  readonly wallMs?: () => number;
+  /** Uniform in [0, 1): the first coordinator tried and the backoff jitter (default Math.random). */
+  readonly random?: () => number;
+  /** A new agent incarnation id (default randomUUID). */
+  readonly newIncarnation?: () => string;
+}
+
+/** A failed report: the gRPC status code and details, and the leader a FAILED_PRECONDITION names. */
+export interface LeaseCallError {
+  readonly code: grpc.status;
+  readonly details: string;
+  readonly leaderId?: string;
+  readonly leaderAddress?: string;
+}
+
+export type LeaseCallResult = { readonly res: ReportResponseMessage } | { readonly err: LeaseCallError };
+
+/** One Report call to `address`, failed after `deadlineMs`; close() releases every connection. */
+export interface LeaseTransport {
+  report(address: string, req: ReportRequestMessage, deadlineMs: number): Promise<LeaseCallResult>;
+  close(): void;
+}
+
+export interface LeaseTimers {
+  setTimeout(fn: () => void, ms: number): unknown;
+  clearTimeout(handle: unknown): void;
+}
+
+const PROCESS_TIMERS: LeaseTimers = {
+  setTimeout: (fn, ms) => setTimeout(fn, ms).unref(),
+  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
+};
+
+/** The lease service over gRPC (one channel per address). */
+export class GrpcLeaseTransport implements LeaseTransport {
+  private readonly svc = loadQuotaLeaseService();
+  private readonly Client = grpc.makeGenericClientConstructor(loadQuotaLeaseService().definition, 'QuotaLease');
+  private readonly clients = new Map<string, grpc.Client>();
+
+  constructor(private readonly credentials?: grpc.ChannelCredentials) {}
+
+  report(address: string, req: ReportRequestMessage, deadlineMs: number): Promise<LeaseCallResult> {
+    return new Promise((resolve) => {
+      this.client(address).makeUnaryRequest(
+        this.svc.report.path,
+        this.svc.report.requestSerialize,
+        this.svc.report.responseDeserialize,
+        req,
+        { deadline: Date.now() + deadlineMs },
+        (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {
+          if (err === null && res !== undefined) {
+            resolve({ res });
+            return;
+          }
+          if (err === null) {
+            resolve({ err: { code: grpc.status.INTERNAL, details: 'empty answer' } });
+            return;
+          }
+          const leaderId = err.metadata?.get(LEADER_ID_TRAILER)[0];
+          const leaderAddress = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
+          resolve({ err: {
+            code: err.code,
+            details: err.details,
+            ...(typeof leaderId === 'string' ? { leaderId } : {}),
+            ...(typeof leaderAddress === 'string' ? { leaderAddress } : {}),
+          } });
+        },
+      );
+    });
+  }
+
+  close(): void {
+    for (const c of this.clients.values()) c.close();
+    this.clients.clear();
+  }
+
+  private client(address: string): grpc.Client {
+    let c = this.clients.get(address);
+    if (c === undefined) {
+      c = new this.Client(address, this.credentials ?? grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+      this.clients.set(address, c);
+    }
+    return c;
+  }
 }
 
 interface HeldGrant {
@@ -116,14 +215,18 @@ export interface LeaseClientStatus {
 }
 
 export class LeaseClient {
-  private readonly svc = loadQuotaLeaseService();
-  private readonly Client = grpc.makeGenericClientConstructor(loadQuotaLeaseService().definition, 'QuotaLease');
-  private readonly clients = new Map<string, grpc.Client>();
+  private readonly transport: LeaseTransport;
+  private readonly timers: LeaseTimers;
+  private readonly wall: () => number;
+  private readonly random: () => number;
+  private readonly newIncarnation: () => string;
   private readonly interval: number;
   private readonly deadline: number;
   private readonly windowMs: number;
   private readonly mono: () => number;
-  private incarnation = randomUUID();
+  private incarnation: string;
+  /** The lease generation of this incarnation's grants (lease-deadline.ts); null without a deadline writer. */
+  private generation: number | null;
   private target: string;
   private nextConfigured = 0;
   private leader: string | null = null;
@@ -143,8 +246,8 @@ export class LeaseClient {
   private inFlight = false;
   /** An acknowledgement is waiting: report again right after the call in flight. */
   private soon = false;
-  private timer: NodeJS.Timeout | null = null;
-  private expiryTimer: NodeJS.Timeout | null = null;
+  private timer: unknown = null;
+  private expiryTimer: unknown = null;
   private stopped = false;
   private reportsOk = 0;
   private reportsFailed = 0;
@@ -155,7 +258,14 @@ export class LeaseClient {
     this.deadline = opts.deadlineMs ?? Math.max(50, Math.floor(this.interval * 0.8));
     this.windowMs = opts.velocityWindowMs ?? 500;
     this.mono = opts.monotonicMs ?? (() => performance.now());
-    this.nextConfigured = Math.floor(Math.random() * opts.coordinators.length);
+    this.transport = opts.transport ?? new GrpcLeaseTransport(opts.credentials);
+    this.timers = opts.timers ?? PROCESS_TIMERS;
+    this.wall = opts.wallMs ?? Date.now;
+    this.random = opts.random ?? Math.random;
+    this.newIncarnation = opts.newIncarnation ?? randomUUID;
+    this.incarnation = this.newIncarnation();
+    this.generation = opts.deadline?.currentGeneration() ?? null;
+    this.nextConfigured = Math.floor(this.random() * opts.coordinators.length);
     this.target = opts.coordinators[this.nextConfigured] as string;
   }
 
@@ -165,12 +275,11 @@ export class LeaseClient {
 
   stop(): void {
     this.stopped = true;
-    if (this.timer !== null) clearTimeout(this.timer);
-    if (this.expiryTimer !== null) clearTimeout(this.expiryTimer);
+    if (this.timer !== null) this.timers.clearTimeout(this.timer);
+    if (this.expiryTimer !== null) this.timers.clearTimeout(this.expiryTimer);
     this.timer = null;
     this.expiryTimer = null;
-    for (const c of this.clients.values()) c.close();
-    this.clients.clear();
+    this.transport.close();
   }
 
   status(): LeaseClientStatus {
@@ -188,21 +297,11 @@ export class LeaseClient {
 
   private schedule(ms: number): void {
     if (this.stopped) return;
-    if (this.timer !== null) clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
+    if (this.timer !== null) this.timers.clearTimeout(this.timer);
+    this.timer = this.timers.setTimeout(() => {
       this.timer = null;
       void this.tick();
     }, ms);
-    this.timer.unref();
-  }
-
-  private client(address: string): grpc.Client {
-    let c = this.clients.get(address);
-    if (c === undefined) {
-      c = new this.Client(address, this.opts.credentials ?? grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
-      this.clients.set(address, c);
-    }
-    return c;
   }
 
   private velocityMessages(): VelocityMessage[] {
@@ -249,7 +348,7 @@ export class LeaseClient {
       this.schedule(Math.max(0, this.interval - (this.mono() - startedAt)));
     } else {
       const backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(this.failures - 1, 3));
-      this.schedule(backoff * (0.5 + Math.random() * 0.5));
+      this.schedule(backoff * (0.5 + this.random() * 0.5));
     }
   }
 
@@ -258,22 +357,10 @@ export class LeaseClient {
     const incarnation = this.incarnation;
     const acks: AckMessage[] = [...this.pendingAcks].map(([key, epoch]) => ({ key, epoch }));
     const velocity = this.velocityMessages();
-    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: Date.now(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull };
+    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: this.wall(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull };
     const address = this.target;
     const sentAt = this.mono();
-    const result = await new Promise<{ res: ReportResponseMessage } | { err: grpc.ServiceError }>((resolve) => {
-      this.client(address).makeUnaryRequest(
-        this.svc.report.path,
-        this.svc.report.requestSerialize,
-        this.svc.report.responseDeserialize,
-        req,
-        { deadline: Date.now() + this.deadline },
-        (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {
-          if (err !== null || res === undefined) resolve({ err: err ?? Object.assign(new Error('empty answer'), { code: grpc.status.INTERNAL, details: 'empty answer', metadata: new grpc.Metadata() }) });
-          else resolve({ res });
-        },
-      );
-    });
+    const result = await this.transport.report(address, req, this.deadline);
     if (this.stopped) return false;
     if ('err' in result) {
       this.onFailure(address, result.err);
@@ -291,12 +378,12 @@ export class LeaseClient {
     return true;
   }
 
-  private onFailure(address: string, err: grpc.ServiceError): void {
+  private onFailure(address: string, err: LeaseCallError): void {
     this.reportsFailed++;
     if (err.code === grpc.status.FAILED_PRECONDITION) {
-      const hintedId = err.metadata?.get(LEADER_ID_TRAILER)[0];
+      const hintedId = err.leaderId;
       const own = typeof hintedId === 'string' ? this.opts.coordinatorById?.get(hintedId) : undefined;
-      const hinted = own ?? err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
+      const hinted = own ?? err.leaderAddress;
       if (typeof hinted === 'string' && hinted !== '' && hinted !== address) {
         this.opts.logger.info({ from: address, to: hinted }, 'following the coordinator leader');
         this.target = hinted;
@@ -317,6 +404,7 @@ export class LeaseClient {
     this.leaseExpiresAt = Math.max(this.leaseExpiresAt, sentAt + ttl);
     // An answer so late that the lease it renewed is already over: its grants apply as floors only.
     const live = this.leaseExpiresAt > this.mono();
+    if (live) this.opts.deadline?.renew(this.leaseExpiresAt);
     const changed = new Map<string, OverrideEntry>();
     const toAck: [string, number][] = [];
     const forgotten: string[] = [];
@@ -338,13 +426,13 @@ export class LeaseClient {
       const h: HeldGrant = { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst, version: g.version, parent };
       this.grants.set(g.key, h);
       newHeld.set(g.key, h);
-      changed.set(g.key, live ? leasedEntry(g.key, h) : floorEntry(g.key, h));
+      changed.set(g.key, live ? leasedEntry(g.key, h, this.generation) : floorEntry(g.key, h));
     }
     this.applyDefinitions(res, granted, forgotten, changed);
     if (res.full) this.haveFull = true;
     if (live && this.state !== 'leased') {
       // Resuming (or the first lease): every held grant is in force again.
-      for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g));
+      for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g, this.generation));
       this.setState('leased');
       this.opts.logger.info({ leader: this.leader, grants: this.grants.size }, 'lease acquired: global quotas run on leased grants');
     }
@@ -436,10 +524,9 @@ export class LeaseClient {
   }
 
   private armExpiry(): void {
-    if (this.expiryTimer !== null) clearTimeout(this.expiryTimer);
+    if (this.expiryTimer !== null) this.timers.clearTimeout(this.expiryTimer);
     const wait = this.leaseExpiresAt - this.mono();
-    this.expiryTimer = setTimeout(() => this.checkExpiry(), Math.max(0, wait));
-    this.expiryTimer.unref();
+    this.expiryTimer = this.timers.setTimeout(() => this.checkExpiry(), Math.max(0, wait));
   }
 
   /** Drops to floors when the lease has expired (also called by the timer). */
@@ -455,7 +542,10 @@ export class LeaseClient {
     this.grants.clear();
     this.pendingAcks.clear();
     this.haveFull = false;
-    this.incarnation = randomUUID();
+    this.incarnation = this.newIncarnation();
+    // Every deciding thread: grants of the old generation are floors from now on (they already are,
+    // by the deadline; this keeps them so once a new lease renews it).
+    if (this.opts.deadline !== undefined) this.generation = this.opts.deadline.nextGeneration();
     this.setState('expired');
     this.opts.logger.warn({ floors: entries.length, leader: this.leader }, 'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again');
     if (entries.length === 0) return;
@@ -478,9 +568,11 @@ function validGrant(g: GrantMessage): boolean {
   return Number.isSafeInteger(g.epoch) && g.epoch > 0 && [g.rate, g.burst, g.floorRate, g.floorBurst].every((v) => Number.isFinite(v) && v >= 0);
 }
 
-/** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor). */
-function leasedEntry(key: string, g: HeldGrant): OverrideEntry {
-  return { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent, epoch: g.epoch };
+/** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor);
+ * with a deadline in shared memory, only while the lease of `generation` lasts, then the floor. */
+function leasedEntry(key: string, g: HeldGrant, generation: number | null): OverrideEntry {
+  const entry = { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent, epoch: g.epoch };
+  return generation === null ? entry : { ...entry, lease: generation, floorRate: g.floorRate, floorBurst: g.floorBurst };
 }
 
 /** Without a live lease a cell uses the floor stamped on its latest grant (the ledger holds it counted). */

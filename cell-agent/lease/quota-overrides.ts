@@ -28,13 +28,21 @@ const ALLOW_RATE = 1e9;
  * fail-static there), the removal of a key, or an unknown tenant the coordinator's policy admits.
  */
 export type OverrideEntry =
-  | { readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null; readonly epoch?: number }
+  | {
+    readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null; readonly epoch?: number;
+    /** A leased grant: the lease generation it arrived in (lease-deadline.ts) and the floor the deciders fall to once that lease ended. */
+    readonly lease?: number; readonly floorRate?: number; readonly floorBurst?: number;
+  }
   | { readonly key: string; readonly remove: true }
   | { readonly key: string; readonly allowUnknown: true };
 
 export interface OverrideSlice extends CoordinatedSlice {
   readonly leased: boolean;
   readonly epoch: number | null;
+  /** A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to check. */
+  readonly lease: number | null;
+  /** What a leased grant decides on once its lease ended (its floor, not leased); null when `lease` is null. */
+  readonly floor: OverrideSlice | null;
 }
 
 /** A key whose rate and burst had to be clamped to fit the bucket table. */
@@ -52,6 +60,8 @@ const ALLOW_SLICE: OverrideSlice = Object.freeze({
   burst: ALLOW_RATE,
   leased: true,
   epoch: null,
+  lease: null,
+  floor: null,
   parent: null,
   unknown: true,
 });
@@ -82,11 +92,10 @@ export class QuotaOverrides {
         this.map.set(e.key, ALLOW_SLICE);
         continue;
       }
-      const rate = Number.isFinite(e.rate) ? Math.max(0, e.rate) : 0;
-      const wanted = Number.isFinite(e.burst) ? Math.max(0, Math.floor(e.burst + 1e-9)) : 0;
-      const burst = Math.min(wanted, deepestBurst(rate));
-      if (burst < wanted) clamped.push({ key: e.key, rate, burst: wanted, appliedBurst: burst });
-      this.map.set(e.key, { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, e.key), rate, burst, leased: e.leased, epoch: e.epoch ?? null, parent: e.parent ?? null, unknown: false });
+      const epoch = e.epoch ?? null;
+      const parent = e.parent ?? null;
+      const floor = e.leased && e.lease !== undefined ? sliceOf(e.key, e.floorRate ?? 0, e.floorBurst ?? 0, false, epoch, parent, null, null, clamped) : null;
+      this.map.set(e.key, sliceOf(e.key, e.rate, e.burst, e.leased, epoch, parent, floor === null ? null : (e.lease ?? null), floor, clamped));
     }
     return clamped;
   }
@@ -95,6 +104,15 @@ export class QuotaOverrides {
   entries(): OverrideEntry[] {
     return [...this.given.values()];
   }
+}
+
+/** One key's slice, its burst clamped to what the bucket table holds (recorded in `clamped`). */
+function sliceOf(key: string, rateIn: number, burstIn: number, leased: boolean, epoch: number | null, parent: string | null, lease: number | null, floor: OverrideSlice | null, clamped: ClampedEntry[]): OverrideSlice {
+  const rate = Number.isFinite(rateIn) ? Math.max(0, rateIn) : 0;
+  const wanted = Number.isFinite(burstIn) ? Math.max(0, Math.floor(burstIn + 1e-9)) : 0;
+  const burst = Math.min(wanted, deepestBurst(rate));
+  if (burst < wanted) clamped.push({ key, rate, burst: wanted, appliedBurst: burst });
+  return { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, key), rate, burst, leased, epoch, lease, floor, parent, unknown: false };
 }
 
 /** The largest whole burst whose window T·burst fits the bucket table at this rate (as limitFromRate computes T). */

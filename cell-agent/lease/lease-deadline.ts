@@ -1,0 +1,116 @@
+// The lease's end, where every deciding thread reads it: one SharedArrayBuffer shared by the agent's
+// main thread (the lease client writes it) and its worker threads (each Decider reads it).
+//
+// A live grant is in force only while the lease that carried it is: the Decider compares its own
+// clock reading (the one it already takes per decision, the bucket table's monotonic ns) with the
+// deadline here, and decides on the grant's floor once it passed, whatever the main thread is doing
+// (serving HTTP, a long GC pause, a rule reload, a blocked event loop): the lease client's expiry
+// timer and its floors message only tidy up afterwards. Cost on the hot path: per global level on a
+// leased grant, one 64-bit and one 32-bit atomic load and a comparison, against a clock reading
+// the decision takes anyway.
+//
+// Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), then an Int32:
+// the lease generation. The client starts a new generation whenever it forgets its grants (the lease
+// expired: it takes a new incarnation, and the coordinator may have re-granted what it held); a
+// grant is tagged with the generation it arrived in, and a grant of an older generation is never in
+// force again, even once a new lease renews the deadline before that thread saw the floors message.
+// Ordering: the writer bumps the generation BEFORE it publishes a deadline of the new generation;
+// a reader loads the deadline BEFORE the generation. So a reader that sees the new deadline sees
+// the new generation too (Atomics are sequentially consistent), and an old grant never rides on a
+// new lease.
+
+/** What a worker needs to attach the deadline (structured-cloneable). */
+export interface LeaseDeadlineShared {
+  readonly buffer: SharedArrayBuffer;
+}
+
+/** No live lease: below any clock reading. */
+const NO_LEASE = -(1n << 62n);
+const D_DEADLINE = 0;
+const G_GENERATION = 0;
+const BYTES = 16;
+
+export class LeaseDeadline {
+  readonly shared: LeaseDeadlineShared;
+  private readonly deadline: BigInt64Array;
+  private readonly generation: Int32Array;
+
+  private constructor(buffer: SharedArrayBuffer) {
+    if (buffer.byteLength !== BYTES) throw new TypeError(`lease deadline: a ${BYTES}-byte SharedArrayBuffer expected, got ${buffer.byteLength}`);
+    this.deadline = new BigInt64Array(buffer, 0, 1);
+    this.generation = new Int32Array(buffer, 8, 1);
+    this.shared = Object.freeze({ buffer });
+  }
+
+  /** A new deadline: no lease, generation 0. */
+  static create(): LeaseDeadline {
+    const d = new LeaseDeadline(new SharedArrayBuffer(BYTES));
+    Atomics.store(d.deadline, D_DEADLINE, NO_LEASE);
+    return d;
+  }
+
+  /** Map a deadline created by another thread. */
+  static attach(shared: LeaseDeadlineShared): LeaseDeadline {
+    return new LeaseDeadline(shared.buffer);
+  }
+
+  // ---- the writer (the lease client's thread) -------------------------------------------------
+
+  /** The generation grants arriving now are tagged with. */
+  currentGeneration(): number {
+    return Atomics.load(this.generation, G_GENERATION);
+  }
+
+  /** Ends the lease and starts a new generation (its grants are floors from now on); returns it. */
+  nextGeneration(): number {
+    Atomics.store(this.deadline, D_DEADLINE, NO_LEASE);
+    const next = (Atomics.load(this.generation, G_GENERATION) + 1) | 0;
+    Atomics.store(this.generation, G_GENERATION, next);
+    return next;
+  }
+
+  /** The lease of the current generation lasts until `deadlineNs` (never shortened here: the client only extends it). */
+  renewUntil(deadlineNs: bigint): void {
+    if (deadlineNs > Atomics.load(this.deadline, D_DEADLINE)) Atomics.store(this.deadline, D_DEADLINE, deadlineNs);
+  }
+
+  // ---- the readers (every deciding thread) ----------------------------------------------------
+
+  /** Whether a grant of `generation` is in force at `nowNs` (the deciders' clock). */
+  live(generation: number, nowNs: bigint): boolean {
+    if (nowNs >= Atomics.load(this.deadline, D_DEADLINE)) return false;
+    return Atomics.load(this.generation, G_GENERATION) === generation;
+  }
+
+  /** ns left of the lease at `nowNs` (≤ 0: none). */
+  remainingNs(nowNs: bigint): bigint {
+    const d = Atomics.load(this.deadline, D_DEADLINE);
+    return d === NO_LEASE ? 0n : d - nowNs;
+  }
+}
+
+/**
+ * The lease client's view of a LeaseDeadline on the deciders' clock: its monotonic clock in ms since
+ * `originNs`, and the hooks it reports lease generations and ends through.
+ */
+export interface LeaseDeadlineWriter {
+  /** A new generation (the client forgot its grants); returns it. */
+  nextGeneration(): number;
+  currentGeneration(): number;
+  /** The lease lasts until `expiresAtMs` on the client's monotonic clock. */
+  renew(expiresAtMs: number): void;
+}
+
+export function deadlineWriter(deadline: LeaseDeadline, originNs: bigint): LeaseDeadlineWriter {
+  return {
+    nextGeneration: () => deadline.nextGeneration(),
+    currentGeneration: () => deadline.currentGeneration(),
+    // Rounded down: the deciders' deadline is never later than the client's.
+    renew: (expiresAtMs) => deadline.renewUntil(originNs + BigInt(Math.floor(expiresAtMs * 1e6))),
+  };
+}
+
+/** The client's monotonic clock in ms on the deciders' clock `nowNs` (ns), counted from `originNs`. */
+export function monotonicMsOf(nowNs: () => bigint, originNs: bigint): () => number {
+  return () => Number(nowNs() - originNs) / 1e6;
+}
