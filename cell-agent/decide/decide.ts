@@ -56,6 +56,7 @@ import { RLS_CODE } from '../rls/rls-codec.js';
 import type { QuotaSlice, StaticQuotas } from './quotas.js';
 import type { QuotaOverrides } from '../lease/quota-overrides.js';
 import type { LeaseDeadline } from '../lease/lease-deadline.js';
+import { planted } from '../../shared/planted-bugs.js';
 import { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js';
 import { GRPC_STATUS, checkRequest } from './request-check.js';
 import type { RequestBounds, RequestFailure } from './request-check.js';
@@ -199,6 +200,8 @@ export class Decider {
   private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
   /** The current decision's clock reading (the lease deadline is compared with it while planning). */
   private nowNs = 0n;
+  /** The planted bug 'rule-path-buckets' only: the domain and rule path of the global match being planned. */
+  private path = '';
 
   constructor(private readonly deps: DeciderDeps, readonly options: DeciderOptions) {}
 
@@ -283,6 +286,7 @@ export class Decider {
   private addGlobal(levels: Map<string, Level>, plan: DescriptorPlan, i: number, domain: string, m: RuleMatch, hits: number): void {
     const quotas = this.deps.quotas;
     const tenantId = m.global?.value ?? '';
+    if (planted['rule-path-buckets']) this.path = `${domain}|${m.bucketKey}`;
     const tenantQuota = tenantKey(tenantId);
     const r = quotas.resolve(tenantId);
     if (r.kind === 'deny') {
@@ -300,10 +304,10 @@ export class Decider {
     let o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
     // A leased grant holds only while its lease does: past the deadline, its floor (lease-deadline.ts).
     const deadline = this.deps.deadline;
-    if (o !== undefined && o.lease !== null && o.floor !== null && deadline !== undefined && deadline !== null && !deadline.live(o.lease, this.nowNs)) o = o.floor;
+    if (o !== undefined && o.lease !== null && o.floor !== null && deadline !== undefined && deadline !== null && !planted['deadline-off-hot-path'] && !deadline.live(o.lease, this.nowNs)) o = o.floor;
     const use = o ?? slice;
     if (use === null) return;
-    this.addLevel(levels, plan, i, globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null });
+    this.addLevel(levels, plan, i, planted['rule-path-buckets'] ? `${globalBucketKey(quotaKey)}|${this.path}` : globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null });
   }
 
   private addLevel(

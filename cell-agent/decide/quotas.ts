@@ -26,6 +26,7 @@ import { z } from 'zod';
 import { limitFromRate } from '../buckets/gcra.js';
 import type { GcraLimit } from '../buckets/gcra.js';
 import type { RlsRateLimit } from '../rls/rls-codec.js';
+import { planted } from '../../shared/planted-bugs.js';
 
 /** Response unit numbers (RateLimitResponse.RateLimit.Unit). */
 const UNIT_SECOND = 1;
@@ -272,12 +273,14 @@ const NO_TIER: TierQuota = Object.freeze({ name: '', tenant: PENDING_SLICE, cap:
  *     decider looks it up; a capped domain not granted yet has a pending zero entry), else none.
  */
 export class CoordinatedQuotas extends StaticQuotas {
-  constructor(private readonly lookup: CoordinatedLookup) {
+  /** `staticFallback`: only what the planted bug 'uncounted-static-share' decides on (the quota simulation). */
+  constructor(private readonly lookup: CoordinatedLookup, private readonly staticFallback: StaticQuotas | null = null) {
     super({ tiers: {}, tenants: {} }, { staticShare: 1, unknownTenant: { kind: 'deny' } });
   }
 
   override resolve(tenantId: string): TenantResolution {
     const o = this.lookup.get(`tenant/${tenantId}`);
+    if (o === undefined && planted['uncounted-static-share'] && this.staticFallback !== null) return this.staticFallback.resolve(tenantId);
     if (o === undefined) return { kind: 'quota', tier: NO_TIER, tenant: PENDING_SLICE, known: false };
     if (o.unknown || o.parent === null) return { kind: 'quota', tier: NO_TIER, tenant: o, known: !o.unknown };
     return { kind: 'quota', tier: { name: o.parent.slice(o.parent.indexOf('/') + 1), tenant: o, cap: PENDING_SLICE }, tenant: o, known: true };

@@ -136,6 +136,18 @@ const PROCESS_TIMERS: LeaseTimers = {
   clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
 };
 
+/** A gRPC status error as the client reads it (the leader from the trailers). */
+export function leaseCallError(err: grpc.ServiceError): LeaseCallError {
+  const leaderId = err.metadata?.get(LEADER_ID_TRAILER)[0];
+  const leaderAddress = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
+  return {
+    code: err.code,
+    details: err.details,
+    ...(typeof leaderId === 'string' ? { leaderId } : {}),
+    ...(typeof leaderAddress === 'string' ? { leaderAddress } : {}),
+  };
+}
+
 /** The lease service over gRPC (one channel per address). */
 export class GrpcLeaseTransport implements LeaseTransport {
   private readonly svc = loadQuotaLeaseService();
@@ -161,14 +173,7 @@ export class GrpcLeaseTransport implements LeaseTransport {
             resolve({ err: { code: grpc.status.INTERNAL, details: 'empty answer' } });
             return;
           }
-          const leaderId = err.metadata?.get(LEADER_ID_TRAILER)[0];
-          const leaderAddress = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
-          resolve({ err: {
-            code: err.code,
-            details: err.details,
-            ...(typeof leaderId === 'string' ? { leaderId } : {}),
-            ...(typeof leaderAddress === 'string' ? { leaderAddress } : {}),
-          } });
+          resolve({ err: leaseCallError(err) });
         },
       );
     });

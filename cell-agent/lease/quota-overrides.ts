@@ -16,6 +16,7 @@
 // rate's rounding could still send one) is clamped to the deepest bucket that fits — fewer tokens
 // than granted, never more — and reported back so the caller can log it.
 import { MAX_GCRA_WINDOW_NS } from '../../shared/gcra-window.js';
+import { planted } from '../../shared/planted-bugs.js';
 import { limitFromRate } from '../buckets/gcra.js';
 import type { CoordinatedSlice } from '../decide/quotas.js';
 import { reportedLimit } from '../decide/quotas.js';
@@ -112,7 +113,7 @@ function sliceOf(key: string, rateIn: number, burstIn: number, leased: boolean, 
   const wanted = Number.isFinite(burstIn) ? Math.max(0, Math.floor(burstIn + 1e-9)) : 0;
   const burst = Math.min(wanted, deepestBurst(rate));
   if (burst < wanted) clamped.push({ key, rate, burst: wanted, appliedBurst: burst });
-  return { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, key), rate, burst, leased, epoch, lease, floor, parent, unknown: false };
+  return { limit: limitFromRate(rate, burst, { start: planted['full-start-moved-grant'] ? 'full' : 'empty' }), currentLimit: reportedLimit(rate, key), rate, burst, leased, epoch, lease, floor, parent, unknown: false };
 }
 
 /** The largest whole burst whose window T·burst fits the bucket table at this rate (as limitFromRate computes T). */

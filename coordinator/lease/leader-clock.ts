@@ -22,6 +22,8 @@
 //     since the receipt: the same inequality.
 // The defaults (TTL 3 s, margin 1 s) tolerate ρ up to 1/7 (quartz is ~1e-4). Beyond it a cell may
 // use a grant for up to TTL/(1 − ρ) − (TTL + margin)/(1 + ρ) after the ledger released it.
+import { planted } from '../../shared/planted-bugs.js';
+
 export interface LeaderClockOptions {
   /** A monotonic clock in ms (performance.now). */
   readonly monoMs: () => number;
@@ -79,6 +81,7 @@ export class LeaderClock {
 
   /** The time to stamp on a command: the ledger's own during the grace, else max(ours, the ledger's). */
   stamp(ledgerNowMs: number): number {
+    if (planted['release-by-wall-clock']) return Math.max(this.anchor + this.mono(), ledgerNowMs);
     if (this.graceLeftMs() > 0 || !this.isSynced) return ledgerNowMs;
     return Math.max(this.time(), ledgerNowMs);
   }

@@ -38,6 +38,7 @@ import type { Logger } from '../../shared/logging.js';
 import { allocatorPolicy } from './grant-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
 import { LeaderClock } from './leader-clock.js';
+import { planted } from '../../shared/planted-bugs.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../shared/lease-proto.js';
 
@@ -193,21 +194,29 @@ export class LeaseService {
   }
 
   private handleReport(call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>): void {
+    this.submit(call.request, (r) => cb(null, r), (e) => cb(e));
+  }
+
+  /**
+   * One report, however it arrived (the gRPC handler; the quota simulation's network): `resolve`
+   * gets the answer once its round committed, `reject` a status error (FAILED_PRECONDITION with the
+   * leader in the trailers, INVALID_ARGUMENT, UNAVAILABLE, RESOURCE_EXHAUSTED).
+   */
+  submit(req: ReportRequestMessage, resolve: (r: ReportResponseMessage) => void, reject: (e: grpc.ServiceError | Error) => void): void {
     const receiptMs = this.now();
     this.stats.reports++;
     if (!this.backend.isLeader()) {
       this.stats.notLeader++;
-      cb(this.notLeaderError());
+      reject(this.notLeaderError());
       return;
     }
-    const req = call.request;
     const invalid = validateReport(req);
     if (invalid !== null) {
-      cb(statusError(grpc.status.INVALID_ARGUMENT, invalid));
+      reject(statusError(grpc.status.INVALID_ARGUMENT, invalid));
       return;
     }
     this.onReport?.(req, Date.now()); // the live view bins by this process's wall clock, not the lease frame
-    this.pending.push({ req, receiptMs, resolve: (r) => cb(null, r), reject: (e) => cb(e) });
+    this.pending.push({ req, receiptMs, resolve, reject });
   }
 
   private failPending(err: grpc.ServiceError): void {
@@ -333,6 +342,14 @@ export class LeaseService {
         if ((ledger.getSlice(a.key, p.req.cellId)?.epoch ?? 0) <= a.epoch) session.outstanding.delete(a.key);
         const s = ledger.getSlice(a.key, p.req.cellId);
         if (s !== undefined && s.epoch === a.epoch && !s.acknowledged) acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
+      }
+    }
+    if (planted['forged-ack']) {
+      for (const cellId of cells.keys()) {
+        for (const key of ledger.cellSliceKeys(cellId)) {
+          const s = ledger.getSlice(key, cellId);
+          if (s !== undefined && s.epoch > 0 && !s.acknowledged) acks.push({ key, cellId, epoch: s.epoch });
+        }
       }
     }
     for (const [cellId, p] of cells) leases.push({ cellId, leaseExpiresAtMs: p.receiptMs + this.ttl });
