@@ -6,13 +6,19 @@
 // Time never comes from the replica's clock: the commands that need it (registerCell,
 // reportAndGrant, expireLeases) carry `nowMs`, stamped by the leader when it proposes them.
 //
-// Encoding: one msgpack document `[COMMAND_FORMAT_VERSION, command]`, plain msgpack (no msgpackr
-// records or shared structures), so an entry is self-describing and decodes the same anywhere.
-// Decoding validates with the same schemas. Numbers are encoded exactly (integers as msgpack ints,
-// everything else as float64); msgpack has no -0, and the ledger stores +0 wherever a -0 could enter.
+// Encoding: one msgpack document `[version, body]`, plain msgpack (no msgpackr records or shared
+// structures), so an entry is self-describing and decodes the same anywhere. Version 1
+// (COMMAND_FORMAT_VERSION): the body is the command object. Version 2 (ROUND_FORMAT_VERSION): the
+// body is a `reportAndGrant` round in the compact columnar form of round-codec.ts (binary), ~6× smaller
+// than the object form; encodeCommand writes every round that way, decodeCommand reads both (logs
+// written before keep decoding). Decoding validates with the same schemas either way. Numbers are
+// encoded exactly; there is no -0 on the wire, and the ledger stores +0 wherever a -0 could enter.
+// Every replica must run a version that reads format 2 before a leader writes it (an older replica
+// would apply such a round as INVALID and diverge): upgrade all replicas before agents connect.
 
 import { Packr, Unpackr } from 'msgpackr';
 import { z } from 'zod';
+import { packRound, RoundCodecError, unpackRound } from './round-codec.js';
 import type { QuotaKind } from '../../shared/quota-keys.js';
 
 // ---- bounds -------------------------------------------------------------------------------------
@@ -39,8 +45,10 @@ export const MAX_TIME_MS = 8.64e15;
 export const MAX_ROUND_ITEMS = 1 << 20;
 /** The floor fraction of a tier or cap when the command leaves it out. */
 export const DEFAULT_FLOOR_FRACTION = 0;
-/** Version tag of the encoded form; decoding refuses any other. */
+/** Version tag of the encoded form of a command object. */
 export const COMMAND_FORMAT_VERSION = 1;
+/** Version tag of a reportAndGrant round in the compact form (round-codec.ts). Decoding refuses any other tag. */
+export const ROUND_FORMAT_VERSION = 2;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -271,8 +279,18 @@ const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes:
 export function encodeCommand(cmd: LedgerCommandInput): Uint8Array {
   const p = parseCommand(cmd);
   if (!p.ok) throw new LedgerCommandError(p.message);
+  if (p.command.type === 'reportAndGrant') return packr.pack([ROUND_FORMAT_VERSION, packRound(p.command)]);
   return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
 }
+
+/** The object form (format 1) of a command, as entries were written before the compact round form (bench baseline, tests). */
+export function encodeCommandV1(cmd: LedgerCommandInput): Uint8Array {
+  const p = parseCommand(cmd);
+  if (!p.ok) throw new LedgerCommandError(p.message);
+  return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
+}
+
+const ROUND_LIMITS = { maxItems: MAX_ROUND_ITEMS, maxCells: MAX_CELLS, maxNameLength: MAX_NAME_LENGTH };
 
 /** Decodes and validates a command from the Raft log. Throws LedgerCommandError if it is not one. */
 export function decodeCommand(bytes: Uint8Array): LedgerCommand {
@@ -283,8 +301,17 @@ export function decodeCommand(bytes: Uint8Array): LedgerCommand {
     throw new LedgerCommandError(`undecodable command: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, { cause: e });
   }
   if (!Array.isArray(doc) || doc.length !== 2) throw new LedgerCommandError('undecodable command: not [version, command]');
-  const [version, body] = doc as [unknown, unknown];
-  if (version !== COMMAND_FORMAT_VERSION) throw new LedgerCommandError(`unsupported command format version ${String(version)}`);
+  const [version, raw] = doc as [unknown, unknown];
+  let body: unknown = raw;
+  if (version === ROUND_FORMAT_VERSION) {
+    if (!(raw instanceof Uint8Array)) throw new LedgerCommandError('undecodable command: a format 2 body must be binary');
+    try {
+      body = { type: 'reportAndGrant', ...unpackRound(raw, ROUND_LIMITS) };
+    } catch (e) {
+      if (e instanceof RoundCodecError) throw new LedgerCommandError(`undecodable round: ${e.message}`, { cause: e });
+      throw e;
+    }
+  } else if (version !== COMMAND_FORMAT_VERSION) throw new LedgerCommandError(`unsupported command format version ${String(version)}`);
   const p = parseCommand(body);
   if (!p.ok) throw new LedgerCommandError(p.message);
   return p.command;
