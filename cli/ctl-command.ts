@@ -4,6 +4,8 @@
 import { parseArgs } from 'node:util';
 import { randomBytes } from 'node:crypto';
 import { runTop } from './ctl-top.js';
+import { DEFAULT_IMPORT_BATCH, DEFAULT_IMPORT_PARALLEL, formatOfFile, importTenants, ImportFileError, type BatchAnswer, type ImportFormat, type ImportSummary } from './ctl-import.js';
+import { MAX_TENANTS_PER_BATCH } from '../coordinator/ledger/ledger-commands.js';
 
 const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] <command>
 
@@ -12,6 +14,12 @@ const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] 
   tiers put NAME --rate R --burst B [--floor-fraction F]
   tenants list [--limit N] [--cursor C] | get ID | delete ID
   tenants put ID --tier NAME [--rate R] [--burst B]
+  tenants import FILE [--format jsonl|csv] [--batch N] [--parallel N]
+                                                 create or replace many tenants: JSON lines
+                                                 ({"id","tier","rate"?,"burst"?} a line) or CSV (a header
+                                                 row id,tier[,rate][,burst]); progress on stderr, then a
+                                                 summary with every failed line; exit 1 if any failed.
+                                                 Re-running it changes nothing (unchanged tenants stay).
   cells                                          cells, last report, lease expiry
   members add ID --address HOST:PORT             add a replica (started with --join) and promote it
   members remove ID
@@ -89,6 +97,56 @@ async function call(ctx: Ctx, method: string, path: string, body?: unknown): Pro
   throw new CtlError(`no admin endpoint answered: ${lastError}`, 3);
 }
 
+function intOption(v: string | undefined, name: string, dflt: number, max: number): number {
+  if (v === undefined) return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1 || n > max) throw new CtlError(`--${name} must be an integer in 1..${max}, got '${v}'`, 2);
+  return n;
+}
+
+async function runImport(ctx: Ctx, file: string, values: { format?: string | undefined; batch?: string | undefined; parallel?: string | undefined }): Promise<ImportSummary> {
+  let format: ImportFormat | undefined;
+  if (values.format !== undefined) {
+    if (values.format !== 'jsonl' && values.format !== 'csv') throw new CtlError(`--format must be jsonl or csv, got '${values.format}'`, 2);
+    format = values.format;
+  } else {
+    format = formatOfFile(file);
+    if (format === undefined) throw new CtlError(`cannot tell the format of ${file} from its name (.jsonl, .ndjson, .json or .csv): give --format jsonl|csv`, 2);
+  }
+  const batch = intOption(values.batch, 'batch', DEFAULT_IMPORT_BATCH, MAX_TENANTS_PER_BATCH);
+  const parallel = intOption(values.parallel, 'parallel', DEFAULT_IMPORT_PARALLEL, 64);
+  // One session per lane: a lane's writes are sequential, so its sequence numbers apply in order
+  // and a retried batch (same number) applies once.
+  const lanes: Ctx[] = Array.from({ length: parallel }, (_, i) => ({ ...ctx, clientId: `${ctx.clientId}-${i}`, seq: 0 }));
+  const fmt = (n: number): string => n.toLocaleString('en-US');
+  try {
+    return await importTenants({
+      file,
+      format,
+      batch,
+      parallel,
+      send: async (lane, tenants) => (await call(lanes[lane] ?? ctx, 'POST', '/v1/tenants', { tenants })) as BatchAnswer,
+      onProgress: (p) => {
+        const pct = p.totalBytes > 0 ? ` (${Math.round((100 * p.bytesRead) / p.totalBytes)}% of the file read)` : '';
+        console.error(`import: ${fmt(p.done)} of ${fmt(p.read)} records done${pct}, ${fmt(Math.round((p.done * 1000) / Math.max(1, p.elapsedMs)))}/s, ${fmt(p.failed)} failed`);
+      },
+    });
+  } catch (err) {
+    if (err instanceof ImportFileError) throw new CtlError(err.message, 2);
+    if (err instanceof CtlError) throw new CtlError(`import stopped: ${err.message} (batches answered before this applied; re-run the import to finish, applied tenants come back unchanged)`, err.exitCode);
+    throw err;
+  }
+}
+
+function describeImport(s: ImportSummary): string {
+  const fmt = (n: number): string => n.toLocaleString('en-US');
+  const head = `imported ${fmt(s.records)} records from ${s.file} in ${s.seconds.toFixed(1)} s (${fmt(s.perSecond)}/s, ${fmt(s.batches)} batches): ${fmt(s.created)} created, ${fmt(s.updated)} updated, ${fmt(s.unchanged)} unchanged, ${fmt(s.failedCount)} failed`;
+  if (s.failedCount === 0) return head;
+  const shown = s.failed.slice(0, 50).map((f) => `  line ${f.line}${f.id === null ? '' : ` (${f.id})`}: ${f.error} ${f.message}`);
+  const more = s.failedCount > shown.length ? [`  … and ${fmt(s.failedCount - shown.length)} more (--json lists up to ${fmt(s.failed.length)})`] : [];
+  return [head, 'failed lines (each changed nothing):', ...shown, ...more].join('\n');
+}
+
 function table(rows: readonly Record<string, unknown>[], cols: readonly string[]): string {
   const cell = (v: unknown): string => (v === null || v === undefined ? '-' : typeof v === 'string' ? v : JSON.stringify(v));
   const widths = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
@@ -132,6 +190,9 @@ function parseCtlArgs(argv: readonly string[]) {
       cursor: { type: 'string' },
       address: { type: 'string' },
       to: { type: 'string' },
+      format: { type: 'string' },
+      batch: { type: 'string' },
+      parallel: { type: 'string' },
     },
   });
 }
@@ -190,6 +251,10 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
         } else if (verb === 'delete') {
           const r = await call(ctx, 'DELETE', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`);
           out(r, () => `tenant ${need(arg, 'tenant id')} deleted`);
+        } else if (verb === 'import') {
+          const summary = await runImport(ctx, need(arg, 'file to import'), values);
+          out(summary, () => describeImport(summary));
+          return summary.failedCount > 0 ? 1 : 0;
         } else throw new CtlError(`unknown tenants command '${verb}'\n\n${ctlUsage}`, 2);
         return 0;
       }

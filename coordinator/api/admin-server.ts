@@ -7,7 +7,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
-import { UNKNOWN_TENANT_POLICIES } from '../ledger/ledger-commands.js';
+import { MAX_TENANTS_PER_BATCH, UNKNOWN_TENANT_POLICIES, tenantRecordSchema } from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
 import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
 import type { ClusterView } from '../node/coordinator-node.js';
@@ -86,6 +86,12 @@ const tenantBody = z.strictObject({
   rate: z.number().gt(0).optional(),
   burst: z.number().min(1).optional(),
 });
+/** Largest body of POST /v1/tenants: MAX_TENANTS_PER_BATCH tenants with the longest names and overrides fit. */
+export const MAX_TENANT_BATCH_BODY_BYTES = 2 * 1024 * 1024;
+/** The items are checked one by one (a bad one is reported, the others apply), so only the array is checked here. */
+const tenantBatchBody = z.strictObject({
+  tenants: z.array(z.unknown()).min(1).max(MAX_TENANTS_PER_BATCH).describe(`1..${MAX_TENANTS_PER_BATCH} tenants, each {"id", "tier", "rate"?, "burst"?}`),
+});
 const settingsBody = z.strictObject({
   unknownTenant: z.enum(UNKNOWN_TENANT_POLICIES).describe('what every agent does with a tenant the coordinators do not hold: deny (refuse its checks) or allow (no tenant level)'),
 });
@@ -120,7 +126,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   app.setErrorHandler((err: unknown, req, reply) => {
     if (err instanceof ApiError) return sendError(reply, err);
     const e = err as { statusCode?: number; code?: string; message?: string };
-    if (e.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || e.statusCode === 413) return sendError(reply, new ApiError('PAYLOAD_TOO_LARGE', `request body over ${opts.bodyLimitBytes ?? 64 * 1024} bytes`));
+    if (e.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || e.statusCode === 413) return sendError(reply, new ApiError('PAYLOAD_TOO_LARGE', `request body over ${req.routeOptions.bodyLimit ?? opts.bodyLimitBytes ?? 64 * 1024} bytes`));
     if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) return sendError(reply, new ApiError('INVALID', e.message ?? 'bad request'));
     if (err instanceof NotLeaderError) return redirectToLeader(req, reply, err.leader);
     if (err instanceof RaftRequestError) return sendError(reply, new ApiError(err.code === 'TIMEOUT' ? 'TIMEOUT' : 'UNAVAILABLE', err.message));
@@ -300,6 +306,34 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     const q = parse(listQuery, req.query, 'query');
     return read(req, q.stale === 'true', (l) => l.listTenants({ ...(q.cursor === undefined ? {} : { cursor: q.cursor }), ...(q.limit === undefined ? {} : { limit: q.limit }) }));
   }));
+  // Many tenants in one Raft entry (bulk import, `cellquota ctl tenants import`). Each item is
+  // validated on its own: a bad one is reported with its position and changes nothing, the rest apply.
+  app.post('/v1/tenants', { bodyLimit: MAX_TENANT_BATCH_BODY_BYTES }, guard(async (req, reply) => {
+    authorize(req, true);
+    const body = parse(tenantBatchBody, req.body, 'body');
+    const failed: { index: number; id: string | null; error: AdminErrorCode; message: string }[] = [];
+    const valid: z.output<typeof tenantRecordSchema>[] = [];
+    const positions: number[] = [];
+    for (const [index, item] of body.tenants.entries()) {
+      const r = tenantRecordSchema.safeParse(item);
+      if (r.success) {
+        valid.push(r.data);
+        positions.push(index);
+      } else {
+        const id = typeof item === 'object' && item !== null && typeof (item as { id?: unknown }).id === 'string' ? (item as { id: string }).id.slice(0, 128) : null;
+        failed.push({ index, id, error: 'INVALID', message: r.error.issues.slice(0, 3).map((i) => `${i.path.length > 0 ? i.path.join('.') : '(item)'}: ${i.message}`).join('; ') });
+      }
+    }
+    let counts = { created: 0, updated: 0, unchanged: 0 };
+    if (valid.length > 0) {
+      const v = await write(req, reply, { type: 'putTenants', tenants: valid, ...session(req) });
+      if (v.kind !== 'tenants') throw new Error(`putTenants answered ${v.kind}`);
+      counts = { created: v.created, updated: v.updated, unchanged: v.unchanged };
+      for (const f of v.failed) failed.push({ index: positions[f.index] ?? -1, id: f.id, error: f.code, message: f.message });
+    }
+    failed.sort((a, b) => a.index - b.index);
+    return { ...counts, failed };
+  }));
   app.delete('/v1/tenants/:id', guard(async (req, reply) => {
     const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
     await write(req, reply, { type: 'deleteTenant', id, ...session(req) });
@@ -390,7 +424,14 @@ function openApiDocument(): Record<string, unknown> {
       '/v1/members/{id}/replace': { post: { parameters: [nameP('id')], requestBody: body(memberBody), responses } },
       '/v1/tiers': { get: { parameters: [stale], responses } },
       '/v1/tiers/{name}': { put: { parameters: [nameP('name')], requestBody: body(tierBody), responses }, get: { parameters: [nameP('name'), stale], responses }, delete: { parameters: [nameP('name')], responses } },
-      '/v1/tenants': { get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 1000 } }], responses } },
+      '/v1/tenants': {
+        get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 1000 } }], responses },
+        post: {
+          description: `creates or replaces up to ${MAX_TENANTS_PER_BATCH} tenants in one Raft entry; each item is checked on its own, a bad one changes nothing and is listed in "failed" with its position; a tenant already stored exactly so is "unchanged". Answers {created, updated, unchanged, failed: [{index, id, error, message}]}`,
+          requestBody: { required: true, content: { 'application/json': { schema: { type: 'object', properties: { tenants: { type: 'array', minItems: 1, maxItems: MAX_TENANTS_PER_BATCH, items: json(tenantRecordSchema) } }, required: ['tenants'], additionalProperties: false } } } },
+          responses,
+        },
+      },
       '/v1/settings': { get: { parameters: [stale], responses }, put: { requestBody: body(settingsBody), responses } },
       '/v1/tenants/{id}': { put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses }, get: { parameters: [nameP('id'), stale], responses }, delete: { parameters: [nameP('id')], responses } },
       '/v1/cells': { get: { parameters: [stale], responses } },

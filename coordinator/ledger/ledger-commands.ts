@@ -41,6 +41,8 @@ export const MAX_RATE = 1e9;
 export const MAX_BURST = 1e12;
 /** Largest timestamp (ms since the epoch) a command may carry: JavaScript's own Date limit. */
 export const MAX_TIME_MS = 8.64e15;
+/** Most tenants one putTenants command (one Raft entry) creates or replaces. */
+export const MAX_TENANTS_PER_BATCH = 5_000;
 /** Most grants, and separately most acknowledgements, in one allocation round. */
 export const MAX_ROUND_ITEMS = 1 << 20;
 /** The floor fraction of a tier or cap when the command leaves it out. */
@@ -144,6 +146,25 @@ export const putTenantSchema = z.strictObject({
   burst: burstSchema.optional(),
   ...session,
 });
+/** One tenant of a putTenants batch: what PUT /v1/tenants/:id takes, with the id. */
+export const tenantRecordSchema = z.strictObject({
+  id: nameSchema,
+  tier: nameSchema,
+  rate: rateSchema.optional(),
+  burst: burstSchema.optional(),
+});
+/**
+ * Creates or replaces many tenants in one entry (bulk import). Each tenant is applied on its own,
+ * in order, as putTenant would: one that fails (its tier does not exist, its window is not valid,
+ * the tenant limit is reached) changes nothing and is reported with its position; the others apply.
+ * A tenant already stored exactly so is left untouched (its updatedIndex too), so a re-run changes
+ * nothing.
+ */
+export const putTenantsSchema = z.strictObject({
+  type: z.literal('putTenants'),
+  tenants: z.array(tenantRecordSchema).min(1).max(MAX_TENANTS_PER_BATCH),
+  ...session,
+});
 export const deleteTenantSchema = z.strictObject({ type: z.literal('deleteTenant'), id: nameSchema, ...session });
 /** A cell's first contact (idempotent: registering a known cell changes nothing but the clock). */
 export const registerCellSchema = z.strictObject({
@@ -204,6 +225,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   putDomainCapSchema,
   deleteDomainCapSchema,
   putTenantSchema,
+  putTenantsSchema,
   deleteTenantSchema,
   registerCellSchema,
   reportAndGrantSchema,
@@ -225,6 +247,8 @@ export type DeleteTierCapCommand = z.output<typeof deleteTierCapSchema>;
 export type PutDomainCapCommand = z.output<typeof putDomainCapSchema>;
 export type DeleteDomainCapCommand = z.output<typeof deleteDomainCapSchema>;
 export type PutTenantCommand = z.output<typeof putTenantSchema>;
+export type PutTenantsCommand = z.output<typeof putTenantsSchema>;
+export type TenantRecord = z.output<typeof tenantRecordSchema>;
 export type DeleteTenantCommand = z.output<typeof deleteTenantSchema>;
 export type RegisterCellCommand = z.output<typeof registerCellSchema>;
 export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;

@@ -124,6 +124,7 @@ import type {
   LedgerCommandInput,
   PutDomainCapCommand,
   PutTenantCommand,
+  PutTenantsCommand,
   PutTierCapCommand,
   PutSettingsCommand,
   PutTierCommand,
@@ -277,6 +278,15 @@ export type LedgerValue =
   | { readonly kind: 'tierCap'; readonly tier: string; readonly cap: QuotaConfig; readonly created: boolean }
   | { readonly kind: 'domainCap'; readonly cap: DomainCapView; readonly created: boolean }
   | { readonly kind: 'tenant'; readonly tenant: TenantView; readonly created: boolean }
+  | {
+      readonly kind: 'tenants';
+      readonly created: number;
+      readonly updated: number;
+      /** Already stored exactly so: left untouched. */
+      readonly unchanged: number;
+      /** The tenants that changed nothing, by position in the batch. */
+      readonly failed: TenantBatchFailure[];
+    }
   | { readonly kind: 'deleted'; readonly what: 'tier' | 'tierCap' | 'domainCap' | 'tenant'; readonly id: string }
   | { readonly kind: 'cell'; readonly cell: CellView; readonly created: boolean }
   | {
@@ -291,6 +301,15 @@ export type LedgerValue =
     }
   | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] }
   | { readonly kind: 'settings'; readonly settings: LedgerSettings };
+
+/** A tenant of a putTenants batch that was refused (and changed nothing). */
+export interface TenantBatchFailure {
+  /** Its position in the batch (0-based). */
+  readonly index: number;
+  readonly id: string;
+  readonly code: LedgerErrorCode;
+  readonly message: string;
+}
 
 /** The cluster-wide settings agents follow. */
 export interface LedgerSettings {
@@ -523,6 +542,8 @@ export class Ledger {
         return this.deleteDomainCap(cmd, index);
       case 'putTenant':
         return this.putTenant(cmd, index);
+      case 'putTenants':
+        return this.putTenants(cmd, index);
       case 'deleteTenant':
         return this.deleteTenant(cmd);
       case 'registerCell':
@@ -613,20 +634,55 @@ export class Ledger {
   }
 
   private putTenant(cmd: PutTenantCommand, index: number): LedgerResult {
-    const tier = this.tiers.get(cmd.tier);
-    if (tier === undefined) return fail('NOT_FOUND', `tier ${cmd.tier} does not exist`);
-    const existing = this.tenants.get(cmd.id);
-    if (existing === undefined && this.tenants.size >= MAX_TENANTS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TENANTS} tenants`);
-    const bad = windowError(`tenant ${cmd.id}`, cmd.rate ?? tier.rate, cmd.burst ?? tier.burst);
-    if (bad !== null) return bad;
+    const r = this.storeTenant(cmd.id, cmd.tier, cmd.rate ?? null, cmd.burst ?? null, index, false);
+    if (!r.ok) return r;
+    const rec = this.tenants.get(cmd.id);
+    if (rec === undefined) throw new LedgerInvariantError(`tenant ${cmd.id} missing right after it was stored`);
+    return ok({ kind: 'tenant', tenant: this.tenantView(cmd.id, rec), created: r.outcome === 'created' });
+  }
+
+  private putTenants(cmd: PutTenantsCommand, index: number): LedgerResult {
+    let created = 0;
+    let updated = 0;
+    let unchanged = 0;
+    const failed: TenantBatchFailure[] = [];
+    for (const [i, t] of cmd.tenants.entries()) {
+      const r = this.storeTenant(t.id, t.tier, t.rate ?? null, t.burst ?? null, index, true);
+      if (!r.ok) failed.push({ index: i, id: t.id, code: r.error.code, message: r.error.message });
+      else if (r.outcome === 'created') created++;
+      else if (r.outcome === 'updated') updated++;
+      else unchanged++;
+    }
+    return ok({ kind: 'tenants', created, updated, unchanged, failed });
+  }
+
+  /**
+   * Creates or replaces one tenant; an error changes nothing. With `keepIdentical`, a tenant already
+   * stored with exactly these values is left alone (bulk imports re-run without touching anything).
+   */
+  private storeTenant(
+    id: string,
+    tierName: string,
+    rate: number | null,
+    burst: number | null,
+    index: number,
+    keepIdentical: boolean,
+  ): { readonly ok: true; readonly outcome: 'created' | 'updated' | 'unchanged' } | { readonly ok: false; readonly error: LedgerError } {
+    const tier = this.tiers.get(tierName);
+    if (tier === undefined) return { ok: false, error: { code: 'NOT_FOUND', message: `tier ${tierName} does not exist` } };
+    const existing = this.tenants.get(id);
+    if (keepIdentical && existing !== undefined && existing.tier === tierName && existing.rate === rate && existing.burst === burst) return { ok: true, outcome: 'unchanged' };
+    if (existing === undefined && this.tenants.size >= MAX_TENANTS) return { ok: false, error: { code: 'LIMIT_EXCEEDED', message: `at most ${MAX_TENANTS} tenants` } };
+    const bad = windowError(`tenant ${id}`, rate ?? tier.rate, burst ?? tier.burst);
+    if (bad !== null && !bad.ok) return bad;
     if (existing !== undefined) this.addTierUse(existing.tier, -1);
     else this.sortedTenantIds = null;
-    const rec: TenantRec = { tier: cmd.tier, rate: cmd.rate ?? null, burst: cmd.burst ?? null, updatedIndex: index };
-    this.tenants.set(cmd.id, rec);
-    this.addTierUse(cmd.tier, 1);
-    this.rebaseCeiling(tenantKey(cmd.id));
-    this.markStale(tenantKey(cmd.id));
-    return ok({ kind: 'tenant', tenant: this.tenantView(cmd.id, rec), created: existing === undefined });
+    const rec: TenantRec = { tier: tierName, rate, burst, updatedIndex: index };
+    this.tenants.set(id, rec);
+    this.addTierUse(tierName, 1);
+    this.rebaseCeiling(tenantKey(id));
+    this.markStale(tenantKey(id));
+    return { ok: true, outcome: existing === undefined ? 'created' : 'updated' };
   }
 
   private deleteTenant(cmd: DeleteTenantCommand): LedgerResult {

@@ -1,8 +1,12 @@
 // Measures the live view's weight and load time with many tenants (the figures in docs/live-view.md):
 //   node --import tsx test/ui/ui-load-measure.ts http://127.0.0.1:8081 100000 [TOKEN]
-// Creates tenants load-0..load-(N-1) in tier 'demo' through the admin API (skipping those present),
-// then loads /ui/ in headless Chromium five times and reports the bytes transferred (every response,
+// Creates tenants load-0..load-(N-1) in tier 'demo' with `cellquota ctl tenants import` (those
+// present come back unchanged), then loads /ui/ in headless Chromium five times and reports the bytes transferred (every response,
 // as Chromium counts them) and the time from navigation to the first tenant page drawn.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
 import { launchBrowser } from './browser.js';
 
 const [base, countArg, token] = process.argv.slice(2);
@@ -16,18 +20,18 @@ const leader = (await (await fetch(`${base}/v1/cluster?stale=true`, { headers: a
 const leaderUrl = leader.members.find((m) => m.id === leader.leader)?.adminUrl ?? base;
 const have = (await (await fetch(`${base}/ui/api/state?size=1`, { headers: auth })).json()) as { tenants: { total: number } };
 if (have.tenants.total < count) {
-  const started = Date.now();
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < count) {
-      const i = next++;
-      const r = await fetch(`${leaderUrl}/v1/tenants/load-${i}`, { method: 'PUT', headers: { 'content-type': 'application/json', ...auth }, body: '{"tier":"demo"}' });
-      await r.arrayBuffer();
-      if (!r.ok) throw new Error(`PUT load-${i}: ${r.status}`);
-    }
-  };
-  await Promise.all(Array.from({ length: 64 }, worker));
-  console.log(`created ${count} tenants in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  // Through `cellquota ctl tenants import` (batched POST /v1/tenants): tenants already there come back unchanged.
+  const dir = mkdtempSync(join(tmpdir(), 'cq-ui-load-'));
+  try {
+    const file = join(dir, 'tenants.jsonl');
+    writeFileSync(file, Array.from({ length: count }, (_, i) => `{"id":"load-${i}","tier":"demo"}`).join('\n') + '\n');
+    const cli = resolve(import.meta.dirname, '../../cli/main.ts');
+    const r = spawnSync(process.execPath, ['--import', 'tsx', cli, 'ctl', '--admin', leaderUrl, ...(token === undefined ? [] : ['--token', token]), 'tenants', 'import', file], { stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`tenants import failed (exit ${String(r.status)}): ${r.stdout}`);
+    console.log(r.stdout.trim());
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 const browser = await launchBrowser({ extraHTTPHeaders: auth });
 try {
