@@ -68,8 +68,8 @@
 // startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns ≈ 4.5 years] (a TAT is at most
 // now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
 
-import { gcraInitialTat, gcraReconfigure, gcraStep, MAX_WINDOW_NS, NEVER_NS, type GcraLimit } from './gcra.js';
-import { fmix32, hashKey, type KeyHasher } from './key-hash.js';
+import { gcraInitialTat, gcraReconfigure, gcraStepInto, MAX_WINDOW_NS, NEVER_NS, newGcraScratch, type GcraDecisionScratch, type GcraLimit } from './gcra.js';
+import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
 
 export type { KeyHasher } from './key-hash.js';
 
@@ -151,6 +151,19 @@ const STAMP_SHIFT = 30n;
 const MAX_REL_NOW = 1n << 57n;
 const SPINS_BEFORE_SLEEP = 64;
 
+type MutableTakeResult = { -readonly [K in keyof TakeResult]: TakeResult[K] };
+
+function copyResult(to: MutableTakeResult, from: TakeResult): void {
+  to.verdict = from.verdict;
+  to.allowed = from.allowed;
+  to.remaining = from.remaining;
+  to.resetNs = from.resetNs;
+  to.retryAfterNs = from.retryAfterNs;
+}
+
+/** gcraStepInto's output, reused (one decision at a time per thread; it never calls out). */
+const stepScratch: GcraDecisionScratch = newGcraScratch();
+
 const TABLE_FULL: TakeResult = Object.freeze({ verdict: 'table-full', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: 0n });
 const BLOCKED: TakeResult = Object.freeze({ verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS });
 
@@ -201,6 +214,12 @@ export class BucketTable {
   private readonly rec32: Int32Array;
   private readonly locks: Int32Array;
   private readonly hashOut = new Int32Array(3);
+  /** The key of the next takeKey(), hashed as it is written (null with a custom hasher). */
+  private readonly keyStream: KeyHashStream | null;
+  /** takeKey()'s answer, reused: valid until this object's next takeKey(). */
+  private readonly keyResult: MutableTakeResult = { verdict: 'allow', allowed: true, remaining: 0, resetNs: 0n, retryAfterNs: 0n };
+  /** take()'s working answer (copied before it is returned). */
+  private readonly plainResult: MutableTakeResult = { verdict: 'allow', allowed: true, remaining: 0, resetNs: 0n, retryAfterNs: 0n };
 
   /** Bytes of shared memory a table of this capacity takes (the memory cap it is built to). */
   static bytesFor(capacity: number): number {
@@ -258,6 +277,7 @@ export class BucketTable {
     this.lockMask = layout.locks - 1;
     this.seed = h32[H_SEED] ?? 0;
     this.startNs = h64[H_START] ?? 0n;
+    this.keyStream = this.hasher === hashKey ? new KeyHashStream() : null;
   }
 
   /** Map a table created elsewhere (another worker thread) onto its shared memory. */
@@ -296,6 +316,36 @@ export class BucketTable {
    * preserved, burst clamped: gcraReconfigure). Rate 0: always 'deny'.
    */
   take(key: string, limit: GcraLimit, hits: number, nowNs: bigint): TakeResult {
+    const out = this.hashOut;
+    this.hasher(key, this.seed, out);
+    const r = this.takeHashed(out, limit, hits, nowNs, this.plainResult);
+    return r === TABLE_FULL || r === BLOCKED ? r : { ...r };
+  }
+
+  /**
+   * The hot path's take() (cell-agent/decide): the key is written in parts to the returned stream
+   * (raw / escaped, exactly the characters take() would get as one string, so both find the same
+   * bucket) instead of being built as a string, then takeKey() takes for it. null when the table has
+   * a custom hasher (tests): use take().
+   */
+  beginKey(): KeyHashStream | null {
+    const k = this.keyStream;
+    if (k === null) return null;
+    k.begin(this.seed);
+    return k;
+  }
+
+  /** take() for the key written since beginKey(). The answer object is reused: it is valid until
+   * this table object's next takeKey() (read it, do not keep it). */
+  takeKey(limit: GcraLimit, hits: number, nowNs: bigint): Readonly<TakeResult> {
+    const k = this.keyStream;
+    if (k === null) throw new Error('takeKey: this table has a custom hasher; use take()');
+    const out = this.hashOut;
+    k.end(out);
+    return this.takeHashed(out, limit, hits, nowNs, this.keyResult);
+  }
+
+  private takeHashed(hash: Int32Array, limit: GcraLimit, hits: number, nowNs: bigint, res: MutableTakeResult): TakeResult {
     if (!Number.isSafeInteger(hits) || hits < 0) throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
     const nowRel = nowNs - this.startNs;
     if (nowRel < 0n || nowRel > MAX_REL_NOW) throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
@@ -305,12 +355,10 @@ export class BucketTable {
     if (typeof T !== 'bigint' || typeof D !== 'bigint' || T < 0n || D < 0n || D > MAX_WINDOW_NS || (T === 0n) !== (D === 0n)) {
       throw new TypeError('limit: not a GcraLimit (use limitPerUnit / limitFromRate / limitFromInterval)');
     }
-    const out = this.hashOut;
-    this.hasher(key, this.seed, out);
-    let h0 = out[0] ?? 0;
+    let h0 = hash[0] ?? 0;
     if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
-    const h1 = out[1] ?? 0;
-    const h2 = out[2] ?? 0;
+    const h1 = hash[1] ?? 0;
+    const h2 = hash[2] ?? 0;
     const n = hits === 1 ? 1n : BigInt(hits);
     for (;;) {
       let s = this.find(h0, h1, h2);
@@ -319,16 +367,13 @@ export class BucketTable {
         // A 0-hit report creates no 'full' bucket (it would report the same fresh one); an 'empty'
         // bucket is created by it, since it refills from its creation on: a key that is only ever
         // checked (a request refused at another level) must still start refilling.
-        if (n === 0n && limit.start === 'full') return this.reportFresh(limit, nowRel);
+        if (n === 0n && limit.start === 'full') return this.reportFresh(limit, nowRel, res);
         s = this.insert(h0, h1, h2, limit, nowRel);
         if (s < 0) return TABLE_FULL;
       }
-      const r = this.takeAt(s, h0, h1, h2, limit, n, nowRel);
-      if (r !== null) return r;
+      if (this.takeAt(s, h0, h1, h2, limit, n, nowRel, res)) return res;
     }
   }
-
-  // ---- lookup -------------------------------------------------------------------------------
 
   private homeA(h1: number): number {
     return Math.floor(((fmix32(h1) >>> 0) * this.groups) / 4294967296);
@@ -378,7 +423,8 @@ export class BucketTable {
 
   // ---- decide ---------------------------------------------------------------------------------
 
-  private takeAt(s: number, h0: number, h1: number, h2: number, limit: GcraLimit, n: bigint, nowRel: bigint): TakeResult | null {
+  /** Decides in slot s into `res`; false if the slot is no longer the key's (the caller looks again). */
+  private takeAt(s: number, h0: number, h1: number, h2: number, limit: GcraLimit, n: bigint, nowRel: bigint, res: MutableTakeResult): boolean {
     const rec = this.rec64;
     const at = 4 * s;
     let spins = 0;
@@ -390,7 +436,7 @@ export class BucketTable {
       }
       // The key check follows the state read: a slot handed to another key publishes its new state
       // only after its new key words, so a stale key shows here (or the CAS below fails on gen).
-      if (!this.keyIs(s, h0, h1, h2)) return null;
+      if (!this.keyIs(s, h0, h1, h2)) return false;
       const T = Atomics.load(rec, at + R_INTERVAL);
       const D = Atomics.load(rec, at + R_WINDOW);
       if (T !== limit.intervalNs || D !== limit.windowNs) {
@@ -398,19 +444,32 @@ export class BucketTable {
         continue;
       }
       this.touch(s, nowRel);
-      if (T === 0n) return BLOCKED;
+      if (T === 0n) {
+        copyResult(res, BLOCKED);
+        return true;
+      }
       // Shift now by the word's gen tag: differences (all the decision uses) are plain ns.
-      const d = gcraStep(w, nowRel + (w & GEN_MASK), T, D, n);
+      const d = gcraStepInto(stepScratch, w, nowRel + (w & GEN_MASK), T, D, n);
       if (d.allowed && n !== 0n && Atomics.compareExchange(rec, at + R_STATE, w, d.tat) !== w) continue;
-      return { verdict: d.allowed ? 'allow' : 'deny', allowed: d.allowed, remaining: d.remaining, resetNs: d.resetNs, retryAfterNs: d.retryAfterNs };
+      res.verdict = d.allowed ? 'allow' : 'deny';
+      res.allowed = d.allowed;
+      res.remaining = d.remaining;
+      res.resetNs = d.resetNs;
+      res.retryAfterNs = d.retryAfterNs;
+      return true;
     }
   }
 
   /** hits = 0 on an absent key: what a new bucket would report, without creating one. */
-  private reportFresh(limit: GcraLimit, nowRel: bigint): TakeResult {
+  private reportFresh(limit: GcraLimit, nowRel: bigint, res: MutableTakeResult): TakeResult {
     const tat = this.initialTat(limit, nowRel);
-    const d = gcraStep(tat, nowRel, limit.intervalNs, limit.windowNs, 0n);
-    return { verdict: 'allow', allowed: true, remaining: d.remaining, resetNs: d.resetNs, retryAfterNs: 0n };
+    const d = gcraStepInto(stepScratch, tat, nowRel, limit.intervalNs, limit.windowNs, 0n);
+    res.verdict = 'allow';
+    res.allowed = true;
+    res.remaining = d.remaining;
+    res.resetNs = d.resetNs;
+    res.retryAfterNs = 0n;
+    return res;
   }
 
   /**

@@ -167,19 +167,45 @@ export interface GcraDecision {
  * is true and tat is the stored TAT).
  */
 export function gcraStep(tat: bigint, now: bigint, intervalNs: bigint, window: bigint, hits: bigint): GcraDecision {
+  return { ...gcraStepInto(newGcraScratch(), tat, now, intervalNs, window, hits) };
+}
+
+/** A GcraDecision the hot path overwrites in place (gcraStepInto), so a decision allocates no object. */
+export type GcraDecisionScratch = { -readonly [K in keyof GcraDecision]: GcraDecision[K] };
+
+export function newGcraScratch(): GcraDecisionScratch {
+  return { allowed: false, tat: 0n, remaining: 0, resetNs: 0n, retryAfterNs: 0n };
+}
+
+/** gcraStep, written into `out` (returned). */
+export function gcraStepInto(out: GcraDecisionScratch, tat: bigint, now: bigint, intervalNs: bigint, window: bigint, hits: bigint): GcraDecisionScratch {
   const base = tat > now ? tat : now;
   const debt = base - now;
   if (hits === 0n) {
-    return { allowed: true, tat, remaining: Number((window - debt) / intervalNs), resetNs: debt, retryAfterNs: 0n };
+    out.allowed = true;
+    out.tat = tat;
+    out.remaining = Number((window - debt) / intervalNs);
+    out.resetNs = debt;
+    out.retryAfterNs = 0n;
+    return out;
   }
   const next = base + (hits === 1n ? intervalNs : hits * intervalNs);
   const nextDebt = next - now;
   if (nextDebt <= window) {
-    return { allowed: true, tat: next, remaining: Number((window - nextDebt) / intervalNs), resetNs: nextDebt, retryAfterNs: 0n };
+    out.allowed = true;
+    out.tat = next;
+    out.remaining = Number((window - nextDebt) / intervalNs);
+    out.resetNs = nextDebt;
+    out.retryAfterNs = 0n;
+    return out;
   }
-  const remaining = debt >= window ? 0 : Number((window - debt) / intervalNs);
+  out.allowed = false;
+  out.tat = tat;
+  out.remaining = debt >= window ? 0 : Number((window - debt) / intervalNs);
+  out.resetNs = debt;
   // hits·T > D ⇔ hits > burst: never.
-  return { allowed: false, tat, remaining, resetNs: debt, retryAfterNs: nextDebt - debt > window ? NEVER_NS : nextDebt - window };
+  out.retryAfterNs = nextDebt - debt > window ? NEVER_NS : nextDebt - window;
+  return out;
 }
 
 const BLOCKED_DECISION_BASE = { allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS } as const;

@@ -79,7 +79,7 @@ export class CheckService {
         this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
         return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
       }
-      const result = this.decider.decide(req);
+      const result = this.decider.decide(req, true);
       if (!result.ok) {
         this.stats.rejected('invalid');
         return { kind: 'error', code: result.failure.code, message: result.failure.message };

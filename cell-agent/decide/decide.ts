@@ -47,8 +47,8 @@
 import type { BucketTable, TakeResult } from '../buckets/bucket-table.js';
 import { NEVER_NS, limitPerUnit } from '../buckets/gcra.js';
 import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
-import type { RuleSet } from '../rules/rules-compile.js';
-import { applyReplaces, matchWithAncestors } from '../rules/rules-match.js';
+import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
+import { applyReplaces, lastLocalBucketKey, matchLocalRate, matchWithAncestors } from '../rules/rules-match.js';
 import type { RuleMatch } from '../rules/rules-match.js';
 import { RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
@@ -129,6 +129,9 @@ export interface DeciderOptions {
   readonly staticSlices: boolean;
   /** This agent's cell, named in a refusal's provenance. */
   readonly cell?: string;
+  /** Decide the common case without a plan (decideOneLocal); default true. false: always the
+   * general path (the comparison in the tests and `npm run bench -- agent-memory`). */
+  readonly fastPath?: boolean;
 }
 
 export type DecisionScope = 'local' | 'global';
@@ -213,15 +216,68 @@ export class Decider {
     return this.rules;
   }
 
-  decide(req: RlsRequest): DecideResult {
-    const failure = checkRequest(req, this.options.bounds);
-    if (failure !== null) return { ok: false, failure };
+  /** `boundsChecked`: the caller (CheckService) has already applied checkRequest to `req`. */
+  decide(req: RlsRequest, boundsChecked = false): DecideResult {
+    if (!boundsChecked) {
+      const failure = checkRequest(req, this.options.bounds);
+      if (failure !== null) return { ok: false, failure };
+    }
     const rules = this.rules;
     if (rules === null) return { ok: false, failure: { code: GRPC_STATUS.UNKNOWN, message: NO_CONFIG_MESSAGE } };
     const nowNs = this.deps.clock();
     this.nowNs = nowNs;
+    if (req.descriptors.length === 1 && this.options.fastPath !== false) {
+      const fast = this.decideOneLocal(rules, req, nowNs);
+      if (fast !== null) return { ok: true, decision: fast };
+    }
     const { plans, levels } = this.plan(rules, req);
     return { ok: true, decision: this.evaluate(plans, levels, nowNs) };
+  }
+
+  // ---- 0: the fast path -------------------------------------------------------------------------
+
+  /**
+   * The common case (one descriptor counted in one local bucket, no limit override, hits ≥ 1), decided
+   * without building a plan, a level or the bucket key string: matchLocalRate writes the key into the
+   * table's hash stream and one takeKey() decides — a single take is all or nothing by itself. The
+   * answer is what evaluate() gives for the same request (test/cell-agent/decide/decide-fast-path
+   * checks it against `fastPath: false`); null: not the common case, use the general path.
+   */
+  private decideOneLocal(rules: RuleSet, req: RlsRequest, nowNs: bigint): Decision | null {
+    const d = req.descriptors[0];
+    if (d === undefined || d.limit !== null) return null;
+    const hits = d.hitsAddend ?? (req.hitsAddend > 1 ? req.hitsAddend : 1);
+    if (hits === 0) return null;
+    const table = this.deps.table;
+    const sink = table.beginKey();
+    if (sink === null) return null;
+    const node = matchLocalRate(rules, req.domain, d.entries, sink);
+    if (node === null) return null;
+    const { limit, currentLimit } = this.ruleLimitOf(node);
+    const r = table.takeKey(limit, hits, nowNs);
+    if (r.verdict === 'table-full') return null; // rare: the general path applies the policy and marks it
+    if (r.verdict === 'allow') {
+      const status: RlsDescriptorStatus = { code: OK, currentLimit, limitRemaining: Math.min(r.remaining, UINT32_MAX), durationUntilReset: seconds(r.resetNs) };
+      const statuses = [status];
+      return {
+        response: { overallCode: OK, statuses, responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS, requestHeadersToAdd: NO_HEADERS, rawBody: null },
+        overLimit: false, scope: 'local', degraded: false, staticSlice: false, tableFull: false, retryAfterNs: 0n, statusLimits: [limit], refusal: null,
+      };
+    }
+    const retryNs = r.retryAfterNs;
+    const key = lastLocalBucketKey(req.domain, d.entries);
+    const refusal: Refusal = { level: 'local-rule', limit: node.name ?? key, decidedOn: null, epoch: null, cell: this.options.cell ?? null };
+    this.deps.onRefused?.(key, hits, refusal);
+    const status: RlsDescriptorStatus = { code: OVER_LIMIT, currentLimit, limitRemaining: 0, durationUntilReset: seconds(retryNs === NEVER_NS ? r.resetNs : retryNs) };
+    const statuses = [status];
+    const headers: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
+    headers.push(...provenanceHeaders(refusal));
+    return {
+      response: { overallCode: OVER_LIMIT, statuses, responseHeadersToAdd: headers, requestHeadersToAdd: NO_HEADERS, rawBody: null },
+      overLimit: true, scope: 'local', degraded: false, staticSlice: false, tableFull: false,
+      retryAfterNs: retryNs === NEVER_NS ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : retryNs,
+      statusLimits: [limit], refusal,
+    };
   }
 
   // ---- 1 + 2: matching and levels ---------------------------------------------------------------
@@ -334,15 +390,20 @@ export class Decider {
   }
 
   private ruleLimit(m: RuleMatch): { limit: GcraLimit; currentLimit: RlsRateLimit } {
-    let cached = this.ruleLimits.get(m.rule);
+    return this.ruleLimitOf(m.rule);
+  }
+
+  private ruleLimitOf(rule: RuleNode): { limit: GcraLimit; currentLimit: RlsRateLimit } {
+    let cached = this.ruleLimits.get(rule);
     if (cached === undefined) {
-      if (m.limit.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
-      const unit = m.limit.unit;
+      const l = rule.limit;
+      if (l === null || l.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
+      const unit = l.unit;
       cached = {
-        limit: limitPerUnit(m.limit.requestsPerUnit, unit.toLowerCase() as TimeUnit, m.limit.burst === undefined ? { start: 'full' } : { start: 'full', burst: m.limit.burst }),
-        currentLimit: { requestsPerUnit: m.limit.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: m.name ?? '' },
+        limit: limitPerUnit(l.requestsPerUnit, unit.toLowerCase() as TimeUnit, l.burst === undefined ? { start: 'full' } : { start: 'full', burst: l.burst }),
+        currentLimit: { requestsPerUnit: l.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: rule.name ?? '' },
       };
-      this.ruleLimits.set(m.rule, cached);
+      this.ruleLimits.set(rule, cached);
     }
     return cached;
   }

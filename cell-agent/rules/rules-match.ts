@@ -144,6 +144,72 @@ export function applyReplaces(matches: readonly (RuleMatch | null)[]): (RuleMatc
   return matches.map((m) => (m !== null && m.name !== null && names.has(m.name) ? null : m));
 }
 
+/**
+ * A bucket key written in parts: raw text, and text escaped as the key format escapes it. The
+ * string builder below writes RuleMatch.bucketKey; the bucket table's KeyHashStream hashes the same
+ * characters without building the string (the decision's hot path).
+ */
+export interface KeySink {
+  raw(part: string): void;
+  escaped(part: string): void;
+}
+
+class StringKeySink implements KeySink {
+  text = '';
+  raw(part: string): void {
+    this.text += part;
+  }
+  escaped(part: string): void {
+    this.text += escapeKeyPart(part);
+  }
+}
+
+/** One buildMatch at a time (it never calls out): one builder serves every call. */
+const stringSink = new StringKeySink();
+
+/** The bucket key of the walk in scratch over entries[0 .. levels - 1] (format: the header comment). */
+function writeBucketKey(sink: KeySink, domain: string, entries: readonly DescriptorEntry[], levels: number): void {
+  sink.escaped(domain);
+  for (let i = 0; i < levels; i += 1) {
+    const entry = entries[i] as DescriptorEntry;
+    const at = scratch[i] as RuleNode;
+    sink.raw('|');
+    sink.escaped(entry.key);
+    if (at.kind === 'wildcard' && at.shareThreshold) {
+      sink.raw('~');
+      sink.escaped(at.value ?? '');
+    } else {
+      sink.raw('=');
+      sink.escaped(entry.value);
+    }
+  }
+}
+
+/**
+ * The decision's fast path: the rule of a descriptor that is counted in exactly one local bucket —
+ * its deepest match is a plain `rate_limit` (no `replaces`, not shadow or quota mode) and the walk
+ * passed no `global: true` rule. Writes that bucket's key (RuleMatch.bucketKey, character for
+ * character) to `sink` and returns the rule; null for every other descriptor (then nothing was
+ * written: use matchWithAncestors). Allocates nothing.
+ */
+export function matchLocalRate(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[], sink: KeySink): RuleNode | null {
+  const reached = walk(ruleSet, domain, entries);
+  if (reached === 0 || reached !== entries.length) return null;
+  const node = scratch[reached - 1] as RuleNode;
+  const limit = node.limit;
+  if (limit === null || limit.kind !== 'rate' || node.replaces.length > 0 || node.shadowMode || node.quotaMode) return null;
+  for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
+  writeBucketKey(sink, domain, entries, reached);
+  return node;
+}
+
+/** RuleMatch.bucketKey of the descriptor matchLocalRate last accepted (valid until the next match). */
+export function lastLocalBucketKey(domain: string, entries: readonly DescriptorEntry[]): string {
+  stringSink.text = '';
+  writeBucketKey(stringSink, domain, entries, entries.length);
+  return stringSink.text;
+}
+
 // ---- The walk -----------------------------------------------------------------------------------
 
 const NONE: readonly RuleMatch[] = Object.freeze([]);
@@ -192,14 +258,9 @@ function deepestMatch(domain: string, entries: readonly DescriptorEntry[], reach
 function buildMatch(domain: string, entries: readonly DescriptorEntry[], levels: number): RuleMatch {
   const node = scratch[levels - 1] as RuleNode;
   const limit = node.limit as RuleLimit;
-  let bucketKey = escapeKeyPart(domain);
-  for (let i = 0; i < levels; i += 1) {
-    const entry = entries[i] as DescriptorEntry;
-    const at = scratch[i] as RuleNode;
-    bucketKey += at.kind === 'wildcard' && at.shareThreshold
-      ? `|${escapeKeyPart(entry.key)}~${escapeKeyPart(at.value ?? '')}`
-      : `|${escapeKeyPart(entry.key)}=${escapeKeyPart(entry.value)}`;
-  }
+  stringSink.text = '';
+  writeBucketKey(stringSink, domain, entries, levels);
+  const bucketKey = stringSink.text;
   const last = entries[levels - 1] as DescriptorEntry;
   return {
     rule: node,
