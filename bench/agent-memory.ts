@@ -56,7 +56,7 @@ export interface Percentiles {
   readonly max: number;
 }
 
-function percentiles(samples: Float64Array): Percentiles {
+export function percentiles(samples: Float64Array): Percentiles {
   const s = Float64Array.from(samples).sort();
   const at = (q: number): number => Math.round((s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0) * 10) / 10;
   return { p50: at(0.5), p90: at(0.9), p99: at(0.99), p999: at(0.999), max: at(1) };

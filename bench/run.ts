@@ -24,6 +24,7 @@ const benches: Record<string, BenchFn> = {
   'coordinator-source': async (o) => (await import('./coordinator-source.js')).runCoordinatorSourceBench(o),
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
+  decision: async (o) => (await import('./decision.js')).runDecisionBench(o),
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

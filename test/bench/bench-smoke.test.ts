@@ -9,6 +9,7 @@ import { runAccuracyBench } from '../../bench/accuracy.js';
 import { runAgentMemoryBench } from '../../bench/agent-memory.js';
 import { runAllocatorBench } from '../../bench/allocator.js';
 import type { BenchReport } from '../../bench/bench-report.js';
+import { runDecisionBench } from '../../bench/decision.js';
 import { runRaftCoreBench } from '../../bench/raft-core.js';
 
 const quiet = { smoke: true, progress: (): void => undefined };
@@ -33,6 +34,12 @@ void test('raft-core smoke: commits per second in memory', () => {
 void test('agent-memory smoke: bucket table bytes and in-process decision latency', () => {
   const r = runAgentMemoryBench(quiet);
   assertReport(r, 'agent-memory', ['buckets', 'SAB MiB', 'RSS MiB']);
+});
+
+void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', async () => {
+  const r = await runDecisionBench(quiet);
+  assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns']);
+  assert.deepEqual(r.rows.map((row) => row.call), ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)']);
 });
 
 void test('allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants', () => {
