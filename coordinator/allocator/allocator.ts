@@ -213,6 +213,8 @@ export interface AllocatorStats {
   readonly waitingAck: number;
   /** Reporting cells still starved after this round (they wait for acknowledgements). */
   readonly starved: number;
+  /** Reporting cells short of their burst target after the burst grows (small excesses were shrunk for them). */
+  readonly burstShort: number;
   /** Σ over growing cells of (target − new level): rate wanted but not free yet (shrink first). */
   readonly growBlockedRate: number;
   /** Reporting cells whose lease the round releases before its grants (treated as on floors). */
@@ -223,6 +225,15 @@ export interface AllocatorOutput {
   /** The changed grants, each with the next epoch and a fresh lease; parents before children. */
   readonly grants: Grant[];
   readonly stats: AllocatorStats;
+  /**
+   * Per input quota (input order): 1 if the round sent it a grant, or left a reporting cell waiting
+   * for an acknowledgement, starved, or held below its target by at least the smallest step. A quota
+   * at 0 is settled: with the same inputs, a later round sends it nothing, whichever cells report
+   * (targets do not depend on who reports; a cell's decision does only through the split of the
+   * grows, and no grow is held back). The incremental lease round (coordinator/lease/
+   * incremental-policy.ts) leaves settled quotas out of its rounds until an input changes.
+   */
+  readonly unsettled: Uint8Array;
 }
 
 export class AllocatorInputError extends Error {
@@ -553,15 +564,27 @@ export function allocateRoundWith(input: AllocatorInput, options: { readonly fas
       suppressed: 0,
       waitingAck: 0,
       starved: 0,
+      burstShort: 0,
       growBlockedRate: 0,
       releasedCells,
     },
   };
   const capScratch = anyParent ? workspace.cap : null;
+  const unsettled = new Uint8Array(nq);
+  const st = ctx.stats;
   for (let k = 0; k < nq; k++) {
     const q = order[k] as number;
+    const g0 = ctx.grants.length;
+    const w0 = st.waitingAck;
+    const s0 = st.starved + st.burstShort;
+    const b0 = st.growBlockedRate;
     const fast = ctx.fastPath ? fastQuota(ctx, q) : FAST_TRY_LOCAL;
     if (fast !== FAST_DONE) allocateQuota(ctx, q, fast === FAST_TRY_LOCAL);
+    // Settled: nothing sent, nobody waiting for an acknowledgement, starved, or held below its
+    // target by more than the smallest step (see AllocatorOutput.unsettled).
+    const qq = quotas[q] as AllocatorQuota;
+    const step = Math.max(tuning.minStepRate, tuning.minStepFraction * qq.rate);
+    if (ctx.grants.length !== g0 || st.waitingAck !== w0 || st.starved + st.burstShort !== s0 || st.growBlockedRate - b0 >= step) unsettled[q] = 1;
     if (childStart !== null && childList !== null && capScratch !== null) {
       const from = childStart[q] as number;
       const to = childStart[q + 1] as number;
@@ -569,7 +592,7 @@ export function allocateRoundWith(input: AllocatorInput, options: { readonly fas
     }
   }
   ctx.stats.grants = ctx.grants.length;
-  return { grants: ctx.grants, stats: ctx.stats };
+  return { grants: ctx.grants, stats: ctx.stats, unsettled };
 }
 
 function validate(input: AllocatorInput, tuning: AllocatorTuning): void {
@@ -921,6 +944,7 @@ function allocateQuota(ctx: Ctx, qi: number, tryLocal: boolean): void {
       if ((nb[j] as number) < keep * (gh[m] as number) - epsB) burstShort++;
     }
   }
+  ctx.stats.burstShort += burstShort;
   if (burstShort > 0) {
     for (let j = 0; j < k; j++) {
       const fg = flags[j] as number;

@@ -13,3 +13,4 @@ export {
 } from './allocator.js';
 export { AllocatorInputBuilder, allocatorCells, type QuotaStateOptions, type RoundParams, type SliceInput } from './allocator-input.js';
 export { waterFill, WaterFillScratch } from './water-fill.js';
+export { float32Above, float32Below, roundTowards } from './grant-rounding.js';

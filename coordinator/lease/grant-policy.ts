@@ -5,9 +5,9 @@
 // lease service then retries the round without grants, so a wrong policy costs rebalancing, never
 // safety.
 import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
+import type { AllocatorInput } from '../allocator/index.js';
 import type { Ledger } from '../ledger/ledger.js';
 import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
-import { parseQuotaKey, tierCapKey } from '../ledger/ledger-commands.js';
 
 /** What the round knows besides the ledger. */
 export interface RoundDemands {
@@ -19,30 +19,29 @@ export interface RoundDemands {
   readonly acks: readonly GrantAck[];
   /** Lease length given with each grant: leaseExpiresAtMs = nowMs + leaseTtlMs. */
   readonly leaseTtlMs: number;
+  /**
+   * The keys whose demand (in `byKey`) changed since the previous round — appeared, vanished, or
+   * moved beyond the caller's dead-band — or undefined when unknown (the caller's memory was reset,
+   * e.g. a new term): an incremental policy then computes a full round.
+   */
+  readonly changedKeys?: ReadonlySet<string> | undefined;
 }
 
 export type GrantPolicy = (ledger: Ledger, demands: RoundDemands, nowMs: number) => Grant[];
 
 /** The enclosing cap of a quota key, if the ledger has it (a tenant's tier cap). */
 function parentOf(ledger: Ledger, key: string): string | null {
-  const p = parseQuotaKey(key);
-  if (p?.kind !== 'tenant') return null;
-  const t = ledger.getTenant(p.name);
-  if (t === undefined) return null;
-  const cap = tierCapKey(t.tier);
-  return ledger.getQuota(cap) === undefined ? null : cap;
+  return ledger.definition(key)?.parent ?? null;
 }
 
-/** The allocator over every quota some cell holds a slice of or reports demand for. */
-export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
-  const cellViews = ledger.listCells();
-  if (cellViews.length === 0 || demands.reported.size === 0) return [];
-  const definitionsOnly = (): Grant[] => withDefinitionGrants(ledger, demands, nowMs, []);
-  const cells = allocatorCells(cellViews, demands.reported);
+/**
+ * The allocator's input for `keys` (those without a quota are left out) plus every parent they
+ * need, read from the committed ledger, this round's demands and the same entry's acks. Null when
+ * no key has a quota.
+ */
+export function buildRoundInput(ledger: Ledger, demands: RoundDemands, nowMs: number, keys: Iterable<string>): AllocatorInput | null {
+  const cells = allocatorCells(ledger.listCells(), demands.reported);
   const index = new Map(cells.map((c, i) => [c.id, i]));
-  const keys = new Set<string>();
-  for (const k of ledger.activeQuotaKeys()) keys.add(k);
-  for (const k of demands.byKey.keys()) keys.add(k);
   // Keep only keys with a quota; add parents so every parent is in the round.
   const wanted = new Map<string, string | null>();
   const add = (k: string): void => {
@@ -52,7 +51,7 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
     if (parent !== null) add(parent);
   };
   for (const k of keys) add(k);
-  if (wanted.size === 0) return definitionsOnly();
+  if (wanted.size === 0) return null;
   const ackedBy = new Map<string, Float64Array>();
   for (const a of demands.acks) {
     const i = index.get(a.cellId);
@@ -62,10 +61,11 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
     row[i] = a.epoch;
   }
   const builder = new AllocatorInputBuilder(cells, wanted.size);
+  const demand = new Float64Array(cells.length);
   for (const [key, parent] of wanted) {
     const state = ledger.getQuotaState(key);
     if (state === undefined) continue;
-    const demand = new Float64Array(cells.length);
+    demand.fill(0);
     const d = demands.byKey.get(key);
     if (d !== undefined) for (const [cellId, v] of d) {
       const i = index.get(cellId);
@@ -74,8 +74,21 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
     const acked = ackedBy.get(key);
     builder.addQuotaState(state, demand, { parent, ...(acked === undefined ? {} : { ackedEpochs: acked }) });
   }
-  const input = builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
-  return withDefinitionGrants(ledger, demands, nowMs, allocateRound(input).grants);
+  return builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
+}
+
+/**
+ * The allocator over EVERY quota some cell holds a slice of or reports demand for, each round: the
+ * stateless full round (the lease service's default is the incremental one, incremental-policy.ts,
+ * which computes only what changed; this one stays as its reference and the benchmark's baseline).
+ */
+export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
+  if (ledger.listCells().length === 0 || demands.reported.size === 0) return [];
+  const keys = new Set<string>();
+  for (const k of ledger.activeQuotaKeys()) keys.add(k);
+  for (const k of demands.byKey.keys()) keys.add(k);
+  const input = buildRoundInput(ledger, demands, nowMs, keys);
+  return withDefinitionGrants(ledger, demands, nowMs, input === null ? [] : allocateRound(input).grants);
 };
 
 /** Most re-grants (new definitions, wind-downs) one round carries; the rest follow in the next rounds. */
@@ -93,6 +106,14 @@ export const MAX_DEFINITION_GRANTS_PER_ROUND = 20_000;
  * nothing on it is counted any more).
  */
 export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowMs: number, grants: Grant[]): Grant[] {
+  return definitionGrants(ledger, demands, nowMs, grants, demands.byKey.keys()).grants;
+}
+
+/**
+ * withDefinitionGrants with the first grants looked for only among `firstGrantKeys` (keys of
+ * `demands.byKey`); `complete` is false when MAX_DEFINITION_GRANTS_PER_ROUND stopped it early.
+ */
+export function definitionGrants(ledger: Ledger, demands: RoundDemands, nowMs: number, grants: Grant[], firstGrantKeys: Iterable<string>): { grants: Grant[]; complete: boolean } {
   const taken = new Set<string>();
   for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
   const leaseExpiresAtMs = nowMs + demands.leaseTtlMs;
@@ -100,12 +121,13 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
   // A cell asking for a quota it holds no slice of (its refusals are its demand) gets a first grant
   // even when the allocator leaves it at its floor: the grant is how it learns the definition and
   // the floor. A zero grant: the cell uses max(grant, floor), which the ledger counts already.
-  for (const [key, byCell] of demands.byKey) {
-    if (ledger.getQuota(key) === undefined) continue;
+  for (const key of firstGrantKeys) {
+    const byCell = demands.byKey.get(key);
+    if (byCell === undefined || ledger.getQuota(key) === undefined) continue;
     for (const [cellId, d] of byCell) {
       if (!(d > 0) || !demands.reported.has(cellId) || taken.has(`${cellId}\u0000${key}`)) continue;
       if ((ledger.getSlice(key, cellId)?.epoch ?? 0) !== 0) continue;
-      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return grants;
+      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return { grants, complete: false };
       grants.push({ key, cellId, rate: 0, burst: 0, epoch: 1, leaseExpiresAtMs });
       taken.add(`${cellId}\u0000${key}`);
       added++;
@@ -113,7 +135,7 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
   }
   for (const cellId of [...demands.reported].sort()) {
     for (const key of ledger.staleSliceKeys(cellId)) {
-      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return grants;
+      if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return { grants, complete: false };
       if (taken.has(`${cellId}\u0000${key}`)) continue;
       const s = ledger.getSlice(key, cellId);
       if (s === undefined) continue;
@@ -122,6 +144,6 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
       added++;
     }
   }
-  return grants;
+  return { grants, complete: true };
 }
 

@@ -35,7 +35,7 @@ import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledge
 import { isName, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
 import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
-import { allocatorPolicy } from './grant-policy.js';
+import { createAllocatorPolicy } from './incremental-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
 import { LeaderClock } from './leader-clock.js';
 import { planted } from '../../shared/planted-bugs.js';
@@ -47,6 +47,9 @@ export const DEFAULT_ROUND_MS = 100;
 export const DEFAULT_EXPIRE_EVERY_MS = 1_000;
 /** Most acknowledgements and velocity entries one report may carry. */
 export const MAX_REPORT_ITEMS = 100_000;
+/** Demand moves up to max(DEMAND_DEAD_BAND_MIN req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken (noteDemand). */
+export const DEMAND_DEAD_BAND_FRACTION = 0.005;
+export const DEMAND_DEAD_BAND_MIN = 0.01;
 
 /** What the lease service needs of a coordinator replica (CoordinatorNode fits). */
 export interface LeaseBackend {
@@ -133,8 +136,10 @@ export class LeaseService {
   private readonly onReport: ((req: ReportRequestMessage, receiptMs: number) => void) | undefined;
   private pending: PendingReport[] = [];
   private readonly sessions = new Map<string, CellSession>();
-  /** Cell → quota key → demand (req/s). */
-  private readonly demands = new Map<string, Map<string, number>>();
+  /** Quota key → cell → demand (req/s), as the policy sees it (moves within the dead-band are not taken). */
+  private readonly byKey = new Map<string, Map<string, number>>();
+  /** Keys whose demand changed since the last round; null: the demands were forgotten (a new term). */
+  private changedKeys: Set<string> | null = null;
   private roundTimer: NodeJS.Timeout | null = null;
   private expireTimer: NodeJS.Timeout | null = null;
   private inRound = false;
@@ -149,7 +154,7 @@ export class LeaseService {
     this.ttl = opts.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
     this.roundMs = opts.roundMs ?? DEFAULT_ROUND_MS;
     this.expireEveryMs = opts.expireEveryMs ?? DEFAULT_EXPIRE_EVERY_MS;
-    this.policy = opts.policy ?? allocatorPolicy;
+    this.policy = opts.policy ?? createAllocatorPolicy();
     this.onReport = opts.onReport;
     this.clock = new LeaderClock({ monoMs: opts.monoMs ?? (() => performance.now()), wallMs: opts.wallMs ?? Date.now });
   }
@@ -246,7 +251,8 @@ export class LeaseService {
     if (!leader) {
       if (this.wasLeader) {
         this.sessions.clear();
-        this.demands.clear();
+        this.byKey.clear();
+        this.changedKeys = null;
       }
       this.wasLeader = false;
       if (this.pending.length > 0) this.failPending(this.notLeaderError());
@@ -256,7 +262,8 @@ export class LeaseService {
     if (!this.wasLeader || this.term !== term) {
       // A new term of ours: whatever we remembered may be stale (another leader served in between).
       this.sessions.clear();
-      this.demands.clear();
+      this.byKey.clear();
+      this.changedKeys = null;
       this.wasLeader = true;
       this.term = term;
       this.clock.beginTerm(this.ttl + this.backend.ledger().config.skewMarginMs);
@@ -330,13 +337,7 @@ export class LeaseService {
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
       const session = this.session(p.req.cellId, p.req.incarnation);
-      let demand = this.demands.get(p.req.cellId);
-      if (demand === undefined) this.demands.set(p.req.cellId, (demand = new Map<string, number>()));
-      for (const v of p.req.velocity) {
-        const d = v.allowedPerS + v.refusedPerS;
-        if (d > 0) demand.set(v.key, d);
-        else demand.delete(v.key);
-      }
+      for (const v of p.req.velocity) this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS);
       for (const a of p.req.acks) {
         if ((session.acked.get(a.key) ?? 0) < a.epoch) session.acked.set(a.key, a.epoch);
         if ((ledger.getSlice(a.key, p.req.cellId)?.epoch ?? 0) <= a.epoch) session.outstanding.delete(a.key);
@@ -353,17 +354,11 @@ export class LeaseService {
       }
     }
     for (const [cellId, p] of cells) leases.push({ cellId, leaseExpiresAtMs: p.receiptMs + this.ttl });
-    const byKey = new Map<string, Map<string, number>>();
-    for (const [cellId, m] of this.demands) {
-      for (const [key, d] of m) {
-        let row = byKey.get(key);
-        if (row === undefined) byKey.set(key, (row = new Map<string, number>()));
-        row.set(cellId, d);
-      }
-    }
     const reported = new Set(cells.keys());
     const nowMs = this.clock.stamp(ledger.nowMs);
-    let grants = this.policy(ledger, { reported, byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl }, nowMs);
+    const changedKeys = this.changedKeys ?? undefined;
+    this.changedKeys = new Set<string>();
+    let grants = this.policy(ledger, { reported, byKey: this.byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl, changedKeys }, nowMs);
     grants = grants.filter((g) => reported.has(g.cellId));
 
     // 3. One entry (or, refused, the same without grants).
@@ -440,6 +435,32 @@ export class LeaseService {
       cappedDomains: capsIncluded ? caps.domains : [],
       full,
     };
+  }
+
+  /**
+   * Takes a reported demand (allowed + refused per second) for the next rounds. A demand that moves
+   * less than the dead-band — max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION × the quota's rate) —
+   * from the value the rounds last took is left at that value (measurement noise would otherwise
+   * make every active quota "changed" on every report); a larger move, an appearance or a
+   * disappearance is taken and names the key in the next round's changedKeys. The band is below the
+   * allocator's smallest headroom (1% of the quota), so a cell cannot start refusing unseen.
+   */
+  private noteDemand(ledger: Ledger, key: string, cellId: string, d: number): void {
+    let row = this.byKey.get(key);
+    const prev = row?.get(cellId);
+    if (d > 0) {
+      if (prev !== undefined) {
+        const rate = ledger.getQuota(key)?.rate ?? 0;
+        if (Math.abs(d - prev) <= Math.max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION * rate)) return;
+      }
+      if (row === undefined) this.byKey.set(key, (row = new Map<string, number>()));
+      row.set(cellId, d);
+    } else {
+      if (prev === undefined || row === undefined) return;
+      row.delete(cellId);
+      if (row.size === 0) this.byKey.delete(key);
+    }
+    this.changedKeys?.add(key);
   }
 
   private session(cellId: string, incarnation: string): CellSession {

@@ -149,6 +149,8 @@ export const SNAPSHOT_FORMAT_VERSION = 2;
 const READABLE_SNAPSHOT_VERSIONS = [1, 2] as const;
 /** Relative tolerance of the bound's float comparisons. */
 export const BOUND_TOLERANCE = 1e-9;
+/** Most changed keys takeTouchedKeys() lists; beyond, it answers "anything may have changed". */
+export const MAX_TOUCHED_KEYS = 200_000;
 /** Default and largest page size of listTenants. */
 export const DEFAULT_PAGE_LIMIT = 100;
 export const MAX_PAGE_LIMIT = 1_000;
@@ -446,6 +448,14 @@ export class Ledger {
    * re-grant them without scanning every slice. A superset: readers filter with isStale.
    */
   private readonly staleHints = new Map<string, Set<string>>();
+  /**
+   * Derived, not replicated: quota keys whose allocator inputs (definition, ceiling, slices) changed
+   * since the last takeTouchedKeys(), for the incremental lease round. Bounded: past
+   * MAX_TOUCHED_KEYS, or after a change to the cells (registration, a lease released), it holds
+   * "everything" (touchedAll) until taken; a follower that never takes it stays at that bound.
+   */
+  private touched = new Set<string>();
+  private touchedAll = true;
 
   constructor(options: LedgerOptions = {}) {
     const floorCells = options.floorCells ?? DEFAULT_FLOOR_CELLS;
@@ -572,6 +582,7 @@ export class Ledger {
     const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
     this.tiers.set(cmd.name, rec);
     if (existing !== undefined) {
+      this.touchAll(); // every tenant of the tier changed
       // Every tenant on the tier whose cells hold slices may now be over (or under) its quota, and
       // holds grants stamped with the old definition.
       this.forTenantKeysOfTier(cmd.name, (key) => {
@@ -709,6 +720,7 @@ export class Ledger {
     const rec: CellRec = { id: cmd.cellId, slot, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null, epochMark: 0 };
     this.cells.set(cmd.cellId, rec);
     this.cellOrder.push(cmd.cellId);
+    this.touchAll();
     return ok({ kind: 'cell', cell: this.cellView(rec), created: true });
   }
 
@@ -819,7 +831,11 @@ export class Ledger {
         }
       }
       // Committed from here on: the granted slices carry the current definitions.
-      for (const g of grants) this.staleHints.get(g.cellId)?.delete(g.key);
+      for (const g of grants) {
+        this.staleHints.get(g.cellId)?.delete(g.key);
+        this.touch(g.key);
+      }
+      for (const a of acks) this.touch(a.key);
       return ok({ kind: 'round', nowMs: this.now, acked, ignoredAcks: acks.length - acked, renewed: leases.length, granted: grants.length, expiredCells });
     } catch (e) {
       txn.run();
@@ -847,6 +863,7 @@ export class Ledger {
       expired.push(id);
       this.saveCell(cell);
       cell.leaseExpiresAtMs = null;
+      this.touchAll();
       const slices = this.byCell.get(id);
       if (slices === undefined) continue;
       for (const [key, s] of [...slices]) {
@@ -921,6 +938,7 @@ export class Ledger {
 
   /** After a quota's definition changed (or it was deleted): every slice of it needs a new grant. */
   private markStale(key: string): void {
+    this.touch(key);
     const slices = this.byKey.get(key);
     if (slices === undefined) return;
     for (const cellId of slices.keys()) this.hint(cellId, key);
@@ -936,6 +954,7 @@ export class Ledger {
   /** A tier cap was created or deleted: its tenants' parent changed, so their definitions did. */
   private tierParentChanged(name: string, tier: QuotaRec, index: number): void {
     tier.updatedIndex = index;
+    this.touchAll();
     this.forTenantKeysOfTier(name, (key) => this.markStale(key));
   }
 
@@ -952,6 +971,7 @@ export class Ledger {
   /** A slice of a key without a quota is dropped once nothing on it is counted any more. */
   private dropIfRetiredAndEmpty(key: string, cellId: string, s: SliceRec): void {
     if (this.quotaOf(key) !== undefined) return;
+    this.touch(key);
     if (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0 || s.heldFloorRate !== 0 || s.heldFloorBurst !== 0) return;
     const cell = this.cells.get(cellId);
     if (cell !== undefined && s.epoch > cell.epochMark) {
@@ -979,6 +999,7 @@ export class Ledger {
 
   /** After a quota's configuration changed: the ceiling becomes max(limit, what the cells may be using now). */
   private rebaseCeiling(key: string): void {
+    this.touch(key);
     const q = this.quotaOf(key);
     if (q === undefined || !this.byKey.has(key)) {
       this.ceilings.delete(key);
@@ -1008,7 +1029,35 @@ export class Ledger {
         c.rate = rate;
         c.burst = burst;
       }
+      this.touch(key);
     }
+  }
+
+  // ---- change tracking (derived) ----------------------------------------------------------------
+
+  private touch(key: string): void {
+    if (this.touchedAll) return;
+    this.touched.add(key);
+    if (this.touched.size > MAX_TOUCHED_KEYS) this.touchAll();
+  }
+
+  private touchAll(): void {
+    this.touchedAll = true;
+    this.touched = new Set<string>();
+  }
+
+  /**
+   * The quota keys whose allocator inputs changed since the previous call (a grant, an
+   * acknowledgement, a definition, a ceiling, a retired slice), or null when anything may have
+   * changed (the first call, a cell registered, a lease released, more than MAX_TOUCHED_KEYS keys).
+   * Derived state: reading it changes nothing replicated.
+   */
+  takeTouchedKeys(): ReadonlySet<string> | null {
+    const all = this.touchedAll;
+    const keys = this.touched;
+    this.touchedAll = false;
+    this.touched = new Set<string>();
+    return all ? null : keys;
   }
 
   // ---- quota math -------------------------------------------------------------------------------
@@ -1191,6 +1240,11 @@ export class Ledger {
     }
     if (h.size === 0) this.staleHints.delete(cellId);
     return out.sort(cmp);
+  }
+
+  /** Some cell holds a slice of `key` (retired slices included). */
+  hasSlices(key: string): boolean {
+    return this.byKey.has(key);
   }
 
   /** Quotas some cell holds a slice of (the allocator's working set), sorted. Includes retired keys. */
