@@ -8,6 +8,7 @@ import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
+import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
 import type { UnknownTenantPolicy } from './decide/quotas.js';
 import { parseTrustedProxies } from '../shared/client-address.js';
 import { DENY_STATUSES } from './front-door/forward-auth.js';
@@ -32,7 +33,9 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'table-capacity', description: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key (default 1000000)' },
   { flag: 'table-full', description: 'when the bucket table has no slot for a new key: open (pass, counted) | closed (refuse) (default open)' },
   { flag: 'velocity-capacity', description: 'global quotas tracked in the 500 ms velocity window (default 65536)' },
-  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which a serving thread answers fail-open, marked degraded; 0 disables (default 10)' },
+  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables (default 10)' },
+  { flag: 'overload-policy', description: 'what an overloaded serving thread answers: bounded (each quota key admits at most its fail-open allowance, the rest is refused at once) | open (every check OK without deciding, the behaviour before; for comparison) (default bounded)' },
+  { flag: 'overload-allowance', description: `bounded: each key's fail-open allowance while overloaded, as a multiple of its floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything while overloaded, before decoding (default 1, at most ${MAX_OVERLOAD_ALLOWANCE})` },
   { flag: 'throttle-log-interval-ms', description: 'interval of the aggregated throttling log lines (default 10000)' },
   { flag: 'max-descriptors', description: `descriptors per request (default ${DEFAULT_REQUEST_BOUNDS.maxDescriptors})` },
   { flag: 'max-entries', description: `entries per descriptor (default ${DEFAULT_REQUEST_BOUNDS.maxEntries})` },
@@ -174,6 +177,8 @@ export const agentConfigFields = z.object({
   tableFull: z.enum(['open', 'closed']).default('open'),
   velocityCapacity: int(16, 16_000_000).default(65_536),
   lagThresholdMs: z.coerce.number().min(0).max(60_000).default(10),
+  overloadPolicy: z.enum(OVERLOAD_POLICIES).default(DEFAULT_OVERLOAD.policy),
+  overloadAllowance: z.coerce.number().min(0).max(MAX_OVERLOAD_ALLOWANCE).default(DEFAULT_OVERLOAD.allowance),
   throttleLogIntervalMs: int(100, 3_600_000).default(10_000),
   maxDescriptors: int(1, 4096).default(DEFAULT_REQUEST_BOUNDS.maxDescriptors),
   maxEntries: int(1, 1024).default(DEFAULT_REQUEST_BOUNDS.maxEntries),

@@ -19,9 +19,10 @@ import { BucketTable } from './buckets/bucket-table.js';
 import type { RuleSet } from './rules/rules-compile.js';
 import type { RulesError } from './rules/rules-errors.js';
 import { loadRules, watchRules } from './rules/rules-load.js';
-import { CheckService } from './decide/check-service.js';
+import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
+import { warmUp } from './decide/warm-up.js';
 import { CoordinatedQuotas, StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { startHttpApi } from './http/http-api.js';
@@ -70,6 +71,9 @@ export interface AgentHandle {
   readonly check: CheckService;
   /** True while every RLS worker serves (always with --workers 0). */
   healthy(): boolean;
+  /** Warms the main thread's check path again and restarts its lag guard's count from now: for an
+   * embedding server (the gateway) right before it starts listening, after its own start-up work. */
+  warmUp(): void;
   /** Testing and drills: block worker `index`'s event loop for `ms` (induced overload); resolves once it is blocked. */
   blockWorkerForTesting(index: number, ms: number): Promise<void>;
   /** Testing: make worker `index` exit abruptly; it is restarted like after a crash. */
@@ -143,14 +147,24 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     cell: config.cell,
   };
   const lagOptions = { thresholdMs: config.lagThresholdMs };
+  const overloadOptions = { policy: config.overloadPolicy, allowance: config.overloadAllowance };
 
   // ---- the main thread's own checks (HTTP API) --------------------------------------------------
   const mainThrottle = new ThrottleCounts();
-  const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs);
+  const throttleLog = new ThrottleLog(componentLogger(logger, 'throttle'), config.cell, config.throttleLogIntervalMs, () => {
+    const t = readStats(stats);
+    return { overloadMs: t.overloadMs, overloadEpisodes: t.overloadEpisodes, overloadRefused: t.overloadRefused.allowance + t.overloadRefused.shed, failOpenOverload: t.failOpen.overload };
+  });
   const mainDecider = new Decider({ table, quotas, clock, velocity: velocityTable, onRefused: (key, hits, why) => mainThrottle.add(key, hits, why), overrides, deadline }, deciderOptions);
   mainDecider.setRules(currentRules);
-  const mainLag = new LagGuard(lagOptions);
-  const mainService = new CheckService(mainDecider, new StatsWriter(stats, config.workers), mainLag, componentLogger(logger, 'http'));
+  const mainStats = new StatsWriter(stats, config.workers);
+  const mainLag = new LagGuard(lagOptions, mainStats);
+  const mainService = new CheckService(mainDecider, mainStats, mainLag, componentLogger(logger, 'http'), {
+    overload: overloadOptions,
+    allowances: overloadAllowances(overloadOptions.allowance, table, mainThrottle),
+    throttle: mainThrottle,
+    cell: config.cell,
+  });
 
   // ---- workers ----------------------------------------------------------------------------------
   const slots: WorkerSlot[] = Array.from({ length: config.workers }, (_, index) => ({
@@ -198,6 +212,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     rules: currentSnapshot,
     decider: deciderOptions,
     lag: lagOptions,
+    overload: overloadOptions,
     listen: listenFor(index),
     throttleLogIntervalMs: config.throttleLogIntervalMs,
     overrides: overrides.entries(),
@@ -337,6 +352,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     clock,
     workersServing: () => slots.filter((s) => s.serving).length,
     rulesFingerprint: () => currentRules.fingerprint,
+    failOpenByQuota: () => throttleLog.failOpenByQuota(),
   });
 
   const started = await Promise.allSettled(slots.map((slot) => startWorker(slot)));
@@ -348,6 +364,15 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   }
 
   let leaseClient: LeaseClient | null = null;
+
+  // The main thread's checks (HTTP API, forward-auth, an embedding gateway) are warmed too, before
+  // the HTTP port exists; the lag guard then starts from now.
+  const warmMain = (): void => {
+    const warm = warmUp(currentRules, { quotas, overrides }, deciderOptions, overloadOptions, log);
+    mainLag.reset();
+    log.debug({ checks: warm.checks, ms: Math.round(warm.ms) }, 'main thread warmed up');
+  };
+  warmMain();
 
   // ---- HTTP API ---------------------------------------------------------------------------------
   let http: HttpApiHandle | null = null;
@@ -467,6 +492,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       return stopPromise;
     },
     check: mainService,
+    warmUp: warmMain,
     healthy: () => slots.every((s) => s.serving),
     metricsText: () => metrics.registry.metrics(),
     velocity: () => velocityKeys.snapshot(clock()),

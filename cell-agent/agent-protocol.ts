@@ -5,6 +5,8 @@ import type { BucketTableShared } from './buckets/bucket-table.js';
 import type { DeciderOptions } from './decide/decide.js';
 import type { QuotaFile, UnknownTenantPolicy } from './decide/quotas.js';
 import type { LagGuardOptions } from './observe/lag-guard.js';
+import type { OverloadOptions } from './decide/overload.js';
+import type { ThrottleDrain } from './observe/throttle-log.js';
 import type { StatsShared } from './observe/stats.js';
 import type { RulesSnapshot } from './agent-rules.js';
 import type { RlsEndpoints, RlsListenOptions } from './rls/rls-server.js';
@@ -29,6 +31,7 @@ export interface WorkerInit {
   readonly rules: RulesSnapshot;
   readonly decider: DeciderOptions;
   readonly lag: LagGuardOptions;
+  readonly overload: OverloadOptions;
   readonly listen: RlsListenOptions;
   readonly throttleLogIntervalMs: number;
   /** The leased grants (or floors) in force when the worker starts. */
@@ -50,7 +53,7 @@ export type WorkerToMain =
   | { readonly kind: 'fatal'; readonly message: string; readonly code: string | null }
   | { readonly kind: 'rules-applied'; readonly fingerprint: string }
   | { readonly kind: 'rules-failed'; readonly fingerprint: string; readonly message: string }
-  | { readonly kind: 'throttle'; readonly counts: [string, number][]; readonly other: number }
+  | ({ readonly kind: 'throttle' } & ThrottleDrain)
   | { readonly kind: 'vkey'; readonly slot: number; readonly gen: number; readonly key: string }
   | { readonly kind: 'log'; readonly line: string }
   | { readonly kind: 'overrides-applied'; readonly seq: number }

@@ -6,8 +6,10 @@ import { parentPort, workerData } from 'node:worker_threads';
 import type { MessagePort } from 'node:worker_threads';
 import { pino } from 'pino';
 import { BucketTable } from './buckets/bucket-table.js';
-import { CheckService } from './decide/check-service.js';
+import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
+import { warmUp } from './decide/warm-up.js';
+import { warmUpTransport } from './rls/warm-up-transport.js';
 import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
 import { LeaseDeadline } from './lease/lease-deadline.js';
@@ -33,12 +35,12 @@ const logger = pino(
 async function main(): Promise<void> {
   let server: RlsServerHandle | null = null;
   let throttleTimer: NodeJS.Timeout | null = null;
-  const lag = new LagGuard(init.lag);
+  const stats = new StatsWriter(init.stats, init.index);
+  const lag = new LagGuard(init.lag, stats);
   try {
     const table = BucketTable.attach(init.table);
     const velocity = VelocityTable.attach(init.velocity);
     velocity.onNewKey = (slot, gen, key) => send({ kind: 'vkey', slot, gen, key });
-    const stats = new StatsWriter(init.stats, init.index);
     const throttle = new ThrottleCounts();
     const overrides = new QuotaOverrides();
     overrides.apply(init.overrides);
@@ -47,14 +49,27 @@ async function main(): Promise<void> {
       { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides, deadline: LeaseDeadline.attach(init.deadline) },
       init.decider,
     );
-    decider.setRules(compileSnapshot(init.rules));
-    const service = new CheckService(decider, stats, lag, logger);
+    const rules = compileSnapshot(init.rules);
+    decider.setRules(rules);
+    // Warm the hot path before binding the sockets (no connection can reach this thread before it
+    // decides at full speed: a fresh or restarted worker gives no fail-open in its first seconds).
+    const warm = warmUp(rules, { quotas, overrides }, init.decider, init.overload, logger);
+    const wire = init.listen.server === 'grpc-js' ? null : await warmUpTransport(warm.service, warm.requests, logger);
+    logger.debug({ checks: warm.checks, ms: Math.round(warm.ms), transportCalls: wire?.calls ?? 0, transportMs: Math.round(wire?.ms ?? 0) }, 'warmed up');
+    const service = new CheckService(decider, stats, lag, logger, {
+      overload: init.overload,
+      allowances: overloadAllowances(init.overload.allowance, table, throttle),
+      throttle,
+      cell: init.cell,
+    });
     lag.start();
     server = await startRlsServer(service, init.listen, logger);
     const flushThrottle = (): void => {
       if (!throttle.empty) send({ kind: 'throttle', ...throttle.drain() });
     };
-    throttleTimer = setInterval(flushThrottle, init.throttleLogIntervalMs);
+    // At most every second (only when there is something), so the per-quota fail-open metric in the
+    // main thread is current; the log lines are still written once per interval there.
+    throttleTimer = setInterval(flushThrottle, Math.min(init.throttleLogIntervalMs, 1000));
     throttleTimer.unref();
 
     const running = server;

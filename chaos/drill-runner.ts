@@ -44,6 +44,10 @@ export interface DrillSpec {
   readonly burst: number;
   /** Offered req/s per cell, in the order of `cells`. */
   readonly offered: readonly number[];
+  /** The tenant's fail-open allowance summed over the cells (docs/quota-model.md "The bound"): the
+   * agents' --overload-allowance × their floors, and its depth. Null when not known (a deployment
+   * reached by address): fail-open answers are then only counted apart. */
+  readonly failOpenAllowance?: { readonly rate: number; readonly depth: number } | null;
   /** The tier of the tenants the operators' writes go to (null: no admin writes). */
   readonly adminTier: string | null;
   /** Bearer token for admin writes (null: none). */
@@ -258,7 +262,7 @@ export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: D
   const measured = bins.filter((b) => b.t > loadStartedAt);
   const firstFault = events.find((e) => e.kind === 'fault')?.t ?? null;
   verdicts.unshift(
-    boundVerdict(measured, quota, burst),
+    boundVerdict(measured, quota, burst, d.spec.failOpenAllowance ?? null),
     // Latency after the load's warm-up (connections, JIT): the first WARMUP_MS of answers are left out.
     latencyVerdict(measured.filter((b) => b.t > loadStartedAt + WARMUP_MS), opts.p99LimitMs, firstFault, excuses),
     errorsVerdict(measured, excuses),

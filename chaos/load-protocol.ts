@@ -15,7 +15,7 @@ export interface LoadBin {
   /** Answers carrying x-ratelimit-degraded (floors, static shares or fail-open). */
   degraded: number;
   /** OK answers given without a decision (x-ratelimit-fail-open: the agent was overloaded). Not in
-   * `admitted`: they are outside the bound by design and counted apart. */
+   * `admitted`: they are held to the bound's fail-open term apart (chaos/verdicts.ts). */
   failOpen: number;
   /** Decision latency of every answer in the bin, µs. */
   latenciesUs: number[];

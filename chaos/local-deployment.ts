@@ -89,7 +89,11 @@ export class LocalDeployment implements DrillTarget {
   }
 
   get spec(): DrillSpec {
-    return { cells: this.opts.cells, coordinators: this.opts.coordinators, tenant: TENANT, domain: DOMAIN, quota: this.opts.quota, burst: this.opts.burst, offered: this.opts.offered, adminTier: TIER, adminToken: null };
+    // The agents run with the default --overload-allowance 1: each cell's allowance is its floor
+    // (quota·floorFraction split evenly), one second deep.
+    const floor = (this.opts.quota * this.opts.floorFraction) / this.opts.cells.length;
+    const failOpenAllowance = { rate: floor * this.opts.cells.length, depth: Math.max(1, Math.floor(floor)) * this.opts.cells.length };
+    return { cells: this.opts.cells, coordinators: this.opts.coordinators, tenant: TENANT, domain: DOMAIN, quota: this.opts.quota, burst: this.opts.burst, offered: this.opts.offered, adminTier: TIER, adminToken: null, failOpenAllowance };
   }
 
   rlsTargets(): string[] {

@@ -1,5 +1,7 @@
 // The invariants every drill is judged by, as pure functions of what was recorded (no I/O):
-//   bound     admitted over every 1 s window ≤ quota + burst (docs/quota-model.md "The bound")
+//   bound     admitted over every 1 s window ≤ quota + burst + the fail-open allowance's term
+//             (docs/quota-model.md "The bound"): decided admissions ≤ quota·W + burst, and answers
+//             given fail-open ≤ allowance·W + its depth
 //   latency   decision p99 over the drill ≤ the target (1.5 ms), and no check errors outside the
 //             windows a drill declares (an agent that is restarting answers nothing)
 //   recovery  after the fault heals, every cell is back on a leased slice and the cells together
@@ -37,7 +39,10 @@ const fmtS = (ms: number): string => `${(ms / 1000).toFixed(1)} s`;
  * the longest latency of an admitted answer among them; the bound for that span is quota·(W + u) +
  * burst. So the check is exact whatever the scheduling of either process, and tight when latency is.
  */
-export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: number, windowMs = 1000): { admitted: number; limit: number; at: number; spanMs: number; slackMs: number } {
+/** What a window counts: the admissions by decision (LoadBin.admitted), or the answers given fail-open. */
+export type Admissions = 'decided' | 'fail-open';
+
+export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: number, windowMs = 1000, count: Admissions = 'decided'): { admitted: number; limit: number; at: number; spanMs: number; slackMs: number } {
   let worst = { admitted: 0, limit: quota + burst, at: 0, spanMs: 0, slackMs: 0 };
   let worstMargin = -Infinity;
   for (let lo = 0; lo < bins.length; lo++) {
@@ -48,7 +53,7 @@ export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: 
       const b = bins[hi] as RecordedBin;
       span += b.durationMs;
       for (const c of b.cells) {
-        sum += c.admitted;
+        sum += count === 'decided' ? c.admitted : c.failOpen;
         if (c.maxAdmittedLatencyUs > slackUs) slackUs = c.maxAdmittedLatencyUs;
       }
     }
@@ -62,15 +67,23 @@ export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: 
   return worst;
 }
 
-export function boundVerdict(bins: readonly RecordedBin[], quota: number, burst: number): Verdict {
-  const w = worstWindow(bins, quota, burst);
-  const ok = w.admitted <= w.limit;
+/**
+ * The bound with its fail-open term. With `allowance` (the cells' summed fail-open allowance and its
+ * depth): decided admissions ≤ quota·W + burst in every window, and answers given fail-open ≤
+ * allowance·W + depth in every window — so all admissions ≤ (quota + allowance)·W + burst + depth.
+ * Without it (not known), decided admissions are held to quota·W + burst and fail-open ones counted.
+ */
+export function boundVerdict(bins: readonly RecordedBin[], quota: number, burst: number, allowance: { readonly rate: number; readonly depth: number } | null = null): Verdict {
   const failOpen = bins.reduce((a, b) => a + b.cells.reduce((x, c) => x + c.failOpen, 0), 0);
-  return {
-    name: 'bound',
-    ok,
-    detail: `closest 1 s window to the bound: ${w.admitted} admitted (sent in the ${Math.round(w.spanMs)} ms to ${fmtS(w.at)}, decided within ${w.slackMs.toFixed(1)} ms more) ${ok ? '≤' : '>'} quota·W + burst = ${Math.round(w.limit)}${failOpen > 0 ? `; ${failOpen} answers given fail-open in overload, outside the bound by design (x-ratelimit-fail-open)` : ''}`,
-  };
+  const w = worstWindow(bins, quota, burst);
+  const f = allowance === null ? null : worstWindow(bins, allowance.rate, allowance.depth, 1000, 'fail-open');
+  const decidedOk = w.admitted <= w.limit;
+  const failOpenOk = f === null || f.admitted <= f.limit;
+  const windowText = `closest 1 s window to the bound: ${w.admitted} admitted by decision (sent in the ${Math.round(w.spanMs)} ms to ${fmtS(w.at)}, decided within ${w.slackMs.toFixed(1)} ms more) ${decidedOk ? '≤' : '>'} quota·W + burst = ${Math.round(w.limit)}`;
+  const failOpenText = f === null
+    ? (failOpen > 0 ? `; ${failOpen} answers given fail-open in overload (x-ratelimit-fail-open), counted apart: the fail-open allowance is not known for this deployment` : '')
+    : `; fail-open answers ${failOpen} in all, at most ${f.admitted} in a 1 s window ${failOpenOk ? '≤' : '>'} allowance·W + depth = ${Math.round(f.limit)} (the bound's fail-open term)`;
+  return { name: 'bound', ok: decidedOk && failOpenOk, detail: windowText + failOpenText };
 }
 
 /** Whether cell `cell`'s checks in bin `b` are excused (its agent was restarting or warming up;

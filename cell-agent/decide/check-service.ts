@@ -1,25 +1,37 @@
-// One check, as both front ends (gRPC in the workers, HTTP in the main thread) answer it: the
-// overload guard, the decision, the statistics, and fail-open on an unexpected error.
+// One check, as every front end (gRPC in the workers, HTTP in the main thread, the gateway) answers
+// it: the overload path, the decision, the statistics, and fail-open on an unexpected error.
 //
 // - A request the agent refuses to decide (empty domain / descriptors, over an input bound): an error
 //   with a gRPC status code, checked FIRST (before the overload guard: a huge request must not turn
 //   its own decoding time into a fail-open OK); counted in rejected_requests.
-// - Overloaded (LagGuard): answer OK at once — one OK status per descriptor, `x-ratelimit-degraded:
-//   true` — without matching or touching a bucket; counted as verdict "degraded", fail_open
-//   {reason="overload"}.
+// - Overloaded (LagGuard), by --overload-policy (decide/overload.ts):
+//     bounded (default): the check is matched, then admitted fail-open only while every level holds
+//       its hits in its fail-open allowance (counted as verdict "degraded", fail_open
+//       {reason="overload"}, per quota key in the throttling log and quota_fail_open_total), else
+//       refused at once (verdict "over_limit", overload_refused{reason="allowance"}). Both answers
+//       are constants built once per descriptor count (encoded too, for the lean server): nothing
+//       is allocated for the answer. With --overload-allowance 0, `shed()` refuses before decoding.
+//     open: answered OK at once — one OK status per descriptor, `x-ratelimit-degraded` and
+//       `x-ratelimit-fail-open` — without matching or touching a bucket (the behaviour before
+//       issue 15, kept for comparison).
 // - An exception inside the decision (a bug, or memory pressure): logged (at most once a second,
-//   with the number suppressed), answered fail-open like an overload — rate limiting must never
+//   with the number suppressed), answered fail-open like the open policy — rate limiting must never
 //   take down the traffic it protects — and counted as fail_open {reason="error"}. The process and
 //   the thread keep serving.
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
+import type { BucketTable } from '../buckets/bucket-table.js';
 import type { GcraLimit } from '../buckets/gcra.js';
-import type { LagGuard } from '../observe/lag-guard.js';
+import type { OverloadSignal } from '../observe/lag-guard.js';
 import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
-import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
-import { RLS_CODE } from '../rls/rls-codec.js';
+import type { ThrottleCounts } from '../observe/throttle-log.js';
+import { UNMATCHED_QUOTA } from '../observe/throttle-log.js';
+import type { RlsDescriptorStatus, RlsHeader, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
+import { RLS_CODE, encodeRateLimitResponse } from '../rls/rls-codec.js';
 import type { Decider, DecisionScope } from './decide.js';
-import { DEGRADED_HEADER, FAIL_OPEN_HEADER } from './decide.js';
+import { CELL_HEADER, DEGRADED_HEADER, FAIL_OPEN_HEADER, OVERLOAD_REFUSED_BY, REFUSED_BY_HEADER } from './decide.js';
+import { DEFAULT_OVERLOAD, OverloadAllowances } from './overload.js';
+import type { OverloadOptions, OverloadSink } from './overload.js';
 import { checkRequest } from './request-check.js';
 
 export type CheckOutcome =
@@ -33,6 +45,8 @@ export type CheckOutcome =
     readonly retryAfterNs: bigint;
     /** Decision.statusLimits (empty for a fail-open answer). */
     readonly statusLimits: readonly (GcraLimit | null)[];
+    /** The response already encoded as one gRPC message (prefix included): the overload path's constants. */
+    readonly encoded?: Buffer;
   }
   | { readonly kind: 'error'; readonly code: number; readonly message: string };
 
@@ -51,16 +65,119 @@ export function failOpenResponse(descriptorCount: number): RlsResponse {
   };
 }
 
+type Answer = Extract<CheckOutcome, { kind: 'answer' }>;
+
+const NS_PER_S = 1_000_000_000n;
+
+/** The overload path's answers, built once per descriptor count and shared: nothing per answer. */
+export class OverloadAnswers {
+  private readonly failOpen: Answer[] = [];
+  private readonly refused: Answer[] = [];
+  private readonly refusedHeaders: readonly RlsHeader[];
+  /** The refusal without statuses: what a check shed before decoding gets (its descriptors are unknown). */
+  readonly shed: Answer;
+
+  constructor(cell: string | null) {
+    this.refusedHeaders = Object.freeze([
+      Object.freeze({ key: DEGRADED_HEADER, value: 'true' }),
+      Object.freeze({ key: REFUSED_BY_HEADER, value: OVERLOAD_REFUSED_BY }),
+      ...(cell === null ? [] : [Object.freeze({ key: CELL_HEADER, value: cell })]),
+    ]);
+    this.shed = this.refusedAnswer(0);
+  }
+
+  failOpenFor(descriptors: number): Answer {
+    let a = this.failOpen[descriptors];
+    if (a === undefined) {
+      const response = failOpenResponse(descriptors);
+      a = Object.freeze({ kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS, encoded: encodeRateLimitResponse(response, true) });
+      this.failOpen[descriptors] = a;
+    }
+    return a;
+  }
+
+  refusedFor(descriptors: number): Answer {
+    let a = this.refused[descriptors];
+    if (a === undefined) {
+      a = this.refusedAnswer(descriptors);
+      this.refused[descriptors] = a;
+    }
+    return a;
+  }
+
+  private refusedAnswer(descriptors: number): Answer {
+    const response: RlsResponse = Object.freeze({
+      overallCode: RLS_CODE.OVER_LIMIT,
+      statuses: Object.freeze(new Array<RlsDescriptorStatus>(descriptors).fill(OVERLOAD_STATUS)),
+      responseHeadersToAdd: this.refusedHeaders,
+      requestHeadersToAdd: [],
+      rawBody: null,
+    });
+    return Object.freeze({ kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S, statusLimits: NO_LIMITS, encoded: encodeRateLimitResponse(response, true) });
+  }
+}
+
+const OVERLOAD_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OVER_LIMIT, currentLimit: null, limitRemaining: 0, durationUntilReset: Object.freeze({ seconds: 1, nanos: 0 }) });
+
+export interface CheckServiceOptions {
+  /** --overload-policy and --overload-allowance (default bounded, 1). */
+  readonly overload?: OverloadOptions;
+  /** This thread's allowances over the shared table (required for the bounded policy with an allowance > 0). */
+  readonly allowances?: OverloadAllowances | null;
+  /** This thread's throttling counts: fail-open answers per reason and quota, overload refusals. */
+  readonly throttle?: ThrottleCounts | null;
+  /** Named in the overload refusal's x-ratelimit-cell. */
+  readonly cell?: string | null;
+}
+
+/** The allowances of a thread, counting into its throttling counts. */
+export function overloadAllowances(factor: number, table: BucketTable, throttle: ThrottleCounts | null): OverloadAllowances {
+  const sink: OverloadSink | null = throttle === null ? null : {
+    failOpen: (key) => throttle.addFailOpen('overload', key),
+    refused: (key, hits) => throttle.addOverload(key, hits),
+  };
+  return new OverloadAllowances(factor, table, sink);
+}
+
 export class CheckService {
   private lastErrorLogMs = 0;
   private suppressedErrors = 0;
+  readonly overload: OverloadOptions;
+  private readonly allowances: OverloadAllowances | null;
+  private readonly throttle: ThrottleCounts | null;
+  private readonly answers: OverloadAnswers;
 
   constructor(
     readonly decider: Decider,
     private readonly stats: StatsWriter,
-    private readonly lag: LagGuard | null,
+    private readonly lag: OverloadSignal | null,
     private readonly logger: Logger,
-  ) {}
+    opts: CheckServiceOptions = {},
+  ) {
+    this.overload = opts.overload ?? DEFAULT_OVERLOAD;
+    this.allowances = opts.allowances ?? null;
+    this.throttle = opts.throttle ?? null;
+    this.answers = new OverloadAnswers(opts.cell ?? decider.options.cell ?? null);
+    if (lag !== null && this.overload.policy === 'bounded' && this.overload.allowance > 0 && this.allowances === null) {
+      throw new Error('CheckService: the bounded overload policy with an allowance needs the allowances');
+    }
+  }
+
+  /** True while this thread is overloaded (the lag guard says so). */
+  overloaded(now = performance.now()): boolean {
+    return this.lag !== null && this.lag.overloaded(now);
+  }
+
+  /**
+   * Before decoding: the constant refusal when this check is to be refused whatever it asks (the
+   * thread is overloaded under the bounded policy with no allowance), else null (decode and check()).
+   */
+  shed(): Answer | null {
+    if (this.overload.policy !== 'bounded' || this.overload.allowance > 0 || !this.overloaded()) return null;
+    this.stats.overloadRefused('shed');
+    this.stats.decision('over_limit', 'local', 0);
+    return this.answers.shed;
+  }
 
   check(req: RlsRequest): CheckOutcome {
     const start = performance.now();
@@ -75,9 +192,8 @@ export class CheckService {
         return { kind: 'error', code: failure.code, message: failure.message };
       }
       if (this.lag !== null && this.lag.overloaded(start)) {
-        this.stats.failOpen('overload');
-        this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
-        return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
+        const answer = this.overloadAnswer(req, start);
+        if (answer !== null) return answer;
       }
       const result = this.decider.decide(req, true);
       if (!result.ok) {
@@ -87,15 +203,48 @@ export class CheckService {
       const d = result.decision;
       const verdict: Verdict = d.overLimit ? 'over_limit' : 'ok';
       if (d.staticSlice) this.stats.staticSlice();
-      if (d.tableFull) this.stats.failOpen('table_full');
+      if (d.tableFull && !d.overLimit) {
+        this.stats.failOpen('table_full');
+        this.throttle?.addFailOpen('table_full', d.tableFullKey ?? UNMATCHED_QUOTA);
+      }
       this.stats.decision(verdict, d.scope, (performance.now() - start) / 1000);
       return { kind: 'answer', response: d.response, overLimit: d.overLimit, verdict, scope: d.scope, retryAfterNs: d.retryAfterNs, statusLimits: d.statusLimits };
     } catch (error) {
       this.reportError(error);
       this.stats.failOpen('error');
+      this.throttle?.addFailOpen('error', UNMATCHED_QUOTA);
       this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
       return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
     }
+  }
+
+  /** The overload path's answer, or null: decide normally (nothing to bound, or no rules loaded). */
+  private overloadAnswer(req: RlsRequest, start: number): Answer | null {
+    const n = req.descriptors.length;
+    if (this.overload.policy === 'open') {
+      this.stats.failOpen('overload');
+      this.throttle?.addFailOpen('overload', UNMATCHED_QUOTA);
+      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      return this.answers.failOpenFor(n);
+    }
+    if (this.overload.allowance === 0 || this.allowances === null) {
+      this.stats.overloadRefused('allowance');
+      this.stats.decision('over_limit', 'local', (performance.now() - start) / 1000);
+      return this.answers.refusedFor(n);
+    }
+    const nowNs = this.decider.now();
+    const levels = this.decider.planLevels(req, nowNs);
+    if (levels === null) return null;
+    const verdict = this.allowances.admit(levels, nowNs);
+    if (verdict === 'decide') return null;
+    if (verdict === 'admit') {
+      this.stats.failOpen('overload');
+      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      return this.answers.failOpenFor(n);
+    }
+    this.stats.overloadRefused('allowance');
+    this.stats.decision('over_limit', 'local', (performance.now() - start) / 1000);
+    return this.answers.refusedFor(n);
   }
 
   /** Counts a request refused before deciding (undecodable bytes, a bad JSON body). */

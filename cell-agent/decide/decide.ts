@@ -81,6 +81,8 @@ export const PROVENANCE_HEADERS: readonly string[] = [REFUSED_BY_HEADER, REFUSED
 
 /** The level that refused a request. */
 export type RefusingLevel = 'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
+/** x-ratelimit-refused-by of a refusal on the overload path (decide/overload.ts): no level was decided. */
+export const OVERLOAD_REFUSED_BY = 'overload';
 
 export interface Refusal {
   readonly level: RefusingLevel;
@@ -145,6 +147,8 @@ export interface Decision {
   readonly degraded: boolean;
   readonly staticSlice: boolean;
   readonly tableFull: boolean;
+  /** The quota key (global) or bucket key (local) of the first level the full table had no slot for. */
+  readonly tableFullKey: string | null;
   /** For HTTP Retry-After: the longest wait among the refusing levels (0 when OK). */
   readonly retryAfterNs: bigint;
   /** Per status, the bucket limit of the level it reports (its rate and depth; null: no level, or a
@@ -156,7 +160,22 @@ export interface Decision {
 
 export type DecideResult = { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
 
-interface Level {
+/** A level as the overload path (decide/overload.ts) sees it, after matching. */
+export interface PlannedLevel {
+  readonly key: string;
+  readonly quotaKey: string | null;
+  readonly scope: DecisionScope;
+  readonly shadow: boolean;
+  /** An unknown tenant under the deny policy. */
+  readonly deny: boolean;
+  readonly hits: number;
+  /** Tokens/s this level may admit fail-open while overloaded (before --overload-allowance's factor):
+   * a global quota's floor (a static share, or a slice without a floor: the slice itself), a local
+   * rule's or override's rate; 0 for a denied tenant. */
+  readonly allowanceRate: number;
+}
+
+interface Level extends PlannedLevel {
   readonly key: string;
   readonly limit: GcraLimit;
   readonly currentLimit: RlsRateLimit | null;
@@ -261,7 +280,7 @@ export class Decider {
       const statuses = [status];
       return {
         response: { overallCode: OK, statuses, responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS, requestHeadersToAdd: NO_HEADERS, rawBody: null },
-        overLimit: false, scope: 'local', degraded: false, staticSlice: false, tableFull: false, retryAfterNs: 0n, statusLimits: [limit], refusal: null,
+        overLimit: false, scope: 'local', degraded: false, staticSlice: false, tableFull: false, tableFullKey: null, retryAfterNs: 0n, statusLimits: [limit], refusal: null,
       };
     }
     const retryNs = r.retryAfterNs;
@@ -274,10 +293,24 @@ export class Decider {
     headers.push(...provenanceHeaders(refusal));
     return {
       response: { overallCode: OVER_LIMIT, statuses, responseHeadersToAdd: headers, requestHeadersToAdd: NO_HEADERS, rawBody: null },
-      overLimit: true, scope: 'local', degraded: false, staticSlice: false, tableFull: false,
+      overLimit: true, scope: 'local', degraded: false, staticSlice: false, tableFull: false, tableFullKey: null,
       retryAfterNs: retryNs === NEVER_NS ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : retryNs,
       statusLimits: [limit], refusal,
     };
+  }
+
+  /** Now on the buckets' clock. */
+  now(): bigint {
+    return this.deps.clock();
+  }
+
+  /** The levels a request must pass (matching only, no bucket touched): the overload path's input.
+   * Null when no rules are loaded. The request's bounds are the caller's to check first. */
+  planLevels(req: RlsRequest, nowNs: bigint = this.deps.clock()): Iterable<PlannedLevel> | null {
+    const rules = this.rules;
+    if (rules === null) return null;
+    this.nowNs = nowNs;
+    return this.plan(rules, req).levels.values();
   }
 
   // ---- 1 + 2: matching and levels ---------------------------------------------------------------
@@ -363,13 +396,13 @@ export class Decider {
     if (o !== undefined && o.lease !== null && o.floor !== null && deadline !== undefined && deadline !== null && !planted['deadline-off-hot-path'] && !deadline.live(o.lease, this.nowNs)) o = o.floor;
     const use = o ?? slice;
     if (use === null) return;
-    this.addLevel(levels, plan, i, planted['rule-path-buckets'] ? `${globalBucketKey(quotaKey)}|${this.path}` : globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null });
+    this.addLevel(levels, plan, i, planted['rule-path-buckets'] ? `${globalBucketKey(quotaKey)}|${this.path}` : globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null, allowanceRate: o?.floor?.rate ?? use.rate });
   }
 
   private addLevel(
     levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, limit: GcraLimit, currentLimit: RlsRateLimit | null,
     hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false, quotaKey: string | null = null, leased = false,
-    about: { readonly kind: RefusingLevel; readonly ruleName?: string | null; readonly epoch?: number | null } = { kind: 'local-rule' },
+    about: { readonly kind: RefusingLevel; readonly ruleName?: string | null; readonly epoch?: number | null; readonly allowanceRate?: number } = { kind: 'local-rule' },
   ): void {
     const existing = levels.get(key);
     if (existing !== undefined) {
@@ -383,6 +416,7 @@ export class Decider {
     const level: Level = {
       key, limit, currentLimit, scope, velocity, quotaKey, leased, shadow, deny, descriptors: [i], hits,
       kind: about.kind, ruleName: about.ruleName ?? null, epoch: about.epoch ?? null,
+      allowanceRate: deny ? 0 : about.allowanceRate ?? ratePerSecond(limit),
       passed: false, remaining: 0, resetNs: 0n, retryNs: 0n, tableFull: false,
     };
     levels.set(key, level);
@@ -440,6 +474,7 @@ export class Decider {
 
     let overLimit: boolean;
     let tableFull = false;
+    let tableFullKey: string | null = null;
     const only = levels.size === 1 ? (levels.values().next().value as Level) : null;
     if (only !== null && !only.deny && only.hits > 0) {
       // One level (the common case): a single take is already all or nothing.
@@ -450,6 +485,7 @@ export class Decider {
       if (r.verdict === 'deny') only.retryNs = r.retryAfterNs;
       else if (r.verdict === 'table-full') {
         tableFull = true;
+        tableFullKey = only.quotaKey ?? only.key;
         only.tableFull = true;
         if (this.options.tableFull === 'closed') {
           only.passed = false;
@@ -484,6 +520,7 @@ export class Decider {
           level.resetNs = r.resetNs;
         } else if (r.verdict === 'table-full') {
           tableFull = true;
+          tableFullKey ??= level.quotaKey ?? level.key;
           level.tableFull = true;
           if (this.options.tableFull === 'closed') {
             level.passed = false;
@@ -551,6 +588,7 @@ export class Decider {
       degraded,
       staticSlice,
       tableFull,
+      tableFullKey,
       retryAfterNs,
       statusLimits,
       refusal,
@@ -591,6 +629,11 @@ export function provenanceHeaders(r: Refusal): RlsHeader[] {
 function saturatingAdd(a: number, b: number): number {
   const sum = a + b;
   return sum > Number.MAX_SAFE_INTEGER ? Number.MAX_SAFE_INTEGER : sum;
+}
+
+/** A GCRA limit's refill rate in tokens/s (0 for a blocked limit). */
+function ratePerSecond(limit: GcraLimit): number {
+  return limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs);
 }
 
 /** A limit whose every take is refused (unknown tenant, deny policy); never given to the table. */

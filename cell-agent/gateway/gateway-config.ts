@@ -27,6 +27,9 @@ export const GATEWAY_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'static-share', description: 'this replica\'s share of every global quota without a coordinator, in (0, 1] (default 1)' },
   { flag: 'throttle-log-interval-ms', description: 'interval of the aggregated throttling log lines, per client (default 10000)' },
   { flag: 'table-capacity', description: 'bucket table capacity in keys (default 1000000)' },
+  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which the gateway counts as overloaded and takes the overload path; 0 disables (default 10)' },
+  { flag: 'overload-policy', description: 'what the overloaded gateway does: bounded (each key admits at most its fail-open allowance, the rest gets 429 at once) | open (every request passes undecided; for comparison) (default bounded)' },
+  { flag: 'overload-allowance', description: 'bounded: each key\'s fail-open allowance while overloaded, as a multiple of its floor or its rule\'s rate; 0: every request gets 429 while overloaded (default 1)' },
   { flag: 'log-level', description: `log level: ${logLevels.join(' | ')} (default info)` },
 ]);
 
@@ -93,6 +96,10 @@ export const gatewayConfigSchema = z.object({
   staticShare: z.union([z.string(), z.number()]).optional(),
   throttleLogIntervalMs: int(100, 3_600_000).default(10_000),
   tableCapacity: int(1, 50_000_000).default(1_000_000),
+  // Validated by the agent's schema (one definition of their ranges and defaults).
+  lagThresholdMs: z.union([z.string(), z.number()]).optional(),
+  overloadPolicy: z.string().optional(),
+  overloadAllowance: z.union([z.string(), z.number()]).optional(),
   logLevel: z.enum(logLevels).default('info'),
 }).transform((c) => ({ ...c, cell: c.cell ?? defaultCell() }));
 

@@ -61,10 +61,13 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     logLevel: config.logLevel,
     throttleLogIntervalMs: config.throttleLogIntervalMs,
     tableCapacity: config.tableCapacity,
-    // No fail-open on event-loop lag here: the guard exists for callers with a deadline (Envoy gives
-    // a check 20 ms, then lets the request through); the gateway forwards the request itself right
-    // after deciding, so answering "allowed" when it is late would only skip the limit.
-    lagThresholdMs: 0,
+    // The same overload policy as the agent's (decide/overload.ts): while the gateway's loop is
+    // behind, each key passes at most its fail-open allowance and the rest gets a 429 at once — the
+    // cheapest answer, which also spares the app behind a flood. (It had the guard off: with the
+    // open policy, being late would only have skipped the limit.)
+    ...(config.lagThresholdMs === undefined ? {} : { lagThresholdMs: config.lagThresholdMs }),
+    ...(config.overloadPolicy === undefined ? {} : { overloadPolicy: config.overloadPolicy as 'bounded' | 'open' }),
+    ...(config.overloadAllowance === undefined ? {} : { overloadAllowance: config.overloadAllowance }),
     ...(config.coordinators === undefined ? {} : { coordinators: config.coordinators }),
     ...(config.tenants === undefined ? {} : { tenants: config.tenants }),
     ...(config.unknownTenant === undefined ? {} : { unknownTenant: config.unknownTenant }),
@@ -171,6 +174,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
   // Before fastify's own listener, so a connection over the cap never reaches the HTTP parser.
   app.server.prependListener('connection', onConnection);
 
+  // Warm the decision path and restart the overload count from here: the proxy's own start-up work
+  // above must not make the first requests look late.
+  await app.ready();
+  agent.warmUp();
   await app.listen({ host: config.listen.host, port: config.listen.port });
   const url = urlOf(app.server, config.listen.host);
 

@@ -9,6 +9,12 @@
 //   cellquota_agent_decisions_total{verdict=ok|over_limit|degraded, scope=local|global}
 //   cellquota_agent_decision_duration_seconds                      histogram, per check, in-process
 //   cellquota_agent_fail_open_total{reason=overload|error|table_full}
+//   cellquota_agent_quota_fail_open_total{reason, quota}             the same per quota key (global) or bucket
+//                                                                   key (local), up to 1000 keys per reason
+//   cellquota_agent_overload_refused_total{reason=allowance|shed}   refused on the overload path
+//   cellquota_agent_overload_seconds_total, _overload_episodes_total time the serving threads were
+//                                                                   overloaded (ended episodes), and how often
+//   cellquota_agent_overloaded_threads                              serving threads overloaded now
 //   cellquota_agent_rejected_requests_total{reason=invalid|malformed}
 //   cellquota_agent_static_slice_decisions_total                    global quotas decided on a static slice
 //   cellquota_agent_bucket_table_keys / _capacity / _bytes          gauges
@@ -27,7 +33,7 @@ import type { Metric } from 'prom-client';
 import type { BucketTable } from '../buckets/bucket-table.js';
 import type { VelocityKeys, VelocityTable } from '../velocity/velocity-table.js';
 import { VELOCITY_WINDOW_MS } from '../velocity/velocity-table.js';
-import { FAIL_OPEN_REASONS, LATENCY_BUCKETS_S, REJECT_REASONS, SCOPES, VERDICTS, readStats } from './stats.js';
+import { FAIL_OPEN_REASONS, LATENCY_BUCKETS_S, OVERLOAD_REFUSAL_REASONS, REJECT_REASONS, SCOPES, VERDICTS, readStats } from './stats.js';
 import type { StatsShared, StatsTotals } from './stats.js';
 
 export const VELOCITY_TOP_K = 50;
@@ -64,6 +70,8 @@ export interface AgentMetricsSources {
   readonly clock: () => bigint;
   readonly workersServing: () => number;
   readonly rulesFingerprint: () => string | null;
+  /** Running totals of fail-open answers per reason and quota key (the throttling log's). */
+  readonly failOpenByQuota?: () => readonly { reason: string; quota: string; count: number }[];
 }
 
 export interface AgentMetrics {
@@ -113,6 +121,15 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
     const t = totals();
     return FAIL_OPEN_REASONS.map((reason) => ({ value: t.failOpen[reason], labels: { reason } }));
   }));
+  add(new ComputedMetric('cellquota_agent_quota_fail_open_total', 'Checks answered OK without a decision, by reason and by quota key (global) or bucket key (local); keys beyond the first 1000 per reason as "(other keys)", unmatched ones as "(not matched)".', 'counter', () =>
+    (src.failOpenByQuota?.() ?? []).map((f) => ({ value: f.count, labels: { reason: f.reason, quota: f.quota } }))));
+  add(new ComputedMetric('cellquota_agent_overload_refused_total', 'Checks refused on the overload path: the fail-open allowance of a level was spent (allowance), or refused before decoding (shed).', 'counter', () => {
+    const t = totals();
+    return OVERLOAD_REFUSAL_REASONS.map((reason) => ({ value: t.overloadRefused[reason], labels: { reason } }));
+  }));
+  add(new ComputedMetric('cellquota_agent_overload_seconds_total', 'Time the serving threads were overloaded (event loop behind by more than --lag-threshold-ms), summed over threads, ended episodes.', 'counter', () => [{ value: totals().overloadMs / 1000 }]));
+  add(new ComputedMetric('cellquota_agent_overload_episodes_total', 'Overload episodes that ended (from falling behind to the first on-time turn of the loop).', 'counter', () => [{ value: totals().overloadEpisodes }]));
+  add(new ComputedMetric('cellquota_agent_overloaded_threads', 'Serving threads overloaded now.', 'gauge', () => [{ value: totals().overloadedNow }]));
   add(new ComputedMetric('cellquota_agent_rejected_requests_total', 'Requests answered with an error: over an input bound or invalid (invalid), undecodable (malformed).', 'counter', () => {
     const t = totals();
     return REJECT_REASONS.map((reason) => ({ value: t.rejected[reason], labels: { reason } }));

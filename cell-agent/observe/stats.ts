@@ -10,6 +10,11 @@
 //   fail_open[reason]              overload | error | table_full
 //   rejected[reason]               invalid (bounds, empty domain / descriptors) | malformed (undecodable)
 //   static_slice                   answers decided on a static slice of a global quota
+//   overload_refused[reason]       refused on the overload path: allowance (the key's fail-open
+//                                  allowance was spent) | shed (refused before decoding)
+//   overload_ms, overload_episodes the time this thread was overloaded (ended episodes) and how often
+//   overloaded_now                 1 while this thread is in an overload episode
+import type { OverloadEpisodes } from './lag-guard.js';
 
 export const VERDICTS = ['ok', 'over_limit', 'degraded'] as const;
 export type Verdict = (typeof VERDICTS)[number];
@@ -19,6 +24,8 @@ export const FAIL_OPEN_REASONS = ['overload', 'error', 'table_full'] as const;
 export type FailOpenReason = (typeof FAIL_OPEN_REASONS)[number];
 export const REJECT_REASONS = ['invalid', 'malformed'] as const;
 export type RejectReason = (typeof REJECT_REASONS)[number];
+export const OVERLOAD_REFUSAL_REASONS = ['allowance', 'shed'] as const;
+export type OverloadRefusalReason = (typeof OVERLOAD_REFUSAL_REASONS)[number];
 
 /** Upper bounds (seconds) of the decision latency histogram. */
 export const LATENCY_BUCKETS_S: readonly number[] = Object.freeze([
@@ -32,7 +39,11 @@ const W_LATENCY_COUNT = W_LATENCY_SUM + 1;
 const W_FAIL_OPEN = W_LATENCY_COUNT + 1;
 const W_REJECTED = W_FAIL_OPEN + FAIL_OPEN_REASONS.length;
 const W_STATIC = W_REJECTED + REJECT_REASONS.length;
-const WORDS_USED = W_STATIC + 1;
+const W_OVERLOAD_REFUSED = W_STATIC + 1;
+const W_OVERLOAD_MS = W_OVERLOAD_REFUSED + OVERLOAD_REFUSAL_REASONS.length;
+const W_OVERLOAD_EPISODES = W_OVERLOAD_MS + 1;
+const W_OVERLOADED_NOW = W_OVERLOAD_EPISODES + 1;
+const WORDS_USED = W_OVERLOADED_NOW + 1;
 const REGION_WORDS = Math.ceil(WORDS_USED / 8) * 8;
 
 export interface StatsShared {
@@ -44,8 +55,8 @@ export function createStatsShared(regions: number): StatsShared {
   return Object.freeze({ buffer: new SharedArrayBuffer(regions * REGION_WORDS * 8), regions });
 }
 
-/** One thread's writer over its region. */
-export class StatsWriter {
+/** One thread's writer over its region (also the lag guard's episode sink). */
+export class StatsWriter implements OverloadEpisodes {
   private readonly w: Float64Array;
 
   constructor(shared: StatsShared, region: number) {
@@ -74,6 +85,21 @@ export class StatsWriter {
   staticSlice(): void {
     this.w[W_STATIC]! += 1;
   }
+
+  overloadRefused(reason: OverloadRefusalReason): void {
+    this.w[W_OVERLOAD_REFUSED + (reason === 'shed' ? 1 : 0)]! += 1;
+  }
+
+  overloadStarted(): void {
+    this.w[W_OVERLOADED_NOW] = 1;
+  }
+
+  overloadEnded(durationMs: number): void {
+    const w = this.w;
+    w[W_OVERLOADED_NOW] = 0;
+    w[W_OVERLOAD_MS]! += durationMs;
+    w[W_OVERLOAD_EPISODES]! += 1;
+  }
 }
 
 export interface StatsTotals {
@@ -85,6 +111,11 @@ export interface StatsTotals {
   readonly failOpen: Readonly<Record<FailOpenReason, number>>;
   readonly rejected: Readonly<Record<RejectReason, number>>;
   readonly staticSlice: number;
+  readonly overloadRefused: Readonly<Record<OverloadRefusalReason, number>>;
+  /** Summed over threads: ended overload episodes, their time (ms), threads in an episode now. */
+  readonly overloadMs: number;
+  readonly overloadEpisodes: number;
+  readonly overloadedNow: number;
 }
 
 /** Sums every region (the main thread, at scrape time). */
@@ -107,6 +138,10 @@ export function readStats(shared: StatsShared): StatsTotals {
   REJECT_REASONS.forEach((r, i) => {
     rejected[r] = sum(W_REJECTED + i);
   });
+  const overloadRefused = {} as Record<OverloadRefusalReason, number>;
+  OVERLOAD_REFUSAL_REASONS.forEach((r, i) => {
+    overloadRefused[r] = sum(W_OVERLOAD_REFUSED + i);
+  });
   return {
     decisions,
     latencyBuckets: Array.from({ length: LATENCY_BUCKETS_S.length + 1 }, (_, b) => sum(W_LATENCY + b)),
@@ -115,5 +150,9 @@ export function readStats(shared: StatsShared): StatsTotals {
     failOpen,
     rejected,
     staticSlice: sum(W_STATIC),
+    overloadRefused,
+    overloadMs: sum(W_OVERLOAD_MS),
+    overloadEpisodes: sum(W_OVERLOAD_EPISODES),
+    overloadedNow: sum(W_OVERLOADED_NOW),
   };
 }

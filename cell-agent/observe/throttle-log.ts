@@ -1,9 +1,18 @@
 // Throttling is logged in aggregate: per bucket key, how many hits were refused in the interval, one
 // line per key per interval — never one line per request (a refused flood must not become a log
 // flood). Every deciding thread counts into its own ThrottleCounts; workers post theirs to the main
-// thread every interval, and the main thread's ThrottleLog merges them and writes the lines.
+// thread (at most every second, only when there is something), and the main thread's ThrottleLog
+// merges them and writes the lines every interval.
+//
+// The overload path counts here too, without building a string per answer (the keys are the
+// matched levels' own strings): refusals on the overload path per key (logged as `throttled` with
+// refusedBy `overload`), and answers given fail-open per reason and quota key (logged as `answered
+// fail-open`, and kept as running totals for cellquota_agent_quota_fail_open_total). With
+// `overloadStats`, each interval also logs one `overloaded` line: how long the serving threads were
+// overloaded in it and how many episodes ended.
 import type { Logger } from '../../shared/logging.js';
 import { decidedOnText, type Refusal } from '../decide/decide.js';
+import { FAIL_OPEN_REASONS, type FailOpenReason } from './stats.js';
 
 // Counts are kept per key AND provenance (which level refused, on a lease with its epoch, a floor or
 // a static share), joined by SEP, so one line says why; the cell is the log's own.
@@ -13,10 +22,35 @@ const SEP = '\u0001';
 export const THROTTLE_KEYS_MAX = 10_000;
 /** Lines written per interval; the rest is summed into one line. */
 export const THROTTLE_LINES_MAX = 100;
+/** Quota keys with a running fail-open total per reason (the metric's label values); the rest count as OTHER_KEYS. */
+export const FAIL_OPEN_QUOTAS_MAX = 1000;
+export const OTHER_KEYS = '(other keys)';
+/** The quota of a fail-open answer given without matching (an internal error, the open overload policy). */
+export const UNMATCHED_QUOTA = '(not matched)';
+
+/** What a thread's counts drain to (posted from a worker to the main thread). */
+export interface ThrottleDrain {
+  readonly counts: [string, number][];
+  readonly other: number;
+  /** Refusals on the overload path, per key. */
+  readonly overload?: [string, number][];
+  /** Answers given fail-open: [reason, quota key, count]. */
+  readonly failOpen?: [FailOpenReason, string, number][];
+}
+
+function bump(map: Map<string, number>, key: string, n: number, max: number): boolean {
+  const c = map.get(key);
+  if (c !== undefined) map.set(key, c + n);
+  else if (map.size < max) map.set(key, n);
+  else return false;
+  return true;
+}
 
 export class ThrottleCounts {
   private counts = new Map<string, number>();
   private other = 0;
+  private overload = new Map<string, number>();
+  private failOpen: Map<string, number>[] = FAIL_OPEN_REASONS.map(() => new Map<string, number>());
 
   add(bucketOrQuotaKey: string, hits: number, why?: Refusal): void {
     const key = why === undefined ? bucketOrQuotaKey : `${bucketOrQuotaKey}${SEP}${why.level}${SEP}${decidedOnText(why) ?? ''}`;
@@ -27,29 +61,74 @@ export class ThrottleCounts {
     else this.other += n;
   }
 
+  /** A refusal on the overload path (the key's fail-open allowance spent). */
+  addOverload(key: string, hits: number): void {
+    if (!bump(this.overload, key, hits > 0 ? hits : 1, THROTTLE_KEYS_MAX)) this.other += hits > 0 ? hits : 1;
+  }
+
+  /** An answer given fail-open, under one quota key (or UNMATCHED_QUOTA). */
+  addFailOpen(reason: FailOpenReason, key: string, n = 1): void {
+    const map = this.failOpen[FAIL_OPEN_REASONS.indexOf(reason)] as Map<string, number>;
+    if (!bump(map, key, n, THROTTLE_KEYS_MAX)) bump(map, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
+  }
+
   /** The counts so far, and a fresh start. */
-  drain(): { counts: [string, number][]; other: number } {
-    const out = { counts: [...this.counts], other: this.other };
+  drain(): ThrottleDrain {
+    const failOpen: [FailOpenReason, string, number][] = [];
+    FAIL_OPEN_REASONS.forEach((reason, i) => {
+      const map = this.failOpen[i] as Map<string, number>;
+      for (const [key, n] of map) failOpen.push([reason, key, n]);
+      if (map.size > 0) this.failOpen[i] = new Map();
+    });
+    const out: ThrottleDrain = { counts: [...this.counts], other: this.other, overload: [...this.overload], failOpen };
     this.counts = new Map();
     this.other = 0;
+    if (this.overload.size > 0) this.overload = new Map();
     return out;
   }
 
   get empty(): boolean {
-    return this.counts.size === 0 && this.other === 0;
+    return this.counts.size === 0 && this.other === 0 && this.overload.size === 0 && this.failOpen.every((m) => m.size === 0);
   }
+}
+
+/** The overload figures the log reads each interval (running totals over every thread). */
+export interface OverloadTotals {
+  readonly overloadMs: number;
+  readonly overloadEpisodes: number;
+  readonly overloadRefused: number;
+  readonly failOpenOverload: number;
 }
 
 export class ThrottleLog {
   private readonly merged = new ThrottleCounts();
   private timer: NodeJS.Timeout | null = null;
+  private readonly failOpenTotals: Map<string, number>[] = FAIL_OPEN_REASONS.map(() => new Map<string, number>());
+  private lastOverload: OverloadTotals | null = null;
 
-  constructor(private readonly logger: Logger, private readonly cell: string, readonly intervalMs: number) {}
+  constructor(private readonly logger: Logger, private readonly cell: string, readonly intervalMs: number, private readonly overloadStats: (() => OverloadTotals) | null = null) {
+    this.lastOverload = overloadStats?.() ?? null;
+  }
 
   /** Adds a thread's drained counts. */
-  merge(part: { counts: readonly (readonly [string, number])[]; other: number }): void {
+  merge(part: ThrottleDrain): void {
     for (const [key, n] of part.counts) this.merged.add(key, n);
-    if (part.other > 0) this.merged.add('(other keys)', part.other);
+    if (part.other > 0) this.merged.add(OTHER_KEYS, part.other);
+    for (const [key, n] of part.overload ?? []) this.merged.addOverload(key, n);
+    for (const [reason, key, n] of part.failOpen ?? []) {
+      this.merged.addFailOpen(reason, key, n);
+      const totals = this.failOpenTotals[FAIL_OPEN_REASONS.indexOf(reason)] as Map<string, number>;
+      if (!bump(totals, key, n, FAIL_OPEN_QUOTAS_MAX)) bump(totals, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
+    }
+  }
+
+  /** Running totals of answers given fail-open, per reason and quota key (what the metric shows). */
+  failOpenByQuota(): { reason: FailOpenReason; quota: string; count: number }[] {
+    const out: { reason: FailOpenReason; quota: string; count: number }[] = [];
+    FAIL_OPEN_REASONS.forEach((reason, i) => {
+      for (const [quota, count] of this.failOpenTotals[i] as Map<string, number>) out.push({ reason, quota, count });
+    });
+    return out;
   }
 
   start(local: ThrottleCounts): void {
@@ -70,8 +149,17 @@ export class ThrottleLog {
 
   /** Writes one line per key (the most refused first, at most THROTTLE_LINES_MAX) and resets. */
   flush(): void {
+    this.flushOverload();
     if (this.merged.empty) return;
-    const { counts, other } = this.merged.drain();
+    const { counts, other, overload = [], failOpen = [] } = this.merged.drain();
+    overload.sort((a, b) => b[1] - a[1]);
+    for (const [key, refused] of overload.slice(0, THROTTLE_LINES_MAX)) {
+      this.logger.info({ key, refused, refusedBy: 'overload', cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
+    }
+    failOpen.sort((a, b) => b[2] - a[2]);
+    for (const [reason, key, n] of failOpen.slice(0, THROTTLE_LINES_MAX)) {
+      this.logger.warn({ key, failOpen: n, reason, cell: this.cell, intervalMs: this.intervalMs }, 'answered fail-open');
+    }
     counts.sort((a, b) => b[1] - a[1]);
     const shown = counts.slice(0, THROTTLE_LINES_MAX);
     for (const [composite, refused] of shown) {
@@ -82,5 +170,19 @@ export class ThrottleLog {
     if (rest > 0) {
       this.logger.info({ keys: counts.length - shown.length, refused: rest, cell: this.cell, intervalMs: this.intervalMs }, 'throttled (other keys)');
     }
+  }
+
+  /** One `overloaded` line when the serving threads were overloaded since the last one. */
+  private flushOverload(): void {
+    if (this.overloadStats === null) return;
+    const now = this.overloadStats();
+    const last = this.lastOverload ?? now;
+    this.lastOverload = now;
+    const ms = now.overloadMs - last.overloadMs;
+    const episodes = now.overloadEpisodes - last.overloadEpisodes;
+    const refused = now.overloadRefused - last.overloadRefused;
+    const failOpen = now.failOpenOverload - last.failOpenOverload;
+    if (ms <= 0 && episodes <= 0 && refused <= 0 && failOpen <= 0) return;
+    this.logger.warn({ overloadedMs: Math.round(ms), episodes, refused, failOpen, cell: this.cell, intervalMs: this.intervalMs }, 'overloaded');
   }
 }

@@ -163,7 +163,7 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
     }
     const out = service.check(decoded.value);
     if (out.kind === 'error') return { code: out.code, message: out.message };
-    return encodeRateLimitResponse(out.response, true);
+    return out.encoded ?? encodeRateLimitResponse(out.response, true);
   };
 
   const healthCheck: UnaryMethod = (request) => {
@@ -222,6 +222,16 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
       answerStatus(stream, GRPC_CODE.UNIMPLEMENTED, `the server does not implement the method ${String(path)}`);
       stream.resume();
       return;
+    }
+    if (method === shouldRateLimit) {
+      // Overloaded with no fail-open allowance: refused before anything is read or decoded (the
+      // request's bytes are discarded as they arrive).
+      const shed = service.shed();
+      if (shed?.encoded !== undefined) {
+        stream.resume();
+        answerMessage(stream, shed.encoded);
+        return;
+      }
     }
     const timeoutHeader = headers['grpc-timeout'];
     const timeoutMs = parseGrpcTimeout(typeof timeoutHeader === 'string' ? timeoutHeader : undefined);

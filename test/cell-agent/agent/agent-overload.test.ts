@@ -1,7 +1,9 @@
-// Fail-open under induced overload: the serving thread's event loop is blocked (as by CPU starvation
-// or a long GC pause) while checks queue up; once it runs again it answers them OK at once, marked
-// `x-ratelimit-degraded: true` and counted, instead of deciding late. Then a crashed worker is
-// restarted on its socket.
+// Induced overload: the serving thread's event loop is blocked (as by CPU starvation or a long GC
+// pause) while checks queue up. Under the default policy (bounded) it answers them at once without
+// deciding: each key admits at most its fail-open allowance (a local rule's rate, one second deep),
+// marked fail-open, and the rest is refused with a constant answer; then it decides again. Under
+// `--overload-policy open` (the old behaviour, kept for comparison) every queued check is answered OK.
+// Then a crashed worker is restarted on its socket.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
@@ -16,66 +18,90 @@ domain: o
 descriptors:
   - key: blocked
     rate_limit: {unit: second, requests_per_unit: 0}
+  - key: five
+    rate_limit: {unit: second, requests_per_unit: 5}
 `;
 
 let dir: TempDir;
 let agent: AgentHandle;
+let openAgent: AgentHandle;
 let client: RlsClient;
+let openClient: RlsClient;
 let log: CapturedLogger;
 
 before(async () => {
   dir = tempDir();
   log = captureLogger();
-  agent = await startAgent(parseAgentConfig({
-    cell: 'busy',
-    rules: dir.file('rules.yaml', RULES),
-    rlsSocket: join(dir.path, 'rls.sock'),
-    workers: 1,
-    tableCapacity: 1000,
-    lagThresholdMs: 100,
-  }), log.logger);
+  const rules = dir.file('rules.yaml', RULES);
+  const common = { rules, workers: 1, tableCapacity: 1000, lagThresholdMs: 100 };
+  agent = await startAgent(parseAgentConfig({ ...common, cell: 'busy', rlsSocket: join(dir.path, 'rls.sock') }), log.logger);
+  openAgent = await startAgent(parseAgentConfig({ ...common, cell: 'busy-open', rlsSocket: join(dir.path, 'open.sock'), overloadPolicy: 'open' }), captureLogger().logger);
   client = new RlsClient(unixTarget(agent.endpoints.rlsUnix[0] ?? ''));
+  openClient = new RlsClient(unixTarget(openAgent.endpoints.rlsUnix[0] ?? ''));
 });
 
 after(async () => {
   client.close();
-  await agent.stop();
+  openClient.close();
+  await Promise.all([agent.stop(), openAgent.stop()]);
   dir.remove();
 });
 
-const degraded = (r: ResponseOut): boolean => r.response_headers_to_add.some((h) => h.key === 'x-ratelimit-degraded' && h.value === 'true');
-const check = (): Promise<ResponseOut> => client.check({ domain: 'o', descriptors: [d(['blocked', 'x']), d(['other', 'y'])] }, 10_000);
+const header = (r: ResponseOut, key: string): string | undefined => r.response_headers_to_add.find((h) => h.key === key)?.value;
+const blocked = (c: RlsClient): Promise<ResponseOut> => c.check({ domain: 'o', descriptors: [d(['blocked', 'x']), d(['other', 'y'])] }, 10_000);
+const five = (c: RlsClient): Promise<ResponseOut> => c.check({ domain: 'o', descriptors: [d(['five', 'k'])] }, 10_000);
+const metric = (text: string, re: RegExp): number => Number(re.exec(text)?.[1] ?? 'NaN');
 
-void test('a blocked serving thread answers the queued checks fail-open, marked degraded, then decides again', async () => {
-  // Normally the rule refuses everything (eventually: the lag guard may still be settling after start-up).
-  await eventually(async () => ((await check()).overall_code === 'OVER_LIMIT' ? true : undefined));
+void test('bounded (default): the queued checks of a blocked thread get at most each key\'s allowance fail-open, the rest refused at once; then decisions again', async () => {
+  await eventually(async () => ((await blocked(client)).overall_code === 'OVER_LIMIT' ? true : undefined));
   await agent.blockWorkerForTesting(0, 800); // the worker is now blocked; these checks wait in the socket
-  const answers = await Promise.all(Array.from({ length: 6 }, () => check()));
+  const answers = await Promise.all([...Array.from({ length: 20 }, () => five(client)), ...Array.from({ length: 4 }, () => blocked(client))]);
+  const fives = answers.slice(0, 20);
+  const failOpen = fives.filter((r) => r.overall_code === 'OK' && header(r, 'x-ratelimit-fail-open') === 'true');
+  const decidedOk = fives.filter((r) => r.overall_code === 'OK' && header(r, 'x-ratelimit-fail-open') === undefined);
+  const overloadRefused = answers.filter((r) => r.overall_code === 'OVER_LIMIT' && header(r, 'x-ratelimit-refused-by') === 'overload');
+  assert.ok(failOpen.length >= 1 && failOpen.length <= 6, `fail-open answers for 'five' within its allowance (5/s, 5 deep): ${failOpen.length}`);
+  assert.ok(decidedOk.length <= 5, `anything decided after catching up came from the bucket the overload did not touch: ${decidedOk.length}`);
+  assert.ok(overloadRefused.length >= 20 - failOpen.length - decidedOk.length - 5, `the rest refused on the overload path: ${overloadRefused.length}`);
+  for (const r of answers.slice(20)) assert.equal(r.overall_code, 'OVER_LIMIT', 'a rule of 0/s has no allowance: never waved through');
+  for (const r of failOpen) assert.equal(header(r, 'x-ratelimit-degraded'), 'true');
+  for (const r of overloadRefused) assert.equal(header(r, 'x-ratelimit-cell'), 'busy');
+  // Metrics: per reason and quota, the overload time (the episode ends at the first on-time tick).
+  const text = await eventually(async () => {
+    const t = await agent.metricsText();
+    return metric(t, /cellquota_agent_quota_fail_open_total\{reason="overload",quota="o\|five=k"\} (\d+)/) === failOpen.length && metric(t, /^cellquota_agent_overload_seconds_total (\S+)$/m) > 0 ? t : undefined;
+  }, 10_000, 100);
+  assert.equal(metric(text, /cellquota_agent_fail_open_total\{reason="overload"\} (\d+)/), failOpen.length);
+  assert.ok(metric(text, /cellquota_agent_overload_refused_total\{reason="allowance"\} (\d+)/) >= overloadRefused.length);
+  assert.ok(metric(text, /cellquota_agent_overload_episodes_total (\d+)/) >= 1);
+  // Caught up: decisions again.
+  const normal = await eventually(async () => {
+    const r = await blocked(client);
+    return r.overall_code === 'OVER_LIMIT' && header(r, 'x-ratelimit-refused-by') === 'local-rule' ? r : undefined;
+  }, 5000);
+  assert.equal(header(normal, 'x-ratelimit-fail-open'), undefined, 'a decision is not marked fail-open');
+});
+
+void test('open policy (the old behaviour): every queued check of a blocked thread is answered OK fail-open', async () => {
+  await eventually(async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined));
+  await openAgent.blockWorkerForTesting(0, 800);
+  const answers = await Promise.all(Array.from({ length: 6 }, () => blocked(openClient)));
   for (const r of answers) {
     assert.equal(r.overall_code, 'OK', 'fail-open');
-    assert.equal(degraded(r), true, 'marked degraded');
-    assert.equal(r.response_headers_to_add.some((h) => h.key === 'x-ratelimit-fail-open' && h.value === 'true'), true, 'marked fail-open: outside the bound');
+    assert.equal(header(r, 'x-ratelimit-degraded'), 'true', 'marked degraded');
+    assert.equal(header(r, 'x-ratelimit-fail-open'), 'true', 'marked fail-open: outside the bound');
     assert.deepEqual(r.statuses.map((s) => s.code), ['OK', 'OK'], 'one OK status per descriptor');
   }
-  const text = await agent.metricsText();
-  const failOpen = Number(/cellquota_agent_fail_open_total\{reason="overload"\} (\d+)/.exec(text)?.[1]);
-  const degradedCount = Number(/cellquota_agent_decisions_total\{verdict="degraded",scope="local"\} (\d+)/.exec(text)?.[1]);
-  assert.ok(failOpen >= 6, `fail_open overload ${failOpen}`);
-  assert.ok(degradedCount >= 6, `degraded decisions ${degradedCount}`);
-  // Caught up: decisions again (the hold is at most as long as the block).
-  const normal = await eventually(async () => {
-    const r = await check();
-    return r.overall_code === 'OVER_LIMIT' ? r : undefined;
-  }, 5000);
-  assert.equal(degraded(normal), false);
-  assert.equal(normal.response_headers_to_add.some((h) => h.key === 'x-ratelimit-fail-open'), false, 'a decision is not marked fail-open');
+  const text = await openAgent.metricsText();
+  assert.ok(metric(text, /cellquota_agent_fail_open_total\{reason="overload"\} (\d+)/) >= 6);
+  await eventually(async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined), 5000);
 });
 
 void test('a worker that dies is restarted on the same socket', async () => {
   agent.crashWorkerForTesting(0);
   await eventually(async () => (/cellquota_agent_worker_restarts_total 1/.test(await agent.metricsText()) ? true : undefined), 15_000);
   const r = await eventually(async () => {
-    const res = await check();
+    const res = await blocked(client);
     return res.overall_code === 'OVER_LIMIT' ? res : undefined;
   }, 15_000, 100);
   assert.equal(r.statuses[0]?.code, 'OVER_LIMIT');

@@ -7,8 +7,10 @@ import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '..
 import { THROTTLE_LINES_MAX, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
 import { captureLogger } from '../agent/agent-helpers.js';
 
-void test('lag guard: a late timer starts an overload period as long as the lag; a stalled loop is overload too', () => {
-  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, maxHoldMs: 200 });
+void test('lag guard: overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
+  const episodes: number[] = [];
+  let started = 0;
+  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
   assert.equal(g.overloaded(0), false, 'not started: never overloaded');
   g.start(995);
   try {
@@ -17,15 +19,17 @@ void test('lag guard: a late timer starts an overload period as long as the lag;
     assert.equal(g.overloaded(1006), false, 'on time');
     g.tick(1100); // 89.5 ms late
     assert.equal(g.overloaded(1101), true, 'right after a block');
-    for (let t = 1105; t <= 1185; t += 5) g.tick(t);
-    assert.equal(g.overloaded(1186), true, 'held for as long as the loop was blocked');
-    g.tick(1190);
-    assert.equal(g.overloaded(1191), false, 'the hold has passed and the timer runs on time');
-    assert.equal(g.overloaded(1190 + 5 + 10 + 1), true, 'no timer tick for longer than interval + threshold: a stall');
-    g.tick(2000);
-    for (let t = 2005; t <= 2200; t += 5) g.tick(t);
-    assert.equal(g.overloaded(2199), true, 'a long block is held...');
-    assert.equal(g.overloaded(2201), false, '...at most maxHoldMs');
+    assert.equal(g.overloaded(1104), true, 'until the loop turns on time again');
+    g.tick(1105);
+    assert.equal(g.overloaded(1106), false, 'caught up: left at once, however long the block was');
+    assert.equal(started, 1);
+    assert.deepEqual(episodes, [1105 - (1005.5 + 5 + 10)], 'from when it fell behind to the on-time tick');
+    assert.equal(g.overloaded(1105 + 5 + 10 + 1), true, 'no timer tick for longer than interval + threshold: a stall');
+    assert.equal(started, 2, 'a stall starts an episode too');
+    g.tick(1125);
+    g.tick(1130);
+    assert.equal(g.overloaded(1131), false);
+    assert.equal(episodes.length, 2);
   } finally {
     g.stop();
   }
@@ -54,6 +58,12 @@ void test('stats: one region per thread, summed at read time', () => {
   assert.deepEqual(t.failOpen, { overload: 1, error: 0, table_full: 0 });
   assert.deepEqual(t.rejected, { invalid: 1, malformed: 1 });
   assert.equal(t.staticSlice, 1);
+  a.overloadStarted();
+  assert.equal(readStats(shared).overloadedNow, 1);
+  a.overloadEnded(250);
+  b.overloadRefused('shed');
+  const o = readStats(shared);
+  assert.deepEqual([o.overloadedNow, o.overloadMs, o.overloadEpisodes, o.overloadRefused.shed, o.overloadRefused.allowance], [0, 250, 1, 1, 0]);
   assert.throws(() => new StatsWriter(shared, 3), /out of range/);
 });
 
@@ -78,4 +88,25 @@ void test('throttling log: one line per key per interval, merged across threads,
   log.flush();
   assert.equal(cap.lines.length, 2 + THROTTLE_LINES_MAX + 1, 'the rest in one summary line');
   assert.deepEqual(cap.lines.at(-1)?.['keys'], 50);
+});
+
+void test('throttling log: fail-open answers per reason and quota, overload refusals per key, and the time overloaded', () => {
+  const cap = captureLogger();
+  let totals = { overloadMs: 0, overloadEpisodes: 0, overloadRefused: 0, failOpenOverload: 0 };
+  const log = new ThrottleLog(cap.logger, 'eu-west', 1000, () => totals);
+  const worker = new ThrottleCounts();
+  for (let i = 0; i < 7; i++) worker.addFailOpen('overload', 'tenant/acme');
+  worker.addFailOpen('error', '(not matched)');
+  worker.addOverload('tenant/acme', 1);
+  worker.addOverload('tenant/acme', 2);
+  log.merge(worker.drain());
+  totals = { overloadMs: 1234, overloadEpisodes: 3, overloadRefused: 3, failOpenOverload: 7 };
+  log.flush();
+  const by = (msg: string): Record<string, unknown>[] => cap.lines.filter((l) => l['msg'] === msg);
+  assert.deepEqual(by('answered fail-open').map((l) => [l['reason'], l['key'], l['failOpen']]), [['overload', 'tenant/acme', 7], ['error', '(not matched)', 1]]);
+  assert.deepEqual(by('throttled').map((l) => [l['key'], l['refused'], l['refusedBy']]), [['tenant/acme', 3, 'overload']]);
+  assert.deepEqual(by('overloaded').map((l) => [l['overloadedMs'], l['episodes'], l['refused'], l['failOpen']]), [[1234, 3, 3, 7]]);
+  log.flush();
+  assert.equal(by('overloaded').length, 1, 'nothing new: no line');
+  assert.deepEqual(log.failOpenByQuota(), [{ reason: 'overload', quota: 'tenant/acme', count: 7 }, { reason: 'error', quota: '(not matched)', count: 1 }], 'running totals for the metric');
 });
