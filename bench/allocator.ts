@@ -14,8 +14,10 @@
 // the hierarchy: three tier caps under one domain cap, split at every cell.
 import { allocateRound, AllocatorWorkspace } from '../coordinator/allocator/allocator.js';
 import type { AllocatorCell, AllocatorInput, AllocatorQuota, AllocatorSlices } from '../coordinator/allocator/allocator.js';
-import { encodeCommand } from '../coordinator/ledger/ledger-commands.js';
+import { roundTowards } from '../coordinator/allocator/grant-rounding.js';
+import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-commands.js';
 import type { Grant } from '../coordinator/ledger/ledger-commands.js';
+import { DEFAULT_MAX_GRANTS_PER_ROUND, grantPriority } from '../coordinator/lease/incremental-policy.js';
 import type { BenchReport } from './bench-report.js';
 
 type MutableQuota = { -readonly [K in keyof AllocatorQuota]: AllocatorQuota[K] };
@@ -174,6 +176,8 @@ function median(xs: number[]): number {
 }
 
 const ms = (v: number): number => Math.round(v * 10) / 10;
+/** Lease rounds per second at the default --lease-round-ms (100). */
+const ROUNDS_PER_S = 10;
 
 function timeRound(inp: AllocatorInput, runs: number, ws: AllocatorWorkspace): { ms: number; best: number; cpuMs: number; grants: Grant[] } {
   const times: number[] = [];
@@ -253,19 +257,23 @@ function moveDemands(w: World, tenants: number, p: number, seed: number, base: F
   }
 }
 
-export function measureAllocator(tenants: number, nCells: number, hierarchy: boolean, runs: number): AllocatorBenchRow {
-  const w = buildWorld(tenants, nCells, hierarchy, 0xa110c + tenants + nCells);
+/** Rounds applied as acknowledged at once, until a round changes nothing (or 12 rounds). */
+function converge(w: World, ws: AllocatorWorkspace): { rounds: number; now: number } {
   let now = w.nowMs;
-  const ws = new AllocatorWorkspace(); // one per coordinator, reused by every round
-  // Converge: rounds applied as acknowledged at once, until a round changes nothing (or 12 rounds).
-  let convergeRounds = 0;
-  for (; convergeRounds < 12; convergeRounds++) {
+  let rounds = 0;
+  for (; rounds < 12; rounds++) {
     now += 500;
     const out = allocateRound(input(w, now), ws);
     if (out.grants.length === 0) break;
     applyAcknowledged(w, out.grants);
   }
-  now += 500;
+  return { rounds, now: now + 500 };
+}
+
+export function measureAllocator(tenants: number, nCells: number, hierarchy: boolean, runs: number): AllocatorBenchRow {
+  const w = buildWorld(tenants, nCells, hierarchy, 0xa110c + tenants + nCells);
+  const ws = new AllocatorWorkspace(); // one per coordinator, reused by every round
+  const { rounds: convergeRounds, now } = converge(w, ws);
   const baselineMs = baselinePass(w, runs);
   const quiet = timeRound(input(w, now), runs, ws);
   // Move demands so that about 10% of the slices get a new grant: try 10% of the slices, then scale
@@ -297,6 +305,155 @@ export function measureAllocator(tenants: number, nCells: number, hierarchy: boo
     entryBytes: bytes,
     bytesPerGrant: moved.grants.length > 0 ? Math.round(bytes / moved.grants.length) : 0,
     encodeMs: ms(encodeMs),
+  };
+}
+
+// ---- incremental rounds and the log -------------------------------------------------------------
+
+/** The columnar input of the rows `rows` only (what the incremental round gathers from the ledger). */
+function subInput(w: World, rows: Int32Array, nowMs: number): AllocatorInput {
+  const n = w.cells.length;
+  const size = rows.length * n;
+  const s = w.slices;
+  const sub: AllocatorSlices = {
+    grantRate: new Float64Array(size),
+    grantBurst: new Float64Array(size),
+    epoch: new Float64Array(size),
+    acknowledged: new Uint8Array(size),
+    countedRate: new Float64Array(size),
+    countedBurst: new Float64Array(size),
+    demand: new Float64Array(size),
+  };
+  const quotas: AllocatorQuota[] = [];
+  for (let j = 0; j < rows.length; j++) {
+    const from = (rows[j] as number) * n;
+    const to = from + n;
+    const at = j * n;
+    sub.grantRate.set(s.grantRate.subarray(from, to), at);
+    sub.grantBurst.set(s.grantBurst.subarray(from, to), at);
+    sub.epoch.set(s.epoch.subarray(from, to), at);
+    sub.acknowledged.set(s.acknowledged.subarray(from, to), at);
+    sub.countedRate.set(s.countedRate.subarray(from, to), at);
+    sub.countedBurst.set(s.countedBurst.subarray(from, to), at);
+    sub.demand.set(s.demand.subarray(from, to), at);
+    quotas.push(w.quotas[rows[j] as number] as AllocatorQuota);
+  }
+  return { ...input(w, nowMs), quotas, slices: sub };
+}
+
+/** Moves the demands of a fraction `p` of the tenants, at every cell; returns their rows (sorted). */
+function moveTenants(w: World, tenants: number, p: number, seed: number): Int32Array {
+  const rand = rng(seed);
+  const n = w.cells.length;
+  const rows: number[] = [];
+  for (let t = 0; t < tenants; t++) {
+    if (rand() >= p) continue;
+    rows.push(t);
+    const q = w.quotas[t] as MutableQuota;
+    for (let c = 0; c < n; c++) {
+      const i = t * n + c;
+      const y = rand();
+      const d = w.slices.demand[i] as number;
+      w.slices.demand[i] = y < 0.4 ? d * 0.2 : y < 0.8 ? d * 3 + 0.05 * q.rate : (y - 0.8) * 5 * q.rate;
+    }
+  }
+  return Int32Array.from(rows);
+}
+
+const grantId = (g: Grant): string => `${g.key}|${g.cellId}|${g.rate}|${g.burst}|${g.epoch}`;
+
+export interface IncrementalBenchRow {
+  readonly tenants: number;
+  readonly cells: number;
+  readonly changedTenantsPct: number;
+  readonly fullMs: number;
+  readonly fullCpuMs: number;
+  readonly incrementalMs: number;
+  readonly incrementalCpuMs: number;
+  readonly quotasComputed: number;
+  readonly grants: number;
+  readonly sameGrants: boolean;
+  /** The round's grants in the object form (format 1, the current log), compact (format 2, float32), and the budgeted round. */
+  readonly entryV1Bytes: number;
+  readonly entryV2Bytes: number;
+  readonly budgetGrants: number;
+  readonly budgetEntryBytes: number;
+  /** The later acknowledgements of the budgeted round's shrinks (compact). */
+  readonly budgetAckBytes: number;
+}
+
+/**
+ * One round after a fraction of the tenants' demands moved: the full round (every quota: the
+ * implementation before the incremental policy, kept as the baseline) against the incremental one
+ * (gather the moved quotas' rows, allocate them) — their grants must be identical, since the other
+ * quotas are settled — and the round's Raft entry: object form (format 1), compact (format 2, grants
+ * rounded to float32 towards the current grant, as the lease round sends them), and within the
+ * round budget (DEFAULT_MAX_GRANTS_PER_ROUND, by grantPriority) plus the acknowledgements its
+ * shrinks will need.
+ */
+export function measureIncremental(tenants: number, nCells: number, fraction: number, runs: number, progress: (m: string) => void = () => undefined): IncrementalBenchRow {
+  const w = buildWorld(tenants, nCells, false, 0x1ac + tenants + nCells);
+  const ws = new AllocatorWorkspace();
+  progress(`converging ${tenants} × ${nCells}`);
+  const { now } = converge(w, ws);
+  const rows = moveTenants(w, tenants, fraction, 0x5eed + tenants);
+  progress(`full round over ${tenants} quotas, incremental over ${rows.length}`);
+  const full = timeRound(input(w, now), runs, ws);
+  const ws2 = new AllocatorWorkspace();
+  const times: number[] = [];
+  const cpu: number[] = [];
+  let inc: Grant[] = [];
+  for (let r = 0; r < runs; r++) {
+    const c0 = process.cpuUsage();
+    const t0 = performance.now();
+    inc = allocateRound(subInput(w, rows, now), ws2).grants;
+    times.push(performance.now() - t0);
+    const c = process.cpuUsage(c0);
+    cpu.push((c.user + c.system) / 1000);
+  }
+  const a = full.grants.map(grantId).sort();
+  const b = inc.map(grantId).sort();
+  const same = a.length === b.length && a.every((x, i) => x === b[i]);
+  // What the lease round sends: float32 towards the current grant, unchanged ones dropped.
+  const n = w.cells.length;
+  const cellIdx = new Map(w.cells.map((c, i) => [c.id, i]));
+  const sent: { g: Grant; i: number; qi: number }[] = [];
+  for (const g of inc) {
+    const qi = w.index.get(g.key) as number;
+    const i = qi * n + (cellIdx.get(g.cellId) as number);
+    const rate = roundTowards(g.rate, w.slices.grantRate[i] as number);
+    const burst = roundTowards(g.burst, w.slices.grantBurst[i] as number);
+    if (rate === w.slices.grantRate[i] && burst === w.slices.grantBurst[i]) continue;
+    sent.push({ g: { ...g, rate, burst }, i, qi });
+  }
+  const entryV1Bytes = encodeCommandV1({ type: 'reportAndGrant', nowMs: now, grants: full.grants }).length;
+  const entryV2Bytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: sent.map((x) => x.g) }).length;
+  const ranked = sent
+    .map((x) => ({ ...x, p: grantPriority(x.g, (w.quotas[x.qi] as AllocatorQuota).rate, w.slices.grantRate[x.i] as number, (w.quotas[x.qi] as AllocatorQuota).floorRate, w.slices.demand[x.i] as number) }))
+    .map((x, order) => ({ ...x, order }))
+    .sort((x, y) => y.p - x.p)
+    .slice(0, DEFAULT_MAX_GRANTS_PER_ROUND)
+    .sort((x, y) => x.order - y.order); // sent in the round's order (as the policy does)
+  const budget = ranked.map((x) => x.g);
+  const budgetEntryBytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: budget }).length;
+  const shrinkAcks = ranked.filter((x) => x.g.rate < (w.slices.grantRate[x.i] as number) || x.g.burst < (w.slices.grantBurst[x.i] as number)).map((x) => ({ key: x.g.key, cellId: x.g.cellId, epoch: x.g.epoch }));
+  const budgetAckBytes = shrinkAcks.length > 0 ? encodeCommand({ type: 'reportAndGrant', nowMs: now, acks: shrinkAcks }).length : 0;
+  return {
+    tenants,
+    cells: nCells,
+    changedTenantsPct: Math.round((1000 * rows.length) / tenants) / 10,
+    fullMs: ms(full.ms),
+    fullCpuMs: ms(full.cpuMs),
+    incrementalMs: ms(median(times)),
+    incrementalCpuMs: ms(median(cpu)),
+    quotasComputed: rows.length,
+    grants: inc.length,
+    sameGrants: same,
+    entryV1Bytes,
+    entryV2Bytes,
+    budgetGrants: budget.length,
+    budgetEntryBytes,
+    budgetAckBytes,
   };
 }
 
@@ -338,11 +495,50 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       'rounds to converge': r.convergeRounds,
     });
   }
+  const incSizes: [number, number, number][] = opts.smoke
+    ? [
+        [20_000, 16, 0.01],
+        [5_000, 16, 0.1],
+      ]
+    : [
+        [1_000_000, 16, 0.01],
+        [100_000, 16, 0.1],
+      ];
+  for (const [tenants, cells, p] of incSizes) {
+    opts.progress(`allocator incremental: ${tenants} tenants × ${cells} cells, ${p * 100}% of the tenants' demands moved`);
+    const r = measureIncremental(tenants, cells, p, runs, opts.progress);
+    const perS = (bytes: number): number => Math.round((bytes * ROUNDS_PER_S) / 1e4) / 100;
+    rows.push({
+      tenants: r.tenants,
+      cells: r.cells,
+      caps: 'none',
+      variant: 'incremental vs full',
+      'tenants changed %': r.changedTenantsPct,
+      'full round ms': r.fullMs,
+      'full cpu ms': r.fullCpuMs,
+      'incremental round ms': r.incrementalMs,
+      'incremental cpu ms': r.incrementalCpuMs,
+      'full / incremental': Math.round((10 * r.fullMs) / Math.max(0.1, r.incrementalMs)) / 10,
+      'quotas computed': r.quotasComputed,
+      'grants changed': r.grants,
+      'same grants': r.sameGrants ? 'yes' : 'NO',
+      'entry v1 bytes': r.entryV1Bytes,
+      'entry v2 bytes': r.entryV2Bytes,
+      'v1 / v2': Math.round((10 * r.entryV1Bytes) / Math.max(1, r.entryV2Bytes)) / 10,
+      'v1 MB/s @10 rounds/s': perS(r.entryV1Bytes),
+      'v2 MB/s @10 rounds/s': perS(r.entryV2Bytes),
+      'budget grants': r.budgetGrants,
+      'budget entry + acks bytes': r.budgetEntryBytes + r.budgetAckBytes,
+      'budget MB/s @10 rounds/s': perS(r.budgetEntryBytes + r.budgetAckBytes),
+    });
+  }
   return {
     name: 'allocator',
-    title: 'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry',
+    title: 'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry; incremental rounds and the log',
     rows,
     notes: [
+      "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows and allocate only them, as IncrementalAllocatorPolicy does from the ledger (the ledger reads are not in this figure); 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
+      `Log: 'entry v1' is the object form of the full round's grants (format 1, the log before); 'entry v2' the compact form (format 2, coordinator/ledger/round-codec.ts) of the grants as the lease round sends them (float32 towards the current grant, unchanged ones dropped); 'budget': the round within DEFAULT_MAX_GRANTS_PER_ROUND (${DEFAULT_MAX_GRANTS_PER_ROUND}) grants by grantPriority, plus the compact acknowledgements its shrinks will need; MB/s per replica at ${ROUNDS_PER_S} rounds/s if every round changed this much. Target: ≤ 1 MB/s at 100,000 × 16 with 10% changing (docs/quota-model.md, "Log volume").`,
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included.`,
       "'round': the round after demands moved so that about 10% of the slices get a new grant (the grants are the output, so creating them is included); 'quiet round': the converged state, steady demands, no grant changes.",
       "'baseline': one pass reading the six input columns the allocator reads, on the same machine in the same run — the least any round over this input costs; 'round / baseline' is the machine-independent figure.",

@@ -21,6 +21,7 @@ const benches: Record<string, BenchFn> = {
   agent: runAgentBench,
   cascade: async (o) => (await import('./cascade.js')).runCascadeBench(o),
   'coordinator-memory': runCoordinatorMemoryBench,
+  'coordinator-million': async (o) => (await import('./coordinator-memory.js')).runCoordinatorMillionBench(o),
   'coordinator-source': async (o) => (await import('./coordinator-source.js')).runCoordinatorSourceBench(o),
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),

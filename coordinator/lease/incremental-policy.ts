@@ -206,16 +206,9 @@ export class IncrementalAllocatorPolicy {
     kept.forEach((g, j) => {
       const q = input.quotas[row.get(g.key) as number];
       const i = at[j] as number;
-      const cur = s.grantRate[i] as number;
-      const R = q?.rate ?? 1;
       const cell = input.cells[cellIdx.get(g.cellId) as number];
-      const level = Math.max(cur, cell?.hasFloor === true ? (q?.floorRate ?? 0) : 0);
-      const d = s.demand[i] as number;
-      const move = Math.abs(g.rate - cur) / R;
-      if (q === undefined || !g.key.startsWith('tenant/')) score[j] = 10 + move; // caps first
-      else if (g.rate > cur && d > level) score[j] = 4 + Math.min(1, (d - level) / R);
-      else if (g.rate < cur) score[j] = 2 + move;
-      else score[j] = move;
+      const floor = cell?.hasFloor === true ? (q?.floorRate ?? 0) : 0;
+      score[j] = grantPriority(g, q?.rate ?? 1, s.grantRate[i] as number, floor, s.demand[i] as number);
     });
     const order = Array.from(kept.keys()).sort((a, b) => (score[b] as number) - (score[a] as number) || a - b);
     const take = new Uint8Array(kept.length);
@@ -250,6 +243,20 @@ export class IncrementalAllocatorPolicy {
       if (since !== undefined && since <= minReport) this.working.delete(q.key);
     });
   }
+}
+
+/**
+ * The order in which a round over its budget sends grants (higher first): caps (tier and domain
+ * keys), then grows for cells refusing traffic (largest shortfall, relative to the quota, first),
+ * then shrinks (they free capacity once acknowledged), then the rest by the size of the move.
+ */
+export function grantPriority(g: Grant, quotaRate: number, currentRate: number, floorRate: number, demand: number): number {
+  const move = Math.abs(g.rate - currentRate) / quotaRate;
+  const level = Math.max(currentRate, floorRate);
+  if (!g.key.startsWith('tenant/')) return 10 + move;
+  if (g.rate > currentRate && demand > level) return 4 + Math.min(1, (demand - level) / quotaRate);
+  if (g.rate < currentRate) return 2 + Math.min(1, move);
+  return Math.min(1, move);
 }
 
 /** A fresh incremental allocator policy (state per lease service: one per coordinator). */

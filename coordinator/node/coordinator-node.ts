@@ -166,7 +166,9 @@ export class CoordinatorNode {
     }
     for (const r of loaded.meta.repairs) log.warn({ repair: r, voteBarrier: loaded.meta.voteBarrier }, 'storage truncated a corrupt log tail above the commit index');
     const machine = new CoordinatorState({ floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs });
+    const restoreStarted = performance.now();
     machine.restore(loaded.snapshot.data);
+    if (loaded.snapshot.meta.index > 0) log.info({ index: loaded.snapshot.meta.index, bytes: loaded.snapshot.data.byteLength, ms: Math.round(performance.now() - restoreStarted) }, 'restored the snapshot at start');
 
     let nodeRef: CoordinatorNode | null = null;
     // One gRPC server on the peer address: the Raft peers' service and the agents' lease service.
@@ -224,9 +226,9 @@ export class CoordinatorNode {
         log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`);
       },
       onSnapshotTaken: (index, bytes, ms) => log.info({ index, bytes, ms: Math.round(ms) }, 'snapshot taken, log compacted'),
-      onSnapshotInstalled: (index, term, bytes) => {
+      onSnapshotInstalled: (index, term, bytes, restoreMs) => {
         metrics?.snapshotsInstalled.inc();
-        log.info({ index, term, bytes }, 'installed a snapshot from the leader');
+        log.info({ index, term, bytes, ms: Math.round(restoreMs) }, 'installed a snapshot from the leader');
       },
       onError: (err) => nodeRef?.fail(err),
     });

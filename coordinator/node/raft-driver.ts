@@ -39,7 +39,8 @@ export interface RaftDriverOptions<R> {
   /** How long a proposal or read may wait before it fails with a timeout. */
   readonly requestTimeoutMs: number;
   readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
-  readonly onSnapshotInstalled?: (index: number, term: number, bytes: number) => void;
+  /** After restoring the state machine from a leader's snapshot; `restoreMs`: the restore's time. */
+  readonly onSnapshotInstalled?: (index: number, term: number, bytes: number, restoreMs: number) => void;
   readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
   /**
    * Called once when the driver stops for good: a persist (save/compact) failed — the error is a
@@ -317,10 +318,11 @@ export class RaftDriver<R> {
 
   private applyReady(rd: Ready): void {
     if (rd.snapshot !== null) {
+      const started = performance.now();
       this.opts.stateMachine.restore(rd.snapshot.data);
       this.applied = rd.snapshot.meta.index;
       this.snapshotIndex = rd.snapshot.meta.index;
-      this.opts.onSnapshotInstalled?.(rd.snapshot.meta.index, rd.snapshot.meta.term, rd.snapshot.data.byteLength);
+      this.opts.onSnapshotInstalled?.(rd.snapshot.meta.index, rd.snapshot.meta.term, rd.snapshot.data.byteLength, performance.now() - started);
       for (const [idx, p] of this.proposals) {
         if (idx <= this.applied) {
           clearTimeout(p.timer);

@@ -42,14 +42,25 @@ void test('decision smoke: take, takeKey and the decision, fast and general path
   assert.deepEqual(r.rows.map((row) => row.call), ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)']);
 });
 
-void test('allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants', () => {
+void test('allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants; incremental rounds send the full round\'s grants in a smaller entry', () => {
   const r = runAllocatorBench(quiet);
-  assertReport(r, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes', 'changed %']);
-  for (const row of r.rows) {
+  const full = { ...r, rows: r.rows.filter((row) => row.variant === undefined) };
+  const inc = r.rows.filter((row) => row.variant === 'incremental vs full');
+  assert.equal(full.rows.length + inc.length, r.rows.length);
+  assertReport(full, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes', 'changed %']);
+  for (const row of full.rows) {
     const pct = row['changed %'] as number;
     assert.equal(pct > 3 && pct < 30, true, `changed % ${pct}`);
     assert.equal((row['entry bytes'] as number) > 0, true, 'an entry was encoded');
     assert.notEqual(row['rounds to converge'], 12, 'the world converged before the measure');
+  }
+  assert.equal(inc.length, 2);
+  for (const row of inc) {
+    assert.equal(row['same grants'], 'yes', 'the incremental round sends exactly the full round\'s grants');
+    assert.ok((row['quotas computed'] as number) < (row.tenants as number) / 5, 'only the moved quotas are computed');
+    assert.ok((row['grants changed'] as number) > 0);
+    assert.ok((row['entry v2 bytes'] as number) * 3 < (row['entry v1 bytes'] as number), `compact entry ${row['entry v2 bytes']} B vs ${row['entry v1 bytes']} B`);
+    assert.ok((row['budget grants'] as number) <= 5_000);
   }
 });
 
