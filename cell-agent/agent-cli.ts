@@ -51,7 +51,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     agent = await startAgent(config, logger);
   } catch (error) {
     const message = error instanceof Error ? error.message : String(error);
-    if (isRulesError(error) || error instanceof QuotaConfigError || error instanceof RoutesError) {
+    if (isRulesError(error) || error instanceof QuotaConfigError || error instanceof RoutesError || error instanceof ConfigError) {
       io.stderr.write(`cellquota agent: ${message}\n`);
       return 2;
     }
@@ -63,7 +63,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];
   for (const p of e.rlsUnix) lines.push(`  rls unix  ${p}`);
   for (const a of e.rlsTcp) lines.push(`  rls tcp   ${a}`);
-  if (e.http !== null) lines.push(`  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth)`);
+  if (e.http !== null) lines.push(`  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : 'reachable from the network: no authentication, keep it on a trusted network'})`);
   lines.push(config.coordinators.length === 0
     ? '  (no coordinators: global quotas run on static slices)'
     : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);
@@ -86,6 +86,10 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     return 1;
   }
   return 0;
+}
+
+function isLoopbackHost(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\./.test(host);
 }
 
 function isMain(): boolean {

@@ -19,8 +19,13 @@ export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
   { flag: 'rules', description: 'rules: a YAML file or a directory of them, envoyproxy/ratelimit format (required; hot-reloaded)' },
   { flag: 'rls-socket', description: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>' },
   { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
-  { flag: 'http', description: 'HOST:PORT for the HTTP API (/v1/check, /metrics, /healthz)' },
+  { flag: 'http', description: 'HOST:PORT (or PORT alone: 127.0.0.1, loopback only) for the HTTP API (/v1/check, /v1/forward-auth, /metrics, /healthz); it has no authentication, so give a non-loopback host only on a trusted network' },
   { flag: 'coordinators', description: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices' },
+  { flag: 'tls-ca', description: 'CA of the coordinators\' certificates: the lease client speaks TLS to them' },
+  { flag: 'tls-cert', description: 'this cell\'s client certificate (PEM) for mutual TLS; must name --cell (URI urn:cellquota:cell:<id>, or the CN)' },
+  { flag: 'tls-key', description: 'the key of --tls-cert (PEM)' },
+  { flag: 'tls-server-name', description: 'the name expected in the coordinators\' certificate when it is not the host dialled' },
+  { flag: 'lease-token-file', description: 'a file holding this cell\'s bearer token for the lease service (instead of, or besides, a certificate)' },
   { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1; 0: no RLS server, the HTTP API only)' },
   { flag: 'rls-server', description: 'the RLS gRPC server: lean (gRPC framing on node:http2) | grpc-js (the previous server, kept for comparison) (default lean)' },
   { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
@@ -162,8 +167,14 @@ export const agentConfigFields = z.object({
   rules: z.string({ error: 'required: a rules file or directory' }).min(1),
   rlsSocket: z.string().min(1).optional(),
   rlsListen: hostPort.optional(),
-  http: hostPort.optional(),
+  // A port alone binds loopback: the HTTP API has no authentication.
+  http: z.preprocess((v) => (typeof v === 'number' || (typeof v === 'string' && /^\d{1,5}$/.test(v.trim())) ? `127.0.0.1:${String(v).trim()}` : v), hostPort).optional(),
   coordinators: coordinators.default([]),
+  tlsCa: z.string().min(1).optional(),
+  tlsCert: z.string().min(1).optional(),
+  tlsKey: z.string().min(1).optional(),
+  tlsServerName: z.string().min(1).max(253).optional(),
+  leaseTokenFile: z.string().min(1).optional(),
   workers: int(0, 64).default(1),
   rlsServer: z.enum(RLS_SERVER_KINDS).default('lean'),
   socketMode: socketMode.default(0o660),
@@ -202,6 +213,9 @@ export const agentConfigSchema = agentConfigFields.superRefine((c, ctx) => {
     if (c.staticShare !== undefined) ctx.addIssue({ code: 'custom', path: ['staticShare'], message: why });
     if (c.unknownTenant !== undefined) ctx.addIssue({ code: 'custom', path: ['unknownTenant'], message: why });
   }
+  if ((c.tlsCert === undefined) !== (c.tlsKey === undefined)) ctx.addIssue({ code: 'custom', path: ['tlsCert'], message: '--tls-cert and --tls-key go together' });
+  if (c.tlsCert !== undefined && c.tlsCa === undefined) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-cert needs --tls-ca (the CA of the coordinators\' certificates)' });
+  if (c.coordinators.length === 0 && (c.tlsCa !== undefined || c.leaseTokenFile !== undefined)) ctx.addIssue({ code: 'custom', path: ['coordinators'], message: '--tls-* and --lease-token-file are for the coordinators: give --coordinators' });
   if (c.workers > 0 && c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
     ctx.addIssue({ code: 'custom', path: ['rlsSocket'], message: 'nothing to serve: give --rls-socket, --rls-listen or --http' });
   }

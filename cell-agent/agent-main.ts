@@ -44,6 +44,8 @@ import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseState } from './lease/lease-client.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from './lease/lease-deadline.js';
+import { loadLeaseCredentials } from './lease/lease-credentials.js';
+import type { LeaseCredentials } from './lease/lease-credentials.js';
 import type { ClampedEntry } from './lease/quota-overrides.js';
 import type { VelocitySample } from './velocity/velocity-table.js';
 
@@ -101,6 +103,9 @@ interface WorkerSlot {
 export async function startAgent(config: AgentConfig, logger: Logger): Promise<AgentHandle> {
   const log = componentLogger(logger, 'agent');
   const workerLog = componentLogger(logger, 'rls-worker');
+
+  // ---- lease credentials (read and checked first: a certificate for another cell fails the start) --
+  const leaseCreds = config.coordinators.length > 0 ? loadLeaseCredentials(config) : null;
 
   // ---- rules and quotas -------------------------------------------------------------------------
   const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules);
@@ -408,8 +413,15 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   leaseStateGauge.set(0);
   onFloorGauge.set(1);
   if (config.coordinators.length > 0) {
+    const creds = leaseCreds as LeaseCredentials;
+    if (creds.token !== null && config.tlsCa === undefined) log.warn('the lease token is sent without TLS (no --tls-ca): only where the network path is encrypted otherwise (a mesh, a tunnel)');
+    log.info({ leaseCredentials: creds.describe }, 'lease client credentials');
     leaseClient = new LeaseClient({
       cellId: config.cell,
+      credentials: creds.channel,
+      channelOptions: creds.channelOptions,
+      token: creds.token,
+      ...(creds.noIdentityHint === undefined ? {} : { failureHint: creds.noIdentityHint }),
       coordinators: config.coordinators.map(coordinatorAddress),
       coordinatorById: new Map(config.coordinators.flatMap((c) => (c.id === undefined ? [] : [[c.id, coordinatorAddress(c)] as const]))),
       logger: componentLogger(logger, 'lease'),

@@ -5,11 +5,14 @@ import { resolve } from 'node:path';
 import { z } from 'zod';
 import { collectDefaultMetrics, Registry } from 'prom-client';
 import { CoordinatorMetrics } from '../coordinator/node/coordinator-metrics.js';
-import { loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
+import { ConfigError, loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
 import { createRootLogger, logLevels } from '../shared/logging.js';
 import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coordinator/node/coordinator-node.js';
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
 import { LiveTraffic } from '../coordinator/api/live-traffic.js';
+import { TokenFile } from '../coordinator/lease/lease-auth.js';
+import { DEFAULT_MAX_DEMAND_KEYS, MAX_REPORT_ITEMS } from '../coordinator/lease/lease-service.js';
+import { MAX_CELLS } from '../coordinator/ledger/ledger-commands.js';
 
 export const coordinatorSpecs: readonly SettingSpec[] = [
   { flag: 'id', description: 'this replica id, one of the ids in --peers (e.g. n1)' },
@@ -28,8 +31,13 @@ export const coordinatorSpecs: readonly SettingSpec[] = [
   { flag: 'floor-cells', description: 'expected number of cells the floors are split over (default 3)' },
   { flag: 'lease-ttl-ms', description: 'how long an agent\'s lease lasts after its report (default 3000)' },
   { flag: 'lease-round-ms', description: 'interval of the lease rounds (one reportAndGrant entry each; default 100)' },
-  { flag: 'tls-ca', description: 'CA bundle for mutual TLS between replicas' },
-  { flag: 'tls-cert', description: 'this replica certificate (PEM)' },
+  { flag: 'lease-listen', description: 'host:port of the agents\' lease service on its own gRPC server, so the peer port can stay closed to the cells (default: the lease service is on this replica\'s --peers address)' },
+  { flag: 'lease-peers', description: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower (default: the peer host with the --lease-listen port)' },
+  { flag: 'lease-tokens', description: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen' },
+  { flag: 'max-cells', description: 'most cells that may register (default 64, the ledger\'s limit); a cell beyond it is refused until one is removed (ctl cells remove)' },
+  { flag: 'max-demand-keys', description: 'most demand keys the leader keeps per cell (default 100000); beyond it new keys get no grant until others go quiet' },
+  { flag: 'tls-ca', description: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed' },
+  { flag: 'tls-cert', description: 'this replica certificate (PEM; names the replica: URI urn:cellquota:replica:<id> or CN <id>)' },
   { flag: 'tls-key', description: 'this replica key (PEM)' },
   { flag: 'log-level', description: `one of ${logLevels.join(', ')} (default info)` },
 ];
@@ -76,6 +84,11 @@ export const coordinatorSchema = z
     floorCells: z.coerce.number().int().min(1).max(64).default(3),
     leaseTtlMs: z.coerce.number().int().min(500).max(600_000).default(3000),
     leaseRoundMs: z.coerce.number().int().min(10).max(10_000).default(100),
+    leaseListen: hostPort.optional(),
+    leasePeers: idMap(hostPort, 'host:port').optional(),
+    leaseTokens: z.string().min(1).optional(),
+    maxCells: z.coerce.number().int().min(1).max(MAX_CELLS).default(MAX_CELLS),
+    maxDemandKeys: z.coerce.number().int().min(1).max(MAX_REPORT_ITEMS * 10).default(DEFAULT_MAX_DEMAND_KEYS),
     tlsCa: z.string().optional(),
     tlsCert: z.string().optional(),
     tlsKey: z.string().optional(),
@@ -86,6 +99,10 @@ export const coordinatorSchema = z
     if (s.heartbeatTicks >= s.electionTicks) ctx.addIssue({ code: 'custom', path: ['heartbeatTicks'], message: 'must be below --election-ticks' });
     const tls = [s.tlsCa, s.tlsCert, s.tlsKey].filter((v) => v !== undefined).length;
     if (tls !== 0 && tls !== 3) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-ca, --tls-cert and --tls-key go together' });
+    if (tls === 3 && s.leaseTokens !== undefined && s.leaseListen === undefined) ctx.addIssue({ code: 'custom', path: ['leaseTokens'], message: 'with TLS, tokens need --lease-listen (the peer port requires replica certificates)' });
+    if (s.leasePeers !== undefined && s.leaseListen === undefined) ctx.addIssue({ code: 'custom', path: ['leasePeers'], message: 'only with --lease-listen' });
+    const peer = s.peers.get(s.id);
+    if (s.leaseListen !== undefined && peer !== undefined && parseHostPort(peer)?.port === parseHostPort(s.leaseListen)?.port && parseHostPort(s.leaseListen)?.port !== 0) ctx.addIssue({ code: 'custom', path: ['leaseListen'], message: `must be another port than this replica's peer address ${peer}` });
   });
 
 /** Exit code when the data directory failed under a running node (sysexits EX_IOERR). */
@@ -114,6 +131,29 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     const hp = peer === undefined ? null : parseHostPort(peer);
     return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
   };
+  // The lease service on its own address: a follower names the leader's lease address (explicit in
+  // --lease-peers, else the leader's peer host with this --lease-listen port).
+  const leaseListen = s.leaseListen;
+  const leasePort = leaseListen === undefined ? null : parseHostPort(leaseListen)?.port ?? null;
+  const leaseAddressOf = (id: string): string | null => {
+    const explicit = s.leasePeers?.get(id);
+    if (explicit !== undefined) return explicit;
+    const peer = s.peers.get(id);
+    const hp = peer === undefined ? null : parseHostPort(peer);
+    return hp === null || leasePort === null ? null : `${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${leasePort}`;
+  };
+  let tokens: TokenFile | undefined;
+  if (s.leaseTokens !== undefined) {
+    const path = resolve(s.leaseTokens);
+    try {
+      tokens = new TokenFile(path, (cells, error) => {
+        if (error === null) logger.info({ path, cells }, 'lease tokens reloaded');
+        else logger.error({ path, err: error.message, keeping: cells }, 'lease tokens file is invalid; keeping the previous tokens');
+      });
+    } catch (err) {
+      throw new ConfigError(`cellquota coordinator: --lease-tokens ${path}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'cellquota_coordinator_process_' });
   const metrics = new CoordinatorMetrics(registry);
@@ -153,7 +193,16 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
         join: s.join,
         adminUrlOf,
         ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),
-        lease: { ttlMs: s.leaseTtlMs, roundMs: s.leaseRoundMs, onReport: (req, receiptMs) => traffic.onReport(req, receiptMs) },
+        lease: {
+          ttlMs: s.leaseTtlMs,
+          roundMs: s.leaseRoundMs,
+          onReport: (req, receiptMs) => traffic.onReport(req, receiptMs),
+          maxCells: s.maxCells,
+          maxDemandKeys: s.maxDemandKeys,
+          onRefused: (reason) => metrics.leaseRefused.inc({ reason }),
+          ...(leaseListen === undefined ? {} : { listen: leaseListen, addressOf: leaseAddressOf }),
+          ...(tokens === undefined ? {} : { tokens }),
+        },
         ...(tls === undefined ? {} : { tls }),
         onFatal: crashStop,
       },
@@ -182,7 +231,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   });
   const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads, traffic });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });
-  logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id) }, 'admin API listening');
+  logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id), lease: s.leaseListen ?? s.peers.get(s.id) }, 'admin API listening');
   return new Promise<number>((resolveExit) => {
     let stopping = false;
     const stop = (signal: string): void => {

@@ -20,7 +20,10 @@ const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] 
                                                  row id,tier[,rate][,burst]); progress on stderr, then a
                                                  summary with every failed line; exit 1 if any failed.
                                                  Re-running it changes nothing (unchanged tenants stay).
-  cells                                          cells, last report, lease expiry
+  cells [list]                                   cells, floor slot, last report, lease expiry
+  cells remove ID                                deregister a cell whose agents are stopped: no more
+                                                 leases; dropped with its slices once its lease is over,
+                                                 and its floor slot freed for another cell
   members add ID --address HOST:PORT             add a replica (started with --join) and promote it
   members remove ID
   members replace ID --address HOST:PORT         re-add a replica whose data directory was lost
@@ -259,8 +262,18 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
         return 0;
       }
       case 'cells': {
-        const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Record<string, unknown>[] };
-        out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : table(r.cells, ['id', 'lastReportAt', 'leaseExpiresAt', 'leaseLive'])));
+        if (verb === 'list' || verb === undefined) {
+          const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Record<string, unknown>[] };
+          out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : table(r.cells, ['id', 'slot', 'lastReportAt', 'leaseExpiresAt', 'leaseLive', 'removing'])));
+        } else if (verb === 'remove') {
+          const id = need(arg, 'cell id');
+          const r = (await call(ctx, 'DELETE', `/v1/cells/${encodeURIComponent(id)}`)) as { dropped: boolean; leaseExpiresAt: string | null; freedSlot: number | null };
+          out(r, () => (r.dropped
+            ? `cell ${id} removed${r.freedSlot === null ? '' : `; floor slot ${r.freedSlot} freed`}`
+            : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt ?? 'now'} + the skew margin)`));
+        } else throw new CtlError(`unknown cells command '${verb}'
+
+${ctlUsage}`, 2);
         return 0;
       }
       case 'members': {

@@ -96,6 +96,12 @@ export interface LeaseClientOptions {
   /** Monotonic clock in ms (default performance.now). */
   readonly monotonicMs?: () => number;
   readonly credentials?: grpc.ChannelCredentials;
+  /** Extra channel options of the default gRPC transport (TLS server name). */
+  readonly channelOptions?: grpc.ChannelOptions;
+  /** This cell's bearer token, sent as `authorization: Bearer` with every report (lease-credentials.ts). */
+  readonly token?: string | null;
+  /** Added to the failure log lines (e.g. that this agent presents no identity). */
+  readonly failureHint?: string;
   /** The lease's end in shared memory, on the same clock as monotonicMs (the deciders read it). */
   readonly deadline?: LeaseDeadlineWriter;
   /** How reports reach the coordinators (default: gRPC with `credentials`). */
@@ -154,15 +160,23 @@ export class GrpcLeaseTransport implements LeaseTransport {
   private readonly Client = grpc.makeGenericClientConstructor(loadQuotaLeaseService().definition, 'QuotaLease');
   private readonly clients = new Map<string, grpc.Client>();
 
-  constructor(private readonly credentials?: grpc.ChannelCredentials) {}
+  constructor(
+    private readonly credentials?: grpc.ChannelCredentials,
+    private readonly channelOptions: grpc.ChannelOptions = {},
+    /** This cell's bearer token, sent with every report (null: none). */
+    private readonly token: string | null = null,
+  ) {}
 
   report(address: string, req: ReportRequestMessage, deadlineMs: number): Promise<LeaseCallResult> {
+    const md = new grpc.Metadata();
+    if (this.token !== null) md.set('authorization', `Bearer ${this.token}`);
     return new Promise((resolve) => {
       this.client(address).makeUnaryRequest(
         this.svc.report.path,
         this.svc.report.requestSerialize,
         this.svc.report.responseDeserialize,
         req,
+        md,
         { deadline: Date.now() + deadlineMs },
         (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {
           if (err === null && res !== undefined) {
@@ -187,7 +201,7 @@ export class GrpcLeaseTransport implements LeaseTransport {
   private client(address: string): grpc.Client {
     let c = this.clients.get(address);
     if (c === undefined) {
-      c = new this.Client(address, this.credentials ?? grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+      c = new this.Client(address, this.credentials ?? grpc.credentials.createInsecure(), { ...CHANNEL_OPTIONS, ...this.channelOptions });
       this.clients.set(address, c);
     }
     return c;
@@ -263,7 +277,7 @@ export class LeaseClient {
     this.deadline = opts.deadlineMs ?? Math.max(50, Math.floor(this.interval * 0.8));
     this.windowMs = opts.velocityWindowMs ?? 500;
     this.mono = opts.monotonicMs ?? (() => performance.now());
-    this.transport = opts.transport ?? new GrpcLeaseTransport(opts.credentials);
+    this.transport = opts.transport ?? new GrpcLeaseTransport(opts.credentials, opts.channelOptions, opts.token ?? null);
     this.timers = opts.timers ?? PROCESS_TIMERS;
     this.wall = opts.wallMs ?? Date.now;
     this.random = opts.random ?? Math.random;
@@ -398,10 +412,13 @@ export class LeaseClient {
       }
     }
     this.failures++;
+    if ((err.code === grpc.status.UNAUTHENTICATED || err.code === grpc.status.PERMISSION_DENIED) && (this.failures === 1 || this.failures % 20 === 0)) {
+      this.opts.logger.error({ coordinator: address, code: err.code, error: err.details, cell: this.opts.cellId }, `the coordinator refused this cell's identity (${err.code === grpc.status.UNAUTHENTICATED ? 'UNAUTHENTICATED' : 'PERMISSION_DENIED'}): no lease until it is fixed (--tls-cert naming the cell, or --lease-token-file); global quotas stay on their floors`);
+    }
     this.nextConfigured = (this.nextConfigured + 1) % this.opts.coordinators.length;
     this.target = this.opts.coordinators[this.nextConfigured] as string;
     const log = this.failures === 1 || this.failures % 20 === 0 ? this.opts.logger.warn.bind(this.opts.logger) : this.opts.logger.debug.bind(this.opts.logger);
-    log({ coordinator: address, code: err.code, error: err.details, failures: this.failures, next: this.target }, 'lease report failed');
+    log({ coordinator: address, code: err.code, error: err.details, failures: this.failures, next: this.target, ...(this.opts.failureHint === undefined ? {} : { hint: this.opts.failureHint }) }, 'lease report failed');
   }
 
   private applyAnswer(res: ReportResponseMessage, sentAt: number): void {

@@ -356,7 +356,17 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     const q = parse(readQuery, req.query, 'query');
     const cells = await read(req, q.stale === 'true', (l) => l.listCells());
     const t = now();
-    return { cells: cells.map((c) => ({ id: c.id, lastReportAt: iso(c.lastReportAtMs), leaseExpiresAt: iso(c.leaseExpiresAtMs), leaseLive: c.leaseLive && (c.leaseExpiresAtMs ?? 0) > t, slot: c.slot, registeredAt: iso(c.registeredAtMs) })) };
+    return { cells: cells.map((c) => ({ id: c.id, lastReportAt: iso(c.lastReportAtMs), leaseExpiresAt: iso(c.leaseExpiresAtMs), leaseLive: c.leaseLive && (c.leaseExpiresAtMs ?? 0) > t, slot: c.slot, registeredAt: iso(c.registeredAtMs), removing: c.removing })) };
+  }));
+  // Deregisters a cell (through Raft): no more leases; dropped with its slices, its floor slot freed,
+  // once its lease is over (at once when it has none). It carries the ledger's own time: only the
+  // lease service moves that clock (leader-clock.ts), so this can release no lease early.
+  app.delete('/v1/cells/:id', guard(async (req, reply) => {
+    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+    const nowMs = await read(req, true, (l) => l.nowMs);
+    const v = await write(req, reply, { type: 'removeCell', cellId: id, nowMs, ...session(req) });
+    if (v.kind !== 'cellRemoved') throw new Error(`removeCell answered ${v.kind}`);
+    return { removed: v.id, dropped: v.dropped, leaseExpiresAt: iso(v.leaseExpiresAtMs), freedSlot: v.freedSlot };
   }));
 
   // ---- operations ----------------------------------------------------------------------------
@@ -435,6 +445,7 @@ function openApiDocument(): Record<string, unknown> {
       '/v1/settings': { get: { parameters: [stale], responses }, put: { requestBody: body(settingsBody), responses } },
       '/v1/tenants/{id}': { put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses }, get: { parameters: [nameP('id'), stale], responses }, delete: { parameters: [nameP('id')], responses } },
       '/v1/cells': { get: { parameters: [stale], responses } },
+      '/v1/cells/{id}': { delete: { description: 'deregister a cell: no more leases; dropped with its slices and its floor slot freed once its lease is over', parameters: [nameP('id')], responses } },
       '/healthz': { get: { responses } },
       '/readyz': { get: { responses } },
       '/metrics': { get: { responses: { 200: { description: 'Prometheus text format' } } } },

@@ -1,5 +1,11 @@
 // The agents' lease service (cellquota.lease.v1.QuotaLease/Report), registered on the coordinator's
-// gRPC server: the same host:port as the Raft peers.
+// gRPC server: the same host:port as the Raft peers, or its own (`--lease-listen`).
+//
+// Who speaks (lease-auth.ts): with client certificates or per-cell tokens configured, a report for
+// cell X is taken only from X's identity; anything else is refused (UNAUTHENTICATED or
+// PERMISSION_DENIED, counted through onRefused) before it is looked at, on any replica. A removed
+// cell's reports are refused (PERMISSION_DENIED) until it is dropped; a cell beyond the cell bound
+// is not registered (RESOURCE_EXHAUSTED); demand keys beyond the per-cell bound are not kept.
 //
 // On the leader, each report is held until the next round (default every 100 ms) has COMMITTED:
 //   1. cells never seen are registered (one registerCell entry each, once);
@@ -32,13 +38,14 @@
 import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
-import { isName, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
+import { isName, MAX_CELLS, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
 import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { createAllocatorPolicy } from './incremental-policy.js';
 import type { GrantPolicy } from './grant-policy.js';
 import { LeaderClock } from './leader-clock.js';
 import { planted } from '../../shared/planted-bugs.js';
+import type { LeaseAuthenticator } from './lease-auth.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../shared/lease-proto.js';
 
@@ -50,6 +57,11 @@ export const MAX_REPORT_ITEMS = 100_000;
 /** Demand moves up to max(DEMAND_DEAD_BAND_MIN req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken (noteDemand). */
 export const DEMAND_DEAD_BAND_FRACTION = 0.005;
 export const DEMAND_DEAD_BAND_MIN = 0.01;
+/** Default bound on the demand keys the leader keeps per cell (--max-demand-keys). */
+export const DEFAULT_MAX_DEMAND_KEYS = 100_000;
+
+/** Why the service refused a report before any round (the refusal metric's `reason` label). */
+export type LeaseRefusalReason = 'unauthenticated' | 'permission_denied' | 'cell_removed' | 'too_many_cells';
 
 /** What the lease service needs of a coordinator replica (CoordinatorNode fits). */
 export interface LeaseBackend {
@@ -79,6 +91,16 @@ export interface LeaseServiceOptions {
   readonly wallMs?: () => number;
   /** Told every well-formed report the leader accepts, with its receipt time on the wall clock (the live view, the overshoot). */
   readonly onReport?: (req: ReportRequestMessage, receiptMs: number) => void;
+  /** Who may report for which cell; absent: anyone (no certificates, no tokens configured). */
+  readonly auth?: LeaseAuthenticator | null;
+  /** Told every refused report (a metric). */
+  readonly onRefused?: (reason: LeaseRefusalReason) => void;
+  /** The lease address of a member for the not-leader trailers (default: its peer address). */
+  readonly leaseAddressOf?: (id: string) => string | null;
+  /** Most cells that may register (default: the ledger's MAX_CELLS). */
+  readonly maxCells?: number;
+  /** Most demand keys kept per cell (default DEFAULT_MAX_DEMAND_KEYS). */
+  readonly maxDemandKeys?: number;
 }
 
 interface PendingReport {
@@ -111,6 +133,9 @@ export interface LeaseServiceStats {
   reports: number;
   notLeader: number;
   grantsProposed: number;
+  refused: number;
+  /** Demand entries not kept because the cell had --max-demand-keys already. */
+  demandKeysDropped: number;
 }
 
 function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
@@ -122,7 +147,7 @@ function statusError(code: grpc.status, details: string, trailers?: grpc.Metadat
 }
 
 export class LeaseService {
-  readonly stats: LeaseServiceStats = { rounds: 0, refusedRounds: 0, failedRounds: 0, reports: 0, notLeader: 0, grantsProposed: 0 };
+  readonly stats: LeaseServiceStats = { rounds: 0, refusedRounds: 0, failedRounds: 0, reports: 0, notLeader: 0, grantsProposed: 0, refused: 0, demandKeysDropped: 0 };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
   private readonly ttl: number;
@@ -138,6 +163,8 @@ export class LeaseService {
   private readonly sessions = new Map<string, CellSession>();
   /** Quota key → cell → demand (req/s), as the policy sees it (moves within the dead-band are not taken). */
   private readonly byKey = new Map<string, Map<string, number>>();
+  /** Cell → how many demand entries it has in byKey (bounded by maxDemandKeys). */
+  private readonly demandKeysOfCell = new Map<string, number>();
   /** Keys whose demand changed since the last round; null: the demands were forgotten (a new term). */
   private changedKeys: Set<string> | null = null;
   private roundTimer: NodeJS.Timeout | null = null;
@@ -147,6 +174,13 @@ export class LeaseService {
   /** The unknown-tenant policy the sessions' toldUnknown sets were built under. */
   private unknownPolicy: UnknownTenantPolicyName | null = null;
   private server: grpc.Server | null = null;
+  private readonly auth: LeaseAuthenticator | null;
+  private readonly onRefused: ((reason: LeaseRefusalReason) => void) | undefined;
+  private readonly leaseAddressOf: (id: string) => string | null;
+  private readonly maxCells: number;
+  private readonly maxDemandKeys: number;
+  /** Refusal log lines: at most one per cell and reason every 10 s. */
+  private readonly refusalLogged = new Map<string, number>();
 
   constructor(opts: LeaseServiceOptions) {
     this.backend = opts.backend;
@@ -156,6 +190,11 @@ export class LeaseService {
     this.expireEveryMs = opts.expireEveryMs ?? DEFAULT_EXPIRE_EVERY_MS;
     this.policy = opts.policy ?? createAllocatorPolicy();
     this.onReport = opts.onReport;
+    this.auth = opts.auth ?? null;
+    this.onRefused = opts.onRefused;
+    this.leaseAddressOf = opts.leaseAddressOf ?? ((id) => this.backend.peerAddress(id));
+    this.maxCells = opts.maxCells ?? MAX_CELLS;
+    this.maxDemandKeys = opts.maxDemandKeys ?? DEFAULT_MAX_DEMAND_KEYS;
     this.clock = new LeaderClock({ monoMs: opts.monoMs ?? (() => performance.now()), wallMs: opts.wallMs ?? Date.now });
   }
 
@@ -194,12 +233,21 @@ export class LeaseService {
     const md = new grpc.Metadata();
     const known = leader !== null && leader !== this.backend.id ? leader : null;
     md.set(LEADER_ID_TRAILER, known ?? '');
-    md.set(LEADER_ADDRESS_TRAILER, known === null ? '' : (this.backend.peerAddress(known) ?? ''));
+    md.set(LEADER_ADDRESS_TRAILER, known === null ? '' : (this.leaseAddressOf(known) ?? ''));
     return statusError(grpc.status.FAILED_PRECONDITION, known === null ? 'not the leader; no leader known' : `not the leader; the leader is ${known}`, md);
   }
 
   private handleReport(call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>): void {
-    this.submit(call.request, (r) => cb(null, r), (e) => cb(e));
+    // Who speaks is checked first, on any replica: an unauthenticated caller learns nothing more.
+    if (this.auth !== null) {
+      const a = this.auth.check(call, call.request.cellId);
+      if (!a.ok) {
+        this.stats.reports++;
+        this.refuse((e) => cb(e), a.reason, a.code, a.details, call.request.cellId, call.getPeer());
+        return;
+      }
+    }
+    this.submit(call.request, (r) => cb(null, r), (e) => cb(e), call.getPeer());
   }
 
   /**
@@ -207,7 +255,7 @@ export class LeaseService {
    * gets the answer once its round committed, `reject` a status error (FAILED_PRECONDITION with the
    * leader in the trailers, INVALID_ARGUMENT, UNAVAILABLE, RESOURCE_EXHAUSTED).
    */
-  submit(req: ReportRequestMessage, resolve: (r: ReportResponseMessage) => void, reject: (e: grpc.ServiceError | Error) => void): void {
+  submit(req: ReportRequestMessage, resolve: (r: ReportResponseMessage) => void, reject: (e: grpc.ServiceError | Error) => void, peer = ''): void {
     const receiptMs = this.now();
     this.stats.reports++;
     if (!this.backend.isLeader()) {
@@ -220,8 +268,28 @@ export class LeaseService {
       reject(statusError(grpc.status.INVALID_ARGUMENT, invalid));
       return;
     }
+    if (this.backend.ledger().getCell(req.cellId)?.removing === true) {
+      this.refuse(reject, 'cell_removed', grpc.status.PERMISSION_DENIED, `cell ${req.cellId} was removed by the operator (cellquota ctl cells remove); it gets no lease until it is dropped and registers again`, req.cellId, peer);
+      return;
+    }
     this.onReport?.(req, Date.now()); // the live view bins by this process's wall clock, not the lease frame
     this.pending.push({ req, receiptMs, resolve, reject });
+  }
+
+  private refuse(reject: (e: grpc.ServiceError) => void, reason: LeaseRefusalReason, code: grpc.status, details: string, cellId: string, peer: string): void {
+    this.stats.refused++;
+    this.onRefused?.(reason);
+    if (this.firstIn10s(`${reason}\u0000${cellId.slice(0, 128)}`)) this.log.warn({ reason, cellId: cellId.slice(0, 128), peer, details }, 'lease report refused');
+    reject(statusError(code, details));
+  }
+
+  /** True at most once every 10 s per key (log lines a misbehaving caller could repeat). */
+  private firstIn10s(key: string): boolean {
+    const now = Date.now();
+    if ((this.refusalLogged.get(key) ?? -Infinity) + 10_000 > now) return false;
+    if (this.refusalLogged.size > 1000) this.refusalLogged.clear();
+    this.refusalLogged.set(key, now);
+    return true;
   }
 
   private failPending(err: grpc.ServiceError): void {
@@ -236,7 +304,8 @@ export class LeaseService {
     const nowMs = this.clock.stamp(this.backend.ledger().nowMs);
     // Only when some lease has surely expired (an entry per second forever would only grow the log).
     const skew = this.backend.ledger().config.skewMarginMs;
-    if (!this.backend.ledger().listCells().some((c) => c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew)) return;
+    // Or when a removed cell's lease is over, so it is dropped and its floor slot freed.
+    if (!this.backend.ledger().listCells().some((c) => (c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew) || (c.removing && !(c.leaseExpiresAtMs !== null && nowMs < c.leaseExpiresAtMs + skew)))) return;
     try {
       await this.backend.propose({ type: 'expireLeases', nowMs });
     } catch (err) {
@@ -252,6 +321,7 @@ export class LeaseService {
       if (this.wasLeader) {
         this.sessions.clear();
         this.byKey.clear();
+        this.demandKeysOfCell.clear();
         this.changedKeys = null;
       }
       this.wasLeader = false;
@@ -263,6 +333,7 @@ export class LeaseService {
       // A new term of ours: whatever we remembered may be stale (another leader served in between).
       this.sessions.clear();
       this.byKey.clear();
+      this.demandKeysOfCell.clear();
       this.changedKeys = null;
       this.wasLeader = true;
       this.term = term;
@@ -318,7 +389,22 @@ export class LeaseService {
       if (prev === undefined || prev.receiptMs <= p.receiptMs) cells.set(p.req.cellId, p);
     }
     for (const cellId of cells.keys()) {
-      if (ledger.getCell(cellId) !== undefined) continue;
+      const known = ledger.getCell(cellId);
+      if (known !== undefined && !known.removing) continue;
+      if (known !== undefined || this.backend.ledger().listCells().length >= this.maxCells) {
+        // Removed while its report waited; or the cell bound is reached.
+        const e = known !== undefined
+          ? statusError(grpc.status.PERMISSION_DENIED, `cell ${cellId} was removed by the operator (cellquota ctl cells remove)`)
+          : statusError(grpc.status.RESOURCE_EXHAUSTED, `cell ${cellId} cannot register: ${this.maxCells} cells are registered, the most this coordinator takes (--max-cells); remove one with cellquota ctl cells remove ID`);
+        if (known === undefined) {
+          this.stats.refused++;
+          this.onRefused?.('too_many_cells');
+          this.log.warn({ cellId, maxCells: this.maxCells }, 'cell registration refused: the cell bound is reached');
+        }
+        for (const p of batch) if (p.req.cellId === cellId) p.reject(e);
+        cells.delete(cellId);
+        continue;
+      }
       const r = await this.backend.propose({ type: 'registerCell', cellId, nowMs: this.clock.stamp(this.backend.ledger().nowMs) });
       if (!r.ok) {
         this.log.warn({ cellId, error: r.error }, 'cell registration refused');
@@ -337,7 +423,12 @@ export class LeaseService {
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
       const session = this.session(p.req.cellId, p.req.incarnation);
-      for (const v of p.req.velocity) this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS);
+      let dropped = 0;
+      for (const v of p.req.velocity) if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS)) dropped++;
+      if (dropped > 0) {
+        this.stats.demandKeysDropped += dropped;
+        if (this.firstIn10s(`demand\u0000${p.req.cellId}`)) this.log.warn({ cellId: p.req.cellId, dropped, maxDemandKeys: this.maxDemandKeys }, 'demand keys beyond the per-cell bound (--max-demand-keys) are not kept: those keys get no grant until others go quiet');
+      }
       for (const a of p.req.acks) {
         if ((session.acked.get(a.key) ?? 0) < a.epoch) session.acked.set(a.key, a.epoch);
         if ((ledger.getSlice(a.key, p.req.cellId)?.epoch ?? 0) <= a.epoch) session.outstanding.delete(a.key);
@@ -445,22 +536,30 @@ export class LeaseService {
    * disappearance is taken and names the key in the next round's changedKeys. The band is below the
    * allocator's smallest headroom (1% of the quota), so a cell cannot start refusing unseen.
    */
-  private noteDemand(ledger: Ledger, key: string, cellId: string, d: number): void {
+  /** Records a cell's demand for a key; false when it is a new key beyond the cell's --max-demand-keys (not kept). */
+  private noteDemand(ledger: Ledger, key: string, cellId: string, d: number): boolean {
     let row = this.byKey.get(key);
     const prev = row?.get(cellId);
+    const held = this.demandKeysOfCell.get(cellId) ?? 0;
     if (d > 0) {
       if (prev !== undefined) {
         const rate = ledger.getQuota(key)?.rate ?? 0;
-        if (Math.abs(d - prev) <= Math.max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION * rate)) return;
+        if (Math.abs(d - prev) <= Math.max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION * rate)) return true;
+      } else {
+        if (held >= this.maxDemandKeys) return false;
+        this.demandKeysOfCell.set(cellId, held + 1);
       }
       if (row === undefined) this.byKey.set(key, (row = new Map<string, number>()));
       row.set(cellId, d);
     } else {
-      if (prev === undefined || row === undefined) return;
+      if (prev === undefined || row === undefined) return true;
       row.delete(cellId);
       if (row.size === 0) this.byKey.delete(key);
+      if (held <= 1) this.demandKeysOfCell.delete(cellId);
+      else this.demandKeysOfCell.set(cellId, held - 1);
     }
     this.changedKeys?.add(key);
+    return true;
   }
 
   private session(cellId: string, incarnation: string): CellSession {

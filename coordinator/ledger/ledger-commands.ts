@@ -173,6 +173,16 @@ export const registerCellSchema = z.strictObject({
   nowMs: timeSchema,
   ...session,
 });
+/**
+ * The operator deregisters a cell: no more renewals or grants; dropped, with its slices, and its
+ * floor slot freed once its lease has surely expired (at once when it has none).
+ */
+export const removeCellSchema = z.strictObject({
+  type: z.literal('removeCell'),
+  cellId: nameSchema,
+  nowMs: timeSchema,
+  ...session,
+});
 
 /** A cell reported in this round; its lease now runs (at least) until `leaseExpiresAtMs`. */
 export const leaseRenewalSchema = z.strictObject({ cellId: nameSchema, leaseExpiresAtMs: timeSchema });
@@ -228,6 +238,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   putTenantsSchema,
   deleteTenantSchema,
   registerCellSchema,
+  removeCellSchema,
   reportAndGrantSchema,
   expireLeasesSchema,
   putSettingsSchema,
@@ -251,6 +262,7 @@ export type PutTenantsCommand = z.output<typeof putTenantsSchema>;
 export type TenantRecord = z.output<typeof tenantRecordSchema>;
 export type DeleteTenantCommand = z.output<typeof deleteTenantSchema>;
 export type RegisterCellCommand = z.output<typeof registerCellSchema>;
+export type RemoveCellCommand = z.output<typeof removeCellSchema>;
 export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;
 export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
 export type PutSettingsCommand = z.output<typeof putSettingsSchema>;

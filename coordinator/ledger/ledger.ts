@@ -129,6 +129,7 @@ import type {
   PutSettingsCommand,
   PutTierCommand,
   RegisterCellCommand,
+  RemoveCellCommand,
   ReportAndGrantCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
@@ -256,6 +257,8 @@ export interface CellView {
   /** null: no lease (never granted, or it surely expired and the grants were released). */
   readonly leaseExpiresAtMs: number | null;
   readonly leaseLive: boolean;
+  /** Removed by the operator, waiting for its lease to end (then it is dropped and its slot freed). */
+  readonly removing: boolean;
 }
 
 /** Everything the allocator needs about one quota. */
@@ -302,6 +305,7 @@ export type LedgerValue =
       readonly expiredCells: string[];
     }
   | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] }
+  | { readonly kind: 'cellRemoved'; readonly id: string; readonly dropped: boolean; readonly leaseExpiresAtMs: number | null; readonly freedSlot: number | null }
   | { readonly kind: 'settings'; readonly settings: LedgerSettings };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
@@ -350,7 +354,10 @@ interface TenantRec {
 
 interface CellRec {
   readonly id: string;
-  readonly slot: number | null;
+  /** Reassigned when a removed cell frees its slot (the earliest-registered cell without one takes it). */
+  slot: number | null;
+  /** The operator removed the cell (removeCell): no renewals, no grants; dropped once its lease is over. */
+  removing: boolean;
   readonly registeredAtMs: number;
   lastReportAtMs: number | null;
   leaseExpiresAtMs: number | null;
@@ -558,6 +565,8 @@ export class Ledger {
         return this.deleteTenant(cmd);
       case 'registerCell':
         return this.registerCell(cmd);
+      case 'removeCell':
+        return this.removeCell(cmd);
       case 'reportAndGrant':
         return this.reportAndGrant(cmd);
       case 'expireLeases':
@@ -713,26 +722,87 @@ export class Ledger {
 
   private registerCell(cmd: RegisterCellCommand): LedgerResult {
     const existing = this.cells.get(cmd.cellId);
-    if (existing === undefined && this.cells.size >= MAX_CELLS) return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells`);
+    if (existing === undefined && this.cells.size >= MAX_CELLS) {
+      // Removed cells whose lease is over by this command's time leave before it registers.
+      const leaving = [...this.cells.values()].filter((c) => c.removing && !(c.leaseExpiresAtMs !== null && Math.max(this.now, cmd.nowMs) < c.leaseExpiresAtMs + this.config.skewMarginMs)).length;
+      if (this.cells.size - leaving >= MAX_CELLS) return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells: remove one first (cellquota ctl cells remove ID)`);
+    }
     this.advanceTime(cmd.nowMs);
-    if (existing !== undefined) return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
-    const slot = this.slotsTaken < this.config.floorCells ? this.slotsTaken++ : null;
-    const rec: CellRec = { id: cmd.cellId, slot, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null, epochMark: 0 };
+    this.dropRemovedCells();
+    if (existing !== undefined && this.cells.has(cmd.cellId)) return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
+    const slot = this.slotsTaken < this.config.floorCells ? this.freeSlot() : null;
+    if (slot !== null) this.slotsTaken++;
+    const rec: CellRec = { id: cmd.cellId, slot, removing: false, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null, epochMark: 0 };
     this.cells.set(cmd.cellId, rec);
     this.cellOrder.push(cmd.cellId);
     this.touchAll();
     return ok({ kind: 'cell', cell: this.cellView(rec), created: true });
   }
 
+  /** The lowest floor slot no cell holds. */
+  private freeSlot(): number {
+    const taken = new Set<number>();
+    for (const c of this.cells.values()) if (c.slot !== null) taken.add(c.slot);
+    for (let i = 0; ; i++) if (!taken.has(i)) return i;
+  }
+
+  /**
+   * The operator deregisters a cell. It gets no more renewals or grants (the lease service refuses
+   * its reports); what it may still be using stays counted until its lease has surely expired; then
+   * it is dropped with its slices and its floor slot goes to the earliest-registered cell without
+   * one, or back to the free slots (counted at the floor, as always). Run it for a cell whose agents
+   * are stopped: a cut-off agent of a removed cell would keep its floor (fail-static) beside the
+   * cell that takes the slot.
+   */
+  private removeCell(cmd: RemoveCellCommand): LedgerResult {
+    const c = this.cells.get(cmd.cellId);
+    if (c === undefined) return fail('NOT_FOUND', `cell ${cmd.cellId} is not registered`);
+    this.advanceTime(cmd.nowMs);
+    c.removing = true;
+    const slot = c.slot;
+    const dropped = this.dropRemovedCells().includes(cmd.cellId);
+    return ok({ kind: 'cellRemoved', id: cmd.cellId, dropped, leaseExpiresAtMs: dropped ? null : c.leaseExpiresAtMs, freedSlot: dropped ? slot : null });
+  }
+
+  /** Drops every removed cell whose lease is over (never inside a tentative round). Returns their ids. */
+  private dropRemovedCells(): string[] {
+    if (this.txn !== null) throw new Error('dropRemovedCells inside a tentative round');
+    const gone: string[] = [];
+    for (const id of [...this.cellOrder]) {
+      const c = this.cells.get(id);
+      if (c === undefined || !c.removing || this.leaseLive(c)) continue;
+      for (const key of [...(this.byCell.get(id)?.keys() ?? [])]) this.removeSlice(key, id);
+      this.staleHints.delete(id);
+      this.cells.delete(id);
+      this.cellOrder.splice(this.cellOrder.indexOf(id), 1);
+      if (c.slot !== null) {
+        const heir = this.cellOrder.map((x) => this.cells.get(x) as CellRec).find((x) => x.slot === null);
+        if (heir !== undefined) heir.slot = c.slot;
+        else this.slotsTaken--;
+      }
+      gone.push(id);
+    }
+    return gone;
+  }
+
+  /** Removed cells still waiting for their lease to end (the lease service then proposes expireLeases). */
+  get removedCellsWaiting(): number {
+    let n = 0;
+    for (const c of this.cells.values()) if (c.removing) n++;
+    return n;
+  }
+
   private expireLeases(cmd: ExpireLeasesCommand): LedgerResult {
     const expiredCells = this.advanceTime(cmd.nowMs);
+    this.dropRemovedCells();
     return ok({ kind: 'expired', nowMs: this.now, expiredCells });
   }
 
   private reportAndGrant(cmd: ReportAndGrantCommand): LedgerResult {
-    const leases = cmd.leases ?? [];
+    // A removed cell gets no renewal and no grant (a round built before its removal committed).
+    const leases = (cmd.leases ?? []).filter((l) => this.cells.get(l.cellId)?.removing !== true);
     const acks = cmd.acks ?? [];
-    const grants = cmd.grants ?? [];
+    const grants = (cmd.grants ?? []).filter((g) => this.cells.get(g.cellId)?.removing !== true);
 
     // 1. Checks that need no tentative state.
     const seenCells = new Set<string>();
@@ -1319,7 +1389,7 @@ export class Ledger {
   }
 
   private cellView(c: CellRec): CellView {
-    return { id: c.id, slot: c.slot, registeredAtMs: c.registeredAtMs, lastReportAtMs: c.lastReportAtMs, leaseExpiresAtMs: c.leaseExpiresAtMs, leaseLive: this.leaseLive(c) };
+    return { id: c.id, slot: c.slot, registeredAtMs: c.registeredAtMs, lastReportAtMs: c.lastReportAtMs, leaseExpiresAtMs: c.leaseExpiresAtMs, leaseLive: this.leaseLive(c), removing: c.removing };
   }
 
   // ---- invariants -------------------------------------------------------------------------------
@@ -1332,12 +1402,18 @@ export class Ledger {
     // Cells and floor slots.
     if (this.cellOrder.length !== this.cells.size || this.cells.size > MAX_CELLS) bad('cell order does not match the cells');
     let slots = 0;
+    const slotSeen = new Set<number>();
     for (const id of this.cellOrder) {
       const c = this.cells.get(id) ?? bad(`cell ${id} in the order is missing`);
       if (c.slot !== null) {
-        if (c.slot !== slots) bad(`cell ${id} has floor slot ${c.slot}, expected ${slots}`);
+        if (!Number.isInteger(c.slot) || c.slot < 0 || c.slot >= this.config.floorCells || slotSeen.has(c.slot)) bad(`cell ${id} has floor slot ${c.slot}: out of range or taken twice`);
+        slotSeen.add(c.slot);
         slots++;
-      } else if (slots < this.config.floorCells) bad(`cell ${id} has no floor slot while slots are free`);
+      }
+    }
+    for (const id of this.cellOrder) {
+      const c = this.cells.get(id) ?? bad(`cell ${id} in the order is missing`);
+      if (c.slot === null && slots < this.config.floorCells) bad(`cell ${id} has no floor slot while slots are free`);
       if (c.leaseExpiresAtMs !== null && !this.leaseLive(c)) bad(`cell ${id}: lease surely expired but not released`);
       if (!Number.isSafeInteger(c.epochMark) || c.epochMark < 0) bad(`cell ${id}: bad epoch mark ${c.epochMark}`);
     }
@@ -1423,7 +1499,8 @@ export class Ledger {
       tenants: [...this.tenants].sort((a, b) => cmp(a[0], b[0])).map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
       cells: this.cellOrder.map((id) => {
         const c = this.cells.get(id) as CellRec;
-        return [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
+        // The removal mark only when set, so a ledger that never removed a cell snapshots as before.
+        return c.removing ? [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark, true] : [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
       }),
       slices,
       ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
@@ -1464,9 +1541,9 @@ export class Ledger {
       l.unknownTenant = s.settings[0];
       l.domainCapsIndex = s.settings[1];
     }
-    for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark] of s.cells) {
+    for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark, removing] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
-      l.cells.set(id, { id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark: epochMark ?? 0 });
+      l.cells.set(id, { id, slot, removing: removing ?? false, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark: epochMark ?? 0 });
       l.cellOrder.push(id);
       if (slot !== null) l.slotsTaken++;
     }
@@ -1517,7 +1594,7 @@ interface Snapshot {
   tierCaps: SnapQuota[];
   domainCaps: SnapQuota[];
   tenants: [id: string, tier: string, rate: number | null, burst: number | null, updatedIndex: number][];
-  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null, epochMark?: number][];
+  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null, epochMark?: number, removing?: boolean][];
   slices: SnapSlice[];
   ceilings: [key: string, rate: number, burst: number][];
   sessions: [clientId: string, seq: number, result: unknown][];
@@ -1547,7 +1624,7 @@ const snapshotSchema = z.object({
   tierCaps: z.array(sQuota).max(MAX_TIERS),
   domainCaps: z.array(sQuota).max(MAX_DOMAIN_CAPS),
   tenants: z.array(z.tuple([sName, sName, z.number().gt(0).max(MAX_RATE).nullable(), z.number().min(1).max(MAX_BURST).nullable(), sIndex])).max(MAX_TENANTS),
-  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable(), sIndex.optional()])).max(MAX_CELLS),
+  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable(), sIndex.optional(), z.boolean().optional()])).max(MAX_CELLS),
   slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum, sIndex.optional()])),
   ceilings: z.array(z.tuple([sKey, sNum, sNum])),
   sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),

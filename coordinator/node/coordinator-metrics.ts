@@ -18,6 +18,7 @@ export class CoordinatorMetrics {
   readonly fsyncSeconds: Histogram;
   readonly leaderChanges: Counter;
   readonly snapshotsInstalled: Counter;
+  readonly leaseRefused: Counter<'reason'>;
 
   constructor(registry: Registry) {
     this.proposals = new Counter({ name: 'cellquota_raft_proposals_total', help: 'Proposals by outcome (ok, error: refused, not leader, timeout, dropped)', labelNames: ['result'], registers: [registry] });
@@ -34,6 +35,13 @@ export class CoordinatorMetrics {
       registers: [registry],
     });
     this.leaderChanges = new Counter({ name: 'cellquota_raft_leader_changes_total', help: 'Times this replica saw the leader change', registers: [registry] });
+    this.leaseRefused = new Counter({
+      name: 'cellquota_lease_reports_refused_total',
+      help: 'Lease reports refused before any round, by reason: unauthenticated (no identity), permission_denied (an identity, not the cell\'s), cell_removed, too_many_cells',
+      labelNames: ['reason'],
+      registers: [registry],
+    });
+    for (const reason of ['unauthenticated', 'permission_denied', 'cell_removed', 'too_many_cells']) this.leaseRefused.inc({ reason }, 0);
     this.snapshotsInstalled = new Counter({ name: 'cellquota_raft_snapshots_installed_total', help: 'Snapshots received from the leader and installed', registers: [registry] });
   }
 

@@ -27,6 +27,7 @@ import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
 import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOptions } from '../transport/peer-transport.js';
 import { LeaseService, type LeaseServiceOptions } from '../lease/lease-service.js';
+import { createLeaseAuthenticator, type TokenFile } from '../lease/lease-auth.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
 import { RaftDriver, RaftPersistError } from './raft-driver.js';
@@ -56,8 +57,22 @@ export interface CoordinatorSettings {
   /** The admin API's bearer token, for this replica's own calls to its peers' admin APIs. */
   readonly adminToken?: string;
   readonly tls?: PeerTlsOptions;
-  /** The agents' lease service on the peer port (cellquota.lease.v1.QuotaLease). */
-  readonly lease?: { readonly ttlMs?: number; readonly roundMs?: number; readonly expireEveryMs?: number; readonly onReport?: LeaseServiceOptions['onReport'] };
+  /** The agents' lease service (cellquota.lease.v1.QuotaLease): on the peer port, or on `listen`. */
+  readonly lease?: {
+    readonly ttlMs?: number;
+    readonly roundMs?: number;
+    readonly expireEveryMs?: number;
+    readonly onReport?: LeaseServiceOptions['onReport'];
+    /** host:port of a gRPC server of its own for the lease service (absent: the peer port). */
+    readonly listen?: string;
+    /** Each member's lease address (named to agents that reached a follower); default: the peer address. */
+    readonly addressOf?: (id: NodeId) => string | null;
+    /** Per-cell bearer tokens. With TLS they need `listen` (the peer port requires certificates). */
+    readonly tokens?: TokenFile;
+    readonly maxCells?: number;
+    readonly maxDemandKeys?: number;
+    readonly onRefused?: LeaseServiceOptions['onRefused'];
+  };
   /**
    * Called once when the node stops for good (see CoordinatorFailure), after it logged the fatal
    * line. The owner must end the process: the node serves nothing correct any more.
@@ -131,6 +146,8 @@ export class CoordinatorNode {
   private addresses: Map<NodeId, string>;
   private lease: LeaseService | null = null;
   private server: grpc.Server | null = null;
+  private leaseServer: grpc.Server | null = null;
+  private leasePort: number | null = null;
 
   private constructor(
     readonly settings: CoordinatorSettings,
@@ -147,6 +164,9 @@ export class CoordinatorNode {
 
   static async start(settings: CoordinatorSettings, logger: Logger, metrics?: CoordinatorMetrics): Promise<CoordinatorNode> {
     const log = logger.child({ component: 'coordinator', node: settings.id });
+    if (settings.lease?.tokens !== undefined && settings.tls !== undefined && settings.lease.listen === undefined) {
+      throw new Error('coordinator: lease tokens with TLS need the lease service on its own address (--lease-listen): the peer port requires replica certificates');
+    }
     const storage = await LevelRaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
       clusterId: settings.clusterId,
@@ -238,26 +258,49 @@ export class CoordinatorNode {
     if (voteBarrier > 0) node.voteHolds.add('log-repair');
     nodeRef = node;
     node.server = server;
+    const leaseOpts = settings.lease;
+    // Certificates identify the cells when TLS is on and no tokens are taken (then the lease port
+    // requires client certificates, as the peer port does).
+    const auth = createLeaseAuthenticator({ certificates: settings.tls !== undefined && leaseOpts?.tokens === undefined, ...(leaseOpts?.tokens === undefined ? {} : { tokens: leaseOpts.tokens }) });
+    if (auth === null) log.warn('the lease service authenticates no one (no TLS, no --lease-tokens): anyone who reaches it can report for any cell');
+    else log.info({ auth: auth.describe() }, 'the lease service takes a report for a cell only from that cell');
     const lease = new LeaseService({
       backend: node,
       logger: log.child({ component: 'lease' }),
+      auth,
+      ...(leaseOpts?.addressOf === undefined ? {} : { leaseAddressOf: leaseOpts.addressOf }),
+      ...(leaseOpts?.maxCells === undefined ? {} : { maxCells: leaseOpts.maxCells }),
+      ...(leaseOpts?.maxDemandKeys === undefined ? {} : { maxDemandKeys: leaseOpts.maxDemandKeys }),
+      ...(leaseOpts?.onRefused === undefined ? {} : { onRefused: leaseOpts.onRefused }),
       ...(settings.lease?.ttlMs === undefined ? {} : { leaseTtlMs: settings.lease.ttlMs }),
       ...(settings.lease?.roundMs === undefined ? {} : { roundMs: settings.lease.roundMs }),
       ...(settings.lease?.expireEveryMs === undefined ? {} : { expireEveryMs: settings.lease.expireEveryMs }),
       ...(settings.lease?.onReport === undefined ? {} : { onReport: settings.lease.onReport }),
     });
-    lease.register(server);
+    const leaseServer = leaseOpts?.listen === undefined ? server : new grpc.Server({ 'grpc.max_receive_message_length': 64 << 20 });
+    lease.register(leaseServer);
     node.lease = lease;
+    let bindingWhat = listen;
     try {
       await new Promise<number>((resolveBind, rejectBind) => {
         server.bindAsync(listen, peerServerCredentials(settings.tls), (err, p) => (err !== null ? rejectBind(err) : resolveBind(p)));
       });
+      if (leaseOpts?.listen !== undefined) {
+        bindingWhat = leaseOpts.listen;
+        const creds = leaseServerCredentials(settings.tls, leaseOpts.tokens === undefined);
+        node.leasePort = await new Promise<number>((resolveBind, rejectBind) => {
+          leaseServer.bindAsync(bindingWhat, creds, (err, p) => (err !== null ? rejectBind(err) : resolveBind(p)));
+        });
+        node.leaseServer = leaseServer;
+        log.info({ leaseListen: leaseOpts.listen, port: node.leasePort, tls: settings.tls !== undefined }, 'lease service listening on its own address');
+      }
     } catch (err) {
       lease.stop();
       await transport.stop();
       server.forceShutdown();
+      if (leaseServer !== server) leaseServer.forceShutdown();
       await storage.close();
-      throw new Error(`coordinator: cannot listen on ${listen}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+      throw new Error(`coordinator: cannot listen on ${bindingWhat}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
     driver.start();
     // Background tasks: a storage failure in them (confirmIncarnation) is fatal like one in the
@@ -543,9 +586,17 @@ export class CoordinatorNode {
     await this.driver.stop();
     await this.transport.stop();
     this.server?.forceShutdown();
+    this.leaseServer?.forceShutdown();
     await this.storage.close();
     this.logger.info('coordinator stopped');
   }
+}
+
+/** The lease port's credentials: the replica's certificate; client certificates required unless tokens identify the cells. */
+function leaseServerCredentials(tls: PeerTlsOptions | undefined, requireClientCertificates: boolean): grpc.ServerCredentials {
+  if (tls === undefined) return grpc.ServerCredentials.createInsecure();
+  const buf = (v: Uint8Array | string): Buffer => (typeof v === 'string' ? Buffer.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength));
+  return grpc.ServerCredentials.createSsl(buf(tls.ca), [{ cert_chain: buf(tls.cert), private_key: buf(tls.key) }], requireClientCertificates);
 }
 
 function authHeader(token: string | undefined): Record<string, string> {

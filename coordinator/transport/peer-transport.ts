@@ -9,7 +9,10 @@
 // A lost stream is re-opened with exponential backoff and jitter (capped at ~1 s); each attempt uses
 // a fresh gRPC channel so gRPC's own (much longer) reconnect backoff never stands in the way.
 //
-// Inbound: the server accepts one `Stream` per sender, checks the sender's cluster id (metadata),
+// Inbound: the server accepts one `Stream` per sender, checks the sender's cluster id (metadata) and,
+// with TLS, that the sender's verified client certificate names the sender id it declares
+// (shared/cert-identity.ts: `urn:cellquota:replica:<id>`, or the CN), so no replica (nor a cell's
+// certificate from the same CA) can speak under another replica's id;
 // answers with response headers at once (so the sender knows the stream is live), decodes and
 // validates every frame and hands the messages addressed to this node to `onMessages`. A malformed
 // frame is dropped and counted; it never crashes the process nor closes the stream.
@@ -18,6 +21,7 @@ import * as grpc from '@grpc/grpc-js';
 import type { Logger } from 'pino';
 import type { Message, NodeId } from '../raft/raft-types.js';
 import { decodeFrame, defaultPeerCodecLimits, encodeFrame, type PeerCodecLimits } from './peer-codec.js';
+import { certNames } from '../../shared/cert-identity.js';
 import {
   CLUSTER_ID_HEADER,
   loadRaftPeerService,
@@ -842,6 +846,13 @@ export class PeerTransport {
     if (sender === this.selfId) {
       refuse(grpc.status.FAILED_PRECONDITION, `sender claims this node's own id ${sender}`);
       return;
+    }
+    if (this.opts.tls !== undefined) {
+      const names = certNames('replica', call.getAuthContext()?.sslPeerCertificate);
+      if (!names.includes(sender)) {
+        refuse(grpc.status.PERMISSION_DENIED, `sender declares id ${sender} but its certificate names ${names.length === 0 ? 'no replica' : names.join(', ')}`);
+        return;
+      }
     }
 
     let frames = 0;

@@ -225,7 +225,7 @@ void test('hierarchy: a tier cap is allocated first, its tenants share its per-c
 });
 
 void test('input checks: sizes, parents, cycles, tuning', () => {
-  const cells = allocatorCells([{ id: 'a', slot: 0, registeredAtMs: 0, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false }], new Set(['a']));
+  const cells = allocatorCells([{ id: 'a', slot: 0, registeredAtMs: 0, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false, removing: false }], new Set(['a']));
   const quota = (key: string, parent: string | null): Parameters<AllocatorInputBuilder['addQuota']>[0] => ({ key, rate: 10, burst: 10, floorRate: 0, floorBurst: 0, ceilingRate: 10, ceilingBurst: 10, countedRate: 0, countedBurst: 0, parent });
   const slice = { rate: 0, burst: 0, epoch: 0, acknowledged: true, countedRate: 0, countedBurst: 0 };
   const build = (qs: [string, string | null][], tuning?: Record<string, number>): AllocatorInput => {

@@ -59,12 +59,14 @@ export class CoordinatorCluster {
   private constructor(
     root: string,
     private readonly extraArgs: readonly string[],
+    /** Arguments of one replica only (its certificate, its lease port). */
+    private readonly argsOf: (r: Replica) => readonly string[] = () => [],
   ) {
     this.root = root;
   }
 
-  static async create(ids: readonly string[], extraArgs: readonly string[] = []): Promise<CoordinatorCluster> {
-    const c = new CoordinatorCluster(mkdtempSync(join(tmpdir(), 'cq-cluster-')), extraArgs);
+  static async create(ids: readonly string[], extraArgs: readonly string[] = [], argsOf?: (r: Replica) => readonly string[]): Promise<CoordinatorCluster> {
+    const c = new CoordinatorCluster(mkdtempSync(join(tmpdir(), 'cq-cluster-')), extraArgs, argsOf);
     for (const id of ids) {
       c.replicas.set(id, { id, peerPort: await freePort(), adminPort: await freePort(), dataDir: join(c.root, id), proc: null, output: '' });
     }
@@ -103,6 +105,7 @@ export class CoordinatorCluster {
       '--log-level', 'info',
       ...(opts.join === true ? ['--join'] : []),
       ...this.extraArgs,
+      ...this.argsOf(r),
     ];
     const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], ...(opts.env === undefined ? {} : { env: { ...process.env, ...opts.env } }) });
     r.output = '';

@@ -119,7 +119,7 @@ void test('tier and domain caps', () => {
 void test('cells: registration is idempotent, floor slots go to the first floorCells cells, at most MAX_CELLS', () => {
   const d = Driver.create({ floorCells: 2 });
   const first = d.ok({ type: 'registerCell', cellId: 'c0', nowMs: 5 });
-  assert.deepEqual(first, { kind: 'cell', cell: { id: 'c0', slot: 0, registeredAtMs: 5, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false }, created: true });
+  assert.deepEqual(first, { kind: 'cell', cell: { id: 'c0', slot: 0, registeredAtMs: 5, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false, removing: false }, created: true });
   const again = d.ok({ type: 'registerCell', cellId: 'c0', nowMs: 9 });
   assert.equal(again.kind === 'cell' && again.created, false);
   assert.equal(d.ledger.nowMs, 9);
@@ -127,6 +127,42 @@ void test('cells: registration is idempotent, floor slots go to the first floorC
   assert.deepEqual(d.ledger.listCells().slice(0, 3).map((c) => [c.id, c.slot]), [['c0', 0], ['c1', 1], ['c2', null]]);
   d.err({ type: 'registerCell', cellId: 'one-too-many', nowMs: 11 }, 'LIMIT_EXCEEDED');
   assert.equal(d.ledger.nowMs, 10, 'a refused command does not advance the clock');
+});
+
+void test('cells: a removed cell gets no renewal or grant, stays counted while its lease lives, then is dropped and its floor slot goes to the next cell', () => {
+  const d = Driver.create({ floorCells: 2, skewMarginMs: 100 });
+  d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.5 });
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
+  for (const c of ['a', 'b', 'c']) d.ok({ type: 'registerCell', cellId: c, nowMs: 10 });
+  assert.deepEqual(d.ledger.listCells().map((c) => [c.id, c.slot]), [['a', 0], ['b', 1], ['c', null]]);
+  d.ok({ type: 'reportAndGrant', nowMs: 20, leases: [{ cellId: 'b', leaseExpiresAtMs: 1000 }], grants: [{ key: 'tenant/acme', cellId: 'b', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 1000 }] });
+  d.err({ type: 'removeCell', cellId: 'nobody', nowMs: 30 }, 'NOT_FOUND');
+  const r = d.ok({ type: 'removeCell', cellId: 'b', nowMs: 30 });
+  assert.deepEqual(r, { kind: 'cellRemoved', id: 'b', dropped: false, leaseExpiresAtMs: 1000, freedSlot: null }, 'a live lease: removing, not dropped');
+  assert.equal(d.ledger.getCell('b')?.removing, true);
+  const counted = d.ledger.getQuotaState('tenant/acme')?.countedRate ?? 0;
+  assert.ok(counted >= 40 + 25, `its live grant stays counted: ${counted}`);
+  // A round built before the removal: its renewal and grant for b are ignored, the rest applies.
+  d.ok({ type: 'reportAndGrant', nowMs: 40, leases: [{ cellId: 'b', leaseExpiresAtMs: 5000 }, { cellId: 'a', leaseExpiresAtMs: 5000 }], grants: [{ key: 'tenant/acme', cellId: 'b', rate: 50, burst: 50, epoch: 2, leaseExpiresAtMs: 5000 }] });
+  assert.equal(d.ledger.getCell('b')?.leaseExpiresAtMs, 1000, 'no renewal for a removed cell');
+  assert.equal(d.ledger.getSlice('tenant/acme', 'b')?.epoch, 1, 'no grant for a removed cell');
+  assert.equal(d.ledger.getCell('a')?.leaseExpiresAtMs, 5000);
+  d.ok({ type: 'expireLeases', nowMs: 1050 });
+  assert.notEqual(d.ledger.getCell('b'), undefined, 'kept until expiry + skew margin');
+  d.ok({ type: 'expireLeases', nowMs: 1101 });
+  assert.equal(d.ledger.getCell('b'), undefined, 'dropped once its lease surely expired');
+  assert.equal(d.ledger.getSlice('tenant/acme', 'b'), undefined, 'with its slices');
+  assert.deepEqual(d.ledger.listCells().map((c) => [c.id, c.slot]), [['a', 0], ['c', 1]], 'its floor slot went to the cell that had none');
+  // Removing a cell without a lease drops it at once; its slot is free for the next registration.
+  assert.deepEqual(d.ok({ type: 'removeCell', cellId: 'c', nowMs: 1101 }), { kind: 'cellRemoved', id: 'c', dropped: true, leaseExpiresAtMs: null, freedSlot: 1 });
+  d.ok({ type: 'registerCell', cellId: 'new', nowMs: 1200 });
+  assert.equal(d.ledger.getCell('new')?.slot, 1, 'a new cell takes the freed floor slot');
+  // The removal mark survives a snapshot.
+  d.ok({ type: 'reportAndGrant', nowMs: 1300, leases: [{ cellId: 'new', leaseExpiresAtMs: 9000 }] });
+  d.ok({ type: 'removeCell', cellId: 'new', nowMs: 1300 });
+  const restored = Ledger.restore(d.ledger.snapshot(), { assertInvariants: true });
+  assert.equal(restored.getCell('new')?.removing, true);
+  assert.deepEqual(Buffer.from(restored.snapshot()), Buffer.from(d.ledger.snapshot()));
 });
 
 void test('invalid commands are refused deterministically, with a readable message', () => {
