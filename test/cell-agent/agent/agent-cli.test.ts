@@ -97,7 +97,8 @@ void test('a real agent process: endpoints printed, serving, static slices logge
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`no endpoints printed; stdout: ${stdout} stderr: ${stderr}`)), 30_000);
       const poll = setInterval(() => {
-        if (stdout.includes('http  ') || /http\s+http:\/\//.test(stdout)) {
+        // The endpoints and the start-up log line (pino writes asynchronously: either may come first).
+        if ((stdout.includes('http  ') || /http\s+http:\/\//.test(stdout)) && stdout.includes('"msg":"cell agent started')) {
           clearInterval(poll);
           clearTimeout(timer);
           resolve();
