@@ -360,14 +360,6 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     failOpenByQuota: () => throttleLog.failOpenByQuota(),
   });
 
-  const started = await Promise.allSettled(slots.map((slot) => startWorker(slot)));
-  const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (failed !== undefined) {
-    stopping = true;
-    await Promise.all(slots.map(stopWorker));
-    throw failed.reason;
-  }
-
   let leaseClient: LeaseClient | null = null;
 
   // The main thread's checks (HTTP API, forward-auth, an embedding gateway) are warmed too, before
@@ -398,10 +390,22 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       }, componentLogger(logger, 'http'));
     } catch (error) {
       stopping = true;
-      await Promise.all(slots.map(stopWorker));
       throw error;
     }
   }
+
+  // The workers last: each warms up and only then binds its sockets, while this thread's own start-up
+  // work (above) is done and no longer competes with them for the CPU. Until they serve, /healthz
+  // answers 503.
+  const started = await Promise.allSettled(slots.map((slot) => startWorker(slot)));
+  const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed !== undefined) {
+    stopping = true;
+    await Promise.all(slots.map(stopWorker));
+    if (http !== null) await http.close();
+    throw failed.reason;
+  }
+  mainLag.reset();
   mainLag.start();
   throttleLog.start(mainThrottle);
 

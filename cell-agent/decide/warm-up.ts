@@ -21,7 +21,7 @@ import type { DeciderDeps, DeciderOptions } from './decide.js';
 import type { OverloadOptions } from './overload.js';
 
 export interface WarmUpOptions {
-  /** Rounds over the requests made from the rules (default 4000 checks in all, at least 2 rounds). */
+  /** Rounds over the requests made from the rules (default 3000 checks in all, at least 2 rounds). */
   readonly checks?: number;
   /** Stop early after this long (ms; default 1500): a huge rule set must not delay the start for long. */
   readonly budgetMs?: number;
@@ -76,7 +76,7 @@ export function warmUp(
   // Its errors (there should be none) are the warm-up's, logged at debug: the real service logs its own.
   const started = performance.now();
   const budget = opts.budgetMs ?? 1500;
-  const total = opts.checks ?? 4000;
+  const total = opts.checks ?? 3000;
   const table = new BucketTable({ capacity: SCRATCH_KEYS, startNs: process.hrtime.bigint() });
   const decider = new Decider({ table, quotas: deps.quotas, overrides: deps.overrides ?? null, clock: () => process.hrtime.bigint() }, options);
   decider.setRules(rules);

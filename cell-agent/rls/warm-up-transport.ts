@@ -18,7 +18,7 @@ const HEADERS = Object.freeze({ ':method': 'POST', ':path': RLS_METHOD_PATH, 'co
 /** Sends `calls` RLS calls (`concurrency` at a time) through a lean server on 127.0.0.1:0; resolves when done (or after budgetMs). */
 export async function warmUpTransport(service: CheckService, requests: readonly RlsRequest[], logger: Logger, opts: { calls?: number; concurrency?: number; budgetMs?: number } = {}): Promise<{ calls: number; ms: number }> {
   const started = performance.now();
-  const calls = opts.calls ?? 1500;
+  const calls = opts.calls ?? 800;
   const concurrency = opts.concurrency ?? 32;
   const budget = opts.budgetMs ?? 1500;
   if (requests.length === 0) return { calls: 0, ms: 0 };
