@@ -44,7 +44,7 @@ interface Variant {
   readonly batchMean: number[];
 }
 
-export async function runDecisionBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string) => void }): BenchReport {
   const rounds = opts.smoke ? 4 : 20;
   const perRound = opts.smoke ? 5_000 : 50_000;
   let now = 10_000_000_000n;

@@ -8,6 +8,7 @@ import { runAllocatorBench } from './allocator.js';
 import { runAccuracyBench } from './accuracy.js';
 import { runAgentBench } from './agent-rls.js';
 import { runCoordinatorMemoryBench } from './coordinator-memory.js';
+import { runDecisionBench } from './decision.js';
 import { toMarkdown, writeResults, type BenchReport } from './bench-report.js';
 
 type BenchFn = (opts: { smoke: boolean; progress: (msg: string) => void }) => BenchReport | Promise<BenchReport>;
@@ -25,7 +26,7 @@ const benches: Record<string, BenchFn> = {
   'coordinator-source': async (o) => (await import('./coordinator-source.js')).runCoordinatorSourceBench(o),
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
-  decision: async (o) => (await import('./decision.js')).runDecisionBench(o),
+  decision: runDecisionBench,
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

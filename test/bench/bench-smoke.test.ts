@@ -36,8 +36,8 @@ void test('agent-memory smoke: bucket table bytes and in-process decision latenc
   assertReport(r, 'agent-memory', ['buckets', 'SAB MiB', 'RSS MiB']);
 });
 
-void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', async () => {
-  const r = await runDecisionBench(quiet);
+void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', () => {
+  const r = runDecisionBench(quiet);
   assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns']);
   assert.deepEqual(r.rows.map((row) => row.call), ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)']);
 });
