@@ -82,6 +82,9 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
   const capped = new Counter({ name: 'cellquota_gateway_connections_refused_total', help: 'client connections closed at once for exceeding --max-connections-per-client', registers: [registry] });
   const upstreamErrors = new Counter({ name: 'cellquota_gateway_upstream_errors_total', help: 'requests the upstream could not answer (502/503/504 given)', registers: [registry] });
 
+  // Children bound once: a labelled inc() would hash its labels on every request.
+  const verdicts = { allowed: requests.labels('allowed'), refused: requests.labels('refused'), unlimited: requests.labels('unlimited'), invalid: requests.labels('invalid') };
+  const upgradeVerdicts = { allowed: upgrades.labels('allowed'), refused: upgrades.labels('refused') };
   const app: FastifyInstance = Fastify({ logger: false, return503OnClosing: true, requestTimeout: 0, keepAliveTimeout: 65_000 });
   const keyOptions = { trusted: config.trustedProxies };
   const allowedHeaders = new WeakMap<object, readonly (readonly [string, string])[]>();
@@ -91,19 +94,19 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     const upgrade = request.headers.upgrade !== undefined;
     const req = routes.requestFor(fwd);
     if (req.descriptors.length === 0) {
-      requests.inc({ verdict: 'unlimited' });
+      verdicts.unlimited.inc();
       done();
       return;
     }
     const out = agent.check.check(req);
     if (out.kind === 'error') {
-      requests.inc({ verdict: 'invalid' });
+      verdicts.invalid.inc();
       void reply.code(429).header('Retry-After', '1').type('text/plain').send('Too Many Requests\n');
       return;
     }
     const answer = answerFor(out, 429);
-    requests.inc({ verdict: answer.allowed ? 'allowed' : 'refused' });
-    if (upgrade) upgrades.inc({ verdict: answer.allowed ? 'allowed' : 'refused' });
+    (answer.allowed ? verdicts.allowed : verdicts.refused).inc();
+    if (upgrade) (answer.allowed ? upgradeVerdicts.allowed : upgradeVerdicts.refused).inc();
     if (answer.allowed) {
       // reply-from sets the upstream's headers itself; ours are added in rewriteHeaders below.
       if (answer.headers.length > 0) allowedHeaders.set(request.raw, answer.headers);
@@ -132,9 +135,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
       rewriteHeaders: (headers, request) => {
         const ours = request === undefined ? undefined : allowedHeaders.get(request.raw);
         if (ours === undefined) return headers;
-        const out: Record<string, string | string[] | undefined> = { ...headers };
-        for (const [k, v] of ours) out[k.toLowerCase()] = v;
-        return out;
+        // The upstream's header object is this response's own (reply-from builds it per response):
+        // ours are set on it in place, replacing any the upstream sent under the same names.
+        for (const [k, v] of ours) headers[k.toLowerCase()] = v;
+        return headers;
       },
       onError: (reply, { error }) => {
         upstreamErrors.inc();

@@ -10,6 +10,7 @@
 //   ANY  /v1/forward-auth[/...]  forward-auth for nginx, Caddy, Traefik and Envoy ext_authz
 //                    (cell-agent/front-door/forward-auth.ts): 200 with RateLimit headers, or the deny
 //                    status (429 by default) with Retry-After; the request's body is not read.
+//                    Served on node:http ahead of fastify (front-door/forward-auth-http.ts).
 //   GET  /metrics    Prometheus text
 //   GET  /healthz    200 {"status": "ok", ...} while every worker serves, else 503
 //
@@ -17,18 +18,18 @@
 // JSON {error, message, details}: 400 for a body that is not JSON, fails the schema (details: the
 // zod issues) or the agent's request checks (empty domain, an input bound), 413 for a body over the
 // limit, 415 for another content type, 404 / 405 for other routes.
+import { createServer } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import Fastify from 'fastify';
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyError, FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
 import { CELL_HEADER, DECIDED_ON_HEADER, DEGRADED_HEADER, FAIL_OPEN_HEADER, PROVENANCE_HEADERS, REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, rateLimitHeaders } from '../decide/decide.js';
 import { REQUEST_UNIT } from '../rls/rls-codec.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
-import type { AddressSet } from '../../shared/client-address.js';
-import { FORWARD_AUTH_PATH, answerFor, forwardedRequest } from '../front-door/forward-auth.js';
-import type { DenyStatus } from '../front-door/forward-auth.js';
-import type { Routes } from '../front-door/routes.js';
+import { forwardAuthHandler, isForwardAuthUrl } from '../front-door/forward-auth-http.js';
+import type { ForwardAuthDeps } from '../front-door/forward-auth-http.js';
 
 const UINT32_MAX = 4_294_967_295;
 const REQUEST_UNIT_NAMES = ['SECOND', 'MINUTE', 'HOUR', 'DAY', 'MONTH', 'YEAR'] as const;
@@ -75,12 +76,6 @@ export interface HttpApiDeps {
   readonly forwardAuth?: ForwardAuthDeps;
 }
 
-export interface ForwardAuthDeps {
-  readonly routes: () => Routes;
-  readonly trusted: AddressSet;
-  readonly denyStatus: DenyStatus;
-  readonly ipv6Prefix?: number;
-}
 
 export interface HttpApiOptions {
   readonly host: string;
@@ -141,7 +136,24 @@ function refusalJson(r: RlsResponse): { refused_by?: Record<string, string | nul
 }
 
 export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logger: Logger): Promise<HttpApiHandle> {
-  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true });
+  const fa = deps.forwardAuth;
+  // Forward-auth is answered on node:http ahead of fastify (front-door/forward-auth-http.ts).
+  const lean = fa === undefined ? null : forwardAuthHandler(fa, deps.check, opts.bodyLimit, logger);
+  const app = Fastify({
+    logger: false,
+    bodyLimit: opts.bodyLimit,
+    return503OnClosing: true,
+    ...(lean === null ? {} : {
+      serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
+        const server = createServer((req, res) => {
+          if (isForwardAuthUrl(req.url)) lean(req, res);
+          else handler(req, res);
+        });
+        server.keepAliveTimeout = 72_000; // fastify's default for the servers it creates itself
+        return server;
+      },
+    }),
+  });
 
   app.setErrorHandler((error: FastifyError | ApiError, _request, reply) => {
     if (error instanceof ApiError) {
@@ -178,35 +190,6 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     }
     return reply.code(200).send(responseJson(out.response));
   });
-
-  const fa = deps.forwardAuth;
-  if (fa !== undefined) {
-    const keyOptions = { trusted: fa.trusted, ...(fa.ipv6Prefix === undefined ? {} : { ipv6Prefix: fa.ipv6Prefix }) };
-    await app.register((scope, _opts, done) => {
-      // The auth request's body (if a proxy sends one) is never read: discarded, bounded.
-      scope.removeAllContentTypeParsers();
-      scope.addContentTypeParser('*', { bodyLimit: opts.bodyLimit }, (_req, _body, parsed) => parsed(null, undefined));
-      const handler = (request: FastifyRequest, reply: FastifyReply): FastifyReply => {
-        const fwd = forwardedRequest(request.headers, request.socket.remoteAddress, request.method, request.url, keyOptions);
-        const req = fa.routes().requestFor(fwd);
-        if (req.descriptors.length === 0) return reply.code(200).send();
-        const out = deps.check.check(req);
-        if (out.kind === 'error') {
-          // A request the agent will not decide (a forwarded header over an input bound): refused,
-          // never let through — its sender could choose the oversized value.
-          void reply.header('Retry-After', '1').header('x-cellquota-error', out.message.slice(0, 200));
-          return reply.code(fa.denyStatus).type('text/plain').send('refused: the request cannot be rate-limited\n');
-        }
-        const answer = answerFor(out, fa.denyStatus);
-        for (const [k, v] of answer.headers) void reply.header(k, v);
-        if (answer.allowed) return reply.code(200).send();
-        return reply.code(answer.status).type('text/plain').send('Too Many Requests\n');
-      };
-      scope.all(FORWARD_AUTH_PATH, handler);
-      scope.all(`${FORWARD_AUTH_PATH}/*`, handler);
-      done();
-    });
-  }
 
   const quotaParams = z.strictObject({ kind: z.enum(['tenant', 'tier', 'domain']), name: z.string().min(1).max(128).regex(/^[a-zA-Z0-9._:-]+$/) });
   app.get('/v1/quotas/:kind/:name', (request, reply) => {
