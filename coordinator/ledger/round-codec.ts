@@ -17,7 +17,8 @@
 //            rate, burst
 //
 // Numbers are exact: a value is 0, a non-negative integer (varint), a float32 that equals it exactly
-// (4 bytes; the lease round rounds its grants to float32 in the safe direction, `grant-rounding.ts`),
+// (4 bytes; the lease round rounds its grants to float32 in the safe direction,
+// coordinator/allocator/grant-rounding.ts),
 // or a float64 (8 bytes). Order and multiplicity of every item are kept, so a decoded round is the
 // round that was encoded (the ledger refuses duplicates exactly as before). Decoding bounds every
 // count and length and throws RoundCodecError on anything malformed; the caller then validates the
