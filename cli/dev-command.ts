@@ -9,6 +9,10 @@
 // endpoints are printed, cell-a is sent checks until one is decided on a leased grant, so the
 // printed example check is answered from a lease.
 //
+// `--tls` runs it with TLS end to end: a CA and certificates made under <data-dir>/pki
+// (scripts/make-certs.sh, openssl), mutual TLS between the replicas, the lease service on its own
+// port (--peer-port+10..+12) requiring each agent's certificate for its cell.
+//
 // `--demo` then drives a skewed load from inside this process (runDemo below) and prints, each
 // second, what every cell was offered, what it admitted and its current slice, and the global
 // admitted rate against the quota, so the rebalancing shows in the terminal.
@@ -17,6 +21,7 @@ import { createWriteStream, mkdirSync, writeFileSync } from 'node:fs';
 import { Agent as HttpAgent, request as httpRequest } from 'node:http';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import { makeLocalPki } from '../shared/make-certs.js';
 
 // The --demo load: the demo tenant's quota, the offered load as a multiple of it, the share of the
 // hot cell, and how often the hot spot moves.
@@ -31,13 +36,17 @@ interface Child {
   readonly log: string;
 }
 
-const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091] [--demo]
+const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091] [--tls] [--demo]
 
 Starts 3 coordinators on 127.0.0.1 (peers on --peer-port..+2, admin API on --admin-port..+2) and
 2 agents (cell-a, cell-b: HTTP on --agent-port..+1, gRPC RLS on <data-dir>/cell-*.sock and on
 --agent-port+10..+11), creates the demo tier and tenant, prints the endpoints and waits; Ctrl-C
 stops everything.
 Logs go to <data-dir>/logs/. Running it again reuses the data.
+
+--tls: TLS end to end with certificates made under <data-dir>/pki (openssl): mutual TLS between the
+replicas, the lease service on --peer-port+10..+12 taking each agent's report only with its cell's
+certificate.
 
 --demo: once everything runs, sends checks for tenant 'acme' at ${DEMO_LOAD_FACTOR} × its quota (${DEMO_QUOTA} req/s),
 ${DEMO_HOT * 100} % to one cell and ${Math.round((1 - DEMO_HOT) * 100)} % to the other, moving the hot spot every ${DEMO_SHIFT_S} s, and prints each
@@ -54,6 +63,7 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       'admin-port': { type: 'string', default: '8081' },
       'agent-port': { type: 'string', default: '9091' },
       demo: { type: 'boolean', default: false },
+      tls: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -78,6 +88,19 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
   const script = process.argv[1];
   if (script === undefined) throw new Error('cannot find the cellquota script to start children');
   const children: Child[] = [];
+  const cells = ['cell-a', 'cell-b'];
+  let pki: ReturnType<typeof makeLocalPki> | null = null;
+  if (values.tls) {
+    try {
+      pki = makeLocalPki(join(dataDir, 'pki'), ids, cells);
+    } catch (err) {
+      console.error(`cellquota dev --tls: cannot make the certificates: ${err instanceof Error ? err.message : String(err)}`);
+      return 1;
+    }
+  }
+  const leasePort = (i: number): number => peerPort + 10 + i;
+  const tlsOfReplica = (id: string, i: number): string[] => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.replica(id).cert, '--tls-key', pki.replica(id).key, '--lease-listen', `127.0.0.1:${leasePort(i)}`]);
+  const tlsOfCell = (cell: string): string[] => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key]);
 
   const startChild = (name: string, args: string[]): Child => {
     const log = join(logDir, `${name}.log`);
@@ -114,8 +137,8 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
 
   console.log(`cellquota dev: data in ${dataDir}, logs in ${logDir}`);
   ids.forEach((id, i) => {
-    startChild(`coordinator-${id}`, ['coordinator', '--id', id, '--peers', peers, '--data-dir', join(dataDir, id), '--admin', `127.0.0.1:${adminPort + i}`, '--admin-peers', adminPeers, '--floor-cells', '2']);
-    console.log(`  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}`);
+    startChild(`coordinator-${id}`, ['coordinator', '--id', id, '--peers', peers, '--data-dir', join(dataDir, id), '--admin', `127.0.0.1:${adminPort + i}`, '--admin-peers', adminPeers, '--floor-cells', '2', ...tlsOfReplica(id, i)]);
+    console.log(`  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}${pki === null ? '' : `, lease 127.0.0.1:${leasePort(i)} (mutual TLS)`}`);
   });
   const interrupted = new Promise<'interrupted'>((r) => {
     // Ctrl-C in a terminal reaches the children too (one process group): their exits are expected.
@@ -140,14 +163,13 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     // The agents: the demo rules only; every quota comes from the coordinators.
     const rulesFile = join(dataDir, 'rules.yaml');
     writeFileSync(rulesFile, demoRules);
-    const cells = ['cell-a', 'cell-b'];
     const agentHttp = cells.map((_, i) => `http://127.0.0.1:${agentPort + i}`);
-    const coordinators = ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',');
+    const coordinators = pki === null ? ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',') : ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',');
     cells.forEach((cell, i) => {
       startChild(`agent-${cell}`, [
         'agent', '--cell', cell, '--rules', rulesFile,
         '--rls-socket', join(dataDir, `${cell}.sock`), '--rls-listen', `127.0.0.1:${agentPort + 10 + i}`,
-        '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers',
+        '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers', ...tlsOfCell(cell),
       ]);
       console.log(`  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`);
     });
@@ -163,7 +185,8 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
 cellquota is running (3 coordinators and 2 agents on loopback).
 
   admin API      ${adminUrls.join('  ')}
-  peers (gRPC)   ${peers}
+  peers (gRPC)   ${peers}${pki === null ? '' : `  (mutual TLS; certificates in ${pki.dir})
+  leases (gRPC)  ${ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',')}  (each agent's certificate names its cell)`}
   agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  (Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
   demo           tier 'demo' (100 req/s, burst 200, floors 25/s per cell), tenant 'acme'; the agents lease slices of it
 
