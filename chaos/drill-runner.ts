@@ -31,6 +31,8 @@ export interface DrillOptions {
   readonly progress: (msg: string) => void;
   /** Keep the data directories (logs, timeline and chart are always kept). */
   readonly keepData: boolean;
+  /** Mutual TLS between every process, the lease service on its own port (LocalDeployment). */
+  readonly tls?: boolean;
 }
 
 /** What a drill runs against: the tenant it loads and the cells and coordinators it watches. */
@@ -122,7 +124,7 @@ interface SamplerPoint {
 
 /** Runs a drill of the local deployment: three coordinators and three agents started here. */
 export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillResult> {
-  return runDrillOn(drill, opts, (dir, env) => LocalDeployment.create({ dir, coordinators: COORDINATORS, cells: CELLS, quota: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION, offered: OFFERED, coordinatorEnv: env }));
+  return runDrillOn(drill, opts, (dir, env) => LocalDeployment.create({ dir, coordinators: COORDINATORS, cells: CELLS, quota: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION, offered: OFFERED, coordinatorEnv: env, tls: opts.tls === true }));
 }
 
 export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: DrillOptions, makeTarget: (dir: string, env: Record<string, Record<string, string>>) => Promise<D>): Promise<DrillResult> {

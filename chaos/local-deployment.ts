@@ -7,6 +7,10 @@
 //   agent of cell c → coordinator j one proxy per pair: the agent's --coordinators is
 //                                   j=PROXY,... so it follows a leader by id to its own proxy
 //
+// With `tls` (npm run chaos -- --tls, or CELLQUOTA_CHAOS_TLS=1) every replica runs with mutual TLS
+// and its lease service on a port of its own (--lease-listen), and each agent with its cell's
+// certificate (made under <dir>/pki by scripts/make-certs.sh); the proxies forward the TLS bytes.
+//
 // The admin API is not proxied: the drill's admin clients are operators, not part of the fault.
 // Every process writes its output to <dir>/logs/<name>.log, kept as evidence next to the timeline.
 //
@@ -20,6 +24,7 @@ import { join, resolve } from 'node:path';
 import { FaultProxy } from './fault-proxy.js';
 import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
 import type { DrillSpec, DrillTarget } from './drill-runner.js';
+import { makeLocalPki, type LocalPki } from '../shared/make-certs.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
 /**
@@ -42,6 +47,8 @@ export interface DeploymentOptions {
   readonly offered: readonly number[];
   /** Extra environment per coordinator id (e.g. a failing-disk shim). */
   readonly coordinatorEnv?: Readonly<Record<string, Readonly<Record<string, string>>>>;
+  /** Mutual TLS everywhere, the lease service on its own port. */
+  readonly tls?: boolean;
 }
 
 export const TENANT = 'acme';
@@ -60,6 +67,8 @@ export interface CoordinatorInfo extends Proc {
   readonly id: string;
   readonly peerPort: number;
   readonly adminPort: number;
+  /** The lease service's own port (with tls), else the peer port. */
+  readonly leasePort: number;
   readonly dataDir: string;
 }
 
@@ -81,6 +90,7 @@ export class LocalDeployment implements DrillTarget {
   private readonly logDir: string;
   /** The agents' sockets (short, under the temporary folder); removed by stop(). */
   private readonly socketDir: string;
+  private pki: LocalPki | null = null;
 
   private constructor(readonly opts: DeploymentOptions) {
     this.logDir = join(opts.dir, 'logs');
@@ -109,8 +119,10 @@ export class LocalDeployment implements DrillTarget {
     const d = new LocalDeployment(opts);
     try {
       mkdirSync(d.logDir, { recursive: true });
+      if (opts.tls === true) d.pki = makeLocalPki(join(opts.dir, 'pki'), opts.coordinators, opts.cells);
       for (const id of opts.coordinators) {
-        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort: await reservePort(), adminPort: await reservePort(), dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
+        const peerPort = await reservePort();
+        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort, adminPort: await reservePort(), leasePort: opts.tls === true ? await reservePort() : peerPort, dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
       }
       for (const from of opts.coordinators) {
         for (const to of opts.coordinators) {
@@ -120,7 +132,7 @@ export class LocalDeployment implements DrillTarget {
       }
       for (const cell of opts.cells) {
         for (const to of opts.coordinators) {
-          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
+          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).leasePort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
         }
         const socket = join(d.socketDir, `${cell}.sock`);
         if (Buffer.byteLength(socket) > MAX_SOCKET_PATH) {
@@ -200,7 +212,8 @@ export class LocalDeployment implements DrillTarget {
     const peers = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${to === id ? c.peerPort : (this.peerProxies.get(`${id}>${to}`) as FaultProxy).port}`).join(',');
     const adminPeers = this.opts.coordinators.map((to) => `${to}=${this.adminUrl(to)}`).join(',');
     this.spawnLogged(c, ['coordinator', '--id', id, '--peers', peers, '--data-dir', c.dataDir, '--admin', `127.0.0.1:${c.adminPort}`, '--admin-peers', adminPeers,
-      '--floor-cells', String(this.opts.cells.length), '--log-level', 'info'], this.coordinatorEnv.get(id) ?? {});
+      '--floor-cells', String(this.opts.cells.length), '--log-level', 'info',
+      ...(this.pki === null ? [] : ['--tls-ca', this.pki.ca, '--tls-cert', this.pki.replica(id).cert, '--tls-key', this.pki.replica(id).key, '--lease-listen', `127.0.0.1:${c.leasePort}`])], this.coordinatorEnv.get(id) ?? {});
   }
 
   startAgent(cell: string): void {
@@ -208,7 +221,8 @@ export class LocalDeployment implements DrillTarget {
     const coordinators = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${(this.agentProxies.get(`${cell}>${to}`) as FaultProxy).port}`).join(',');
     // No tenants file: the tier and tenant come from the admin API (a fresh agent refuses a key until
     // its first grant, so it can never push the cells over the quota).
-    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info']);
+    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info',
+      ...(this.pki === null ? [] : ['--tls-ca', this.pki.ca, '--tls-cert', this.pki.cell(cell).cert, '--tls-key', this.pki.cell(cell).key])]);
   }
 
   /** Starts everything, sets up the tier and tenant, and waits until every agent holds a lease. */

@@ -14,11 +14,11 @@ import { externalDrill } from './drills/external.js';
 import { DRILLS } from './drills/index.js';
 import { RemoteDeployment, loadTargetFile, type TargetFile } from './remote-deployment.js';
 
-const usage = `usage: npm run chaos -- [--drill NAME[,NAME...]] [--out DIR] [--p99-ms N] [--keep-data] [--list]
+const usage = `usage: npm run chaos -- [--drill NAME[,NAME...]] [--out DIR] [--p99-ms N] [--keep-data] [--tls] [--list]
        npm run chaos -- --target FILE --fault CMD [--heal CMD] [--fault-seconds 30] [--recovery-seconds 15] [--recovery-limit-seconds 10] [--out DIR]
 drills: ${DRILLS.map((d) => d.name).join(', ')}`;
 
-let values: { drill?: string; out: string; 'p99-ms': string; 'keep-data': boolean; list: boolean; help: boolean; target?: string; fault?: string; heal?: string; 'fault-seconds': string; 'recovery-seconds': string; 'recovery-limit-seconds': string };
+let values: { drill?: string; out: string; 'p99-ms': string; 'keep-data': boolean; tls: boolean; list: boolean; help: boolean; target?: string; fault?: string; heal?: string; 'fault-seconds': string; 'recovery-seconds': string; 'recovery-limit-seconds': string };
 try {
   values = parseArgs({
     options: {
@@ -26,6 +26,8 @@ try {
       out: { type: 'string', default: 'chaos/results' },
       'p99-ms': { type: 'string', default: '1.5' },
       'keep-data': { type: 'boolean', default: false },
+      // Mutual TLS between every process and the lease service on its own port (the cost of TLS).
+      tls: { type: 'boolean', default: process.env['CELLQUOTA_CHAOS_TLS'] === '1' },
       list: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
       target: { type: 'string' },
@@ -102,7 +104,7 @@ for (const name of names) {
   const drill = DRILLS.find((d) => d.name === name);
   if (drill === undefined) continue;
   console.log(`▶ ${drill.name}: ${drill.title}`);
-  const r = await runDrill(drill, { out, p99LimitMs: p99, keepData: values['keep-data'], progress: (m) => console.log(`  ${m}`) });
+  const r = await runDrill(drill, { out, p99LimitMs: p99, keepData: values['keep-data'], tls: values.tls, progress: (m) => console.log(`  ${m}`) });
   results.push(r);
   if (r.skipped !== undefined) console.log(`– ${drill.name}: SKIPPED (${r.skipped})`);
   else {
