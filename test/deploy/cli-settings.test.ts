@@ -164,15 +164,18 @@ function coordinatorPeers(dir: string): string[] {
   const sts = workload(objects, 'StatefulSet', 'cellquota-coordinator');
   assert.ok(sts !== undefined, `${rel(dir)} runs the coordinator`);
   const { argv, env } = processOf(container(sts, 'coordinator'), { podName: `${sts.metadata.name}-0`, namespace, secrets: ADMIN_SECRET }, 'coordinator');
-  return [...loadSettings('cellquota coordinator', coordinatorSpecs, coordinatorSchema, argv, env).peers.values()];
+  const s = loadSettings('cellquota coordinator', coordinatorSpecs, coordinatorSchema, argv, env);
+  // With --lease-listen the agents reach the peer hosts at the lease port (what a follower names).
+  const leasePort = s.leaseListen === undefined ? null : /:(\d+)$/.exec(s.leaseListen)?.[1];
+  return [...s.peers.values()].map((a) => (leasePort === null || leasePort === undefined ? a : a.replace(/:\d+$/, `:${leasePort}`)));
 }
 
-void test('the agent reaches the coordinators at their --peers addresses — in the same cluster, and from the remote cells through hostAliases (the leader hint is a peer address)', () => {
+void test('the agent reaches the coordinators at their --peers hosts on the --lease-listen port — in the same cluster, and from the remote cells through hostAliases (the leader hint is a peer address)', () => {
   for (const w of agentWirings()) {
     const where = rel(w.dir);
     const hosts = w.config.coordinators.map((c) => `${c.host}:${c.port}`);
     const home = workload(w.objects, 'StatefulSet', 'cellquota-coordinator') !== undefined ? w.dir : join(w.dir, '..', 'eu-west');
-    assert.deepEqual(hosts, coordinatorPeers(home), `${where}: --coordinators = the coordinators' --peers addresses`);
+    assert.deepEqual(hosts, coordinatorPeers(home), `${where}: --coordinators = the coordinators' --peers hosts at their lease port`);
     if (home !== w.dir) {
       const aliases = w.deployment.spec.template.spec.hostAliases ?? [];
       for (const c of w.config.coordinators) {

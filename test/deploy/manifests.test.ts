@@ -314,7 +314,7 @@ interface IngressRule {
   ports?: { port: number; protocol?: string }[];
 }
 
-void test('NetworkPolicies: coordinators admit peers and agents on 7001, peers, admin clients and Prometheus on 8081, nothing else; agents admit their Envoys on the RLS ports and Prometheus', () => {
+void test('NetworkPolicies: coordinators admit peers on 7001 (Raft), agents on 7002 (leases) only, peers, admin clients and Prometheus on 8081, nothing else; agents admit their Envoys on the RLS ports and Prometheus', () => {
   const base = renderedOverlay(join(deployDir, 'overlays/one-cell'));
   const np = (name: string): IngressRule[] => {
     const o = base.find((x) => x.kind === 'NetworkPolicy' && x.metadata.name === name);
@@ -326,8 +326,9 @@ void test('NetworkPolicies: coordinators admit peers and agents on 7001, peers, 
   const admitted = (rules: IngressRule[], port: number): string[] => rules.filter((r) => (r.ports ?? []).some((p) => p.port === port)).flatMap(component).sort();
   const coord = np('cellquota-coordinator');
   assert.ok(coord.every((r) => (r.from ?? []).length > 0), 'every coordinator rule names its sources');
-  assert.deepEqual([...new Set(coord.flatMap((r) => (r.ports ?? []).map((p) => p.port)))].sort(), [7001, 8081]);
-  assert.deepEqual(admitted(coord, 7001), ['agent', 'coordinator']);
+  assert.deepEqual([...new Set(coord.flatMap((r) => (r.ports ?? []).map((p) => p.port)))].sort(), [7001, 7002, 8081]);
+  assert.deepEqual(admitted(coord, 7001), ['coordinator'], 'the Raft port is closed to the agents');
+  assert.deepEqual(admitted(coord, 7002), ['agent'], 'the agents reach the lease port only');
   assert.deepEqual(admitted(coord, 8081), ['coordinator', 'prometheus', 'true']);
   const agent = np('cellquota-agent');
   assert.deepEqual(admitted(agent, 8089), ['true']);
@@ -336,7 +337,7 @@ void test('NetworkPolicies: coordinators admit peers and agents on 7001, peers, 
   const euWest = renderedOverlay(join(deployDir, 'overlays/three-cells/eu-west'));
   const remote = (at(euWest.find((x) => x.kind === 'NetworkPolicy' && x.metadata.name === 'cellquota-coordinator'), 'spec', 'ingress') as IngressRule[]).filter((r) => (r.from ?? []).some((f) => f.ipBlock !== undefined));
   assert.equal(remote.length, 1, 'eu-west admits the remote cells');
-  assert.deepEqual(remote[0]?.ports?.map((p) => p.port), [7001], 'remote cells reach only the gRPC port');
+  assert.deepEqual(remote[0]?.ports?.map((p) => p.port), [7002], 'remote cells reach only the lease port');
 });
 
 void test('kustomizations reference only files inside their own tree or other kustomization directories', () => {
