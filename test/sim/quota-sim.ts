@@ -1,105 +1,99 @@
-// The deterministic whole-system quota simulation: a coordinator and N cell agents in simulated time,
-// every source of nondeterminism (network delays and drops, commit delays, elections, arrivals,
-// clocks, faults) drawn from one seed, so a seed replays a run exactly.
+// The deterministic whole-system quota simulation: three coordinator replicas and three cell agents
+// in simulated time, every source of nondeterminism (network, commits, elections, clocks, stalls,
+// load, faults) drawn from one seed, so a seed replays a run exactly.
 //
-// Real code: the committed state is the real `Ledger` (reportAndGrant / expireLeases entries applied
-// as the Raft log would apply them, one ledger standing for every replica), the grants of a round come
-// from the real grant policy (`allocatorPolicy`: the allocator fed from the ledger's QuotaStates), and
-// every admission decision is the real GCRA (`limitFromRate`, `gcraInitialTat` empty start,
-// `gcraReconfigure` when a key's limit changes — lazily at the next take, as the shared bucket table
-// does — and `gcraTake`).
+// Real code, nothing of it copied here:
+//   coordinators  one LeaseService per replica (its own monotonic clock and wall clock, its round
+//                 and expiry driven on that clock as its timers would), over the real Ledger and the
+//                 real allocator (the default grant policy); a new LeaseService after a restart.
+//   agents        the real LeaseClient (transport, timers, clocks and randomness given by the
+//                 simulation), one BucketTable, VelocityTable and LeaseDeadline per agent process,
+//                 and a Decider with its own QuotaOverrides per thread (the main thread's HTTP
+//                 checks and each worker's), fed the way agent-main.ts feeds them: the main thread
+//                 applies the lease client's entries, posts them to every worker, and acknowledges
+//                 them once every worker confirmed.
+// Modelled: Raft as "an entry commits after a random delay, in order, while its proposer leads its
+// term" (a crashed leader's entry is lost or committed by the next leader unanswered; a read barrier
+// completes after a delay), the network (delays, drops, duplicates, reordering, partitions), and
+// the scheduling of each agent thread (a stalled thread runs its queued work when it resumes).
 //
-// Modelled: the leader's round loop (lease-service.ts: reports held until the round committed,
-// renewals at receipt time + TTL, acks that still change something, ONE reportAndGrant entry per round,
-// retried without grants if refused, answers from the committed ledger with the grants newer than the
-// incarnation acknowledged, expireLeases when a lease surely expired), Raft as "commit after a random
-// delay" (a leader crash loses the uncommitted round, or lets the next leader commit it unanswered; a
-// new leader takes over the committed ledger after an election delay with empty sessions and demands),
-// and the agent's lease client (lease-client.ts: a report every 500 ms of its own clock with a 400 ms
-// deadline and backoff, the lease counted from the SEND time of the last answered report, grants
-// applied after a short delay and only then acknowledged, every key to its floor on expiry with a new
-// incarnation). Each agent has its own clock (offset and rate drift).
+// Faults drawn per seed: leader crashes and transfers with wall-clock offsets up to seconds between
+// replicas, clock-rate error up to the documented limit (coordinators and agents), stalled agent
+// main threads and workers, SIGSTOP of a whole agent (its workers read their queued requests before
+// the main thread's timers run), delayed, dropped, duplicated and reordered reports and answers, a
+// partitioned agent, agent restarts and late starts, tier and tenant changes while leases are out,
+// tenants reached through two domains and two rule paths, floors, a small bucket table that evicts.
 //
-// Checks, after every event (the first three whenever an agent's limit or the ledger changed, the
-// only events that can move them):
-//   - allocation: for every quota, Σ over cells of the limit each agent actually has in force
-//     (max(grant, floor) while leased, else its floor; the old limit until a new one is applied) is
-//     ≤ the quota's rate and burst — from the agents' state, not from the ledger's bookkeeping;
-//   - undercount: cell by cell, what the agent has in force ≤ what the committed ledger counts it at
-//     (a cross-check that points at the cell when the ledger's accounting and the agents disagree);
-//   - the ledger's own invariants (checkInvariants) after every commit;
-//   - the bound: over every 1 s window (closed, ending at each admission) the cells together admit
-//     ≤ rate × 1 s + burst. Exact: one request over is a violation, reported with its evidence.
+// The check: for every global quota (tenant, tier cap, domain cap) and every 1 s window ending at an
+// admission, what the deciders admitted under that quota (as they recorded it) is at most
+// rate·W·(1 + ρ) + burst, ρ the largest agent clock-rate error of the run and rate and burst the
+// largest the quota had over the window and the TTL + margin before it; every admitted request
+// consumed its own tenant's quota; the ledger's invariants hold after every committed entry.
+import { pino } from 'pino';
+import * as grpc from '@grpc/grpc-js';
 import { Ledger } from '../../coordinator/ledger/ledger.js';
-import type { LedgerCommandInput, Grant, GrantAck, LeaseRenewal } from '../../coordinator/ledger/ledger-commands.js';
-import { tenantKey } from '../../coordinator/ledger/ledger-commands.js';
-import { allocatorPolicy } from '../../coordinator/lease/grant-policy.js';
-import { gcraInitialTat, gcraReconfigure, gcraTake, limitFromRate } from '../../cell-agent/buckets/gcra.js';
-import type { GcraLimit } from '../../cell-agent/buckets/gcra.js';
+import type { LedgerResult } from '../../coordinator/ledger/ledger.js';
+import type { LedgerCommandInput } from '../../coordinator/ledger/ledger-commands.js';
+import { LeaseService } from '../../coordinator/lease/lease-service.js';
+import type { LeaseBackend } from '../../coordinator/lease/lease-service.js';
+import { BucketTable } from '../../cell-agent/buckets/bucket-table.js';
+import { Decider } from '../../cell-agent/decide/decide.js';
+import type { VelocityRecorder } from '../../cell-agent/decide/decide.js';
+import { CoordinatedQuotas, StaticQuotas } from '../../cell-agent/decide/quotas.js';
+import type { QuotaFile } from '../../cell-agent/decide/quotas.js';
+import { DEFAULT_REQUEST_BOUNDS } from '../../cell-agent/decide/request-check.js';
+import { LeaseClient, leaseCallError } from '../../cell-agent/lease/lease-client.js';
+import type { LeaseCallResult, LeaseTimers, LeaseTransport } from '../../cell-agent/lease/lease-client.js';
+import { LeaseDeadline, deadlineWriter } from '../../cell-agent/lease/lease-deadline.js';
+import { QuotaOverrides } from '../../cell-agent/lease/quota-overrides.js';
+import type { OverrideEntry } from '../../cell-agent/lease/quota-overrides.js';
+import { compileRules } from '../../cell-agent/rules/rules-compile.js';
+import type { RuleSet } from '../../cell-agent/rules/rules-compile.js';
+import { parseRulesYaml } from '../../cell-agent/rules/rules-schema.js';
+import type { RlsRequest } from '../../cell-agent/rls/rls-codec.js';
+import { VelocityKeys, VelocityTable } from '../../cell-agent/velocity/velocity-table.js';
+import type { ReportRequestMessage } from '../../shared/lease-proto.js';
+import { PLANTED_BUGS, plantBug } from '../../shared/planted-bugs.js';
+import type { PlantedBug } from '../../shared/planted-bugs.js';
 import { EventQueue } from './sim-queue.js';
 import { Rng } from './sim-rng.js';
 
-export const QUOTA_SCENARIOS = ['skewed', 'moving', 'partition', 'failover', 'outage', 'clock-skew'] as const;
-export type QuotaScenario = (typeof QUOTA_SCENARIOS)[number];
-
-export interface QuotaPlantedBugs {
-  /** Agents keep using their grants after their lease expired (never fall to floors). */
-  readonly ignoreLeaseExpiry?: boolean;
-  /** A global bucket whose limit changes is refilled (restarts full) instead of keeping its level. */
-  readonly refillOnChange?: boolean;
-  /** The leader treats every grant it sent as acknowledged (it forges the acks into the round), so a
-   * shrink's capacity goes to another cell's grow before the shrunk cell has applied it. */
-  readonly forgeAcks?: boolean;
-}
+export { PLANTED_BUGS };
+export type { PlantedBug };
 
 export interface QuotaSimOptions {
   readonly seed: number;
-  /** Default: drawn from the seed. */
-  readonly scenario?: QuotaScenario;
   /** Simulated ms (default 10,000). */
   readonly durationMs?: number;
-  readonly cells?: number;
-  readonly plantedBugs?: QuotaPlantedBugs;
-  /** Check Σ of the agents' limits in force (default true; off to show the window check alone finds a bug). */
-  readonly checkAllocation?: boolean;
-  /** Check each agent's limit in force against what the ledger counts it at (default true). */
-  readonly checkUndercount?: boolean;
+  /** One planted bug (shared/planted-bugs.ts) for this run; none by default. */
+  readonly bug?: PlantedBug | null;
 }
 
 export interface QuotaViolation {
-  /** allocation: Σ of the agents' limits in force over the quota; undercount: a cell uses more than the
-   * ledger counts it at; ledger: the ledger's own invariants; bound: a 1 s window over rate + burst. */
-  readonly kind: 'allocation' | 'undercount' | 'bound' | 'ledger';
+  /** bound: a 1 s window over rate·W + burst; consumed: an admitted request not counted under its
+   * tenant's quota; ledger: the ledger's own invariants. */
+  readonly kind: 'bound' | 'consumed' | 'ledger';
   readonly atMs: number;
   readonly message: string;
   readonly evidence: Record<string, unknown>;
 }
 
 export interface QuotaSimStats {
-  scenario: QuotaScenario;
   events: number;
+  decisions: number;
   admitted: number;
-  refused: number;
   reports: number;
-  reportsFailed: number;
   rounds: number;
-  refusedRounds: number;
-  lostRounds: number;
-  expireEntries: number;
+  commits: number;
   leaderChanges: number;
-  agentExpiries: number;
-  grantsApplied: number;
-  /** Largest count admitted over a 1 s window, and the bound it must stay under. */
-  maxWindowAdmitted: number;
-  bound: number;
-  /** Largest Σ of the rates in force seen (≤ the quota). */
-  maxSumRate: number;
-  /** Admitted per second over the steady part (from 4 s on) vs the quota (skewed overload scenarios). */
-  steadyAdmittedRate: number | null;
-  /** Time-average of Σ over cells of the rate in force over the same steady part (what was allocated). */
-  steadyAllocatedRate: number | null;
-  /** ms from a load move until the new cell's last 500 ms admitted ≥ 90% of its demand (moving scenarios; includes that 500 ms). */
-  takeoverMs: number | null;
+  mainStalls: number;
+  workerStalls: number;
+  sigstops: number;
+  restarts: number;
+  definitionChanges: number;
+  evictions: number;
+  /** Largest admitted/bound over every quota and window (≤ 1). */
+  maxWindowRatio: number;
 }
 
 export interface QuotaSimResult {
@@ -107,23 +101,61 @@ export interface QuotaSimResult {
   readonly seed: number;
   readonly violation?: QuotaViolation;
   readonly stats: QuotaSimStats;
+  /** The faults drawn for this seed (for the replay). */
+  readonly faults: readonly string[];
 }
 
-// ---- constants of the modelled deployment --------------------------------------------------------
+// ---- the modelled deployment ------------------------------------------------------------------
 
-const TENANT = 't1';
-const KEY = tenantKey(TENANT);
-const RATE = 200;
-const BURST = 40;
-const FLOOR_FRACTION = 0.3;
+const CELLS = 3;
+const WORKERS = 2;
 const LEASE_TTL_MS = 3_000;
 const SKEW_MARGIN_MS = 1_000;
 const ROUND_MS = 100;
 const EXPIRE_EVERY_MS = 1_000;
 const REPORT_MS = 500;
-const DEADLINE_MS = 400;
 const WINDOW_MS = 1_000;
-const STEADY_FROM_MS = 4_000;
+/** How far back a quota's largest definition still bounds a window (TTL + margin, stretched by ρ, plus commits). */
+const DEFINITION_HORIZON_MS = 6_000;
+/** The documented clock-rate limit the defaults tolerate is 1/7 (leader-clock.ts); runs draw up to this. */
+const MAX_RATE_ERROR = 0.12;
+const WALL_BASE_MS = 1_800_000_000_000;
+
+const TIERS = { gold: { rate: 200, burst: 40, floorFraction: 0.3 }, silver: { rate: 120, burst: 30, floorFraction: 0.2 } } as const;
+const GOLD_CAP = { rate: 300, burst: 60, floorFraction: 0.3 };
+const WEB_CAP = { rate: 250, burst: 50, floorFraction: 0.3 };
+const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [{ id: 'acme', tier: 'gold' }, { id: 'globex', tier: 'gold' }, { id: 'initech', tier: 'silver' }];
+
+const RULES: RuleSet = compileRules([
+  parseRulesYaml(`
+domain: api
+descriptors:
+  - key: tenant
+    global: true
+  - key: route
+    value: upload
+    descriptors:
+      - key: tenant
+        global: true
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 20}
+`, 'api.yaml'),
+  parseRulesYaml(`
+domain: web
+descriptors:
+  - key: customer
+    global: true
+`, 'web.yaml'),
+]);
+
+/** What an agent running the pre-coordinator static share would use (the planted 'uncounted-static-share' only). */
+const STATIC_FILE: QuotaFile = {
+  tiers: { gold: { rate: TIERS.gold.rate, burst: TIERS.gold.burst, cap: { rate: GOLD_CAP.rate, burst: GOLD_CAP.burst } }, silver: { rate: TIERS.silver.rate, burst: TIERS.silver.burst } },
+  tenants: Object.fromEntries(TENANTS.map((t) => [t.id, t.tier])),
+  domainCap: { rate: WEB_CAP.rate, burst: WEB_CAP.burst },
+};
+
+const SILENT = pino({ level: 'silent' });
 
 class Stop extends Error {
   constructor(readonly violation: QuotaViolation) {
@@ -131,584 +163,682 @@ class Stop extends Error {
   }
 }
 
-// ---- agents ----------------------------------------------------------------------------------------
+// ---- the run ----------------------------------------------------------------------------------
 
-interface HeldGrant {
-  readonly epoch: number;
+export async function runQuotaSimulation(opts: QuotaSimOptions): Promise<QuotaSimResult> {
+  plantBug(opts.bug ?? null);
+  try {
+    return await new Simulation(opts).run();
+  } finally {
+    plantBug(null);
+  }
+}
+
+interface Thread {
+  readonly name: string;
+  stalledUntil: number;
+}
+
+interface Definition {
+  readonly fromMs: number;
   readonly rate: number;
   readonly burst: number;
-  readonly floorRate: number;
-  readonly floorBurst: number;
 }
 
-interface InForce {
-  rate: number;
-  burst: number;
-  leased: boolean;
-  limit: GcraLimit;
+interface Window {
+  readonly times: number[];
+  readonly hits: number[];
+  head: number;
+  sum: number;
 }
 
-interface ReportMsg {
-  readonly cellId: string;
-  readonly incarnation: string;
-  readonly callId: number;
-  readonly acks: { key: string; epoch: number }[];
-  readonly demand: number;
+class Simulation {
+  readonly q = new EventQueue();
+  readonly rng: Rng;
+  readonly net: Rng;
+  readonly load: Rng;
+  readonly fault: Rng;
+  readonly duration: number;
+  readonly stats: QuotaSimStats = { events: 0, decisions: 0, admitted: 0, reports: 0, rounds: 0, commits: 0, leaderChanges: 0, mainStalls: 0, workerStalls: 0, sigstops: 0, restarts: 0, definitionChanges: 0, evictions: 0, maxWindowRatio: 0 };
+  readonly faults: string[] = [];
+  /** Something async may be waiting on this event's work: let the microtasks run before the next. */
+  drain = false;
+
+  // coordinators
+  readonly ledger = new Ledger({ floorCells: CELLS, skewMarginMs: SKEW_MARGIN_MS });
+  index = 0;
+  term = 1;
+  leader: Replica | null = null;
+  lastCommitAt = 0;
+  readonly inflight: { term: number; cmd: LedgerCommandInput; done: (r: LedgerResult | Error) => void }[] = [];
+  readonly replicas: Replica[] = [];
+  readonly agents: Agent[] = [];
+
+  // network
+  readonly dropP: number;
+  readonly dupP: number;
+  readonly slowP: number;
+  partition: { cell: string; from: number; to: number } | null = null;
+
+  // the bound
+  readonly definitions = new Map<string, Definition[]>();
+  readonly windows = new Map<string, Window>();
+  agentRateError = 0;
+
+  constructor(opts: QuotaSimOptions) {
+    this.rng = new Rng(opts.seed);
+    this.net = this.rng.fork();
+    this.load = this.rng.fork();
+    this.fault = this.rng.fork();
+    this.duration = opts.durationMs ?? 10_000;
+    this.dropP = this.fault.chance(0.5) ? this.fault.range(0, 0.05) : 0;
+    this.dupP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
+    this.slowP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
+    this.seed = opts.seed;
+  }
+
+  readonly seed: number;
+
+  at(t: number, fn: () => void, async = true): void {
+    this.q.schedule(t, () => {
+      fn();
+      if (async) this.drain = true;
+    });
+  }
+
+  /** Work of `thread` due at `t`: deferred while the thread is stalled (in order). */
+  on(thread: Thread, t: number, fn: () => void, async = true): void {
+    const run = (): void => {
+      if (this.q.now < thread.stalledUntil) {
+        this.q.schedule(thread.stalledUntil, run);
+        return;
+      }
+      fn();
+      if (async) this.drain = true;
+    };
+    this.q.schedule(t, run);
+  }
+
+  // ---- the committed state -----------------------------------------------------------------
+
+  commit(cmd: LedgerCommandInput): LedgerResult {
+    const r = this.ledger.apply(cmd, ++this.index);
+    this.stats.commits++;
+    try {
+      this.ledger.checkInvariants();
+    } catch (e) {
+      throw new Stop({ kind: 'ledger', atMs: this.q.now, message: `ledger invariant: ${e instanceof Error ? e.message : String(e)}`, evidence: { index: this.index, cmd: cmd.type } });
+    }
+    if (r.ok && (cmd.type === 'putTier' || cmd.type === 'putTenant' || cmd.type === 'putTierCap' || cmd.type === 'putDomainCap')) this.recordDefinitions();
+    return r;
+  }
+
+  recordDefinitions(): void {
+    const keys = [...TENANTS.map((t) => `tenant/${t.id}`), 'tier/gold', 'tier/silver', 'domain/web', 'domain/api'];
+    for (const key of keys) {
+      const qd = this.ledger.getQuota(key);
+      const list = this.definitions.get(key) ?? [];
+      const last = list[list.length - 1];
+      const rate = qd?.rate ?? 0;
+      const burst = qd?.burst ?? 0;
+      if (last === undefined || last.rate !== rate || last.burst !== burst) {
+        list.push({ fromMs: this.q.now, rate, burst });
+        if (last !== undefined) this.stats.definitionChanges++;
+      }
+      this.definitions.set(key, list);
+    }
+  }
+
+  propose(from: Replica, cmd: LedgerCommandInput): Promise<LedgerResult> {
+    return new Promise((resolve, reject) => {
+      if (this.leader !== from || !from.up) {
+        reject(new Error('not the leader'));
+        return;
+      }
+      const term = this.term;
+      const entry = { term, cmd, done: (r: LedgerResult | Error) => (r instanceof Error ? reject(r) : resolve(r)) };
+      this.inflight.push(entry);
+      const at = Math.max(this.lastCommitAt, this.q.now + this.net.range(2, 40));
+      this.lastCommitAt = at;
+      this.at(at, () => {
+        const i = this.inflight.indexOf(entry);
+        if (i < 0) return; // lost, or committed by the next leader
+        this.inflight.splice(i, 1);
+        entry.done(this.commit(cmd));
+      });
+    });
+  }
+
+  /** The leader is gone (crash or transfer): its uncommitted entries are lost or committed by the next leader, unanswered. */
+  loseLeader(): void {
+    const old = this.leader;
+    this.leader = null;
+    this.term++;
+    const survivors: LedgerCommandInput[] = [];
+    for (const e of this.inflight.splice(0)) {
+      if (this.fault.chance(0.5)) survivors.push(e.cmd);
+      e.done(new Error('leadership lost'));
+    }
+    const delay = this.fault.range(150, 1_000);
+    this.at(this.q.now + delay, () => {
+      const candidates = this.replicas.filter((r) => r.up && r !== old);
+      const next = candidates.length > 0 ? (candidates[this.fault.int(candidates.length)] as Replica) : null;
+      if (next === null) {
+        this.at(this.q.now + 200, () => this.elect());
+        return;
+      }
+      for (const cmd of survivors) this.commit(cmd);
+      this.leader = next;
+      this.stats.leaderChanges++;
+    });
+  }
+
+  elect(): void {
+    if (this.leader !== null) return;
+    const up = this.replicas.filter((r) => r.up);
+    if (up.length < 2) {
+      this.at(this.q.now + 200, () => this.elect());
+      return;
+    }
+    this.leader = up[this.fault.int(up.length)] as Replica;
+    this.stats.leaderChanges++;
+  }
+
+  /** An operator's change through the admin API: proposed on the leader, retried until one exists. */
+  admin(cmd: LedgerCommandInput, what: string): void {
+    const leader = this.leader;
+    if (leader === null || !leader.up) {
+      this.at(this.q.now + 100, () => this.admin(cmd, what));
+      return;
+    }
+    this.faults.push(`${Math.round(this.q.now)} ms: ${what}`);
+    this.propose(leader, cmd).catch(() => this.at(this.q.now + 100, () => this.admin(cmd, what)));
+  }
+
+  // ---- the bound -----------------------------------------------------------------------------
+
+  admitted(cell: string, key: string, hits: number): void {
+    let w = this.windows.get(key);
+    if (w === undefined) this.windows.set(key, (w = { times: [], hits: [], head: 0, sum: 0 }));
+    const now = this.q.now;
+    w.times.push(now);
+    w.hits.push(hits);
+    w.sum += hits;
+    while ((w.times[w.head] as number) < now - WINDOW_MS) {
+      w.sum -= w.hits[w.head] as number;
+      w.head++;
+    }
+    if (w.head > 4096) {
+      w.times.splice(0, w.head);
+      w.hits.splice(0, w.head);
+      w.head = 0;
+    }
+    let rate = 0;
+    let burst = 0;
+    const defs = this.definitions.get(key) ?? [];
+    for (let i = 0; i < defs.length; i++) {
+      const d = defs[i] as Definition;
+      const until = defs[i + 1]?.fromMs ?? Infinity;
+      if (until < now - WINDOW_MS - DEFINITION_HORIZON_MS) continue;
+      rate = Math.max(rate, d.rate);
+      burst = Math.max(burst, d.burst);
+    }
+    const bound = rate * (WINDOW_MS / 1000) * (1 + this.agentRateError) + burst + 1e-6;
+    const ratio = bound > 0 ? w.sum / bound : Infinity;
+    if (ratio > this.stats.maxWindowRatio) this.stats.maxWindowRatio = ratio;
+    if (w.sum > bound) {
+      throw new Stop({
+        kind: 'bound',
+        atMs: now,
+        message: `${key}: ${w.sum} admitted in [${(now - WINDOW_MS).toFixed(3)}, ${now.toFixed(3)}] ms, over rate·W·(1+ρ) + burst = ${bound.toFixed(2)} (last admitted by ${cell})`,
+        evidence: {
+          key,
+          admitted: w.sum,
+          bound,
+          definitions: defs,
+          cells: this.agents.map((a) => ({ cell: a.cell, up: a.process !== null, lease: a.process?.client.status().state ?? null, slice: this.ledger.getSlice(key, a.cell) ?? null })),
+        },
+      });
+    }
+  }
+
+  // ---- the run -------------------------------------------------------------------------------
+
+  async run(): Promise<QuotaSimResult> {
+    let violation: QuotaViolation | undefined;
+    try {
+      this.setUp();
+      while (this.q.runNext(this.duration)) {
+        this.stats.events++;
+        if (this.drain) {
+          this.drain = false;
+          await new Promise<void>((r) => setImmediate(r));
+        }
+      }
+    } catch (e) {
+      if (!(e instanceof Stop)) throw e;
+      violation = e.violation;
+    } finally {
+      for (const a of this.agents) a.process?.client.stop();
+    }
+    for (const a of this.agents) this.stats.evictions += a.evictions + (a.process?.table.evictions ?? 0);
+    return violation === undefined
+      ? { ok: true, seed: this.seed, stats: this.stats, faults: this.faults }
+      : { ok: false, seed: this.seed, violation, stats: this.stats, faults: this.faults };
+  }
+
+  setUp(): void {
+    const f = this.fault;
+    const offsets = f.chance(0.5);
+    const rates = f.chance(0.4);
+    for (let i = 1; i <= 3; i++) {
+      const wallOffset = offsets ? f.range(-3_000, 3_000) : f.range(-50, 50);
+      const rate = rates ? f.range(-MAX_RATE_ERROR, MAX_RATE_ERROR) : f.range(-1e-4, 1e-4);
+      this.replicas.push(new Replica(this, `n${i}`, wallOffset, rate));
+    }
+    if (offsets) this.faults.push(`replica wall offsets ${this.replicas.map((r) => Math.round(r.wallOffsetMs)).join(', ')} ms`);
+    if (rates) this.faults.push(`replica clock-rate errors ${this.replicas.map((r) => r.rateError.toFixed(3)).join(', ')}`);
+    this.commit({ type: 'putTier', name: 'gold', ...TIERS.gold });
+    this.commit({ type: 'putTier', name: 'silver', ...TIERS.silver });
+    this.commit({ type: 'putTierCap', tier: 'gold', ...GOLD_CAP });
+    this.commit({ type: 'putDomainCap', domain: 'web', ...WEB_CAP });
+    for (const t of TENANTS) this.commit({ type: 'putTenant', id: t.id, tier: t.tier });
+    this.leader = this.replicas[f.int(3)] as Replica;
+    for (const r of this.replicas) r.start();
+
+    const agentRates = f.chance(0.3);
+    for (let i = 0; i < CELLS; i++) {
+      const rateError = agentRates ? f.range(-MAX_RATE_ERROR, MAX_RATE_ERROR) : f.range(-1e-4, 1e-4);
+      this.agentRateError = Math.max(this.agentRateError, Math.max(0, rateError));
+      const a = new Agent(this, `cell-${i}`, rateError, f.range(1, 100_000));
+      this.agents.push(a);
+      const startAt = i === 0 || f.chance(0.5) ? f.range(0, 300) : f.range(300, 3_000);
+      this.at(startAt, () => a.boot());
+      this.at(f.range(0, 5), () => a.arrive(), false);
+    }
+    if (agentRates) this.faults.push(`agent clock-rate errors ${this.agents.map((a) => a.rateError.toFixed(3)).join(', ')}`);
+
+    // Leader changes.
+    const crashes = f.int(3);
+    for (let k = 0; k < crashes; k++) {
+      const t = f.range(1_000, this.duration - 500);
+      const down = f.range(300, 3_000);
+      const transfer = f.chance(0.4);
+      this.at(t, () => {
+        const old = this.leader;
+        if (old === null) return;
+        this.faults.push(`${Math.round(t)} ms: leader ${old.id} ${transfer ? 'transfers leadership' : `crashes for ${Math.round(down)} ms`}`);
+        if (!transfer) old.crash(down);
+        this.loseLeader();
+      });
+    }
+    // Agent faults.
+    for (const a of this.agents) {
+      if (f.chance(0.35)) a.planStall('main', f.range(500, this.duration - 500), f.chance(0.5) ? f.range(100, 1_500) : f.range(1_500, 7_000));
+      if (f.chance(0.2)) a.planStall('worker', f.range(500, this.duration - 500), f.range(100, 3_000));
+      if (f.chance(0.15)) a.planStall('process', f.range(500, this.duration - 500), f.range(300, 6_000));
+      if (f.chance(0.12)) a.planRestart(f.range(1_500, this.duration - 500), f.range(50, 2_000));
+    }
+    if (f.chance(0.25)) {
+      const cell = (this.agents[f.int(CELLS)] as Agent).cell;
+      const from = f.range(1_000, this.duration - 1_000);
+      this.partition = { cell, from, to: from + f.range(1_000, 6_000) };
+      this.faults.push(`${Math.round(from)} ms: ${cell} cut off for ${Math.round(this.partition.to - from)} ms`);
+    }
+    // Definitions changing while leases are out.
+    const changes = f.int(3);
+    for (let k = 0; k < changes; k++) {
+      const t = f.range(1_000, this.duration - 1_000);
+      const what = f.int(4);
+      this.at(t, () => {
+        if (what === 0) this.admin({ type: 'putTier', name: 'gold', rate: this.fault.range(80, 300), burst: Math.round(this.fault.range(10, 60)), floorFraction: TIERS.gold.floorFraction }, 'tier gold changes');
+        else if (what === 1) this.admin({ type: 'putTenant', id: 'globex', tier: this.fault.chance(0.5) ? 'silver' : 'gold' }, 'globex moves tier');
+        else if (what === 2) this.admin({ type: 'putTenant', id: 'acme', tier: 'gold', rate: this.fault.range(50, 300), burst: Math.round(this.fault.range(10, 60)) }, 'acme gets its own quota');
+        else this.admin({ type: 'putTierCap', tier: 'gold', rate: this.fault.range(100, 400), burst: Math.round(this.fault.range(20, 80)), floorFraction: GOLD_CAP.floorFraction }, 'gold cap changes');
+      });
+    }
+    this.recordDefinitions();
+  }
+
+  // ---- the network ----------------------------------------------------------------------------
+
+  cutOff(cell: string): boolean {
+    const p = this.partition;
+    return p !== null && p.cell === cell && this.q.now >= p.from && this.q.now < p.to;
+  }
+
+  delay(): number {
+    return this.net.chance(this.slowP) ? this.net.range(100, 900) : this.net.range(0.5, 25);
+  }
+
+  /** A report from `agent` to `address`: delivered (maybe twice, maybe late, maybe never); every answer comes back through `answer`. */
+  send(agent: Agent, address: string, req: ReportRequestMessage, answer: (r: LeaseCallResult) => void): void {
+    const copies = this.net.chance(this.dupP) ? 2 : 1;
+    for (let c = 0; c < copies; c++) {
+      if (this.cutOff(agent.cell) || this.net.chance(this.dropP)) continue;
+      this.at(this.q.now + this.delay(), () => {
+        if (this.cutOff(agent.cell)) return;
+        const replica = this.replicas.find((r) => r.address === address);
+        const back = (r: LeaseCallResult): void => {
+          if (this.cutOff(agent.cell) || this.net.chance(this.dropP)) return;
+          this.at(this.q.now + this.delay(), () => answer(r));
+        };
+        if (replica === undefined || !replica.up || replica.service === null) {
+          back({ err: { code: grpc.status.UNAVAILABLE, details: 'connection refused' } });
+          return;
+        }
+        this.stats.reports++;
+        replica.service.submit(req, (res) => back({ res }), (e) => back({ err: 'code' in e ? leaseCallError(e as grpc.ServiceError) : { code: grpc.status.UNKNOWN, details: e.message } }));
+      });
+    }
+  }
 }
 
-interface GrantMsg extends HeldGrant {
-  readonly key: string;
+// ---- coordinator replicas ---------------------------------------------------------------------
+
+class Replica {
+  readonly address: string;
+  up = true;
+  service: LeaseService | null = null;
+  private monoBase = 0;
+  private generation = 0;
+
+  constructor(readonly sim: Simulation, readonly id: string, readonly wallOffsetMs: number, readonly rateError: number) {
+    this.address = `${id}.coordinators:7000`;
+  }
+
+  monoMs(): number {
+    return this.monoBase + this.sim.q.now * (1 + this.rateError);
+  }
+
+  /** Real ms from now until this replica's monotonic clock ran `ms`. */
+  realFor(ms: number): number {
+    return ms / (1 + this.rateError);
+  }
+
+  start(): void {
+    const sim = this.sim;
+    this.generation++;
+    const gen = this.generation;
+    this.monoBase = sim.fault.range(0, 1e6);
+    const backend: LeaseBackend = {
+      id: this.id,
+      isLeader: () => this.up && sim.leader === this,
+      leaderId: () => sim.leader?.id ?? null,
+      term: () => sim.term,
+      readBarrier: () => new Promise<void>((resolve, reject) => {
+        const term = sim.term;
+        sim.at(sim.q.now + sim.net.range(1, 30), () => (sim.leader === this && sim.term === term && this.up ? resolve() : reject(new Error('not the leader'))));
+      }),
+      peerAddress: (id) => sim.replicas.find((r) => r.id === id)?.address ?? null,
+      ledger: () => sim.ledger,
+      propose: (cmd) => sim.propose(this, cmd),
+    };
+    this.service = new LeaseService({
+      backend,
+      logger: SILENT,
+      leaseTtlMs: LEASE_TTL_MS,
+      roundMs: ROUND_MS,
+      expireEveryMs: EXPIRE_EVERY_MS,
+      monoMs: () => this.monoMs(),
+      wallMs: () => WALL_BASE_MS + this.wallOffsetMs + sim.q.now * (1 + this.rateError),
+    });
+    // Its timers, on its own clock.
+    const service = this.service;
+    const every = (ms: number, fn: () => void): void => {
+      const tick = (): void => {
+        if (this.generation !== gen || !this.up) return;
+        fn();
+        sim.at(sim.q.now + this.realFor(ms), tick);
+      };
+      sim.at(sim.q.now + sim.fault.range(0, this.realFor(ms)), tick);
+    };
+    every(ROUND_MS, () => void service.round());
+    every(EXPIRE_EVERY_MS, () => void service.expire());
+  }
+
+  crash(downMs: number): void {
+    this.up = false;
+    this.service = null; // its memory is gone; held reports are never answered
+    this.generation++;
+    this.sim.at(this.sim.q.now + downMs, () => {
+      this.up = true;
+      this.start();
+      if (this.sim.leader === null) this.sim.elect();
+    });
+  }
 }
 
-interface AnswerMsg {
-  readonly callId: number;
-  readonly leaseTtlMs: number;
-  readonly grants: GrantMsg[];
+// ---- agents -----------------------------------------------------------------------------------
+
+/** One agent process: what a restart throws away. */
+interface AgentProcess {
+  readonly main: Thread;
+  readonly workers: readonly Thread[];
+  readonly table: BucketTable;
+  readonly client: LeaseClient;
+  /** Per thread (main first): its Decider. */
+  readonly deciders: readonly Decider[];
 }
 
 class Agent {
-  readonly id: string;
-  /** Agent clock: offset + real × (1 + drift). */
-  readonly offsetMs: number;
-  readonly drift: number;
-  incarnationN = 0;
-  state: 'none' | 'leased' | 'expired' = 'none';
-  leaseExpiresAt = -Infinity;
-  readonly grants = new Map<string, HeldGrant>();
-  pendingAcks = new Map<string, number>();
-  inFlight: { callId: number; sentAt: number; acks: [string, number][] } | null = null;
-  failures = 0;
-  inForce: InForce;
-  tat: bigint | null = null;
-  bucketLimit: GcraLimit | null = null;
-  allowedInWindow = 0;
-  refusedInWindow = 0;
-  /** Real times of this cell's admissions in the last 500 ms (takeover measurement). */
-  readonly recent: number[] = [];
-  readonly floorRate: number;
-  readonly floorBurst: number;
+  process: AgentProcess | null = null;
+  evictions = 0;
+  private readonly offsetNs: number;
+  private incarnations = 0;
+  /** Demand per tenant (req/s at this cell), redrawn now and then. */
+  private demand: number[] = TENANTS.map(() => 0);
+  private users = 0;
 
-  constructor(id: string, offsetMs: number, drift: number, floorRate: number, floorBurst: number) {
-    this.id = id;
-    this.offsetMs = offsetMs;
-    this.drift = drift;
-    this.floorRate = floorRate;
-    this.floorBurst = floorBurst;
-    // Before any grant the agent runs on its static share, the floor.
-    this.inForce = { rate: floorRate, burst: floorBurst, leased: false, limit: limitFromRate(floorRate, Math.floor(floorBurst + 1e-9)) };
+  constructor(readonly sim: Simulation, readonly cell: string, readonly rateError: number, offsetS: number) {
+    this.offsetNs = offsetS * 1e9;
   }
 
-  get incarnation(): string {
-    return `${this.id}-${this.incarnationN}`;
+  nowNs(): bigint {
+    return BigInt(Math.floor(this.offsetNs + this.sim.q.now * 1e6 * (1 + this.rateError)));
   }
-  clock(realMs: number): number {
-    return this.offsetMs + realMs * (1 + this.drift);
+
+  monoMs(): number {
+    return (this.offsetNs + this.sim.q.now * 1e6 * (1 + this.rateError)) / 1e6;
   }
-  realAt(agentMs: number): number {
-    return (agentMs - this.offsetMs) / (1 + this.drift);
+
+  /** Real ms at which this agent's monotonic clock reads `ms`. */
+  realAt(ms: number): number {
+    return (ms * 1e6 - this.offsetNs) / (1e6 * (1 + this.rateError));
   }
-}
 
-// ---- the simulation -------------------------------------------------------------------------------
-
-interface Pending {
-  readonly report: ReportMsg;
-  readonly receiptMs: number;
-}
-
-interface Proposal {
-  readonly term: number;
-  readonly cmd: LedgerCommandInput;
-  readonly batch: Pending[] | null;
-  readonly withGrants: boolean;
-  readonly leases: LeaseRenewal[];
-  readonly acks: GrantAck[];
-}
-
-interface Load {
-  /** Arrivals per second at cell i at real time t. */
-  (cell: number, t: number): number;
-}
-
-export function runQuotaSimulation(opts: QuotaSimOptions): QuotaSimResult {
-  const rng = new Rng(opts.seed);
-  const scenario: QuotaScenario = opts.scenario ?? rng.pick(QUOTA_SCENARIOS);
-  const duration = opts.durationMs ?? 10_000;
-  const nCells = opts.cells ?? 3;
-  const bugs = opts.plantedBugs ?? {};
-  const checkAllocation = opts.checkAllocation ?? true;
-  const checkUndercount = opts.checkUndercount ?? true;
-  /** The agents' limits or the ledger changed since the last check (nothing else moves either side). */
-  let dirty = true;
-  const q = new EventQueue();
-  const net = rng.fork();
-  const arrivals = rng.fork();
-  const faults = rng.fork();
-
-  const stats: QuotaSimStats = {
-    scenario,
-    events: 0,
-    admitted: 0,
-    refused: 0,
-    reports: 0,
-    reportsFailed: 0,
-    rounds: 0,
-    refusedRounds: 0,
-    lostRounds: 0,
-    expireEntries: 0,
-    leaderChanges: 0,
-    agentExpiries: 0,
-    grantsApplied: 0,
-    maxWindowAdmitted: 0,
-    bound: RATE * (WINDOW_MS / 1000) + BURST,
-    maxSumRate: 0,
-    steadyAdmittedRate: null,
-    steadyAllocatedRate: null,
-    takeoverMs: null,
-  };
-
-  // ---- the committed state: the real ledger --------------------------------------------------
-  const ledger = new Ledger({ floorCells: nCells, skewMarginMs: SKEW_MARGIN_MS });
-  let index = 0;
-  const commit = (cmd: LedgerCommandInput): ReturnType<Ledger['apply']> => {
-    const r = ledger.apply(cmd, ++index);
-    dirty = true;
-    try {
-      ledger.checkInvariants();
-    } catch (e) {
-      throw new Stop({ kind: 'ledger', atMs: q.now, message: `ledger invariant: ${e instanceof Error ? e.message : String(e)}`, evidence: { index } });
-    }
-    return r;
-  };
-  commit({ type: 'putTier', name: 'gold', rate: RATE, burst: BURST, floorFraction: FLOOR_FRACTION });
-  commit({ type: 'putTenant', id: TENANT, tier: 'gold' });
-  const floorRate = (FLOOR_FRACTION * RATE) / nCells;
-  const floorBurst = (FLOOR_FRACTION * BURST) / nCells;
-
-  // ---- scenario: clocks, load, faults ------------------------------------------------------------
-  const skewed = scenario === 'clock-skew';
-  const agents: Agent[] = [];
-  for (let i = 0; i < nCells; i++) {
-    // Within the margin: a slow clock stretches the agent's lease in real time (TTL / (1 + drift) must
-    // stay below TTL + margin); a fast one speeds its buckets, kept to quartz-like drift (±100 ppm).
-    const drift = skewed ? faults.range(-0.15, 1e-4) : faults.range(-1e-4, 1e-4);
-    const offset = skewed ? faults.range(-60_000, 60_000) : faults.range(-50, 50);
-    agents.push(new Agent(`cell-${i}`, offset, drift, floorRate, floorBurst));
-  }
-  for (const a of agents) commit({ type: 'registerCell', cellId: a.id, nowMs: 0 });
-
-  const overload = 3 * RATE;
-  const share = [0.7, 0.2, 0.1];
-  const skewedLoad: Load = (i) => overload * (nCells === 3 ? (share[i] ?? 0) : 1 / nCells);
-  const moveAt = faults.range(3_000, Math.max(3_500, duration / 2));
-  const from = faults.int(nCells);
-  const to = (from + 1 + faults.int(nCells - 1)) % nCells;
-  const moveDemand = 0.8 * RATE;
-  const movingLoad: Load = (i, t) => (i === (t < moveAt ? from : to) ? moveDemand : 0);
-  let load: Load;
-  let measureMove = false;
-  let partition: { cell: number; from: number; to: number } | null = null;
-  let crashAt: number | null = null;
-  let outage: { from: number; to: number } | null = null;
-  switch (scenario) {
-    case 'skewed':
-      load = skewedLoad;
-      break;
-    case 'moving':
-      load = movingLoad;
-      measureMove = true;
-      break;
-    case 'partition': {
-      load = skewedLoad;
-      const start = faults.range(1_500, duration / 2);
-      partition = { cell: faults.int(nCells), from: start, to: start + faults.range(2_000, 6_000) };
-      break;
-    }
-    case 'failover':
-      load = movingLoad;
-      measureMove = true;
-      crashAt = moveAt + faults.range(0, 1_200); // mid-rebalance: shrinks and grows in flight
-      break;
-    case 'outage': {
-      load = (i, t) => (t < duration / 2 ? skewedLoad(i, t) : skewedLoad((i + 1) % nCells, t));
-      const start = faults.range(1_500, duration / 2);
-      outage = { from: start, to: start + faults.range(1_000, 6_000) };
-      break;
-    }
-    case 'clock-skew':
-      load = (i, t) => skewedLoad((i + Math.floor(t / 3_000)) % nCells, t);
-      break;
-  }
-  const dropP = faults.range(0, 0.05);
-  const delay = (): number => net.range(1, 30);
-  const cutOff = (cell: number, t: number): boolean => partition !== null && partition.cell === cell && t >= partition.from && t < partition.to;
-
-  // ---- the coordinator -----------------------------------------------------------------------
-  let term = 1;
-  let leaderUp = true;
-  let leaderOffset = 0;
-  let pending: Pending[] = [];
-  let inFlight: Proposal | null = null;
-  let sessions = new Map<string, { incarnation: string; acked: Map<string, number> }>();
-  let demands = new Map<string, number>();
-  const coordClock = (): number => Math.max(0, q.now + leaderOffset);
-
-  const session = (cellId: string, incarnation: string): { incarnation: string; acked: Map<string, number> } => {
-    let s = sessions.get(cellId);
-    if (s === undefined || s.incarnation !== incarnation) {
-      s = { incarnation, acked: new Map() };
-      sessions.set(cellId, s);
-    }
-    return s;
-  };
-
-  const propose = (p: Proposal): void => {
-    inFlight = p;
-    q.schedule(q.now + net.range(2, 60), () => {
-      if (inFlight !== p || p.term !== term || !leaderUp) return; // lost with the leader
-      inFlight = null;
-      applyProposal(p, true);
+  boot(): void {
+    const sim = this.sim;
+    const main: Thread = { name: `${this.cell}/main`, stalledUntil: 0 };
+    const workers: Thread[] = Array.from({ length: WORKERS }, (_, i) => ({ name: `${this.cell}/worker-${i}`, stalledUntil: 0 }));
+    const table = new BucketTable({ capacity: 12 + sim.fault.int(40), startNs: 0n, seed: sim.fault.int(1 << 30) });
+    const velocityTable = VelocityTable.create({ capacity: 64, startNs: 0n, seed: sim.fault.int(1 << 30) });
+    const velocityKeys = new VelocityKeys(velocityTable);
+    velocityTable.onNewKey = (slot, gen, key) => velocityKeys.learn(slot, gen, key);
+    const deadline = LeaseDeadline.create();
+    const fallback = new StaticQuotas(STATIC_FILE, { staticShare: 1 / CELLS, unknownTenant: { kind: 'deny' } });
+    // What the deciders record as admitted under each quota: the window the bound is checked on.
+    const tap = (thread: Thread): VelocityRecorder => ({
+      record: (key, allowed, refused, nowNs) => {
+        velocityTable.record(key, allowed, refused, nowNs);
+        if (allowed > 0) this.consumed.push({ key, hits: allowed, thread: thread.name });
+      },
     });
-  };
-
-  const applyProposal = (p: Proposal, answer: boolean): void => {
-    const r = commit(p.cmd);
-    if (p.cmd.type === 'expireLeases') return;
-    if (!r.ok && p.withGrants && answer && p.batch !== null) {
-      stats.refusedRounds++;
-      propose({ ...p, cmd: { type: 'reportAndGrant', nowMs: Math.max(coordClock(), ledger.nowMs), leases: p.leases, acks: p.acks }, withGrants: false });
-      return;
-    }
-    if (!r.ok) return;
-    stats.rounds++;
-    if (!answer || p.batch === null) return;
-    for (const { report } of p.batch) {
-      const s = session(report.cellId, report.incarnation);
-      const grants: GrantMsg[] = [];
-      for (const key of ledger.activeQuotaKeys()) {
-        const sl = ledger.getSlice(key, report.cellId);
-        if (sl === undefined || sl.epoch === 0 || sl.epoch <= (s.acked.get(key) ?? 0)) continue;
-        grants.push({ key, rate: sl.rate, burst: sl.burst, epoch: sl.epoch, floorRate: sl.floorRate, floorBurst: sl.floorBurst });
-      }
-      const agent = agents.find((a) => a.id === report.cellId);
-      if (agent !== undefined) send(agent, () => onAnswer(agent, { callId: report.callId, leaseTtlMs: LEASE_TTL_MS, grants }));
-    }
-  };
-
-  const round = (): void => {
-    if (!leaderUp || inFlight !== null || pending.length === 0) return;
-    const batch = pending;
-    pending = [];
-    const latest = new Map<string, Pending>();
-    for (const p of batch) {
-      const prev = latest.get(p.report.cellId);
-      if (prev === undefined || prev.receiptMs <= p.receiptMs) latest.set(p.report.cellId, p);
-    }
-    const acks: GrantAck[] = [];
-    for (const { report } of batch) {
-      const s = session(report.cellId, report.incarnation);
-      if (report.demand > 0) demands.set(report.cellId, report.demand);
-      else demands.delete(report.cellId);
-      for (const a of report.acks) {
-        if ((s.acked.get(a.key) ?? 0) < a.epoch) s.acked.set(a.key, a.epoch);
-        const sl = ledger.getSlice(a.key, report.cellId);
-        if (sl !== undefined && sl.epoch === a.epoch && !sl.acknowledged && !acks.some((x) => x.cellId === report.cellId && x.key === a.key)) {
-          acks.push({ key: a.key, cellId: report.cellId, epoch: a.epoch });
+    const overridesOf: QuotaOverrides[] = [];
+    const deciders = [main, ...workers].map((thread) => {
+      const overrides = new QuotaOverrides();
+      overridesOf.push(overrides);
+      const d = new Decider(
+        { table, quotas: new CoordinatedQuotas(overrides, fallback), clock: () => this.nowNs(), velocity: tap(thread), overrides, deadline: LeaseDeadline.attach(deadline.shared) },
+        { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'closed', staticSlices: false, cell: this.cell },
+      );
+      d.setRules(RULES);
+      return d;
+    });
+    // agent-main.ts's wiring: the main thread applies, posts to every worker, and the batch counts as
+    // applied once every worker confirmed it.
+    let seq = 0;
+    const confirmed = workers.map(() => 0);
+    const waiters: { seq: number; resolve: () => void }[] = [];
+    const settle = (): void => {
+      for (let i = waiters.length - 1; i >= 0; i--) {
+        const w = waiters[i] as { seq: number; resolve: () => void };
+        if (confirmed.every((c) => c >= w.seq)) {
+          waiters.splice(i, 1);
+          w.resolve();
         }
       }
-    }
-    if (bugs.forgeAcks ?? false) {
-      for (const cellId of latest.keys()) {
-        const sl = ledger.getSlice(KEY, cellId);
-        if (sl !== undefined && sl.epoch > 0 && !sl.acknowledged && !acks.some((x) => x.cellId === cellId && x.key === KEY)) acks.push({ key: KEY, cellId, epoch: sl.epoch });
-      }
-    }
-    const leases: LeaseRenewal[] = [...latest].map(([cellId, p]) => ({ cellId, leaseExpiresAtMs: p.receiptMs + LEASE_TTL_MS }));
-    const reported = new Set(latest.keys());
-    const byKey = new Map<string, Map<string, number>>([[KEY, new Map(demands)]]);
-    const nowMs = Math.max(coordClock(), ledger.nowMs);
-    const grants: Grant[] = allocatorPolicy(ledger, { reported, byKey, acks, leaseTtlMs: LEASE_TTL_MS }, nowMs).filter((g) => reported.has(g.cellId));
-    propose({ term, cmd: { type: 'reportAndGrant', nowMs, leases, acks, grants }, batch, withGrants: grants.length > 0, leases, acks });
-  };
-
-  const expire = (): void => {
-    if (!leaderUp || inFlight !== null) return;
-    const nowMs = coordClock();
-    if (!ledger.listCells().some((c) => c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + SKEW_MARGIN_MS)) return;
-    stats.expireEntries++;
-    propose({ term, cmd: { type: 'expireLeases', nowMs }, batch: null, withGrants: false, leases: [], acks: [] });
-  };
-
-  const crash = (downForMs: number): void => {
-    if (!leaderUp) return;
-    leaderUp = false;
-    term++;
-    pending = [];
-    const lost = inFlight;
-    inFlight = null;
-    // The uncommitted entry: lost, or committed later by the next leader (answered by nobody).
-    const survives = lost !== null && faults.chance(0.5);
-    if (lost !== null && !survives) stats.lostRounds++;
-    q.schedule(q.now + downForMs, () => {
-      leaderUp = true;
-      stats.leaderChanges++;
-      leaderOffset = faults.range(-50, 50);
-      sessions = new Map();
-      demands = new Map();
-      if (survives && lost !== null) applyProposal(lost, false);
-    });
-  };
-
-  // ---- network and agents ----------------------------------------------------------------------
-  let callIds = 0;
-  const send = (agent: Agent, deliver: () => void): void => {
-    const i = agents.indexOf(agent);
-    if (cutOff(i, q.now) || net.chance(dropP)) return;
-    const at = q.now + delay();
-    q.schedule(at, () => {
-      if (!cutOff(i, q.now)) deliver();
-    });
-  };
-
-  const setInForce = (a: Agent, rate: number, burst: number, leased: boolean): void => {
-    a.inForce = { rate, burst, leased, limit: limitFromRate(Math.max(0, rate), Math.max(0, Math.floor(burst + 1e-9))) };
-    dirty = true;
-    stats.grantsApplied++;
-  };
-
-  const scheduleReport = (a: Agent, inAgentMs: number): void => {
-    const at = a.realAt(a.clock(q.now) + inAgentMs);
-    q.schedule(at, () => report(a));
-  };
-
-  const report = (a: Agent): void => {
-    if (a.inFlight !== null) return;
-    const callId = ++callIds;
-    const sentAt = a.clock(q.now);
-    const acks: [string, number][] = [...a.pendingAcks];
-    const demand = ((a.allowedInWindow + a.refusedInWindow) * 1000) / REPORT_MS;
-    a.allowedInWindow = 0;
-    a.refusedInWindow = 0;
-    a.inFlight = { callId, sentAt, acks };
-    stats.reports++;
-    const msg: ReportMsg = { cellId: a.id, incarnation: a.incarnation, callId, acks: acks.map(([key, epoch]) => ({ key, epoch })), demand };
-    send(a, () => {
-      if (leaderUp) pending.push({ report: msg, receiptMs: coordClock() });
-    });
-    q.schedule(a.realAt(sentAt + DEADLINE_MS), () => {
-      if (a.inFlight?.callId !== callId) return;
-      a.inFlight = null;
-      stats.reportsFailed++;
-      a.failures++;
-      const backoff = Math.min(REPORT_MS * 4, REPORT_MS * 2 ** Math.min(a.failures - 1, 3));
-      scheduleReport(a, Math.max(0, backoff * net.range(0.5, 1) - DEADLINE_MS));
-    });
-  };
-
-  const onAnswer = (a: Agent, ans: AnswerMsg): void => {
-    const call = a.inFlight;
-    if (call?.callId !== ans.callId) return; // past its deadline: the call already failed
-    a.inFlight = null;
-    a.failures = 0;
-    const incarnation = a.incarnation;
-    for (const [key, epoch] of call.acks) if (a.pendingAcks.get(key) === epoch) a.pendingAcks.delete(key);
-    const now = a.clock(q.now);
-    a.leaseExpiresAt = Math.max(a.leaseExpiresAt, call.sentAt + ans.leaseTtlMs);
-    const live = a.leaseExpiresAt > now;
-    const changed = new Map<string, { rate: number; burst: number; leased: boolean }>();
-    const toAck: [string, number][] = [];
-    for (const g of ans.grants) {
-      const held = a.grants.get(g.key);
-      if (held !== undefined && held.epoch >= g.epoch) continue;
-      a.grants.set(g.key, g);
-      toAck.push([g.key, g.epoch]);
-      changed.set(g.key, live ? leased(g) : { rate: g.floorRate, burst: g.floorBurst, leased: false });
-    }
-    if (live && a.state !== 'leased') {
-      for (const [key, g] of a.grants) if (!changed.has(key)) changed.set(key, leased(g));
-      a.state = 'leased';
-    }
-    if (live) scheduleExpiry(a);
-    scheduleReport(a, Math.max(0, REPORT_MS - (now - call.sentAt)));
-    if (changed.size === 0) return;
-    // Applied by the serving threads a little later; acknowledged only once applied.
-    q.schedule(q.now + net.range(0.1, 15), () => {
-      const e = changed.get(KEY);
-      if (incarnation !== a.incarnation && !(bugs.ignoreLeaseExpiry ?? false)) return; // expired meanwhile: floors stay
-      if (e !== undefined) setInForce(a, e.rate, e.burst, e.leased);
-      for (const [key, epoch] of toAck) if (a.grants.get(key)?.epoch === epoch) a.pendingAcks.set(key, epoch);
-    });
-  };
-
-  const scheduleExpiry = (a: Agent): void => {
-    // At least a µs on: converting the expiry to real time and back may round just below it.
-    q.schedule(Math.max(a.realAt(a.leaseExpiresAt), q.now + 1e-3), () => checkExpiry(a));
-  };
-
-  const checkExpiry = (a: Agent): void => {
-    if (a.state !== 'leased') return;
-    if (a.leaseExpiresAt - a.clock(q.now) > 0) {
-      scheduleExpiry(a); // renewed meanwhile (or rounding): armed again, as lease-client.ts does
-      return;
-    }
-    if (bugs.ignoreLeaseExpiry ?? false) return;
-    stats.agentExpiries++;
-    const g = a.grants.get(KEY);
-    a.grants.clear();
-    a.pendingAcks.clear();
-    a.incarnationN++;
-    a.state = 'expired';
-    if (g !== undefined) {
-      const floor = { rate: g.floorRate, burst: g.floorBurst };
-      q.schedule(q.now + net.range(0.1, 15), () => setInForce(a, floor.rate, floor.burst, false));
-    }
-  };
-
-  // ---- requests and the bound ------------------------------------------------------------------
-  const window: number[] = [];
-  let windowHead = 0;
-  const admittedBy: number[][] = agents.map(() => []);
-  let steadyAdmitted = 0;
-
-  const decide = (i: number): void => {
-    const a = agents[i] as Agent;
-    const nowNs = BigInt(Math.round(a.clock(q.now) * 1e6));
-    const limit = a.inForce.limit;
-    if (a.tat === null || a.bucketLimit === null) {
-      a.tat = gcraInitialTat(limit, nowNs);
-    } else if (a.bucketLimit !== limit) {
-      a.tat = bugs.refillOnChange ?? false ? nowNs : gcraReconfigure(a.tat, nowNs, a.bucketLimit, limit);
-    }
-    a.bucketLimit = limit;
-    const d = gcraTake(a.tat, nowNs, limit, 1);
-    a.tat = d.tat;
-    if (!d.allowed) {
-      stats.refused++;
-      a.refusedInWindow++;
-      return;
-    }
-    stats.admitted++;
-    a.allowedInWindow++;
-    if (q.now >= STEADY_FROM_MS) steadyAdmitted++;
-    const mine = admittedBy[i] as number[];
-    mine.push(q.now);
-    window.push(q.now);
-    while ((window[windowHead] as number) < q.now - WINDOW_MS) windowHead++;
-    if (windowHead > 4096) {
-      window.splice(0, windowHead);
-      windowHead = 0;
-    }
-    const count = window.length - windowHead;
-    if (count > stats.maxWindowAdmitted) stats.maxWindowAdmitted = count;
-    if (count > stats.bound) {
-      const perCell = admittedBy.map((ts) => ts.filter((t) => t >= q.now - WINDOW_MS).length);
-      throw new Stop({
-        kind: 'bound',
-        atMs: q.now,
-        message: `${count} admitted in the window [${(q.now - WINDOW_MS).toFixed(3)}, ${q.now.toFixed(3)}] ms, over rate × 1 s + burst = ${stats.bound}`,
-        evidence: { windowFromMs: q.now - WINDOW_MS, windowToMs: q.now, admitted: count, bound: stats.bound, perCell, limits: agents.map((x) => ({ cell: x.id, rate: x.inForce.rate, burst: x.inForce.burst, leased: x.inForce.leased, state: x.state })) },
+    };
+    const onOverrides = (entries: OverrideEntry[]): Promise<void> => {
+      (overridesOf[0] as QuotaOverrides).apply(entries);
+      const s = ++seq;
+      workers.forEach((w, i) => {
+        sim.on(w, sim.q.now + sim.net.range(0.01, 3), () => {
+          (overridesOf[i + 1] as QuotaOverrides).apply(entries);
+          sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
+            confirmed[i] = Math.max(confirmed[i] as number, s);
+            settle();
+          });
+        }, false);
       });
-    }
-    // Per-cell admissions of the last second (evidence, and the takeover measurement's 500 ms).
-    while (mine.length > 0 && (mine[0] as number) < q.now - WINDOW_MS) mine.shift();
-  };
-
-  const arrive = (i: number): void => {
-    const lambda = load(i, q.now);
-    if (lambda > 0) decide(i);
-    const next = lambda > 0 ? (-Math.log(1 - arrivals.float()) * 1000) / lambda : 50;
-    q.schedule(q.now + next, () => arrive(i));
-  };
-
-  // Rates in force between two events are those after the earlier one (read before the next runs).
-  let inForceSum = agents.reduce((t, a) => t + a.inForce.rate, 0);
-  const sumInForceRate = (): number => inForceSum;
-
-  const checkAllocationNow = (): void => {
-    if (!checkAllocation) return;
-    let rate = 0;
-    let burst = 0;
-    for (const a of agents) {
-      rate += a.inForce.rate;
-      burst += a.inForce.burst;
-    }
-    if (rate > stats.maxSumRate) stats.maxSumRate = rate;
-    const tol = (v: number): number => v * (1 + 1e-9);
-    if (rate > tol(RATE) || burst > tol(BURST)) {
-      throw new Stop({
-        kind: 'allocation',
-        atMs: q.now,
-        message: `the cells may use rate ${rate} / burst ${burst}, over the quota ${RATE} / ${BURST}`,
-        evidence: { perCell: agents.map((a) => ({ cell: a.id, rate: a.inForce.rate, burst: a.inForce.burst, leased: a.inForce.leased, state: a.state, leaseExpiresInMs: a.leaseExpiresAt - a.clock(q.now) })) },
-      });
-    }
-  };
-
-  // Cross-check, cell by cell: the committed ledger counts every cell at least at what it uses.
-  const checkUndercountNow = (): void => {
-    if (!checkUndercount) return;
-    const tol = (v: number): number => v * (1 + 1e-9);
-    for (const a of agents) {
-      const sl = ledger.getSlice(KEY, a.id);
-      const countedRate = sl?.countedRate ?? 0;
-      const countedBurst = sl?.countedBurst ?? 0;
-      if (a.inForce.rate > tol(countedRate) || a.inForce.burst > tol(countedBurst)) {
-        throw new Stop({
-          kind: 'undercount',
-          atMs: q.now,
-          message: `${a.id} uses rate ${a.inForce.rate} / burst ${a.inForce.burst} but the ledger counts it at ${countedRate} / ${countedBurst}`,
-          evidence: { cell: a.id, inForce: { rate: a.inForce.rate, burst: a.inForce.burst, leased: a.inForce.leased }, state: a.state, leaseExpiresInMs: a.leaseExpiresAt - a.clock(q.now), ledgerNowMs: ledger.nowMs, slice: sl ?? null },
+      return new Promise<void>((resolve) => waiters.push({ seq: s, resolve }));
+    };
+    const timers: LeaseTimers = {
+      setTimeout: (fn, ms) => {
+        const handle = { cancelled: false };
+        sim.on(main, Math.max(sim.q.now, this.realAt(this.monoMs() + ms)), () => {
+          if (!handle.cancelled) fn();
         });
-      }
-    }
-  };
+        return handle;
+      },
+      clearTimeout: (h) => {
+        (h as { cancelled: boolean }).cancelled = true;
+      },
+    };
+    const transport: LeaseTransport = {
+      report: (address, req, deadlineMs) => new Promise<LeaseCallResult>((resolve) => {
+        let done = false;
+        const finish = (r: LeaseCallResult): void => {
+          if (done) return;
+          done = true;
+          resolve(r);
+        };
+        sim.on(main, Math.max(sim.q.now, this.realAt(this.monoMs() + deadlineMs)), () => finish({ err: { code: grpc.status.DEADLINE_EXCEEDED, details: 'deadline exceeded' } }));
+        sim.send(this, address, req, (r) => sim.on(main, sim.q.now, () => finish(r)));
+      }),
+      close: () => undefined,
+    };
+    const random = sim.rng.fork();
+    const client = new LeaseClient({
+      cellId: this.cell,
+      coordinators: sim.replicas.map((r) => r.address),
+      logger: SILENT,
+      velocity: () => velocityKeys.snapshot(this.nowNs()),
+      onOverrides,
+      intervalMs: REPORT_MS,
+      monotonicMs: () => this.monoMs(),
+      deadline: deadlineWriter(deadline, 0n),
+      transport,
+      timers,
+      wallMs: () => WALL_BASE_MS + this.monoMs(),
+      random: () => random.float(),
+      newIncarnation: () => `${this.cell}-${++this.incarnations}`,
+    });
+    this.process = { main, workers, table, client, deciders };
+    sim.on(main, sim.q.now, () => client.start());
+  }
 
-  // ---- start ----------------------------------------------------------------------------------
-  for (let i = 0; i < nCells; i++) {
-    const a = agents[i] as Agent;
-    q.schedule(net.range(0, REPORT_MS), () => report(a));
-    q.schedule(arrivals.range(0, 5), () => arrive(i));
-  }
-  for (let t = ROUND_MS; t <= duration; t += ROUND_MS) q.schedule(t, round);
-  for (let t = EXPIRE_EVERY_MS; t <= duration; t += EXPIRE_EVERY_MS) q.schedule(t, expire);
-  if (crashAt !== null) q.schedule(crashAt, () => crash(faults.range(300, 1_500)));
-  if (outage !== null) {
-    const o = outage;
-    q.schedule(o.from, () => crash(o.to - o.from));
-  }
-  // Background faults in every scenario: an occasional leader failover.
-  if (faults.chance(0.3)) q.schedule(faults.range(1_000, duration), () => crash(faults.range(150, 1_000)));
+  private readonly consumed: { key: string; hits: number; thread: string }[] = [];
 
-  let violation: QuotaViolation | undefined;
-  let allocatedArea = 0;
-  let lastT = 0;
-  try {
-    while (q.runNext(duration)) {
-      stats.events++;
-      if (q.now > STEADY_FROM_MS) allocatedArea += (q.now - Math.max(lastT, STEADY_FROM_MS)) * sumInForceRate();
-      lastT = q.now;
-      if (dirty) {
-        dirty = false;
-        checkAllocationNow();
-        checkUndercountNow();
-        inForceSum = agents.reduce((t, a) => t + a.inForce.rate, 0);
+  planStall(what: 'main' | 'worker' | 'process', at: number, ms: number): void {
+    const sim = this.sim;
+    sim.at(at, () => {
+      const p = this.process;
+      if (p === null) return;
+      sim.faults.push(`${Math.round(at)} ms: ${this.cell} ${what === 'process' ? 'SIGSTOPped' : `${what} thread stalled`} for ${Math.round(ms)} ms`);
+      const until = sim.q.now + ms;
+      if (what === 'main') {
+        sim.stats.mainStalls++;
+        p.main.stalledUntil = Math.max(p.main.stalledUntil, until);
+      } else if (what === 'worker') {
+        sim.stats.workerStalls++;
+        const w = p.workers[sim.fault.int(p.workers.length)] as Thread;
+        w.stalledUntil = Math.max(w.stalledUntil, until);
+      } else {
+        // SIGCONT: the workers read their queued requests before the main thread's timers run.
+        sim.stats.sigstops++;
+        for (const w of p.workers) w.stalledUntil = Math.max(w.stalledUntil, until);
+        p.main.stalledUntil = Math.max(p.main.stalledUntil, until + sim.fault.range(0, 20));
       }
-      if (measureMove && stats.takeoverMs === null && q.now >= moveAt) {
-        const got = (admittedBy[to] as number[]).filter((t) => t >= Math.max(moveAt, q.now - 500)).length;
-        if (q.now - moveAt >= 500 && got >= 0.9 * moveDemand * 0.5) stats.takeoverMs = Math.round(q.now - moveAt);
-      }
-    }
-  } catch (e) {
-    if (!(e instanceof Stop)) throw e;
-    violation = e.violation;
+    }, false);
   }
-  if (scenario === 'skewed' && duration > STEADY_FROM_MS && violation === undefined) {
-    stats.steadyAdmittedRate = (steadyAdmitted * 1000) / (duration - STEADY_FROM_MS);
-    stats.steadyAllocatedRate = allocatedArea / (lastT - STEADY_FROM_MS);
-  }
-  return violation === undefined ? { ok: true, seed: opts.seed, stats } : { ok: false, seed: opts.seed, violation, stats };
-}
 
-function leased(g: HeldGrant): { rate: number; burst: number; leased: boolean } {
-  return { rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true };
+  planRestart(at: number, downMs: number): void {
+    const sim = this.sim;
+    sim.at(at, () => {
+      const p = this.process;
+      if (p === null) return;
+      sim.faults.push(`${Math.round(at)} ms: ${this.cell} restarts (down ${Math.round(downMs)} ms)`);
+      sim.stats.restarts++;
+      this.evictions += p.table.evictions;
+      p.client.stop();
+      this.process = null;
+      sim.at(sim.q.now + downMs, () => this.boot());
+    });
+  }
+
+  /** The next request at this cell (one Poisson stream at the cell's total demand). */
+  arrive(): void {
+    const sim = this.sim;
+    if (sim.q.now >= this.nextRedraw) this.redraw();
+    const total = this.demand.reduce((a, b) => a + b, 0);
+    if (total > 0 && this.process !== null) this.request(total);
+    const next = total > 0 ? (-Math.log(1 - sim.load.float()) * 1000) / total : 50;
+    sim.at(sim.q.now + next, () => this.arrive(), false);
+  }
+
+  private nextRedraw = 0;
+
+  private redraw(): void {
+    const sim = this.sim;
+    const r = sim.load;
+    this.demand = TENANTS.map((t) => (r.chance(0.3) ? 0 : r.range(0, 1.5) * TIERS[t.tier].rate));
+    this.nextRedraw = sim.q.now + r.range(700, 3_000);
+  }
+
+  private request(total: number): void {
+    const sim = this.sim;
+    const p = this.process as AgentProcess;
+    const r = sim.load;
+    let pick = r.float() * total;
+    let ti = 0;
+    while (ti < TENANTS.length - 1 && pick >= (this.demand[ti] as number)) pick -= this.demand[ti++] as number;
+    const tenant = (TENANTS[ti] as { id: string }).id;
+    const hits = r.chance(0.1) ? 1 + r.int(3) : null;
+    const shape = r.int(4);
+    const entries = (pairs: [string, string][]): { key: string; value: string }[] => pairs.map(([key, value]) => ({ key, value }));
+    let req: RlsRequest;
+    if (shape === 0) req = { domain: 'api', descriptors: [{ entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
+    else if (shape === 1) req = { domain: 'api', descriptors: [{ entries: entries([['route', 'upload'], ['tenant', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
+    else if (shape === 2) req = { domain: 'web', descriptors: [{ entries: entries([['customer', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
+    else req = { domain: 'api', descriptors: [{ entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits }, { entries: entries([['user', `u${(this.users = (this.users + 1) % 97)}`]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
+    const t = r.float() < 0.1 ? 0 : 1 + r.int(p.workers.length);
+    const thread = t === 0 ? p.main : (p.workers[t - 1] as Thread);
+    const decider = p.deciders[t] as Decider;
+    sim.on(thread, sim.q.now, () => {
+      if (this.process !== p) return; // the process is gone: nobody decides
+      this.consumed.length = 0;
+      const d = decider.decide(req);
+      sim.stats.decisions++;
+      if (!d.ok) throw new Error(`simulation request refused as malformed: ${d.failure.message}`);
+      if (d.decision.overLimit) return;
+      sim.stats.admitted++;
+      const need = hits ?? 1;
+      const own = this.consumed.find((c) => c.key === `tenant/${tenant}`);
+      if (own === undefined || own.hits < need) {
+        throw new Stop({ kind: 'consumed', atMs: sim.q.now, message: `${this.cell} admitted ${need} for tenant/${tenant} without counting them under its quota`, evidence: { consumed: [...this.consumed], req: JSON.stringify(req) } });
+      }
+      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits);
+    }, false);
+  }
 }
