@@ -46,6 +46,7 @@ export class LeaderClock {
 
   /** This leader's time in its current frame (monotonic; ≥ the ledger's once synced). */
   time(): number {
+    if (planted['release-by-wall-clock']) return this.anchor + this.mono();
     return this.anchor + this.mono() + this.offset;
   }
 
@@ -81,7 +82,7 @@ export class LeaderClock {
 
   /** The time to stamp on a command: the ledger's own during the grace, else max(ours, the ledger's). */
   stamp(ledgerNowMs: number): number {
-    if (planted['release-by-wall-clock']) return Math.max(this.anchor + this.mono(), ledgerNowMs);
+    if (planted['release-by-wall-clock']) return this.anchor + this.mono();
     if (this.graceLeftMs() > 0 || !this.isSynced) return ledgerNowMs;
     return Math.max(this.time(), ledgerNowMs);
   }

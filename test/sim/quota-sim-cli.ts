@@ -1,4 +1,4 @@
-// `npm run sim:quota -- [--seeds N] [--start S] [--seed S] [--duration MS] [--bug NAME] [--list-bugs] [--verbose]`
+// `npm run sim:quota -- [--seeds N] [--start S] [--seed S] [--duration MS] [--bug NAME] [--list-bugs] [--verbose] [--trace]`
 // Runs the whole-system quota simulation (quota-sim.ts: the real LeaseService, LeaseClient, Decider
 // and BucketTable) over many seeds. A violation prints its seed, its evidence, the faults drawn and
 // the command that replays it; the exit code is 1 if any seed found one (with --bug NAME: the
@@ -16,6 +16,7 @@ const { values } = parseArgs({
     'list-bugs': { type: 'boolean', default: false },
     'stop-at-first': { type: 'boolean', default: false },
     verbose: { type: 'boolean', default: false },
+    trace: { type: 'boolean', default: false },
   },
 });
 
@@ -54,7 +55,7 @@ let decisions = 0;
 let maxRatio = 0;
 let lastReport = began;
 for (let seed = start; seed < start + count; seed++) {
-  const r = await runQuotaSimulation({ seed, ...(durationMs === undefined ? {} : { durationMs }), ...(bug === undefined ? {} : { bug }) });
+  const r = await runQuotaSimulation({ seed, ...(durationMs === undefined ? {} : { durationMs }), ...(bug === undefined ? {} : { bug }), ...(values.trace ? { trace: (line: string) => console.log(line) } : {}) });
   ran++;
   events += r.stats.events;
   decisions += r.stats.decisions;

@@ -67,12 +67,15 @@ export interface QuotaSimOptions {
   readonly durationMs?: number;
   /** One planted bug (shared/planted-bugs.ts) for this run; none by default. */
   readonly bug?: PlantedBug | null;
+  /** Told, every 250 simulated ms, what every cell holds and admits (replaying a seed). */
+  readonly trace?: (line: string) => void;
 }
 
 export interface QuotaViolation {
-  /** bound: a 1 s window over rate·W + burst; consumed: an admitted request not counted under its
+  /** bound: a 1 s window over rate·W + burst; cell-bound: one cell's window over what the ledger
+   * counted it at (rate·W + burst, the largest over the window); consumed: an admitted request not counted under its
    * tenant's quota; ledger: the ledger's own invariants. */
-  readonly kind: 'bound' | 'consumed' | 'ledger';
+  readonly kind: 'bound' | 'cell-bound' | 'consumed' | 'ledger';
   readonly atMs: number;
   readonly message: string;
   readonly evidence: Record<string, unknown>;
@@ -121,9 +124,9 @@ const DEFINITION_HORIZON_MS = 6_000;
 const MAX_RATE_ERROR = 0.12;
 const WALL_BASE_MS = 1_800_000_000_000;
 
-const TIERS = { gold: { rate: 200, burst: 40, floorFraction: 0.3 }, silver: { rate: 120, burst: 30, floorFraction: 0.2 } } as const;
-const GOLD_CAP = { rate: 300, burst: 60, floorFraction: 0.3 };
-const WEB_CAP = { rate: 250, burst: 50, floorFraction: 0.3 };
+const TIERS = { gold: { rate: 200, burst: 100, floorFraction: 0.15 }, silver: { rate: 120, burst: 40, floorFraction: 0.3 } } as const;
+const GOLD_CAP = { rate: 300, burst: 90, floorFraction: 0.3 };
+const WEB_CAP = { rate: 250, burst: 75, floorFraction: 0.3 };
 const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [{ id: 'acme', tier: 'gold' }, { id: 'globex', tier: 'gold' }, { id: 'initech', tier: 'silver' }];
 
 const RULES: RuleSet = compileRules([
@@ -155,6 +158,7 @@ const STATIC_FILE: QuotaFile = {
   domainCap: { rate: WEB_CAP.rate, burst: WEB_CAP.burst },
 };
 
+const QUOTA_KEYS: readonly string[] = [...TENANTS.map((t) => `tenant/${t.id}`), 'tier/gold', 'tier/silver', 'domain/web', 'domain/api'];
 const SILENT = pino({ level: 'silent' });
 
 class Stop extends Error {
@@ -220,9 +224,16 @@ class Simulation {
   readonly slowP: number;
   partition: { cell: string; from: number; to: number } | null = null;
 
+  // the load: per tenant, its total demand (req/s) and each cell's share of it, redrawn now and then
+  readonly demand: number[] = TENANTS.map(() => 0);
+  readonly shares: number[][] = TENANTS.map(() => Array.from({ length: CELLS }, () => 0));
+
   // the bound
   readonly definitions = new Map<string, Definition[]>();
   readonly windows = new Map<string, Window>();
+  /** Per `cell key`: what the ledger counted the cell at, from when. */
+  readonly counted = new Map<string, Definition[]>();
+  readonly cellWindows = new Map<string, Window>();
   agentRateError = 0;
 
   constructor(opts: QuotaSimOptions) {
@@ -235,6 +246,33 @@ class Simulation {
     this.dupP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
     this.slowP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
     this.seed = opts.seed;
+    this.trace = opts.trace ?? null;
+  }
+
+  readonly trace: ((line: string) => void) | null;
+  /** Per cell and quota key, the admissions of the last second (tracing only). */
+  readonly perCell = new Map<string, number[]>();
+
+  traceNow(): void {
+    const t = this.trace;
+    if (t === null) return;
+    const now = this.q.now;
+    const parts: string[] = [`${now.toFixed(0).padStart(6)} ms leader ${this.leader?.id ?? '-'} ledger ${this.ledger.nowMs.toFixed(0)}`];
+    for (const a of this.agents) {
+      const st = a.process?.client.status();
+      const bits = [`${a.cell} ${st === undefined ? 'down' : `${st.state} ${Math.round(st.leaseRemainingMs)}`}`];
+      for (const key of ['tenant/acme', 'tenant/globex', 'tenant/initech']) {
+        const sl = this.ledger.getSlice(key, a.cell);
+        const xs = (this.perCell.get(`${a.cell} ${key}`) ?? []).filter((x) => x > now - WINDOW_MS);
+        this.perCell.set(`${a.cell} ${key}`, xs);
+        const ti = TENANTS.findIndex((x) => `tenant/${x.id}` === key);
+        const want = (this.demand[ti] as number) * ((this.shares[ti] as number[])[a.index] as number);
+        bits.push(`${key.slice(7, 10)} d${want.toFixed(0)} g${sl?.rate.toFixed(0) ?? '-'}/c${sl?.countedRate.toFixed(0) ?? '-'} e${sl?.epoch ?? '-'} a${xs.length}`);
+      }
+      parts.push(bits.join(' '));
+    }
+    t(parts.join(' | '));
+    this.at(now + 250, () => this.traceNow(), false);
   }
 
   readonly seed: number;
@@ -269,13 +307,30 @@ class Simulation {
     } catch (e) {
       throw new Stop({ kind: 'ledger', atMs: this.q.now, message: `ledger invariant: ${e instanceof Error ? e.message : String(e)}`, evidence: { index: this.index, cmd: cmd.type } });
     }
+    this.recordCounted();
     if (r.ok && (cmd.type === 'putTier' || cmd.type === 'putTenant' || cmd.type === 'putTierCap' || cmd.type === 'putDomainCap')) this.recordDefinitions();
     return r;
   }
 
+  /** What the ledger counts every cell at, per quota (the premise of the bound: no cell uses more). */
+  recordCounted(): void {
+    for (const a of this.agents) {
+      for (const key of QUOTA_KEYS) {
+        const sl = this.ledger.getSlice(key, a.cell);
+        const k = `${a.cell} ${key}`;
+        const list = this.counted.get(k) ?? [];
+        const last = list[list.length - 1];
+        const rate = sl?.countedRate ?? 0;
+        const burst = sl?.countedBurst ?? 0;
+        if (last === undefined || last.rate !== rate || last.burst !== burst) list.push({ fromMs: this.q.now, rate, burst });
+        if (list.length > 64 && (list[1] as Definition).fromMs < this.q.now - 3 * WINDOW_MS) list.shift();
+        this.counted.set(k, list);
+      }
+    }
+  }
+
   recordDefinitions(): void {
-    const keys = [...TENANTS.map((t) => `tenant/${t.id}`), 'tier/gold', 'tier/silver', 'domain/web', 'domain/api'];
-    for (const key of keys) {
+    for (const key of QUOTA_KEYS) {
       const qd = this.ledger.getQuota(key);
       const list = this.definitions.get(key) ?? [];
       const last = list[list.length - 1];
@@ -358,21 +413,15 @@ class Simulation {
   // ---- the bound -----------------------------------------------------------------------------
 
   admitted(cell: string, key: string, hits: number): void {
-    let w = this.windows.get(key);
-    if (w === undefined) this.windows.set(key, (w = { times: [], hits: [], head: 0, sum: 0 }));
+    if (this.trace !== null) {
+      const k = `${cell} ${key}`;
+      const xs = this.perCell.get(k) ?? [];
+      for (let h = 0; h < hits; h++) xs.push(this.q.now);
+      this.perCell.set(k, xs);
+    }
     const now = this.q.now;
-    w.times.push(now);
-    w.hits.push(hits);
-    w.sum += hits;
-    while ((w.times[w.head] as number) < now - WINDOW_MS) {
-      w.sum -= w.hits[w.head] as number;
-      w.head++;
-    }
-    if (w.head > 4096) {
-      w.times.splice(0, w.head);
-      w.hits.splice(0, w.head);
-      w.head = 0;
-    }
+    this.checkCell(cell, key, hits);
+    const w = slide(this.windows, key, now, hits);
     let rate = 0;
     let burst = 0;
     const defs = this.definitions.get(key) ?? [];
@@ -398,6 +447,33 @@ class Simulation {
           definitions: defs,
           cells: this.agents.map((a) => ({ cell: a.cell, up: a.process !== null, lease: a.process?.client.status().state ?? null, slice: this.ledger.getSlice(key, a.cell) ?? null })),
         },
+      });
+    }
+  }
+
+  /** The cell's own window against what the ledger counted it at over that window. */
+  checkCell(cell: string, key: string, hits: number): void {
+    const now = this.q.now;
+    const k = `${cell} ${key}`;
+    const w = slide(this.cellWindows, k, now, hits);
+    let rate = 0;
+    let burst = 0;
+    const list = this.counted.get(k) ?? [];
+    for (let i = 0; i < list.length; i++) {
+      const d = list[i] as Definition;
+      const until = list[i + 1]?.fromMs ?? Infinity;
+      if (until < now - WINDOW_MS) continue;
+      rate = Math.max(rate, d.rate);
+      burst = Math.max(burst, d.burst);
+    }
+    const bound = rate * (WINDOW_MS / 1000) * (1 + this.agentRateError) + Math.floor(burst + 1e-9) + 1e-6;
+    if (w.sum > bound) {
+      const p = this.agents.find((a) => a.cell === cell)?.process;
+      throw new Stop({
+        kind: 'cell-bound',
+        atMs: now,
+        message: `${cell} admitted ${w.sum} under ${key} in [${(now - WINDOW_MS).toFixed(3)}, ${now.toFixed(3)}] ms, over what the ledger counted it at: rate·W·(1+ρ) + burst = ${bound.toFixed(2)}`,
+        evidence: { cell, key, admitted: w.sum, bound, counted: list.filter((d, i) => (list[i + 1]?.fromMs ?? Infinity) >= now - WINDOW_MS), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
       });
     }
   }
@@ -440,8 +516,15 @@ class Simulation {
     if (rates) this.faults.push(`replica clock-rate errors ${this.replicas.map((r) => r.rateError.toFixed(3)).join(', ')}`);
     this.commit({ type: 'putTier', name: 'gold', ...TIERS.gold });
     this.commit({ type: 'putTier', name: 'silver', ...TIERS.silver });
-    this.commit({ type: 'putTierCap', tier: 'gold', ...GOLD_CAP });
-    this.commit({ type: 'putDomainCap', domain: 'web', ...WEB_CAP });
+    // Caps in some runs only: a run without them is tight on the tenant quotas alone.
+    if (f.chance(0.4)) {
+      this.commit({ type: 'putTierCap', tier: 'gold', ...GOLD_CAP });
+      this.faults.push('tier gold capped');
+    }
+    if (f.chance(0.4)) {
+      this.commit({ type: 'putDomainCap', domain: 'web', ...WEB_CAP });
+      this.faults.push('domain web capped');
+    }
     for (const t of TENANTS) this.commit({ type: 'putTenant', id: t.id, tier: t.tier });
     this.leader = this.replicas[f.int(3)] as Replica;
     for (const r of this.replicas) r.start();
@@ -450,7 +533,7 @@ class Simulation {
     for (let i = 0; i < CELLS; i++) {
       const rateError = agentRates ? f.range(-MAX_RATE_ERROR, MAX_RATE_ERROR) : f.range(-1e-4, 1e-4);
       this.agentRateError = Math.max(this.agentRateError, Math.max(0, rateError));
-      const a = new Agent(this, `cell-${i}`, rateError, f.range(1, 100_000));
+      const a = new Agent(this, `cell-${i}`, i, rateError, f.range(1, 100_000));
       this.agents.push(a);
       const startAt = i === 0 || f.chance(0.5) ? f.range(0, 300) : f.range(300, 3_000);
       this.at(startAt, () => a.boot());
@@ -459,7 +542,7 @@ class Simulation {
     if (agentRates) this.faults.push(`agent clock-rate errors ${this.agents.map((a) => a.rateError.toFixed(3)).join(', ')}`);
 
     // Leader changes.
-    const crashes = f.int(3);
+    const crashes = f.int(4);
     for (let k = 0; k < crashes; k++) {
       const t = f.range(1_000, this.duration - 500);
       const down = f.range(300, 3_000);
@@ -473,11 +556,21 @@ class Simulation {
       });
     }
     // Agent faults.
+    const during = (ms: number): number => f.range(500, Math.max(600, this.duration - ms - 500));
     for (const a of this.agents) {
-      if (f.chance(0.35)) a.planStall('main', f.range(500, this.duration - 500), f.chance(0.5) ? f.range(100, 1_500) : f.range(1_500, 7_000));
-      if (f.chance(0.2)) a.planStall('worker', f.range(500, this.duration - 500), f.range(100, 3_000));
-      if (f.chance(0.15)) a.planStall('process', f.range(500, this.duration - 500), f.range(300, 6_000));
-      if (f.chance(0.12)) a.planRestart(f.range(1_500, this.duration - 500), f.range(50, 2_000));
+      if (f.chance(0.5)) {
+        const ms = f.chance(0.4) ? f.range(100, 1_500) : f.range(1_500, 7_000);
+        a.planStall('main', during(ms), ms);
+      }
+      if (f.chance(0.2)) {
+        const ms = f.range(100, 3_000);
+        a.planStall('worker', during(ms), ms);
+      }
+      if (f.chance(0.15)) {
+        const ms = f.range(300, 6_000);
+        a.planStall('process', during(ms), ms);
+      }
+      if (f.chance(0.15)) a.planRestart(f.range(1_500, this.duration - 500), f.range(50, 2_000));
     }
     if (f.chance(0.25)) {
       const cell = (this.agents[f.int(CELLS)] as Agent).cell;
@@ -498,6 +591,28 @@ class Simulation {
       });
     }
     this.recordDefinitions();
+    this.redrawLoad();
+    this.at(0, () => this.traceNow(), false);
+  }
+
+  /** Demand mostly above the quota (the bound is tight only there), its skew moving between cells. */
+  redrawLoad(): void {
+    const r = this.load;
+    TENANTS.forEach((t, i) => {
+      this.demand[i] = r.chance(0.15) ? r.range(0, 0.5) * TIERS[t.tier].rate : r.range(0.9, 1.8) * TIERS[t.tier].rate;
+      const row = this.shares[i] as number[];
+      const top = r.int(CELLS);
+      const topShare = r.range(0.5, 1);
+      let rest = 1 - topShare;
+      for (let c = 0; c < CELLS; c++) {
+        if (c === top) continue;
+        const x = r.chance(0.3) ? 0 : r.range(0, rest);
+        row[c] = x;
+        rest -= x;
+      }
+      row[top] = topShare + rest;
+    });
+    this.at(this.q.now + r.range(300, 2_000), () => this.redrawLoad(), false);
   }
 
   // ---- the network ----------------------------------------------------------------------------
@@ -532,6 +647,25 @@ class Simulation {
       });
     }
   }
+}
+
+/** Adds `hits` at `now` to the window of `key` and drops what fell out of the last WINDOW_MS (closed). */
+function slide(map: Map<string, Window>, key: string, now: number, hits: number): Window {
+  let w = map.get(key);
+  if (w === undefined) map.set(key, (w = { times: [], hits: [], head: 0, sum: 0 }));
+  w.times.push(now);
+  w.hits.push(hits);
+  w.sum += hits;
+  while ((w.times[w.head] as number) < now - WINDOW_MS) {
+    w.sum -= w.hits[w.head] as number;
+    w.head++;
+  }
+  if (w.head > 4096) {
+    w.times.splice(0, w.head);
+    w.hits.splice(0, w.head);
+    w.head = 0;
+  }
+  return w;
 }
 
 // ---- coordinator replicas ---------------------------------------------------------------------
@@ -626,11 +760,9 @@ class Agent {
   evictions = 0;
   private readonly offsetNs: number;
   private incarnations = 0;
-  /** Demand per tenant (req/s at this cell), redrawn now and then. */
-  private demand: number[] = TENANTS.map(() => 0);
   private users = 0;
 
-  constructor(readonly sim: Simulation, readonly cell: string, readonly rateError: number, offsetS: number) {
+  constructor(readonly sim: Simulation, readonly cell: string, readonly index: number, readonly rateError: number, offsetS: number) {
     this.offsetNs = offsetS * 1e9;
   }
 
@@ -787,32 +919,24 @@ class Agent {
     });
   }
 
-  /** The next request at this cell (one Poisson stream at the cell's total demand). */
-  arrive(): void {
+  /** One Poisson stream of requests at the cell's total demand (memoryless: redrawn at least every 50 ms, so a change of demand takes effect promptly). */
+  arrive(request = false): void {
     const sim = this.sim;
-    if (sim.q.now >= this.nextRedraw) this.redraw();
-    const total = this.demand.reduce((a, b) => a + b, 0);
-    if (total > 0 && this.process !== null) this.request(total);
-    const next = total > 0 ? (-Math.log(1 - sim.load.float()) * 1000) / total : 50;
-    sim.at(sim.q.now + next, () => this.arrive(), false);
+    const mine = TENANTS.map((_, t) => (sim.demand[t] as number) * ((sim.shares[t] as number[])[this.index] as number));
+    const total = mine.reduce((x, y) => x + y, 0);
+    if (request && total > 0 && this.process !== null) this.request(mine, total);
+    const gap = total > 0 ? (-Math.log(1 - sim.load.float()) * 1000) / total : Infinity;
+    if (gap <= 50) sim.at(sim.q.now + gap, () => this.arrive(true), false);
+    else sim.at(sim.q.now + 50, () => this.arrive(false), false);
   }
 
-  private nextRedraw = 0;
-
-  private redraw(): void {
-    const sim = this.sim;
-    const r = sim.load;
-    this.demand = TENANTS.map((t) => (r.chance(0.3) ? 0 : r.range(0, 1.5) * TIERS[t.tier].rate));
-    this.nextRedraw = sim.q.now + r.range(700, 3_000);
-  }
-
-  private request(total: number): void {
+  private request(demand: readonly number[], total: number): void {
     const sim = this.sim;
     const p = this.process as AgentProcess;
     const r = sim.load;
     let pick = r.float() * total;
     let ti = 0;
-    while (ti < TENANTS.length - 1 && pick >= (this.demand[ti] as number)) pick -= this.demand[ti++] as number;
+    while (ti < TENANTS.length - 1 && pick >= (demand[ti] as number)) pick -= demand[ti++] as number;
     const tenant = (TENANTS[ti] as { id: string }).id;
     const hits = r.chance(0.1) ? 1 + r.int(3) : null;
     const shape = r.int(4);
