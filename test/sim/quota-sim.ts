@@ -151,12 +151,6 @@ descriptors:
 `, 'web.yaml'),
 ]);
 
-/** What an agent running the pre-coordinator static share would use (the planted 'uncounted-static-share' only). */
-const STATIC_FILE: QuotaFile = {
-  tiers: { gold: { rate: TIERS.gold.rate, burst: TIERS.gold.burst, cap: { rate: GOLD_CAP.rate, burst: GOLD_CAP.burst } }, silver: { rate: TIERS.silver.rate, burst: TIERS.silver.burst } },
-  tenants: Object.fromEntries(TENANTS.map((t) => [t.id, t.tier])),
-  domainCap: { rate: WEB_CAP.rate, burst: WEB_CAP.burst },
-};
 
 const QUOTA_KEYS: readonly string[] = [...TENANTS.map((t) => `tenant/${t.id}`), 'tier/gold', 'tier/silver', 'domain/web', 'domain/api'];
 const SILENT = pino({ level: 'silent' });
@@ -222,6 +216,7 @@ class Simulation {
   readonly dropP: number;
   readonly dupP: number;
   readonly slowP: number;
+  readonly portLagP: number;
   partition: { cell: string; from: number; to: number } | null = null;
 
   // the load: per tenant, its total demand (req/s) and each cell's share of it, redrawn now and then
@@ -235,6 +230,7 @@ class Simulation {
   readonly counted = new Map<string, Definition[]>();
   readonly cellWindows = new Map<string, Window>();
   agentRateError = 0;
+  staticFile: QuotaFile = { tiers: {}, tenants: {} };
 
   constructor(opts: QuotaSimOptions) {
     this.rng = new Rng(opts.seed);
@@ -245,6 +241,7 @@ class Simulation {
     this.dropP = this.fault.chance(0.5) ? this.fault.range(0, 0.05) : 0;
     this.dupP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
     this.slowP = this.fault.chance(0.4) ? this.fault.range(0, 0.05) : 0;
+    this.portLagP = this.fault.chance(0.6) ? this.fault.range(0, 0.25) : 0;
     this.seed = opts.seed;
     this.trace = opts.trace ?? null;
   }
@@ -412,7 +409,7 @@ class Simulation {
 
   // ---- the bound -----------------------------------------------------------------------------
 
-  admitted(cell: string, key: string, hits: number): void {
+  admitted(cell: string, key: string, hits: number, since: number): void {
     if (this.trace !== null) {
       const k = `${cell} ${key}`;
       const xs = this.perCell.get(k) ?? [];
@@ -420,7 +417,7 @@ class Simulation {
       this.perCell.set(k, xs);
     }
     const now = this.q.now;
-    this.checkCell(cell, key, hits);
+    this.checkCell(cell, key, hits, since);
     const w = slide(this.windows, key, now, hits);
     let rate = 0;
     let burst = 0;
@@ -451,22 +448,35 @@ class Simulation {
     }
   }
 
-  /** The cell's own window against what the ledger counted it at over that window. */
-  checkCell(cell: string, key: string, hits: number): void {
+  /**
+   * The cell's own window against what the ledger counted it at: in [t − W, t] a cell admits at most
+   * the tokens its bucket held at t − W — no more than the burst counted then, nor than it earned
+   * at the counted rates since its process first met the key (`since`: its buckets start empty) —
+   * plus the counted rate over the window.
+   */
+  checkCell(cell: string, key: string, hits: number, since: number): void {
     const now = this.q.now;
+    const from = now - WINDOW_MS;
     const k = `${cell} ${key}`;
     const w = slide(this.cellWindows, k, now, hits);
     let rate = 0;
     let burst = 0;
+    let earnRate = 0;
     const list = this.counted.get(k) ?? [];
     for (let i = 0; i < list.length; i++) {
       const d = list[i] as Definition;
       const until = list[i + 1]?.fromMs ?? Infinity;
-      if (until < now - WINDOW_MS) continue;
-      rate = Math.max(rate, d.rate);
-      burst = Math.max(burst, d.burst);
+      if (until >= from) {
+        rate = Math.max(rate, d.rate);
+        burst = Math.max(burst, d.burst);
+      }
+      if (until >= since && d.fromMs <= from) earnRate = Math.max(earnRate, d.rate);
     }
-    const bound = rate * (WINDOW_MS / 1000) * (1 + this.agentRateError) + Math.floor(burst + 1e-9) + 1e-6;
+    // History older than the kept entries: counted at most at the oldest one's... any rate (no claim).
+    if ((list[0]?.fromMs ?? Infinity) > since && since < from) earnRate = Infinity;
+    const earned = since >= from ? 0 : earnRate * ((from - since) / 1000) * (1 + this.agentRateError);
+    const atStart = Math.min(Math.floor(burst + 1e-9), earned);
+    const bound = rate * (WINDOW_MS / 1000) * (1 + this.agentRateError) + atStart + 1 + 1e-6;
     if (w.sum > bound) {
       const p = this.agents.find((a) => a.cell === cell)?.process;
       throw new Stop({
@@ -526,6 +536,14 @@ class Simulation {
       this.faults.push('domain web capped');
     }
     for (const t of TENANTS) this.commit({ type: 'putTenant', id: t.id, tier: t.tier });
+    // What an agent running the pre-coordinator static share would use (the planted 'uncounted-static-share' only): the same definitions, its own file.
+    const gold = this.ledger.getQuota('tier/gold');
+    const web = this.ledger.getQuota('domain/web');
+    this.staticFile = {
+      tiers: { gold: { rate: TIERS.gold.rate, burst: TIERS.gold.burst, ...(gold === undefined ? {} : { cap: { rate: gold.rate, burst: gold.burst } }) }, silver: { rate: TIERS.silver.rate, burst: TIERS.silver.burst } },
+      tenants: Object.fromEntries(TENANTS.map((t) => [t.id, t.tier])),
+      ...(web === undefined ? {} : { domainCap: { rate: web.rate, burst: web.burst } }),
+    };
     this.leader = this.replicas[f.int(3)] as Replica;
     for (const r of this.replicas) r.start();
 
@@ -753,6 +771,8 @@ interface AgentProcess {
   readonly client: LeaseClient;
   /** Per thread (main first): its Decider. */
   readonly deciders: readonly Decider[];
+  /** Per quota key, when a decider of this process first evaluated it (its bucket starts empty no earlier). */
+  readonly firstSeen: Map<string, number>;
 }
 
 class Agent {
@@ -788,15 +808,17 @@ class Agent {
     const velocityKeys = new VelocityKeys(velocityTable);
     velocityTable.onNewKey = (slot, gen, key) => velocityKeys.learn(slot, gen, key);
     const deadline = LeaseDeadline.create();
-    const fallback = new StaticQuotas(STATIC_FILE, { staticShare: 1 / CELLS, unknownTenant: { kind: 'deny' } });
+    const fallback = new StaticQuotas(sim.staticFile, { staticShare: 1 / CELLS, unknownTenant: { kind: 'deny' } });
     // What the deciders record as admitted under each quota: the window the bound is checked on.
     const tap = (thread: Thread): VelocityRecorder => ({
       record: (key, allowed, refused, nowNs) => {
         velocityTable.record(key, allowed, refused, nowNs);
+        if (!firstSeen.has(key)) firstSeen.set(key, sim.q.now);
         if (allowed > 0) this.consumed.push({ key, hits: allowed, thread: thread.name });
       },
     });
     const overridesOf: QuotaOverrides[] = [];
+    const firstSeen = new Map<string, number>();
     const deciders = [main, ...workers].map((thread) => {
       const overrides = new QuotaOverrides();
       overridesOf.push(overrides);
@@ -825,7 +847,9 @@ class Agent {
       (overridesOf[0] as QuotaOverrides).apply(entries);
       const s = ++seq;
       workers.forEach((w, i) => {
-        sim.on(w, sim.q.now + sim.net.range(0.01, 3), () => {
+        // A busy worker may read its sockets before its message port: the entries reach it late.
+        const lag = sim.net.chance(sim.portLagP) ? sim.net.range(50, 600) : sim.net.range(0.01, 3);
+        sim.on(w, sim.q.now + lag, () => {
           (overridesOf[i + 1] as QuotaOverrides).apply(entries);
           sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
             confirmed[i] = Math.max(confirmed[i] as number, s);
@@ -876,7 +900,7 @@ class Agent {
       random: () => random.float(),
       newIncarnation: () => `${this.cell}-${++this.incarnations}`,
     });
-    this.process = { main, workers, table, client, deciders };
+    this.process = { main, workers, table, client, deciders, firstSeen };
     sim.on(main, sim.q.now, () => client.start());
   }
 
@@ -962,7 +986,7 @@ class Agent {
       if (own === undefined || own.hits < need) {
         throw new Stop({ kind: 'consumed', atMs: sim.q.now, message: `${this.cell} admitted ${need} for tenant/${tenant} without counting them under its quota`, evidence: { consumed: [...this.consumed], req: JSON.stringify(req) } });
       }
-      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits);
+      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits, p.firstSeen.get(c.key) ?? sim.q.now);
     }, false);
   }
 }
