@@ -661,7 +661,7 @@ class Simulation {
           return;
         }
         this.stats.reports++;
-        replica.service.submit(req, (res) => back({ res }), (e) => back({ err: 'code' in e ? leaseCallError(e as grpc.ServiceError) : { code: grpc.status.UNKNOWN, details: e.message } }));
+        replica.service.submit(req, (res) => back({ res }), (e) => back({ err: 'code' in e ? leaseCallError(e) : { code: grpc.status.UNKNOWN, details: e.message } }));
       });
     }
   }
@@ -833,6 +833,7 @@ class Agent {
     // applied once every worker confirmed it.
     let seq = 0;
     const confirmed = workers.map(() => 0);
+    const portAt = workers.map(() => 0);
     const waiters: { seq: number; resolve: () => void }[] = [];
     const settle = (): void => {
       for (let i = waiters.length - 1; i >= 0; i--) {
@@ -848,8 +849,11 @@ class Agent {
       const s = ++seq;
       workers.forEach((w, i) => {
         // A busy worker may read its sockets before its message port: the entries reach it late.
+        // A MessagePort delivers in order.
         const lag = sim.net.chance(sim.portLagP) ? sim.net.range(50, 600) : sim.net.range(0.01, 3);
-        sim.on(w, sim.q.now + lag, () => {
+        const at = Math.max(portAt[i] as number, sim.q.now + lag);
+        portAt[i] = at;
+        sim.on(w, at, () => {
           (overridesOf[i + 1] as QuotaOverrides).apply(entries);
           sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
             confirmed[i] = Math.max(confirmed[i] as number, s);
