@@ -5,12 +5,16 @@
 // clock reading (the one it already takes per decision, the bucket table's monotonic ns) with the
 // deadline here, and decides on the grant's floor once it passed, whatever the main thread is doing
 // (serving HTTP, a long GC pause, a rule reload, a blocked event loop): the lease client's expiry
-// timer and its floors message only tidy up afterwards. Cost on the hot path: per global level on a
-// leased grant, one 64-bit and one 32-bit atomic load and a comparison, against a clock reading
-// the decision takes anyway.
+// timer and its floors message only tidy up afterwards. Cost on the hot path, per global level on a
+// leased grant: two 32-bit atomic loads (the write count and the generation) and one BigInt
+// comparison against the clock reading the decision takes anyway; no allocation. Each reader keeps
+// the deadline it last loaded and reloads the 64-bit word only when the write count moved (once
+// per lease renewal, every report interval). A reader that has not seen the latest renewal yet
+// uses the earlier, smaller deadline of the same generation (renewals only extend it): it falls to
+// the floor sooner, never later.
 //
-// Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), then an Int32:
-// the lease generation. The client starts a new generation whenever it forgets its grants (the lease
+// Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), then Int32s:
+// the lease generation and the write count. The client starts a new generation whenever it forgets its grants (the lease
 // expired: it takes a new incarnation, and the coordinator may have re-granted what it held); a
 // grant is tagged with the generation it arrived in, and a grant of an older generation is never in
 // force again, even once a new lease renews the deadline before that thread saw the floors message.
@@ -28,17 +32,21 @@ export interface LeaseDeadlineShared {
 const NO_LEASE = -(1n << 62n);
 const D_DEADLINE = 0;
 const G_GENERATION = 0;
+const G_WRITES = 1;
 const BYTES = 16;
 
 export class LeaseDeadline {
   readonly shared: LeaseDeadlineShared;
   private readonly deadline: BigInt64Array;
   private readonly generation: Int32Array;
+  /** This thread's copy of the deadline, as of write count `seenWrites`. */
+  private cached = NO_LEASE;
+  private seenWrites = -1;
 
   private constructor(buffer: SharedArrayBuffer) {
     if (buffer.byteLength !== BYTES) throw new TypeError(`lease deadline: a ${BYTES}-byte SharedArrayBuffer expected, got ${buffer.byteLength}`);
     this.deadline = new BigInt64Array(buffer, 0, 1);
-    this.generation = new Int32Array(buffer, 8, 1);
+    this.generation = new Int32Array(buffer, 8, 2);
     this.shared = Object.freeze({ buffer });
   }
 
@@ -64,6 +72,7 @@ export class LeaseDeadline {
   /** Ends the lease and starts a new generation (its grants are floors from now on); returns it. */
   nextGeneration(): number {
     Atomics.store(this.deadline, D_DEADLINE, NO_LEASE);
+    Atomics.add(this.generation, G_WRITES, 1);
     const next = (Atomics.load(this.generation, G_GENERATION) + 1) | 0;
     Atomics.store(this.generation, G_GENERATION, next);
     return next;
@@ -71,14 +80,22 @@ export class LeaseDeadline {
 
   /** The lease of the current generation lasts until `deadlineNs` (never shortened here: the client only extends it). */
   renewUntil(deadlineNs: bigint): void {
-    if (deadlineNs > Atomics.load(this.deadline, D_DEADLINE)) Atomics.store(this.deadline, D_DEADLINE, deadlineNs);
+    if (deadlineNs <= Atomics.load(this.deadline, D_DEADLINE)) return;
+    Atomics.store(this.deadline, D_DEADLINE, deadlineNs);
+    Atomics.add(this.generation, G_WRITES, 1);
   }
 
   // ---- the readers (every deciding thread) ----------------------------------------------------
 
   /** Whether a grant of `generation` is in force at `nowNs` (the deciders' clock). */
   live(generation: number, nowNs: bigint): boolean {
-    if (nowNs >= Atomics.load(this.deadline, D_DEADLINE)) return false;
+    const writes = Atomics.load(this.generation, G_WRITES);
+    if (writes !== this.seenWrites) {
+      // The count first, then the word: a count seen here is never newer than the word read after it.
+      this.cached = Atomics.load(this.deadline, D_DEADLINE);
+      this.seenWrites = writes;
+    }
+    if (nowNs >= this.cached) return false;
     return Atomics.load(this.generation, G_GENERATION) === generation;
   }
 

@@ -281,11 +281,14 @@ class Simulation {
     });
   }
 
-  /** Work of `thread` due at `t`: deferred while the thread is stalled (in order). */
-  on(thread: Thread, t: number, fn: () => void, async = true): void {
+  /**
+   * Work of `thread` due at `t`: deferred while the thread is stalled (in order). `late`: a message
+   * port's delivery, which a resumed thread takes after the socket reads queued meanwhile.
+   */
+  on(thread: Thread, t: number, fn: () => void, async = true, late = false): void {
     const run = (): void => {
       if (this.q.now < thread.stalledUntil) {
-        this.q.schedule(thread.stalledUntil, run);
+        this.q.schedule(late ? thread.stalledUntil + this.net.range(0.1, 5) : thread.stalledUntil, run);
         return;
       }
       fn();
@@ -320,7 +323,7 @@ class Simulation {
         const rate = sl?.countedRate ?? 0;
         const burst = sl?.countedBurst ?? 0;
         if (last === undefined || last.rate !== rate || last.burst !== burst) list.push({ fromMs: this.q.now, rate, burst });
-        if (list.length > 64 && (list[1] as Definition).fromMs < this.q.now - 3 * WINDOW_MS) list.shift();
+        if (list.length > 256) list.shift();
         this.counted.set(k, list);
       }
     }
@@ -449,41 +452,43 @@ class Simulation {
   }
 
   /**
-   * The cell's own window against what the ledger counted it at: in [t − W, t] a cell admits at most
-   * the tokens its bucket held at t − W — no more than the burst counted then, nor than it earned
-   * at the counted rates since its process first met the key (`since`: its buckets start empty) —
-   * plus the counted rate over the window.
+   * The cell's own window against what the ledger counted it at (the bound's premise: no cell ever
+   * uses more than the ledger counts it at). In [t − W, t] a cell admits at most the tokens its
+   * bucket held at t − W — no more than the burst counted then, nor than it earned at the counted
+   * rates since its process first met the key (`since`: its buckets start empty) — plus what the
+   * counted rate refills over the window: ∫ counted rate, exactly, times (1 + ρ) for its clock.
    */
   checkCell(cell: string, key: string, hits: number, since: number): void {
     const now = this.q.now;
     const from = now - WINDOW_MS;
     const k = `${cell} ${key}`;
     const w = slide(this.cellWindows, k, now, hits);
-    let rate = 0;
-    let burst = 0;
-    let earnRate = 0;
     const list = this.counted.get(k) ?? [];
+    let refill = 0;
+    let earned = 0;
+    let burstAtFrom = 0;
     for (let i = 0; i < list.length; i++) {
       const d = list[i] as Definition;
       const until = list[i + 1]?.fromMs ?? Infinity;
-      if (until >= from) {
-        rate = Math.max(rate, d.rate);
-        burst = Math.max(burst, d.burst);
-      }
-      if (until >= since && d.fromMs <= from) earnRate = Math.max(earnRate, d.rate);
+      refill += d.rate * Math.max(0, Math.min(until, now) - Math.max(d.fromMs, from));
+      earned += d.rate * Math.max(0, Math.min(until, from) - Math.max(d.fromMs, since));
+      if (d.fromMs <= from && until > from) burstAtFrom = d.burst;
     }
-    // History older than the kept entries: counted at most at the oldest one's... any rate (no claim).
-    if ((list[0]?.fromMs ?? Infinity) > since && since < from) earnRate = Infinity;
-    const earned = since >= from ? 0 : earnRate * ((from - since) / 1000) * (1 + this.agentRateError);
-    const atStart = Math.min(Math.floor(burst + 1e-9), earned);
-    const bound = rate * (WINDOW_MS / 1000) * (1 + this.agentRateError) + atStart + 1 + 1e-6;
+    // History dropped beyond the kept entries: no claim about what was earned or held then.
+    if ((list[0]?.fromMs ?? Infinity) > Math.min(since, from)) {
+      earned = Infinity;
+      burstAtFrom = Math.max(burstAtFrom, list[0]?.burst ?? Infinity);
+    }
+    const ρ = 1 + this.agentRateError;
+    const atStart = Math.min(Math.floor(burstAtFrom + 1e-9), (earned / 1000) * ρ);
+    const bound = (refill / 1000) * ρ + atStart + 1 + 1e-6;
     if (w.sum > bound) {
       const p = this.agents.find((a) => a.cell === cell)?.process;
       throw new Stop({
         kind: 'cell-bound',
         atMs: now,
         message: `${cell} admitted ${w.sum} under ${key} in [${(now - WINDOW_MS).toFixed(3)}, ${now.toFixed(3)}] ms, over what the ledger counted it at: rate·W·(1+ρ) + burst = ${bound.toFixed(2)}`,
-        evidence: { cell, key, admitted: w.sum, bound, counted: list.filter((d, i) => (list[i + 1]?.fromMs ?? Infinity) >= now - WINDOW_MS), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
+        evidence: { cell, key, admitted: w.sum, bound, since, counted: list.filter((d, i) => (list[i + 1]?.fromMs ?? Infinity) >= Math.min(since, from)), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
       });
     }
   }
@@ -580,7 +585,7 @@ class Simulation {
         const ms = f.chance(0.4) ? f.range(100, 1_500) : f.range(1_500, 7_000);
         a.planStall('main', during(ms), ms);
       }
-      if (f.chance(0.2)) {
+      if (f.chance(0.35)) {
         const ms = f.range(100, 3_000);
         a.planStall('worker', during(ms), ms);
       }
@@ -858,8 +863,8 @@ class Agent {
           sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
             confirmed[i] = Math.max(confirmed[i] as number, s);
             settle();
-          });
-        }, false);
+          }, true, true);
+        }, false, true);
       });
       return new Promise<void>((resolve) => waiters.push({ seq: s, resolve }));
     };
