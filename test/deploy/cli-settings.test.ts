@@ -14,6 +14,7 @@ import { AGENT_SETTING_SPECS, agentConfigSchema, type AgentConfig } from '../../
 import { loadRules } from '../../cell-agent/rules/rules-load.js';
 import {
   asArray,
+  deployDir,
   at,
   containerArgs,
   descriptorKeys,
@@ -185,6 +186,21 @@ void test('the agent reaches the coordinators at their --peers hosts on the --le
       assert.equal(new Set(aliases.map((a) => a.ip)).size, w.config.coordinators.length, `${where}: one address per replica`);
     }
   }
+});
+
+void test('TLS by default: each agent\'s certificate (cert-manager CSI) names its cell and is where --tls-* point; each replica\'s names the pod', () => {
+  for (const w of agentWirings()) {
+    const where = rel(w.dir);
+    const vol = (w.deployment.spec.template.spec.volumes ?? []).find((v) => v.name === 'lease-tls') as { csi?: { volumeAttributes?: Record<string, string> } } | undefined;
+    assert.equal(vol?.csi?.volumeAttributes?.['csi.cert-manager.io/uri-sans'], `urn:cellquota:cell:${w.config.cell}`, `${where}: the certificate names cell ${w.config.cell}`);
+    const mount = w.agent.volumeMounts?.find((m) => m.name === 'lease-tls');
+    assert.ok(mount !== undefined && w.config.tlsCert?.startsWith(`${mount.mountPath}/`) === true && w.config.tlsCa?.startsWith(`${mount.mountPath}/`) === true, `${where}: --tls-* on the mounted certificate`);
+  }
+  const { objects } = overlay(join(deployDir, 'overlays/one-cell'));
+  const sts = workload(objects, 'StatefulSet', 'cellquota-coordinator');
+  const vol = (sts?.spec.template.spec.volumes ?? []).find((v) => v.name === 'tls') as { csi?: { volumeAttributes?: Record<string, string> } } | undefined;
+  assert.equal(vol?.csi?.volumeAttributes?.['csi.cert-manager.io/uri-sans'], 'urn:cellquota:replica:${POD_NAME}');
+  assert.ok(objects.some((o) => o.kind === 'Issuer' && o.metadata.name === vol?.csi?.volumeAttributes?.['csi.cert-manager.io/issuer-name']), 'the Issuer is part of the overlay');
 });
 
 void test('the agent\'s endpoints: sockets on the emptyDir Envoy shares, one TCP port per worker in the pod and the Service, the HTTP port Prometheus and the probes use', () => {
