@@ -204,18 +204,35 @@ export const agentConfigFields = z.object({
   forwardAuthDenyStatus: denyStatus.default(429),
 });
 
-export const agentConfigSchema = agentConfigFields.superRefine((c, ctx) => {
-  if (c.coordinators.length > 0) {
-    // One source of truth: with coordinators every tier, tenant, floor and the unknown-tenant policy
-    // come from the ledger; a file or flag repeating them could only disagree with it.
-    const why = 'not with --coordinators: the coordinators hold every tier, tenant, floor and the unknown-tenant policy (admin API)';
-    if (c.tenants !== undefined) ctx.addIssue({ code: 'custom', path: ['tenants'], message: why });
-    if (c.staticShare !== undefined) ctx.addIssue({ code: 'custom', path: ['staticShare'], message: why });
-    if (c.unknownTenant !== undefined) ctx.addIssue({ code: 'custom', path: ['unknownTenant'], message: why });
-  }
+/**
+ * One source of truth: with coordinators every tier, tenant, floor and the unknown-tenant policy come
+ * from the ledger; a file or setting repeating them could only disagree with it. (The agent and the
+ * embedded limiter both apply this.)
+ */
+export function refuseLocalQuotasWithCoordinators(
+  c: { readonly coordinators: readonly unknown[]; readonly tenants?: unknown; readonly staticShare?: unknown; readonly unknownTenant?: unknown },
+  ctx: z.RefinementCtx, what: string,
+): void {
+  if (c.coordinators.length === 0) return;
+  const why = `not ${what}: the coordinators hold every tier, tenant, floor and the unknown-tenant policy (admin API)`;
+  if (c.tenants !== undefined) ctx.addIssue({ code: 'custom', path: ['tenants'], message: why });
+  if (c.staticShare !== undefined) ctx.addIssue({ code: 'custom', path: ['staticShare'], message: why });
+  if (c.unknownTenant !== undefined) ctx.addIssue({ code: 'custom', path: ['unknownTenant'], message: why });
+}
+
+/** The lease client's credentials go together and need coordinators (agent and embedded limiter). */
+export function checkLeaseCredentialSettings(
+  c: { readonly coordinators: readonly unknown[]; readonly tlsCa?: string | undefined; readonly tlsCert?: string | undefined; readonly tlsKey?: string | undefined; readonly leaseTokenFile?: string | undefined },
+  ctx: z.RefinementCtx,
+): void {
   if ((c.tlsCert === undefined) !== (c.tlsKey === undefined)) ctx.addIssue({ code: 'custom', path: ['tlsCert'], message: '--tls-cert and --tls-key go together' });
   if (c.tlsCert !== undefined && c.tlsCa === undefined) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-cert needs --tls-ca (the CA of the coordinators\' certificates)' });
   if (c.coordinators.length === 0 && (c.tlsCa !== undefined || c.leaseTokenFile !== undefined)) ctx.addIssue({ code: 'custom', path: ['coordinators'], message: '--tls-* and --lease-token-file are for the coordinators: give --coordinators' });
+}
+
+export const agentConfigSchema = agentConfigFields.superRefine((c, ctx) => {
+  refuseLocalQuotasWithCoordinators(c, ctx, 'with --coordinators');
+  checkLeaseCredentialSettings(c, ctx);
   if (c.workers > 0 && c.rlsSocket === undefined && c.rlsListen === undefined && c.http === undefined) {
     ctx.addIssue({ code: 'custom', path: ['rlsSocket'], message: 'nothing to serve: give --rls-socket, --rls-listen or --http' });
   }

@@ -14,12 +14,13 @@ import { BucketTable } from '../cell-agent/buckets/bucket-table.js';
 import type { GcraLimit } from '../cell-agent/buckets/gcra.js';
 import { CheckService } from '../cell-agent/decide/check-service.js';
 import { Decider } from '../cell-agent/decide/decide.js';
-import { StaticQuotas, loadQuotaFile, parseQuotaFile } from '../cell-agent/decide/quotas.js';
+import { CoordinatedQuotas, StaticQuotas, loadQuotaFile, parseQuotaFile } from '../cell-agent/decide/quotas.js';
 import type { QuotaFile } from '../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { LeaseClient } from '../cell-agent/lease/lease-client.js';
 import type { LeaseState } from '../cell-agent/lease/lease-client.js';
 import { QuotaOverrides } from '../cell-agent/lease/quota-overrides.js';
+import { loadLeaseCredentials } from '../cell-agent/lease/lease-credentials.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
 import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry } from '../cell-agent/rls/rls-codec.js';
@@ -129,14 +130,17 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   if (!ruleSet.domains.has(domain)) throw new Error(`cellquota createLimiter: the rules have no domain '${domain}' (they have: ${domains.join(', ')})`);
   const name = o.name ?? domain;
 
-  const quotaFile: QuotaFile = o.tenants === undefined ? { tiers: {}, tenants: {} } : typeof o.tenants === 'string' ? await loadQuotaFile(o.tenants) : parseQuotaFile(o.tenants, 'tenants');
-  const quotas = new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
-
+  // With coordinators every quota comes from them (as for an agent: CoordinatedQuotas over the lease
+  // client's entries); alone, from the tenants option at the static share (the options refuse both).
   const coordinated = o.coordinators.length > 0;
+  const creds = coordinated ? loadLeaseCredentials({ cell: o.cell as string, tlsCa: o.tlsCa, tlsCert: o.tlsCert, tlsKey: o.tlsKey, tlsServerName: o.tlsServerName, leaseTokenFile: o.leaseTokenFile }) : null;
+  const overrides = coordinated ? new QuotaOverrides() : null;
+  const quotaFile: QuotaFile = o.tenants === undefined ? { tiers: {}, tenants: {} } : typeof o.tenants === 'string' ? await loadQuotaFile(o.tenants) : parseQuotaFile(o.tenants, 'tenants');
+  const quotas: StaticQuotas = overrides !== null ? new CoordinatedQuotas(overrides) : new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
+
   const startNs = process.hrtime.bigint();
   const clock = (): bigint => process.hrtime.bigint();
   const table = new BucketTable({ capacity: o.tableCapacity, startNs });
-  const overrides = coordinated ? new QuotaOverrides() : null;
   const deadline = coordinated ? LeaseDeadline.create() : null;
   let velocityKeys: VelocityKeys | null = null;
   let velocityTable: VelocityTable | null = null;
@@ -167,8 +171,13 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     const byId = new Map<string, string>();
     for (const c of o.coordinators) if (c.id !== undefined) byId.set(c.id, grpcAddress(c));
     counters.leaseState = 'none';
+    if (creds === null) throw new Error('createLimiter: coordinated without lease credentials');
     lease = new LeaseClient({
       cellId: o.cell as string,
+      credentials: creds.channel,
+      channelOptions: creds.channelOptions,
+      token: creds.token,
+      ...(creds.noIdentityHint === undefined ? {} : { failureHint: creds.noIdentityHint }),
       coordinators: o.coordinators.map(grpcAddress),
       coordinatorById: byId,
       logger: logger as Logger,

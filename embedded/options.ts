@@ -3,7 +3,7 @@
 // sizes) are the agent's own schemas, so a value means the same thing, with the same bounds, in both.
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
-import { agentConfigFields } from '../cell-agent/agent-config.js';
+import { agentConfigFields, checkLeaseCredentialSettings, refuseLocalQuotasWithCoordinators } from '../cell-agent/agent-config.js';
 import type { CoordinatorAddress } from '../cell-agent/agent-config.js';
 import type { UnknownTenantPolicy } from '../cell-agent/decide/quotas.js';
 
@@ -32,12 +32,21 @@ export interface LimiterOptions {
   /** `HOST:PORT,...` (or `ID=HOST:PORT,...`) of the coordinators: the replica then leases its slices
    * of every `global: true` quota like a cell agent. */
   readonly coordinators?: string | readonly string[];
-  /** Static tiers and tenants for `global: true` rules (the agent's `--tenants` format): a path or an object. */
+  /** Without coordinators: static tiers and tenants for `global: true` rules (the agent's `--tenants`
+   * format), a path or an object. Refused with `coordinators`: they hold every quota. */
   readonly tenants?: string | object;
-  /** This replica's share of every global quota before (or without) a lease, in (0, 1]. */
+  /** Without coordinators: this replica's share of every global quota, in (0, 1] (default 1). */
   readonly staticShare?: number;
-  /** `deny` | `allow` | `tier:NAME` for a global value the tenants table does not know. */
+  /** Without coordinators: `deny` | `allow` | `tier:NAME` for a global value the tenants table does
+   * not know (default deny). With coordinators their policy applies (PUT /v1/settings). */
   readonly unknownTenant?: string;
+  /** The lease client's credentials, as the agent's --tls-ca, --tls-cert, --tls-key,
+   * --tls-server-name and --lease-token-file (paths). */
+  readonly tlsCa?: string;
+  readonly tlsCert?: string;
+  readonly tlsKey?: string;
+  readonly tlsServerName?: string;
+  readonly leaseTokenFile?: string;
   /** Decide and count, but never refuse: refusals are reported (hook, metrics) and let through. */
   readonly shadow?: boolean;
   /** Live keys in the bucket table (default 100,000); when full, a new key passes or is refused per `tableFull`. */
@@ -64,8 +73,13 @@ export const limiterOptionsSchema = z.strictObject({
   cell: agent.cell.optional(),
   coordinators: agent.coordinators.default([]),
   tenants: z.union([z.string().min(1), z.looseObject({})]).optional(),
-  staticShare: agent.staticShare.default(1),
-  unknownTenant: agent.unknownTenant.default({ kind: 'deny' }),
+  staticShare: agent.staticShare,
+  unknownTenant: agent.unknownTenant,
+  tlsCa: agent.tlsCa,
+  tlsCert: agent.tlsCert,
+  tlsKey: agent.tlsKey,
+  tlsServerName: agent.tlsServerName,
+  leaseTokenFile: agent.leaseTokenFile,
   shadow: z.boolean().default(false),
   tableCapacity: agent.tableCapacity.default(EMBEDDED_TABLE_CAPACITY_DEFAULT),
   tableFull: agent.tableFull,
@@ -75,6 +89,8 @@ export const limiterOptionsSchema = z.strictObject({
   logger: z.custom<LimiterLogger>((v) => typeof v === 'object' && v !== null && ['warn', 'error', 'info'].every((m) => typeof (v as Record<string, unknown>)[m] === 'function'), 'a logger with warn, error and info').optional(),
 }).superRefine((o, ctx) => {
   if (o.coordinators.length > 0 && o.cell === undefined) ctx.addIssue({ code: 'custom', path: ['cell'], message: 'required with coordinators: this replica\'s cell id' });
+  refuseLocalQuotasWithCoordinators(o, ctx, 'with coordinators');
+  checkLeaseCredentialSettings(o, ctx);
   if (o.watchRules && typeof o.rules !== 'string') ctx.addIssue({ code: 'custom', path: ['watchRules'], message: 'only a rules path can be watched' });
 });
 
@@ -87,6 +103,11 @@ export interface ParsedLimiterOptions {
   readonly tenants: string | object | undefined;
   readonly staticShare: number;
   readonly unknownTenant: UnknownTenantPolicy;
+  readonly tlsCa: string | undefined;
+  readonly tlsCert: string | undefined;
+  readonly tlsKey: string | undefined;
+  readonly tlsServerName: string | undefined;
+  readonly leaseTokenFile: string | undefined;
   readonly shadow: boolean;
   readonly tableCapacity: number;
   readonly tableFull: 'open' | 'closed';
@@ -122,6 +143,13 @@ export function parseLimiterOptions(input: LimiterOptions): ParsedLimiterOptions
     name: o.name,
     cell: o.cell,
     tenants: o.tenants,
+    staticShare: o.staticShare ?? 1,
+    unknownTenant: o.unknownTenant ?? { kind: 'deny' },
+    tlsCa: o.tlsCa,
+    tlsCert: o.tlsCert,
+    tlsKey: o.tlsKey,
+    tlsServerName: o.tlsServerName,
+    leaseTokenFile: o.leaseTokenFile,
     registry: o.registry,
     logger: o.logger,
   };

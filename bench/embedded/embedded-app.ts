@@ -28,8 +28,7 @@ const coordinated = {
   rules: { domain: 'bench', descriptors: [{ key: 'tenant', global: true }] },
   coordinators: s.coordinators ?? '',
   cell: s.cell ?? 'bench',
-  tenants: { tiers: { big: { rate: 1_000_000, burst: 1_000_000 } }, tenants: { acme: 'big' } },
-  staticShare: 0.5,
+  // (tier 'big' and tenant 'acme' are the coordinators', written through their admin API by the benchmark)
   descriptors: () => [[{ key: 'tenant', value: 'acme' }]],
 };
 const redis = s.redisSocket === undefined ? null : new Redis({ path: s.redisSocket, maxRetriesPerRequest: 1, enableOfflineQueue: false, commandTimeout: 1000 });

@@ -92,6 +92,10 @@ void test('rules from a file, watched: a changed limit applies without a restart
 
 void test('bad options: each one named, nothing started', async () => {
   await assert.rejects(createLimiter({ rules: RULES, coordinators: '127.0.0.1:1' }), (e: Error) => e instanceof LimiterOptionsError && /cell: required with coordinators/.test(e.message));
+  // One source of truth: with coordinators the tiers, tenants, floors and unknown-tenant policy are theirs.
+  await assert.rejects(createLimiter({ rules: RULES, cell: 'c1', coordinators: '127.0.0.1:1', tenants: { tiers: {}, tenants: {} }, staticShare: 0.5, unknownTenant: 'allow' }),
+    (e: Error) => e instanceof LimiterOptionsError && ['tenants', 'staticShare', 'unknownTenant'].every((k) => new RegExp(`${k}: not with coordinators: the coordinators hold every tier`).test(e.message)));
+  await assert.rejects(createLimiter({ rules: RULES, tlsCa: '/nonexistent/ca.pem' }), (e: Error) => e instanceof LimiterOptionsError && /are for the coordinators/.test(e.message));
   await assert.rejects(createLimiter({ rules: RULES, staticShare: 2, tableCapacity: 0 }), (e: Error) => /staticShare/.test(e.message) && /tableCapacity/.test(e.message));
   await assert.rejects(createLimiter({ rules: { domain: 'a', descriptors: [{ key: 'k', rate_limit: { unit: 'fortnight', requests_per_unit: 1 } }] } }), /invalid rate limit unit 'fortnight'/);
   await assert.rejects(createLimiter({ rules: [RULES, { ...RULES, domain: 'other' }] }), /2 domains .* say which with the domain option/);

@@ -1,6 +1,7 @@
 // One app replica for the replicas test: a fastify hello-world with the cellquota plugin on `/`, one
 // global quota per tenant (`global: true`, the tenant from the x-tenant header), leased from the
-// coordinators as cell CELL. Settings come as one JSON argument; it prints `listening <url>` once it
+// coordinators as cell CELL (every tier and tenant is the coordinators', written by the test through their
+// admin API). Settings come as one JSON argument; it prints `listening <url>` once it
 // serves; GET /lease answers the lease state; it exits on SIGTERM.
 import Fastify from 'fastify';
 import cellquota from '../../embedded/fastify.js';
@@ -9,9 +10,6 @@ import { createLimiter } from '../../embedded/limiter.js';
 interface Settings {
   readonly cell: string;
   readonly coordinators: string;
-  readonly tiers: Record<string, { rate: number; burst: number }>;
-  readonly tenants: Record<string, string>;
-  readonly staticShare: number;
 }
 
 const settings = JSON.parse(process.argv[2] ?? '{}') as Settings;
@@ -19,8 +17,6 @@ const limiter = await createLimiter({
   rules: { domain: 'api', descriptors: [{ key: 'tenant', global: true }] },
   cell: settings.cell,
   coordinators: settings.coordinators,
-  tenants: { tiers: settings.tiers, tenants: settings.tenants },
-  staticShare: settings.staticShare,
 });
 const app = Fastify();
 await app.register(async (scope) => {

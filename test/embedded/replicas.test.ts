@@ -30,7 +30,7 @@ interface Replica {
 }
 
 function startReplica(cell: string, coordinators: string): Replica {
-  const settings = { cell, coordinators, tiers: { gold: { rate: Q, burst: BURST } }, tenants: { acme: 'gold' }, staticShare: FLOOR_FRACTION / CELLS.length };
+  const settings = { cell, coordinators };
   const proc = spawn(process.execPath, ['--import', 'tsx', APP, JSON.stringify(settings)], { stdio: ['ignore', 'pipe', 'pipe'] });
   const r: Replica = { cell, proc, url: null, output: '' };
   const keep = (b: Buffer): void => {
