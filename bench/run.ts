@@ -27,6 +27,7 @@ const benches: Record<string, BenchFn> = {
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
   decision: runDecisionBench,
+  overload: async (o) => (await import('./overload.js')).runOverloadBench(o),
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

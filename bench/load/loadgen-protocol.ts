@@ -45,6 +45,12 @@ export interface LoadJob {
   readonly seed: number;
   /** Progress messages every this many ms (0: none). */
   readonly progressEveryMs: number;
+  /**
+   * Count answers per tenant (allowed, fail-open) for completions inside the window, and, in closed
+   * mode, the latency of those completions too (send → answer; at most 500,000 samples). Optional:
+   * off when absent (bench/overload.ts turns it on).
+   */
+  readonly perTenant?: boolean;
 }
 
 export interface LatencySummary {
@@ -83,6 +89,11 @@ export interface PhaseResult {
   /** CPU used by the generator process over the whole phase, % of one core. */
   readonly generatorCpuPct: number;
   readonly errorSamples: readonly string[];
+  /** With perTenant: answers marked x-ratelimit-fail-open (OK without a decision), all phases. */
+  readonly failOpen?: number;
+  /** With perTenant: per tenant index, OK answers completed inside the window, and of those the fail-open ones. */
+  readonly tenantAllowed?: readonly number[];
+  readonly tenantFailOpen?: readonly number[];
 }
 
 export type ToLoadGen = { readonly type: 'job'; readonly id: number; readonly job: LoadJob } | { readonly type: 'exit' };

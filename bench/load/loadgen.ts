@@ -36,7 +36,7 @@ import { AsyncResource } from 'node:async_hooks';
 import http2 from 'node:http2';
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, decodeResponse, tenantFrames } from './rls-wire.js';
+import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, decodeResponse, tenantFrames } from './rls-wire.js';
 import { targetAddresses, type FromLoadGen, type LatencySummary, type LoadJob, type PhaseResult, type ToLoadGen } from './loadgen-protocol.js';
 import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './h2-raw.js';
 
@@ -48,6 +48,7 @@ const HEADERS: http2.OutgoingHttpHeaders = {
 };
 
 const ERROR_SAMPLES_MAX = 5;
+const CLOSED_SAMPLES = 500_000;
 
 /**
  * Node's ClientHttp2Session.request() wraps every request's start in AsyncResource#bind, which
@@ -123,11 +124,14 @@ class Call {
   body: Buffer | null = null;
   error: string | null = null;
   finished = false;
+  /** When it was sent (ms, performance.now()): the closed loop's latency with perTenant. */
+  readonly sentAt = performance.now();
   constructor(
     readonly run: Run,
     /** Paced: the scheduled send time (ms, performance.now()); closed: NaN. */
     readonly scheduled: number,
     readonly inWindow: boolean,
+    readonly tenant: number,
   ) {}
 }
 
@@ -189,6 +193,9 @@ class Run implements StreamSink {
   active = false;
   private activeSince = 0;
   readonly errorSamples: string[] = [];
+  failOpen = 0;
+  readonly tenantAllowed: number[];
+  readonly tenantFailOpen: number[];
   private nextSession = 0;
   private readonly pick: () => number;
   /** Filled by the caller after connecting: node:http2 sessions, or raw ones. */
@@ -206,8 +213,11 @@ class Run implements StreamSink {
     private readonly onComplete: () => void,
   ) {
     this.pick = tenantPicker(job.seed, job.tenants);
-    this.latencies = new Float64Array(capacity);
+    // Closed loop with perTenant: latency samples of the window's completions, up to CLOSED_SAMPLES.
+    this.latencies = new Float64Array(job.mode === 'closed' && job.perTenant === true ? CLOSED_SAMPLES : capacity);
     this.lags = new Float64Array(capacity);
+    this.tenantAllowed = job.perTenant === true ? new Array<number>(job.tenants).fill(0) : [];
+    this.tenantFailOpen = job.perTenant === true ? new Array<number>(job.tenants).fill(0) : [];
   }
 
   noteError(msg: string): void {
@@ -241,7 +251,7 @@ class Run implements StreamSink {
     const tenant = this.pick();
     this.sent++;
     this.inFlight++;
-    const call = new Call(this, scheduled, inWindow);
+    const call = new Call(this, scheduled, inWindow, tenant);
     if (this.job.client === 'raw') {
       const raw = this.rawSessions[this.nextSession++ % this.rawSessions.length];
       const template = this.templates[tenant];
@@ -292,6 +302,12 @@ class Run implements StreamSink {
       const decoded = decodeResponse(call.body);
       const code = decoded < 0 ? decoded : decoded & 0xffff;
       if (decoded >= 0 && (decoded & DEGRADED_FLAG) !== 0) this.degraded++;
+      const failOpen = decoded >= 0 && code === CODE_OK && (decoded & FAIL_OPEN_FLAG) !== 0;
+      if (failOpen) this.failOpen++;
+      if (this.job.perTenant === true && code === CODE_OK && at >= this.window.start && at < this.window.end) {
+        this.tenantAllowed[call.tenant] = (this.tenantAllowed[call.tenant] ?? 0) + 1;
+        if (failOpen) this.tenantFailOpen[call.tenant] = (this.tenantFailOpen[call.tenant] ?? 0) + 1;
+      }
       if (code === CODE_OK) this.allowed++;
       else if (code === CODE_OVER_LIMIT) this.overLimit++;
       else if (code >= 0) this.unknownCode++;
@@ -305,7 +321,10 @@ class Run implements StreamSink {
     this.onComplete();
     if (this.job.mode === 'closed') {
       // Counted only during this target's own turn: answers trailing in after it are not its throughput.
-      if (this.active && at >= this.window.start && at < this.window.end) this.measuredCompletions++;
+      if (this.active && at >= this.window.start && at < this.window.end) {
+        this.measuredCompletions++;
+        if (this.job.perTenant === true && !failed && this.latencyCount < this.latencies.length) this.latencies[this.latencyCount++] = at - call.sentAt;
+      }
       if (this.active) this.issue(Number.NaN, false);
     } else {
       if (at >= this.window.start && at < this.window.end) this.measuredCompletions++;
@@ -327,11 +346,12 @@ class Run implements StreamSink {
       measuredCompletions: this.measuredCompletions,
       measuredMs: Math.round(this.measuredMs),
       throughput: seconds > 0 ? Math.round(this.measuredCompletions / seconds) : 0,
-      latency: this.job.mode === 'paced' ? summarize(this.latencies, this.latencyCount) : null,
+      latency: this.job.mode === 'paced' || this.job.perTenant === true ? summarize(this.latencies, this.latencyCount) : null,
       sendLag: this.job.mode === 'paced' ? summarize(this.lags, this.lagCount) : null,
       offeredRate: this.job.mode === 'paced' && seconds > 0 ? Math.round(this.sentInWindow / seconds) : 0,
       generatorCpuPct: cpuPct,
       errorSamples: this.errorSamples,
+      ...(this.job.perTenant === true ? { failOpen: this.failOpen, tenantAllowed: this.tenantAllowed, tenantFailOpen: this.tenantFailOpen } : {}),
     };
   }
 }

@@ -6,10 +6,10 @@
 // its checks over every endpoint of the cluster), its RLS server on the benchmark's target and
 // nothing else (no HTTP API).
 //
-// One deviation from the agent's defaults: the lag guard is off (lagThresholdMs 0). With it, a
-// saturated agent answers fail-open without deciding (marked x-ratelimit-degraded) — right in
-// production, but then a throughput figure would count answers that skipped the decision path. The
-// load generator counts degraded answers anyway (column 'degraded'), so a guard left on shows.
+// One deviation from the agent's defaults: the lag guard is off (lagThresholdMs 0) unless
+// `options.overloadPolicy` is given (bench/overload.ts). With it, a saturated agent takes its
+// overload path — right in production, but then a throughput figure would count answers that
+// skipped the decision. The load generator counts degraded answers anyway (column 'degraded').
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseAgentConfig, type AgentConfigInput } from '../../cell-agent/agent-config.js';
@@ -32,7 +32,7 @@ export async function start(target: string, options: ServerOptions): Promise<Run
     rules: writeRules(options.scratchDir),
     workers,
     logLevel: 'warn',
-    lagThresholdMs: 0,
+    ...(options.overloadPolicy === undefined ? { lagThresholdMs: 0 } : { overloadPolicy: options.overloadPolicy, ...(options.lagThresholdMs === undefined ? {} : { lagThresholdMs: options.lagThresholdMs }) }),
     rlsServer: options.rlsServer ?? 'lean',
     ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
   };
@@ -46,6 +46,6 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   return {
     stop: () => agent.stop(),
     endpoints,
-    description: `cellquota agent (startAgent, ${options.rlsServer ?? 'lean'} RLS server), ${workers} worker${workers === 1 ? '' : 's'}, lag guard off, local rules only, serving ${endpoints.join(', ')}`,
+    description: `cellquota agent (startAgent, ${options.rlsServer ?? 'lean'} RLS server), ${workers} worker${workers === 1 ? '' : 's'}, ${options.overloadPolicy === undefined ? 'lag guard off' : `overload policy ${options.overloadPolicy}, lag threshold ${config.lagThresholdMs} ms`}, local rules only, serving ${endpoints.join(', ')}`,
   };
 }

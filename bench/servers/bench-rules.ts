@@ -9,6 +9,9 @@
 // A request is domain + one descriptor [{key: 'tenant', value: 'tenant-N'}].
 
 export const DOMAIN_UNLIMITED = 'bench';
+/** bench/overload.ts: every tenant under a small rule, SMALL_PER_SECOND a second. */
+export const DOMAIN_SMALL = 'bench-small';
+export const SMALL_PER_SECOND = 50;
 export const DOMAIN_LIMITED = 'bench-limited';
 export const TENANT_KEY = 'tenant';
 export const TENANTS = 1000;
@@ -32,6 +35,7 @@ export function rulesYaml(): { readonly file: string; readonly text: string }[] 
   const unlimited = `    rate_limit: {unit: second, requests_per_unit: ${UNLIMITED_PER_SECOND}}`;
   return [
     { file: `${DOMAIN_UNLIMITED}.yaml`, text: [`domain: ${DOMAIN_UNLIMITED}`, 'descriptors:', `  - key: ${TENANT_KEY}`, unlimited, ''].join('\n') },
+    { file: `${DOMAIN_SMALL}.yaml`, text: [`domain: ${DOMAIN_SMALL}`, 'descriptors:', `  - key: ${TENANT_KEY}`, `    rate_limit: {unit: second, requests_per_unit: ${SMALL_PER_SECOND}}`, ''].join('\n') },
     {
       file: `${DOMAIN_LIMITED}.yaml`,
       text: [

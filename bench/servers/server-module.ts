@@ -21,6 +21,10 @@ export interface ServerOptions {
   readonly workers?: number;
   /** The agent's RLS server (bench/servers/agent.ts): 'lean' (default) or 'grpc-js'. */
   readonly rlsServer?: 'lean' | 'grpc-js';
+  /** The agent's overload settings (bench/servers/agent.ts): given, the lag guard is on at the agent's
+   * default threshold (unless lagThresholdMs says otherwise) with this policy; absent, it is off. */
+  readonly overloadPolicy?: 'bounded' | 'open';
+  readonly lagThresholdMs?: number;
 }
 
 export interface RunningServer {

@@ -114,7 +114,7 @@ void describe('bench/servers/bench-rules', () => {
     assert.equal(isLimitedTenant('bench', 'tenant-1'), false);
     assert.deepEqual(
       rulesYaml().map((r) => r.file),
-      ['bench.yaml', 'bench-limited.yaml'],
+      ['bench.yaml', 'bench-small.yaml', 'bench-limited.yaml'],
     );
   });
 });
