@@ -28,6 +28,7 @@ const benches: Record<string, BenchFn> = {
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
   decision: runDecisionBench,
   overload: async (o) => (await import('./overload.js')).runOverloadBench(o),
+  'tenant-import': async (o) => (await import('./tenant-import.js')).runTenantImportBench(o),
 };
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });

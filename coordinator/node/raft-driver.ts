@@ -4,7 +4,8 @@
 // is stepped only when no Ready is outstanding, so the core's contract — no calls between ready()
 // and advance() — holds even though persisting is asynchronous. While one Ready is being
 // persisted, new inputs pile up and are handled together afterwards: that is the group commit
-// (many proposals, one fsync).
+// (many proposals, one fsync). Committed entries are applied while their Ready is persisted (see
+// pump()), so an answer never waits for an fsync that is not its own.
 import type { RaftNode } from '../raft/index.js';
 import { EntryKind, sendBeforePersist, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
 
@@ -44,8 +45,10 @@ export interface RaftDriverOptions<R> {
   readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
   /**
    * Called once when the driver stops for good: a persist (save/compact) failed — the error is a
-   * RaftPersistError — or stepping/applying threw. Nothing after the failed step was sent, applied
-   * or acknowledged; the owner must stop the process (crash-stop) and restart from what is durable.
+   * RaftPersistError — or stepping/applying threw. Nothing the failed step was to persist was sent,
+   * counted or acknowledged (the committed entries it carried were already durable on a majority
+   * and may have been applied and answered); the owner must stop the process (crash-stop) and
+   * restart from what is durable.
    */
   readonly onError?: (err: Error) => void;
 }
@@ -71,7 +74,8 @@ export class RaftRequestError extends Error {
 /**
  * Persisting a Ready (or a compaction) failed: the disk state is unknown (a failed fsync may have
  * lost writes the kernel had accepted), so the node must not act on that Ready — no message that
- * depends on it is sent, nothing in it is applied or acknowledged — and must not go on at all.
+ * depends on it is sent, none of its new entries is counted or acknowledged (only entries already
+ * committed, durable on a majority, are applied while it is written) — and must not go on at all.
  */
 export class RaftPersistError extends Error {
   readonly code = 'RAFT_PERSIST_FAILED' as const;
@@ -278,13 +282,22 @@ export class RaftDriver<R> {
         // A leader's replication goes out while its own write is in flight (thesis §10.2.1).
         const early = rd.softState.role === 'leader' ? rd.messages.filter(sendBeforePersist) : [];
         if (early.length > 0) this.opts.outbox.send(early);
+        // Committed entries are applied (and their proposals answered) while this Ready is being
+        // persisted, as etcd's server does: an entry is committed only once a majority has it
+        // durably — the leader counts itself only for entries it has persisted (its match is the
+        // core's stable index) and a follower acknowledges only after its save — so the
+        // acknowledgement keeps the contract, and no unrelated fsync (the next proposals' entries,
+        // a commit-index write) stands between a commit and its answer. A Ready that installs a
+        // snapshot is applied after it is persisted, in order.
+        const applyFirst = rd.snapshot === null;
+        if (applyFirst) this.applyReady(rd);
         // If this rejects, nothing below runs: the Ready's messages (votes, append acks, the
-        // leader's own progress) are never sent nor counted, and its entries never applied.
+        // leader's own progress) are never sent nor counted.
         await this.opts.storage.save(rd).catch((err: unknown) => {
           throw new RaftPersistError('save', err);
         });
         this.opts.outbox.send(early.length > 0 ? rd.messages.filter((m) => !early.includes(m)) : rd.messages);
-        this.applyReady(rd);
+        if (!applyFirst) this.applyReady(rd);
         this.raft.advance(rd);
         this.noticeLeader();
         await this.maybeSnapshot();
