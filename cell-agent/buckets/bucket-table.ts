@@ -375,6 +375,8 @@ export class BucketTable {
     }
   }
 
+  // ---- lookup -------------------------------------------------------------------------------
+
   private homeA(h1: number): number {
     return Math.floor(((fmix32(h1) >>> 0) * this.groups) / 4294967296);
   }

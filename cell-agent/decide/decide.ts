@@ -132,7 +132,7 @@ export interface DeciderOptions {
   /** This agent's cell, named in a refusal's provenance. */
   readonly cell?: string;
   /** Decide the common case without a plan (decideOneLocal); default true. false: always the
-   * general path (the comparison in the tests and `npm run bench -- agent-memory`). */
+   * general path (the comparison in the tests and `npm run bench -- decision`). */
   readonly fastPath?: boolean;
 }
 
