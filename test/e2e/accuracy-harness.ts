@@ -11,6 +11,7 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+import { makeLocalPki } from '../../shared/make-certs.js';
 import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../bench/load/h2-raw.js';
 import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
 import { RedisServer, findRedisServer } from '../../bench/servers/redis-server.js';
@@ -32,7 +33,8 @@ export interface ScenarioOptions {
    * `quota` points per 1 s (the burst is not used: a fixed window has none). Needs redis-server
    * (on PATH or $REDIS_SERVER): Scenario.start throws when there is none. */
   readonly mode:
-    | { readonly kind: 'leased'; readonly floorFraction: number }
+    /** tls (default: CELLQUOTA_E2E_TLS=1): mutual TLS everywhere, the lease service on its own port. */
+    | { readonly kind: 'leased'; readonly floorFraction: number; readonly tls?: boolean }
     | { readonly kind: 'static'; readonly share: number }
     | { readonly kind: 'central-redis' };
 }
@@ -70,7 +72,15 @@ export class Scenario {
 
   /** Starts everything and waits until every agent serves (and, leased, holds a lease). */
   static async start(opts: ScenarioOptions, progress: (msg: string) => void = () => undefined): Promise<Scenario> {
-    const cluster = opts.mode.kind === 'leased' ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)]) : null;
+    const tls = opts.mode.kind === 'leased' && (opts.mode.tls ?? process.env['CELLQUOTA_E2E_TLS'] === '1');
+    const leasePorts = new Map<string, number>();
+    if (tls) for (const id of ['n1', 'n2', 'n3']) leasePorts.set(id, await freePort());
+    const pkiDir = (dataDir: string): string => join(dataDir, '..', 'pki');
+    const cluster = opts.mode.kind === 'leased'
+      ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)], (r) => (tls
+        ? ['--tls-ca', join(pkiDir(r.dataDir), 'ca.pem'), '--tls-cert', join(pkiDir(r.dataDir), `replica-${r.id}.pem`), '--tls-key', join(pkiDir(r.dataDir), `replica-${r.id}.key`), '--lease-listen', `127.0.0.1:${leasePorts.get(r.id) ?? 0}`]
+        : []))
+      : null;
     const root = cluster?.root ?? mkdtempSync(join(tmpdir(), 'cq-accuracy-'));
     const s = new Scenario(opts, root, cluster, []);
     try {
@@ -99,16 +109,19 @@ export class Scenario {
       }
       writeFileSync(join(root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
       let coordinators: string | null = null;
+      let agentTls: (cell: string) => string[] = () => [];
       let share: number;
       if (cluster !== null && opts.mode.kind === 'leased') {
-        progress('starting 3 coordinators');
+        const pki = tls ? makeLocalPki(join(root, 'pki'), ['n1', 'n2', 'n3'], opts.cells) : null;
+        agentTls = (cell) => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key]);
+        progress(`starting 3 coordinators${tls ? ' (mutual TLS, leases on their own port)' : ''}`);
         cluster.startAll();
         await cluster.waitForLeader(60_000);
         const tier = await cluster.write('PUT', '/v1/tiers/gold', { rate: opts.quota, burst: opts.burst, floorFraction: opts.mode.floorFraction });
         if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
         const tenant = await cluster.write('PUT', '/v1/tenants/acme', { tier: 'gold' });
         if (tenant.status !== 200) throw new Error(`PUT tenant: ${tenant.status} ${JSON.stringify(tenant.body)}`);
-        coordinators = [...cluster.replicas.values()].map((r) => `127.0.0.1:${r.peerPort}`).join(',');
+        coordinators = [...cluster.replicas.values()].map((r) => (tls ? `${r.id}=127.0.0.1:${leasePorts.get(r.id) ?? 0}` : `127.0.0.1:${r.peerPort}`)).join(',');
         share = 0; // unused: leased agents take every quota and floor from the coordinators
       } else {
         // Alone: the tenant comes from a tenants file, at a static share of it.
@@ -116,7 +129,7 @@ export class Scenario {
         share = opts.mode.kind === 'static' ? opts.mode.share : 1;
       }
       progress(`starting ${opts.cells.length} agents (${coordinators === null ? `static share ${share}` : 'leased'})`);
-      for (const cell of opts.cells) s.agents.push(await startAgent(root, cell, share, coordinators));
+      for (const cell of opts.cells) s.agents.push(await startAgent(root, cell, share, coordinators, agentTls(cell)));
       for (const a of s.agents) {
         await waitUntil(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, 60_000, () => a.output);
         if (coordinators !== null) await waitUntil(`agent ${a.cell} leased`, async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, 60_000, () => a.output);
@@ -162,13 +175,13 @@ export class Scenario {
   }
 }
 
-async function startAgent(root: string, cell: string, share: number, coordinators: string | null): Promise<RunningAgent> {
+async function startAgent(root: string, cell: string, share: number, coordinators: string | null, extra: readonly string[] = []): Promise<RunningAgent> {
   const port = await freePort();
   const socket = join(root, `${cell}.sock`);
   // With coordinators no tenants file: every tenant comes from the admin API.
   const args = ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'),
     '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0',
-    ...(coordinators === null ? ['--tenants', join(root, 'tenants.yaml'), '--static-share', String(share)] : ['--coordinators', coordinators])];
+    ...(coordinators === null ? ['--tenants', join(root, 'tenants.yaml'), '--static-share', String(share)] : ['--coordinators', coordinators]), ...extra];
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
   const agent: RunningAgent = { cell, socket, httpUrl: `http://127.0.0.1:${port}`, proc, output: '' };
   const keep = (b: Buffer): void => {
