@@ -19,6 +19,7 @@ import { BucketTable } from './buckets/bucket-table.js';
 import type { RuleSet } from './rules/rules-compile.js';
 import type { RulesError } from './rules/rules-errors.js';
 import { loadRules, watchRules } from './rules/rules-load.js';
+import type { LoadRulesOptions } from './rules/rules-load.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
@@ -108,7 +109,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   const leaseCreds = config.coordinators.length > 0 ? loadLeaseCredentials(config) : null;
 
   // ---- rules and quotas -------------------------------------------------------------------------
-  const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules);
+  const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules, { mergeDomains: config.mergeDomains });
   let currentRules: RuleSet = ruleSet;
   let currentSnapshot: RulesSnapshot = snapshot;
   const routes: Routes = config.routes === undefined ? DEFAULT_ROUTES : await loadRoutes(config.routes);
@@ -468,7 +469,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     }
     metrics.configReloads.inc({ result: 'failure' });
     log.error({ error: error.message, code: error.code, keeping: lastGood?.fingerprint ?? currentRules.fingerprint }, 'rules reload failed; keeping the last good rules');
-  }, { initial: ruleSet, debounceMs: config.rulesDebounceMs });
+  }, { initial: ruleSet, debounceMs: config.rulesDebounceMs, mergeDomains: config.mergeDomains });
 
   const endpoints: AgentEndpoints = {
     rlsUnix: slots.flatMap((s) => (s.endpoints?.unix === null || s.endpoints?.unix === undefined ? [] : [s.endpoints.unix])),
@@ -534,9 +535,9 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
 }
 
 /** loadRules, then the snapshot of exactly those files (retried if a file changes in between). */
-async function loadRulesWithSnapshot(path: string): Promise<{ ruleSet: RuleSet; snapshot: RulesSnapshot }> {
+async function loadRulesWithSnapshot(path: string, options: LoadRulesOptions): Promise<{ ruleSet: RuleSet; snapshot: RulesSnapshot }> {
   for (let attempt = 0; ; attempt++) {
-    const ruleSet = await loadRules(path);
+    const ruleSet = await loadRules(path, options);
     try {
       return { ruleSet, snapshot: snapshotOf(ruleSet) };
     } catch (error) {

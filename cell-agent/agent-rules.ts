@@ -23,6 +23,8 @@ export interface RulesSource {
 export interface RulesSnapshot {
   readonly sources: readonly RulesSource[];
   readonly fingerprint: string;
+  /** --merge-domains: compile as the main thread did. */
+  readonly mergeDomains: boolean;
 }
 
 export class RulesChangedError extends Error {
@@ -51,10 +53,10 @@ export function snapshotOf(ruleSet: RuleSet): RulesSnapshot {
   if (ruleSet.fingerprint !== null && fingerprint !== ruleSet.fingerprint) {
     throw new RulesChangedError('rules files changed while they were being read');
   }
-  return { sources, fingerprint };
+  return { sources, fingerprint, mergeDomains: ruleSet.mergeDomains };
 }
 
 /** Compiles a snapshot (in a worker). Throws RulesError. */
 export function compileSnapshot(snapshot: RulesSnapshot): RuleSet {
-  return compileRules(snapshot.sources.map((s) => parseRulesYaml(s.text, s.file)), { fingerprint: snapshot.fingerprint });
+  return compileRules(snapshot.sources.map((s) => parseRulesYaml(s.text, s.file)), { fingerprint: snapshot.fingerprint, mergeDomains: snapshot.mergeDomains });
 }

@@ -104,6 +104,8 @@ export interface RuleSet {
   readonly rules: readonly RuleNode[];
   /** An opaque digest of the sources when the loader supplied one (rules-load.ts), else null. */
   readonly fingerprint: string | null;
+  /** Compiled with CompileOptions.mergeDomains (a worker recompiling the sources must do the same). */
+  readonly mergeDomains: boolean;
 }
 
 export interface CompileOptions {
@@ -171,6 +173,7 @@ export function compileRules(files: readonly RulesFile[], options: CompileOption
     files: Object.freeze(files.map((f) => f.file)),
     rules: Object.freeze(rules),
     fingerprint: options.fingerprint ?? null,
+    mergeDomains: options.mergeDomains === true,
   });
 }
 

@@ -3,14 +3,22 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { runAgentCommand } from '../../../cell-agent/agent-cli.js';
-import { RlsClient, d, tempDir, unixTarget } from './agent-helpers.js';
+import { RlsClient, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
 
 const RULES = 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n';
+
+/** A rules directory for domain api: RULES (key k, 1 an hour) in a.yaml, then one file per key given. */
+function domainFiles(dir: ReturnType<typeof tempDir>, name: string, keys: readonly string[]): string {
+  mkdirSync(join(dir.path, name));
+  dir.file(`${name}/a.yaml`, RULES);
+  keys.forEach((key, i) => dir.file(`${name}/${String.fromCharCode(98 + i)}.yaml`, `domain: api\ndescriptors:\n  - key: ${key}\n    rate_limit: {unit: hour, requests_per_unit: 2}\n`));
+  return join(dir.path, name);
+}
 
 function io(): { out: string[]; err: string[]; io: Parameters<typeof runAgentCommand>[2] } {
   const out: string[] = [];
@@ -38,6 +46,9 @@ void test('bad settings exit 2 with the setting and its source named', async () 
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--bogus', '1'], {}, /unknown flag --bogus/],
       [['--cell', 'c', '--rules', dir.file('bad.yaml', 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n'), '--http', '127.0.0.1:0'], {}, /invalid rate limit unit 'fortnight'/],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--tenants', dir.file('t.yaml', 'tenants: {a: gold}\n')], {}, /unknown tier 'gold'/],
+      // Two files of one domain: refused unless --merge-domains; merged, a key in both is still an error.
+      [['--cell', 'c', '--rules', domainFiles(dir, 'split', ['m']), '--http', '127.0.0.1:0'], {}, /b.yaml:1:9: duplicate domain 'api' in config file/],
+      [['--cell', 'c', '--rules', domainFiles(dir, 'clash', ['j', 'j']), '--http', '127.0.0.1:0', '--merge-domains'], {}, /c\.yaml:3:5: duplicate descriptor composite key 'api\.j'/],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'tier:gold'], {}, /names tier 'gold'/],
       // With coordinators they hold every quota: a file or share beside them could only disagree.
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001', '--tenants', dir.file('t2.yaml', 'tiers: {gold: {rate: 1, burst: 1}}\n')], {}, /--tenants: not with --coordinators/],
@@ -129,6 +140,34 @@ void test('a real agent process: endpoints printed, serving, static slices logge
     assert.match(stdout, /cell agent stopped/);
   } finally {
     if (child.exitCode === null) child.kill('SIGKILL');
+    dir.remove();
+  }
+});
+
+void test('--merge-domains (here CELLQUOTA_MERGE_DOMAINS): two files of one domain are one domain, in the workers too', async () => {
+  const dir = tempDir();
+  const socket = join(dir.path, 'rls.sock');
+  const cli = fileURLToPath(new URL('../../../cell-agent/agent-cli.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', cli, '--cell', 'merge', '--rules', domainFiles(dir, 'rules', ['m']), '--rls-socket', socket, '--workers', '1', '--table-capacity', '1000'], {
+    cwd: fileURLToPath(new URL('../../..', import.meta.url)),
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, CELLQUOTA_MERGE_DOMAINS: 'true', CELLQUOTA_LOG_LEVEL: 'warn' },
+  });
+  let output = '';
+  child.stdout.on('data', (b: Buffer) => { output += b.toString(); });
+  child.stderr.on('data', (b: Buffer) => { output += b.toString(); });
+  const client = new RlsClient(unixTarget(socket));
+  try {
+    // Served once the socket answers; a rule from each file: k (1 an hour, a.yaml) and m (2 an hour, b.yaml).
+    await eventually(async () => (existsSync(socket) ? (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code : undefined), 30_000);
+    assert.equal((await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code, 'OVER_LIMIT', `k from a.yaml; ${output}`);
+    const m = [];
+    for (let i = 0; i < 3; i++) m.push((await client.check({ domain: 'api', descriptors: [d(['m', 'v'])] })).overall_code);
+    assert.deepEqual(m, ['OK', 'OK', 'OVER_LIMIT'], `m from b.yaml; ${output}`);
+  } finally {
+    client.close();
+    child.kill('SIGTERM');
+    if (child.exitCode === null) await new Promise((r) => child.once('exit', r));
     dir.remove();
   }
 });
