@@ -84,7 +84,7 @@ async function reportToLeader(addresses: readonly string[], creds: grpc.ChannelC
   return last;
 }
 
-async function until<T>(what: string, fn: () => Promise<T | null | false>, timeoutMs = 30_000): Promise<T> {
+async function until<T>(what: string, fn: () => Promise<T | null | false>, timeoutMs = 90_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await fn().catch(() => null);
