@@ -45,6 +45,12 @@ after(async () => {
   dir.remove();
 });
 
+void test('the gateway decides under the agent\'s overload policy: bounded by default, open or another allowance when asked', () => {
+  assert.deepEqual(gateway.agent.check.overload, { policy: 'bounded', allowance: 1 });
+  const open = parseGatewayConfig({ listen: '127.0.0.1:0', upstream: upstream.url, rules: 'r.yaml', overloadPolicy: 'open', overloadAllowance: '0.5', lagThresholdMs: '20' });
+  assert.deepEqual([open.overloadPolicy, open.overloadAllowance, open.lagThresholdMs], ['open', '0.5', '20'], 'passed on to the embedded agent, whose schema validates them');
+});
+
 void test('per-visitor limits, a spoofed X-Forwarded-For chain, 429 with Retry-After; throttling logged per client', async () => {
   await perVisitorLimits(gateway.url, visitor);
   const line = await eventually(() => captured.lines.find((l) => l['msg'] === 'throttled' && typeof l['key'] === 'string' && l['key'].includes('remote_address=127.0.0.')));

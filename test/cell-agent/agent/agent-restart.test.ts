@@ -81,7 +81,6 @@ void test('a restarted agent under steady load gives no fail-open answer (and no
   const all = running.bins.filter((b) => b.t > from && b.t <= from + FIRST_MS);
   const window = all.filter((b, i) => steady(b) && (i === 0 || steady(all[i - 1])));
   assert.ok(window.length >= all.length / 2, `the load itself ran steadily for most of the window (${window.length} of ${all.length} bins)`);
-  if (process.env['DEBUG_RESTART'] !== undefined) console.log(running.bins.filter((b) => b.t > killedAt).map((b) => `${Math.round(b.t - from)}:${b.cells.map((c) => `${c.sent}/${c.admitted}/${c.refused}/${c.errors}/${c.failOpen}`).join()}`).join(' '));
   const answered = sum(window, (c) => c.admitted + c.refused + c.failOpen);
   const failOpen = sum(window, (c) => c.failOpen);
   const admitted = sum(window, (c) => c.admitted);
