@@ -43,7 +43,7 @@ import { VelocityKeys, VelocityTable } from './velocity/velocity-table.js';
 import { Counter, Gauge } from 'prom-client';
 import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseState } from './lease/lease-client.js';
-import { QuotaOverrides } from './lease/quota-overrides.js';
+import { QuotaOverrides, reconfigureBuckets } from './lease/quota-overrides.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from './lease/lease-deadline.js';
 import { loadLeaseCredentials } from './lease/lease-credentials.js';
 import type { LeaseCredentials } from './lease/lease-credentials.js';
@@ -436,6 +436,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
       deadline: deadlineWriter(deadline, startNs),
       onOverrides: (entries) => {
         const clamped = overrides.apply(entries);
+        reconfigureBuckets(table, overrides, entries, clock());
         const seq = ++overrideSeq;
         for (const slot of slots) slot.worker?.postMessage({ kind: 'overrides', entries, seq } satisfies MainToWorker);
         return new Promise<ClampedEntry[]>((resolve) => {

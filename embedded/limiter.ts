@@ -19,7 +19,7 @@ import type { QuotaFile } from '../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { LeaseClient } from '../cell-agent/lease/lease-client.js';
 import type { LeaseState } from '../cell-agent/lease/lease-client.js';
-import { QuotaOverrides } from '../cell-agent/lease/quota-overrides.js';
+import { QuotaOverrides, reconfigureBuckets } from '../cell-agent/lease/quota-overrides.js';
 import { loadLeaseCredentials } from '../cell-agent/lease/lease-credentials.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
@@ -184,7 +184,11 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       velocity: () => keys.snapshot(clock()),
       ...(deadline === null ? {} : { monotonicMs: monotonicMsOf(clock, startNs), deadline: deadlineWriter(deadline, startNs) }),
       // One thread: the Decider reads the same QuotaOverrides, so a grant is in force once applied.
-      onOverrides: (entries) => overrides.apply(entries),
+      onOverrides: (entries) => {
+        const clamped = overrides.apply(entries);
+        reconfigureBuckets(table, overrides, entries, clock());
+        return clamped;
+      },
       onStateChange: (state) => {
         counters.leaseState = state;
       },

@@ -17,6 +17,8 @@
 // than granted, never more — and reported back so the caller can log it.
 import { MAX_GCRA_WINDOW_NS } from '../../shared/gcra-window.js';
 import { planted } from '../../shared/planted-bugs.js';
+import type { BucketTable } from '../buckets/bucket-table.js';
+import { globalBucketKey } from '../decide/decide.js';
 import { limitFromRate } from '../buckets/gcra.js';
 import type { CoordinatedSlice } from '../decide/quotas.js';
 import { reportedLimit } from '../decide/quotas.js';
@@ -104,6 +106,22 @@ export class QuotaOverrides {
   /** Every entry, for a (re)started worker. */
   entries(): OverrideEntry[] {
     return [...this.given.values()];
+  }
+}
+
+/**
+ * After apply(): re-configures at once the existing bucket of every key whose entry changed, so a
+ * smaller limit clamps and refills at its own rate from now on. Left to the next check, a bucket
+ * whose limit went A → B → C with no check under B would go from A straight to C: B's clamp skipped
+ * and the time under B refilled at A's rate (found by the quota simulation, seed 108). Keys
+ * without a bucket get none (a 0-hit check on a present key only re-configures it).
+ */
+export function reconfigureBuckets(table: BucketTable, overrides: QuotaOverrides, entries: readonly OverrideEntry[], nowNs: bigint): void {
+  for (const e of entries) {
+    const o = overrides.get(e.key);
+    if (o === undefined) continue;
+    const key = globalBucketKey(e.key);
+    if (table.has(key)) table.take(key, o.limit, 0, nowNs);
   }
 }
 

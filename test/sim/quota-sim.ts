@@ -45,7 +45,7 @@ import { DEFAULT_REQUEST_BOUNDS } from '../../cell-agent/decide/request-check.js
 import { LeaseClient, leaseCallError } from '../../cell-agent/lease/lease-client.js';
 import type { LeaseCallResult, LeaseTimers, LeaseTransport } from '../../cell-agent/lease/lease-client.js';
 import { LeaseDeadline, deadlineWriter } from '../../cell-agent/lease/lease-deadline.js';
-import { QuotaOverrides } from '../../cell-agent/lease/quota-overrides.js';
+import { QuotaOverrides, reconfigureBuckets } from '../../cell-agent/lease/quota-overrides.js';
 import type { OverrideEntry } from '../../cell-agent/lease/quota-overrides.js';
 import { compileRules } from '../../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../../cell-agent/rules/rules-compile.js';
@@ -123,6 +123,8 @@ const DEFINITION_HORIZON_MS = 6_000;
 /** The documented clock-rate limit the defaults tolerate is 1/7 (leader-clock.ts); runs draw up to this. */
 const MAX_RATE_ERROR = 0.12;
 const WALL_BASE_MS = 1_800_000_000_000;
+/** A resumed thread reads its port this long after the socket reads queued while it was stalled. */
+const PORT_AFTER_SOCKETS_MS = 1;
 
 const TIERS = { gold: { rate: 200, burst: 100, floorFraction: 0.15 }, silver: { rate: 120, burst: 40, floorFraction: 0.3 } } as const;
 const GOLD_CAP = { rate: 300, burst: 90, floorFraction: 0.3 };
@@ -288,7 +290,8 @@ class Simulation {
   on(thread: Thread, t: number, fn: () => void, async = true, late = false): void {
     const run = (): void => {
       if (this.q.now < thread.stalledUntil) {
-        this.q.schedule(late ? thread.stalledUntil + this.net.range(0.1, 5) : thread.stalledUntil, run);
+        // The same delay for every port message: a port delivers in order.
+        this.q.schedule(late ? thread.stalledUntil + PORT_AFTER_SOCKETS_MS : thread.stalledUntil, run);
         return;
       }
       fn();
@@ -851,6 +854,7 @@ class Agent {
     };
     const onOverrides = (entries: OverrideEntry[]): Promise<void> => {
       (overridesOf[0] as QuotaOverrides).apply(entries);
+      reconfigureBuckets(table, overridesOf[0] as QuotaOverrides, entries, this.nowNs());
       const s = ++seq;
       workers.forEach((w, i) => {
         // A busy worker may read its sockets before its message port: the entries reach it late.
