@@ -859,7 +859,7 @@ class Agent {
       workers.forEach((w, i) => {
         // A busy worker may read its sockets before its message port: the entries reach it late.
         // A MessagePort delivers in order.
-        const lag = sim.net.chance(sim.portLagP) ? sim.net.range(50, 600) : sim.net.range(0.01, 3);
+        const lag = sim.net.chance(sim.portLagP) ? sim.net.range(100, 1_500) : sim.net.range(0.01, 3);
         const at = Math.max(portAt[i] as number, sim.q.now + lag);
         portAt[i] = at;
         sim.on(w, at, () => {
