@@ -437,18 +437,27 @@ export class LeaseClient {
       granted.add(g.key);
       const held = this.grants.get(g.key);
       if (held !== undefined && held.epoch >= g.epoch) continue;
-      toAck.push([g.key, g.epoch]);
       if (g.deleted) {
         // The quota was deleted: acknowledge its zero grant, then forget the key.
+        toAck.push([g.key, g.epoch]);
         this.grants.delete(g.key);
         forgotten.push(g.key);
         continue;
       }
       const parent = typeof g.parent === 'string' && QUOTA_KEY.test(g.parent) && g.parent.startsWith('tier/') ? g.parent : null;
       const h: HeldGrant = { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst, version: g.version, parent };
+      if (!live) {
+        // Its lease is already over: the floor only, and the grant is neither held nor acknowledged,
+        // so a later lease never resumes it as leased (the coordinator may have released it
+        // meanwhile without a new epoch; found by the quota simulation, seed 1167). The next answer
+        // carries it again.
+        changed.set(g.key, floorEntry(g.key, h));
+        continue;
+      }
+      toAck.push([g.key, g.epoch]);
       this.grants.set(g.key, h);
       newHeld.set(g.key, h);
-      changed.set(g.key, live ? leasedEntry(g.key, h, this.generation) : floorEntry(g.key, h));
+      changed.set(g.key, leasedEntry(g.key, h, this.generation));
     }
     this.applyDefinitions(res, granted, forgotten, changed);
     if (res.full) this.haveFull = true;
