@@ -942,6 +942,16 @@ class Agent {
     }, false);
   }
 
+  /** When the cell's buckets for `key` began refilling, for a window that may still hold the previous process's admissions. */
+  private since(p: AgentProcess, key: string): number {
+    const now = this.sim.q.now;
+    const cur = p.firstSeen.get(key) ?? now;
+    const old = this.previous?.firstSeen.get(key);
+    return old !== undefined && now - WINDOW_MS <= this.previous!.stoppedAt ? Math.min(old, cur) : cur;
+  }
+
+  private previous: { readonly firstSeen: ReadonlyMap<string, number>; readonly stoppedAt: number } | null = null;
+
   planRestart(at: number, downMs: number): void {
     const sim = this.sim;
     sim.at(at, () => {
@@ -951,6 +961,7 @@ class Agent {
       sim.stats.restarts++;
       this.evictions += p.table.evictions;
       p.client.stop();
+      this.previous = { firstSeen: p.firstSeen, stoppedAt: sim.q.now };
       this.process = null;
       sim.at(sim.q.now + downMs, () => this.boot());
     });
@@ -999,7 +1010,7 @@ class Agent {
       if (own === undefined || own.hits < need) {
         throw new Stop({ kind: 'consumed', atMs: sim.q.now, message: `${this.cell} admitted ${need} for tenant/${tenant} without counting them under its quota`, evidence: { consumed: [...this.consumed], req: JSON.stringify(req) } });
       }
-      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits, p.firstSeen.get(c.key) ?? sim.q.now);
+      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits, this.since(p, c.key));
     }, false);
   }
 }
