@@ -22,7 +22,10 @@ import type { StatsShared, StatsTotals } from '../cell-agent/observe/stats.js';
 /** What the limiter counts itself (plain fields, read at scrape time). */
 export interface LimiterCounters {
   shadowRefused: number;
-  /** Failures around the decision in the HTTP integrations (the descriptors function threw; descriptors over the bounds). */
+  /**
+   * Failures around the decision in the HTTP integrations (the descriptors function threw; descriptors over the
+   * bounds).
+   */
   failOpenOutside: number;
   invalidOutside: number;
   leaseState: 'off' | LeaseState;

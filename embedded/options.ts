@@ -155,7 +155,10 @@ export function parseLimiterOptions(input: LimiterOptions): ParsedLimiterOptions
   };
 }
 
-/** The limiter options among an integration's options (the rest are the HTTP integration's); `logger` defaults to the given one. */
+/**
+ * The limiter options among an integration's options (the rest are the HTTP integration's); `logger` defaults to the
+ * given one.
+ */
 export function limiterOptionsOf(o: LimiterOptions, logger: LimiterLogger): LimiterOptions {
   const { rules, domain, name, cell, coordinators, tenants, staticShare, unknownTenant, shadow, tableCapacity, tableFull, watchRules, registry } = o;
   const out: Record<string, unknown> = { rules, domain, name, cell, coordinators, tenants, staticShare, unknownTenant, shadow, tableCapacity, tableFull, watchRules, registry, logger: o.logger ?? logger };

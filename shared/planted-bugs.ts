@@ -12,7 +12,10 @@ export const PLANTED_BUGS = [
   'full-start-moved-grant',
   /** The deciders do not read the lease deadline: a grant holds until the main thread posts the floors. */
   'deadline-off-hot-path',
-  /** A new lease leader stamps its own wall clock at once (no read barrier, no grace): an offset releases leases early. */
+  /**
+   * A new lease leader stamps its own wall clock at once (no read barrier, no grace): an offset releases leases
+   * early.
+   */
   'release-by-wall-clock',
   /** The lease leader counts every grant it sent as acknowledged (a shrink frees capacity before it is applied). */
   'forged-ack',

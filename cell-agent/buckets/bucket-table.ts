@@ -65,8 +65,8 @@
 // a burst it did not refill itself.
 //
 // Time: callers pass nowNs on their own clock (e.g. process.hrtime.bigint(), shared by all threads);
-// startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns ≈ 4.5 years] (a TAT is at most
-// now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
+// startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns
+// ≈ 4.5 years] (a TAT is at most now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
 
 import { gcraInitialTat, gcraReconfigure, gcraStepInto, MAX_WINDOW_NS, NEVER_NS, newGcraScratch, type GcraDecisionScratch, type GcraLimit } from './gcra.js';
 import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';

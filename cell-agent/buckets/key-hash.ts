@@ -75,7 +75,8 @@ export class KeyHashStream {
   }
 
   private unit(ch: number): void {
-    // The FNV multiply on 32-bit halves: (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32.
+    // The FNV multiply on 32-bit halves:
+    // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32.
     let lo = this.lo ^ ch;
     const t = (lo >>> 0) * 0x1b3; // < 2^41: exact in a double
     const carry = (t / TWO_32) | 0;

@@ -88,7 +88,10 @@ export interface Refusal {
   readonly level: RefusingLevel;
   /** The local rule's name (its bucket key when unnamed) or the global quota's key. */
   readonly limit: string;
-  /** Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share' (no grant yet). */
+  /**
+   * Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share'
+   * (no grant yet).
+   */
   readonly decidedOn: 'lease' | 'floor' | 'static-share' | null;
   readonly epoch: number | null;
   readonly cell: string | null;
@@ -116,7 +119,10 @@ export interface DeciderDeps {
   readonly onRefused?: ((key: string, hits: number, why: Refusal) => void) | null;
   /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
   readonly overrides?: QuotaOverrides | null;
-  /** The lease's end in shared memory (lease-deadline.ts): a leased grant whose lease ended decides on its floor at once. */
+  /**
+   * The lease's end in shared memory (lease-deadline.ts): a leased grant whose lease ended decides on its floor at
+   * once.
+   */
   readonly deadline?: LeaseDeadline | null;
 }
 
@@ -387,7 +393,10 @@ export class Decider {
     this.addSlice(levels, plan, i, domainCapKey(domain), quotas.domainCap, hits, m.shadowMode, 'domain-cap');
   }
 
-  /** A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no level). */
+  /**
+   * A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no
+   * level).
+   */
   private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean, kind: RefusingLevel): void {
     const overrides = this.deps.overrides;
     let o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
@@ -651,7 +660,10 @@ function descriptorRefused(plan: DescriptorPlan): boolean {
   return false;
 }
 
-/** envoyproxy/ratelimit: OVER_LIMIT iff a non-quota-mode descriptor is over, or every quota-mode one is (and there is one). */
+/**
+ * envoyproxy/ratelimit: OVER_LIMIT iff a non-quota-mode descriptor is over, or every quota-mode one is (and there is
+ * one).
+ */
 function overallOverLimit(plans: readonly DescriptorPlan[]): boolean {
   let quotaModeCount = 0;
   let quotaModeOver = 0;
@@ -667,7 +679,10 @@ function overallOverLimit(plans: readonly DescriptorPlan[]): boolean {
   return quotaModeCount > 0 && quotaModeOver === quotaModeCount;
 }
 
-/** The level a descriptor's status reports: the refusing one, else a shadow refusal, else the one with the fewest tokens. */
+/**
+ * The level a descriptor's status reports: the refusing one, else a shadow refusal, else the one with the fewest
+ * tokens.
+ */
 function reportedLevel(plan: DescriptorPlan): { readonly level: Level; readonly as: 'refused' | 'shadow' | 'least' } | null {
   if (plan.levels.length === 0) return null;
   let shadowRefusal: Level | null = null;

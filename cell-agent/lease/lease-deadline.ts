@@ -14,8 +14,8 @@
 // the floor sooner, never later.
 //
 // Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), then Int32s:
-// the lease generation and the write count. The client starts a new generation whenever it forgets its grants (the lease
-// expired: it takes a new incarnation, and the coordinator may have re-granted what it held); a
+// the lease generation and the write count. The client starts a new generation whenever it forgets
+// its grants (the lease expired: it takes a new incarnation, and the coordinator may have re-granted what it held); a
 // grant is tagged with the generation it arrived in, and a grant of an older generation is never in
 // force again, even once a new lease renews the deadline before that thread saw the floors message.
 // Ordering: the writer bumps the generation BEFORE it publishes a deadline of the new generation;
@@ -78,7 +78,7 @@ export class LeaseDeadline {
     return next;
   }
 
-  /** The lease of the current generation lasts until `deadlineNs` (never shortened here: the client only extends it). */
+  /** The current generation's lease lasts until `deadlineNs` (never shortened here: the client only extends it). */
   renewUntil(deadlineNs: bigint): void {
     if (deadlineNs <= Atomics.load(this.deadline, D_DEADLINE)) return;
     Atomics.store(this.deadline, D_DEADLINE, deadlineNs);

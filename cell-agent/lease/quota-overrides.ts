@@ -33,7 +33,10 @@ const ALLOW_RATE = 1e9;
 export type OverrideEntry =
   | {
     readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null; readonly epoch?: number;
-    /** A leased grant: the lease generation it arrived in (lease-deadline.ts) and the floor the deciders fall to once that lease ended. */
+    /**
+     * A leased grant: the lease generation it arrived in (lease-deadline.ts) and the floor the deciders fall to once
+     * that lease ended.
+     */
     readonly lease?: number; readonly floorRate?: number; readonly floorBurst?: number;
   }
   | { readonly key: string; readonly remove: true }
@@ -42,7 +45,10 @@ export type OverrideEntry =
 export interface OverrideSlice extends CoordinatedSlice {
   readonly leased: boolean;
   readonly epoch: number | null;
-  /** A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to check. */
+  /**
+   * A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to
+   * check.
+   */
   readonly lease: number | null;
   /** What a leased grant decides on once its lease ended (its floor, not leased); null when `lease` is null. */
   readonly floor: OverrideSlice | null;

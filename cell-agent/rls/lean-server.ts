@@ -34,7 +34,10 @@ import { GRPC_CODE, UnaryCollector, encodeGrpcMessage, frameMessage, isGrpcConte
 import { HEALTH_SERVICE_NAME, HealthState, RLS_METHOD_PATH, bindUnix, removeIfOurs, tcpEndpoint } from './rls-common.js';
 import type { BoundUnix, RlsListenOptions, RlsServerHandle } from './rls-common.js';
 
-/** Streams one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). Envoy opens another connection when a pool's connection is full. */
+/**
+ * Streams one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). Envoy opens another
+ * connection when a pool's connection is full.
+ */
 export const MAX_CONCURRENT_STREAMS = 1024;
 /** node:http2's bound on a connection's buffered memory, MB (past it the peer gets ENHANCE_YOUR_CALM). */
 const MAX_SESSION_MEMORY_MB = 32;

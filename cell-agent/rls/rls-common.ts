@@ -71,7 +71,10 @@ export interface HealthWatcher {
   write(status: number): void;
 }
 
-/** envoyproxy/ratelimit's health service name (`NewHealthChecker(health.NewServer(), "ratelimit", …)`), which deployments migrating from it probe. */
+/**
+ * envoyproxy/ratelimit's health service name (`NewHealthChecker(health.NewServer(), "ratelimit", …)`), which
+ * deployments migrating from it probe.
+ */
 export const RATELIMIT_HEALTH_NAME = 'ratelimit';
 /** The service names the health service knows: the whole server, the RLS, and envoyproxy/ratelimit's name. */
 export const HEALTH_SERVICE_NAMES: readonly string[] = Object.freeze(['', RLS_SERVICE_NAME, RATELIMIT_HEALTH_NAME]);
@@ -122,7 +125,10 @@ export interface BoundUnix {
   readonly ino: number;
 }
 
-/** Binds a Unix socket at listen.path: `listenAt(tmp)` makes the server listen on a temporary path, renamed into place once its mode is set. */
+/**
+ * Binds a Unix socket at listen.path: `listenAt(tmp)` makes the server listen on a temporary path, renamed into place
+ * once its mode is set.
+ */
 export async function bindUnix(listen: UnixListen, listenAt: (tmpPath: string) => Promise<void>): Promise<BoundUnix> {
   const path = resolve(listen.path);
   const tmp = join(dirname(path), `.cq-${process.pid.toString(36)}-${threadId.toString(36)}-${basename(path).slice(0, 8)}.tmp`);

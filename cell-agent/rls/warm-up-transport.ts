@@ -15,7 +15,10 @@ import { RLS_METHOD_PATH } from './rls-common.js';
 
 const HEADERS = Object.freeze({ ':method': 'POST', ':path': RLS_METHOD_PATH, 'content-type': 'application/grpc', te: 'trailers' });
 
-/** Sends `calls` RLS calls (`concurrency` at a time) through a lean server on 127.0.0.1:0; resolves when done (or after budgetMs). */
+/**
+ * Sends `calls` RLS calls (`concurrency` at a time) through a lean server on 127.0.0.1:0; resolves when done (or
+ * after budgetMs).
+ */
 export async function warmUpTransport(service: CheckService, requests: readonly RlsRequest[], logger: Logger, opts: { calls?: number; concurrency?: number; budgetMs?: number } = {}): Promise<{ calls: number; ms: number }> {
   const started = performance.now();
   const calls = opts.calls ?? 800;

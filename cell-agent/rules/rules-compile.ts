@@ -82,7 +82,10 @@ export interface RuleNode {
   readonly quotaMode: boolean;
   readonly global: boolean;
   readonly metadata: JsonObject | null;
-  /** Whether the stats key uses request values: detailed_metric here, or value_to_metric on a non-exact node of the path. */
+  /**
+   * Whether the stats key uses request values: detailed_metric here, or value_to_metric on a non-exact node of the
+   * path.
+   */
   readonly metricKeyFromRequest: boolean;
   readonly children: RuleLevel;
   readonly file: string;
@@ -109,7 +112,10 @@ export interface RuleSet {
 }
 
 export interface CompileOptions {
-  /** Merge files that name the same domain instead of rejecting them (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG). Default false. */
+  /**
+   * Merge files that name the same domain instead of rejecting them (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+   * Default false.
+   */
   readonly mergeDomains?: boolean | undefined;
   /** Stored as RuleSet.fingerprint. */
   readonly fingerprint?: string | undefined;

@@ -278,7 +278,9 @@ function buildMatch(domain: string, entries: readonly DescriptorEntry[], levels:
   };
 }
 
-/** envoyproxy/ratelimit's stats key with request values (detailed_metric on the leaf, or value_to_metric on a level). */
+/**
+ * envoyproxy/ratelimit's stats key with request values (detailed_metric on the leaf, or value_to_metric on a level).
+ */
 function metricKey(domain: string, entries: readonly DescriptorEntry[], levels: number, detailed: boolean): string {
   let key = domain;
   for (let i = 0; i < levels; i += 1) {

@@ -54,7 +54,10 @@ export const DEFAULT_ROUND_MS = 100;
 export const DEFAULT_EXPIRE_EVERY_MS = 1_000;
 /** Most acknowledgements and velocity entries one report may carry. */
 export const MAX_REPORT_ITEMS = 100_000;
-/** Demand moves up to max(DEMAND_DEAD_BAND_MIN req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken (noteDemand). */
+/**
+ * Demand moves up to max(DEMAND_DEAD_BAND_MIN req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken
+ * (noteDemand).
+ */
 export const DEMAND_DEAD_BAND_FRACTION = 0.005;
 export const DEMAND_DEAD_BAND_MIN = 0.01;
 /** Default bound on the demand keys the leader keeps per cell (--max-demand-keys). */
@@ -89,7 +92,10 @@ export interface LeaseServiceOptions {
   readonly monoMs?: () => number;
   /** Wall clock in ms, read once to anchor the monotonic one (default Date.now; tests). */
   readonly wallMs?: () => number;
-  /** Told every well-formed report the leader accepts, with its receipt time on the wall clock (the live view, the overshoot). */
+  /**
+   * Told every well-formed report the leader accepts, with its receipt time on the wall clock (the live view, the
+   * overshoot).
+   */
   readonly onReport?: (req: ReportRequestMessage, receiptMs: number) => void;
   /** Who may report for which cell; absent: anyone (no certificates, no tokens configured). */
   readonly auth?: LeaseAuthenticator | null;

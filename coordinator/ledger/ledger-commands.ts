@@ -319,7 +319,10 @@ export function encodeCommand(cmd: LedgerCommandInput): Uint8Array {
   return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
 }
 
-/** The object form (format 1) of a command, as entries were written before the compact round form (bench baseline, tests). */
+/**
+ * The object form (format 1) of a command, as entries were written before the compact round form (bench baseline,
+ * tests).
+ */
 export function encodeCommandV1(cmd: LedgerCommandInput): Uint8Array {
   const p = parseCommand(cmd);
   if (!p.ok) throw new LedgerCommandError(p.message);

@@ -102,7 +102,10 @@ const errnoOfStrerror: Readonly<Record<string, string>> = {
   'No such file or directory': 'ENOENT',
 };
 
-/** The errno behind a storage error: a Node `code` like ENOSPC, or LevelDB's strerror text, anywhere in the cause chain. */
+/**
+ * The errno behind a storage error: a Node `code` like ENOSPC, or LevelDB's strerror text, anywhere in the cause
+ * chain.
+ */
 export function storageErrno(err: unknown): string | null {
   for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
     const code = (e as { code?: unknown }).code;
@@ -592,7 +595,10 @@ export class CoordinatorNode {
   }
 }
 
-/** The lease port's credentials: the replica's certificate; client certificates required unless tokens identify the cells. */
+/**
+ * The lease port's credentials: the replica's certificate; client certificates required unless tokens identify the
+ * cells.
+ */
 function leaseServerCredentials(tls: PeerTlsOptions | undefined, requireClientCertificates: boolean): grpc.ServerCredentials {
   if (tls === undefined) return grpc.ServerCredentials.createInsecure();
   const buf = (v: Uint8Array | string): Buffer => (typeof v === 'string' ? Buffer.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength));

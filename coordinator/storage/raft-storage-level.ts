@@ -121,7 +121,10 @@ export interface StorageStats {
   readonly hardState: HardState;
   readonly snapshotIndex: number;
   readonly snapshotTerm: number;
-  /** Stored entry records span [firstStoredIndex, lastStoredIndex] (empty when last < first); may start at or below the snapshot. */
+  /**
+   * Stored entry records span [firstStoredIndex, lastStoredIndex] (empty when last < first); may start at or below
+   * the snapshot.
+   */
   readonly firstStoredIndex: number;
   readonly lastStoredIndex: number;
   readonly lastSync: SyncStat | null;
