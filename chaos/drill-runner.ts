@@ -7,6 +7,7 @@
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
+import type { AgentLeaseStatus } from './agent-lease-probe.js';
 import { ChaosLoad, type RecordedBin } from './load.js';
 import { LocalDeployment, sleep } from './local-deployment.js';
 import { renderTimelineSvg } from './timeline-chart.js';
@@ -67,6 +68,8 @@ export interface DrillTarget {
   /** Admin URLs of the replicas that may answer now. */
   adminUrls(): string[];
   agentQuota(cell: string, timeoutMs: number): Promise<{ source: string; rate: number; burst: number } | null>;
+  /** The cell's lease client as its agent reports it (null: no answer, or no coordinators). */
+  agentLease(cell: string, timeoutMs: number): Promise<AgentLeaseStatus | null>;
   leader(timeoutMs: number): Promise<string | null>;
   waitForLeader(timeoutMs: number): Promise<string>;
 }

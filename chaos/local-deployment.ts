@@ -21,6 +21,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync, type WriteStream } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js';
 import { FaultProxy } from './fault-proxy.js';
 import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
 import type { DrillSpec, DrillTarget } from './drill-runner.js';
@@ -253,6 +254,10 @@ export class LocalDeployment implements DrillTarget {
   }
 
   /** The slice the agent decides with for the drill tenant, null when unreachable. */
+  agentLease(cell: string, timeoutMs = 500): Promise<AgentLeaseStatus | null> {
+    return agentLeaseStatus(this.agentUrl(cell), timeoutMs);
+  }
+
   async agentQuota(cell: string, timeoutMs = 500): Promise<{ source: string; rate: number; burst: number } | null> {
     try {
       const r = await fetch(`${this.agentUrl(cell)}/v1/quotas/tenant/${TENANT}`, { signal: AbortSignal.timeout(timeoutMs) });

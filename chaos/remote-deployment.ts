@@ -18,6 +18,7 @@
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
+import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js';
 import type { DrillSpec, DrillTarget } from './drill-runner.js';
 import { sleep } from './local-deployment.js';
 
@@ -79,6 +80,11 @@ export class RemoteDeployment implements DrillTarget {
 
   adminUrls(): string[] {
     return this.target.coordinators.map((c) => c.admin);
+  }
+
+  async agentLease(cell: string, timeoutMs: number): Promise<AgentLeaseStatus | null> {
+    const c = this.target.cells.find((x) => x.id === cell);
+    return c === undefined ? null : agentLeaseStatus(c.http, timeoutMs);
   }
 
   async agentQuota(cell: string, timeoutMs: number): Promise<{ source: string; rate: number; burst: number } | null> {

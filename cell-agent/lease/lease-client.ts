@@ -50,6 +50,10 @@ import type { LeaseDeadlineWriter } from './lease-deadline.js';
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
 /** Delay of the extra report that acknowledges newly applied grants. */
 const ACK_REPORT_DELAY_MS = 10;
+/** After a failed report, the next configured coordinator is tried this soon (± half, jittered): a
+ * round over every coordinator comes before any backoff, so a killed leader costs one round trip
+ * and not a backoff per dead address (a follower that knows the new leader hints it at once). */
+const NEXT_COORDINATOR_DELAY_MS = 50;
 /**
  * gRPC reconnects with exponential backoff up to 120 s by default, failing calls at once meanwhile:
  * after a 30 s outage of every coordinator an agent stayed on its floors for 20 s and more after they
@@ -366,9 +370,22 @@ export class LeaseClient {
     } else if (this.failures === 0) {
       this.schedule(Math.max(0, this.interval - (this.mono() - startedAt)));
     } else {
-      const backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(this.failures - 1, 3));
-      this.schedule(backoff * (0.5 + this.random() * 0.5));
+      this.schedule(this.retryDelay());
     }
+  }
+
+  /** The delay before the next report after `failures` failed ones in a row. Within a round over the
+   * configured coordinators the next one is tried at once; after each whole round the delay doubles
+   * (interval … 4 × interval, jittered). While a lease is live the delay leaves room for three more
+   * tries before it runs out, so a leader change does not let a healthy cell's lease lapse. */
+  private retryDelay(): number {
+    const jitter = 0.5 + this.random() * 0.5;
+    const n = this.opts.coordinators.length;
+    if (this.failures % n !== 0) return NEXT_COORDINATOR_DELAY_MS * jitter;
+    const rounds = this.failures / n;
+    let backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(rounds - 1, 3));
+    if (this.state === 'leased') backoff = Math.min(backoff, Math.max(this.interval / 4, (this.leaseExpiresAt - this.mono()) / 3));
+    return backoff * jitter;
   }
 
   /** One report to the current target. Exposed for tests. */

@@ -1,0 +1,110 @@
+// A leader kill must not let a healthy cell's lease lapse: the real LeaseClient, under simulated time,
+// against three coordinators of which the leader dies and a new one is elected some time later (the
+// followers answer "no leader known" until then, and hint the new leader after). Whatever the election
+// takes up to half the lease TTL and whatever the jitter, the client's next answer comes from the new
+// leader before its lease runs out, and soon after the election.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as grpc from '@grpc/grpc-js';
+import fc from 'fast-check';
+import { pino } from 'pino';
+import { LeaseClient } from '../../../cell-agent/lease/lease-client.js';
+import type { LeaseCallResult, LeaseState, LeaseTimers, LeaseTransport } from '../../../cell-agent/lease/lease-client.js';
+import type { ReportResponseMessage } from '../../../shared/lease-proto.js';
+
+const TTL_MS = 3000;
+const INTERVAL_MS = 500;
+const KILL_AT = 2000;
+const ADDRESSES = ['n1:7001', 'n2:7001', 'n3:7001'];
+
+/** Timers on a simulated clock: `run` fires them in time order, letting the client's promises settle. */
+class SimTimers implements LeaseTimers {
+  now = 0;
+  private seq = 0;
+  private readonly pending = new Map<number, { at: number; fn: () => void }>();
+  setTimeout(fn: () => void, ms: number): unknown {
+    const id = ++this.seq;
+    this.pending.set(id, { at: this.now + Math.max(0, ms), fn });
+    return id;
+  }
+  clearTimeout(handle: unknown): void {
+    this.pending.delete(handle as number);
+  }
+  async run(until: number): Promise<void> {
+    for (;;) {
+      await new Promise((r) => setImmediate(r));
+      let next: [number, { at: number; fn: () => void }] | null = null;
+      for (const e of this.pending) if (next === null || e[1].at < next[1].at || (e[1].at === next[1].at && e[0] < next[0])) next = e;
+      if (next === null || next[1].at > until) break;
+      this.pending.delete(next[0]);
+      this.now = next[1].at;
+      next[1].fn();
+    }
+    this.now = until;
+  }
+}
+
+const answer = (leaderId: string): ReportResponseMessage => ({ leaderId, leaseTtlMs: TTL_MS, grants: [], ledgerIndex: 1, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full: true });
+
+interface Outcome {
+  readonly expired: boolean;
+  readonly firstAnswerFromNewLeaderAt: number | null;
+}
+
+async function killLeader(electionMs: number, random: () => number, callMs: number): Promise<Outcome> {
+  const timers = new SimTimers();
+  const electedAt = KILL_AT + electionMs;
+  let firstAnswerFromNewLeaderAt: number | null = null;
+  // n1 leads until it is killed; n2 is elected `electionMs` later; n3 follows.
+  const transport: LeaseTransport = {
+    report: async (address): Promise<LeaseCallResult> => {
+      const t = timers.now;
+      // Each call takes `callMs` of simulated time.
+      await new Promise<void>((r) => timers.setTimeout(r, callMs));
+      if (address === 'n1:7001') return t < KILL_AT ? { res: answer('n1') } : { err: { code: grpc.status.UNAVAILABLE, details: 'connection refused' } };
+      if (t < electedAt) return t < KILL_AT ? { err: { code: grpc.status.FAILED_PRECONDITION, details: 'not the leader', leaderId: 'n1', leaderAddress: 'n1:7001' } } : { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
+      if (address === 'n2:7001') {
+        firstAnswerFromNewLeaderAt ??= timers.now;
+        return { res: answer('n2') };
+      }
+      return { err: { code: grpc.status.FAILED_PRECONDITION, details: 'not the leader', leaderId: 'n2', leaderAddress: 'n2:7001' } };
+    },
+    close: () => undefined,
+  };
+  const states: LeaseState[] = [];
+  const client = new LeaseClient({
+    cellId: 'cell-a',
+    coordinators: ADDRESSES,
+    coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
+    logger: pino({ level: 'silent' }),
+    velocity: () => [],
+    onOverrides: () => undefined,
+    onStateChange: (s) => states.push(s),
+    intervalMs: INTERVAL_MS,
+    transport,
+    timers,
+    monotonicMs: () => timers.now,
+    wallMs: () => timers.now,
+    random,
+    newIncarnation: () => 'inc',
+  });
+  client.start();
+  await timers.run(KILL_AT + 8000);
+  client.stop();
+  assert.equal(states[0], 'leased', 'the client held a lease before the kill');
+  return { expired: states.includes('expired'), firstAnswerFromNewLeaderAt };
+}
+
+void test('a leader kill: the next answer comes from the new leader before the lease runs out', async () => {
+  await fc.assert(
+    fc.asyncProperty(fc.integer({ min: 100, max: TTL_MS / 2 }), fc.double({ min: 0, max: 0.999, noNaN: true }), fc.integer({ min: 1, max: 30 }), async (electionMs, r, callMs) => {
+      const o = await killLeader(electionMs, () => r, callMs);
+      assert.equal(o.expired, false, `election ${electionMs} ms: the lease ran out before the new leader answered`);
+      assert.notEqual(o.firstAnswerFromNewLeaderAt, null);
+      // Soon after the election: within a third of what was left of the lease, plus one round of calls.
+      const after = (o.firstAnswerFromNewLeaderAt as number) - (KILL_AT + electionMs);
+      assert.ok(after <= TTL_MS / 3 + 4 * (callMs + 50), `election ${electionMs} ms: the new leader's first answer came ${after} ms after it was elected`);
+    }),
+    { numRuns: 150, seed: 20261201 },
+  );
+});
