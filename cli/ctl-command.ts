@@ -6,6 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { runTop } from './ctl-top.js';
 import { DEFAULT_IMPORT_BATCH, DEFAULT_IMPORT_PARALLEL, formatOfFile, importTenants, ImportFileError, type BatchAnswer, type ImportFormat, type ImportSummary } from './ctl-import.js';
 import { MAX_TENANTS_PER_BATCH } from '../coordinator/ledger/ledger-commands.js';
+import { formatAge, formatValue, renderTable, type Column } from './ctl-format.js';
 
 const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] <command>
 
@@ -150,12 +151,49 @@ function describeImport(s: ImportSummary): string {
   return [head, 'failed lines (each changed nothing):', ...shown, ...more].join('\n');
 }
 
-function table(rows: readonly Record<string, unknown>[], cols: readonly string[]): string {
-  const cell = (v: unknown): string => (v === null || v === undefined ? '-' : typeof v === 'string' ? v : JSON.stringify(v));
-  const widths = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
-  const line = (vals: string[]): string => vals.map((v, i) => v.padEnd(widths[i] ?? 0)).join('  ').trimEnd();
-  return [line(cols.map((c) => c.toUpperCase())), ...rows.map((r) => line(cols.map((c) => cell(r[c]))))].join('\n');
+type Row = Record<string, unknown>;
+
+/** A column showing field `key` of a row as is (numbers right-aligned). */
+function field(header: string, key: string, align: 'left' | 'right' = 'left'): Column<Row> {
+  return { header, value: (r) => formatValue(r[key]), align };
 }
+
+/** A column showing the time in field `key` (ms since the epoch or ISO) as an age from now. */
+function age(header: string, key: string, nowMs: number): Column<Row> {
+  return { header, value: (r) => formatAge(r[key] as number | string | null | undefined, nowMs) };
+}
+
+interface TenantRow {
+  readonly id: string;
+  readonly tier: string;
+  readonly rate: number | null;
+  readonly burst: number | null;
+  readonly quota: { readonly rate: number; readonly burst: number };
+}
+
+/** Where a tenant's effective quota comes from: its tier, or its own overrides. */
+function quotaSource(t: TenantRow): string {
+  if (t.rate === null && t.burst === null) return 'tier';
+  if (t.rate !== null && t.burst !== null) return 'override';
+  return t.rate !== null ? 'rate override' : 'burst override';
+}
+
+const memberColumns: readonly Column<Row>[] = [field('ID', 'id'), field('ROLE', 'role'), field('ADDRESS', 'address'), field('MATCH INDEX', 'match', 'right'), field('REACHABLE', 'reachable')];
+const tierColumns: readonly Column<Row>[] = [field('NAME', 'name'), field('RATE /S', 'rate', 'right'), field('BURST', 'burst', 'right'), field('FLOOR FRACTION', 'floorFraction', 'right'), field('TENANTS', 'tenantCount', 'right')];
+const tenantColumns: readonly Column<TenantRow>[] = [
+  { header: 'ID', value: (t) => t.id },
+  { header: 'TIER', value: (t) => t.tier },
+  { header: 'RATE /S', value: (t) => formatValue(t.quota.rate), align: 'right' },
+  { header: 'BURST', value: (t) => formatValue(t.quota.burst), align: 'right' },
+  { header: 'QUOTA FROM', value: quotaSource },
+];
+const sliceColumns = (nowMs: number): readonly Column<Row>[] => [
+  field('CELL', 'cellId'), field('RATE /S', 'rate', 'right'), field('BURST', 'burst', 'right'), field('FLOOR RATE /S', 'floorRate', 'right'),
+  field('EPOCH', 'epoch', 'right'), age('LEASE EXPIRES', 'leaseExpiresAtMs', nowMs), field('ACKNOWLEDGED', 'acknowledged'),
+];
+const cellColumns = (nowMs: number): readonly Column<Row>[] => [
+  field('ID', 'id'), field('FLOOR SLOT', 'slot', 'right'), age('LAST REPORT', 'lastReportAt', nowMs), age('LEASE EXPIRES', 'leaseExpiresAt', nowMs), field('LEASE LIVE', 'leaseLive'), field('REMOVING', 'removing'),
+];
 
 function num(v: string | undefined, name: string): number | undefined {
   if (v === undefined) return undefined;
@@ -216,17 +254,17 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
   try {
     switch (group) {
       case 'cluster': {
-        const c = (await call(ctx, 'GET', '/v1/cluster')) as { leader: string | null; term: number; commitIndex: number; members: Record<string, unknown>[] };
-        out(c, () => `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${table(c.members, ['id', 'role', 'address', 'match', 'reachable'])}`);
+        const c = (await call(ctx, 'GET', '/v1/cluster')) as { leader: string | null; term: number; commitIndex: number; members: Row[] };
+        out(c, () => `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${renderTable(c.members, memberColumns)}`);
         return 0;
       }
       case 'tiers': {
         if (verb === 'list' || verb === undefined) {
           const r = (await call(ctx, 'GET', '/v1/tiers')) as { tiers: Record<string, unknown>[] };
-          out(r, () => table(r.tiers, ['name', 'rate', 'burst', 'floorFraction', 'tenantCount']));
+          out(r, () => renderTable(r.tiers, tierColumns));
         } else if (verb === 'get') {
           const r = await call(ctx, 'GET', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
-          out(r, () => table([r as Record<string, unknown>], ['name', 'rate', 'burst', 'floorFraction', 'tenantCount']));
+          out(r, () => renderTable([r as Row], tierColumns));
         } else if (verb === 'put') {
           const body = { rate: num(need(values.rate, '--rate'), 'rate'), burst: num(need(values.burst, '--burst'), 'burst'), ...(values['floor-fraction'] === undefined ? {} : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }) };
           const r = await call(ctx, 'PUT', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`, body);
@@ -242,11 +280,11 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           const q = new URLSearchParams();
           if (values.limit !== undefined) q.set('limit', values.limit);
           if (values.cursor !== undefined) q.set('cursor', values.cursor);
-          const r = (await call(ctx, 'GET', `/v1/tenants${q.size > 0 ? `?${q.toString()}` : ''}`)) as { tenants: Record<string, unknown>[]; nextCursor: string | null };
-          out(r, () => `${table(r.tenants, ['id', 'tier', 'rate', 'burst'])}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`);
+          const r = (await call(ctx, 'GET', `/v1/tenants${q.size > 0 ? `?${q.toString()}` : ''}`)) as { tenants: TenantRow[]; nextCursor: string | null };
+          out(r, () => `${renderTable(r.tenants, tenantColumns)}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`);
         } else if (verb === 'get') {
-          const r = (await call(ctx, 'GET', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`)) as { id: string; tier: string; quota: { rate: number; burst: number }; slices: Record<string, unknown>[] };
-          out(r, () => `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst}\n\n${r.slices.length === 0 ? '(no cells yet)' : table(r.slices, ['cellId', 'rate', 'burst', 'floorRate', 'epoch', 'leaseExpiresAtMs', 'acknowledged'])}`);
+          const r = (await call(ctx, 'GET', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`)) as TenantRow & { slices: Row[] };
+          out(r, () => `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst} (${quotaSource(r) === 'tier' ? 'the tier\'s' : quotaSource(r)})\n\n${r.slices.length === 0 ? '(no cells yet)' : renderTable(r.slices, sliceColumns(Date.now()))}`);
         } else if (verb === 'put') {
           const body = { tier: need(values.tier, '--tier'), ...(values.rate === undefined ? {} : { rate: num(values.rate, 'rate') }), ...(values.burst === undefined ? {} : { burst: num(values.burst, 'burst') }) };
           const r = await call(ctx, 'PUT', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`, body);
@@ -263,14 +301,14 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
       }
       case 'cells': {
         if (verb === 'list' || verb === undefined) {
-          const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Record<string, unknown>[] };
-          out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : table(r.cells, ['id', 'slot', 'lastReportAt', 'leaseExpiresAt', 'leaseLive', 'removing'])));
+          const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Row[] };
+          out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : renderTable(r.cells, cellColumns(Date.now()))));
         } else if (verb === 'remove') {
           const id = need(arg, 'cell id');
           const r = (await call(ctx, 'DELETE', `/v1/cells/${encodeURIComponent(id)}`)) as { dropped: boolean; leaseExpiresAt: string | null; freedSlot: number | null };
           out(r, () => (r.dropped
             ? `cell ${id} removed${r.freedSlot === null ? '' : `; floor slot ${r.freedSlot} freed`}`
-            : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt ?? 'now'} + the skew margin)`));
+            : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt === null ? 'now' : formatAge(r.leaseExpiresAt, Date.now())}, plus the skew margin)`));
         } else throw new CtlError(`unknown cells command '${verb}'
 
 ${ctlUsage}`, 2);
