@@ -38,7 +38,7 @@ const SETTINGS_ENABLE_PUSH = 0x2;
 const SETTINGS_MAX_CONCURRENT_STREAMS = 0x3;
 const SETTINGS_INITIAL_WINDOW_SIZE = 0x4;
 
-const WINDOW_MAX = 0x7fffffff;
+const MAX_WINDOW = 0x7fffffff;
 const DEFAULT_WINDOW = 65535;
 const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
 
@@ -113,7 +113,7 @@ export class RawH2Session {
   private inbuf: Buffer = Buffer.alloc(0);
   private continuation: { streamId: number; endStream: boolean } | null = null;
   private closed: string | null = null;
-  private lastGoodStream = WINDOW_MAX;
+  private lastGoodStream = MAX_WINDOW;
 
   private constructor(
     private readonly socket: net.Socket,
@@ -142,9 +142,9 @@ export class RawH2Session {
         settings.writeUInt16BE(SETTINGS_ENABLE_PUSH, 0);
         settings.writeUInt32BE(0, 2);
         settings.writeUInt16BE(SETTINGS_INITIAL_WINDOW_SIZE, 6);
-        settings.writeUInt32BE(WINDOW_MAX, 8);
+        settings.writeUInt32BE(MAX_WINDOW, 8);
         const windowUpdate = Buffer.alloc(4);
-        windowUpdate.writeUInt32BE(WINDOW_MAX - DEFAULT_WINDOW, 0);
+        windowUpdate.writeUInt32BE(MAX_WINDOW - DEFAULT_WINDOW, 0);
         socket.write(Buffer.concat([PREFACE, frameHeader(12, FRAME_SETTINGS, 0, 0), settings, frameHeader(4, FRAME_WINDOW_UPDATE, 0, 0), windowUpdate]));
         session.settingsReceived = () => {
           socket.off('error', onError);
@@ -199,7 +199,7 @@ export class RawH2Session {
   }
 
   private canSend(t: RequestTemplate): boolean {
-    return this.streams.size < this.maxConcurrent && this.sendWindow >= t.dataLength && this.nextStreamId < WINDOW_MAX;
+    return this.streams.size < this.maxConcurrent && this.sendWindow >= t.dataLength && this.nextStreamId < MAX_WINDOW;
   }
 
   private send(t: RequestTemplate, token: unknown): void {
@@ -287,7 +287,7 @@ export class RawH2Session {
       case FRAME_DATA: {
         const length = to - from;
         this.received += length;
-        if (this.received > WINDOW_MAX / 2) {
+        if (this.received > MAX_WINDOW / 2) {
           const inc = Buffer.alloc(4);
           inc.writeUInt32BE(this.received, 0);
           this.received = 0;

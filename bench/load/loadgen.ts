@@ -47,7 +47,7 @@ const HEADERS: http2.OutgoingHttpHeaders = {
   te: 'trailers',
 };
 
-const ERROR_SAMPLES_MAX = 5;
+const MAX_ERROR_SAMPLES = 5;
 const CLOSED_SAMPLES = 500_000;
 
 /**
@@ -221,7 +221,7 @@ class Run implements StreamSink {
   }
 
   noteError(msg: string): void {
-    if (this.errorSamples.length < ERROR_SAMPLES_MAX && !this.errorSamples.includes(msg)) this.errorSamples.push(msg);
+    if (this.errorSamples.length < MAX_ERROR_SAMPLES && !this.errorSamples.includes(msg)) this.errorSamples.push(msg);
   }
 
   /** Closed loop: this target's turn — `concurrency` requests in flight until deactivate(). */

@@ -50,7 +50,7 @@ import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
 import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
 import { applyReplaces, lastLocalBucketKey, matchLocalRate, matchWithAncestors } from '../rules/rules-match.js';
 import type { RuleMatch } from '../rules/rules-match.js';
-import { RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
+import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 import { RLS_CODE } from '../rls/rls-codec.js';
 import type { QuotaSlice, StaticQuotas } from './quotas.js';
@@ -61,7 +61,6 @@ import { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js'
 import { GRPC_STATUS, checkRequest } from './request-check.js';
 import type { RequestBounds, RequestFailure } from './request-check.js';
 
-export const UINT32_MAX = 4_294_967_295;
 export const DEGRADED_HEADER = 'x-ratelimit-degraded';
 /** Added (with DEGRADED_HEADER) to answers given fail-open, without a decision: overload, an internal
  * error, a full bucket table. They are the one exception to the global bound, so they say so. */
@@ -282,7 +281,7 @@ export class Decider {
     const r = table.takeKey(limit, hits, nowNs);
     if (r.verdict === 'table-full') return null; // rare: the general path applies the policy and marks it
     if (r.verdict === 'allow') {
-      const status: RlsDescriptorStatus = { code: OK, currentLimit, limitRemaining: Math.min(r.remaining, UINT32_MAX), durationUntilReset: seconds(r.resetNs) };
+      const status: RlsDescriptorStatus = { code: OK, currentLimit, limitRemaining: Math.min(r.remaining, MAX_UINT32), durationUntilReset: seconds(r.resetNs) };
       const statuses = [status];
       return {
         response: { overallCode: OK, statuses, responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS, requestHeadersToAdd: NO_HEADERS, rawBody: null },
@@ -700,7 +699,7 @@ function reportedLevel(plan: DescriptorPlan): { readonly level: Level; readonly 
 
 function statusOf(reported: ReturnType<typeof reportedLevel>, plan: DescriptorPlan): RlsDescriptorStatus {
   if (reported === null) {
-    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: UINT32_MAX, durationUntilReset: null } : NO_LIMIT_STATUS;
+    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: MAX_UINT32, durationUntilReset: null } : NO_LIMIT_STATUS;
   }
   const { level, as } = reported;
   if (as === 'refused') {
@@ -712,7 +711,7 @@ function statusOf(reported: ReturnType<typeof reportedLevel>, plan: DescriptorPl
     };
   }
   if (as === 'shadow') return { code: OK, currentLimit: level.currentLimit, limitRemaining: 0, durationUntilReset: seconds(level.resetNs) };
-  return { code: OK, currentLimit: level.currentLimit, limitRemaining: Math.min(level.remaining, UINT32_MAX), durationUntilReset: seconds(level.resetNs) };
+  return { code: OK, currentLimit: level.currentLimit, limitRemaining: Math.min(level.remaining, MAX_UINT32), durationUntilReset: seconds(level.resetNs) };
 }
 
 const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({ code: OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });

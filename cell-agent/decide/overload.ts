@@ -69,7 +69,7 @@ export interface OverloadSink {
   refused(key: string, hits: number): void;
 }
 
-const LIMIT_CACHE_MAX = 4096;
+const MAX_LIMIT_CACHE = 4096;
 
 /** One thread's overload allowances over the shared bucket table. */
 export class OverloadAllowances {
@@ -90,7 +90,7 @@ export class OverloadAllowances {
     let limit = cache.get(level.allowanceRate);
     if (limit === undefined) {
       limit = allowanceLimit(level.allowanceRate, this.factor, start);
-      if (cache.size >= LIMIT_CACHE_MAX) cache.clear();
+      if (cache.size >= MAX_LIMIT_CACHE) cache.clear();
       cache.set(level.allowanceRate, limit);
     }
     return limit;

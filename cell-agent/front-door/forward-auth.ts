@@ -22,8 +22,8 @@ export const FORWARD_AUTH_PATH = '/v1/forward-auth';
 export const DENY_STATUSES = [429, 401, 403] as const;
 export type DenyStatus = (typeof DENY_STATUSES)[number];
 /** The longest forwarded URI / host looked at; longer ones are cut (they are only matched). */
-const URI_MAX = 8192;
-const HOST_MAX = 512;
+const MAX_URI_LENGTH = 8192;
+const MAX_HOST_LENGTH = 512;
 
 export interface ClientKeyOptions {
   readonly trusted: AddressSet;
@@ -52,8 +52,8 @@ export function forwardedRequest(headers: Headers, peer: string | undefined, met
   return {
     client,
     method: (fm ?? method).trim().toUpperCase().slice(0, 32),
-    host: fh.trim().toLowerCase().replace(/\.$/, '').slice(0, HOST_MAX),
-    uri: uri.slice(0, URI_MAX),
+    host: fh.trim().toLowerCase().replace(/\.$/, '').slice(0, MAX_HOST_LENGTH),
+    uri: uri.slice(0, MAX_URI_LENGTH),
     header: (name) => {
       const v = headers[name];
       return Array.isArray(v) ? v.join(', ') : v;

@@ -29,19 +29,19 @@ import type { RlsDescriptor, RlsRequest } from '../rls/rls-codec.js';
 /** The domain when none is given, and of the default route. */
 export const DEFAULT_FRONT_DOOR_DOMAIN = 'edge';
 /** Bounds: a routes file is configuration, these only stop a mistake from becoming a crash. */
-export const ROUTES_FILE_BYTES_MAX = 1024 * 1024;
-export const ROUTES_MAX = 1024;
-export const ROUTE_RATE_LIMITS_MAX = 64;
-export const ACTIONS_MAX = 16;
-export const HEADER_MATCHERS_MAX = 16;
-const STRING_MAX = 1024;
+export const MAX_ROUTES_FILE_BYTES = 1024 * 1024;
+export const MAX_ROUTES = 1024;
+export const MAX_ROUTE_RATE_LIMITS = 64;
+export const MAX_ACTIONS = 16;
+export const MAX_HEADER_MATCHERS = 16;
+const MAX_STRING_LENGTH = 1024;
 
 // ---- Schema -------------------------------------------------------------------------------------
 
-const str = z.string().min(1, 'must not be empty').max(STRING_MAX, `at most ${STRING_MAX} characters`);
+const str = z.string().min(1, 'must not be empty').max(MAX_STRING_LENGTH, `at most ${MAX_STRING_LENGTH} characters`);
 const headerName = str.regex(/^(:method|:path|:authority|[!#$%&'*+.^_`|~0-9A-Za-z-]+)$/, 'not an HTTP header name (or :method, :path, :authority)').transform((s) => s.toLowerCase());
 
-const regex = z.strictObject({ regex: z.string().max(STRING_MAX) }).transform((v, ctx) => {
+const regex = z.strictObject({ regex: z.string().max(MAX_STRING_LENGTH) }).transform((v, ctx) => {
   try {
     return new RegExp(`^(?:${v.regex})$`);
   } catch (error) {
@@ -52,10 +52,10 @@ const regex = z.strictObject({ regex: z.string().max(STRING_MAX) }).transform((v
 
 const headerMatcher = z.strictObject({
   name: headerName,
-  exact_match: z.string().max(STRING_MAX).optional(),
-  prefix_match: z.string().max(STRING_MAX).optional(),
-  suffix_match: z.string().max(STRING_MAX).optional(),
-  contains_match: z.string().max(STRING_MAX).optional(),
+  exact_match: z.string().max(MAX_STRING_LENGTH).optional(),
+  prefix_match: z.string().max(MAX_STRING_LENGTH).optional(),
+  suffix_match: z.string().max(MAX_STRING_LENGTH).optional(),
+  contains_match: z.string().max(MAX_STRING_LENGTH).optional(),
   present_match: z.boolean().optional(),
   safe_regex_match: regex.optional(),
   invert_match: z.boolean().default(false),
@@ -65,7 +65,7 @@ const headerMatcher = z.strictObject({
 });
 export type HeaderMatcher = z.output<typeof headerMatcher>;
 
-const headerMatchers = z.array(headerMatcher).min(1, 'at least one header matcher').max(HEADER_MATCHERS_MAX);
+const headerMatchers = z.array(headerMatcher).min(1, 'at least one header matcher').max(MAX_HEADER_MATCHERS);
 
 const ACTION_NAMES = ['remote_address', 'generic_key', 'request_headers', 'header_value_match'] as const;
 // One object with the four actions as optional keys (exactly one given) rather than a union, so an
@@ -94,12 +94,12 @@ const routeMatch = z.strictObject({
 
 const route = z.strictObject({
   match: routeMatch.default({}),
-  rate_limits: z.array(z.strictObject({ actions: z.array(action).min(1, 'at least one action').max(ACTIONS_MAX) })).max(ROUTE_RATE_LIMITS_MAX),
+  rate_limits: z.array(z.strictObject({ actions: z.array(action).min(1, 'at least one action').max(MAX_ACTIONS) })).max(MAX_ROUTE_RATE_LIMITS),
 });
 
 export const routesFileSchema = z.strictObject({
   domain: str.default(DEFAULT_FRONT_DOOR_DOMAIN),
-  routes: z.array(route).min(1, 'at least one route').max(ROUTES_MAX),
+  routes: z.array(route).min(1, 'at least one route').max(MAX_ROUTES),
 });
 export type RoutesFile = z.output<typeof routesFileSchema>;
 export type RoutesFileInput = z.input<typeof routesFileSchema>;
@@ -143,7 +143,7 @@ export async function loadRoutes(file: string): Promise<Routes> {
   let text: string;
   try {
     const bytes = await readFile(file);
-    if (bytes.length > ROUTES_FILE_BYTES_MAX) throw new RoutesError(`${file}: routes file is ${bytes.length} bytes (at most ${ROUTES_FILE_BYTES_MAX})`);
+    if (bytes.length > MAX_ROUTES_FILE_BYTES) throw new RoutesError(`${file}: routes file is ${bytes.length} bytes (at most ${MAX_ROUTES_FILE_BYTES})`);
     text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
   } catch (error) {
     if (error instanceof RoutesError) throw error;

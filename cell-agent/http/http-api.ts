@@ -30,8 +30,8 @@ import { REQUEST_UNIT } from '../rls/rls-codec.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
 import { forwardAuthHandler, isForwardAuthUrl } from '../front-door/forward-auth-http.js';
 import type { ForwardAuthDeps } from '../front-door/forward-auth-http.js';
+import { MAX_UINT32 } from '../rules/rules-schema.js';
 
-const UINT32_MAX = 4_294_967_295;
 const REQUEST_UNIT_NAMES = ['SECOND', 'MINUTE', 'HOUR', 'DAY', 'MONTH', 'YEAR'] as const;
 const RESPONSE_UNIT_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'SECOND', 2: 'MINUTE', 3: 'HOUR', 4: 'DAY', 5: 'MONTH', 6: 'YEAR', 7: 'WEEK' };
 const CODE_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'OK', 2: 'OVER_LIMIT' };
@@ -42,11 +42,11 @@ export const checkBodySchema = z.strictObject({
     entries: z.array(z.strictObject({ key: z.string(), value: z.string().default('') })),
     hits_addend: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
     limit: z.strictObject({
-      requests_per_unit: z.number().int().min(0).max(UINT32_MAX),
+      requests_per_unit: z.number().int().min(0).max(MAX_UINT32),
       unit: z.enum(REQUEST_UNIT_NAMES),
     }).optional(),
   })),
-  hits_addend: z.number().int().min(0).max(UINT32_MAX).optional(),
+  hits_addend: z.number().int().min(0).max(MAX_UINT32).optional(),
 });
 
 export type CheckBody = z.output<typeof checkBodySchema>;

@@ -19,11 +19,11 @@ import { FAIL_OPEN_REASONS, type FailOpenReason } from './stats.js';
 const SEP = '\u0001';
 
 /** Distinct keys one thread tracks per interval; refusals for further keys are counted as `other`. */
-export const THROTTLE_KEYS_MAX = 10_000;
+export const MAX_THROTTLE_KEYS = 10_000;
 /** Lines written per interval; the rest is summed into one line. */
-export const THROTTLE_LINES_MAX = 100;
+export const MAX_THROTTLE_LINES = 100;
 /** Quota keys with a running fail-open total per reason (the metric's label values); the rest count as OTHER_KEYS. */
-export const FAIL_OPEN_QUOTAS_MAX = 1000;
+export const MAX_FAIL_OPEN_QUOTAS = 1000;
 export const OTHER_KEYS = '(other keys)';
 /** The quota of a fail-open answer given without matching (an internal error, the open overload policy). */
 export const UNMATCHED_QUOTA = '(not matched)';
@@ -57,19 +57,19 @@ export class ThrottleCounts {
     const n = hits > 0 ? hits : 1;
     const c = this.counts.get(key);
     if (c !== undefined) this.counts.set(key, c + n);
-    else if (this.counts.size < THROTTLE_KEYS_MAX) this.counts.set(key, n);
+    else if (this.counts.size < MAX_THROTTLE_KEYS) this.counts.set(key, n);
     else this.other += n;
   }
 
   /** A refusal on the overload path (the key's fail-open allowance spent). */
   addOverload(key: string, hits: number): void {
-    if (!bump(this.overload, key, hits > 0 ? hits : 1, THROTTLE_KEYS_MAX)) this.other += hits > 0 ? hits : 1;
+    if (!bump(this.overload, key, hits > 0 ? hits : 1, MAX_THROTTLE_KEYS)) this.other += hits > 0 ? hits : 1;
   }
 
   /** An answer given fail-open, under one quota key (or UNMATCHED_QUOTA). */
   addFailOpen(reason: FailOpenReason, key: string, n = 1): void {
     const map = this.failOpen[FAIL_OPEN_REASONS.indexOf(reason)] as Map<string, number>;
-    if (!bump(map, key, n, THROTTLE_KEYS_MAX)) bump(map, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
+    if (!bump(map, key, n, MAX_THROTTLE_KEYS)) bump(map, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
   }
 
   /** The counts so far, and a fresh start. */
@@ -118,7 +118,7 @@ export class ThrottleLog {
     for (const [reason, key, n] of part.failOpen ?? []) {
       this.merged.addFailOpen(reason, key, n);
       const totals = this.failOpenTotals[FAIL_OPEN_REASONS.indexOf(reason)] as Map<string, number>;
-      if (!bump(totals, key, n, FAIL_OPEN_QUOTAS_MAX)) bump(totals, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
+      if (!bump(totals, key, n, MAX_FAIL_OPEN_QUOTAS)) bump(totals, OTHER_KEYS, n, Number.POSITIVE_INFINITY);
     }
   }
 
@@ -147,26 +147,26 @@ export class ThrottleLog {
     this.flush();
   }
 
-  /** Writes one line per key (the most refused first, at most THROTTLE_LINES_MAX) and resets. */
+  /** Writes one line per key (the most refused first, at most MAX_THROTTLE_LINES) and resets. */
   flush(): void {
     this.flushOverload();
     if (this.merged.empty) return;
     const { counts, other, overload = [], failOpen = [] } = this.merged.drain();
     overload.sort((a, b) => b[1] - a[1]);
-    for (const [key, refused] of overload.slice(0, THROTTLE_LINES_MAX)) {
+    for (const [key, refused] of overload.slice(0, MAX_THROTTLE_LINES)) {
       this.logger.info({ key, refused, refusedBy: 'overload', cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
     }
     failOpen.sort((a, b) => b[2] - a[2]);
-    for (const [reason, key, n] of failOpen.slice(0, THROTTLE_LINES_MAX)) {
+    for (const [reason, key, n] of failOpen.slice(0, MAX_THROTTLE_LINES)) {
       this.logger.warn({ key, failOpen: n, reason, cell: this.cell, intervalMs: this.intervalMs }, 'answered fail-open');
     }
     counts.sort((a, b) => b[1] - a[1]);
-    const shown = counts.slice(0, THROTTLE_LINES_MAX);
+    const shown = counts.slice(0, MAX_THROTTLE_LINES);
     for (const [composite, refused] of shown) {
       const [key, level, decidedOn] = composite.split(SEP);
       this.logger.info({ key, refused, ...(level === undefined ? {} : { refusedBy: level }), ...(decidedOn === undefined || decidedOn === '' ? {} : { decidedOn }), cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
     }
-    const rest = counts.slice(THROTTLE_LINES_MAX).reduce((s, [, n]) => s + n, 0) + other;
+    const rest = counts.slice(MAX_THROTTLE_LINES).reduce((s, [, n]) => s + n, 0) + other;
     if (rest > 0) {
       this.logger.info({ keys: counts.length - shown.length, refused: rest, cell: this.cell, intervalMs: this.intervalMs }, 'throttled (other keys)');
     }

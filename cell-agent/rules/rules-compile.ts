@@ -30,7 +30,7 @@ import type { SourcePos } from './rules-errors.js';
 import { compileGlob, isGlobPattern } from './rules-glob.js';
 import type { GlobMatcher } from './rules-glob.js';
 import { MAX_WINDOW_NS } from '../buckets/gcra.js';
-import { RATE_LIMIT_UNITS, RULES_DEPTH_MAX, checkGlobalDescriptor, parseRateLimitUnit } from './rules-schema.js';
+import { RATE_LIMIT_UNITS, MAX_RULES_DEPTH, checkGlobalDescriptor, parseRateLimitUnit } from './rules-schema.js';
 import type { JsonObject, RateLimitUnit, RulesDescriptor, RulesFile } from './rules-schema.js';
 
 // ---- The compiled shape -------------------------------------------------------------------------
@@ -204,9 +204,9 @@ interface LevelBuilder {
 }
 
 function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescriptor[], ctx: LoadContext): void {
-  if (descriptors.length > 0 && ctx.depth >= RULES_DEPTH_MAX) {
+  if (descriptors.length > 0 && ctx.depth >= MAX_RULES_DEPTH) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `descriptors are nested deeper than ${RULES_DEPTH_MAX} levels`, descriptors[0]?.pos);
+      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`, descriptors[0]?.pos);
   }
   for (const descriptor of descriptors) {
     const { file } = ctx;

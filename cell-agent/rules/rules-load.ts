@@ -17,18 +17,18 @@ import { basename, dirname, join } from 'node:path';
 import { compileRules } from './rules-compile.js';
 import type { RuleSet } from './rules-compile.js';
 import { RULES_ERROR_CODES, RulesError, isRulesError } from './rules-errors.js';
-import { RULES_FILE_BYTES_MAX, parseRulesYaml } from './rules-schema.js';
+import { MAX_RULES_FILE_BYTES, parseRulesYaml } from './rules-schema.js';
 import type { RulesFile } from './rules-schema.js';
 
 /** Rules files read from one directory. */
-export const RULES_DIRECTORY_FILES_MAX = 256;
+export const MAX_RULES_DIRECTORY_FILES = 256;
 /** Default quiet time after the last file-system event before a reload. */
 export const RULES_WATCH_DEBOUNCE_MS_DEFAULT = 200;
 
 export interface LoadRulesOptions {
   /** Merge files that name the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG). Default false. */
   readonly mergeDomains?: boolean | undefined;
-  /** Bound on one file's size; default and ceiling RULES_FILE_BYTES_MAX. */
+  /** Bound on one file's size; default and ceiling MAX_RULES_FILE_BYTES. */
   readonly fileBytesMax?: number | undefined;
 }
 
@@ -44,7 +44,7 @@ export interface WatchRulesOptions extends LoadRulesOptions {
 
 /** Loads a rules file or a directory of them. Throws RulesError. */
 export async function loadRules(path: string, options: LoadRulesOptions = {}): Promise<RuleSet> {
-  const bytesMax = Math.min(options.fileBytesMax ?? RULES_FILE_BYTES_MAX, RULES_FILE_BYTES_MAX);
+  const bytesMax = Math.min(options.fileBytesMax ?? MAX_RULES_FILE_BYTES, MAX_RULES_FILE_BYTES);
   const files = await listRulesFiles(path);
   const hash = createHash('sha256');
   const parsed: RulesFile[] = [];
@@ -79,8 +79,8 @@ export async function listRulesFiles(path: string): Promise<string[]> {
     });
     if (!entry.isFile()) continue;
     files.push(file);
-    if (files.length > RULES_DIRECTORY_FILES_MAX) {
-      throw new RulesError(RULES_ERROR_CODES.TOO_MANY_FILES, path, `more than ${RULES_DIRECTORY_FILES_MAX} rules files in the directory`);
+    if (files.length > MAX_RULES_DIRECTORY_FILES) {
+      throw new RulesError(RULES_ERROR_CODES.TOO_MANY_FILES, path, `more than ${MAX_RULES_DIRECTORY_FILES} rules files in the directory`);
     }
   }
   if (files.length === 0) {

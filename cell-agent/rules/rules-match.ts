@@ -43,7 +43,7 @@
 // token from the tenant's quota, not two, so matchRequest removes an ancestor whose bucket key is
 // already a descriptor's own match, or an earlier ancestor.
 import type { RuleLimit, RuleNode, RuleSet } from './rules-compile.js';
-import { RULES_DEPTH_MAX } from './rules-schema.js';
+import { MAX_RULES_DEPTH } from './rules-schema.js';
 
 export interface DescriptorEntry {
   readonly key: string;
@@ -218,7 +218,7 @@ const NONE: readonly RuleMatch[] = Object.freeze([]);
  * The nodes matched by the last walk, level by level. JavaScript runs one walk at a time and a walk
  * never calls out, so one module-level array serves every call without allocating.
  */
-const scratch: (RuleNode | undefined)[] = new Array<RuleNode | undefined>(RULES_DEPTH_MAX).fill(undefined);
+const scratch: (RuleNode | undefined)[] = new Array<RuleNode | undefined>(MAX_RULES_DEPTH).fill(undefined);
 
 /** Walks the tree; returns how many entries were matched (scratch[0..n-1] holds the nodes). */
 function walk(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[]): number {

@@ -34,25 +34,25 @@ import type { SourcePos } from './rules-errors.js';
 // ---- Bounds -------------------------------------------------------------------------------------
 
 /** Deepest nesting of descriptors (a request descriptor has at most this many entries that can match). */
-export const RULES_DEPTH_MAX = 8;
+export const MAX_RULES_DEPTH = 8;
 /** Descriptors in one file, at all levels, counting every expansion of an alias. */
-export const RULES_DESCRIPTORS_PER_FILE_MAX = 10_000;
+export const MAX_RULES_DESCRIPTORS_PER_FILE = 10_000;
 /** Size of one rules file in bytes (UTF-8). */
-export const RULES_FILE_BYTES_MAX = 4 * 1024 * 1024;
+export const MAX_RULES_FILE_BYTES = 4 * 1024 * 1024;
 /** Lengths, in UTF-16 code units. */
-export const RULES_DOMAIN_LENGTH_MAX = 256;
-export const RULES_KEY_LENGTH_MAX = 256;
-export const RULES_VALUE_LENGTH_MAX = 1024;
-export const RULES_NAME_LENGTH_MAX = 256;
+export const MAX_RULES_DOMAIN_LENGTH = 256;
+export const MAX_RULES_KEY_LENGTH = 256;
+export const MAX_RULES_VALUE_LENGTH = 1024;
+export const MAX_RULES_NAME_LENGTH = 256;
 /** Entries in one rate_limit's `replaces` list. */
-export const RULES_REPLACES_PER_RULE_MAX = 64;
+export const MAX_RULES_REPLACES_PER_RULE = 64;
 /** Nodes (maps, lists and scalars) in all `metadata` of one file, and nesting of one metadata value. */
-export const RULES_METADATA_NODES_PER_FILE_MAX = 65_536;
-export const RULES_METADATA_DEPTH_MAX = 16;
+export const MAX_RULES_METADATA_NODES_PER_FILE = 65_536;
+export const MAX_RULES_METADATA_DEPTH = 16;
 
-assert(RULES_DEPTH_MAX >= 1 && RULES_DESCRIPTORS_PER_FILE_MAX >= RULES_DEPTH_MAX);
-assert(RULES_VALUE_LENGTH_MAX >= RULES_KEY_LENGTH_MAX, 'a wildcard value is at least as long as a key');
-assert(RULES_FILE_BYTES_MAX <= 64 * 1024 * 1024, 'a rules file is read into memory whole');
+assert(MAX_RULES_DEPTH >= 1 && MAX_RULES_DESCRIPTORS_PER_FILE >= MAX_RULES_DEPTH);
+assert(MAX_RULES_VALUE_LENGTH >= MAX_RULES_KEY_LENGTH, 'a wildcard value is at least as long as a key');
+assert(MAX_RULES_FILE_BYTES <= 64 * 1024 * 1024, 'a rules file is read into memory whole');
 
 // ---- Units --------------------------------------------------------------------------------------
 
@@ -78,7 +78,8 @@ export function parseRateLimitUnit(raw: string): RateLimitUnit | null {
   return Object.hasOwn(RATE_LIMIT_UNITS, upper) ? (upper as RateLimitUnit) : null;
 }
 
-export const UINT32_MAX = 4_294_967_295;
+/** The largest uint32: the bound of envoyproxy/ratelimit's requests_per_unit and of the RLS answer's counts. */
+export const MAX_UINT32 = 4_294_967_295;
 
 // ---- The parsed shape ---------------------------------------------------------------------------
 
@@ -149,8 +150,8 @@ const KNOWN_KEYS: ReadonlySet<string> = new Set<string>([...ROOT_KEYS, ...DESCRI
 
 /** Parses the text of one rules file. Throws RulesError. */
 export function parseRulesYaml(text: string, file: string): RulesFile {
-  if (text.length > RULES_FILE_BYTES_MAX) {
-    throw new RulesError(RULES_ERROR_CODES.FILE_TOO_LARGE, file, `file is larger than ${RULES_FILE_BYTES_MAX} bytes`);
+  if (text.length > MAX_RULES_FILE_BYTES) {
+    throw new RulesError(RULES_ERROR_CODES.FILE_TOO_LARGE, file, `file is larger than ${MAX_RULES_FILE_BYTES} bytes`);
   }
   const lineCounter = new LineCounter();
   const docs = parseAllDocuments(text, { version: '1.1', lineCounter, prettyErrors: true, uniqueKeys: true });
@@ -218,7 +219,7 @@ function walkRoot(ctx: WalkContext, contents: unknown): RulesFile {
   }
   const entries = readEntries(ctx, root, ROOT_KEYS, 'the top level');
   const domainEntry = entries.get('domain');
-  const domain = readString(ctx, entries, 'domain', RULES_DOMAIN_LENGTH_MAX);
+  const domain = readString(ctx, entries, 'domain', MAX_RULES_DOMAIN_LENGTH);
   const descriptors = readDescriptorList(ctx, entries, 1);
   return Object.freeze({
     file: ctx.file,
@@ -231,9 +232,9 @@ function walkRoot(ctx: WalkContext, contents: unknown): RulesFile {
 function readDescriptorList(ctx: WalkContext, entries: Entries, depth: number): readonly RulesDescriptor[] {
   const items = readMapList(ctx, entries, 'descriptors');
   if (items.length === 0) return Object.freeze([]);
-  if (depth > RULES_DEPTH_MAX) {
+  if (depth > MAX_RULES_DEPTH) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `descriptors are nested deeper than ${RULES_DEPTH_MAX} levels`, nodePos(ctx, items[0] ?? null));
+      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`, nodePos(ctx, items[0] ?? null));
   }
   return Object.freeze(items.map((item) => walkDescriptor(ctx, item, depth)));
 }
@@ -241,13 +242,13 @@ function readDescriptorList(ctx: WalkContext, entries: Entries, depth: number): 
 function walkDescriptor(ctx: WalkContext, node: YAMLMap, depth: number): RulesDescriptor {
   ctx.descriptors += 1;
   const pos = nodePos(ctx, node);
-  if (ctx.descriptors > RULES_DESCRIPTORS_PER_FILE_MAX) {
+  if (ctx.descriptors > MAX_RULES_DESCRIPTORS_PER_FILE) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${RULES_DESCRIPTORS_PER_FILE_MAX} descriptors in one file`, pos);
+      `more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in one file`, pos);
   }
   const entries = readEntries(ctx, node, DESCRIPTOR_KEYS, 'a descriptor');
-  const key = readString(ctx, entries, 'key', RULES_KEY_LENGTH_MAX);
-  const value = readString(ctx, entries, 'value', RULES_VALUE_LENGTH_MAX);
+  const key = readString(ctx, entries, 'key', MAX_RULES_KEY_LENGTH);
+  const value = readString(ctx, entries, 'value', MAX_RULES_VALUE_LENGTH);
   const rateLimit = readRateLimit(ctx, entries);
   const shadowMode = readBool(ctx, entries, 'shadow_mode');
   const detailedMetric = readBool(ctx, entries, 'detailed_metric');
@@ -277,20 +278,20 @@ function readRateLimit(ctx: WalkContext, entries: Entries): RulesRateLimit | nul
   const fields = readEntries(ctx, node, RATE_LIMIT_KEYS, 'rate_limit');
   const unitEntry = fields.get('unit');
   const replaces = readMapList(ctx, fields, 'replaces');
-  if (replaces.length > RULES_REPLACES_PER_RULE_MAX) {
+  if (replaces.length > MAX_RULES_REPLACES_PER_RULE) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${RULES_REPLACES_PER_RULE_MAX} entries in 'replaces'`, nodePos(ctx, replaces[RULES_REPLACES_PER_RULE_MAX] ?? null));
+      `more than ${MAX_RULES_REPLACES_PER_RULE} entries in 'replaces'`, nodePos(ctx, replaces[MAX_RULES_REPLACES_PER_RULE] ?? null));
   }
   const burst = readBurst(ctx, fields);
   return Object.freeze({
-    unit: readString(ctx, fields, 'unit', RULES_NAME_LENGTH_MAX),
+    unit: readString(ctx, fields, 'unit', MAX_RULES_NAME_LENGTH),
     requestsPerUnit: readUint32(ctx, fields, 'requests_per_unit'),
     ...(burst === null ? {} : { burst }),
     unlimited: readBool(ctx, fields, 'unlimited'),
-    name: readString(ctx, fields, 'name', RULES_NAME_LENGTH_MAX),
+    name: readString(ctx, fields, 'name', MAX_RULES_NAME_LENGTH),
     replaces: Object.freeze(replaces.map((item) => {
       const replace = readEntries(ctx, item, REPLACES_KEYS, 'a replaces entry');
-      return Object.freeze({ name: readString(ctx, replace, 'name', RULES_NAME_LENGTH_MAX), pos: nodePos(ctx, item) });
+      return Object.freeze({ name: readString(ctx, replace, 'name', MAX_RULES_NAME_LENGTH), pos: nodePos(ctx, item) });
     })),
     pos: nodePos(ctx, node),
     unitPos: unitEntry === undefined ? undefined : nodePos(ctx, unitEntry.value) ?? unitEntry.keyPos,
@@ -312,13 +313,13 @@ function readMetadata(ctx: WalkContext, entries: Entries): JsonObject | null {
 function toJson(ctx: WalkContext, raw: unknown, depth: number): JsonValue {
   const node = deref(ctx, raw);
   ctx.metadataNodes += 1;
-  if (ctx.metadataNodes > RULES_METADATA_NODES_PER_FILE_MAX) {
+  if (ctx.metadataNodes > MAX_RULES_METADATA_NODES_PER_FILE) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${RULES_METADATA_NODES_PER_FILE_MAX} metadata nodes in one file`, nodePos(ctx, node));
+      `more than ${MAX_RULES_METADATA_NODES_PER_FILE} metadata nodes in one file`, nodePos(ctx, node));
   }
-  if (depth > RULES_METADATA_DEPTH_MAX) {
+  if (depth > MAX_RULES_METADATA_DEPTH) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `metadata nested deeper than ${RULES_METADATA_DEPTH_MAX} levels`, nodePos(ctx, node));
+      `metadata nested deeper than ${MAX_RULES_METADATA_DEPTH} levels`, nodePos(ctx, node));
   }
   if (node === null) return null;
   if (isMap(node)) {
@@ -385,12 +386,12 @@ function readUint32(ctx: WalkContext, entries: Entries, field: string): number {
   if (node === null) return 0;
   if (isScalar(node)) {
     if (node.value === null) return 0;
-    if (typeof node.value === 'number' && Number.isInteger(node.value) && node.value >= 0 && node.value <= UINT32_MAX) {
+    if (typeof node.value === 'number' && Number.isInteger(node.value) && node.value >= 0 && node.value <= MAX_UINT32) {
       return node.value;
     }
   }
   throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-    `config error, '${field}' must be an integer from 0 to ${UINT32_MAX}, found ${describeNode(node)}`, nodePos(ctx, node));
+    `config error, '${field}' must be an integer from 0 to ${MAX_UINT32}, found ${describeNode(node)}`, nodePos(ctx, node));
 }
 
 // ---- Maps and lists ------------------------------------------------------------------------------
@@ -450,7 +451,7 @@ function deref(ctx: WalkContext, raw: unknown): Scalar | YAMLMap | YAMLSeq | nul
   let node: unknown = raw;
   for (let hops = 0; isAlias(node); hops += 1) {
     // An alias of an alias resolves in one step in practice; the bound only guards against a cycle.
-    if (hops > RULES_DEPTH_MAX) return null;
+    if (hops > MAX_RULES_DEPTH) return null;
     node = node.resolve(ctx.doc);
   }
   if (isScalar(node)) return node.value === null || node.value === undefined ? null : node;

@@ -37,7 +37,7 @@ const HEADER_WORDS = 8; // Int32: magic, capacity, seed, dropped; BigInt64 at [2
 const MAGIC = 0x43515654; // "CQVT"
 const EMPTY = 0;
 const CLAIMING = 1;
-const COUNT_MAX = 0xffff_ffffn;
+const MAX_COUNT = 0xffff_ffffn;
 const LOW32 = 0xffff_ffffn;
 
 export interface VelocityShared {
@@ -142,7 +142,7 @@ export class VelocityTable {
       if (we >= epoch) {
         // Same tick (or a newer one written by a thread whose clock read later): add to it.
         const count = (w & LOW32) + inc;
-        next = (we << 32n) | (count > COUNT_MAX ? COUNT_MAX : count);
+        next = (we << 32n) | (count > MAX_COUNT ? MAX_COUNT : count);
       } else {
         next = (epoch << 32n) | inc;
       }

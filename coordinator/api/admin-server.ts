@@ -7,9 +7,10 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
-import { MAX_TENANTS_PER_BATCH, UNKNOWN_TENANT_POLICIES, tenantRecordSchema } from '../ledger/ledger-commands.js';
+import { MAX_NAME_LENGTH, MAX_TENANTS_PER_BATCH, UNKNOWN_TENANT_POLICIES, tenantRecordSchema } from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
 import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
+import { MAX_PAGE_LIMIT } from '../ledger/ledger.js';
 import type { ClusterView } from '../node/coordinator-node.js';
 import type { ConfChange, NodeId } from '../raft/index.js';
 import { NotLeaderError, RaftRequestError } from '../node/raft-driver.js';
@@ -75,7 +76,7 @@ class ApiError extends Error {
   }
 }
 
-const nameParam = z.string().min(1).max(128).regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
+const nameParam = z.string().min(1).max(MAX_NAME_LENGTH).regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
 const tierBody = z.strictObject({
   rate: z.number().gt(0).describe('tokens per second'),
   burst: z.number().min(1),
@@ -98,7 +99,7 @@ const settingsBody = z.strictObject({
 const listQuery = z.strictObject({
   stale: z.enum(['true', 'false']).optional(),
   cursor: z.string().max(256).optional(),
-  limit: z.coerce.number().int().min(1).max(1000).optional(),
+  limit: z.coerce.number().int().min(1).max(MAX_PAGE_LIMIT).optional(),
 });
 const readQuery = z.strictObject({ stale: z.enum(['true', 'false']).optional() });
 const transferBody = z.strictObject({ to: nameParam.optional() }).nullish();
@@ -324,7 +325,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
         valid.push(r.data);
         positions.push(index);
       } else {
-        const id = typeof item === 'object' && item !== null && typeof (item as { id?: unknown }).id === 'string' ? (item as { id: string }).id.slice(0, 128) : null;
+        const id = typeof item === 'object' && item !== null && typeof (item as { id?: unknown }).id === 'string' ? (item as { id: string }).id.slice(0, MAX_NAME_LENGTH) : null;
         failed.push({ index, id, error: 'INVALID', message: r.error.issues.slice(0, 3).map((i) => `${i.path.length > 0 ? i.path.join('.') : '(item)'}: ${i.message}`).join('; ') });
       }
     }
@@ -439,7 +440,7 @@ function openApiDocument(): Record<string, unknown> {
       '/v1/tiers': { get: { parameters: [stale], responses } },
       '/v1/tiers/{name}': { put: { parameters: [nameP('name')], requestBody: body(tierBody), responses }, get: { parameters: [nameP('name'), stale], responses }, delete: { parameters: [nameP('name')], responses } },
       '/v1/tenants': {
-        get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 1000 } }], responses },
+        get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: MAX_PAGE_LIMIT } }], responses },
         post: {
           description: `creates or replaces up to ${MAX_TENANTS_PER_BATCH} tenants in one Raft entry; each item is checked on its own, a bad one changes nothing and is listed in "failed" with its position; a tenant already stored exactly so is "unchanged". Answers {created, updated, unchanged, failed: [{index, id, error, message}]}`,
           requestBody: { required: true, content: { 'application/json': { schema: { type: 'object', properties: { tenants: { type: 'array', minItems: 1, maxItems: MAX_TENANTS_PER_BATCH, items: json(tenantRecordSchema) } }, required: ['tenants'], additionalProperties: false } } } },

@@ -5,20 +5,20 @@
 // document itself, without rates, only when no leader answers.
 import { z } from 'zod';
 import type { Ledger } from '../ledger/ledger.js';
-import { tenantKey } from '../ledger/ledger-commands.js';
+import { MAX_NAME_LENGTH, tenantKey } from '../ledger/ledger-commands.js';
 import type { ClusterView } from '../node/coordinator-node.js';
 import { sliceInForce, type LiveTraffic } from './live-traffic.js';
 import type { QuotaTraffic, TrafficHistory } from './traffic-window.js';
 
-export const UI_PAGE_SIZE_MAX = 200;
+export const MAX_UI_PAGE_SIZE = 200;
 export const UI_PAGE_SIZE_DEFAULT = 50;
 
 export const liveQuerySchema = z.strictObject({
-  q: z.string().max(128).optional().describe('substring of the tenant id'),
+  q: z.string().max(MAX_NAME_LENGTH).optional().describe('substring of the tenant id'),
   page: z.coerce.number().int().min(0).max(1_000_000).default(0),
-  size: z.coerce.number().int().min(1).max(UI_PAGE_SIZE_MAX).default(UI_PAGE_SIZE_DEFAULT),
+  size: z.coerce.number().int().min(1).max(MAX_UI_PAGE_SIZE).default(UI_PAGE_SIZE_DEFAULT),
   sort: z.enum(['busy', 'admitted', 'refused', 'id']).default('busy').describe('busy: admitted + refused'),
-  tenant: z.string().max(128).optional().describe('the chosen tenant: its slices and history'),
+  tenant: z.string().max(MAX_NAME_LENGTH).optional().describe('the chosen tenant: its slices and history'),
 });
 export type LiveQuery = z.output<typeof liveQuerySchema>;
 

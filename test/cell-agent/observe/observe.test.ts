@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
-import { THROTTLE_LINES_MAX, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
+import { MAX_THROTTLE_LINES, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
 import { captureLogger } from '../agent/agent-helpers.js';
 
 void test('lag guard: overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
@@ -83,10 +83,10 @@ void test('throttling log: one line per key per interval, merged across threads,
   log.flush();
   assert.equal(cap.lines.length, 2, 'nothing new: nothing logged');
   const many = new ThrottleCounts();
-  for (let i = 0; i < THROTTLE_LINES_MAX + 50; i++) many.add(`k${i}`, 1);
+  for (let i = 0; i < MAX_THROTTLE_LINES + 50; i++) many.add(`k${i}`, 1);
   log.merge(many.drain());
   log.flush();
-  assert.equal(cap.lines.length, 2 + THROTTLE_LINES_MAX + 1, 'the rest in one summary line');
+  assert.equal(cap.lines.length, 2 + MAX_THROTTLE_LINES + 1, 'the rest in one summary line');
   assert.deepEqual(cap.lines.at(-1)?.['keys'], 50);
 });
 

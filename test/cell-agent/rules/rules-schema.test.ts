@@ -4,8 +4,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import {
-  RULES_DESCRIPTORS_PER_FILE_MAX, RULES_FILE_BYTES_MAX, RULES_METADATA_DEPTH_MAX, RULES_REPLACES_PER_RULE_MAX,
-  RULES_VALUE_LENGTH_MAX, parseRateLimitUnit, parseRulesObject, parseRulesYaml,
+  MAX_RULES_DESCRIPTORS_PER_FILE, MAX_RULES_FILE_BYTES, MAX_RULES_METADATA_DEPTH, MAX_RULES_REPLACES_PER_RULE,
+  MAX_RULES_VALUE_LENGTH, parseRateLimitUnit, parseRulesObject, parseRulesYaml,
 } from '../../../cell-agent/rules/rules-schema.js';
 import type { RulesDescriptor } from '../../../cell-agent/rules/rules-schema.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
@@ -105,26 +105,26 @@ void test('an alias bomb stops at the descriptor bound', () => {
   const bomb = `domain: api\ndescriptors:\n  - key: a\n    descriptors: &l0 [${leaves}]\n  - key: b\n    descriptors: [${branches}]\n`;
   assert.throws(() => parseRulesYaml(bomb, 'bomb.yaml'), (error: unknown) =>
     error instanceof RulesError && error.code === RULES_ERROR_CODES.BOUND_EXCEEDED
-    && error.detail === `more than ${RULES_DESCRIPTORS_PER_FILE_MAX} descriptors in one file`);
+    && error.detail === `more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in one file`);
 });
 
-void test(`more than ${RULES_DESCRIPTORS_PER_FILE_MAX} descriptors in a file is an error`, () => {
-  const many = Array.from({ length: RULES_DESCRIPTORS_PER_FILE_MAX + 1 }, (_, i) => `  - {key: k${i}}`).join('\n');
+void test(`more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in a file is an error`, () => {
+  const many = Array.from({ length: MAX_RULES_DESCRIPTORS_PER_FILE + 1 }, (_, i) => `  - {key: k${i}}`).join('\n');
   rejects(() => parseRulesYaml(`domain: d\ndescriptors:\n${many}\n`, 'many.yaml'), RULES_ERROR_CODES.BOUND_EXCEEDED,
-    `many.yaml:${RULES_DESCRIPTORS_PER_FILE_MAX + 3}:5: more than ${RULES_DESCRIPTORS_PER_FILE_MAX} descriptors in one file`);
+    `many.yaml:${MAX_RULES_DESCRIPTORS_PER_FILE + 3}:5: more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in one file`);
 });
 
 void test('other bounds: value length, replaces entries, metadata depth, file size', () => {
-  rejects(() => parseRulesYaml(`domain: d\ndescriptors:\n  - {key: k, value: ${'v'.repeat(RULES_VALUE_LENGTH_MAX + 1)}}\n`, 'v.yaml'),
-    RULES_ERROR_CODES.BOUND_EXCEEDED, `v.yaml:3:21: config error, 'value' is longer than ${RULES_VALUE_LENGTH_MAX} characters`);
-  const replaces = Array.from({ length: RULES_REPLACES_PER_RULE_MAX + 1 }, (_, i) => `{name: r${i}}`).join(', ');
+  rejects(() => parseRulesYaml(`domain: d\ndescriptors:\n  - {key: k, value: ${'v'.repeat(MAX_RULES_VALUE_LENGTH + 1)}}\n`, 'v.yaml'),
+    RULES_ERROR_CODES.BOUND_EXCEEDED, `v.yaml:3:21: config error, 'value' is longer than ${MAX_RULES_VALUE_LENGTH} characters`);
+  const replaces = Array.from({ length: MAX_RULES_REPLACES_PER_RULE + 1 }, (_, i) => `{name: r${i}}`).join(', ');
   assert.throws(() => parseRulesYaml(`domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, replaces: [${replaces}]}\n`, 'r.yaml'),
     /r\.yaml:4:\d+: more than 64 entries in 'replaces'/);
-  const deep = `${'{a: '.repeat(RULES_METADATA_DEPTH_MAX)}1${'}'.repeat(RULES_METADATA_DEPTH_MAX)}`;
+  const deep = `${'{a: '.repeat(MAX_RULES_METADATA_DEPTH)}1${'}'.repeat(MAX_RULES_METADATA_DEPTH)}`;
   assert.throws(() => parseRulesYaml(`domain: d\ndescriptors:\n  - {key: k, metadata: ${deep}}\n`, 'm.yaml'),
     /m\.yaml:3:\d+: metadata nested deeper than 16 levels/);
-  rejects(() => parseRulesYaml(`# ${'x'.repeat(RULES_FILE_BYTES_MAX)}`, 'big.yaml'), RULES_ERROR_CODES.FILE_TOO_LARGE,
-    `big.yaml: file is larger than ${RULES_FILE_BYTES_MAX} bytes`);
+  rejects(() => parseRulesYaml(`# ${'x'.repeat(MAX_RULES_FILE_BYTES)}`, 'big.yaml'), RULES_ERROR_CODES.FILE_TOO_LARGE,
+    `big.yaml: file is larger than ${MAX_RULES_FILE_BYTES} bytes`);
 });
 
 void test('parseRulesObject holds plain objects to the same rules (no positions)', () => {
