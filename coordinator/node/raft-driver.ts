@@ -43,6 +43,8 @@ export interface RaftDriverOptions<R> {
   /** After restoring the state machine from a leader's snapshot; `restoreMs`: the restore's time. */
   readonly onSnapshotInstalled?: (index: number, term: number, bytes: number, restoreMs: number) => void;
   readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
+  /** While a snapshot from the leader arrives in chunks: at most once a second, and when it is complete. */
+  readonly onSnapshotProgress?: (index: number, receivedBytes: number, totalBytes: number) => void;
   /**
    * Called once when the driver stops for good: a persist (save/compact) failed — the error is a
    * RaftPersistError — or stepping/applying threw. Nothing the failed step was to persist was sent,
@@ -124,6 +126,7 @@ export class RaftDriver<R> {
   private lastLeader: NodeId | null = null;
   private lastTerm = 0;
   private fatal: Error | null = null;
+  private lastSnapshotProgress = { at: 0, bytes: -1 };
 
   constructor(opts: RaftDriverOptions<R>) {
     this.opts = opts;
@@ -277,6 +280,7 @@ export class RaftDriver<R> {
             throw err;
           }
         }
+        this.reportSnapshotProgress();
         if (!this.raft.hasReady()) continue;
         const rd = this.raft.ready();
         // A leader's replication goes out while its own write is in flight (thesis §10.2.1).
@@ -327,6 +331,17 @@ export class RaftDriver<R> {
     } finally {
       this.running = false;
     }
+  }
+
+  private reportSnapshotProgress(): void {
+    const report = this.opts.onSnapshotProgress;
+    if (report === undefined) return;
+    const p = this.raft.incomingSnapshotProgress();
+    if (p === null) return;
+    const now = performance.now();
+    if (p.receivedBytes === this.lastSnapshotProgress.bytes || (now - this.lastSnapshotProgress.at < 1000 && p.receivedBytes < p.totalBytes)) return;
+    this.lastSnapshotProgress = { at: now, bytes: p.receivedBytes };
+    report(p.index, p.receivedBytes, p.totalBytes);
   }
 
   private applyReady(rd: Ready): void {
@@ -400,7 +415,8 @@ export class RaftDriver<R> {
     if (every <= 0 || this.applied - this.snapshotIndex < every) return;
     const started = performance.now();
     const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
-    await this.opts.storage.compact(snap, snap.meta.index - this.opts.snapshotTrailingEntries + 1).catch((err: unknown) => {
+    // The core may keep more than the trailing entries (for a snapshot transfer in progress).
+    await this.opts.storage.compact(snap, this.raft.firstIndex()).catch((err: unknown) => {
       throw new RaftPersistError('compact', err);
     });
     this.snapshotIndex = snap.meta.index;

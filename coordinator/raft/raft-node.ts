@@ -17,6 +17,7 @@ import { Progress } from './raft-progress.js';
 import { assert } from './raft-assert.js';
 import { decodeConfEntry, encodeConfChange, validateConfChange, applyConfChangeTo } from './raft-conf.js';
 import {
+  defaultRaftTuning,
   EntryKind,
   Role,
   type AppendMessage,
@@ -48,6 +49,8 @@ const committedEntriesPerReadyMax = 4096;
 const pendingReadsMax = 65_536;
 /** Largest snapshot a follower assembles from chunks. */
 const snapshotBytesMax = 1 << 30;
+/** Heartbeat responses without new snapshot bytes confirmed before the leader resends from the last confirmed offset. */
+const snapshotIdleHeartbeatsBeforeResend = 4;
 
 interface PendingRead {
   readonly ctx: string;
@@ -116,6 +119,7 @@ export class RaftNode {
     assert(cfg.heartbeatTicks > 0 && cfg.heartbeatTicks < cfg.electionTicks, 'heartbeatTicks must be in (0, electionTicks)');
     assert(cfg.maxInflightAppends > 0, 'maxInflightAppends must be positive');
     assert(cfg.snapshotChunkBytes > 0, 'snapshotChunkBytes must be positive');
+    assert((cfg.maxInflightSnapshotChunks ?? 1) > 0, 'maxInflightSnapshotChunks must be positive');
     this.id = cfg.id;
     this.cfg = cfg;
     this.log = new RaftLog(initial.snapshot, initial.entries, initial.hardState.commit);
@@ -268,8 +272,11 @@ export class RaftNode {
 
   /**
    * Takes the application's snapshot at the applied index and compacts the log, keeping up to
-   * `keepTrailing` entries below it for followers that lag a little. The caller must have made the
-   * snapshot durable before compacting its stored log.
+   * `keepTrailing` entries below it for followers that lag a little. A leader also keeps the entries
+   * after every snapshot it is still sending (up to `snapshotHoldBytesMax`), so a follower that
+   * installs it continues from the log instead of needing a newer snapshot: a transfer that takes
+   * longer than the log takes to move on still ends. The log then holds entries from `firstIndex()`
+   * on; the caller must have made the snapshot durable and compact its stored log to the same index.
    */
   compact(data: Uint8Array, keepTrailing: number): Snapshot {
     this.assertNoReadyOutstanding();
@@ -277,8 +284,32 @@ export class RaftNode {
     const term = this.log.term(index);
     assert(term !== undefined, `no term at applied index ${index}`);
     const snapshot: Snapshot = { meta: { index, term, conf: this.confState() }, data };
-    this.log.compact(snapshot, index - keepTrailing + 1);
+    const firstBefore = this.log.firstIndex();
+    const held = this.heldEntriesFrom();
+    this.log.compact(snapshot, Math.min(index - keepTrailing + 1, held));
+    assert(held === Number.POSITIVE_INFINITY || this.log.firstIndex() <= Math.max(firstBefore, held), `compaction dropped entries from ${held} that a snapshot transfer holds`);
     return snapshot;
+  }
+
+  /** The first index the log holds after the last compact(); the stored log keeps from here too. */
+  firstIndex(): number {
+    return this.log.firstIndex();
+  }
+
+  /**
+   * The first entry a follower receiving one of this leader's held snapshots needs next, or
+   * Infinity when there is none or holding the log from there would exceed the bound (the follower
+   * then needs a newer snapshot after this one, as without the hold).
+   */
+  private heldEntriesFrom(): number {
+    if (this.role !== Role.Leader) return Number.POSITIVE_INFINITY;
+    let from = Number.POSITIVE_INFINITY;
+    for (const pr of this.progress.values()) {
+      if (pr.state === 'snapshot' && pr.snapshot !== null) from = Math.min(from, pr.snapshotIndex + 1);
+    }
+    if (from === Number.POSITIVE_INFINITY) return from;
+    const bound = this.cfg.snapshotHoldBytesMax ?? defaultRaftTuning.snapshotHoldBytesMax;
+    return this.log.bytesAfter(from - 1) <= bound ? from : Number.POSITIVE_INFINITY;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -355,6 +386,12 @@ export class RaftNode {
       transferee: this.transferee,
       progress,
     };
+  }
+
+  /** How far a snapshot from the leader has arrived (null when none is being received). */
+  incomingSnapshotProgress(): { readonly index: number; readonly receivedBytes: number; readonly totalBytes: number } | null {
+    const inc = this.incomingSnapshot;
+    return inc === null ? null : { index: inc.meta.index, receivedBytes: inc.received, totalBytes: inc.totalBytes };
   }
 
   /** The entry at index if this node still holds it (for tests and the simulator's checkers). */
@@ -657,7 +694,11 @@ export class RaftNode {
     pr.recentActive = true;
     if (pr.state === 'probe') pr.probeSent = false;
     if (pr.state === 'snapshot') {
-      this.sendSnapshotChunk(m.from, pr); // retransmit: a chunk or its acknowledgement may be lost
+      // Nothing confirmed for a while: a chunk or its acknowledgement was lost (or the follower is
+      // persisting the last one): send again from the last confirmed offset.
+      pr.snapshotIdleHeartbeats++;
+      if (pr.snapshotIdleHeartbeats >= snapshotIdleHeartbeatsBeforeResend) pr.rewindSnapshot(pr.snapshotOffset);
+      this.sendSnapshotChunks(m.from, pr);
     } else if (pr.match < this.log.lastIndex()) {
       // Nothing acknowledged since the last heartbeat while entries are missing: appends were lost.
       if (pr.state === 'replicate' && !pr.appendAckedSinceHeartbeat) pr.becomeProbe();
@@ -702,41 +743,67 @@ export class RaftNode {
   // ---------------------------------------------------------------------------------------------
   // Snapshots
 
+  /**
+   * Starts sending the latest snapshot. The progress holds it until the follower confirms it
+   * installed it (or leaves snapshot state): compacting again meanwhile does not restart the
+   * transfer. That is safe because any snapshot a leader took is of committed state (index ≤
+   * applied ≤ commit) and a committed prefix never changes (Leader Completeness / State Machine
+   * Safety), so an older one is as valid as the newest; the follower continues from its index with
+   * entries the leader holds for it (see compact()).
+   */
   private startSnapshot(to: NodeId, pr: Progress): void {
-    pr.becomeSnapshot(this.log.snapshotMeta().index);
-    this.sendSnapshotChunk(to, pr);
+    const snap = this.log.snapshot();
+    assert(snap.meta.index <= this.log.committed, `snapshot at ${snap.meta.index} past commit ${this.log.committed}`);
+    pr.becomeSnapshot(snap);
+    this.sendSnapshotChunks(to, pr);
   }
 
-  private sendSnapshotChunk(to: NodeId, pr: Progress): void {
-    const snap = this.log.snapshot();
-    if (snap.meta.index !== pr.snapshotIndex) {
-      // The log was compacted again while sending: start over with the newer snapshot.
-      pr.becomeSnapshot(snap.meta.index);
-    }
+  /** Sends the held snapshot's next chunks, up to maxInflightSnapshotChunks unconfirmed. */
+  private sendSnapshotChunks(to: NodeId, pr: Progress): void {
+    if (this.cfg.plantedBugs?.restartSnapshotOnCompaction === true && this.log.snapshotMeta().index !== pr.snapshotIndex) pr.becomeSnapshot(this.log.snapshot());
+    const snap = pr.snapshot;
+    assert(pr.state === 'snapshot' && snap !== null, `no snapshot held for ${to}`);
     const total = snap.data.byteLength;
-    const offset = pr.snapshotOffset;
-    const end = Math.min(total, offset + this.cfg.snapshotChunkBytes);
-    const m: SnapshotChunkMessage = {
-      type: 'snapshot',
-      from: this.id,
-      to,
-      term: this.term,
-      meta: snap.meta,
-      offset,
-      totalBytes: total,
-      chunk: snap.data.subarray(offset, end),
-      done: end >= total,
-    };
-    this.send(m);
+    const chunkBytes = this.cfg.snapshotChunkBytes;
+    const windowBytes = chunkBytes * (this.cfg.maxInflightSnapshotChunks ?? defaultRaftTuning.maxInflightSnapshotChunks);
+    if (pr.snapshotSent < pr.snapshotOffset) pr.snapshotSent = pr.snapshotOffset;
+    while (!pr.snapshotSentAll && pr.snapshotSent - pr.snapshotOffset < windowBytes) {
+      const offset = pr.snapshotSent;
+      const end = Math.min(total, offset + chunkBytes);
+      const m: SnapshotChunkMessage = {
+        type: 'snapshot',
+        from: this.id,
+        to,
+        term: this.term,
+        meta: snap.meta,
+        offset,
+        totalBytes: total,
+        chunk: snap.data.subarray(offset, end),
+        done: end >= total,
+      };
+      this.send(m);
+      pr.snapshotSent = end;
+      if (end >= total) pr.snapshotSentAll = true;
+    }
   }
 
   private handleSnapshotResponse(m: SnapshotChunkResponse): void {
     const pr = this.progress.get(m.from);
     if (pr === undefined) return;
     pr.recentActive = true;
-    if (pr.state !== 'snapshot' || m.snapshotIndex !== pr.snapshotIndex) return;
-    pr.snapshotOffset = m.nextOffset;
-    if (m.nextOffset < this.log.snapshot().data.byteLength) this.sendSnapshotChunk(m.from, pr);
+    if (pr.state !== 'snapshot' || pr.snapshot === null || m.snapshotIndex !== pr.snapshotIndex) return;
+    const total = pr.snapshot.data.byteLength;
+    if (m.nextOffset > pr.snapshotOffset) {
+      // More bytes confirmed: the window moves on.
+      pr.snapshotOffset = Math.min(m.nextOffset, total);
+      pr.snapshotIdleHeartbeats = 0;
+    } else if (m.nextOffset < pr.snapshotOffset) {
+      // The follower lost what it had assembled (it restarted): start again where it stands.
+      pr.rewindSnapshot(m.nextOffset);
+    } else {
+      return; // a duplicate, or a chunk that came out of order: the idle-heartbeat resend recovers
+    }
+    this.sendSnapshotChunks(m.from, pr);
   }
 
   private handleSnapshotChunk(m: SnapshotChunkMessage): void {

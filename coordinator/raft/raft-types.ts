@@ -215,6 +215,8 @@ export interface PlantedBugs {
   readonly commitPriorTermByCount?: boolean;
   /** Leave the vote out of the persisted hard state (a restarted node may vote twice in a term). */
   readonly skipVotePersist?: boolean;
+  /** Restart a snapshot transfer with the newer snapshot whenever the leader compacts mid-transfer (the old behaviour). */
+  readonly restartSnapshotOnCompaction?: boolean;
 }
 
 export interface RaftConfig {
@@ -235,6 +237,13 @@ export interface RaftConfig {
   readonly maxUncommittedBytes: number;
   /** Bytes per InstallSnapshot chunk. */
   readonly snapshotChunkBytes: number;
+  /** Snapshot chunks a leader sends ahead of the follower's confirmations. Default in defaultRaftTuning. */
+  readonly maxInflightSnapshotChunks?: number;
+  /**
+   * Bytes of log a leader keeps after a snapshot it is still sending, so the follower continues from
+   * the log once it installed it (see RaftNode.compact). Default in defaultRaftTuning.
+   */
+  readonly snapshotHoldBytesMax?: number;
   /** A node that must not vote or campaign (e.g. its data directory was found wiped). */
   readonly refuseToVote?: boolean;
   readonly plantedBugs?: PlantedBugs;
@@ -257,6 +266,8 @@ export const defaultRaftTuning = {
   maxInflightAppends: 16,
   maxUncommittedBytes: 64 << 20,
   snapshotChunkBytes: 256 << 10,
+  maxInflightSnapshotChunks: 4,
+  snapshotHoldBytesMax: 64 << 20,
 } as const;
 
 /**

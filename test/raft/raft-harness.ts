@@ -230,7 +230,7 @@ export class Harness {
   compact(id: NodeId, keepTrailing = 0): Snapshot {
     const n = this.node(id);
     const snap = this.raft(id).compact(encodeApplied(n.applied), keepTrailing);
-    n.disk.writeSnapshot(snap, snap.meta.index - keepTrailing + 1);
+    n.disk.writeSnapshot(snap, this.raft(id).firstIndex());
     n.disk.sync();
     return snap;
   }

@@ -1,8 +1,11 @@
 // `npm run sim -- --seeds N [--start S] [--seed S] [--nodes 3|5] [--bug commit-rule|skip-vote]`
 // Runs the deterministic Raft simulation over many seeds and prints progress and a summary. A
 // failure prints its seed and the command that replays it; the exit code is 1 if any seed failed.
+// `npm run sim -- --catch-up [--seeds N] [--drop P]` runs the snapshot catch-up scenario
+// (raft-sim-catchup.ts) instead and prints each seed's virtual catch-up time.
 import { parseArgs } from 'node:util';
 import { runSimulation, type SimResult } from './raft-sim.js';
+import { runCatchUp } from './raft-sim-catchup.js';
 import type { PlantedBugs } from '../../coordinator/raft/index.js';
 
 const { values } = parseArgs({
@@ -13,8 +16,28 @@ const { values } = parseArgs({
     nodes: { type: 'string' },
     bug: { type: 'string' },
     verbose: { type: 'boolean', default: false },
+    'catch-up': { type: 'boolean', default: false },
+    drop: { type: 'string', default: '0' },
   },
 });
+
+if (values['catch-up']) {
+  const drop = Number(values.drop);
+  if (!(drop >= 0 && drop < 1)) {
+    console.error(`--drop must be in [0, 1), got '${values.drop}'`);
+    process.exit(2);
+  }
+  const first = Number(values.seed ?? values.start);
+  const n = values.seed === undefined ? Number(values.seeds) : 1;
+  let failed = 0;
+  for (let seed = first; seed < first + n; seed++) {
+    const r = runCatchUp({ seed, dropRate: drop });
+    if (!r.caughtUp) failed++;
+    console.log(`seed ${seed}: ${r.caughtUp ? `caught up in ${Math.round(r.catchUpMs)} ms` : 'NOT caught up'} (virtual), target index ${r.targetIndex}, ${r.compactionsDuringTransfer} compactions on the leader mid-transfer, ${r.snapshotChunkBytesSent} snapshot bytes sent`);
+  }
+  console.log(`${n - failed} caught up, ${failed} did not`);
+  process.exit(failed > 0 ? 1 : 0);
+}
 
 function intArg(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;

@@ -446,7 +446,7 @@ export class RaftSimulation {
     if (st.applied - st.snapshotIndex < every) return;
     const keepTrailing = node.rng.int(every);
     const snap: Snapshot = raft.compact(encodeState(node.kv, node.sessions), keepTrailing);
-    node.disk.writeSnapshot(snap, snap.meta.index - keepTrailing + 1);
+    node.disk.writeSnapshot(snap, raft.firstIndex());
     node.disk.sync();
     this.stats.snapshotsTaken++;
   }
