@@ -322,6 +322,7 @@ export interface MillionResult {
   readonly loadPerSec: number;
   readonly lagging: string;
   readonly catchUpMs: number;
+  readonly catchUpPhases: CatchUpPhases;
   readonly installed: { readonly bytes: number; readonly ms: number } | null;
   readonly restartRestore: { readonly bytes: number; readonly ms: number } | null;
   readonly writesDuringCatchUp: number;
@@ -340,6 +341,62 @@ function logLine(c: CoordinatorCluster, id: string, msg: string): { bytes: numbe
     }
   }
   return null;
+}
+
+/** Every JSON log line of the replica's current process whose msg is `msg`, with its time (epoch ms; pino writes ISO time here). */
+function logLines(c: CoordinatorCluster, id: string, msg: string): { time: number; fields: Record<string, unknown> }[] {
+  const out: { time: number; fields: Record<string, unknown> }[] = [];
+  for (const line of c.replica(id).output.split('\n')) {
+    if (!line.includes(msg)) continue;
+    try {
+      const j = JSON.parse(line) as Record<string, unknown>;
+      const t = j['time'];
+      const time = typeof t === 'number' ? t : typeof t === 'string' ? Date.parse(t) : Number.NaN;
+      if (j['msg'] === msg && Number.isFinite(time)) out.push({ time, fields: j });
+    } catch {
+      // not JSON
+    }
+  }
+  return out;
+}
+
+/** Where a catch-up's time went, from the replica's own log lines (ms since its start). */
+export interface CatchUpPhases {
+  /** First snapshot bytes received (the first progress line), ms after the start. */
+  readonly firstChunkMs: number | null;
+  /** All bytes of the snapshot received, ms after the start. */
+  readonly receivedMs: number | null;
+  /** Restored into the state machine ('installed a snapshot from the leader'), ms after the start. */
+  readonly installedMs: number | null;
+  readonly snapshotBytes: number | null;
+  /** Snapshot bytes / (received − first chunk), MB/s. */
+  readonly transferMBps: number | null;
+  /** Progress lines: how many times a transfer started over at 0 bytes (1 = never restarted). */
+  readonly transfersStarted: number;
+}
+
+function catchUpPhases(c: CoordinatorCluster, id: string, startedAt: number): CatchUpPhases {
+  const prog = logLines(c, id, 'receiving a snapshot from the leader');
+  const inst = logLines(c, id, 'installed a snapshot from the leader')[0];
+  const first = prog[0];
+  const full = prog.find((p) => p.fields['receivedBytes'] === p.fields['totalBytes']);
+  let starts = 0;
+  let last = Number.POSITIVE_INFINITY;
+  for (const p of prog) {
+    const r = Number(p.fields['receivedBytes']);
+    if (r < last) starts++;
+    last = r;
+  }
+  const bytes = full !== undefined ? Number(full.fields['totalBytes']) : inst !== undefined ? Number(inst.fields['bytes']) : null;
+  const transferS = full !== undefined && first !== undefined ? (full.time - first.time) / 1000 : null;
+  return {
+    firstChunkMs: first !== undefined ? first.time - startedAt : null,
+    receivedMs: full !== undefined ? full.time - startedAt : null,
+    installedMs: inst !== undefined ? inst.time - startedAt : null,
+    snapshotBytes: bytes,
+    transferMBps: bytes !== null && transferS !== null && transferS > 0 ? Math.round((bytes / 1e6 / transferS) * 10) / 10 : null,
+    transfersStarted: starts,
+  };
 }
 
 /**
@@ -416,6 +473,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const target = Math.max(...(await live(others)).map((r) => r.appliedIndex));
     progress(`starting ${lagging} again under load (leader at index ${fmtInt(target)})`);
     const t0 = performance.now();
+    const t0Wall = Date.now();
     c.start(lagging);
     await waitFor(`${lagging} caught up`, 600_000, async () => {
       const r = await sampleReplica(c, lagging, names);
@@ -426,6 +484,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     writing = false;
     await load;
     const installed = logLine(c, lagging, 'installed a snapshot from the leader'); // output restarts with the process
+    const phases = catchUpPhases(c, lagging, t0Wall);
     progress(`${lagging} caught up in ${fmtInt(catchUpMs)} ms (${writesBefore} writes meanwhile)`);
     await sleep(opts.smoke ? 300 : 2000);
     samples.push({ phase: 'caught up', replicas: await live(all) });
@@ -438,6 +497,19 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const snapshots = all.flatMap((id) => snapshotsOf(c, id));
 
     const rows: Record<string, number | string>[] = [];
+    const ms = (v: number | null): number | string => (v === null ? '–' : Math.round(v));
+    rows.push({
+      phase: 'catch-up under load',
+      replica: lagging,
+      'caught up ms': catchUpMs,
+      'first snapshot bytes ms': ms(phases.firstChunkMs),
+      'snapshot received ms': ms(phases.receivedMs),
+      'restored ms': ms(phases.installedMs),
+      'snapshot MB': phases.snapshotBytes === null ? '–' : Math.round(phases.snapshotBytes / 1e5) / 10,
+      'transfer MB/s': phases.transferMBps ?? '–',
+      'transfers started': phases.transfersStarted,
+      'writes meanwhile': writesBefore,
+    });
     for (const sm of samples) {
       for (const r of sm.replicas) {
         rows.push({
@@ -457,7 +529,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
       `3 coordinators on loopback (LevelDB with fsync), --snapshot-every ${snapshotEvery}. ${fmtInt(tenants)} tenants loaded through the leader's bulk admin API (POST /v1/tenants, ${fmtInt(batch)} a request, 4 in flight) in ${loadSeconds.toFixed(1)} s: ${fmtInt(loadPerSec)} tenants/s, while ${lagging} was stopped.`,
       `Target: at most 1 GiB resident per replica with 1,000,000 tenants ('RSS / 1 GiB' ≤ 1). RSS and heap from each replica's /metrics, sampled after each phase settled (no GC forced).`,
       lastSnap !== null ? `Snapshots: ${snapshots.length} taken in all; the largest index: ${lastSnap.replica} at ${fmtInt(lastSnap.index)}, ${fmtInt(lastSnap.bytes)} bytes in ${Math.round(lastSnap.ms)} ms (encode + write, from its log).` : 'Snapshots: none taken.',
-      `Catch-up under load: ${lagging} started while 8 clients wrote (PUT of existing tenants); it held all ${fmtInt(tenants)} tenants and the leader's index at its start after ${fmtInt(catchUpMs)} ms${installed !== null ? `, through a snapshot from the leader (${fmtInt(installed.bytes)} bytes, restored in ${fmtInt(installed.ms)} ms)` : ' (no snapshot installed: it caught up from the log)'}; ${fmtInt(writesBefore)} writes were acknowledged meanwhile.`,
+      `Catch-up under load: ${lagging} started while 8 clients wrote (PUT of existing tenants); it held all ${fmtInt(tenants)} tenants and the leader's index at its start after ${fmtInt(catchUpMs)} ms${installed !== null ? `, through a snapshot from the leader (${fmtInt(installed.bytes)} bytes, restored in ${fmtInt(installed.ms)} ms)` : ' (no snapshot installed: it caught up from the log)'}; ${fmtInt(writesBefore)} writes were acknowledged meanwhile. The 'catch-up under load' row splits that time, from the replica's own log lines, ms after its process started: the first snapshot bytes received (process start, peer connection, the leader finding the follower behind its log), all bytes received, restored; 'transfers started' counts transfers that began again at byte 0 (1: the leader kept its snapshot to the end though it compacted meanwhile).`,
       restartRestore !== null ? `Restart: ${lagging} restored its own snapshot at start in ${fmtInt(restartRestore.ms)} ms (${fmtInt(restartRestore.bytes)} bytes).` : 'Restart: no snapshot restored at start.',
       'Loaded through the bulk admin API (issue 20\'s import path, `cellquota ctl tenants import` uses the same operation); no agent reports, so no slices: the tenants\' definitions only.',
     ];
@@ -467,6 +539,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
       loadPerSec,
       lagging,
       catchUpMs,
+      catchUpPhases: phases,
       installed,
       restartRestore,
       writesDuringCatchUp: writesBefore,

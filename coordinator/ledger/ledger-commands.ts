@@ -13,8 +13,10 @@
 // than the object form; encodeCommand writes every round that way, decodeCommand reads both (logs
 // written before keep decoding). Decoding validates with the same schemas either way. Numbers are
 // encoded exactly; there is no -0 on the wire, and the ledger stores +0 wherever a -0 could enter.
-// Every replica must run a version that reads format 2 before a leader writes it (an older replica
-// would apply such a round as INVALID and diverge): upgrade all replicas before agents connect.
+// Every replica must read format 2 before a leader writes it (an older replica would apply such a
+// round as INVALID and diverge): the leader writes format 2 only while every member declared it reads
+// it (the peers' COMMAND_FORMAT_HEADER, coordinator-node.ts), format 1 otherwise; see
+// docs/quota-model.md, "Upgrades", for the rule that remains (no downgrade once format 2 is written).
 
 import { Packr, Unpackr } from 'msgpackr';
 import { z } from 'zod';
@@ -51,6 +53,8 @@ export const DEFAULT_FLOOR_FRACTION = 0;
 export const COMMAND_FORMAT_VERSION = 1;
 /** Version tag of a reportAndGrant round in the compact form (round-codec.ts). Decoding refuses any other tag. */
 export const ROUND_FORMAT_VERSION = 2;
+/** The newest command format this build reads (what a replica declares to its peers). */
+export const NEWEST_COMMAND_FORMAT = ROUND_FORMAT_VERSION;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -311,11 +315,14 @@ export function describeIssues(issues: readonly { readonly path: readonly Proper
 const packr = new Packr({ useRecords: false, moreTypes: false });
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes: false });
 
-/** Validates and encodes a command for the Raft log. Throws LedgerCommandError if it is invalid. */
-export function encodeCommand(cmd: LedgerCommandInput): Uint8Array {
+/**
+ * Validates and encodes a command for the Raft log. Throws LedgerCommandError if it is invalid.
+ * `compactRounds: false` writes a round in format 1 (while some replica does not read format 2).
+ */
+export function encodeCommand(cmd: LedgerCommandInput, opts: { readonly compactRounds?: boolean } = {}): Uint8Array {
   const p = parseCommand(cmd);
   if (!p.ok) throw new LedgerCommandError(p.message);
-  if (p.command.type === 'reportAndGrant') return packr.pack([ROUND_FORMAT_VERSION, packRound(p.command)]);
+  if (p.command.type === 'reportAndGrant' && opts.compactRounds !== false) return packr.pack([ROUND_FORMAT_VERSION, packRound(p.command)]);
   return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
 }
 

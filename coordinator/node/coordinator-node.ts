@@ -29,7 +29,7 @@ import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOp
 import { LeaseService, type LeaseServiceOptions } from '../lease/lease-service.js';
 import { createLeaseAuthenticator, type TokenFile } from '../lease/lease-auth.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
-import { encodeCommand, type LedgerCommandInput } from '../ledger/ledger-commands.js';
+import { encodeCommand, NEWEST_COMMAND_FORMAT, ROUND_FORMAT_VERSION, type LedgerCommandInput } from '../ledger/ledger-commands.js';
 import { RaftDriver, RaftPersistError } from './raft-driver.js';
 import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
@@ -204,6 +204,7 @@ export class CoordinatorNode {
       listen,
       peers: settings.peers,
       onMessages: (batch) => nodeRef?.driver.receive(batch),
+      commandFormat: NEWEST_COMMAND_FORMAT,
       logger: log.child({ component: 'transport' }),
       status: () => {
         const s = nodeRef?.driver.status();
@@ -452,7 +453,8 @@ export class CoordinatorNode {
   async propose(cmd: LedgerCommandInput): Promise<LedgerResult> {
     const end = this.metrics?.proposalSeconds.startTimer();
     try {
-      const r = (await this.driver.propose(encodeCommand(cmd))) as LedgerResult;
+      const compactRounds = cmd.type === 'reportAndGrant' && this.everyMemberReads(ROUND_FORMAT_VERSION);
+      const r = (await this.driver.propose(encodeCommand(cmd, { compactRounds }))) as LedgerResult;
       this.metrics?.proposals.inc({ result: r.ok ? 'ok' : 'error' });
       return r;
     } catch (err) {
@@ -461,6 +463,19 @@ export class CoordinatorNode {
     } finally {
       end?.();
     }
+  }
+
+  /**
+   * Whether every other member (voters and learners) declared, on its last peer stream, that it
+   * reads command format `format`. A member never heard from counts as not reading it.
+   */
+  everyMemberReads(format: number): boolean {
+    const conf = this.driver.status().conf;
+    for (const id of [...conf.voters, ...conf.learners]) {
+      if (id === this.settings.id) continue;
+      if ((this.transport.peerCommandFormat(id) ?? 0) < format) return false;
+    }
+    return true;
   }
 
   /** The incarnation the cluster has recorded for each member id. */

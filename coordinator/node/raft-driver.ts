@@ -126,7 +126,7 @@ export class RaftDriver<R> {
   private lastLeader: NodeId | null = null;
   private lastTerm = 0;
   private fatal: Error | null = null;
-  private lastSnapshotProgress = { at: 0, bytes: -1 };
+  private lastSnapshotProgress = { at: 0, index: -1, bytes: -1 };
 
   constructor(opts: RaftDriverOptions<R>) {
     this.opts = opts;
@@ -339,8 +339,8 @@ export class RaftDriver<R> {
     const p = this.raft.incomingSnapshotProgress();
     if (p === null) return;
     const now = performance.now();
-    if (p.receivedBytes === this.lastSnapshotProgress.bytes || (now - this.lastSnapshotProgress.at < 1000 && p.receivedBytes < p.totalBytes)) return;
-    this.lastSnapshotProgress = { at: now, bytes: p.receivedBytes };
+    if ((p.index === this.lastSnapshotProgress.index && p.receivedBytes === this.lastSnapshotProgress.bytes) || (now - this.lastSnapshotProgress.at < 1000 && p.receivedBytes < p.totalBytes)) return;
+    this.lastSnapshotProgress = { at: now, index: p.index, bytes: p.receivedBytes };
     report(p.index, p.receivedBytes, p.totalBytes);
   }
 

@@ -112,6 +112,7 @@ export class RaftNode {
   private pendingReads: PendingRead[] = [];
   private readsAwaitingTermCommit: { ctx: string; from: NodeId }[] = [];
   private incomingSnapshot: IncomingSnapshot | null = null;
+  private lastSnapshotReceive: { index: number; receivedBytes: number; totalBytes: number } | null = null;
   private readyOutstanding = false;
   private refuseVotes: boolean;
 
@@ -388,10 +389,9 @@ export class RaftNode {
     };
   }
 
-  /** How far a snapshot from the leader has arrived (null when none is being received). */
+  /** How far the latest snapshot from the leader has arrived (complete once received = total; null before any). */
   incomingSnapshotProgress(): { readonly index: number; readonly receivedBytes: number; readonly totalBytes: number } | null {
-    const inc = this.incomingSnapshot;
-    return inc === null ? null : { index: inc.meta.index, receivedBytes: inc.received, totalBytes: inc.totalBytes };
+    return this.lastSnapshotReceive;
   }
 
   /** The entry at index if this node still holds it (for tests and the simulator's checkers). */
@@ -825,6 +825,7 @@ export class RaftNode {
     }
     inc.parts.push(m.chunk);
     inc.received += m.chunk.byteLength;
+    this.lastSnapshotReceive = { index: inc.meta.index, receivedBytes: inc.received, totalBytes: inc.totalBytes };
     if (!m.done) {
       this.send({ type: 'snapshot-resp', from: this.id, to: m.from, term: this.term, snapshotIndex: m.meta.index, nextOffset: inc.received });
       return;

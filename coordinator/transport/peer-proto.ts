@@ -12,6 +12,12 @@ export const RAFT_PEER_SERVICE = 'cellquota.raft.v1.RaftPeer';
 /** Metadata keys carried on the Stream call (request) and its response headers. */
 export const CLUSTER_ID_HEADER = 'cellquota-cluster-id';
 export const NODE_ID_HEADER = 'cellquota-node-id';
+/**
+ * The newest Raft command format the sender's build reads (a decimal integer), carried both ways so
+ * a leader writes a newer entry format only once every replica declared it reads it. A replica that
+ * sends no such header (a build from before it) reads format 1 only.
+ */
+export const COMMAND_FORMAT_HEADER = 'cellquota-command-format';
 
 export interface FrameMessage {
   data: Uint8Array;

@@ -24,6 +24,7 @@ import { decodeFrame, defaultPeerCodecLimits, encodeFrame, type PeerCodecLimits 
 import { certNames } from '../../shared/cert-identity.js';
 import {
   CLUSTER_ID_HEADER,
+  COMMAND_FORMAT_HEADER,
   loadRaftPeerService,
   NODE_ID_HEADER,
   type FrameMessage,
@@ -96,6 +97,11 @@ export interface PeerTransportOptions {
   readonly keepaliveTimeMs?: number;
   readonly keepaliveTimeoutMs?: number;
   readonly limits?: Partial<PeerCodecLimits>;
+  /**
+   * The newest Raft command format this replica reads, declared to every peer (COMMAND_FORMAT_HEADER);
+   * what each peer declared is in peerCommandFormat(). Default 1.
+   */
+  readonly commandFormat?: number;
   /** What Probe reports as term and leader hints. */
   readonly status?: () => PeerStatusHint;
   /** Where proto/raft-peer.proto is (found automatically by default). */
@@ -201,6 +207,9 @@ interface LinkContext {
   readonly maxInflightBytes: number;
   readonly connectTimeoutMs: number;
   readonly throttle: LogThrottle;
+  readonly commandFormat: number;
+  /** Records the command format a peer declared (from its stream's headers, either direction). */
+  readonly noteCommandFormat: (peer: NodeId, headers: grpc.Metadata) => void;
 }
 
 /** Logs a repeated warning at most once per window per key, with the number suppressed meanwhile. */
@@ -376,6 +385,7 @@ class PeerLink {
     const md = new grpc.Metadata();
     md.set(CLUSTER_ID_HEADER, this.ctx.clusterId);
     md.set(NODE_ID_HEADER, this.ctx.selfId);
+    md.set(COMMAND_FORMAT_HEADER, String(this.ctx.commandFormat));
     let client: grpc.Client | undefined;
     let call: grpc.ClientWritableStream<FrameMessage>;
     try {
@@ -419,6 +429,7 @@ class PeerLink {
       this.call.cancel();
       return;
     }
+    this.ctx.noteCommandFormat(this.id, headers);
     this.clearConnectTimer();
     this.connected = true;
     this.attempt = 0;
@@ -537,6 +548,8 @@ export class PeerTransport {
   private readonly inbound = new Map<NodeId, InboundStream>();
   private readonly received = new Map<NodeId, InboundCounters>();
   private readonly throttle = new LogThrottle();
+  /** The newest command format each peer declared, last heard (kept while it is down). */
+  private readonly peerFormats = new Map<NodeId, number>();
   private server: grpc.Server | null = null;
   private started = false;
   private stopped = false;
@@ -597,8 +610,25 @@ export class PeerTransport {
       maxInflightBytes: opts.maxInflightBytes ?? 8 * 1024 * 1024,
       connectTimeoutMs: opts.connectTimeoutMs ?? 3000,
       throttle: this.throttle,
+      commandFormat: opts.commandFormat ?? 1,
+      noteCommandFormat: (peer, headers) => this.noteCommandFormat(peer, headers),
     };
     this.setPeers(opts.peers);
+  }
+
+  /**
+   * The newest Raft command format `peer` declared on its last stream (either direction): null if
+   * it was never heard from, 1 if it declared none (a build from before the header).
+   */
+  peerCommandFormat(peer: NodeId): number | null {
+    return this.peerFormats.get(peer) ?? null;
+  }
+
+  private noteCommandFormat(peer: NodeId, headers: grpc.Metadata): void {
+    const v = firstString(headers, COMMAND_FORMAT_HEADER);
+    const n = v !== undefined && /^[0-9]{1,6}$/.test(v) ? Number(v) : 1;
+    if (this.peerFormats.get(peer) !== n) this.log.info({ peer, commandFormat: n }, 'peer declared its command format');
+    this.peerFormats.set(peer, n);
   }
 
   /** Binds the server and starts connecting to every peer. Resolves with the bound port. */
@@ -880,7 +910,9 @@ export class PeerTransport {
     const headers = new grpc.Metadata();
     headers.set(CLUSTER_ID_HEADER, this.clusterId);
     headers.set(NODE_ID_HEADER, this.selfId);
+    headers.set(COMMAND_FORMAT_HEADER, String(this.ctx.commandFormat));
     call.sendMetadata(headers);
+    this.noteCommandFormat(sender, call.metadata);
 
     call.on('data', (frame: FrameMessage) => {
       if (finished || this.stopped) return;

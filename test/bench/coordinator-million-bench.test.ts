@@ -19,6 +19,11 @@ void test('coordinator-million: bulk load, memory per phase, catch-up from a sna
   assert.ok(r.restartRestore !== null && r.restartRestore.bytes > 0, 'and restored its own snapshot when restarted');
   assert.ok(r.writesDuringCatchUp > 0, 'writes went on while it caught up');
   assert.ok(r.loadPerSec > 0 && r.catchUpMs > 0);
+  const p = r.catchUpPhases;
+  assert.ok(p.installedMs !== null && p.receivedMs !== null && p.firstChunkMs !== null, `catch-up phases from the replica's log: ${JSON.stringify(p)}`);
+  assert.ok(p.firstChunkMs <= p.receivedMs && p.receivedMs <= p.installedMs, JSON.stringify(p));
+  assert.ok(p.transfersStarted >= 1, JSON.stringify(p));
+  assert.ok(r.report.rows.some((row) => row['phase'] === 'catch-up under load' && row['caught up ms'] === r.catchUpMs));
   assert.equal(r.report.name, 'coordinator-million');
   for (const row of r.report.rows) for (const v of Object.values(row)) assert.equal(typeof v === 'number' || typeof v === 'string', true);
 });

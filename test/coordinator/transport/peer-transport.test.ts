@@ -379,3 +379,19 @@ void test('the transport can share a gRPC server the caller owns (one port for p
     shared.forceShutdown();
   }
 });
+
+void test('command format: each transport learns the newest format its peers read, both ways; an unknown peer is null', async () => {
+  const { nodes } = await startCluster(['n1', 'n2', 'n3'], (id) => (id === 'n3' ? {} : { commandFormat: 2 }));
+  try {
+    const t = (id: string): PeerTransport => {
+      const n = nodes.get(id);
+      if (n === undefined) throw new Error(id);
+      return n.transport;
+    };
+    assert.equal(t('n1').peerCommandFormat('n9'), null, 'never heard from');
+    await waitFor(() => t('n1').peerCommandFormat('n2') === 2 && t('n2').peerCommandFormat('n1') === 2, 'n1 and n2 declared format 2 to each other');
+    await waitFor(() => t('n1').peerCommandFormat('n3') === 1 && t('n3').peerCommandFormat('n1') === 2, 'n3 declared the default, format 1');
+  } finally {
+    await stopAll(nodes.values());
+  }
+});
