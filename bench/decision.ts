@@ -21,7 +21,7 @@ import { StaticQuotas, parseQuotaFile } from '../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { compileRules } from '../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../cell-agent/rules/rules-schema.js';
-import type { RlsRequest } from '../cell-agent/rls/rls-codec.js';
+import type { RlsRequest } from '../cell-agent/messages/rls-messages.js';
 import { percentiles } from './agent-memory.js';
 import type { Percentiles } from './agent-memory.js';
 import { machineLine } from './bench-report.js';

@@ -23,7 +23,7 @@ import type { LoadRulesOptions } from './rules/rules-load.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
-import { warmUp } from './decide/warm-up.js';
+import { warmUp } from './rls/warm-up.js';
 import { CoordinatedQuotas, StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { startHttpApi } from './http/http-api.js';

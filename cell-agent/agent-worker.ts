@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
-import { warmUp } from './decide/warm-up.js';
+import { warmUp } from './rls/warm-up.js';
 import { warmUpTransport } from './rls/warm-up-transport.js';
 import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
@@ -18,6 +18,7 @@ import { StatsWriter } from './observe/stats.js';
 import { ThrottleCounts } from './observe/throttle-log.js';
 import { compileSnapshot } from './agent-rules.js';
 import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
+import { encodeRateLimitResponse } from './rls/rls-codec.js';
 import { startRlsServer } from './rls/rls-server.js';
 import type { RlsServerHandle } from './rls/rls-server.js';
 import { VelocityTable } from './velocity/velocity-table.js';
@@ -61,6 +62,8 @@ async function main(): Promise<void> {
       allowances: overloadAllowances(init.overload.allowance, table, throttle),
       throttle,
       cell: init.cell,
+      // The lean server answers the overload path's constants from their encoding, made once.
+      encode: (response) => encodeRateLimitResponse(response, true),
     });
     lag.start();
     server = await startRlsServer(service, init.listen, logger);

@@ -23,8 +23,8 @@ import { QuotaOverrides, reconfigureBuckets } from '../cell-agent/lease/quota-ov
 import { loadLeaseCredentials } from '../cell-agent/lease/lease-credentials.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
-import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry } from '../cell-agent/rls/rls-codec.js';
-import { RLS_CODE } from '../cell-agent/rls/rls-codec.js';
+import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry } from '../cell-agent/messages/rls-messages.js';
+import { RLS_CODE } from '../cell-agent/messages/rls-messages.js';
 import { compileRules } from '../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../cell-agent/rules/rules-compile.js';
 import { loadRules, watchRules } from '../cell-agent/rules/rules-load.js';

@@ -9,7 +9,8 @@
 //       its hits in its fail-open allowance (counted as verdict "degraded", fail_open
 //       {reason="overload"}, per quota key in the throttling log and quota_fail_open_total), else
 //       refused at once (verdict "over_limit", overload_refused{reason="allowance"}). Both answers
-//       are constants built once per descriptor count (encoded too, for the lean server): nothing
+//       are constants built once per descriptor count (encoded too, with the transport's encoder
+//       when it gives one: the lean server's framed gRPC message): nothing
 //       is allocated for the answer. With --overload-allowance 0, `shed()` refuses before decoding.
 //     open: answered OK at once — one OK status per descriptor, `x-ratelimit-degraded` and
 //       `x-ratelimit-fail-open` — without matching or touching a bucket (the behaviour before
@@ -26,8 +27,8 @@ import type { OverloadSignal } from '../observe/lag-guard.js';
 import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
 import type { ThrottleCounts } from '../observe/throttle-log.js';
 import { UNMATCHED_QUOTA } from '../observe/throttle-log.js';
-import type { RlsDescriptorStatus, RlsHeader, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
-import { RLS_CODE, encodeRateLimitResponse } from '../rls/rls-codec.js';
+import type { RlsDescriptorStatus, RlsHeader, RlsRequest, RlsResponse } from '../messages/rls-messages.js';
+import { RLS_CODE } from '../messages/rls-messages.js';
 import type { Decider, DecisionScope } from './decide.js';
 import { CELL_HEADER, DEGRADED_HEADER, FAIL_OPEN_HEADER, OVERLOAD_REFUSED_BY, REFUSED_BY_HEADER } from './decide.js';
 import { DEFAULT_OVERLOAD, OverloadAllowances } from './overload.js';
@@ -45,7 +46,7 @@ export type CheckOutcome =
     readonly retryAfterNs: bigint;
     /** Decision.statusLimits (empty for a fail-open answer). */
     readonly statusLimits: readonly (GcraLimit | null)[];
-    /** The response already encoded as one gRPC message (prefix included): the overload path's constants. */
+    /** The overload path's constants: the response encoded once with CheckServiceOptions.encode. */
     readonly encoded?: Buffer;
   }
   | { readonly kind: 'error'; readonly code: number; readonly message: string };
@@ -69,6 +70,9 @@ type Answer = Extract<CheckOutcome, { kind: 'answer' }>;
 
 const NS_PER_S = 1_000_000_000n;
 
+/** How a transport encodes an answer once (the lean server: one framed gRPC message). */
+export type AnswerEncoder = (response: RlsResponse) => Buffer;
+
 /** The overload path's answers, built once per descriptor count and shared: nothing per answer. */
 export class OverloadAnswers {
   private readonly failOpen: Answer[] = [];
@@ -77,7 +81,7 @@ export class OverloadAnswers {
   /** The refusal without statuses: what a check shed before decoding gets (its descriptors are unknown). */
   readonly shed: Answer;
 
-  constructor(cell: string | null) {
+  constructor(cell: string | null, private readonly encode: AnswerEncoder | null = null) {
     this.refusedHeaders = Object.freeze([
       Object.freeze({ key: DEGRADED_HEADER, value: 'true' }),
       Object.freeze({ key: REFUSED_BY_HEADER, value: OVERLOAD_REFUSED_BY }),
@@ -90,7 +94,7 @@ export class OverloadAnswers {
     let a = this.failOpen[descriptors];
     if (a === undefined) {
       const response = failOpenResponse(descriptors);
-      a = Object.freeze({ kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS, encoded: encodeRateLimitResponse(response, true) });
+      a = Object.freeze({ kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS, ...this.encoded(response) });
       this.failOpen[descriptors] = a;
     }
     return a;
@@ -113,7 +117,11 @@ export class OverloadAnswers {
       requestHeadersToAdd: [],
       rawBody: null,
     });
-    return Object.freeze({ kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S, statusLimits: NO_LIMITS, encoded: encodeRateLimitResponse(response, true) });
+    return Object.freeze({ kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S, statusLimits: NO_LIMITS, ...this.encoded(response) });
+  }
+
+  private encoded(response: RlsResponse): { encoded?: Buffer } {
+    return this.encode === null ? {} : { encoded: this.encode(response) };
   }
 }
 
@@ -128,6 +136,8 @@ export interface CheckServiceOptions {
   readonly throttle?: ThrottleCounts | null;
   /** Named in the overload refusal's x-ratelimit-cell. */
   readonly cell?: string | null;
+  /** The transport's encoder: the overload path's constant answers are encoded once with it (CheckOutcome.encoded). */
+  readonly encode?: AnswerEncoder | null;
 }
 
 /** The allowances of a thread, counting into its throttling counts. */
@@ -157,7 +167,7 @@ export class CheckService {
     this.overload = opts.overload ?? DEFAULT_OVERLOAD;
     this.allowances = opts.allowances ?? null;
     this.throttle = opts.throttle ?? null;
-    this.answers = new OverloadAnswers(opts.cell ?? decider.options.cell ?? null);
+    this.answers = new OverloadAnswers(opts.cell ?? decider.options.cell ?? null, opts.encode ?? null);
     if (lag !== null && this.overload.policy === 'bounded' && this.overload.allowance > 0 && this.allowances === null) {
       throw new Error('CheckService: the bounded overload policy with an allowance needs the allowances');
     }

@@ -51,11 +51,17 @@ import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
 import { applyReplaces, lastLocalBucketKey, matchLocalRate, matchWithAncestors } from '../rules/rules-match.js';
 import type { RuleMatch } from '../rules/rules-match.js';
 import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
-import type { RlsDescriptorStatus, RlsHeader, RlsRateLimit, RlsRequest, RlsResponse } from '../rls/rls-codec.js';
-import { RLS_CODE } from '../rls/rls-codec.js';
-import type { QuotaSlice, StaticQuotas } from './quotas.js';
-import type { QuotaOverrides } from '../lease/quota-overrides.js';
-import type { LeaseDeadline } from '../lease/lease-deadline.js';
+import { decidedOnText } from '../messages/refusal.js';
+import type { Refusal, RefusingLevel } from '../messages/refusal.js';
+import type {
+  RlsDescriptorStatus,
+  RlsHeader,
+  RlsRateLimit,
+  RlsRequest,
+  RlsResponse,
+} from '../messages/rls-messages.js';
+import { RLS_CODE } from '../messages/rls-messages.js';
+import type { LeaseLiveness, OverrideLookup, QuotaSlice, StaticQuotas } from './quotas.js';
 import { planted } from '../../shared/planted-bugs.js';
 import { domainCapKey, tenantKey, tierCapKey } from '../../shared/quota-keys.js';
 import { GRPC_STATUS, checkRequest } from './request-check.js';
@@ -78,29 +84,8 @@ export const DECIDED_ON_HEADER = 'x-ratelimit-decided-on';
 export const CELL_HEADER = 'x-ratelimit-cell';
 export const PROVENANCE_HEADERS: readonly string[] = [REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, DECIDED_ON_HEADER, CELL_HEADER];
 
-/** The level that refused a request. */
-export type RefusingLevel = 'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
 /** x-ratelimit-refused-by of a refusal on the overload path (decide/overload.ts): no level was decided. */
 export const OVERLOAD_REFUSED_BY = 'overload';
-
-export interface Refusal {
-  readonly level: RefusingLevel;
-  /** The local rule's name (its bucket key when unnamed) or the global quota's key. */
-  readonly limit: string;
-  /**
-   * Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share'
-   * (no grant yet).
-   */
-  readonly decidedOn: 'lease' | 'floor' | 'static-share' | null;
-  readonly epoch: number | null;
-  readonly cell: string | null;
-}
-
-/** `lease epoch=7`, `floor epoch=7`, `static-share`; null for a local level. */
-export function decidedOnText(r: Refusal): string | null {
-  if (r.decidedOn === null) return null;
-  return r.epoch === null ? r.decidedOn : `${r.decidedOn} epoch=${r.epoch}`;
-}
 
 /** Records per global quota what was allowed and refused (the velocity window). */
 export interface VelocityRecorder {
@@ -117,12 +102,12 @@ export interface DeciderDeps {
    * its provenance: the throttling log. */
   readonly onRefused?: ((key: string, hits: number, why: Refusal) => void) | null;
   /** Leased grants (or their floors) per coordinator quota key, used instead of the static slices. */
-  readonly overrides?: QuotaOverrides | null;
+  readonly overrides?: OverrideLookup | null;
   /**
    * The lease's end in shared memory (lease-deadline.ts): a leased grant whose lease ended decides on its floor at
    * once.
    */
-  readonly deadline?: LeaseDeadline | null;
+  readonly deadline?: LeaseLiveness | null;
 }
 
 export interface DeciderOptions {

@@ -25,7 +25,7 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { limitFromRate } from '../buckets/gcra.js';
 import type { GcraLimit } from '../buckets/gcra.js';
-import type { RlsRateLimit } from '../rls/rls-codec.js';
+import type { RlsRateLimit } from '../messages/rls-messages.js';
 import { planted } from '../../shared/planted-bugs.js';
 
 /** Response unit numbers (RateLimitResponse.RateLimit.Unit). */
@@ -242,6 +242,28 @@ export interface CoordinatedSlice extends QuotaSlice {
   readonly parent: string | null;
   /** An unknown tenant the coordinator's policy admits (no tenant level of its own). */
   readonly unknown: boolean;
+}
+
+/** A coordinator entry as the deciders read it (lease/quota-overrides.ts computes them from the grants). */
+export interface OverrideSlice extends CoordinatedSlice {
+  readonly leased: boolean;
+  readonly epoch: number | null;
+  /** A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to check. */
+  readonly lease: number | null;
+  /** What a leased grant decides on once its lease ended (its floor, not leased); null when `lease` is null. */
+  readonly floor: OverrideSlice | null;
+}
+
+/** What the deciders read of the coordinator's entries (lease/quota-overrides.ts's QuotaOverrides). */
+export interface OverrideLookup {
+  readonly size: number;
+  get(key: string): OverrideSlice | undefined;
+}
+
+/** What the deciders read of the lease's end in shared memory (lease/lease-deadline.ts's LeaseDeadline). */
+export interface LeaseLiveness {
+  /** Whether a grant of lease generation `generation` is in force at `nowNs` (the deciders' clock). */
+  live(generation: number, nowNs: bigint): boolean;
 }
 
 /** Where CoordinatedQuotas reads the coordinator's definitions (QuotaOverrides). */

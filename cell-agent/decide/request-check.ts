@@ -6,8 +6,8 @@
 // one of the bounds below gets INVALID_ARGUMENT with a message naming the bound. Checked in this
 // order: domain empty, descriptors empty, domain length, descriptor count, then per descriptor its
 // entry count, key and value lengths and the limit override's unit.
-import type { RlsRequest } from '../rls/rls-codec.js';
-import { REQUEST_UNIT } from '../rls/rls-codec.js';
+import type { RlsRequest } from '../messages/rls-messages.js';
+import { REQUEST_UNIT } from '../messages/rls-messages.js';
 
 /** gRPC status codes used here (grpc-js's Status enum, without importing grpc into the decision code). */
 export const GRPC_STATUS = Object.freeze({ UNKNOWN: 2, INVALID_ARGUMENT: 3, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8 });

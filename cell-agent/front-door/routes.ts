@@ -24,7 +24,7 @@
 import { readFile } from 'node:fs/promises';
 import { LineCounter, parseDocument } from 'yaml';
 import { z } from 'zod';
-import type { RlsDescriptor, RlsRequest } from '../rls/rls-codec.js';
+import type { RlsDescriptor, RlsRequest } from '../messages/rls-messages.js';
 
 /** The domain when none is given, and of the default route. */
 export const DEFAULT_FRONT_DOOR_DOMAIN = 'edge';

@@ -20,7 +20,7 @@ import { planted } from '../../shared/planted-bugs.js';
 import type { BucketTable } from '../buckets/bucket-table.js';
 import { globalBucketKey } from '../decide/decide.js';
 import { limitFromRate } from '../buckets/gcra.js';
-import type { CoordinatedSlice } from '../decide/quotas.js';
+import type { OverrideSlice } from '../decide/quotas.js';
 import { reportedLimit } from '../decide/quotas.js';
 
 /** Largest rate a quota may have (the ledger's MAX_RATE): the limit an admitted unknown tenant runs on. */
@@ -41,18 +41,6 @@ export type OverrideEntry =
   }
   | { readonly key: string; readonly remove: true }
   | { readonly key: string; readonly allowUnknown: true };
-
-export interface OverrideSlice extends CoordinatedSlice {
-  readonly leased: boolean;
-  readonly epoch: number | null;
-  /**
-   * A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to
-   * check.
-   */
-  readonly lease: number | null;
-  /** What a leased grant decides on once its lease ended (its floor, not leased); null when `lease` is null. */
-  readonly floor: OverrideSlice | null;
-}
 
 /** A key whose rate and burst had to be clamped to fit the bucket table. */
 export interface ClampedEntry {

@@ -11,7 +11,7 @@
 // `overloadStats`, each interval also logs one `overloaded` line: how long the serving threads were
 // overloaded in it and how many episodes ended.
 import type { Logger } from '../../shared/logging.js';
-import { decidedOnText, type Refusal } from '../decide/decide.js';
+import { decidedOnText, type Refusal } from '../messages/refusal.js';
 import { FAIL_OPEN_REASONS, type FailOpenReason } from './stats.js';
 
 // Counts are kept per key AND provenance (which level refused, on a lease with its epoch, a floor or

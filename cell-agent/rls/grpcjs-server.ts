@@ -21,7 +21,8 @@ import {
   encodeRateLimitRequest,
   encodeRateLimitResponse,
 } from './rls-codec.js';
-import type { Decoded, RlsRequest, RlsResponse } from './rls-codec.js';
+import type { Decoded } from './rls-codec.js';
+import type { RlsRequest, RlsResponse } from '../messages/rls-messages.js';
 import { HEALTH_SERVICE_NAME, HealthState, RLS_METHOD_PATH, bindUnix, removeIfOurs, tcpEndpoint } from './rls-common.js';
 import type { BoundUnix, RlsListenOptions, RlsServerHandle } from './rls-common.js';
 

@@ -7,7 +7,7 @@ import http2 from 'node:http2';
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
-import type { RlsRequest } from './rls-codec.js';
+import type { RlsRequest } from '../messages/rls-messages.js';
 import { encodeRateLimitRequest } from './rls-codec.js';
 import { frameMessage } from './grpc-wire.js';
 import { startLeanRlsServer } from './lean-server.js';

@@ -50,7 +50,7 @@ import type { OverrideEntry } from '../../cell-agent/lease/quota-overrides.js';
 import { compileRules } from '../../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../cell-agent/rules/rules-schema.js';
-import type { RlsRequest } from '../../cell-agent/rls/rls-codec.js';
+import type { RlsRequest } from '../../cell-agent/messages/rls-messages.js';
 import { VelocityKeys, VelocityTable } from '../../cell-agent/velocity/velocity-table.js';
 import type { ReportRequestMessage } from '../../shared/lease-proto.js';
 import { PLANTED_BUGS, plantBug } from '../../shared/planted-bugs.js';

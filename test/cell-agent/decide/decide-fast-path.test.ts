@@ -15,7 +15,7 @@ import { StaticQuotas, parseQuotaFile } from '../../../cell-agent/decide/quotas.
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
-import type { RlsRequest } from '../../../cell-agent/rls/rls-codec.js';
+import type { RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
 
 const S = 1_000_000_000n;
 const VALUES = ['a', 'b', 'x|y', 'k=v', '~t', 'back\\slash', '', 'ü'];

@@ -11,7 +11,7 @@ import type { UnknownTenantPolicy } from '../../../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
-import type { RlsDescriptor, RlsRequest } from '../../../cell-agent/rls/rls-codec.js';
+import type { RlsDescriptor, RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
 import { VelocityKeys, VelocityTable } from '../../../cell-agent/velocity/velocity-table.js';
 
 const S = 1_000_000_000n;

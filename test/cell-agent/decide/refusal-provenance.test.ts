@@ -5,7 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
-import { CELL_HEADER, DECIDED_ON_HEADER, Decider, REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, type Decision, type Refusal } from '../../../cell-agent/decide/decide.js';
+import { CELL_HEADER, DECIDED_ON_HEADER, Decider, REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, type Decision } from '../../../cell-agent/decide/decide.js';
+import type { Refusal } from '../../../cell-agent/messages/refusal.js';
 import { StaticQuotas, parseQuotaFile } from '../../../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { QuotaOverrides } from '../../../cell-agent/lease/quota-overrides.js';

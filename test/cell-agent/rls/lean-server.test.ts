@@ -15,8 +15,12 @@ import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
 import { decodeGrpcMessage, frameMessage } from '../../../cell-agent/rls/grpc-wire.js';
-import { decodeRateLimitResponse, encodeHealthCheckRequest, encodeRateLimitRequest } from '../../../cell-agent/rls/rls-codec.js';
-import type { RlsRequest } from '../../../cell-agent/rls/rls-codec.js';
+import {
+  decodeRateLimitResponse,
+  encodeHealthCheckRequest,
+  encodeRateLimitRequest,
+} from '../../../cell-agent/rls/rls-codec.js';
+import type { RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
 import { RlsClient, captureLogger, d, grpcError, tempDir, unixTarget } from '../agent/agent-helpers.js';
 import type { TempDir } from '../agent/agent-helpers.js';
 

@@ -14,7 +14,7 @@ import {
   encodeRateLimitRequest,
   encodeRateLimitResponse,
 } from '../../../cell-agent/rls/rls-codec.js';
-import type { RlsRequest, RlsResponse } from '../../../cell-agent/rls/rls-codec.js';
+import type { RlsRequest, RlsResponse } from '../../../cell-agent/messages/rls-messages.js';
 import { PROTO_DIR } from '../agent/agent-helpers.js';
 
 const defs = protoLoader.loadSync(['envoy/service/ratelimit/v3/rls.proto', 'grpc/health/v1/health.proto'], {

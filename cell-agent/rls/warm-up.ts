@@ -6,19 +6,19 @@
 // path, encode — on a scratch bucket table of its own (the shared buckets, the velocity window, the
 // statistics and the throttling log are never touched), and only then binds its sockets and reports
 // serving (gRPC health, /healthz): a client that connects gets decisions from the first check.
-// `warmUpTransport` (rls/warm-up-transport.ts) adds the same for the lean server's HTTP/2 path.
+// `warmUpTransport` (warm-up-transport.ts) adds the same for the lean server's HTTP/2 path.
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
 import { BucketTable } from '../buckets/bucket-table.js';
 import type { OverloadSignal } from '../observe/lag-guard.js';
 import { StatsWriter, createStatsShared } from '../observe/stats.js';
 import type { RuleLevel, RuleNode, RuleSet } from '../rules/rules-compile.js';
-import type { RlsEntry, RlsRequest } from '../rls/rls-codec.js';
-import { decodeRateLimitRequest, encodeRateLimitRequest, encodeRateLimitResponse } from '../rls/rls-codec.js';
-import { CheckService, overloadAllowances } from './check-service.js';
-import { Decider } from './decide.js';
-import type { DeciderDeps, DeciderOptions } from './decide.js';
-import type { OverloadOptions } from './overload.js';
+import type { RlsEntry, RlsRequest, RlsResponse } from '../messages/rls-messages.js';
+import { CheckService, overloadAllowances } from '../decide/check-service.js';
+import { Decider } from '../decide/decide.js';
+import type { DeciderDeps, DeciderOptions } from '../decide/decide.js';
+import type { OverloadOptions } from '../decide/overload.js';
+import { decodeRateLimitRequest, encodeRateLimitRequest, encodeRateLimitResponse } from './rls-codec.js';
 
 export interface WarmUpOptions {
   /** Rounds over the requests made from the rules (default 3000 checks in all, at least 2 rounds). */
@@ -81,12 +81,13 @@ export function warmUp(
   const decider = new Decider({ table, quotas: deps.quotas, overrides: deps.overrides ?? null, clock: () => process.hrtime.bigint() }, options);
   decider.setRules(rules);
   const stats = new StatsWriter(createStatsShared(1), 0);
-  const normal = new CheckService(decider, stats, null, logger);
+  const encode = (response: RlsResponse): Buffer => encodeRateLimitResponse(response, true);
+  const normal = new CheckService(decider, stats, null, logger, { encode });
   // The overload path too, under a signal that always says overloaded.
   const forced: OverloadSignal = { overloaded: () => true };
   const overloaded = overload.policy === 'bounded' && overload.allowance > 0
-    ? new CheckService(decider, stats, forced, logger, { overload, allowances: overloadAllowances(overload.allowance, table, null) })
-    : new CheckService(decider, stats, forced, logger, { overload });
+    ? new CheckService(decider, stats, forced, logger, { overload, allowances: overloadAllowances(overload.allowance, table, null), encode })
+    : new CheckService(decider, stats, forced, logger, { overload, encode });
   const requests = warmUpRequests(rules);
   const encoded = requests.map((r) => encodeRateLimitRequest(r));
   let checks = 0;
