@@ -68,13 +68,16 @@ const connect = (v) => {
 for (const v of edges.keys()) if (!index.has(v)) connect(v);
 
 if (components.length === 0) {
-  console.log(`folder-cycles: no import circle between the ${edges.size} folders of ${(folders.length > 0 ? folders : PRODUCT).join(', ')}`);
+  console.log(
+    `folder-cycles: no import circle between the ${edges.size} folders of ${(folders.length > 0 ? folders : PRODUCT).join(', ')}`,
+  );
 } else {
   for (const component of components) {
     console.log(`folder circle: ${component.join(' ↔ ')}`);
     const members = new Set(component);
     for (const from of component) {
-      for (const [to, example] of edges.get(from) ?? []) if (members.has(to)) console.log(`  ${from}/ → ${to}/   e.g. ${example}`);
+      for (const [to, example] of edges.get(from) ?? [])
+        if (members.has(to)) console.log(`  ${from}/ → ${to}/   e.g. ${example}`);
     }
   }
   process.exitCode = 1;

@@ -27,7 +27,10 @@ function* tsFiles(dir) {
 function nameOf(node, source) {
   if (node.name !== undefined) return node.name.getText(source);
   const parent = node.parent;
-  if (parent !== undefined && (ts.isVariableDeclaration(parent) || ts.isPropertyAssignment(parent) || ts.isPropertyDeclaration(parent))) {
+  if (
+    parent !== undefined &&
+    (ts.isVariableDeclaration(parent) || ts.isPropertyAssignment(parent) || ts.isPropertyDeclaration(parent))
+  ) {
     return parent.name.getText(source);
   }
   return '(anonymous)';
@@ -41,7 +44,11 @@ for (const folder of folders.length > 0 ? folders : PRODUCT) {
       if (ts.isFunctionLike(node) && 'body' in node && node.body !== undefined) {
         const first = source.getLineAndCharacterOfPosition(node.getStart(source)).line + 1;
         const last = source.getLineAndCharacterOfPosition(node.getEnd()).line + 1;
-        found.push({ lines: last - first + 1, where: `${relative(root, file)}:${first}-${last}`, name: nameOf(node, source) });
+        found.push({
+          lines: last - first + 1,
+          where: `${relative(root, file)}:${first}-${last}`,
+          name: nameOf(node, source),
+        });
       }
       ts.forEachChild(node, visit);
     };

@@ -94,7 +94,10 @@ export class OverloadAnswers {
     let a = this.failOpen[descriptors];
     if (a === undefined) {
       const response = failOpenResponse(descriptors);
-      a = Object.freeze({ kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS, ...this.encoded(response) });
+      a = Object.freeze({
+        kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n,
+        statusLimits: NO_LIMITS, ...this.encoded(response),
+      });
       this.failOpen[descriptors] = a;
     }
     return a;
@@ -117,7 +120,10 @@ export class OverloadAnswers {
       requestHeadersToAdd: [],
       rawBody: null,
     });
-    return Object.freeze({ kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S, statusLimits: NO_LIMITS, ...this.encoded(response) });
+    return Object.freeze({
+      kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S,
+      statusLimits: NO_LIMITS, ...this.encoded(response),
+    });
   }
 
   private encoded(response: RlsResponse): { encoded?: Buffer } {

@@ -248,7 +248,10 @@ export interface CoordinatedSlice extends QuotaSlice {
 export interface OverrideSlice extends CoordinatedSlice {
   readonly leased: boolean;
   readonly epoch: number | null;
-  /** A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to check. */
+  /**
+   * A leased grant's lease generation: in force only while LeaseDeadline.live(lease, now); null: no deadline to
+   * check.
+   */
   readonly lease: number | null;
   /** What a leased grant decides on once its lease ended (its floor, not leased); null when `lease` is null. */
   readonly floor: OverrideSlice | null;

@@ -3,13 +3,17 @@
 // log counts refusals by it (observe/throttle-log.ts).
 
 /** The level that refused a request. */
-export type RefusingLevel = 'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
+export type RefusingLevel =
+  'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
 
 export interface Refusal {
   readonly level: RefusingLevel;
   /** The local rule's name (its bucket key when unnamed) or the global quota's key. */
   readonly limit: string;
-  /** Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share' (no grant yet). */
+  /**
+   * Global levels: 'lease' (a live grant, with its epoch), 'floor' (the grant's floor, lease lost), 'static-share'
+   * (no grant yet).
+   */
   readonly decidedOn: 'lease' | 'floor' | 'static-share' | null;
   readonly epoch: number | null;
   readonly cell: string | null;

@@ -24,7 +24,8 @@
 // Fields the agent never sends (dynamic_metadata, quota) are skipped when decoding a response.
 
 import type {
-  RlsCode, RlsDescriptor, RlsDescriptorStatus, RlsDuration, RlsEntry, RlsHeader, RlsLimitOverride, RlsRateLimit, RlsRequest, RlsResponse,
+  RlsCode, RlsDescriptor, RlsDescriptorStatus, RlsDuration, RlsEntry, RlsHeader, RlsLimitOverride, RlsRateLimit,
+  RlsRequest, RlsResponse,
 } from '../messages/rls-messages.js';
 
 /** A decoded message, or why the bytes are not one. Decoders never throw. */

@@ -86,7 +86,9 @@ export function warmUp(
   // The overload path too, under a signal that always says overloaded.
   const forced: OverloadSignal = { overloaded: () => true };
   const overloaded = overload.policy === 'bounded' && overload.allowance > 0
-    ? new CheckService(decider, stats, forced, logger, { overload, allowances: overloadAllowances(overload.allowance, table, null), encode })
+    ? new CheckService(decider, stats, forced, logger, {
+      overload, allowances: overloadAllowances(overload.allowance, table, null), encode,
+    })
     : new CheckService(decider, stats, forced, logger, { overload, encode });
   const requests = warmUpRequests(rules);
   const encoded = requests.map((r) => encodeRateLimitRequest(r));
