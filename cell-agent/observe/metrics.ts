@@ -27,6 +27,7 @@
 //                                                                   quotas with the highest demand
 //   cellquota_agent_global_velocity_quotas                          quotas with a non-zero window
 //   cellquota_agent_velocity_dropped_total                          samples the velocity table had no slot for
+//   cellquota_agent_lease_state, _on_floor, _lease_changes_total   the lease (lease-metrics.ts)
 // plus prom-client's default process metrics.
 import { Counter, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Metric } from 'prom-client';
