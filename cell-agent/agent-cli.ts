@@ -32,7 +32,7 @@ Every flag can also be given as CELLQUOTA_<FLAG> or in a YAML/JSON file named by
 
 export async function runAgentCommand(argv: readonly string[], env: NodeJS.ProcessEnv, io: AgentCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process }): Promise<number> {
   if (argv.includes('--help') || argv.includes('-h')) {
-    io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n\n  --config FILE: a YAML or JSON file of settings, keyed by flag name [CELLQUOTA_CONFIG]\n`);
+    io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n`);
     return 0;
   }
   let config: AgentConfig;

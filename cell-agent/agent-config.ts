@@ -2,8 +2,7 @@
 // config file (shared/cli-config.ts), validated by one zod schema. The schema takes the raw strings
 // of flags and variables as well as typed values (config files, tests), and produces AgentConfig.
 import { z } from 'zod';
-import { ConfigError, parseHostPort } from '../shared/cli-config.js';
-import type { SettingSpec } from '../shared/cli-config.js';
+import { ConfigError, parseHostPort, setting, settingSpecs } from '../shared/cli-config.js';
 import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
@@ -13,48 +12,6 @@ import type { UnknownTenantPolicy } from './decide/quotas.js';
 import { parseTrustedProxies } from '../shared/client-address.js';
 import { DENY_STATUSES } from './front-door/forward-auth.js';
 import type { DenyStatus } from './front-door/forward-auth.js';
-
-export const AGENT_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
-  { flag: 'cell', description: 'this cell\'s id, e.g. eu-west (required)' },
-  { flag: 'rules', description: 'rules: a YAML file or a directory of them, envoyproxy/ratelimit format (required; hot-reloaded)' },
-  { flag: 'rls-socket', description: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>' },
-  { flag: 'rls-listen', description: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)' },
-  { flag: 'http', description: 'HOST:PORT (or PORT alone: 127.0.0.1, loopback only) for the HTTP API (/v1/check, /v1/forward-auth, /metrics, /healthz); it has no authentication, so give a non-loopback host only on a trusted network' },
-  { flag: 'coordinators', description: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices' },
-  { flag: 'tls-ca', description: 'CA of the coordinators\' certificates: the lease client speaks TLS to them' },
-  { flag: 'tls-cert', description: 'this cell\'s client certificate (PEM) for mutual TLS; must name --cell (URI urn:cellquota:cell:<id>, or the CN)' },
-  { flag: 'tls-key', description: 'the key of --tls-cert (PEM)' },
-  { flag: 'tls-server-name', description: 'the name expected in the coordinators\' certificate when it is not the host dialled' },
-  { flag: 'lease-token-file', description: 'a file holding this cell\'s bearer token for the lease service (instead of, or besides, a certificate)' },
-  { flag: 'workers', description: 'gRPC serving threads, all sharing one bucket table (default 1; 0: no RLS server, the HTTP API only)' },
-  { flag: 'rls-server', description: 'the RLS gRPC server: lean (gRPC framing on node:http2) | grpc-js (the previous server, kept for comparison) (default lean)' },
-  { flag: 'socket-mode', description: 'permission bits of the Unix sockets, octal (default 0660)' },
-  { flag: 'socket-owner', description: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)' },
-  { flag: 'tenants', description: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running alone; refused with --coordinators (they hold every quota)' },
-  { flag: 'unknown-tenant', description: 'alone: policy for a tenant not in the table: deny | allow | tier:NAME (default deny); refused with --coordinators (PUT /v1/settings sets it there)' },
-  { flag: 'static-share', description: 'alone: this cell\'s share of every global quota, in (0, 1] (default 1); refused with --coordinators (the coordinator grants slices and floors)' },
-  { flag: 'merge-domains', description: 'merge rule files that name the same domain into one (envoyproxy/ratelimit MERGE_DOMAIN_CONFIG); a descriptor defined in two of them is still an error naming both files. Default: two files of one domain are refused', boolean: true },
-  { flag: 'response-headers', description: 'add RateLimit-Limit/-Remaining/-Reset to responses (envoyproxy/ratelimit LIMIT_RESPONSE_HEADERS_ENABLED)', boolean: true },
-  { flag: 'log-level', description: `log level: ${logLevels.join(' | ')} (default info)` },
-  { flag: 'table-capacity', description: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key (default 1000000)' },
-  { flag: 'table-full', description: 'when the bucket table has no slot for a new key: open (pass, counted) | closed (refuse) (default open)' },
-  { flag: 'velocity-capacity', description: 'global quotas tracked in the 500 ms velocity window (default 65536)' },
-  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables (default 10)' },
-  { flag: 'overload-policy', description: 'what an overloaded serving thread answers: bounded (each quota key admits at most its fail-open allowance, the rest is refused at once) | open (every check OK without deciding, the behaviour before; for comparison) (default bounded)' },
-  { flag: 'overload-allowance', description: `bounded: each key's fail-open allowance while overloaded, as a multiple of its floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything while overloaded, before decoding (default 1, at most ${MAX_OVERLOAD_ALLOWANCE})` },
-  { flag: 'throttle-log-interval-ms', description: 'interval of the aggregated throttling log lines (default 10000)' },
-  { flag: 'max-descriptors', description: `descriptors per request (default ${DEFAULT_REQUEST_BOUNDS.maxDescriptors})` },
-  { flag: 'max-entries', description: `entries per descriptor (default ${DEFAULT_REQUEST_BOUNDS.maxEntries})` },
-  { flag: 'max-key-length', description: `length of an entry key (default ${DEFAULT_REQUEST_BOUNDS.maxKeyLength})` },
-  { flag: 'max-value-length', description: `length of an entry value (default ${DEFAULT_REQUEST_BOUNDS.maxValueLength})` },
-  { flag: 'max-domain-length', description: `length of the domain (default ${DEFAULT_REQUEST_BOUNDS.maxDomainLength})` },
-  { flag: 'max-message-bytes', description: 'largest gRPC request message in bytes (default 1048576)' },
-  { flag: 'http-body-limit', description: 'largest HTTP request body in bytes (default 65536)' },
-  { flag: 'routes', description: 'forward-auth routes: YAML mapping forwarded requests to descriptors with Envoy\'s rate-limit actions (default: [{remote_address: <client>}] in domain edge)' },
-  { flag: 'trusted-proxies', description: 'addresses and CIDRs (comma-separated, or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP forward-auth believes (default loopback)' },
-  { flag: 'forward-auth-deny-status', description: 'status of a forward-auth refusal: 429 | 401 | 403 (nginx auth_request passes only 401/403; default 429)' },
-  { flag: 'rules-debounce-ms', description: 'quiet time after a rules file change before reloading (default 200)' },
-]);
 
 const hostPort = z.union([z.string(), z.object({ host: z.string().min(1), port: z.number().int().min(0).max(65535) })]).transform((v, ctx) => {
   if (typeof v !== 'string') return { host: v.host, port: v.port };
@@ -162,49 +119,66 @@ const unknownTenant = z.union([
   return policy;
 });
 
-/** The settings' fields alone (for callers that pick some, e.g. the embedded limiter's options). */
+/** The unknown-tenant policy and the static share of an agent running alone, when not given. */
+export const DEFAULT_UNKNOWN_TENANT = 'deny';
+export const DEFAULT_STATIC_SHARE = 1;
+const defaultUnknownTenant = ((): UnknownTenantPolicy => {
+  const p = parseUnknownTenantPolicy(DEFAULT_UNKNOWN_TENANT);
+  if (p === null) throw new Error(`DEFAULT_UNKNOWN_TENANT '${DEFAULT_UNKNOWN_TENANT}' is not a policy`);
+  return p;
+})();
+/** Largest gRPC request message and HTTP request body by default, in bytes. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
+export const DEFAULT_HTTP_BODY_LIMIT = 64 * 1024;
+
+/**
+ * Every setting of `cellquota agent`, declared once (shared/cli-config.ts); also the fields callers
+ * pick some of (the embedded limiter's options, the gateway).
+ */
 export const agentConfigFields = z.object({
-  cell: z.string({ error: 'required: this cell\'s id' }).regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, 'letters, digits, _ . - (at most 63, starting with a letter or digit)'),
-  rules: z.string({ error: 'required: a rules file or directory' }).min(1),
-  rlsSocket: z.string().min(1).optional(),
-  rlsListen: hostPort.optional(),
+  cell: setting(z.string({ error: 'required: this cell\'s id' }).regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, 'letters, digits, _ . - (at most 63, starting with a letter or digit)'), { help: 'this cell\'s id, e.g. eu-west', example: 'eu-west' }),
+  rules: setting(z.string({ error: 'required: a rules file or directory' }).min(1), { help: 'rules: a YAML file or a directory of them, envoyproxy/ratelimit format (hot-reloaded)', example: '/etc/ratelimit/config' }),
+  rlsSocket: setting(z.string().min(1).optional(), { help: 'Unix socket for the RLS gRPC server; worker i > 0 serves on <path>.<i>', example: '/run/ratelimit.sock' }),
+  rlsListen: setting(hostPort.optional(), { help: 'HOST:PORT for the RLS gRPC server over TCP; worker i serves on PORT+i (port 0: any free port each)', example: '127.0.0.1:8089' }),
   // A port alone binds loopback: the HTTP API has no authentication.
-  http: z.preprocess((v) => (typeof v === 'number' || (typeof v === 'string' && /^\d{1,5}$/.test(v.trim())) ? `127.0.0.1:${String(v).trim()}` : v), hostPort).optional(),
-  coordinators: coordinators.default([]),
-  tlsCa: z.string().min(1).optional(),
-  tlsCert: z.string().min(1).optional(),
-  tlsKey: z.string().min(1).optional(),
-  tlsServerName: z.string().min(1).max(253).optional(),
-  leaseTokenFile: z.string().min(1).optional(),
-  workers: int(0, 64).default(1),
-  rlsServer: z.enum(RLS_SERVER_KINDS).default('lean'),
-  socketMode: socketMode.default(0o660),
-  socketOwner: socketOwner.optional(),
-  tenants: z.string().min(1).optional(),
-  unknownTenant: unknownTenant.optional(),
-  staticShare: z.coerce.number().gt(0, 'must be > 0').max(1).optional(),
-  responseHeaders: boolish.default(false),
-  mergeDomains: boolish.default(false),
-  logLevel: z.enum(logLevels).default('info'),
-  tableCapacity: int(1, 50_000_000).default(1_000_000),
-  tableFull: z.enum(['open', 'closed']).default('open'),
-  velocityCapacity: int(16, 16_000_000).default(65_536),
-  lagThresholdMs: z.coerce.number().min(0).max(60_000).default(10),
-  overloadPolicy: z.enum(OVERLOAD_POLICIES).default(DEFAULT_OVERLOAD.policy),
-  overloadAllowance: z.coerce.number().min(0).max(MAX_OVERLOAD_ALLOWANCE).default(DEFAULT_OVERLOAD.allowance),
-  throttleLogIntervalMs: int(100, 3_600_000).default(10_000),
-  maxDescriptors: int(1, 4096).default(DEFAULT_REQUEST_BOUNDS.maxDescriptors),
-  maxEntries: int(1, 1024).default(DEFAULT_REQUEST_BOUNDS.maxEntries),
-  maxKeyLength: int(1, 65_536).default(DEFAULT_REQUEST_BOUNDS.maxKeyLength),
-  maxValueLength: int(1, 1_048_576).default(DEFAULT_REQUEST_BOUNDS.maxValueLength),
-  maxDomainLength: int(1, 65_536).default(DEFAULT_REQUEST_BOUNDS.maxDomainLength),
-  maxMessageBytes: int(1024, 64 * 1024 * 1024).default(1024 * 1024),
-  httpBodyLimit: int(1024, 64 * 1024 * 1024).default(64 * 1024),
-  rulesDebounceMs: int(0, 60_000).default(200),
-  routes: z.string().min(1).optional(),
-  trustedProxies: addressList.prefault(['loopback']),
-  forwardAuthDenyStatus: denyStatus.default(429),
+  http: setting(z.preprocess((v) => (typeof v === 'number' || (typeof v === 'string' && /^\d{1,5}$/.test(v.trim())) ? `127.0.0.1:${String(v).trim()}` : v), hostPort).optional(), { help: 'HOST:PORT (or PORT alone: 127.0.0.1, loopback only) for the HTTP API (/v1/check, /v1/forward-auth, /metrics, /healthz); it has no authentication, so give a non-loopback host only on a trusted network', example: '127.0.0.1:9091' }),
+  coordinators: setting(coordinators, { help: 'HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators\' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices', default: [], example: 'n1=127.0.0.1:7001,n2=127.0.0.1:7002' }),
+  tlsCa: setting(z.string().min(1).optional(), { help: 'CA of the coordinators\' certificates: the lease client speaks TLS to them', example: '/etc/cellquota/ca.pem' }),
+  tlsCert: setting(z.string().min(1).optional(), { help: 'this cell\'s client certificate (PEM) for mutual TLS; must name --cell (URI urn:cellquota:cell:<id>, or the CN)', example: '/etc/cellquota/cell.pem' }),
+  tlsKey: setting(z.string().min(1).optional(), { help: 'the key of --tls-cert (PEM)', example: '/etc/cellquota/cell-key.pem' }),
+  tlsServerName: setting(z.string().min(1).max(253).optional(), { help: 'the name expected in the coordinators\' certificate when it is not the host dialled', example: 'coordinator.cellquota' }),
+  leaseTokenFile: setting(z.string().min(1).optional(), { help: 'a file holding this cell\'s bearer token for the lease service (instead of, or besides, a certificate)', example: '/run/secrets/lease-token' }),
+  workers: setting(int(0, 64), { help: 'gRPC serving threads, all sharing one bucket table (0: no RLS server, the HTTP API only)', default: 1, example: '4' }),
+  rlsServer: setting(z.enum(RLS_SERVER_KINDS), { help: 'the RLS gRPC server: lean (gRPC framing on node:http2) | grpc-js (the previous server, kept for comparison)', default: 'lean', example: 'grpc-js' }),
+  socketMode: setting(socketMode, { help: 'permission bits of the Unix sockets, octal', default: '0660', example: '0600' }),
+  socketOwner: setting(socketOwner.optional(), { help: 'owner of the Unix sockets as UID[:GID] (numeric; needs the privilege to chown)', example: '101:101' }),
+  tenants: setting(z.string().min(1).optional(), { help: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running alone; refused with --coordinators (they hold every quota)', example: '/etc/cellquota/tenants.yaml' }),
+  unknownTenant: setting(unknownTenant.optional(), { help: 'alone: policy for a tenant not in the table: deny | allow | tier:NAME; refused with --coordinators (PUT /v1/settings sets it there)', defaultHelp: DEFAULT_UNKNOWN_TENANT, example: 'tier:free' }),
+  staticShare: setting(z.coerce.number().gt(0, 'must be > 0').max(1).optional(), { help: 'alone: this cell\'s share of every global quota, in (0, 1]; refused with --coordinators (the coordinator grants slices and floors)', defaultHelp: String(DEFAULT_STATIC_SHARE), example: '0.5' }),
+  responseHeaders: setting(boolish, { help: 'add RateLimit-Limit/-Remaining/-Reset to responses (envoyproxy/ratelimit LIMIT_RESPONSE_HEADERS_ENABLED)', default: false, example: 'true' }),
+  mergeDomains: setting(boolish, { help: 'merge rule files that name the same domain into one (envoyproxy/ratelimit MERGE_DOMAIN_CONFIG); a descriptor defined in two of them is still an error naming both files. Without it two files of one domain are refused', default: false, example: 'true' }),
+  logLevel: setting(z.enum(logLevels), { help: `log level: ${logLevels.join(' | ')}`, default: 'info', example: 'debug' }),
+  tableCapacity: setting(int(1, 50_000_000), { help: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key', default: 1_000_000, example: '200000' }),
+  tableFull: setting(z.enum(['open', 'closed']), { help: 'when the bucket table has no slot for a new key: open (pass, counted) | closed (refuse)', default: 'open', example: 'closed' }),
+  velocityCapacity: setting(int(16, 16_000_000), { help: 'global quotas tracked in the 500 ms velocity window', default: 65_536, example: '4096' }),
+  lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), { help: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables', default: 10, example: '25' }),
+  overloadPolicy: setting(z.enum(OVERLOAD_POLICIES), { help: 'what an overloaded serving thread answers: bounded (each quota key admits at most its fail-open allowance, the rest is refused at once) | open (every check OK without deciding, the behaviour before; for comparison)', default: DEFAULT_OVERLOAD.policy, example: 'open' }),
+  overloadAllowance: setting(z.coerce.number().min(0).max(MAX_OVERLOAD_ALLOWANCE), { help: `bounded: each key's fail-open allowance while overloaded, as a multiple of its floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything while overloaded, before decoding (at most ${MAX_OVERLOAD_ALLOWANCE})`, default: DEFAULT_OVERLOAD.allowance, example: '2' }),
+  throttleLogIntervalMs: setting(int(100, 3_600_000), { help: 'interval of the aggregated throttling log lines', default: 10_000, example: '60000' }),
+  maxDescriptors: setting(int(1, 4096), { help: 'descriptors per request', default: DEFAULT_REQUEST_BOUNDS.maxDescriptors, example: '8' }),
+  maxEntries: setting(int(1, 1024), { help: 'entries per descriptor', default: DEFAULT_REQUEST_BOUNDS.maxEntries, example: '8' }),
+  maxKeyLength: setting(int(1, 65_536), { help: 'length of an entry key', default: DEFAULT_REQUEST_BOUNDS.maxKeyLength, example: '64' }),
+  maxValueLength: setting(int(1, 1_048_576), { help: 'length of an entry value', default: DEFAULT_REQUEST_BOUNDS.maxValueLength, example: '512' }),
+  maxDomainLength: setting(int(1, 65_536), { help: 'length of the domain', default: DEFAULT_REQUEST_BOUNDS.maxDomainLength, example: '64' }),
+  maxMessageBytes: setting(int(1024, 64 * 1024 * 1024), { help: 'largest gRPC request message in bytes', default: DEFAULT_MAX_MESSAGE_BYTES, example: '65536' }),
+  httpBodyLimit: setting(int(1024, 64 * 1024 * 1024), { help: 'largest HTTP request body in bytes', default: DEFAULT_HTTP_BODY_LIMIT, example: '16384' }),
+  rulesDebounceMs: setting(int(0, 60_000), { help: 'quiet time after a rules file change before reloading', default: 200, example: '1000' }),
+  routes: setting(z.string().min(1).optional(), { help: 'forward-auth routes: YAML mapping forwarded requests to descriptors with Envoy\'s rate-limit actions', defaultHelp: '[{remote_address: <client>}] in domain edge', example: '/etc/cellquota/routes.yaml' }),
+  trustedProxies: setting(addressList, { help: 'addresses and CIDRs (comma-separated, or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP forward-auth believes', default: ['loopback'], example: '10.0.0.0/8,loopback' }),
+  forwardAuthDenyStatus: setting(denyStatus, { help: 'status of a forward-auth refusal: 429 | 401 | 403 (nginx auth_request passes only 401/403)', default: 429, example: '403' }),
 });
+
+export const AGENT_SETTING_SPECS = settingSpecs(agentConfigFields);
 
 /**
  * One source of truth: with coordinators every tier, tenant, floor and the unknown-tenant policy come
@@ -244,7 +218,7 @@ export const agentConfigSchema = agentConfigFields.superRefine((c, ctx) => {
   if ((c.rlsSocket !== undefined || c.rlsListen !== undefined) && c.rlsListen !== undefined && c.rlsListen.port !== 0 && c.rlsListen.port + c.workers - 1 > 65535) {
     ctx.addIssue({ code: 'custom', path: ['rlsListen'], message: `ports ${c.rlsListen.port}..${c.rlsListen.port + c.workers - 1} for ${c.workers} workers exceed 65535` });
   }
-}).transform((c) => ({ ...c, staticShare: c.staticShare ?? 1, unknownTenant: c.unknownTenant ?? ({ kind: 'deny' }) }));
+}).transform((c) => ({ ...c, staticShare: c.staticShare ?? DEFAULT_STATIC_SHARE, unknownTenant: c.unknownTenant ?? defaultUnknownTenant }));
 
 export type AgentConfig = z.output<typeof agentConfigSchema>;
 export type AgentConfigInput = z.input<typeof agentConfigSchema>;

@@ -5,42 +5,15 @@ import { resolve } from 'node:path';
 import { z } from 'zod';
 import { collectDefaultMetrics, Registry } from 'prom-client';
 import { CoordinatorMetrics } from '../coordinator/node/coordinator-metrics.js';
-import { ConfigError, loadSettings, parseHostPort, settingsHelp, type SettingSpec } from '../shared/cli-config.js';
+import { ConfigError, loadSettings, parseHostPort, setting, settingSpecs, settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger, logLevels } from '../shared/logging.js';
 import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coordinator/node/coordinator-node.js';
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
 import { LiveTraffic } from '../coordinator/api/live-traffic.js';
 import { TokenFile } from '../coordinator/lease/lease-auth.js';
-import { DEFAULT_MAX_DEMAND_KEYS, MAX_REPORT_ITEMS } from '../coordinator/lease/lease-service.js';
+import { DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_DEMAND_KEYS, DEFAULT_ROUND_MS, MAX_REPORT_ITEMS } from '../coordinator/lease/lease-service.js';
 import { MAX_CELLS } from '../coordinator/ledger/ledger-commands.js';
-
-export const coordinatorSpecs: readonly SettingSpec[] = [
-  { flag: 'id', description: 'this replica id, one of the ids in --peers (e.g. n1)' },
-  { flag: 'peers', description: 'every voting replica as id=host:port, comma-separated; the gRPC address peers and agents use' },
-  { flag: 'data-dir', description: 'where the Raft log, hard state and snapshots live' },
-  { flag: 'admin', description: 'admin API listen address host:port (default 127.0.0.1:8081)' },
-  { flag: 'admin-peers', description: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader (default: peer host + this admin port)' },
-  { flag: 'admin-token', description: 'bearer token required for admin writes (unset: no auth)' },
-  { flag: 'auth-reads', description: 'require the token for reads too', boolean: true },
-  { flag: 'cluster-id', description: 'cluster name; peers of another cluster are refused (default cellquota)' },
-  { flag: 'join', description: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)', boolean: true },
-  { flag: 'tick-ms', description: 'Raft tick in ms (default 50)' },
-  { flag: 'election-ticks', description: 'election timeout in ticks, randomized in [E, 2E) (default 10)' },
-  { flag: 'heartbeat-ticks', description: 'heartbeat interval in ticks (default 1)' },
-  { flag: 'snapshot-every', description: 'entries between snapshots (default 10000)' },
-  { flag: 'floor-cells', description: 'expected number of cells the floors are split over (default 3)' },
-  { flag: 'lease-ttl-ms', description: 'how long an agent\'s lease lasts after its report (default 3000)' },
-  { flag: 'lease-round-ms', description: 'interval of the lease rounds (one reportAndGrant entry each; default 100)' },
-  { flag: 'lease-listen', description: 'host:port of the agents\' lease service on its own gRPC server, so the peer port can stay closed to the cells (default: the lease service is on this replica\'s --peers address)' },
-  { flag: 'lease-peers', description: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower (default: the peer host with the --lease-listen port)' },
-  { flag: 'lease-tokens', description: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen' },
-  { flag: 'max-cells', description: 'most cells that may register (default 64, the ledger\'s limit); a cell beyond it is refused until one is removed (ctl cells remove)' },
-  { flag: 'max-demand-keys', description: 'most demand keys the leader keeps per cell (default 100000); beyond it new keys get no grant until others go quiet' },
-  { flag: 'tls-ca', description: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed' },
-  { flag: 'tls-cert', description: 'this replica certificate (PEM; names the replica: URI urn:cellquota:replica:<id> or CN <id>)' },
-  { flag: 'tls-key', description: 'this replica key (PEM)' },
-  { flag: 'log-level', description: `one of ${logLevels.join(', ')} (default info)` },
-];
+import { DEFAULT_SKEW_MARGIN_MS } from '../coordinator/ledger/ledger.js';
 
 const idSchema = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and dashes, at most 63');
 const hostPort = z.string().refine((v) => parseHostPort(v) !== null, 'must be host:port');
@@ -66,34 +39,38 @@ function idMap(value: z.ZodType<string>, what: string) {
   });
 }
 
-export const coordinatorSchema = z
-  .object({
-    id: idSchema,
-    peers: idMap(hostPort, 'host:port'),
-    dataDir: z.string().min(1),
-    admin: hostPort.default('127.0.0.1:8081'),
-    adminPeers: idMap(z.string().url(), 'http://host:port').optional(),
-    adminToken: z.string().min(8, 'at least 8 characters').optional(),
-    authReads: z.boolean().default(false),
-    clusterId: z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/).default('cellquota'),
-    join: z.boolean().default(false),
-    tickMs: z.coerce.number().int().min(1).max(10_000).default(50),
-    electionTicks: z.coerce.number().int().min(3).max(1000).default(10),
-    heartbeatTicks: z.coerce.number().int().min(1).max(100).default(1),
-    snapshotEvery: z.coerce.number().int().min(10).max(10_000_000).default(10_000),
-    floorCells: z.coerce.number().int().min(1).max(64).default(3),
-    leaseTtlMs: z.coerce.number().int().min(500).max(600_000).default(3000),
-    leaseRoundMs: z.coerce.number().int().min(10).max(10_000).default(100),
-    leaseListen: hostPort.optional(),
-    leasePeers: idMap(hostPort, 'host:port').optional(),
-    leaseTokens: z.string().min(1).optional(),
-    maxCells: z.coerce.number().int().min(1).max(MAX_CELLS).default(MAX_CELLS),
-    maxDemandKeys: z.coerce.number().int().min(1).max(MAX_REPORT_ITEMS * 10).default(DEFAULT_MAX_DEMAND_KEYS),
-    tlsCa: z.string().optional(),
-    tlsCert: z.string().optional(),
-    tlsKey: z.string().optional(),
-    logLevel: z.enum(logLevels).default('info'),
-  })
+/** Every setting of `cellquota coordinator`, declared once (shared/cli-config.ts). */
+export const coordinatorFields = z.object({
+  id: setting(idSchema, { help: 'this replica id, one of the ids in --peers', example: 'n1' }),
+  peers: setting(idMap(hostPort, 'host:port'), { help: 'every voting replica as id=host:port, comma-separated; the gRPC address peers and agents use', example: 'n1=127.0.0.1:7001,n2=127.0.0.1:7002,n3=127.0.0.1:7003' }),
+  dataDir: setting(z.string().min(1), { help: 'where the Raft log, hard state and snapshots live', example: '/var/lib/cellquota' }),
+  admin: setting(hostPort, { help: 'admin API listen address host:port', default: '127.0.0.1:8081', example: '0.0.0.0:8081' }),
+  adminPeers: setting(idMap(z.string().url(), 'http://host:port').optional(), { help: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader', defaultHelp: 'the peer host with this --admin port', example: 'n1=http://10.0.0.1:8081' }),
+  adminToken: setting(z.string().min(8, 'at least 8 characters').optional(), { help: 'bearer token required for admin writes (unset: no auth)', example: 'a-long-admin-token' }),
+  authReads: setting(z.boolean(), { help: 'require the token for reads too', default: false, example: 'true' }),
+  clusterId: setting(z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/), { help: 'cluster name; peers of another cluster are refused', default: 'cellquota', example: 'eu-prod' }),
+  join: setting(z.boolean(), { help: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)', default: false, example: 'true' }),
+  tickMs: setting(z.coerce.number().int().min(1).max(10_000), { help: 'Raft tick in ms', default: 50, example: '20' }),
+  electionTicks: setting(z.coerce.number().int().min(3).max(1000), { help: 'election timeout in ticks, randomized in [E, 2E)', default: 10, example: '20' }),
+  heartbeatTicks: setting(z.coerce.number().int().min(1).max(100), { help: 'heartbeat interval in ticks', default: 1, example: '2' }),
+  snapshotEvery: setting(z.coerce.number().int().min(10).max(10_000_000), { help: 'entries between snapshots', default: 10_000, example: '50000' }),
+  floorCells: setting(z.coerce.number().int().min(1).max(64), { help: 'expected number of cells the floors are split over', default: 3, example: '5' }),
+  leaseTtlMs: setting(z.coerce.number().int().min(500).max(600_000), { help: "how long an agent's lease lasts after its report", default: DEFAULT_LEASE_TTL_MS, example: '5000' }),
+  leaseRoundMs: setting(z.coerce.number().int().min(10).max(10_000), { help: 'interval of the lease rounds (one reportAndGrant entry each)', default: DEFAULT_ROUND_MS, example: '200' }),
+  leaseListen: setting(hostPort.optional(), { help: "host:port of the agents' lease service on its own gRPC server, so the peer port can stay closed to the cells", defaultHelp: "this replica's --peers address", example: '0.0.0.0:7002' }),
+  leasePeers: setting(idMap(hostPort, 'host:port').optional(), { help: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower', defaultHelp: 'the peer host with the --lease-listen port', example: 'n1=10.0.0.1:7002' }),
+  leaseTokens: setting(z.string().min(1).optional(), { help: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen', example: '/etc/cellquota/lease-tokens.yaml' }),
+  maxCells: setting(z.coerce.number().int().min(1).max(MAX_CELLS), { help: "most cells that may register (at most the ledger's limit, the default); a cell beyond it is refused until one is removed (ctl cells remove)", default: MAX_CELLS, example: '16' }),
+  maxDemandKeys: setting(z.coerce.number().int().min(1).max(MAX_REPORT_ITEMS * 10), { help: 'most demand keys the leader keeps per cell; beyond it new keys get no grant until others go quiet', default: DEFAULT_MAX_DEMAND_KEYS, example: '20000' }),
+  tlsCa: setting(z.string().optional(), { help: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed', example: '/etc/cellquota/ca.pem' }),
+  tlsCert: setting(z.string().optional(), { help: 'this replica certificate (PEM; names the replica: URI urn:cellquota:replica:<id> or CN <id>)', example: '/etc/cellquota/n1.pem' }),
+  tlsKey: setting(z.string().optional(), { help: 'this replica key (PEM)', example: '/etc/cellquota/n1-key.pem' }),
+  logLevel: setting(z.enum(logLevels), { help: `one of ${logLevels.join(', ')}`, default: 'info', example: 'debug' }),
+});
+
+export const coordinatorSpecs = settingSpecs(coordinatorFields);
+
+export const coordinatorSchema = coordinatorFields
   .superRefine((s, ctx) => {
     if (!s.peers.has(s.id)) ctx.addIssue({ code: 'custom', path: ['peers'], message: `must include this replica's id ${s.id}` });
     if (s.heartbeatTicks >= s.electionTicks) ctx.addIssue({ code: 'custom', path: ['heartbeatTicks'], message: 'must be below --election-ticks' });
@@ -111,7 +88,7 @@ export const exitStorageFailure = 74;
 export const exitInternalFailure = 70;
 
 export function coordinatorHelp(): string {
-  return `cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin 127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}\n  --config FILE               settings from a YAML or JSON file [CELLQUOTA_CONFIG]`;
+  return `cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin 127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}`;
 }
 
 export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -189,7 +166,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
         snapshotTrailingEntries: Math.min(1000, Math.floor(s.snapshotEvery / 2)),
         requestTimeoutMs: 5000,
         floorCells: s.floorCells,
-        skewMarginMs: 1000,
+        skewMarginMs: DEFAULT_SKEW_MARGIN_MS,
         join: s.join,
         adminUrlOf,
         ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),

@@ -2,13 +2,26 @@
 // Tables for people, --json for scripts. Writes carry a client id and sequence number, so a
 // retry after a lost answer applies once; a follower's 307 is followed to the leader.
 import { parseArgs } from 'node:util';
+import { z } from 'zod';
+import { loadSettings, setting, settingSpecs, settingsHelp } from '../shared/cli-config.js';
 import { randomBytes } from 'node:crypto';
 import { runTop } from './ctl-top.js';
 import { DEFAULT_IMPORT_BATCH, DEFAULT_IMPORT_PARALLEL, formatOfFile, importTenants, ImportFileError, type BatchAnswer, type ImportFormat, type ImportSummary } from './ctl-import.js';
 import { MAX_TENANTS_PER_BATCH } from '../coordinator/ledger/ledger-commands.js';
 import { formatAge, formatValue, renderTable, type Column } from './ctl-format.js';
 
+/** The settings of every `cellquota ctl` command, declared once (shared/cli-config.ts). */
+export const ctlFields = z.object({
+  admin: setting(z.string().min(1), { help: 'admin API URL(s) of the coordinators, comma-separated (HOST:PORT is http://)', default: 'http://127.0.0.1:8081', example: 'http://10.0.0.1:8081,http://10.0.0.2:8081' }),
+  token: setting(z.string().min(1).optional(), { help: "the coordinators' admin token (--admin-token)", env: 'CELLQUOTA_ADMIN_TOKEN', example: 'a-long-admin-token' }),
+  json: setting(z.boolean(), { help: "print the admin API's documents as JSON instead of tables", default: false, example: 'true' }),
+});
+
+export const CTL_SETTING_SPECS = settingSpecs(ctlFields);
+
 const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] <command>
+
+${settingsHelp(CTL_SETTING_SPECS, { configFile: false })}
 
   cluster                                        leader, term, commit index, members
   tiers list | get NAME | delete NAME
@@ -31,8 +44,7 @@ const ctlUsage = `cellquota ctl [--admin URL[,URL...]] [--token TOKEN] [--json] 
   transfer-leadership [--to ID]                  hand leadership to another replica (before a restart)
   top [--limit N]                                the live view in the terminal, each second: cluster, the
                                                  bound, cells, busiest tenants by admitted and refused; q quits
-
---admin defaults to CELLQUOTA_ADMIN or http://127.0.0.1:8081; --token to CELLQUOTA_ADMIN_TOKEN.`;
+`;
 
 class CtlError extends Error {
   constructor(
@@ -221,7 +233,7 @@ function parseCtlArgs(argv: readonly string[]) {
     options: {
       admin: { type: 'string' },
       token: { type: 'string' },
-      json: { type: 'boolean', default: false },
+      json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h', default: false },
       rate: { type: 'string' },
       burst: { type: 'string' },
@@ -243,8 +255,13 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
     console.log(ctlUsage);
     return values.help ? 0 : 2;
   }
-  const urls = (values.admin ?? env['CELLQUOTA_ADMIN'] ?? 'http://127.0.0.1:8081').split(',').map((u) => (u.startsWith('http') ? u : `http://${u}`));
-  const ctx: Ctx = { urls, token: values.token ?? env['CELLQUOTA_ADMIN_TOKEN'], json: values.json, clientId: `ctl-${randomBytes(6).toString('hex')}`, seq: 0 };
+  // The declared settings from their flags and variables (no config file: CELLQUOTA_CONFIG names
+  // the server's, whose settings are not ctl's).
+  const { CELLQUOTA_CONFIG: _serverConfig, ...ctlEnv } = env;
+  const given = [...(values.admin === undefined ? [] : [`--admin=${values.admin}`]), ...(values.token === undefined ? [] : [`--token=${values.token}`]), ...(values.json === true ? ['--json'] : [])];
+  const settings = loadSettings('cellquota ctl', CTL_SETTING_SPECS, ctlFields, given, ctlEnv);
+  const urls = settings.admin.split(',').map((u) => u.trim()).filter((u) => u.length > 0).map((u) => (u.startsWith('http') ? u : `http://${u}`));
+  const ctx: Ctx = { urls, token: settings.token, json: settings.json, clientId: `ctl-${randomBytes(6).toString('hex')}`, seq: 0 };
   const out = (doc: unknown, human: () => string): void => console.log(ctx.json ? JSON.stringify(doc, null, 2) : human());
   const [group, verb, arg] = positionals;
   const need = (v: string | undefined, what: string): string => {

@@ -20,7 +20,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, writeFileSync } from 'node:fs';
 import { Agent as HttpAgent, request as httpRequest } from 'node:http';
 import { join, resolve } from 'node:path';
-import { parseArgs } from 'node:util';
+import { z } from 'zod';
+import { loadSettings, setting, settingSpecs, settingsHelp } from '../shared/cli-config.js';
 import { makeLocalPki } from '../shared/make-certs.js';
 
 // The --demo load: the demo tenant's quota, the offered load as a multiple of it, the share of the
@@ -36,7 +37,9 @@ interface Child {
   readonly log: string;
 }
 
-const devUsage = `cellquota dev [--data-dir ./.cellquota] [--peer-port 7001] [--admin-port 8081] [--agent-port 9091] [--tls] [--demo]
+const devUsage = (): string => `cellquota dev [--data-dir DIR] [--peer-port P] [--admin-port P] [--agent-port P] [--tls] [--demo]
+
+${settingsHelp(DEV_SETTING_SPECS)}
 
 Starts 3 coordinators on 127.0.0.1 (peers on --peer-port..+2, admin API on --admin-port..+2) and
 2 agents (cell-a, cell-b: HTTP on --agent-port..+1, gRPC RLS on <data-dir>/cell-*.sock and on
@@ -53,32 +56,28 @@ ${DEMO_HOT * 100} % to one cell and ${Math.round((1 - DEMO_HOT) * 100)} % to the
 second per cell the offered and admitted rates and the cell's slice (from the coordinators), and the
 global admitted rate against the quota.`;
 
+const port = z.coerce.number().int().min(1).max(65_000);
+
+/** Every setting of `cellquota dev`, declared once (shared/cli-config.ts). */
+export const devFields = z.object({
+  dataDir: setting(z.string().min(1), { help: 'where the replicas, the agents and their logs keep their data (reused on the next run)', default: './.cellquota', example: '/tmp/cellquota-dev' }),
+  peerPort: setting(port, { help: "the first replica's peer (gRPC) port; the others take the next two", default: 7001, example: '17001' }),
+  adminPort: setting(port, { help: "the first replica's admin API port; the others take the next two", default: 8081, example: '18081' }),
+  agentPort: setting(port, { help: "cell-a's HTTP API port, cell-b's the next; their TCP RLS ports are 10 above", default: 9091, example: '19091' }),
+  tls: setting(z.boolean(), { help: 'TLS end to end, with certificates made under <data-dir>/pki (see below)', default: false, example: 'true' }),
+  demo: setting(z.boolean(), { help: 'drive a skewed load and print the rebalancing each second (see below)', default: false, example: 'true' }),
+});
+
+export const DEV_SETTING_SPECS = settingSpecs(devFields);
+
 export async function runDevCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
-  const { values } = parseArgs({
-    args: [...argv],
-    strict: true,
-    options: {
-      'data-dir': { type: 'string', default: env['CELLQUOTA_DATA_DIR'] ?? './.cellquota' },
-      'peer-port': { type: 'string', default: '7001' },
-      'admin-port': { type: 'string', default: '8081' },
-      'agent-port': { type: 'string', default: '9091' },
-      demo: { type: 'boolean', default: false },
-      tls: { type: 'boolean', default: false },
-      help: { type: 'boolean', short: 'h', default: false },
-    },
-  });
-  if (values.help) {
-    console.log(devUsage);
+  if (argv.includes('--help') || argv.includes('-h')) {
+    console.log(devUsage());
     return 0;
   }
-  const peerPort = Number(values['peer-port']);
-  const adminPort = Number(values['admin-port']);
-  const agentPort = Number(values['agent-port']);
-  if ([peerPort, adminPort, agentPort].some((p) => !Number.isInteger(p) || p < 1 || p > 65000)) {
-    console.error('cellquota dev: --peer-port, --admin-port and --agent-port must be ports below 65000');
-    return 2;
-  }
-  const dataDir = resolve(values['data-dir']);
+  const values = loadSettings('cellquota dev', DEV_SETTING_SPECS, devFields, argv, env);
+  const { peerPort, adminPort, agentPort } = values;
+  const dataDir = resolve(values.dataDir);
   const logDir = join(dataDir, 'logs');
   mkdirSync(logDir, { recursive: true });
   const ids = ['n1', 'n2', 'n3'];

@@ -28,7 +28,7 @@ file named by --config.
 
 export async function runGatewayCommand(argv: readonly string[], env: NodeJS.ProcessEnv, io: GatewayCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process }): Promise<number> {
   if (argv.includes('--help') || argv.includes('-h')) {
-    io.stdout.write(`${USAGE}${settingsHelp(GATEWAY_SETTING_SPECS)}\n\n  --config FILE: a YAML or JSON file of settings, keyed by flag name [CELLQUOTA_CONFIG]\n`);
+    io.stdout.write(`${USAGE}${settingsHelp(GATEWAY_SETTING_SPECS)}\n`);
     return 0;
   }
   let config: GatewayConfig;

@@ -4,34 +4,9 @@
 // starts its embedded agent; only the proxy's settings are defined here.
 import { hostname } from 'node:os';
 import { z } from 'zod';
-import { ConfigError, parseHostPort } from '../../shared/cli-config.js';
-import type { SettingSpec } from '../../shared/cli-config.js';
+import { ConfigError, parseHostPort, reuseSetting, setting, settingSpecs } from '../../shared/cli-config.js';
+import { agentConfigFields } from '../agent-config.js';
 import { parseAddressList } from '../../shared/client-address.js';
-import { logLevels } from '../../shared/logging.js';
-
-export const GATEWAY_SETTING_SPECS: readonly SettingSpec[] = Object.freeze([
-  { flag: 'listen', description: 'HOST:PORT the gateway serves on (required)' },
-  { flag: 'upstream', description: 'the one app behind the gateway, http://HOST:PORT[/base] (required)' },
-  { flag: 'rules', description: 'rules: a YAML file or a directory of them, envoyproxy/ratelimit format (required; hot-reloaded)' },
-  { flag: 'routes', description: 'routes: which descriptors a request produces, Envoy\'s rate-limit actions (default: [{remote_address: <client>}] in domain edge)' },
-  { flag: 'coordinators', description: 'HOST:PORT,... of the coordinators: this replica then leases its share of global quotas like a cell agent' },
-  { flag: 'cell', description: 'this replica\'s cell id with --coordinators (default gw-<hostname>)' },
-  { flag: 'trusted-proxies', description: 'addresses and CIDRs (or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP are believed (default: none, the peer is the client)' },
-  { flag: 'health', description: 'HOST:PORT of the probe port: /healthz (the gateway itself, never the app) and /metrics (default 127.0.0.1:9090)' },
-  { flag: 'max-connections-per-client', description: 'open connections one client address may hold; 0: no cap (default 256)' },
-  { flag: 'connection-exempt', description: 'addresses and CIDRs exempt from the connection cap, e.g. the proxies in front (default: none)' },
-  { flag: 'upstream-connections', description: 'keep-alive connections to the upstream (default 128)' },
-  { flag: 'upstream-timeout-ms', description: 'how long to wait for the upstream\'s response headers (default 30000)' },
-  { flag: 'tenants', description: 'static tiers and tenants for global quotas without coordinators (the agent\'s --tenants)' },
-  { flag: 'unknown-tenant', description: 'policy for a global key not in the table: deny | allow | tier:NAME (default deny)' },
-  { flag: 'static-share', description: 'this replica\'s share of every global quota without a coordinator, in (0, 1] (default 1)' },
-  { flag: 'throttle-log-interval-ms', description: 'interval of the aggregated throttling log lines, per client (default 10000)' },
-  { flag: 'table-capacity', description: 'bucket table capacity in keys (default 1000000)' },
-  { flag: 'lag-threshold-ms', description: 'event-loop lag beyond which the gateway counts as overloaded and takes the overload path; 0 disables (default 10)' },
-  { flag: 'overload-policy', description: 'what the overloaded gateway does: bounded (each key admits at most its fail-open allowance, the rest gets 429 at once) | open (every request passes undecided; for comparison) (default bounded)' },
-  { flag: 'overload-allowance', description: 'bounded: each key\'s fail-open allowance while overloaded, as a multiple of its floor or its rule\'s rate; 0: every request gets 429 while overloaded (default 1)' },
-  { flag: 'log-level', description: `log level: ${logLevels.join(' | ')} (default info)` },
-]);
 
 const hostPort = (what: string) => z.string().transform((v, ctx) => {
   const parsed = parseHostPort(v.trim());
@@ -78,30 +53,37 @@ function defaultCell(): string {
   return `gw-${h === '' ? 'replica' : h}`.slice(0, 63);
 }
 
-export const gatewayConfigSchema = z.object({
-  listen: hostPort('--listen'),
-  upstream,
-  rules: z.string({ error: 'required: a rules file or directory' }).min(1),
-  routes: z.string().min(1).optional(),
-  coordinators: z.union([z.string(), z.array(z.string())]).optional(),
-  cell: z.string().optional(),
-  trustedProxies: addressList('trusted proxy').prefault([]),
-  health: hostPort('--health').prefault('127.0.0.1:9090'),
-  maxConnectionsPerClient: int(0, 1_000_000).default(256),
-  connectionExempt: addressList('connection exemption').prefault([]),
-  upstreamConnections: int(1, 65_536).default(128),
-  upstreamTimeoutMs: int(100, 3_600_000).default(30_000),
-  tenants: z.string().min(1).optional(),
-  unknownTenant: z.string().optional(),
-  staticShare: z.union([z.string(), z.number()]).optional(),
-  throttleLogIntervalMs: int(100, 3_600_000).default(10_000),
-  tableCapacity: int(1, 50_000_000).default(1_000_000),
-  // Validated by the agent's schema (one definition of their ranges and defaults).
-  lagThresholdMs: z.union([z.string(), z.number()]).optional(),
-  overloadPolicy: z.string().optional(),
-  overloadAllowance: z.union([z.string(), z.number()]).optional(),
-  logLevel: z.enum(logLevels).default('info'),
-}).transform((c) => ({ ...c, cell: c.cell ?? defaultCell() }));
+const agent = agentConfigFields.shape;
+
+/** Every setting of `cellquota gateway`, declared once (shared/cli-config.ts). */
+export const gatewayConfigFields = z.object({
+  listen: setting(hostPort('--listen'), { help: 'HOST:PORT the gateway serves on', example: '0.0.0.0:8080' }),
+  upstream: setting(upstream, { help: 'the one app behind the gateway, http://HOST:PORT[/base]', example: 'http://127.0.0.1:3000' }),
+  rules: reuseSetting(agent.rules, {}),
+  routes: setting(z.string().min(1).optional(), { help: "routes: which descriptors a request produces, Envoy's rate-limit actions", defaultHelp: '[{remote_address: <client>}] in domain edge', example: '/etc/cellquota/routes.yaml' }),
+  // Validated by the agent's schema when the gateway starts its embedded agent.
+  coordinators: setting(z.union([z.string(), z.array(z.string())]).optional(), { help: 'HOST:PORT,... of the coordinators: this replica then leases its share of global quotas like a cell agent', example: '127.0.0.1:7001,127.0.0.1:7002' }),
+  cell: setting(z.string().optional(), { help: "this replica's cell id with --coordinators", defaultHelp: 'gw-<hostname>', example: 'gw-1' }),
+  trustedProxies: setting(addressList('trusted proxy'), { help: 'addresses and CIDRs (or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP are believed (none: the peer is the client)', default: [], example: 'loopback,10.0.0.0/8' }),
+  health: setting(hostPort('--health'), { help: 'HOST:PORT of the probe port: /healthz (the gateway itself, never the app) and /metrics', default: '127.0.0.1:9090', example: '0.0.0.0:9090' }),
+  maxConnectionsPerClient: setting(int(0, 1_000_000), { help: 'open connections one client address may hold; 0: no cap', default: 256, example: '64' }),
+  connectionExempt: setting(addressList('connection exemption'), { help: 'addresses and CIDRs exempt from the connection cap, e.g. the proxies in front', default: [], example: '10.0.0.0/8' }),
+  upstreamConnections: setting(int(1, 65_536), { help: 'keep-alive connections to the upstream', default: 128, example: '32' }),
+  upstreamTimeoutMs: setting(int(100, 3_600_000), { help: "how long to wait for the upstream's response headers", default: 30_000, example: '5000' }),
+  tenants: reuseSetting(agent.tenants, { help: "static tiers and tenants for global quotas without coordinators (the agent's --tenants)" }),
+  unknownTenant: reuseSetting(agent.unknownTenant, { help: 'policy for a global key not in the table: deny | allow | tier:NAME' }),
+  staticShare: reuseSetting(agent.staticShare, { help: "this replica's share of every global quota without a coordinator, in (0, 1]" }),
+  throttleLogIntervalMs: reuseSetting(agent.throttleLogIntervalMs, { help: 'interval of the aggregated throttling log lines, per client' }),
+  tableCapacity: reuseSetting(agent.tableCapacity, { help: 'bucket table capacity in keys' }),
+  lagThresholdMs: reuseSetting(agent.lagThresholdMs, { help: 'event-loop lag beyond which the gateway counts as overloaded and takes the overload path; 0 disables' }),
+  overloadPolicy: reuseSetting(agent.overloadPolicy, { help: 'what the overloaded gateway does: bounded (each key admits at most its fail-open allowance, the rest gets 429 at once) | open (every request passes undecided; for comparison)' }),
+  overloadAllowance: reuseSetting(agent.overloadAllowance, { help: "bounded: each key's fail-open allowance while overloaded, as a multiple of its floor or its rule's rate; 0: every request gets 429 while overloaded" }),
+  logLevel: reuseSetting(agent.logLevel, {}),
+});
+
+export const GATEWAY_SETTING_SPECS = settingSpecs(gatewayConfigFields);
+
+export const gatewayConfigSchema = gatewayConfigFields.transform((c) => ({ ...c, cell: c.cell ?? defaultCell() }));
 
 export type GatewayConfig = z.output<typeof gatewayConfigSchema>;
 export type GatewayConfigInput = z.input<typeof gatewayConfigSchema>;

@@ -65,9 +65,9 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     // behind, each key passes at most its fail-open allowance and the rest gets a 429 at once — the
     // cheapest answer, which also spares the app behind a flood. (It had the guard off: with the
     // open policy, being late would only have skipped the limit.)
-    ...(config.lagThresholdMs === undefined ? {} : { lagThresholdMs: config.lagThresholdMs }),
-    ...(config.overloadPolicy === undefined ? {} : { overloadPolicy: config.overloadPolicy as 'bounded' | 'open' }),
-    ...(config.overloadAllowance === undefined ? {} : { overloadAllowance: config.overloadAllowance }),
+    lagThresholdMs: config.lagThresholdMs,
+    overloadPolicy: config.overloadPolicy,
+    overloadAllowance: config.overloadAllowance,
     ...(config.coordinators === undefined ? {} : { coordinators: config.coordinators }),
     ...(config.tenants === undefined ? {} : { tenants: config.tenants }),
     ...(config.unknownTenant === undefined ? {} : { unknownTenant: config.unknownTenant }),

@@ -48,7 +48,8 @@ after(async () => {
 void test('the gateway decides under the agent\'s overload policy: bounded by default, open or another allowance when asked', () => {
   assert.deepEqual(gateway.agent.check.overload, { policy: 'bounded', allowance: 1 });
   const open = parseGatewayConfig({ listen: '127.0.0.1:0', upstream: upstream.url, rules: 'r.yaml', overloadPolicy: 'open', overloadAllowance: '0.5', lagThresholdMs: '20' });
-  assert.deepEqual([open.overloadPolicy, open.overloadAllowance, open.lagThresholdMs], ['open', '0.5', '20'], 'passed on to the embedded agent, whose schema validates them');
+  assert.deepEqual([open.overloadPolicy, open.overloadAllowance, open.lagThresholdMs], ['open', 0.5, 20], 'validated by the agent\'s declaration of these settings, then passed on to the embedded agent');
+  assert.throws(() => parseGatewayConfig({ listen: '127.0.0.1:0', upstream: upstream.url, rules: 'r.yaml', overloadAllowance: '1000' }), /overloadAllowance/, 'the agent\'s range applies to the gateway\'s flag');
 });
 
 void test('per-visitor limits, a spoofed X-Forwarded-For chain, 429 with Retry-After; throttling logged per client', async () => {
