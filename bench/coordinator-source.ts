@@ -16,7 +16,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 import { Ledger } from '../coordinator/ledger/ledger.js';
 import { loadQuotaLeaseService } from '../shared/lease-proto.js';
-import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../shared/lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../shared/lease-proto.js';
+import { REPORT_BUDGET_BYTES, VelocityReporter, type ReportPage } from '../cell-agent/lease/velocity-report.js';
 import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
 import { machineLine, type BenchReport } from './bench-report.js';
 
@@ -85,7 +86,21 @@ async function putToAdmitted(n: number, progress: (msg: string) => void): Promis
   }
 }
 
-function leaseBytes(tenants: number): { report: number; full: number; steady: number } {
+interface LeaseBytes {
+  /** Every key's velocity in one message (what reports were before delta reports). */
+  readonly oneMessage: number;
+  /** A sweep (every key): its pages and the largest page's bytes, the total. */
+  readonly sweepPages: number;
+  readonly sweepMaxPage: number;
+  readonly sweepTotal: number;
+  /** Delta reports: nothing moved; 1% of the keys moved beyond the dead-band. */
+  readonly steady: number;
+  readonly onePercent: number;
+  readonly full: number;
+  readonly answerSteady: number;
+}
+
+function leaseBytes(tenants: number): LeaseBytes {
   const svc = loadQuotaLeaseService();
   const l = new Ledger({ floorCells: 2 });
   let index = 0;
@@ -102,12 +117,39 @@ function leaseBytes(tenants: number): { report: number; full: number; steady: nu
     return { key, rate: s?.rate ?? 0, burst: s?.burst ?? 0, epoch: s?.epoch ?? 0, floorRate: s?.floorRate ?? 0, floorBurst: s?.floorBurst ?? 0, version: s?.version ?? 0, parent: '', deleted: false };
   };
   const answer = (grants: GrantMessage[], full: boolean): ReportResponseMessage => ({ leaderId: 'n1', leaseTtlMs: 3000, grants, ledgerIndex: index, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full });
-  const req: ReportRequestMessage = { cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: [], velocity: keys.map((key) => ({ key, allowedPerS: 37.5, refusedPerS: 2.5 })), failOpenTotal: 0, capsVersion: 0, wantFull: false };
-  const size = (b: Buffer): number => b.length;
+  const velocity = (moved: (i: number) => boolean): VelocityMessage[] => keys.map((key, i) => ({ key, allowedPerS: moved(i) ? 45 : 37.5, refusedPerS: 2.5 }));
+  const request = (page: ReportPage): ReportRequestMessage => ({ cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: page.acks, velocity: page.velocity, failOpenTotal: 0, capsVersion: 0, wantFull: false, velocitySweep: page.sweep, velocitySweepDone: page.sweepDone, velocitySweepStart: page.sweepStart });
+  const bytesOf = (page: ReportPage): number => svc.report.requestSerialize(request(page)).length;
+  const oneMessage = svc.report.requestSerialize({ cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: [], velocity: velocity(() => false), failOpenTotal: 0, capsVersion: 0, wantFull: false }).length;
+  // The agent's own report builder: a sweep first (a new incarnation), then delta reports.
+  const reporter = new VelocityReporter();
+  let sweepPages = 0;
+  let sweepMaxPage = 0;
+  let sweepTotal = 0;
+  for (;;) {
+    const page = reporter.page(velocity(() => false), new Map());
+    const b = bytesOf(page);
+    sweepPages++;
+    sweepMaxPage = Math.max(sweepMaxPage, b);
+    sweepTotal += b;
+    reporter.delivered(page);
+    if (page.sweepDone) break;
+    if (sweepPages > 1000) throw new Error('the sweep does not end');
+  }
+  const steadyPage = reporter.page(velocity(() => false), new Map());
+  const steady = bytesOf(steadyPage);
+  reporter.delivered(steadyPage);
+  const movedPage = reporter.page(velocity((i) => i % 100 === 0), new Map());
+  const onePercent = bytesOf(movedPage);
   return {
-    report: size(svc.report.requestSerialize(req)),
-    full: size(svc.report.responseSerialize(answer(keys.map(grant), true))),
-    steady: size(svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false))),
+    oneMessage,
+    sweepPages,
+    sweepMaxPage,
+    sweepTotal,
+    steady,
+    onePercent,
+    full: svc.report.responseSerialize(answer(keys.map(grant), true)).length,
+    answerSteady: svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false)).length,
   };
 }
 
@@ -124,14 +166,19 @@ export async function runCoordinatorSourceBench(opts: { smoke: boolean; progress
     rows: [
       { measure: `PUT → first leased admit on every agent, median (ms, n=${n})`, value: Math.round(put.median) },
       { measure: `PUT → first leased admit on every agent, max (ms, n=${n})`, value: Math.round(put.max) },
-      { measure: `report bytes, velocity for ${tenants} active tenants`, value: bytes.report },
+      { measure: `report bytes if one message carried every velocity (${tenants} active tenants; before delta reports)`, value: bytes.oneMessage },
+      { measure: `sweep: reports (pages) for ${tenants} active tenants (at the start, on a leader's request, every 20 reports)`, value: bytes.sweepPages },
+      { measure: `sweep: largest report bytes (budget ${REPORT_BUDGET_BYTES})`, value: bytes.sweepMaxPage },
+      { measure: 'sweep: bytes of all its reports', value: bytes.sweepTotal },
+      { measure: `delta report bytes, ${tenants} active tenants, steady`, value: bytes.steady },
+      { measure: `delta report bytes, ${tenants} active tenants, 1% changing`, value: bytes.onePercent },
       { measure: `full answer bytes (${tenants} slices, once per incarnation/term)`, value: bytes.full },
-      { measure: `steady answer bytes (1% of ${tenants} grants changed)`, value: bytes.steady },
+      { measure: `steady answer bytes (1% of ${tenants} grants changed)`, value: bytes.answerSteady },
     ],
     notes: [
       `Machine: ${machineLine()}.`,
       'Agents report every 500 ms; a key an agent holds nothing for is refused and reported, and the next round grants it: PUT → admitted is about one report interval plus one round (and the commit).',
-      'Only grants newer than what the agent acknowledged travel in an answer; the report carries velocity only for keys with traffic.',
+      'Only grants newer than what the agent acknowledged travel in an answer. A report carries the acks and only the demand that moved beyond the dead-band (0.5%, ≥ 0.01/s) since the last answered report, within a 1 MiB budget (cell-agent/lease/velocity-report.ts); a sweep of every key runs over as many reports as the budget needs. The velocities here are synthetic and stable (37.5 + 2.5 /s each; 1% moved to 45 + 2.5): real traffic whose 500 ms counts fluctuate beyond 0.5% sends those keys too.',
     ],
   };
 }

@@ -205,6 +205,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     reachablePeers: () => node.cluster().members.filter((m) => m.id !== s.id && m.reachable === true).length,
     votingRefused: () => node.cluster().votingRefused,
     tenants: () => node.ledger().tenantCount,
+    demandKeysDropped: () => node.leaseStats()?.demandKeysDropped ?? 0,
   });
   const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads, traffic });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });

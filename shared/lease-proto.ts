@@ -34,6 +34,12 @@ export interface ReportRequestMessage {
   capsVersion?: number;
   /** The agent asks for every slice of its cell (decoded as false when absent). */
   wantFull?: boolean;
+  /** The demand sweep this report belongs to (velocity-report.ts; 0 from agents without sweeps). */
+  velocitySweep?: number;
+  /** This report ends its sweep: the leader drops the cell's demand the sweep did not restamp. */
+  velocitySweepDone?: boolean;
+  /** This report is its sweep's first page. */
+  velocitySweepStart?: boolean;
 }
 export interface GrantMessage {
   key: string;
@@ -57,6 +63,8 @@ export interface ReportResponseMessage {
   capsVersion: number;
   cappedDomains: string[];
   full: boolean;
+  /** The leader holds no complete demand picture of this agent incarnation: sweep (decoded false when absent). */
+  velocityResync?: boolean;
 }
 
 export interface QuotaLeaseService {

@@ -1,7 +1,8 @@
 // The agent's lease client: every sync interval (default 500 ms) one Report call to the coordinator
 // leader, with a deadline below the interval. It carries the acknowledgements of the grants applied
-// since the last successful report and the velocity of every global quota with traffic (or that just
-// went quiet); the answer carries the lease TTL and the grants newer than what was acknowledged.
+// since the last successful report and the demand that moved since the last answered one, within a
+// byte budget, with periodic full sweeps (velocity-report.ts); the answer carries the lease TTL and
+// the grants newer than what was acknowledged.
 //
 // Finding the leader: start at any of the configured addresses; a FAILED_PRECONDITION answer names
 // the leader (id and address, in trailers) and the next call goes there — to this agent's own address
@@ -46,6 +47,7 @@ import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from
 import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
 import type { ClampedEntry, OverrideEntry } from './quota-overrides.js';
 import type { LeaseDeadlineWriter } from './lease-deadline.js';
+import { VelocityReporter } from './velocity-report.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
 /** Delay of the extra report that acknowledges newly applied grants. */
@@ -63,8 +65,6 @@ const NEXT_COORDINATOR_DELAY_MS = 50;
 // A full answer carries every slice of the cell (about 80 bytes each: 8 MB at 100,000 slices,
 // measured by bench/coordinator-source.ts), beyond grpc-js's 4 MiB default receive limit.
 const CHANNEL_OPTIONS: grpc.ChannelOptions = Object.freeze({ 'grpc.initial_reconnect_backoff_ms': 200, 'grpc.max_reconnect_backoff_ms': 1000, 'grpc.max_receive_message_length': 64 * 1024 * 1024 });
-/** Keys sent in one report at most (the busiest first). */
-export const MAX_VELOCITY_KEYS = 50_000;
 const QUOTA_KEY = /^(tenant|tier|domain)\/[a-zA-Z0-9._:-]{1,128}$/;
 
 export type LeaseState = 'none' | 'leased' | 'expired';
@@ -257,7 +257,8 @@ export class LeaseClient {
   private leaseExpiresAt = -Infinity;
   private readonly grants = new Map<string, HeldGrant>();
   private pendingAcks = new Map<string, number>();
-  private readonly lastVelocity = new Map<string, number>();
+  /** What the reports carry: acks and changed demand within a byte budget, sweeps (velocity-report.ts). */
+  private reporter = new VelocityReporter();
   /** Keys with an entry posted through onOverrides (grants, floors, pending domains, unknown markers). */
   private readonly posted = new Map<string, 'slice' | 'pending' | 'unknown'>();
   /** A full answer arrived in this incarnation (until then every report asks for one). */
@@ -337,14 +338,7 @@ export class LeaseClient {
       const refused = (prev?.refusedPerS ?? 0) + v.refused * perS;
       now.set(v.key, { key: v.key, allowedPerS: allowed, refusedPerS: refused });
     }
-    const out = [...now.values()].filter((m) => m.allowedPerS + m.refusedPerS > 0);
-    if (out.length > MAX_VELOCITY_KEYS) {
-      out.sort((a, b) => b.allowedPerS + b.refusedPerS - (a.allowedPerS + a.refusedPerS));
-      out.length = MAX_VELOCITY_KEYS;
-    }
-    // Keys that went quiet since the last report: sent once with 0.
-    for (const key of this.lastVelocity.keys()) if (!now.has(key)) out.push({ key, allowedPerS: 0, refusedPerS: 0 });
-    return out;
+    return [...now.values()];
   }
 
   /** An extra report shortly (to acknowledge new grants), without waiting for the interval. */
@@ -391,9 +385,10 @@ export class LeaseClient {
   /** One report to the current target. Exposed for tests. */
   async reportOnce(): Promise<boolean> {
     const incarnation = this.incarnation;
-    const acks: AckMessage[] = [...this.pendingAcks].map(([key, epoch]) => ({ key, epoch }));
-    const velocity = this.velocityMessages();
-    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: this.wall(), acks, velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull };
+    const reporter = this.reporter;
+    const page = reporter.page(this.velocityMessages(), this.pendingAcks);
+    const acks: AckMessage[] = page.acks;
+    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: this.wall(), acks, velocity: page.velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull, velocitySweep: page.sweep, velocitySweepDone: page.sweepDone, velocitySweepStart: page.sweepStart };
     const address = this.target;
     const sentAt = this.mono();
     const result = await this.transport.report(address, req, this.deadline);
@@ -406,11 +401,13 @@ export class LeaseClient {
     this.reportsOk++;
     this.failures = 0;
     this.leader = result.res.leaderId === '' ? null : result.res.leaderId;
-    // Acknowledged: drop what was sent; velocity sent becomes the baseline for "went quiet".
+    // Acknowledged: drop what was sent; the demand sent is what the leader holds now.
     for (const a of acks) if (this.pendingAcks.get(a.key) === a.epoch) this.pendingAcks.delete(a.key);
-    this.lastVelocity.clear();
-    for (const v of velocity) if (v.allowedPerS + v.refusedPerS > 0) this.lastVelocity.set(v.key, v.allowedPerS + v.refusedPerS);
+    reporter.delivered(page);
+    if (result.res.velocityResync === true) reporter.resync();
     this.applyAnswer(result.res, sentAt);
+    // What did not fit in this report goes in the next one, at once.
+    if (page.more) this.reportSoon();
     return true;
   }
 
@@ -591,6 +588,7 @@ export class LeaseClient {
     this.pendingAcks.clear();
     this.haveFull = false;
     this.incarnation = this.newIncarnation();
+    this.reporter = new VelocityReporter(); // a new incarnation's demand starts from nothing on the leader
     // Every deciding thread: grants of the old generation are floors from now on (they already are,
     // by the deadline; this keeps them so once a new lease renews it).
     if (this.opts.deadline !== undefined) this.generation = this.opts.deadline.nextGeneration();

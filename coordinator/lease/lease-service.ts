@@ -127,6 +127,10 @@ interface CellSession {
   readonly toldUnknown: Set<string>;
   /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
   fresh: boolean;
+  /** The demand sweep whose first page this session received (0: none). */
+  sweepStarted: number;
+  /** A whole demand sweep of this incarnation reached this session: the demands are complete. */
+  swept: boolean;
 }
 
 /** Most keys a session remembers having named unknown (beyond: forgotten, named again). */
@@ -169,8 +173,8 @@ export class LeaseService {
   private readonly sessions = new Map<string, CellSession>();
   /** Quota key → cell → demand (req/s), as the policy sees it (moves within the dead-band are not taken). */
   private readonly byKey = new Map<string, Map<string, number>>();
-  /** Cell → how many demand entries it has in byKey (bounded by maxDemandKeys). */
-  private readonly demandKeysOfCell = new Map<string, number>();
+  /** Cell → its keys in byKey with the demand sweep that last stamped each (bounded by maxDemandKeys). */
+  private readonly demandKeysOfCell = new Map<string, Map<string, number>>();
   /** Keys whose demand changed since the last round; null: the demands were forgotten (a new term). */
   private changedKeys: Set<string> | null = null;
   private roundTimer: NodeJS.Timeout | null = null;
@@ -429,8 +433,16 @@ export class LeaseService {
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
       const session = this.session(p.req.cellId, p.req.incarnation);
+      const sweep = p.req.velocitySweep ?? 0;
+      if (p.req.velocitySweepStart === true) session.sweepStarted = sweep;
       let dropped = 0;
-      for (const v of p.req.velocity) if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS)) dropped++;
+      for (const v of p.req.velocity) if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS, sweep)) dropped++;
+      if (p.req.velocitySweepDone === true && sweep > 0) {
+        // The sweep sent every key with demand: what it did not restamp is no longer reported.
+        for (const [key, stamp] of [...(this.demandKeysOfCell.get(p.req.cellId) ?? [])]) if (stamp < sweep) this.noteDemand(ledger, key, p.req.cellId, 0, sweep);
+        // Complete only if this session saw the whole sweep (not its later pages alone).
+        if (session.sweepStarted === sweep) session.swept = true;
+      }
       if (dropped > 0) {
         this.stats.demandKeysDropped += dropped;
         if (this.firstIn10s(`demand\u0000${p.req.cellId}`)) this.log.warn({ cellId: p.req.cellId, dropped, maxDemandKeys: this.maxDemandKeys }, 'demand keys beyond the per-cell bound (--max-demand-keys) are not kept: those keys get no grant until others go quiet');
@@ -531,6 +543,7 @@ export class LeaseService {
       capsVersion: caps.version,
       cappedDomains: capsIncluded ? caps.domains : [],
       full,
+      velocityResync: !session.swept,
     };
   }
 
@@ -542,18 +555,20 @@ export class LeaseService {
    * disappearance is taken and names the key in the next round's changedKeys. The band is below the
    * allocator's smallest headroom (1% of the quota), so a cell cannot start refusing unseen.
    */
-  /** Records a cell's demand for a key; false when it is a new key beyond the cell's --max-demand-keys (not kept). */
-  private noteDemand(ledger: Ledger, key: string, cellId: string, d: number): boolean {
+  /** Records a cell's demand for a key, stamped with the report's sweep; false when it is a new key beyond the cell's --max-demand-keys (not kept). */
+  private noteDemand(ledger: Ledger, key: string, cellId: string, d: number, sweep: number): boolean {
     let row = this.byKey.get(key);
     const prev = row?.get(cellId);
-    const held = this.demandKeysOfCell.get(cellId) ?? 0;
+    let held = this.demandKeysOfCell.get(cellId);
     if (d > 0) {
       if (prev !== undefined) {
+        held?.set(key, sweep);
         const rate = ledger.getQuota(key)?.rate ?? 0;
         if (Math.abs(d - prev) <= Math.max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION * rate)) return true;
       } else {
-        if (held >= this.maxDemandKeys) return false;
-        this.demandKeysOfCell.set(cellId, held + 1);
+        if ((held?.size ?? 0) >= this.maxDemandKeys) return false;
+        if (held === undefined) this.demandKeysOfCell.set(cellId, (held = new Map<string, number>()));
+        held.set(key, sweep);
       }
       if (row === undefined) this.byKey.set(key, (row = new Map<string, number>()));
       row.set(cellId, d);
@@ -561,8 +576,8 @@ export class LeaseService {
       if (prev === undefined || row === undefined) return true;
       row.delete(cellId);
       if (row.size === 0) this.byKey.delete(key);
-      if (held <= 1) this.demandKeysOfCell.delete(cellId);
-      else this.demandKeysOfCell.set(cellId, held - 1);
+      held?.delete(key);
+      if (held?.size === 0) this.demandKeysOfCell.delete(cellId);
     }
     this.changedKeys?.add(key);
     return true;
@@ -571,7 +586,9 @@ export class LeaseService {
   private session(cellId: string, incarnation: string): CellSession {
     let s = this.sessions.get(cellId);
     if (s === undefined || s.incarnation !== incarnation) {
-      s = { incarnation, acked: new Map(), outstanding: new Set(), toldUnknown: new Set(), fresh: true };
+      // A new agent incarnation reports its demand from nothing: the old one's is dropped.
+      if (s !== undefined) for (const key of [...(this.demandKeysOfCell.get(cellId)?.keys() ?? [])]) this.noteDemand(this.backend.ledger(), key, cellId, 0, 0);
+      s = { incarnation, acked: new Map(), outstanding: new Set(), toldUnknown: new Set(), fresh: true, sweepStarted: 0, swept: false };
       this.sessions.set(cellId, s);
     }
     return s;
@@ -597,6 +614,8 @@ export function validateReport(req: ReportRequestMessage): string | null {
     if (!QUOTA_KEY_PATTERN.test(v.key)) return `velocity key ${v.key.slice(0, 140)} is not a quota key`;
     if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0)) return `velocity of ${v.key} must be finite and ≥ 0`;
   }
+  const sweep = req.velocitySweep ?? 0;
+  if (!(Number.isSafeInteger(sweep) && sweep >= 0)) return 'velocity_sweep must be an integer ≥ 0';
   const failOpen = req.failOpenTotal ?? 0;
   if (!(Number.isFinite(failOpen) && failOpen >= 0)) return 'fail_open_total must be finite and ≥ 0';
   return null;

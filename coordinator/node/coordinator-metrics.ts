@@ -10,6 +10,8 @@ export interface CoordinatorMetricsSource {
   reachablePeers(): number;
   votingRefused(): boolean;
   tenants(): number;
+  /** Demand entries the lease service did not keep (--max-demand-keys), since this process started. */
+  readonly demandKeysDropped?: () => number;
 }
 
 export class CoordinatorMetrics {
@@ -64,5 +66,17 @@ export class CoordinatorMetrics {
     gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => src.reachablePeers());
     gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log lost entries it may have acknowledged and it has not caught up yet)', () => (src.votingRefused() ? 1 : 0));
     gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
+    const dropped = src.demandKeysDropped;
+    if (dropped !== undefined) {
+      new Counter({
+        name: 'cellquota_lease_demand_keys_dropped_total',
+        help: 'Reported demand keys the leader did not keep because the cell had --max-demand-keys keys already (those keys get no grant until others go quiet)',
+        registers: [registry],
+        collect() {
+          this.reset();
+          this.inc(dropped());
+        },
+      });
+    }
   }
 }

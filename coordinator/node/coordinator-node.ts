@@ -26,7 +26,7 @@ import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig
 import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
 import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOptions } from '../transport/peer-transport.js';
-import { LeaseService, type LeaseServiceOptions } from '../lease/lease-service.js';
+import { LeaseService, type LeaseServiceOptions, type LeaseServiceStats } from '../lease/lease-service.js';
 import { createLeaseAuthenticator, type TokenFile } from '../lease/lease-auth.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import { encodeCommand, NEWEST_COMMAND_FORMAT, ROUND_FORMAT_VERSION, type LedgerCommandInput } from '../ledger/ledger-commands.js';
@@ -148,6 +148,11 @@ export class CoordinatorNode {
   private fatal: CoordinatorFailure | null = null;
   private addresses: Map<NodeId, string>;
   private lease: LeaseService | null = null;
+
+  /** The lease service's counters (null before it is registered). */
+  leaseStats(): Readonly<LeaseServiceStats> | null {
+    return this.lease?.stats ?? null;
+  }
   private server: grpc.Server | null = null;
   private leaseServer: grpc.Server | null = null;
   private leasePort: number | null = null;

@@ -129,3 +129,52 @@ void test('lease service: lease expiry = receipt + TTL; refused grants retried w
     h.stop();
   }
 });
+
+void test('lease service: delta reports keep demand between reports; a finished sweep drops what it did not restamp; a new incarnation starts from nothing', async () => {
+  let nowMs = 1_000_000;
+  let seen: Map<string, number> = new Map();
+  const policy: GrantPolicy = (_ledger, demands) => {
+    seen = new Map([...demands.byKey].flatMap(([k, row]) => [...row].filter(([c]) => c === 'eu').map(([, d]) => [k, d] as [string, number])));
+    return [];
+  };
+  const h = await setup(policy, () => nowMs);
+  const v = (key: string, d: number): { key: string; allowedPerS: number; refusedPerS: number } => ({ key, allowedPerS: d, refusedPerS: 0 });
+  const send = async (req: Partial<ReportRequestMessage>, n: number): Promise<ReportResponseMessage | null> => {
+    const p = report(h.address, { cellId: 'eu', ...req });
+    await arrived(h.service, n);
+    nowMs += 10;
+    await h.service.round();
+    const r = await p;
+    assert.equal(r.err, null);
+    return r.res;
+  };
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
+    // A sweep's first page (not done): the leader asks for a complete sweep of this session.
+    let r = await send({ velocity: [v('tenant/a', 10), v('tenant/b', 20)], velocitySweep: 1, velocitySweepStart: true }, 1);
+    assert.equal(r?.velocityResync, true);
+    r = await send({ velocity: [v('tenant/c', 30)], velocitySweep: 1, velocitySweepDone: true }, 2);
+    assert.equal(r?.velocityResync, false, 'the session saw the whole sweep (from its first report)');
+    assert.deepEqual(Object.fromEntries(seen), { 'tenant/a': 10, 'tenant/b': 20, 'tenant/c': 30 });
+    // A delta report carrying only a move: the others keep their demand.
+    await send({ velocity: [v('tenant/b', 25)], velocitySweep: 1 }, 3);
+    assert.deepEqual(Object.fromEntries(seen), { 'tenant/a': 10, 'tenant/b': 25, 'tenant/c': 30 });
+    // Sweep 2 restamps a and c only (b is no longer reported, its zero was lost): b is dropped.
+    await send({ velocity: [v('tenant/a', 10)], velocitySweep: 2, velocitySweepStart: true }, 4);
+    await send({ velocity: [v('tenant/c', 30)], velocitySweep: 2, velocitySweepDone: true }, 5);
+    assert.deepEqual(Object.fromEntries(seen), { 'tenant/a': 10, 'tenant/c': 30 });
+    // A new incarnation: the old one's demand is gone, only what it reports counts.
+    r = await send({ incarnation: 'i2', velocity: [v('tenant/d', 5)], velocitySweep: 1, velocitySweepStart: true, velocitySweepDone: true }, 6);
+    assert.deepEqual(Object.fromEntries(seen), { 'tenant/d': 5 });
+    assert.equal(r?.velocityResync, false);
+    // A new leader term: no demand held, and the first (late) sweep page it sees is not a whole sweep.
+    h.backend.currentTerm++;
+    r = await send({ incarnation: 'i2', velocity: [v('tenant/e', 5)], velocitySweep: 2, velocitySweepDone: true }, 7);
+    assert.deepEqual(Object.fromEntries(seen), { 'tenant/e': 5 });
+    assert.equal(r?.velocityResync, true, 'the new leader saw only the sweep\'s last page: it asks for a whole one');
+    r = await send({ incarnation: 'i2', velocity: [v('tenant/e', 5), v('tenant/d', 5)], velocitySweep: 3, velocitySweepStart: true, velocitySweepDone: true }, 8);
+    assert.equal(r?.velocityResync, false, 'a one-page sweep seen whole');
+  } finally {
+    h.stop();
+  }
+});
