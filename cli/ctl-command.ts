@@ -1,4 +1,4 @@
-// `cellquota ctl`: tiers, tenants, cells, members and cluster status through the admin API.
+// `cellquota ctl`: tiers, tenants, settings, cells, members and cluster status through the admin API.
 // Tables for people, --json for scripts. Writes carry a client id and sequence number, so a
 // retry after a lost answer applies once; a follower's 307 is followed to the leader.
 import { parseArgs } from 'node:util';
@@ -34,6 +34,12 @@ ${settingsHelp(CTL_SETTING_SPECS, { configFile: false })}
                                                  row id,tier[,rate][,burst]); progress on stderr, then a
                                                  summary with every failed line; exit 1 if any failed.
                                                  Re-running it changes nothing (unchanged tenants stay).
+  settings [get]                                 the cluster-wide settings every agent follows
+  settings set --unknown-tenant POLICY           what agents do with a tenant the coordinators do not
+                                                 hold: deny (refuse), allow (no tenant level) or
+                                                 tier:NAME (tier NAME's quota, granted and counted as a
+                                                 tenant of NAME; the tier must exist and cannot be
+                                                 deleted while the policy names it)
   cells [list]                                   cells, floor slot, last report, lease expiry
   cells remove ID                                deregister a cell whose agents are stopped: no more
                                                  leases; dropped with its slices once its lease is over,
@@ -246,6 +252,7 @@ function parseCtlArgs(argv: readonly string[]) {
       format: { type: 'string' },
       batch: { type: 'string' },
       parallel: { type: 'string' },
+      'unknown-tenant': { type: 'string' },
     },
   });
 }
@@ -290,6 +297,16 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           const r = await call(ctx, 'DELETE', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
           out(r, () => `tier ${need(arg, 'tier name')} deleted`);
         } else throw new CtlError(`unknown tiers command '${verb}'\n\n${ctlUsage}`, 2);
+        return 0;
+      }
+      case 'settings': {
+        if (verb === 'get' || verb === undefined) {
+          const r = (await call(ctx, 'GET', '/v1/settings')) as Record<string, unknown>;
+          out(r, () => table([r], ['unknownTenant']));
+        } else if (verb === 'set') {
+          const r = (await call(ctx, 'PUT', '/v1/settings', { unknownTenant: need(values['unknown-tenant'], '--unknown-tenant') })) as Record<string, unknown>;
+          out(r, () => `settings saved: unknownTenant ${String(r['unknownTenant'])}`);
+        } else throw new CtlError(`unknown settings command '${verb}'\n\n${ctlUsage}`, 2);
         return 0;
       }
       case 'tenants': {

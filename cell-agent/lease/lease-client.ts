@@ -527,9 +527,10 @@ export class LeaseClient {
     }
     for (const key of changed.keys()) if (!forgotten.includes(key)) this.posted.set(key, 'slice');
     const policy = res.unknownTenant === 'allow' ? 'allow' : 'deny';
-    if (policy !== this.unknownPolicy) {
-      this.opts.logger.info({ unknownTenant: policy }, 'the coordinator\'s unknown-tenant policy');
-      this.unknownPolicy = policy;
+    // tier:NAME: the coordinator grants such a tenant as one of tier NAME; until then it is refused, as under deny.
+    if (res.unknownTenant !== this.unknownPolicy) {
+      this.opts.logger.info({ unknownTenant: res.unknownTenant }, 'the coordinator\'s unknown-tenant policy');
+      this.unknownPolicy = res.unknownTenant;
     }
     if (res.capsIncluded && Number.isFinite(res.capsVersion)) {
       this.capsVersion = res.capsVersion;

@@ -7,7 +7,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
-import { MAX_NAME_LENGTH, MAX_TENANTS_PER_BATCH, UNKNOWN_TENANT_POLICIES, tenantRecordSchema } from '../ledger/ledger-commands.js';
+import { MAX_NAME_LENGTH, MAX_TENANTS_PER_BATCH, unknownTenantPolicySchema, tenantRecordSchema } from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
 import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
 import { MAX_PAGE_LIMIT } from '../ledger/ledger.js';
@@ -94,7 +94,7 @@ const tenantBatchBody = z.strictObject({
   tenants: z.array(z.unknown()).min(1).max(MAX_TENANTS_PER_BATCH).describe(`1..${MAX_TENANTS_PER_BATCH} tenants, each {"id", "tier", "rate"?, "burst"?}`),
 });
 const settingsBody = z.strictObject({
-  unknownTenant: z.enum(UNKNOWN_TENANT_POLICIES).describe('what every agent does with a tenant the coordinators do not hold: deny (refuse its checks) or allow (no tenant level)'),
+  unknownTenant: unknownTenantPolicySchema.describe('what every agent does with a tenant the coordinators do not hold: deny (refuse its checks), allow (no tenant level) or tier:NAME (the quota of tier NAME, granted and counted as a tenant of that tier)'),
 });
 const listQuery = z.strictObject({
   stale: z.enum(['true', 'false']).optional(),

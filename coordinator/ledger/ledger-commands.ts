@@ -216,16 +216,27 @@ export const reportAndGrantSchema = z.strictObject({
 });
 /**
  * What every agent does with a tenant the ledger does not hold: `deny` refuses its checks, `allow`
- * admits them without a tenant level (a domain cap still applies). Agents learn it through the
- * lease protocol; the ledger counts nothing for an unknown tenant (it has no quota to bound).
+ * admits them without a tenant level (a domain cap still applies; the ledger counts nothing for it:
+ * it has no quota to bound), `tier:NAME` gives it tier NAME's quota — an implicit tenant: the ledger
+ * defines `tenant/<id>` as a tenant of NAME without overrides (quotaOf), so its slices are granted,
+ * floored, counted and bounded exactly as a tenant's, and agents learn it through the same grants.
+ * The tier must exist; it cannot be deleted while the policy names it.
  */
-export const UNKNOWN_TENANT_POLICIES = ['deny', 'allow'] as const;
-export type UnknownTenantPolicyName = (typeof UNKNOWN_TENANT_POLICIES)[number];
+export type UnknownTenantPolicyName = 'deny' | 'allow' | `tier:${string}`;
 export const DEFAULT_UNKNOWN_TENANT_POLICY: UnknownTenantPolicyName = 'deny';
+export const UNKNOWN_TENANT_POLICY_MESSAGE = `deny, allow or tier:NAME (NAME a tier: 1..${MAX_NAME_LENGTH} characters of [a-zA-Z0-9._:-])`;
+/** The tier an unknown-tenant policy names, or null (deny, allow). */
+export function unknownTenantTier(p: UnknownTenantPolicyName): string | null {
+  return p.startsWith('tier:') ? p.slice(5) : null;
+}
+export const unknownTenantPolicySchema = z
+  .string()
+  .refine((s) => s === 'deny' || s === 'allow' || (s.startsWith('tier:') && isName(s.slice(5))), UNKNOWN_TENANT_POLICY_MESSAGE)
+  .transform((s) => s as UnknownTenantPolicyName);
 /** The cluster-wide settings agents follow (only the unknown-tenant policy today). */
 export const putSettingsSchema = z.strictObject({
   type: z.literal('putSettings'),
-  unknownTenant: z.enum(UNKNOWN_TENANT_POLICIES),
+  unknownTenant: unknownTenantPolicySchema,
   ...session,
 });
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */

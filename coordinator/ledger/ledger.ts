@@ -110,7 +110,8 @@ import {
   domainCapKey,
   parseCommand,
   QUOTA_KEY_PATTERN,
-  UNKNOWN_TENANT_POLICIES,
+  unknownTenantPolicySchema,
+  unknownTenantTier,
   tenantKey,
   tierCapKey,
 } from './ledger-commands.js';
@@ -447,6 +448,8 @@ export class Ledger {
   /** The undo log of the command being applied tentatively (reportAndGrant), else null. */
   private txn: Rollback | null = null;
   private unknownTenant: UnknownTenantPolicyName = DEFAULT_UNKNOWN_TENANT_POLICY;
+  /** Log index of the last unknown-tenant policy change (the version of implicit tenants' definitions). */
+  private unknownTenantIndex = 0;
   /** Log index of the last domain cap change (agents learn the capped domains when it moves). */
   private domainCapsIndex = 0;
   /**
@@ -572,7 +575,7 @@ export class Ledger {
       case 'expireLeases':
         return this.expireLeases(cmd);
       case 'putSettings':
-        return this.putSettings(cmd);
+        return this.putSettings(cmd, index);
     }
   }
 
@@ -606,6 +609,7 @@ export class Ledger {
     if (!this.tiers.has(cmd.name)) return fail('NOT_FOUND', `tier ${cmd.name} does not exist`);
     const users = this.tierTenantCount.get(cmd.name) ?? 0;
     if (users > 0) return fail('CONFLICT', `tier ${cmd.name} is used by ${users} tenant(s); move or delete them first`);
+    if (unknownTenantTier(this.unknownTenant) === cmd.name) return fail('CONFLICT', `tier ${cmd.name} is the unknown-tenant policy's (unknownTenant ${this.unknownTenant}); change the policy first (PUT /v1/settings)`);
     this.tiers.delete(cmd.name);
     if (this.tierCaps.delete(cmd.name)) this.retireKey(tierCapKey(cmd.name));
     return ok({ kind: 'deleted', what: 'tier', id: cmd.name });
@@ -715,8 +719,26 @@ export class Ledger {
     return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
   }
 
-  private putSettings(cmd: PutSettingsCommand): LedgerResult {
+  private putSettings(cmd: PutSettingsCommand, index: number): LedgerResult {
+    const tier = unknownTenantTier(cmd.unknownTenant);
+    if (tier !== null && !this.tiers.has(tier)) return fail('NOT_FOUND', `unknownTenant ${cmd.unknownTenant}: tier ${tier} does not exist`);
+    if (cmd.unknownTenant === this.unknownTenant) return ok({ kind: 'settings', settings: this.settings });
+    const implicitBefore = unknownTenantTier(this.unknownTenant) !== null;
     this.unknownTenant = cmd.unknownTenant;
+    this.unknownTenantIndex = index;
+    if (implicitBefore || tier !== null) {
+      // Every implicit tenant's definition changed (appeared, moved to another tier, or is gone):
+      // its slices are re-granted at the new one, or wound down like a deleted tenant's.
+      this.touchAll();
+      for (const key of [...this.byKey.keys()]) {
+        if (!key.startsWith('tenant/') || this.tenants.has(key.slice(7))) continue;
+        if (tier === null) this.retireKey(key);
+        else {
+          this.rebaseCeiling(key);
+          this.markStale(key);
+        }
+      }
+    }
     return ok({ kind: 'settings', settings: this.settings });
   }
 
@@ -1014,10 +1036,13 @@ export class Ledger {
     for (const cellId of slices.keys()) this.hint(cellId, key);
   }
 
-  /** The tenant keys of a tier that some cell holds a slice of. */
+  /** The tenant keys of a tier that some cell holds a slice of (implicit tenants of the unknown-tenant policy's tier included). */
   private forTenantKeysOfTier(tier: string, fn: (key: string) => void): void {
+    const implicit = unknownTenantTier(this.unknownTenant) === tier;
     for (const key of [...this.byKey.keys()]) {
-      if (key.startsWith('tenant/') && this.tenants.get(key.slice(7))?.tier === tier) fn(key);
+      if (!key.startsWith('tenant/')) continue;
+      const t = this.tenants.get(key.slice(7));
+      if (t?.tier === tier || (t === undefined && implicit)) fn(key);
     }
   }
 
@@ -1147,7 +1172,14 @@ export class Ledger {
     if (kind === 'domain') return this.domainCaps.get(name);
     if (kind !== 'tenant') return undefined;
     const t = this.tenants.get(name);
-    if (t === undefined) return undefined;
+    if (t === undefined) {
+      // An implicit tenant (unknownTenant tier:NAME): the tier's quota, versioned by the later of
+      // the tier's change and the policy's.
+      const implicit = unknownTenantTier(this.unknownTenant);
+      const tier = implicit === null ? undefined : this.tiers.get(implicit);
+      if (tier === undefined) return undefined;
+      return { rate: tier.rate, burst: tier.burst, floorFraction: tier.floorFraction, updatedIndex: Math.max(tier.updatedIndex, this.unknownTenantIndex) };
+    }
     const tier = this.tiers.get(t.tier);
     if (tier === undefined) return undefined;
     return { rate: t.rate ?? tier.rate, burst: t.burst ?? tier.burst, floorFraction: tier.floorFraction, updatedIndex: Math.max(t.updatedIndex, tier.updatedIndex) };
@@ -1283,8 +1315,8 @@ export class Ledger {
     if (q === undefined) return undefined;
     let parent: string | null = null;
     if (key.startsWith('tenant/')) {
-      const t = this.tenants.get(key.slice(7));
-      if (t !== undefined && this.tierCaps.has(t.tier)) parent = tierCapKey(t.tier);
+      const tier = this.tenants.get(key.slice(7))?.tier ?? unknownTenantTier(this.unknownTenant);
+      if (tier !== null && this.tierCaps.has(tier)) parent = tierCapKey(tier);
     }
     return { version: q.updatedIndex, parent };
   }
@@ -1505,7 +1537,7 @@ export class Ledger {
       slices,
       ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
-      settings: [this.unknownTenant, this.domainCapsIndex],
+      settings: [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
     };
     return snapPackr.pack(snap);
   }
@@ -1540,6 +1572,7 @@ export class Ledger {
     if (s.settings !== undefined) {
       l.unknownTenant = s.settings[0];
       l.domainCapsIndex = s.settings[1];
+      l.unknownTenantIndex = s.settings[2] ?? 0;
     }
     for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark, removing] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
@@ -1599,7 +1632,7 @@ interface Snapshot {
   ceilings: [key: string, rate: number, burst: number][];
   sessions: [clientId: string, seq: number, result: unknown][];
   /** v2: [unknownTenant, domainCapsIndex]. */
-  settings?: [unknownTenant: UnknownTenantPolicyName, domainCapsIndex: number];
+  settings?: [unknownTenant: UnknownTenantPolicyName, domainCapsIndex: number, unknownTenantIndex?: number];
 }
 
 const snapPackr = new Packr({ useRecords: false, moreTypes: false });
@@ -1628,7 +1661,7 @@ const snapshotSchema = z.object({
   slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum, sIndex.optional()])),
   ceilings: z.array(z.tuple([sKey, sNum, sNum])),
   sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),
-  settings: z.tuple([z.enum(UNKNOWN_TENANT_POLICIES), sIndex]).optional(),
+  settings: z.union([z.tuple([unknownTenantPolicySchema, sIndex]), z.tuple([unknownTenantPolicySchema, sIndex, sIndex])]).optional(),
 });
 
 /** A quota whose bucket no agent can represent (burst/rate beyond the GCRA window): refused, naming the limit. */

@@ -2,7 +2,8 @@
 // and rules only (no tenants file). A tenant created through the admin API is admitted on every
 // agent, decided on a leased grant; a quota no agent can represent is refused with a 400 naming the
 // limit; deleting the tenant winds its slices down (every agent refuses it again) and re-creating it
-// works on every agent (epochs continue above the old ones).
+// works on every agent (epochs continue above the old ones); under the unknown-tenant policy
+// tier:NAME an unknown tenant is admitted on every agent on tier NAME's lease.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -99,6 +100,28 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
     const again = await c.http(leader, 'GET', '/v1/tenants/acme');
     for (const s of (again.body['slices'] ?? []) as { cellId: string; epoch: number }[]) {
       if (s.epoch > 0) assert.ok(s.epoch > (epochs.get(s.cellId) ?? 0), `cell ${s.cellId}: epoch ${s.epoch} above the old ${epochs.get(s.cellId)}`);
+    }
+
+    // The unknown-tenant policy tier:NAME: the tier must exist; unknown tenants then get its quota on
+    // every agent, on a lease; the tier cannot be deleted while the policy names it.
+    const missing = await c.write('PUT', '/v1/settings', { unknownTenant: 'tier:guest' });
+    assert.equal(missing.status, 404, JSON.stringify(missing.body));
+    assert.equal((await c.write('PUT', '/v1/tiers/guest', { rate: 50, burst: 50, floorFraction: 0.5 })).status, 200);
+    const set = await c.write('PUT', '/v1/settings', { unknownTenant: 'tier:guest' });
+    assert.equal(set.status, 200, JSON.stringify(set.body));
+    assert.equal(set.body['unknownTenant'], 'tier:guest');
+    for (const a of agents) {
+      await waitFor(`${a.cell} admits an unknown tenant on tier guest's lease`, async () => {
+        const r = await check(a, 'stranger');
+        return r.status === 200 && !r.degraded;
+      }, 30_000, () => a.output);
+    }
+    const del = await c.write('DELETE', '/v1/tiers/guest');
+    assert.equal(del.status, 409, JSON.stringify(del.body));
+    assert.match(String(del.body['message']), /unknown-tenant policy/);
+    assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'deny' })).status, 200);
+    for (const a of agents) {
+      await waitFor(`${a.cell} refuses the unknown tenant again under deny`, async () => (await check(a, 'stranger')).status === 429, 15_000, () => a.output);
     }
   } finally {
     for (const a of agents) a.proc.kill('SIGKILL');

@@ -108,3 +108,44 @@ void test('finding 4: a quota whose GCRA window no agent can represent is refuse
   // Lowering the tier's rate would make a tenant's overrides unrepresentable: refused too.
   assert.match(d.err({ type: 'putTier', name: 'gold', rate: 0.1, burst: 1000 }, 'INVALID'), /tenant slow/);
 });
+
+void test('unknownTenant tier:NAME: an unknown tenant is granted, floored and counted as a tenant of NAME; the tier must exist and cannot be deleted while named; leaving the policy winds the slices down', () => {
+  const d = setup(0.5);
+  const KEY2 = 'tenant/stranger';
+  // The tier must exist.
+  assert.match(d.err({ type: 'putSettings', unknownTenant: 'tier:nope' }, 'NOT_FOUND'), /tier nope does not exist/);
+  assert.equal(d.apply({ type: 'putSettings', unknownTenant: 'tier:' } as never).ok, false, 'an empty tier name is invalid');
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  assert.equal(d.ledger.settings.unknownTenant, 'tier:gold');
+  // The tier the policy names cannot be deleted (a 409 at the admin API), even with no tenant on it.
+  d.ok({ type: 'putTier', name: 'spare', rate: 10, burst: 10 });
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:spare' });
+  assert.match(d.err({ type: 'deleteTier', name: 'spare' }, 'CONFLICT'), /unknown-tenant policy/);
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  d.ok({ type: 'deleteTier', name: 'spare' });
+  // The stranger has gold's quota; grants beyond it are refused like a tenant's.
+  assert.deepEqual(d.ledger.getQuota(KEY2), d.ledger.getQuota(KEY));
+  const over = d.apply({ type: 'reportAndGrant', nowMs: 10, leases: [{ cellId: 'a', leaseExpiresAtMs: 10 + TTL }], grants: [{ key: KEY2, cellId: 'a', rate: 80, burst: 80, epoch: 1, leaseExpiresAtMs: 10 + TTL }] });
+  assert.equal(over.ok ? '' : over.error.code, 'QUOTA_EXCEEDED', 'b\'s floor (25) + 80 > 100');
+  const byKey = new Map([[KEY2, new Map([['a', 500]])]]);
+  const grants = allocatorPolicy(d.ledger, { reported: new Set(['a']), byKey, acks: [], leaseTtlMs: TTL }, 20);
+  assert.ok(grants.some((g) => g.key === KEY2 && g.rate > 0), `granted: ${JSON.stringify(grants)}`);
+  d.ok({ type: 'reportAndGrant', nowMs: 20, leases: [{ cellId: 'a', leaseExpiresAtMs: 20 + TTL }], grants });
+  const s = d.ledger.getSlice(KEY2, 'a');
+  assert.equal(s?.floorRate, 25, 'the floor of a gold tenant: 0.5 × 100 / 2 cells');
+  assert.ok((s?.rate ?? 0) + 25 <= 100 + 1e-9);
+  // Lowering gold lowers the stranger's quota too: its slices are re-granted at the new version.
+  d.ok({ type: 'putTier', name: 'gold', rate: 40, burst: 40, floorFraction: 0.5 });
+  assert.equal(d.ledger.getQuota(KEY2)?.rate, 40);
+  assert.ok(d.ledger.staleSliceKeys('a').includes(KEY2), 'stale at the old definition');
+  // Leaving the policy: the stranger's quota is gone, its slices get zero wind-down grants and are dropped once acknowledged.
+  d.ok({ type: 'putSettings', unknownTenant: 'deny' });
+  assert.equal(d.ledger.getQuota(KEY2), undefined);
+  assert.ok(d.ledger.staleSliceKeys('a').includes(KEY2), 'to be wound down');
+  assert.equal(d.ledger.definition(KEY2), undefined);
+  // A snapshot keeps the policy and its version.
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  const restored = Ledger.restore(d.ledger.snapshot(), { assertInvariants: true });
+  assert.deepEqual(restored.getQuota(KEY2), d.ledger.getQuota(KEY2));
+  assert.equal(restored.settings.unknownTenant, 'tier:gold');
+});
