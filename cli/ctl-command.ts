@@ -302,7 +302,7 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
       case 'settings': {
         if (verb === 'get' || verb === undefined) {
           const r = (await call(ctx, 'GET', '/v1/settings')) as Record<string, unknown>;
-          out(r, () => table([r], ['unknownTenant']));
+          out(r, () => renderTable([r], [field('UNKNOWN TENANT', 'unknownTenant')]));
         } else if (verb === 'set') {
           const r = (await call(ctx, 'PUT', '/v1/settings', { unknownTenant: need(values['unknown-tenant'], '--unknown-tenant') })) as Record<string, unknown>;
           out(r, () => `settings saved: unknownTenant ${String(r['unknownTenant'])}`);
