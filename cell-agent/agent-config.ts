@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { ConfigError, parseHostPort, setting, settingSpecs } from '../shared/cli-config.js';
 import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
+import { DEFAULT_RULES_WATCH_DEBOUNCE_MS } from './rules/rules-load.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
@@ -172,7 +173,7 @@ export const agentConfigFields = z.object({
   maxDomainLength: setting(int(1, 65_536), { help: 'length of the domain', default: DEFAULT_REQUEST_BOUNDS.maxDomainLength, example: '64' }),
   maxMessageBytes: setting(int(1024, 64 * 1024 * 1024), { help: 'largest gRPC request message in bytes', default: DEFAULT_MAX_MESSAGE_BYTES, example: '65536' }),
   httpBodyLimit: setting(int(1024, 64 * 1024 * 1024), { help: 'largest HTTP request body in bytes', default: DEFAULT_HTTP_BODY_LIMIT, example: '16384' }),
-  rulesDebounceMs: setting(int(0, 60_000), { help: 'quiet time after a rules file change before reloading', default: 200, example: '1000' }),
+  rulesDebounceMs: setting(int(0, 60_000), { help: 'quiet time after a rules file change before reloading', default: DEFAULT_RULES_WATCH_DEBOUNCE_MS, example: '1000' }),
   routes: setting(z.string().min(1).optional(), { help: 'forward-auth routes: YAML mapping forwarded requests to descriptors with Envoy\'s rate-limit actions', defaultHelp: '[{remote_address: <client>}] in domain edge', example: '/etc/cellquota/routes.yaml' }),
   trustedProxies: setting(addressList, { help: 'addresses and CIDRs (comma-separated, or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP forward-auth believes', default: ['loopback'], example: '10.0.0.0/8,loopback' }),
   forwardAuthDenyStatus: setting(denyStatus, { help: 'status of a forward-auth refusal: 429 | 401 | 403 (nginx auth_request passes only 401/403)', default: 429, example: '403' }),

@@ -16,8 +16,8 @@ import type { RlsEndpoints } from './rls/rls-server.js';
 
 const WORKER_START_TIMEOUT_MS = 30_000;
 const WORKER_STOP_GRACE_MS = 2_000;
-const RESTART_BACKOFF_MIN_MS = 250;
-const RESTART_BACKOFF_MAX_MS = 10_000;
+const MIN_RESTART_BACKOFF_MS = 250;
+const MAX_RESTART_BACKOFF_MS = 10_000;
 
 export interface RlsWorkersOptions {
   readonly count: number;
@@ -258,7 +258,7 @@ export class RlsWorkers {
           return;
         }
         if (this.stopping || !wasServing) return;
-        const delay = Math.min(RESTART_BACKOFF_MAX_MS, RESTART_BACKOFF_MIN_MS * 2 ** Math.min(slot.restarts, 10));
+        const delay = Math.min(MAX_RESTART_BACKOFF_MS, MIN_RESTART_BACKOFF_MS * 2 ** Math.min(slot.restarts, 10));
         log.error(
           { worker: slot.index, exitCode: code, restartInMs: delay },
           'rls worker exited unexpectedly; restarting it',
@@ -279,7 +279,7 @@ export class RlsWorkers {
         (endpoints) => log.info({ worker: slot.index, endpoints }, 'rls worker restarted'),
         (error: unknown) => {
           log.error({ worker: slot.index, err: error }, 'rls worker restart failed');
-          if (!this.stopping) this.scheduleRestart(slot, Math.min(RESTART_BACKOFF_MAX_MS, delay * 2));
+          if (!this.stopping) this.scheduleRestart(slot, Math.min(MAX_RESTART_BACKOFF_MS, delay * 2));
         },
       );
     }, delay);

@@ -60,7 +60,7 @@ export interface LimiterOptions {
 }
 
 /** The embedded default: a tenth of the agent's table (the app's process holds it). */
-export const EMBEDDED_TABLE_CAPACITY_DEFAULT = 100_000;
+export const DEFAULT_EMBEDDED_TABLE_CAPACITY = 100_000;
 
 const agent = agentConfigFields.shape;
 
@@ -81,7 +81,7 @@ export const limiterOptionsSchema = z.strictObject({
   tlsServerName: agent.tlsServerName,
   leaseTokenFile: agent.leaseTokenFile,
   shadow: z.boolean().default(false),
-  tableCapacity: agent.tableCapacity.default(EMBEDDED_TABLE_CAPACITY_DEFAULT),
+  tableCapacity: agent.tableCapacity.default(DEFAULT_EMBEDDED_TABLE_CAPACITY),
   tableFull: agent.tableFull,
   velocityCapacity: agent.velocityCapacity,
   watchRules: z.boolean().default(false),

@@ -16,7 +16,7 @@ export const RLS_SERVICE_NAME = 'envoy.service.ratelimit.v3.RateLimitService';
 export const RLS_METHOD_PATH = `/${RLS_SERVICE_NAME}/ShouldRateLimit`;
 export const HEALTH_SERVICE_NAME = 'grpc.health.v1.Health';
 /** Longest Unix socket path (sun_path holds 108 bytes including the terminating NUL). */
-export const UNIX_PATH_MAX_BYTES = 107;
+export const MAX_UNIX_PATH_BYTES = 107;
 
 /** Which implementation serves the RLS: the lean node:http2 server (default) or grpc-js. */
 export const RLS_SERVER_KINDS = ['lean', 'grpc-js'] as const;
@@ -133,8 +133,8 @@ export async function bindUnix(listen: UnixListen, listenAt: (tmpPath: string) =
   const path = resolve(listen.path);
   const tmp = join(dirname(path), `.cq-${process.pid.toString(36)}-${threadId.toString(36)}-${basename(path).slice(0, 8)}.tmp`);
   for (const p of [path, tmp]) {
-    if (Buffer.byteLength(p) > UNIX_PATH_MAX_BYTES) {
-      throw new SocketPathError(`unix socket path ${p} is longer than ${UNIX_PATH_MAX_BYTES} bytes`);
+    if (Buffer.byteLength(p) > MAX_UNIX_PATH_BYTES) {
+      throw new SocketPathError(`unix socket path ${p} is longer than ${MAX_UNIX_PATH_BYTES} bytes`);
     }
   }
   await checkSocketPath(path);

@@ -16,7 +16,7 @@ export {
   RLS_SERVER_KINDS,
   RLS_SERVICE_NAME,
   SocketPathError,
-  UNIX_PATH_MAX_BYTES,
+  MAX_UNIX_PATH_BYTES,
 } from './rls-common.js';
 export type { RlsEndpoints, RlsListenOptions, RlsServerHandle, RlsServerKind, TcpListen, UnixListen } from './rls-common.js';
 

@@ -23,7 +23,7 @@ import type { RulesFile } from './rules-schema.js';
 /** Rules files read from one directory. */
 export const MAX_RULES_DIRECTORY_FILES = 256;
 /** Default quiet time after the last file-system event before a reload. */
-export const RULES_WATCH_DEBOUNCE_MS_DEFAULT = 200;
+export const DEFAULT_RULES_WATCH_DEBOUNCE_MS = 200;
 
 export interface LoadRulesOptions {
   /** Merge files that name the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG). Default false. */
@@ -33,7 +33,7 @@ export interface LoadRulesOptions {
 }
 
 export interface WatchRulesOptions extends LoadRulesOptions {
-  /** Default RULES_WATCH_DEBOUNCE_MS_DEFAULT. */
+  /** Default DEFAULT_RULES_WATCH_DEBOUNCE_MS. */
   readonly debounceMs?: number | undefined;
   /**
    * The RuleSet already in force (typically from loadRules at start-up). Without it the watcher
@@ -101,7 +101,7 @@ export function watchRules(
   onError: (error: RulesError, lastGood: RuleSet | null) => void,
   options: WatchRulesOptions = {},
 ): () => void {
-  const debounceMs = options.debounceMs ?? RULES_WATCH_DEBOUNCE_MS_DEFAULT;
+  const debounceMs = options.debounceMs ?? DEFAULT_RULES_WATCH_DEBOUNCE_MS;
   let lastGood: RuleSet | null = options.initial ?? null;
   let closed = false;
   let timer: NodeJS.Timeout | null = null;

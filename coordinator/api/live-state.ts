@@ -11,12 +11,12 @@ import { sliceInForce, type LiveTraffic } from './live-traffic.js';
 import type { QuotaTraffic, TrafficHistory } from './traffic-window.js';
 
 export const MAX_UI_PAGE_SIZE = 200;
-export const UI_PAGE_SIZE_DEFAULT = 50;
+export const DEFAULT_UI_PAGE_SIZE = 50;
 
 export const liveQuerySchema = z.strictObject({
   q: z.string().max(MAX_NAME_LENGTH).optional().describe('substring of the tenant id'),
   page: z.coerce.number().int().min(0).max(1_000_000).default(0),
-  size: z.coerce.number().int().min(1).max(MAX_UI_PAGE_SIZE).default(UI_PAGE_SIZE_DEFAULT),
+  size: z.coerce.number().int().min(1).max(MAX_UI_PAGE_SIZE).default(DEFAULT_UI_PAGE_SIZE),
   sort: z.enum(['busy', 'admitted', 'refused', 'id']).default('busy').describe('busy: admitted + refused'),
   tenant: z.string().max(MAX_NAME_LENGTH).optional().describe('the chosen tenant: its slices and history'),
 });

@@ -16,7 +16,7 @@ export const SETTLE_EVERY_MS = 200;
 export const OVERSHOOT_TOP_N = 20;
 export const ALL_QUOTAS_LABEL = '_all';
 /** A cell's fail-open rate is its counter's increase between two reports at most this far apart. */
-const FAIL_OPEN_RATE_MAX_GAP_MS = 5_000;
+const MAX_FAIL_OPEN_RATE_GAP_MS = 5_000;
 
 export interface CellLive {
   readonly cellId: string;
@@ -60,7 +60,7 @@ export class LiveTraffic {
     }
     const delta = Math.max(0, counter - c.counter);
     const gap = receiptMs - c.lastReportMs;
-    c.failOpenPerS = gap > 0 && gap <= FAIL_OPEN_RATE_MAX_GAP_MS ? (delta * 1000) / gap : delta > 0 ? c.failOpenPerS : 0;
+    c.failOpenPerS = gap > 0 && gap <= MAX_FAIL_OPEN_RATE_GAP_MS ? (delta * 1000) / gap : delta > 0 ? c.failOpenPerS : 0;
     c.failOpenTotal += delta;
     c.counter = Math.max(c.counter, counter);
     c.lastReportMs = Math.max(c.lastReportMs, receiptMs);
@@ -98,7 +98,7 @@ export class LiveTraffic {
   cell(cellId: string): CellLive | null {
     const c = this.cells.get(cellId);
     if (c === undefined) return null;
-    const stale = this.now() - c.lastReportMs > FAIL_OPEN_RATE_MAX_GAP_MS;
+    const stale = this.now() - c.lastReportMs > MAX_FAIL_OPEN_RATE_GAP_MS;
     return { cellId, lastReportMs: c.lastReportMs, failOpenPerS: stale ? 0 : c.failOpenPerS, failOpenTotal: c.failOpenTotal };
   }
 

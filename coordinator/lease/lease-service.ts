@@ -55,11 +55,11 @@ export const DEFAULT_EXPIRE_EVERY_MS = 1_000;
 /** Most acknowledgements and velocity entries one report may carry. */
 export const MAX_REPORT_ITEMS = 100_000;
 /**
- * Demand moves up to max(DEMAND_DEAD_BAND_MIN req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken
+ * Demand moves up to max(MIN_DEMAND_DEAD_BAND req/s, DEMAND_DEAD_BAND_FRACTION × quota rate) are not taken
  * (noteDemand).
  */
 export const DEMAND_DEAD_BAND_FRACTION = 0.005;
-export const DEMAND_DEAD_BAND_MIN = 0.01;
+export const MIN_DEMAND_DEAD_BAND = 0.01;
 /** Default bound on the demand keys the leader keeps per cell (--max-demand-keys). */
 export const DEFAULT_MAX_DEMAND_KEYS = 100_000;
 
@@ -549,7 +549,7 @@ export class LeaseService {
 
   /**
    * Takes a reported demand (allowed + refused per second) for the next rounds. A demand that moves
-   * less than the dead-band — max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION × the quota's rate) —
+   * less than the dead-band — max(MIN_DEMAND_DEAD_BAND, DEMAND_DEAD_BAND_FRACTION × the quota's rate) —
    * from the value the rounds last took is left at that value (measurement noise would otherwise
    * make every active quota "changed" on every report); a larger move, an appearance or a
    * disappearance is taken and names the key in the next round's changedKeys. The band is below the
@@ -564,7 +564,7 @@ export class LeaseService {
       if (prev !== undefined) {
         held?.set(key, sweep);
         const rate = ledger.getQuota(key)?.rate ?? 0;
-        if (Math.abs(d - prev) <= Math.max(DEMAND_DEAD_BAND_MIN, DEMAND_DEAD_BAND_FRACTION * rate)) return true;
+        if (Math.abs(d - prev) <= Math.max(MIN_DEMAND_DEAD_BAND, DEMAND_DEAD_BAND_FRACTION * rate)) return true;
       } else {
         if ((held?.size ?? 0) >= this.maxDemandKeys) return false;
         if (held === undefined) this.demandKeysOfCell.set(cellId, (held = new Map<string, number>()));
