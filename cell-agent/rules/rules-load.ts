@@ -29,7 +29,7 @@ export interface LoadRulesOptions {
   /** Merge files that name the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG). Default false. */
   readonly mergeDomains?: boolean | undefined;
   /** Bound on one file's size; default and ceiling MAX_RULES_FILE_BYTES. */
-  readonly fileBytesMax?: number | undefined;
+  readonly maxFileBytes?: number | undefined;
 }
 
 export interface WatchRulesOptions extends LoadRulesOptions {
@@ -44,12 +44,12 @@ export interface WatchRulesOptions extends LoadRulesOptions {
 
 /** Loads a rules file or a directory of them. Throws RulesError. */
 export async function loadRules(path: string, options: LoadRulesOptions = {}): Promise<RuleSet> {
-  const bytesMax = Math.min(options.fileBytesMax ?? MAX_RULES_FILE_BYTES, MAX_RULES_FILE_BYTES);
+  const maxBytes = Math.min(options.maxFileBytes ?? MAX_RULES_FILE_BYTES, MAX_RULES_FILE_BYTES);
   const files = await listRulesFiles(path);
   const hash = createHash('sha256');
   const parsed: RulesFile[] = [];
   for (const file of files) {
-    const bytes = await readBounded(file, bytesMax);
+    const bytes = await readBounded(file, maxBytes);
     hash.update(`${file}\0${bytes.length}\0`).update(bytes);
     parsed.push(parseRulesYaml(decodeUtf8(bytes, file), file));
   }
@@ -185,14 +185,14 @@ export function watchRules(
 
 const READ_CHUNK_BYTES = 64 * 1024;
 
-/** Reads a whole file, failing as soon as it proves larger than `bytesMax` (also if it grows meanwhile). */
-async function readBounded(file: string, bytesMax: number): Promise<Buffer> {
+/** Reads a whole file, failing as soon as it proves larger than `maxBytes` (also if it grows meanwhile). */
+async function readBounded(file: string, maxBytes: number): Promise<Buffer> {
   const handle = await open(file, 'r').catch((error: unknown) => {
     throw readFailed(file, error);
   });
   try {
     const info = await handle.stat();
-    if (info.size > bytesMax) throw tooLarge(file, bytesMax);
+    if (info.size > maxBytes) throw tooLarge(file, maxBytes);
     const chunks: Buffer[] = [];
     let total = 0;
     for (;;) {
@@ -200,7 +200,7 @@ async function readBounded(file: string, bytesMax: number): Promise<Buffer> {
       const { bytesRead } = await handle.read(chunk, 0, chunk.length, null);
       if (bytesRead === 0) break;
       total += bytesRead;
-      if (total > bytesMax) throw tooLarge(file, bytesMax);
+      if (total > maxBytes) throw tooLarge(file, maxBytes);
       chunks.push(chunk.subarray(0, bytesRead));
     }
     return Buffer.concat(chunks, total);
@@ -220,8 +220,8 @@ function decodeUtf8(bytes: Buffer, file: string): string {
   }
 }
 
-function tooLarge(file: string, bytesMax: number): RulesError {
-  return new RulesError(RULES_ERROR_CODES.FILE_TOO_LARGE, file, `file is larger than ${bytesMax} bytes`);
+function tooLarge(file: string, maxBytes: number): RulesError {
+  return new RulesError(RULES_ERROR_CODES.FILE_TOO_LARGE, file, `file is larger than ${maxBytes} bytes`);
 }
 
 function readFailed(file: string, error: unknown): RulesError {

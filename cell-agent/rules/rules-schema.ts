@@ -347,7 +347,7 @@ function toJson(ctx: WalkContext, raw: unknown, depth: number): JsonValue {
 // ---- Scalars ------------------------------------------------------------------------------------
 
 /** A string field; YAML null or absent → ''. Non-string scalars keep their source text (as yaml.v2). */
-function readString(ctx: WalkContext, entries: Entries, field: string, lengthMax: number): string {
+function readString(ctx: WalkContext, entries: Entries, field: string, maxLength: number): string {
   const node = deref(ctx, entries.get(field)?.value ?? null);
   if (node === null) return '';
   if (!isScalar(node)) {
@@ -355,9 +355,9 @@ function readString(ctx: WalkContext, entries: Entries, field: string, lengthMax
       `config error, '${field}' must be a string, found ${describeNode(node)}`, nodePos(ctx, node));
   }
   const text = scalarText(node);
-  if (text.length > lengthMax) {
+  if (text.length > maxLength) {
     throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `config error, '${field}' is longer than ${lengthMax} characters`, nodePos(ctx, node));
+      `config error, '${field}' is longer than ${maxLength} characters`, nodePos(ctx, node));
   }
   return text;
 }

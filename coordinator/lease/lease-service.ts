@@ -555,7 +555,10 @@ export class LeaseService {
    * disappearance is taken and names the key in the next round's changedKeys. The band is below the
    * allocator's smallest headroom (1% of the quota), so a cell cannot start refusing unseen.
    */
-  /** Records a cell's demand for a key, stamped with the report's sweep; false when it is a new key beyond the cell's --max-demand-keys (not kept). */
+  /**
+   * Records a cell's demand for a key, stamped with the report's sweep; false when it is a new key beyond the cell's
+   * --max-demand-keys (not kept).
+   */
   private noteDemand(ledger: Ledger, key: string, cellId: string, d: number, sweep: number): boolean {
     let row = this.byKey.get(key);
     const prev = row?.get(cellId);

@@ -1036,7 +1036,10 @@ export class Ledger {
     for (const cellId of slices.keys()) this.hint(cellId, key);
   }
 
-  /** The tenant keys of a tier that some cell holds a slice of (implicit tenants of the unknown-tenant policy's tier included). */
+  /**
+   * The tenant keys of a tier that some cell holds a slice of (implicit tenants of the unknown-tenant policy's tier
+   * included).
+   */
   private forTenantKeysOfTier(tier: string, fn: (key: string) => void): void {
     const implicit = unknownTenantTier(this.unknownTenant) === tier;
     for (const key of [...this.byKey.keys()]) {

@@ -44,12 +44,14 @@ import {
 } from './raft-types.js';
 
 /** Committed entries handed out per Ready, so one Ready never holds an unbounded batch. */
-const committedEntriesPerReadyMax = 4096;
+const MAX_COMMITTED_ENTRIES_PER_READY = 4096;
 /** Pending linearizable reads a leader queues before refusing more. */
-const pendingReadsMax = 65_536;
+const MAX_PENDING_READS = 65_536;
 /** Largest snapshot a follower assembles from chunks. */
-const snapshotBytesMax = 1 << 30;
-/** Heartbeat responses without new snapshot bytes confirmed before the leader resends from the last confirmed offset. */
+const MAX_SNAPSHOT_BYTES = 1 << 30;
+/**
+ * Heartbeat responses without new snapshot bytes confirmed before the leader resends from the last confirmed offset.
+ */
 const snapshotIdleHeartbeatsBeforeResend = 4;
 
 interface PendingRead {
@@ -274,7 +276,7 @@ export class RaftNode {
   /**
    * Takes the application's snapshot at the applied index and compacts the log, keeping up to
    * `keepTrailing` entries below it for followers that lag a little. A leader also keeps the entries
-   * after every snapshot it is still sending (up to `snapshotHoldBytesMax`), so a follower that
+   * after every snapshot it is still sending (up to `maxSnapshotHoldBytes`), so a follower that
    * installs it continues from the log instead of needing a newer snapshot: a transfer that takes
    * longer than the log takes to move on still ends. The log then holds entries from `firstIndex()`
    * on; the caller must have made the snapshot durable and compact its stored log to the same index.
@@ -309,7 +311,7 @@ export class RaftNode {
       if (pr.state === 'snapshot' && pr.snapshot !== null) from = Math.min(from, pr.snapshotIndex + 1);
     }
     if (from === Number.POSITIVE_INFINITY) return from;
-    const bound = this.cfg.snapshotHoldBytesMax ?? defaultRaftTuning.snapshotHoldBytesMax;
+    const bound = this.cfg.maxSnapshotHoldBytes ?? defaultRaftTuning.maxSnapshotHoldBytes;
     return this.log.bytesAfter(from - 1) <= bound ? from : Number.POSITIVE_INFINITY;
   }
 
@@ -338,7 +340,7 @@ export class RaftNode {
       hardState: changed ? hard : null,
       entries,
       snapshot: this.log.pendingSnapshot,
-      committedEntries: this.log.nextCommitted(committedEntriesPerReadyMax),
+      committedEntries: this.log.nextCommitted(MAX_COMMITTED_ENTRIES_PER_READY),
       messages: this.msgs,
       readStates: this.readStates,
       failedReads: this.failedReads,
@@ -813,7 +815,7 @@ export class RaftNode {
       this.replyAppend(m.from, false, this.log.committed);
       return;
     }
-    if (m.totalBytes > snapshotBytesMax) return;
+    if (m.totalBytes > MAX_SNAPSHOT_BYTES) return;
     let inc = this.incomingSnapshot;
     if (m.offset === 0) {
       inc = { meta: m.meta, totalBytes: m.totalBytes, parts: [], received: 0 };
@@ -853,7 +855,7 @@ export class RaftNode {
   // Linearizable reads (ReadIndex)
 
   private handleRead(ctx: string, from: NodeId): void {
-    if (this.transferee !== null || this.pendingReads.length >= pendingReadsMax) {
+    if (this.transferee !== null || this.pendingReads.length >= MAX_PENDING_READS) {
       this.answerRead(ctx, from, -1);
       return;
     }

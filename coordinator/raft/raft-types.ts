@@ -215,7 +215,10 @@ export interface PlantedBugs {
   readonly commitPriorTermByCount?: boolean;
   /** Leave the vote out of the persisted hard state (a restarted node may vote twice in a term). */
   readonly skipVotePersist?: boolean;
-  /** Restart a snapshot transfer with the newer snapshot whenever the leader compacts mid-transfer (the old behaviour). */
+  /**
+   * Restart a snapshot transfer with the newer snapshot whenever the leader compacts mid-transfer (the old
+   * behaviour).
+   */
   readonly restartSnapshotOnCompaction?: boolean;
 }
 
@@ -243,7 +246,7 @@ export interface RaftConfig {
    * Bytes of log a leader keeps after a snapshot it is still sending, so the follower continues from
    * the log once it installed it (see RaftNode.compact). Default in defaultRaftTuning.
    */
-  readonly snapshotHoldBytesMax?: number;
+  readonly maxSnapshotHoldBytes?: number;
   /** A node that must not vote or campaign (e.g. its data directory was found wiped). */
   readonly refuseToVote?: boolean;
   readonly plantedBugs?: PlantedBugs;
@@ -267,7 +270,7 @@ export const defaultRaftTuning = {
   maxUncommittedBytes: 64 << 20,
   snapshotChunkBytes: 256 << 10,
   maxInflightSnapshotChunks: 4,
-  snapshotHoldBytesMax: 64 << 20,
+  maxSnapshotHoldBytes: 64 << 20,
 } as const;
 
 /**

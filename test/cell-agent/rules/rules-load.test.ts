@@ -61,7 +61,7 @@ void test('read errors: missing path, empty directory, file over the size bound'
     && e.message === `${dir}: no rules files (*.yaml, *.yml) in the directory`);
   const big = join(dir, 'big.yaml');
   await writeFile(big, `${rules('api', 1)}# ${'x'.repeat(200)}\n`);
-  await assert.rejects(loadRules(big, { fileBytesMax: 100 }), (e: unknown) => e instanceof RulesError
+  await assert.rejects(loadRules(big, { maxFileBytes: 100 }), (e: unknown) => e instanceof RulesError
     && e.code === RULES_ERROR_CODES.FILE_TOO_LARGE && e.message === `${big}: file is larger than 100 bytes`);
   assert.equal(limitOf(await loadRules(big)), 1);
 });
