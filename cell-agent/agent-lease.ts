@@ -11,7 +11,7 @@ import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseCredentials } from './lease/lease-credentials.js';
 import { deadlineWriter, monotonicMsOf } from './lease/lease-deadline.js';
 import type { LeaseDeadline } from './lease/lease-deadline.js';
-import { reconfigureBuckets } from './lease/quota-overrides.js';
+import { applyLeaseEntries } from './lease/quota-overrides.js';
 import type { ClampedEntry, QuotaOverrides } from './lease/quota-overrides.js';
 import type { LeaseMetrics } from './observe/lease-metrics.js';
 import { readStats } from './observe/stats.js';
@@ -63,8 +63,7 @@ export function startAgentLease(
     monotonicMs: monotonicMsOf(clock, deps.startNs),
     deadline: deadlineWriter(deps.deadline, deps.startNs),
     onOverrides: async (entries): Promise<ClampedEntry[]> => {
-      const clamped = overrides.apply(entries);
-      reconfigureBuckets(table, overrides, entries, clock());
+      const clamped = applyLeaseEntries(table, overrides, entries, clock());
       await workers.postOverrides(entries);
       return clamped;
     },

@@ -89,9 +89,9 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   const log = componentLogger(logger, 'agent');
   // The lease credentials first: a certificate for another cell fails the start.
   const leaseCreds = config.coordinators.length > 0 ? loadLeaseCredentials(config) : null;
-  const inputs = await loadInputs(config, log);
-  const inForce = { rules: inputs.ruleSet, snapshot: inputs.snapshot };
   const memory = createSharedMemory(config);
+  const inputs = await loadInputs(config, log, memory.deadline);
+  const inForce = { rules: inputs.ruleSet, snapshot: inputs.snapshot };
   const settings = decisionSettings(config);
   const main = mainThreadCheck(config, logger, inputs, memory, settings);
   const workers: RlsWorkers = new RlsWorkers({
@@ -220,7 +220,7 @@ interface AgentInputs {
   readonly overrides: QuotaOverrides;
 }
 
-async function loadInputs(config: AgentConfig, log: Logger): Promise<AgentInputs> {
+async function loadInputs(config: AgentConfig, log: Logger, deadline: LeaseDeadline): Promise<AgentInputs> {
   const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules, { mergeDomains: config.mergeDomains });
   const routes: Routes = config.routes === undefined ? DEFAULT_ROUTES : await loadRoutes(config.routes);
   // With coordinators every quota comes from them (CoordinatedQuotas over the lease client's
@@ -229,7 +229,8 @@ async function loadInputs(config: AgentConfig, log: Logger): Promise<AgentInputs
   const quotaFile: QuotaFile =
     config.tenants === undefined ? { tiers: {}, tenants: {} } : await loadQuotaFile(config.tenants);
   const quotaOptions = { staticShare: config.staticShare, unknownTenant: config.unknownTenant };
-  const overrides = new QuotaOverrides();
+  // A leased grant's floor takes over at the lease's end (quota-overrides.ts).
+  const overrides = new QuotaOverrides(deadline);
   const quotas: StaticQuotas = coordinated
     ? new CoordinatedQuotas(overrides)
     : new StaticQuotas(quotaFile, quotaOptions);

@@ -43,11 +43,12 @@ async function main(): Promise<void> {
     const velocity = VelocityTable.attach(init.velocity);
     velocity.onNewKey = (slot, gen, key) => send({ kind: 'vkey', slot, gen, key });
     const throttle = new ThrottleCounts();
-    const overrides = new QuotaOverrides();
+    const deadline = LeaseDeadline.attach(init.deadline);
+    const overrides = new QuotaOverrides(deadline);
     overrides.apply(init.overrides);
     const quotas = init.coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const decider = new Decider(
-      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides, deadline: LeaseDeadline.attach(init.deadline) },
+      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides, deadline },
       init.decider,
     );
     const rules = compileSnapshot(init.rules);

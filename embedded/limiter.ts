@@ -19,7 +19,7 @@ import type { QuotaFile } from '../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { LeaseClient } from '../cell-agent/lease/lease-client.js';
 import type { LeaseState } from '../cell-agent/lease/lease-client.js';
-import { QuotaOverrides, reconfigureBuckets } from '../cell-agent/lease/quota-overrides.js';
+import { QuotaOverrides, applyLeaseEntries } from '../cell-agent/lease/quota-overrides.js';
 import { loadLeaseCredentials } from '../cell-agent/lease/lease-credentials.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
@@ -134,14 +134,14 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   // client's entries); alone, from the tenants option at the static share (the options refuse both).
   const coordinated = o.coordinators.length > 0;
   const creds = coordinated ? loadLeaseCredentials({ cell: o.cell as string, tlsCa: o.tlsCa, tlsCert: o.tlsCert, tlsKey: o.tlsKey, tlsServerName: o.tlsServerName, leaseTokenFile: o.leaseTokenFile }) : null;
-  const overrides = coordinated ? new QuotaOverrides() : null;
+  const deadline = coordinated ? LeaseDeadline.create() : null;
+  const overrides = coordinated ? new QuotaOverrides(deadline) : null;
   const quotaFile: QuotaFile = o.tenants === undefined ? { tiers: {}, tenants: {} } : typeof o.tenants === 'string' ? await loadQuotaFile(o.tenants) : parseQuotaFile(o.tenants, 'tenants');
   const quotas: StaticQuotas = overrides !== null ? new CoordinatedQuotas(overrides) : new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
 
   const startNs = process.hrtime.bigint();
   const clock = (): bigint => process.hrtime.bigint();
   const table = new BucketTable({ capacity: o.tableCapacity, startNs });
-  const deadline = coordinated ? LeaseDeadline.create() : null;
   let velocityKeys: VelocityKeys | null = null;
   let velocityTable: VelocityTable | null = null;
   if (coordinated) {
@@ -185,9 +185,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       ...(deadline === null ? {} : { monotonicMs: monotonicMsOf(clock, startNs), deadline: deadlineWriter(deadline, startNs) }),
       // One thread: the Decider reads the same QuotaOverrides, so a grant is in force once applied.
       onOverrides: (entries) => {
-        const clamped = overrides.apply(entries);
-        reconfigureBuckets(table, overrides, entries, clock());
-        return clamped;
+        return applyLeaseEntries(table, overrides, entries, clock());
       },
       onStateChange: (state) => {
         counters.leaseState = state;

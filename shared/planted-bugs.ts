@@ -19,6 +19,8 @@ export const PLANTED_BUGS = [
   'release-by-wall-clock',
   /** The lease leader counts every grant it sent as acknowledged (a shrink frees capacity before it is applied). */
   'forged-ack',
+  /** A lease's floor takes over when a bucket next meets it, not at the lease's end: the time since refills at the grant's rate. */
+  'floor-as-of-now',
 ] as const;
 
 export type PlantedBug = (typeof PLANTED_BUGS)[number];
@@ -30,6 +32,7 @@ export const planted: Record<PlantedBug, boolean> = {
   'deadline-off-hot-path': false,
   'release-by-wall-clock': false,
   'forged-ack': false,
+  'floor-as-of-now': false,
 };
 
 /** The simulation only: plant `bug` (null: none), removing any other. */

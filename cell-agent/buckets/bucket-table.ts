@@ -58,6 +58,13 @@
 // shutdown, with the table discarded, is fine): a slot it held LOCKED, or an insert stripe, would
 // stay held.
 //
+// Succession: a limit may name the limit it replaced and the instant it did (gcra.ts's
+// LimitSuccession: a lease's floor replaces the grant at the lease's end). A bucket still kept under
+// the replaced limit when it meets the new one is re-configured as of that instant (gcraReconfigure
+// at it), not as of the take that happens to meet it first: nobody may have touched the key since
+// the lease ended, and that time must refill at the floor's rate. Taking a past instant is safe for
+// a floor (never above its grant in rate or burst): it only ever leaves fewer tokens than "now".
+//
 // Start: a bucket with no state yet starts FULL for a 'full' limit (local rules; see evictFloor
 // above) and EMPTY AT ITS CREATION for an 'empty' limit (global quota slices): a new key, a key
 // whose grant just moved in from another cell, a key re-created after eviction and every key after
@@ -68,7 +75,7 @@
 // startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns
 // ≈ 4.5 years] (a TAT is at most now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
 
-import { gcraInitialTat, gcraReconfigure, gcraStepInto, MAX_WINDOW_NS, NEVER_NS, newGcraScratch, type GcraDecisionScratch, type GcraLimit } from './gcra.js';
+import { gcraInitialTat, gcraReconfigure, gcraStepInto, MAX_WINDOW_NS, NEVER_NS, newGcraScratch, type GcraDecisionScratch, type GcraLimit, type GcraParams } from './gcra.js';
 import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
 
 export type { KeyHasher } from './key-hash.js';
@@ -294,6 +301,17 @@ export class BucketTable {
     return this.find(h0, out[1] ?? 0, out[2] ?? 0) >= 0;
   }
 
+  /** Whether the key has a bucket kept under `params` (its T and D) now (off the hot path: assertions). */
+  keptUnder(key: string, params: GcraParams): boolean {
+    const out = this.hashOut;
+    this.hasher(key, this.seed, out);
+    let h0 = out[0] ?? 0;
+    if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
+    const s = this.find(h0, out[1] ?? 0, out[2] ?? 0);
+    if (s < 0) return false;
+    return Atomics.load(this.rec64, 4 * s + R_INTERVAL) === params.intervalNs && Atomics.load(this.rec64, 4 * s + R_WINDOW) === params.windowNs;
+  }
+
   /** Live keys. */
   size(): number {
     return Atomics.load(this.h32, H_SIZE);
@@ -495,11 +513,29 @@ export class BucketTable {
     // Computed before locking, so nothing can throw while the slot is LOCKED. T and D were read
     // after w; they only change under LOCKED, so if they are stale the CAS below fails.
     const from = { intervalNs: T, windowNs: D, burst: T === 0n ? 0n : D / T };
-    const next = gcraReconfigure(w & TAT_MASK, nowRel, from, limit) | nextGen(w);
+    const next = gcraReconfigure(w & TAT_MASK, this.reconfigureAt(T, D, limit, nowRel), from, limit) | nextGen(w);
     if (Atomics.compareExchange(rec, at + R_STATE, w, LOCKED) !== w) return;
     Atomics.store(rec, at + R_INTERVAL, limit.intervalNs);
     Atomics.store(rec, at + R_WINDOW, limit.windowNs);
     Atomics.store(rec, at + R_STATE, next);
+  }
+
+  /**
+   * The instant a bucket kept under (T, D) takes `limit` on: now, or — for a limit that succeeded
+   * the bucket's own at a known instant (gcra.ts's LimitSuccession: a lease's floor, from the end of
+   * the lease) — that instant, so the time since refills at the new limit's rate, not the old one's.
+   * Only on re-configuration: a decision under the bucket's own limit never gets here.
+   */
+  private reconfigureAt(T: bigint, D: bigint, limit: GcraLimit, nowRel: bigint): bigint {
+    const succession = limit.succeeds;
+    if (succession === undefined || succession.from.intervalNs !== T || succession.from.windowNs !== D) return nowRel;
+    const since = succession.since(nowRel + this.startNs);
+    if (since === null) return nowRel;
+    const rel = since - this.startNs;
+    // Never later than now (an instant in the future would refill nothing yet and wrongly so), never
+    // before the table's origin.
+    if (rel >= nowRel) return nowRel;
+    return rel > 0n ? rel : 0n;
   }
 
   private touch(s: number, nowRel: bigint): void {

@@ -60,6 +60,26 @@ export interface GcraParams {
 
 export interface GcraLimit extends GcraParams {
   readonly start: StartPolicy;
+  /** This limit took over from another one at a known instant (a lease's floor, from the lease's
+   * end): a bucket still kept under `succeeds.from` is re-configured as of that instant, not as of
+   * the take that meets it first (bucket-table.ts). Absent on every other limit. */
+  readonly succeeds?: LimitSuccession;
+}
+
+/**
+ * Where a limit came from, for the bucket that meets it late: `from` is the limit it replaced, and
+ * `since(nowNs)` the instant (the callers' clock, ns; ≤ nowNs) it replaced it at, or null when
+ * unknown (then the re-configuration is as of now). Read only when a bucket is re-configured, never
+ * on a decision that finds its bucket under its own limit.
+ */
+export interface LimitSuccession {
+  readonly from: GcraParams;
+  since(nowNs: bigint): bigint | null;
+}
+
+/** `limit`, to be applied as of `succession.since` to a bucket still under `succession.from`. */
+export function succeeding(limit: GcraLimit, succession: LimitSuccession): GcraLimit {
+  return Object.freeze({ ...limit, succeeds: succession });
 }
 
 /** Retry-after meaning "never": the hits exceed the burst, or the rate is 0. */

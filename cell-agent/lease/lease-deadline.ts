@@ -13,9 +13,14 @@
 // uses the earlier, smaller deadline of the same generation (renewals only extend it): it falls to
 // the floor sooner, never later.
 //
-// Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), then Int32s:
-// the lease generation and the write count. The client starts a new generation whenever it forgets
-// its grants (the lease expired: it takes a new incarnation, and the coordinator may have re-granted what it held); a
+// Layout: BigInt64 [0] the deadline (ns on the deciders' clock; NO_LEASE when none), [1] the
+// deadline the previous generation ended at, then Int32s: the lease generation and the write count.
+//
+// The end of a lease is also when a bucket left under its grant takes the floor on (endedAt(): the
+// floor's LimitSuccession in quota-overrides.ts): a bucket nobody touched since the deadline
+// passed is re-configured as of the deadline, whichever thread meets it first and however late.
+// The client starts a new generation whenever it forgets its grants (the lease expired: it takes a
+// new incarnation, and the coordinator may have re-granted what it held); a
 // grant is tagged with the generation it arrived in, and a grant of an older generation is never in
 // force again, even once a new lease renews the deadline before that thread saw the floors message.
 // Ordering: the writer bumps the generation BEFORE it publishes a deadline of the new generation;
@@ -31,9 +36,10 @@ export interface LeaseDeadlineShared {
 /** No live lease: below any clock reading. */
 const NO_LEASE = -(1n << 62n);
 const D_DEADLINE = 0;
+const D_ENDED = 1;
 const G_GENERATION = 0;
 const G_WRITES = 1;
-const BYTES = 16;
+const BYTES = 24;
 
 export class LeaseDeadline {
   readonly shared: LeaseDeadlineShared;
@@ -45,8 +51,8 @@ export class LeaseDeadline {
 
   private constructor(buffer: SharedArrayBuffer) {
     if (buffer.byteLength !== BYTES) throw new TypeError(`lease deadline: a ${BYTES}-byte SharedArrayBuffer expected, got ${buffer.byteLength}`);
-    this.deadline = new BigInt64Array(buffer, 0, 1);
-    this.generation = new Int32Array(buffer, 8, 2);
+    this.deadline = new BigInt64Array(buffer, 0, 2);
+    this.generation = new Int32Array(buffer, 16, 2);
     this.shared = Object.freeze({ buffer });
   }
 
@@ -54,6 +60,7 @@ export class LeaseDeadline {
   static create(): LeaseDeadline {
     const d = new LeaseDeadline(new SharedArrayBuffer(BYTES));
     Atomics.store(d.deadline, D_DEADLINE, NO_LEASE);
+    Atomics.store(d.deadline, D_ENDED, NO_LEASE);
     return d;
   }
 
@@ -71,6 +78,8 @@ export class LeaseDeadline {
 
   /** Ends the lease and starts a new generation (its grants are floors from now on); returns it. */
   nextGeneration(): number {
+    // The end first, then the deadline's reset: a reader that finds NO_LEASE finds the end too.
+    Atomics.store(this.deadline, D_ENDED, Atomics.load(this.deadline, D_DEADLINE));
     Atomics.store(this.deadline, D_DEADLINE, NO_LEASE);
     Atomics.add(this.generation, G_WRITES, 1);
     const next = (Atomics.load(this.generation, G_GENERATION) + 1) | 0;
@@ -97,6 +106,27 @@ export class LeaseDeadline {
     }
     if (nowNs >= this.cached) return false;
     return Atomics.load(this.generation, G_GENERATION) === generation;
+  }
+
+  /**
+   * When the lease of `generation` ended, if it has by `nowNs` and this is known: the current
+   * generation's deadline once passed, the previous generation's last deadline; null otherwise (not
+   * ended yet, never leased, or an older generation: its floors were applied when it ended).
+   * Off the hot path: called only when a bucket is re-configured from that lease's grant to its floor.
+   */
+  endedAt(generation: number, nowNs: bigint): bigint | null {
+    const current = Atomics.load(this.generation, G_GENERATION);
+    let end: bigint;
+    if (current === generation) {
+      end = Atomics.load(this.deadline, D_DEADLINE);
+      // Reset by nextGeneration() since the generation was read: its end is stored first.
+      if (end === NO_LEASE) end = Atomics.load(this.deadline, D_ENDED);
+    } else if (((current - 1) | 0) === generation) {
+      end = Atomics.load(this.deadline, D_ENDED);
+    } else {
+      return null;
+    }
+    return end !== NO_LEASE && end <= nowNs ? end : null;
   }
 
   /** ns left of the lease at `nowNs` (≤ 0: none). */

@@ -9,7 +9,16 @@
 //
 // Changing a key's limit only changes the GcraLimit passed to take(): the bucket keeps its state,
 // and a smaller burst clamps at once (the bucket module's rule), so a shrink never lets an old,
-// deeper bucket through.
+// deeper bucket through. applyLeaseEntries() re-configures the main thread's existing buckets at
+// once (a limit A → B → C with no check under B must not skip B).
+//
+// A leased grant's floor takes over from the grant at the END OF ITS LEASE, not when someone next
+// looks: the floor's limit names the grant and asks the lease deadline for that instant (gcra.ts's
+// LimitSuccession, LeaseDeadline.endedAt), so the bucket of a key nobody checked since the deadline
+// passed is re-configured as of the deadline — by a worker's first check under the floor, by the
+// expiry's floors, by an answer whose lease was already over, or by the next lease's grant
+// (applyLeaseEntries closes the ended lease first), however late the main thread runs. Left to
+// "now", that time refilled at the grant's rate while the ledger counts the cell at its floor.
 //
 // Applying never throws: a rate and burst whose GCRA window the bucket table cannot hold (burst/rate
 // beyond MAX_GCRA_WINDOW_S; the admin API refuses such quotas, but an older coordinator or a tiny
@@ -19,8 +28,10 @@ import { MAX_GCRA_WINDOW_NS } from '../../shared/gcra-window.js';
 import { planted } from '../../shared/planted-bugs.js';
 import type { BucketTable } from '../buckets/bucket-table.js';
 import { globalBucketKey } from '../decide/decide.js';
-import { limitFromRate } from '../buckets/gcra.js';
+import { limitFromRate, succeeding } from '../buckets/gcra.js';
+import type { GcraParams } from '../buckets/gcra.js';
 import type { OverrideSlice } from '../decide/quotas.js';
+import type { LeaseDeadline } from './lease-deadline.js';
 import { reportedLimit } from '../decide/quotas.js';
 
 /** Largest rate a quota may have (the ledger's MAX_RATE): the limit an admitted unknown tenant runs on. */
@@ -67,6 +78,10 @@ export class QuotaOverrides {
   private readonly map = new Map<string, OverrideSlice>();
   private readonly given = new Map<string, OverrideEntry>();
 
+  /** `deadline`: this thread's view of the lease's end, which a leased grant's floor takes over at
+   * (null: as of the take that meets it; tests of the table alone). */
+  constructor(private readonly deadline: LeaseDeadline | null = null) {}
+
   get size(): number {
     return this.map.size;
   }
@@ -91,10 +106,19 @@ export class QuotaOverrides {
       }
       const epoch = e.epoch ?? null;
       const parent = e.parent ?? null;
-      const floor = e.leased && e.lease !== undefined ? sliceOf(e.key, e.floorRate ?? 0, e.floorBurst ?? 0, false, epoch, parent, null, null, clamped) : null;
-      this.map.set(e.key, sliceOf(e.key, e.rate, e.burst, e.leased, epoch, parent, floor === null ? null : (e.lease ?? null), floor, clamped));
+      const lease = e.leased && e.lease !== undefined ? e.lease : null;
+      const floor = lease !== null ? sliceOf(e.key, e.floorRate ?? 0, e.floorBurst ?? 0, false, epoch, parent, null, null, clamped) : null;
+      const slice = sliceOf(e.key, e.rate, e.burst, e.leased, epoch, parent, lease, floor, clamped);
+      this.map.set(e.key, floor === null || lease === null ? slice : { ...slice, floor: this.floorAtLeaseEnd(floor, slice, lease) });
     }
     return clamped;
+  }
+
+  /** The floor, taking over from the grant at the end of lease `lease` (see the header). */
+  private floorAtLeaseEnd(floor: OverrideSlice, grant: OverrideSlice, lease: number): OverrideSlice {
+    const d = this.deadline;
+    if (d === null || planted['floor-as-of-now']) return floor;
+    return { ...floor, limit: succeeding(floor.limit, { from: grant.limit, since: (nowNs) => d.endedAt(lease, nowNs) }) };
   }
 
   /** Every entry, for a (re)started worker. */
@@ -104,19 +128,40 @@ export class QuotaOverrides {
 }
 
 /**
- * After apply(): re-configures at once the existing bucket of every key whose entry changed, so a
- * smaller limit clamps and refills at its own rate from now on. Left to the next check, a bucket
- * whose limit went A → B → C with no check under B would go from A straight to C: B's clamp skipped
- * and the time under B refilled at A's rate (found by the quota simulation, seed 108). Keys
- * without a bucket get none (a 0-hit check on a present key only re-configures it).
+ * The main thread's apply (agent-main.ts, the embedded limiter): applies `entries` to `overrides`
+ * and re-configures at once the existing bucket of every key whose entry changed, so a smaller limit
+ * clamps and refills at its own rate from now on. Left to the next check, a bucket whose limit went
+ * A → B → C with no check under B would go from A straight to C: B's clamp skipped and the time under
+ * B refilled at A's rate (found by the quota simulation, seed 108). A key whose entry is still a
+ * leased grant whose lease has ended first takes its floor as of the lease's end (the header), so the
+ * next grant starts from what the floor refilled. Keys without a bucket get none (a 0-hit check on a
+ * present key only re-configures it). Returns the entries that had to be clamped (apply()).
  */
-export function reconfigureBuckets(table: BucketTable, overrides: QuotaOverrides, entries: readonly OverrideEntry[], nowNs: bigint): void {
+export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides, entries: readonly OverrideEntry[], nowNs: bigint): ClampedEntry[] {
+  for (const e of entries) {
+    const was = overrides.get(e.key);
+    const succession = was?.floor?.limit.succeeds;
+    if (was === undefined || was.floor === null || succession === undefined || succession.since(nowNs) === null) continue;
+    const key = globalBucketKey(e.key);
+    // Twice at most: a worker whose clock reading predates the lease's end may have put the bucket
+    // back under the grant between the two (it decided, rightly, on the grant then).
+    for (let attempt = 0; attempt < 2 && table.keptUnder(key, was.limit); attempt++) table.take(key, was.floor.limit, 0, nowNs);
+    if (table.keptUnder(key, was.limit) && !sameLimit(was.limit, was.floor.limit)) {
+      throw new Error(`assertion: the bucket of ${e.key} is still kept under the grant of a lease that ended`);
+    }
+  }
+  const clamped = overrides.apply(entries);
   for (const e of entries) {
     const o = overrides.get(e.key);
     if (o === undefined) continue;
     const key = globalBucketKey(e.key);
     if (table.has(key)) table.take(key, o.limit, 0, nowNs);
   }
+  return clamped;
+}
+
+function sameLimit(a: GcraParams, b: GcraParams): boolean {
+  return a.intervalNs === b.intervalNs && a.windowNs === b.windowNs;
 }
 
 /** One key's slice, its burst clamped to what the bucket table holds (recorded in `clamped`). */

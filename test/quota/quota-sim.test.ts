@@ -44,6 +44,7 @@ const WITHIN: Record<PlantedBug, number> = {
   'deadline-off-hot-path': 30, // 12
   'release-by-wall-clock': 40, // 18
   'forged-ack': 80, // 40
+  'floor-as-of-now': 200, // measured below
 };
 
 for (const bug of PLANTED_BUGS) {

@@ -45,7 +45,7 @@ import { DEFAULT_REQUEST_BOUNDS } from '../../cell-agent/decide/request-check.js
 import { LeaseClient, leaseCallError } from '../../cell-agent/lease/lease-client.js';
 import type { LeaseCallResult, LeaseTimers, LeaseTransport } from '../../cell-agent/lease/lease-client.js';
 import { LeaseDeadline, deadlineWriter } from '../../cell-agent/lease/lease-deadline.js';
-import { QuotaOverrides, reconfigureBuckets } from '../../cell-agent/lease/quota-overrides.js';
+import { QuotaOverrides, applyLeaseEntries } from '../../cell-agent/lease/quota-overrides.js';
 import type { OverrideEntry } from '../../cell-agent/lease/quota-overrides.js';
 import { compileRules } from '../../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../../cell-agent/rules/rules-compile.js';
@@ -828,7 +828,7 @@ class Agent {
     const overridesOf: QuotaOverrides[] = [];
     const firstSeen = new Map<string, number>();
     const deciders = [main, ...workers].map((thread) => {
-      const overrides = new QuotaOverrides();
+      const overrides = new QuotaOverrides(LeaseDeadline.attach(deadline.shared));
       overridesOf.push(overrides);
       const d = new Decider(
         { table, quotas: new CoordinatedQuotas(overrides, fallback), clock: () => this.nowNs(), velocity: tap(thread), overrides, deadline: LeaseDeadline.attach(deadline.shared) },
@@ -853,8 +853,7 @@ class Agent {
       }
     };
     const onOverrides = (entries: OverrideEntry[]): Promise<void> => {
-      (overridesOf[0] as QuotaOverrides).apply(entries);
-      reconfigureBuckets(table, overridesOf[0] as QuotaOverrides, entries, this.nowNs());
+      applyLeaseEntries(table, overridesOf[0] as QuotaOverrides, entries, this.nowNs());
       const s = ++seq;
       workers.forEach((w, i) => {
         // A busy worker may read its sockets before its message port: the entries reach it late.
