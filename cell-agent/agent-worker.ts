@@ -11,7 +11,7 @@ import { Decider } from './decide/decide.js';
 import { warmUp } from './rls/warm-up.js';
 import { warmUpTransport } from './rls/warm-up-transport.js';
 import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
-import { QuotaOverrides } from './lease/quota-overrides.js';
+import { QuotaOverrides, applyLeaseEntries } from './lease/quota-overrides.js';
 import { LeaseDeadline } from './lease/lease-deadline.js';
 import { LagGuard } from './observe/lag-guard.js';
 import { StatsWriter } from './observe/stats.js';
@@ -88,7 +88,12 @@ async function main(): Promise<void> {
           }
           return;
         case 'overrides':
-          overrides.apply(m.entries);
+          // As the main thread applies them: existing buckets re-configured at once (quota-overrides.ts).
+          try {
+            applyLeaseEntries(table, overrides, m.entries, process.hrtime.bigint());
+          } catch (error) {
+            logger.error({ err: error }, 'applying the lease entries');
+          }
           send({ kind: 'overrides-applied', seq: m.seq });
           return;
         case 'block': {

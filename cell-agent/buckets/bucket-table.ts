@@ -62,8 +62,10 @@
 // LimitSuccession: a lease's floor replaces the grant at the lease's end). A bucket still kept under
 // the replaced limit when it meets the new one is re-configured as of that instant (gcraReconfigure
 // at it), not as of the take that happens to meet it first: nobody may have touched the key since
-// the lease ended, and that time must refill at the floor's rate. Taking a past instant is safe for
-// a floor (never above its grant in rate or burst): it only ever leaves fewer tokens than "now".
+// the lease ended, and that time must refill at the floor's rate. The result never holds more tokens
+// than re-configuring as of now would (the later of the two TATs), so a past instant can only take
+// tokens away: should the bucket have been taken from after that instant (under a later grant with
+// the same numbers), the debt of those takes is kept.
 //
 // Start: a bucket with no state yet starts FULL for a 'full' limit (local rules; see evictFloor
 // above) and EMPTY AT ITS CREATION for an 'empty' limit (global quota slices): a new key, a key
@@ -513,7 +515,14 @@ export class BucketTable {
     // Computed before locking, so nothing can throw while the slot is LOCKED. T and D were read
     // after w; they only change under LOCKED, so if they are stale the CAS below fails.
     const from = { intervalNs: T, windowNs: D, burst: T === 0n ? 0n : D / T };
-    const next = gcraReconfigure(w & TAT_MASK, this.reconfigureAt(T, D, limit, nowRel), from, limit) | nextGen(w);
+    const tat = w & TAT_MASK;
+    const asOfNow = gcraReconfigure(tat, nowRel, from, limit);
+    const since = this.reconfigureAt(T, D, limit, nowRel);
+    // As of a past instant, but never more tokens than as of now (the larger TAT): should the bucket
+    // have been taken from under `from` after that instant (another grant with the same numbers),
+    // going back would forget that debt.
+    const asOfThen = since < nowRel ? gcraReconfigure(tat, since, from, limit) : asOfNow;
+    const next = (asOfThen > asOfNow ? asOfThen : asOfNow) | nextGen(w);
     if (Atomics.compareExchange(rec, at + R_STATE, w, LOCKED) !== w) return;
     Atomics.store(rec, at + R_INTERVAL, limit.intervalNs);
     Atomics.store(rec, at + R_WINDOW, limit.windowNs);

@@ -135,9 +135,12 @@ export class QuotaOverrides {
  * B refilled at A's rate (found by the quota simulation, seed 108). A key whose entry is still a
  * leased grant whose lease has ended first takes its floor as of the lease's end (the header), so the
  * next grant starts from what the floor refilled. Keys without a bucket get none (a 0-hit check on a
- * present key only re-configures it). Returns the entries that had to be clamped (apply()).
+ * present key only re-configures it). Returns the entries that had to be clamped (apply()). Every
+ * thread applies through here (the workers too: a worker that decided on an older entry meanwhile
+ * may have put a bucket back under it, and must not leave it there until its next check).
  */
 export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides, entries: readonly OverrideEntry[], nowNs: bigint): ClampedEntry[] {
+  let stuck: string | null = null;
   for (const e of entries) {
     const was = overrides.get(e.key);
     const succession = was?.floor?.limit.succeeds;
@@ -146,9 +149,7 @@ export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides,
     // Twice at most: a worker whose clock reading predates the lease's end may have put the bucket
     // back under the grant between the two (it decided, rightly, on the grant then).
     for (let attempt = 0; attempt < 2 && table.keptUnder(key, was.limit); attempt++) table.take(key, was.floor.limit, 0, nowNs);
-    if (table.keptUnder(key, was.limit) && !sameLimit(was.limit, was.floor.limit)) {
-      throw new Error(`assertion: the bucket of ${e.key} is still kept under the grant of a lease that ended`);
-    }
+    if (table.keptUnder(key, was.limit) && !sameLimit(was.limit, was.floor.limit)) stuck ??= e.key;
   }
   const clamped = overrides.apply(entries);
   for (const e of entries) {
@@ -157,6 +158,8 @@ export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides,
     const key = globalBucketKey(e.key);
     if (table.has(key)) table.take(key, o.limit, 0, nowNs);
   }
+  // Applied all the same (the entries are in force); the caller treats it as a failed apply.
+  if (stuck !== null) throw new Error(`assertion: the bucket of ${stuck} was still kept under the grant of a lease that ended`);
   return clamped;
 }
 

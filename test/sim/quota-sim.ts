@@ -73,9 +73,11 @@ export interface QuotaSimOptions {
 
 export interface QuotaViolation {
   /** bound: a 1 s window over rate·W + burst; cell-bound: one cell's window over what the ledger
-   * counted it at (rate·W + burst, the largest over the window); consumed: an admitted request not counted under its
-   * tenant's quota; ledger: the ledger's own invariants. */
-  readonly kind: 'bound' | 'cell-bound' | 'consumed' | 'ledger';
+   * counted it at (rate·W + burst, the largest over the window); cell-tokens: one cell admitted
+   * more than a bucket refilled at the ledger's counted rate and capped at its counted burst could
+   * hold (the tokens the ledger counts the cell as possibly holding); consumed: an admitted request
+   * not counted under its tenant's quota; ledger: the ledger's own invariants. */
+  readonly kind: 'bound' | 'cell-bound' | 'cell-tokens' | 'consumed' | 'ledger';
   readonly atMs: number;
   readonly message: string;
   readonly evidence: Record<string, unknown>;
@@ -129,6 +131,8 @@ const PORT_AFTER_SOCKETS_MS = 1;
 const TIERS = { gold: { rate: 200, burst: 100, floorFraction: 0.15 }, silver: { rate: 120, burst: 40, floorFraction: 0.3 } } as const;
 const GOLD_CAP = { rate: 300, burst: 90, floorFraction: 0.3 };
 const WEB_CAP = { rate: 250, burst: 75, floorFraction: 0.3 };
+/** A tenant quota with a 20 s window (some runs). */
+const LONG_WINDOW = { rate: 30, burst: 600 };
 const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [{ id: 'acme', tier: 'gold' }, { id: 'globex', tier: 'gold' }, { id: 'initech', tier: 'silver' }];
 
 const RULES: RuleSet = compileRules([
@@ -185,6 +189,13 @@ interface Definition {
   readonly burst: number;
 }
 
+interface Tokens {
+  level: number;
+  atMs: number;
+  rate: number;
+  burst: number;
+}
+
 interface Window {
   readonly times: number[];
   readonly hits: number[];
@@ -212,6 +223,8 @@ class Simulation {
   lastCommitAt = 0;
   readonly inflight: { term: number; cmd: LedgerCommandInput; done: (r: LedgerResult | Error) => void }[] = [];
   readonly replicas: Replica[] = [];
+  /** Every LeaseService of the run, restarted replicas' earlier ones included (their rounds count). */
+  readonly services: LeaseService[] = [];
   readonly agents: Agent[] = [];
 
   // network
@@ -231,6 +244,8 @@ class Simulation {
   /** Per `cell key`: what the ledger counted the cell at, from when. */
   readonly counted = new Map<string, Definition[]>();
   readonly cellWindows = new Map<string, Window>();
+  /** Per `cell key`: the tokens the ledger counts the cell as possibly holding (see checkTokens). */
+  readonly counters = new Map<string, Tokens>();
   agentRateError = 0;
   staticFile: QuotaFile = { tiers: {}, tenants: {} };
 
@@ -275,6 +290,11 @@ class Simulation {
   }
 
   readonly seed: number;
+
+  track(service: LeaseService): LeaseService {
+    this.services.push(service);
+    return service;
+  }
 
   at(t: number, fn: () => void, async = true): void {
     this.q.schedule(t, () => {
@@ -325,7 +345,10 @@ class Simulation {
         const last = list[list.length - 1];
         const rate = sl?.countedRate ?? 0;
         const burst = sl?.countedBurst ?? 0;
-        if (last === undefined || last.rate !== rate || last.burst !== burst) list.push({ fromMs: this.q.now, rate, burst });
+        if (last === undefined || last.rate !== rate || last.burst !== burst) {
+          list.push({ fromMs: this.q.now, rate, burst });
+          this.countedChanged(k, rate, burst);
+        }
         if (list.length > 256) list.shift();
         this.counted.set(k, list);
       }
@@ -423,6 +446,7 @@ class Simulation {
       this.perCell.set(k, xs);
     }
     const now = this.q.now;
+    this.checkTokens(cell, key, hits);
     this.checkCell(cell, key, hits, since);
     const w = slide(this.windows, key, now, hits);
     let rate = 0;
@@ -450,6 +474,52 @@ class Simulation {
           definitions: defs,
           cells: this.agents.map((a) => ({ cell: a.cell, up: a.process !== null, lease: a.process?.client.status().state ?? null, slice: this.ledger.getSlice(key, a.cell) ?? null })),
         },
+      });
+    }
+  }
+
+  /** The ledger now counts `k` (cell and key) at rate and burst: its tokens so far under the old count, then capped. */
+  countedChanged(k: string, rate: number, burst: number): void {
+    const t = this.counters.get(k);
+    if (t === undefined) {
+      this.counters.set(k, { level: 0, atMs: this.q.now, rate, burst });
+      return;
+    }
+    this.refill(t);
+    t.rate = rate;
+    t.burst = burst;
+    t.level = Math.min(t.level, burst);
+  }
+
+  refill(t: Tokens): void {
+    const now = this.q.now;
+    t.level = Math.min(t.burst, t.level + ((t.rate * (now - t.atMs)) / 1000) * (1 + this.agentRateError));
+    t.atMs = now;
+  }
+
+  /**
+   * The cell's admissions against the tokens the ledger counts it as possibly holding: a bucket
+   * that starts empty, refills at the counted rate (times 1 + ρ for the agent's clock) and is capped
+   * at the counted burst the moment the ledger lowers it — what the global bound adds up over the
+   * cells. Stricter than the window check: a cell whose bucket refilled at a rate the ledger no
+   * longer counted (a grant's, past its lease and the margin) and then spends it is caught here even
+   * when the window still allows the counted burst. One token of slack for the buckets' rounding.
+   */
+  checkTokens(cell: string, key: string, hits: number): void {
+    const k = `${cell} ${key}`;
+    const t = this.counters.get(k);
+    if (t === undefined) throw new Stop({ kind: 'cell-tokens', atMs: this.q.now, message: `${cell} admitted ${hits} under ${key} before the ledger counted it at anything`, evidence: { cell, key, admitted: hits, bound: 0 } });
+    this.refill(t);
+    const before = t.level;
+    t.level -= hits;
+    if (t.level < -1 - 1e-6) {
+      const list = this.counted.get(k) ?? [];
+      const p = this.agents.find((a) => a.cell === cell)?.process;
+      throw new Stop({
+        kind: 'cell-tokens',
+        atMs: this.q.now,
+        message: `${cell} admitted ${hits} under ${key} holding ${before.toFixed(2)} of the tokens the ledger counted it at (refilled at the counted rate, capped at the counted burst)`,
+        evidence: { cell, key, admitted: hits, bound: before + 1, counted: list.filter((d) => d.fromMs >= this.q.now - 3 * LEASE_TTL_MS), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
       });
     }
   }
@@ -516,6 +586,8 @@ class Simulation {
       for (const a of this.agents) a.process?.client.stop();
     }
     for (const a of this.agents) this.stats.evictions += a.evictions + (a.process?.table.evictions ?? 0);
+    // The lease rounds the leaders ran (a round on a follower, or refused for lack of a read barrier, is not one).
+    for (const service of this.services) this.stats.rounds += service.stats.rounds;
     return violation === undefined
       ? { ok: true, seed: this.seed, stats: this.stats, faults: this.faults }
       : { ok: false, seed: this.seed, violation, stats: this.stats, faults: this.faults };
@@ -544,6 +616,14 @@ class Simulation {
       this.faults.push('domain web capped');
     }
     for (const t of TENANTS) this.commit({ type: 'putTenant', id: t.id, tier: t.tier });
+    // A quota whose window (burst/rate, 20 s) is far longer than the skew margin: a cell's floor
+    // then holds more than its grant refills over the margin, so a floor that took over late (the
+    // time past the lease's end refilled at the grant's rate) shows in the cell's tokens.
+    const longWindow = f.chance(0.5);
+    if (longWindow) {
+      this.commit({ type: 'putTenant', id: 'initech', tier: 'silver', rate: LONG_WINDOW.rate, burst: LONG_WINDOW.burst });
+      this.faults.push(`initech has its own ${LONG_WINDOW.rate}/s, burst ${LONG_WINDOW.burst} quota`);
+    }
     // What an agent running the pre-coordinator static share would use (the planted 'uncounted-static-share' only): the same definitions, its own file.
     const gold = this.ledger.getQuota('tier/gold');
     const web = this.ledger.getQuota('domain/web');
@@ -597,6 +677,20 @@ class Simulation {
         a.planStall('process', during(ms), ms);
       }
       if (f.chance(0.15)) a.planRestart(f.range(1_500, this.duration - 500), f.range(50, 2_000));
+    }
+    // Nothing touches a cell's buckets across its lease's end (a long-window quota shows what the
+    // floor then refills, see LONG_WINDOW).
+    // The cell is the one holding most of that quota when it happens.
+    if (longWindow && f.chance(0.8)) {
+      const quietMs = f.range(3_000, 4_500);
+      const attempt = (): void => {
+        const rateOf = (a: Agent): number => this.ledger.getSlice('tenant/initech', a.cell)?.rate ?? 0;
+        const top = this.agents.reduce((x, y) => (rateOf(y) > rateOf(x) ? y : x));
+        // Once some cell holds well above its floor (and while there is time left for the quiet).
+        if (rateOf(top) >= 2 * LONG_WINDOW.rate * TIERS.silver.floorFraction / CELLS && top.process?.client.status().state === 'leased') top.planQuietLeaseEnd(this.q.now, quietMs);
+        else if (this.q.now < this.duration - quietMs - 3_000) this.at(this.q.now + 250, attempt, false);
+      };
+      this.at(f.range(800, 2_000), attempt, false);
     }
     if (f.chance(0.25)) {
       const cell = (this.agents[f.int(CELLS)] as Agent).cell;
@@ -734,7 +828,7 @@ class Replica {
       ledger: () => sim.ledger,
       propose: (cmd) => sim.propose(this, cmd),
     };
-    this.service = new LeaseService({
+    this.service = this.sim.track(new LeaseService({
       backend,
       logger: SILENT,
       leaseTtlMs: LEASE_TTL_MS,
@@ -742,7 +836,7 @@ class Replica {
       expireEveryMs: EXPIRE_EVERY_MS,
       monoMs: () => this.monoMs(),
       wallMs: () => WALL_BASE_MS + this.wallOffsetMs + sim.q.now * (1 + this.rateError),
-    });
+    }));
     // Its timers, on its own clock.
     const service = this.service;
     const every = (ms: number, fn: () => void): void => {
@@ -862,7 +956,7 @@ class Agent {
         const at = Math.max(portAt[i] as number, sim.q.now + lag);
         portAt[i] = at;
         sim.on(w, at, () => {
-          (overridesOf[i + 1] as QuotaOverrides).apply(entries);
+          applyLeaseEntries(table, overridesOf[i + 1] as QuotaOverrides, entries, this.nowNs());
           sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
             confirmed[i] = Math.max(confirmed[i] as number, s);
             settle();
@@ -917,6 +1011,31 @@ class Agent {
   }
 
   private readonly consumed: { key: string; hits: number; thread: string }[] = [];
+  /** No request reaches the cell before this (its clients went elsewhere). */
+  quietUntil = 0;
+
+  /**
+   * The main thread stalls at `at` (no report, no timer) and the cell's clients go quiet from the
+   * moment its lease ends until `quietMs` after: nothing touches its buckets across the lease's end,
+   * then the workers decide again on the floors while the main thread is still stalled.
+   */
+  planQuietLeaseEnd(at: number, quietMs: number): void {
+    const sim = this.sim;
+    sim.at(at, () => {
+      const p = this.process;
+      if (p === null) return;
+      const st = p.client.status();
+      if (st.state !== 'leased') return;
+      const endsAt = sim.q.now + st.leaseRemainingMs / (1 + this.rateError);
+      const stall = endsAt - sim.q.now + quietMs + 500;
+      sim.faults.push(`${Math.round(at)} ms: ${this.cell} main thread stalled for ${Math.round(stall)} ms, its clients quiet for ${Math.round(quietMs)} ms from its lease's end`);
+      sim.stats.mainStalls++;
+      p.main.stalledUntil = Math.max(p.main.stalledUntil, sim.q.now + stall);
+      sim.at(endsAt, () => {
+        this.quietUntil = Math.max(this.quietUntil, sim.q.now + quietMs);
+      }, false);
+    }, false);
+  }
 
   planStall(what: 'main' | 'worker' | 'process', at: number, ms: number): void {
     const sim = this.sim;
@@ -971,7 +1090,7 @@ class Agent {
     const sim = this.sim;
     const mine = TENANTS.map((_, t) => (sim.demand[t] as number) * ((sim.shares[t] as number[])[this.index] as number));
     const total = mine.reduce((x, y) => x + y, 0);
-    if (request && total > 0 && this.process !== null) this.request(mine, total);
+    if (request && total > 0 && this.process !== null && sim.q.now >= this.quietUntil) this.request(mine, total);
     const gap = total > 0 ? (-Math.log(1 - sim.load.float()) * 1000) / total : Infinity;
     if (gap <= 50) sim.at(sim.q.now + gap, () => this.arrive(true), false);
     else sim.at(sim.q.now + 50, () => this.arrive(false), false);
