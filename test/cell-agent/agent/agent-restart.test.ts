@@ -4,9 +4,12 @@
 // reconnecting while the agent is away); it is killed with SIGKILL and started again on the same
 // socket. Over its first seconds back, no answer is given fail-open and none is refused by the
 // overload path: the warm-up ran before the socket existed, so every check was decided. (Before the
-// warm-up, the same load on a fresh agent gave 7 to 70 fail-open answers in its first 5 s.) On a
-// machine busy with other work, stalls of every process can overload any agent at any time: the
-// judged window may then show no more fail-open answers than the same agent's steady state did.
+// warm-up, the same load on a fresh agent gave 7 to 70 fail-open answers in its first 5 s.) A busy
+// machine (this file beside the rest of the suite on a 2-core CI box) deschedules the agent's threads
+// for tens or hundreds of ms now and then: a thread behind its timer with only the few checks that
+// queued meanwhile decides them (observe/lag-guard.ts: overloaded needs a backlog too), so such stalls
+// give no fail-open answer either. Stalls of the load process itself (it pauses, then sends a burst)
+// are left out of the judged window: they are not steady load.
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -68,20 +71,11 @@ function steadyBins(bins: readonly RecordedBin[]): RecordedBin[] {
 }
 const metric = (text: string, re: RegExp): number => Number(re.exec(text)?.[1] ?? 'NaN');
 
-void test('a restarted agent under steady load gives no fail-open answer (and no overload refusal) in its first seconds', { timeout: 180_000 }, async () => {
+void test('a restarted agent under steady load gives no fail-open answer in its first seconds', { timeout: 180_000 }, async () => {
   const first = await startAgentProcess();
   load = await ChaosLoad.start({ sockets: [socket], rates: [RATE], tenant: 'steady', domain: 'api', binMs: 100, clock: now });
   const running = load;
-  const firstAnswer = await eventually(() => running.bins.find((b) => b.cells.some((c) => c.admitted > 0)), 30_000, 50);
-  // The baseline, measured the same way in the same run: the first agent's steady state, a window as
-  // long as the one judged below, after its own first seconds. A machine busy with other work (the
-  // test suite runs files in parallel) stalls every process now and then, and a stall longer than the
-  // lag threshold is a real overload wherever it falls; what the start must not add is more than that.
-  const baseFrom = firstAnswer.t + FIRST_MS;
-  await eventually(() => (running.bins.some((b) => b.t >= baseFrom + FIRST_MS + 200) ? true : undefined), 30_000, 50);
-  const baseline = steadyBins(running.bins.filter((b) => b.t > baseFrom && b.t <= baseFrom + FIRST_MS));
-  const baselineFailOpen = sum(baseline, (c) => c.failOpen);
-
+  await eventually(() => running.bins.find((b) => b.cells.some((c) => c.admitted > 0)), 30_000, 50);
   first.child.kill('SIGKILL');
   const killedAt = now();
   await eventually(() => (sum(running.bins.filter((b) => b.t > killedAt), (c) => c.errors) > 0 ? true : undefined), 30_000, 50);
@@ -99,7 +93,7 @@ void test('a restarted agent under steady load gives no fail-open answer (and no
   const failOpen = sum(window, (c) => c.failOpen);
   const admitted = sum(window, (c) => c.admitted);
   assert.ok(answered >= RATE * (FIRST_MS / 1000) * 0.5, `the restarted agent answered the steady load: ${answered} answers in its first ${FIRST_MS} ms`);
-  assert.ok(failOpen === 0 || failOpen <= baselineFailOpen, `no fail-open answer in the first ${FIRST_MS} ms back (${answered} answers): ${failOpen}, beyond the ${baselineFailOpen} this machine's own stalls gave in the same agent's steady state`);
+  assert.equal(failOpen, 0, `no fail-open answer in the first ${FIRST_MS} ms back (${answered} answers)`);
   // Decided against the rule: its bucket starts full (a local rule), then 50/s.
   assert.ok(admitted <= LIMIT * (FIRST_MS / 1000 + 0.2) + LIMIT, `admitted ${admitted} within the rule`);
   assert.ok(sum(window, (c) => c.refused) > 0, 'the excess was refused');

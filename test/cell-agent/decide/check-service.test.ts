@@ -45,7 +45,7 @@ void test('overloaded, open policy: answered OK at once without calling the deci
   const stats = createStatsShared(1);
   let called = 0;
   const decider = { options: { bounds: DEFAULT_REQUEST_BOUNDS }, decide: () => { called++; throw new Error('not reached'); } } as unknown as Decider;
-  const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5 });
+  const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 });
   const t0 = performance.now();
   lag.start(t0);
   try {
@@ -81,7 +81,7 @@ function boundedHarness(allowance: number, tenants: unknown = {}) {
   decider.setRules(compileRules([parseRulesYaml(RULES, 'rules.yaml')]));
   const stats = createStatsShared(1);
   const throttle = new ThrottleCounts();
-  const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5 });
+  const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 });
   const service = new CheckService(decider, new StatsWriter(stats, 0), lag, captureLogger().logger, {
     overload: { policy: 'bounded', allowance },
     allowances: overloadAllowances(allowance, table, throttle),

@@ -7,10 +7,10 @@ import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '..
 import { MAX_THROTTLE_LINES, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
 import { captureLogger } from '../agent/agent-helpers.js';
 
-void test('lag guard: overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
+void test('lag guard (backlog 0): overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
   const episodes: number[] = [];
   let started = 0;
-  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
+  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
   assert.equal(g.overloaded(0), false, 'not started: never overloaded');
   g.start(995);
   try {
@@ -34,6 +34,35 @@ void test('lag guard: overloaded from a late tick until the next on-time one (no
     g.stop();
   }
   assert.equal(new LagGuard({ thresholdMs: 0 }).overloaded(), false, 'threshold 0 disables the guard');
+});
+
+void test('lag guard: behind is overloaded only with a backlog — a descheduled thread decides the few checks that queued, a flood\'s turn sheds beyond them', () => {
+  const episodes: number[] = [];
+  let started = 0;
+  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 3 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
+  g.start(995);
+  try {
+    g.tick(1000);
+    g.tick(1040); // 35 ms late: the process was descheduled (a busy machine), three checks queued
+    assert.deepEqual([g.overloaded(1040.1), g.overloaded(1040.2), g.overloaded(1040.3)], [false, false, false], 'decided');
+    g.tick(1045);
+    assert.equal(started, 0, 'no episode: nothing was waved through');
+    assert.deepEqual([g.overloaded(1046), g.overloaded(1046), g.overloaded(1047), g.overloaded(1047)], [false, false, false, false], 'on time: decided whatever the count');
+    g.tick(1050);
+    g.tick(1100); // late again, and this turn brings a flood
+    const turn = Array.from({ length: 6 }, (_, i) => g.overloaded(1100 + i * 0.1));
+    assert.deepEqual(turn, [false, false, false, true, true, true], 'beyond the backlog: the overload path');
+    assert.equal(started, 1);
+    g.tick(1105);
+    assert.deepEqual(episodes, [1105 - (1050 + 5 + 10)], 'from when it fell behind to the on-time tick');
+    // One long turn (no tick for 30 ms) with more checks than the backlog: a stall, overloaded too.
+    const stall = Array.from({ length: 5 }, (_, i) => g.overloaded(1106 + i * 8));
+    assert.deepEqual(stall, [false, false, false, true, true]);
+    assert.equal(started, 2);
+  } finally {
+    g.stop();
+  }
+  assert.throws(() => new LagGuard({ backlog: -1 }), RangeError);
 });
 
 void test('stats: one region per thread, summed at read time', () => {
