@@ -13,6 +13,7 @@ import { readFileSync } from 'node:fs';
 import { compileRules } from './rules/rules-compile.js';
 import type { RuleSet } from './rules/rules-compile.js';
 import { parseRulesYaml } from './rules/rules-schema.js';
+import { CellquotaError } from '../shared/errors.js';
 
 export interface RulesSource {
   readonly file: string;
@@ -27,7 +28,7 @@ export interface RulesSnapshot {
   readonly mergeDomains: boolean;
 }
 
-export class RulesChangedError extends Error {
+export class RulesChangedError extends CellquotaError {
   readonly code = 'RULES_CHANGED_WHILE_READING';
   constructor(message: string) {
     super(message);

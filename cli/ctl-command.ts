@@ -9,6 +9,7 @@ import { runTop } from './ctl-top.js';
 import { DEFAULT_IMPORT_BATCH, DEFAULT_IMPORT_PARALLEL, formatOfFile, importTenants, ImportFileError, type BatchAnswer, type ImportFormat, type ImportSummary } from './ctl-import.js';
 import { MAX_TENANTS_PER_BATCH } from '../coordinator/ledger/ledger-commands.js';
 import { formatAge, formatValue, renderTable, type Column } from './ctl-format.js';
+import { CellquotaError } from '../shared/errors.js';
 
 /** The settings of every `cellquota ctl` command, declared once (shared/cli-config.ts). */
 export const ctlFields = z.object({
@@ -52,12 +53,21 @@ ${settingsHelp(CTL_SETTING_SPECS, { configFile: false })}
                                                  bound, cells, busiest tenants by admitted and refused; q quits
 `;
 
-class CtlError extends Error {
+/** ctl's error codes and the exit status each exits with (README: 1 refused, 2 usage, 3 unreachable, 4 not found). */
+const CTL_EXIT_STATUS = { CTL_REQUEST_FAILED: 1, CTL_USAGE: 2, CTL_UNREACHABLE: 3, CTL_NOT_FOUND: 4 } as const;
+type CtlErrorCode = keyof typeof CTL_EXIT_STATUS;
+type CtlExitStatus = (typeof CTL_EXIT_STATUS)[CtlErrorCode];
+
+class CtlError extends CellquotaError {
+  readonly code: CtlErrorCode;
   constructor(
     message: string,
-    readonly exitCode: number,
+    readonly exitCode: CtlExitStatus,
   ) {
     super(message);
+    const code = (Object.keys(CTL_EXIT_STATUS) as CtlErrorCode[]).find((c) => CTL_EXIT_STATUS[c] === exitCode);
+    if (code === undefined) throw new Error(`CtlError: no code for exit status ${exitCode}`);
+    this.code = code;
   }
 }
 

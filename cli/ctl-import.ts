@@ -8,6 +8,7 @@
 import { createReadStream, statSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { parse as parseCsv, type CsvError } from 'csv-parse';
+import { CellquotaError } from '../shared/errors.js';
 
 export type ImportFormat = 'jsonl' | 'csv';
 
@@ -84,8 +85,8 @@ export function formatOfFile(file: string): ImportFormat | undefined {
 }
 
 /** A file-level problem (unreadable file, bad CSV header): nothing more is sent. */
-export class ImportFileError extends Error {
-  override readonly name = 'ImportFileError';
+export class ImportFileError extends CellquotaError {
+  readonly code = 'IMPORT_FILE_INVALID';
 }
 
 type Record_ = { readonly line: number; readonly tenant: Record<string, unknown>; readonly id: string | null } | { readonly line: number; readonly failure: ImportFailure };

@@ -35,6 +35,7 @@ import { registerLimiterMetrics } from './metrics.js';
 import type { LimiterCounters } from './metrics.js';
 import { parseLimiterOptions } from './options.js';
 import type { LimiterLogger, LimiterOptions } from './options.js';
+import { CellquotaError } from '../shared/errors.js';
 
 /** One descriptor: its entries, in order (`[{ key: 'remote_address', value: '192.0.2.1' }]`). */
 export type Descriptor = readonly RlsEntry[];
@@ -100,7 +101,7 @@ export interface Limiter {
 }
 
 /** A check the limiter will not decide: the descriptors exceed the agent's request bounds. */
-export class LimiterInputError extends Error {
+export class LimiterInputError extends CellquotaError {
   readonly code = 'CELLQUOTA_INPUT_INVALID';
   constructor(message: string) {
     super(message);

@@ -6,6 +6,7 @@ import { z } from 'zod';
 import { agentConfigFields, checkLeaseCredentialSettings, refuseLocalQuotasWithCoordinators } from '../cell-agent/agent-config.js';
 import type { CoordinatorAddress } from '../cell-agent/agent-config.js';
 import type { UnknownTenantPolicy } from '../cell-agent/decide/quotas.js';
+import { CellquotaError } from '../shared/errors.js';
 
 /** A rules document in the agent's format (envoyproxy/ratelimit's YAML, as a plain object). */
 export interface RulesDocument {
@@ -118,7 +119,7 @@ export interface ParsedLimiterOptions {
 }
 
 /** A bad option: the message names each one. Nothing was started. */
-export class LimiterOptionsError extends Error {
+export class LimiterOptionsError extends CellquotaError {
   readonly code = 'CELLQUOTA_OPTIONS_INVALID';
   constructor(message: string) {
     super(message);

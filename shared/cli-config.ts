@@ -9,6 +9,7 @@
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
+import { CellquotaError } from './errors.js';
 
 /** What `setting()` declares besides the schema. */
 export interface SettingMeta<D = unknown> {
@@ -97,7 +98,7 @@ export function settingSpecs(fields: z.ZodObject): readonly SettingSpec[] {
   }));
 }
 
-export class ConfigError extends Error {
+export class ConfigError extends CellquotaError {
   readonly code = 'CONFIG_INVALID';
   readonly exitCode = 2;
   constructor(message: string) {

@@ -21,6 +21,7 @@
 // The parsing is ipaddr.js (the library Fastify's proxy-addr uses); only the header walking is ours.
 import { isIPv4, isIPv6 } from 'node:net';
 import ipaddr from 'ipaddr.js';
+import { CellquotaError } from './errors.js';
 
 type Ip = ipaddr.IPv4 | ipaddr.IPv6;
 type Range = readonly [Ip, number];
@@ -34,7 +35,8 @@ export interface AddressSet {
 }
 
 /** A bad entry in an address list; `entry` is the entry as given. */
-export class AddressListError extends Error {
+export class AddressListError extends CellquotaError {
+  readonly code = 'ADDRESS_LIST_INVALID';
   constructor(
     readonly entry: string,
     reason: string,

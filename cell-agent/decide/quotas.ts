@@ -27,6 +27,7 @@ import { limitFromRate } from '../buckets/gcra.js';
 import type { GcraLimit } from '../buckets/gcra.js';
 import type { RlsRateLimit } from '../messages/rls-messages.js';
 import { planted } from '../../shared/planted-bugs.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 /** Response unit numbers (RateLimitResponse.RateLimit.Unit). */
 const UNIT_SECOND = 1;
@@ -80,7 +81,7 @@ export function formatUnknownTenantPolicy(p: UnknownTenantPolicy): string {
 }
 
 /** An error in the tenants file or in how the policy refers to it. */
-export class QuotaConfigError extends Error {
+export class QuotaConfigError extends CellquotaError {
   readonly code = 'QUOTA_CONFIG_INVALID';
   constructor(message: string) {
     super(message);

@@ -25,6 +25,7 @@ import { readFile } from 'node:fs/promises';
 import { LineCounter, parseDocument } from 'yaml';
 import { z } from 'zod';
 import type { RlsDescriptor, RlsRequest } from '../messages/rls-messages.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 /** The domain when none is given, and of the default route. */
 export const DEFAULT_FRONT_DOOR_DOMAIN = 'edge';
@@ -105,8 +106,8 @@ export type RoutesFile = z.output<typeof routesFileSchema>;
 export type RoutesFileInput = z.input<typeof routesFileSchema>;
 
 /** A routes file that does not parse or validate; the message names the file, line and column. */
-export class RoutesError extends Error {
-  override readonly name = 'RoutesError';
+export class RoutesError extends CellquotaError {
+  readonly code = 'ROUTES_INVALID';
 }
 
 /** Validates a routes object (from YAML, JSON or code). Throws RoutesError; `file` names the source. */

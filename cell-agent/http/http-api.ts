@@ -31,6 +31,7 @@ import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../messages/r
 import { forwardAuthHandler, isForwardAuthUrl } from '../front-door/forward-auth-http.js';
 import type { ForwardAuthDeps } from '../front-door/forward-auth-http.js';
 import { MAX_UINT32 } from '../rules/rules-schema.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 const REQUEST_UNIT_NAMES = ['SECOND', 'MINUTE', 'HOUR', 'DAY', 'MONTH', 'YEAR'] as const;
 const RESPONSE_UNIT_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'SECOND', 2: 'MINUTE', 3: 'HOUR', 4: 'DAY', 5: 'MONTH', 6: 'YEAR', 7: 'WEEK' };
@@ -90,8 +91,24 @@ export interface HttpApiHandle {
   close(): Promise<void>;
 }
 
-class ApiError extends Error {
-  constructor(readonly statusCode: number, readonly error: string, message: string, readonly details: unknown = null) {
+/** The `error` of the API's error answers (docs/interfaces.md): a contract, never renamed. */
+type AgentApiErrorCode =
+  | 'validation_failed'
+  | 'invalid_argument'
+  | 'bad_request'
+  | 'not_found'
+  | 'payload_too_large'
+  | 'unsupported_media_type'
+  | 'internal'
+  | 'error';
+
+class ApiError extends CellquotaError {
+  constructor(
+    readonly statusCode: number,
+    readonly code: AgentApiErrorCode,
+    message: string,
+    readonly details: unknown = null,
+  ) {
     super(message);
   }
 }
@@ -157,11 +174,11 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
 
   app.setErrorHandler((error: FastifyError | ApiError, _request, reply) => {
     if (error instanceof ApiError) {
-      void reply.code(error.statusCode).send({ error: error.error, message: error.message, details: error.details });
+      void reply.code(error.statusCode).send({ error: error.code, message: error.message, details: error.details });
       return;
     }
     const status = typeof error.statusCode === 'number' && error.statusCode >= 400 && error.statusCode < 600 ? error.statusCode : 500;
-    const name = status === 413 ? 'payload_too_large' : status === 415 ? 'unsupported_media_type' : status === 400 ? 'bad_request' : status >= 500 ? 'internal' : 'error';
+    const name: AgentApiErrorCode = status === 413 ? 'payload_too_large' : status === 415 ? 'unsupported_media_type' : status === 400 ? 'bad_request' : status >= 500 ? 'internal' : 'error';
     if (status >= 500) logger.error({ err: error }, 'http api error');
     void reply.code(status).send({ error: name, message: status >= 500 ? 'internal error' : error.message, details: error.code === undefined ? null : { code: error.code } });
   });

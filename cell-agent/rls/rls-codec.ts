@@ -27,6 +27,7 @@ import type {
   RlsCode, RlsDescriptor, RlsDescriptorStatus, RlsDuration, RlsEntry, RlsHeader, RlsLimitOverride, RlsRateLimit,
   RlsRequest, RlsResponse,
 } from '../messages/rls-messages.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 /** A decoded message, or why the bytes are not one. Decoders never throw. */
 export type Decoded<T> = { readonly ok: true; readonly value: T } | { readonly ok: false; readonly error: string };
@@ -38,7 +39,10 @@ const WT_I64 = 1;
 const WT_LEN = 2;
 const WT_I32 = 5;
 
-class Malformed extends Error {}
+/** Thrown inside a decoder and caught at its top: decoders return a value, never throw. */
+class Malformed extends CellquotaError {
+  readonly code = 'RLS_MESSAGE_MALFORMED';
+}
 
 const SHORT_STRING = 32;
 

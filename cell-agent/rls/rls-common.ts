@@ -11,6 +11,7 @@ import { connect } from 'node:net';
 import { basename, dirname, join, resolve } from 'node:path';
 import { threadId } from 'node:worker_threads';
 import { SERVING_STATUS } from './rls-codec.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 export const RLS_SERVICE_NAME = 'envoy.service.ratelimit.v3.RateLimitService';
 export const RLS_METHOD_PATH = `/${RLS_SERVICE_NAME}/ShouldRateLimit`;
@@ -112,7 +113,7 @@ export class HealthState {
 
 // ---- Unix sockets ---------------------------------------------------------------------------------
 
-export class SocketPathError extends Error {
+export class SocketPathError extends CellquotaError {
   readonly code = 'RLS_SOCKET_PATH';
   constructor(message: string) {
     super(message);

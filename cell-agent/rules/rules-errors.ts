@@ -7,6 +7,7 @@
 //
 // The text after the position keeps envoyproxy/ratelimit's wording where an equivalent error exists
 // there (e.g. "duplicate descriptor composite key 'd.k_v'"), so users migrating from it recognise it.
+import { CellquotaError } from '../../shared/errors.js';
 
 /** The stable error codes. Never rename one; add new ones at the end of their group. */
 export const RULES_ERROR_CODES = {
@@ -51,7 +52,7 @@ export interface SourcePos {
   readonly column: number;
 }
 
-export class RulesError extends Error {
+export class RulesError extends CellquotaError {
   override readonly name = 'RulesError';
   readonly code: RulesErrorCode;
   /** The file (as the caller named it) the error is about. */

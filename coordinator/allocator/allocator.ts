@@ -93,6 +93,7 @@
 import type { Grant } from '../ledger/ledger-commands.js';
 import { MAX_CELLS } from '../ledger/ledger-commands.js';
 import { WaterFillScratch, waterFill } from './water-fill.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 // ---- input --------------------------------------------------------------------------------------
 
@@ -236,8 +237,8 @@ export interface AllocatorOutput {
   readonly unsettled: Uint8Array;
 }
 
-export class AllocatorInputError extends Error {
-  override readonly name = 'AllocatorInputError';
+export class AllocatorInputError extends CellquotaError {
+  readonly code = 'ALLOCATOR_INPUT_INVALID';
 }
 
 // ---- the round ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import type { ConfChange, NodeId } from '../raft/index.js';
 import { NotLeaderError, RaftRequestError } from '../node/raft-driver.js';
 import type { LiveTraffic } from './live-traffic.js';
 import { registerUiRoutes } from './ui-routes.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 /** What the API needs from a coordinator replica. */
 export interface AdminBackend {
@@ -66,7 +67,7 @@ export const adminErrorCodes = {
 } as const;
 export type AdminErrorCode = keyof typeof adminErrorCodes;
 
-class ApiError extends Error {
+class ApiError extends CellquotaError {
   constructor(
     readonly code: AdminErrorCode,
     message: string,
@@ -174,7 +175,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     authorize(req, true);
     if (!backend.isLeader()) {
       redirectToLeader(req, reply, backend.leaderId());
-      throw new RepliedAlready();
+      throw new RepliedAlready('redirected to the leader');
     }
     const result = await backend.propose(cmd);
     if (!result.ok) throw new ApiError(result.error.code, result.error.message);
@@ -191,7 +192,9 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     }
   }
 
-  class RepliedAlready extends Error {}
+  class RepliedAlready extends CellquotaError {
+    readonly code = 'ADMIN_REPLIED';
+  }
   const guard = <T>(fn: (req: FastifyRequest, reply: FastifyReply) => Promise<T>) => async (req: FastifyRequest, reply: FastifyReply): Promise<T | FastifyReply> => {
     try {
       return await fn(req, reply);

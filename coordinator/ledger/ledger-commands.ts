@@ -22,6 +22,7 @@ import { Packr, Unpackr } from 'msgpackr';
 import { z } from 'zod';
 import { packRound, RoundCodecError, unpackRound } from './round-codec.js';
 import type { QuotaKind } from '../../shared/quota-keys.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 // ---- bounds -------------------------------------------------------------------------------------
 
@@ -287,8 +288,8 @@ export type Grant = z.output<typeof grantSchema>;
 
 // ---- validation and encoding --------------------------------------------------------------------
 
-export class LedgerCommandError extends Error {
-  override readonly name = 'LedgerCommandError';
+export class LedgerCommandError extends CellquotaError {
+  readonly code = 'LEDGER_COMMAND_INVALID';
 }
 
 export type CommandParse =

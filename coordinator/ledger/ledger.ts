@@ -134,6 +134,7 @@ import type {
   ReportAndGrantCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 // ---- configuration ------------------------------------------------------------------------------
 
@@ -333,8 +334,8 @@ export interface QuotaDefinition {
 
 export type LedgerResult = { readonly ok: true; readonly value: LedgerValue } | { readonly ok: false; readonly error: LedgerError };
 
-export class LedgerInvariantError extends Error {
-  override readonly name = 'LedgerInvariantError';
+export class LedgerInvariantError extends CellquotaError {
+  readonly code = 'LEDGER_INVARIANT';
 }
 
 // ---- internal records ---------------------------------------------------------------------------
@@ -1599,8 +1600,8 @@ export class Ledger {
   }
 }
 
-export class LedgerSnapshotError extends Error {
-  override readonly name = 'LedgerSnapshotError';
+export class LedgerSnapshotError extends CellquotaError {
+  readonly code = 'LEDGER_SNAPSHOT_INVALID';
 }
 
 // ---- snapshot format ----------------------------------------------------------------------------

@@ -23,10 +23,11 @@
 // round that was encoded (the ledger refuses duplicates exactly as before). Decoding bounds every
 // count and length and throws RoundCodecError on anything malformed; the caller then validates the
 // command with the same zod schema as every other command.
+import { CellquotaError } from '../../shared/errors.js';
 
 /** Thrown on bytes that are not a packed round (truncated, over a bound, trailing bytes). */
-export class RoundCodecError extends Error {
-  override readonly name = 'RoundCodecError';
+export class RoundCodecError extends CellquotaError {
+  readonly code = 'ROUND_CODEC_INVALID';
 }
 
 export interface PackedRound {

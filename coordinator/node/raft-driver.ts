@@ -8,6 +8,7 @@
 // pump()), so an answer never waits for an fsync that is not its own.
 import type { RaftNode } from '../raft/index.js';
 import { EntryKind, sendBeforePersist, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 export interface RaftPersistence {
   save(rd: Pick<Ready, 'hardState' | 'entries' | 'snapshot' | 'mustSync'>): Promise<void>;
@@ -55,7 +56,7 @@ export interface RaftDriverOptions<R> {
   readonly onError?: (err: Error) => void;
 }
 
-export class NotLeaderError extends Error {
+export class NotLeaderError extends CellquotaError {
   readonly code = 'NOT_LEADER';
   constructor(readonly leader: NodeId | null, detail = 'not the leader') {
     super(`${detail}; leader: ${leader ?? 'unknown'}`);
@@ -63,7 +64,7 @@ export class NotLeaderError extends Error {
   }
 }
 
-export class RaftRequestError extends Error {
+export class RaftRequestError extends CellquotaError {
   constructor(
     readonly code: 'TIMEOUT' | 'DROPPED' | 'STOPPED' | 'REFUSED',
     message: string,
@@ -79,7 +80,7 @@ export class RaftRequestError extends Error {
  * depends on it is sent, none of its new entries is counted or acknowledged (only entries already
  * committed, durable on a majority, are applied while it is written) — and must not go on at all.
  */
-export class RaftPersistError extends Error {
+export class RaftPersistError extends CellquotaError {
   readonly code = 'RAFT_PERSIST_FAILED' as const;
   constructor(
     readonly during: 'save' | 'compact' | 'confirm-incarnation' | 'clear-vote-barrier',

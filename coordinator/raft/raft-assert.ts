@@ -1,7 +1,8 @@
 // Invariant checks inside the Raft core. A broken invariant is a bug: it throws loudly and the
 // node stops, rather than continuing on a state that may violate safety.
+import { CellquotaError } from '../../shared/errors.js';
 
-export class RaftInvariantError extends Error {
+export class RaftInvariantError extends CellquotaError {
   readonly code = 'RAFT_INVARIANT';
   constructor(message: string) {
     super(`raft invariant violated: ${message}`);

@@ -1,4 +1,5 @@
 // Errors the durable Raft storage throws. Each carries a stable `code` for callers and logs.
+import { CellquotaError } from '../../shared/errors.js';
 
 /**
  * The data directory holds something that cannot be a state this storage wrote: a bad checksum or
@@ -6,7 +7,7 @@
  * unknown key. Never repaired automatically: committed data may be lost, so the node must not run
  * on it (an operator wipes the directory and the node rejoins as a new incarnation).
  */
-export class StorageCorruptionError extends Error {
+export class StorageCorruptionError extends CellquotaError {
   readonly code = 'STORAGE_CORRUPT' as const;
   /** The key at fault, as described by describeKey (e.g. 'hard', 'snap', 'log/42'). */
   readonly key: string;
@@ -21,7 +22,7 @@ export class StorageCorruptionError extends Error {
 }
 
 /** The data directory belongs to another node or cluster: refusing to open it. */
-export class StorageIdentityError extends Error {
+export class StorageIdentityError extends CellquotaError {
   readonly code = 'STORAGE_IDENTITY_MISMATCH' as const;
   readonly dir: string;
 
@@ -33,7 +34,7 @@ export class StorageIdentityError extends Error {
 }
 
 /** The data directory was written in a storage format this code does not know. */
-export class StorageFormatError extends Error {
+export class StorageFormatError extends CellquotaError {
   readonly code = 'STORAGE_FORMAT' as const;
   readonly dir: string;
 

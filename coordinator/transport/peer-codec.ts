@@ -19,6 +19,7 @@ import type {
   NodeId,
   SnapshotMeta,
 } from '../raft/raft-types.js';
+import { CellquotaError } from '../../shared/errors.js';
 
 export const PEER_FRAME_VERSION = 1;
 
@@ -75,7 +76,9 @@ export type DecodeResult =
   | { readonly ok: true; readonly messages: Message[] }
   | { readonly ok: false; readonly error: string };
 
-class FrameError extends Error {}
+class FrameError extends CellquotaError {
+  readonly code = 'PEER_FRAME_INVALID';
+}
 
 /** msgpackr's messages may quote the decoded data; keep errors short enough to log. */
 function clip(text: string): string {
