@@ -294,13 +294,18 @@ export class RaftDriver<R> {
         // acknowledgement keeps the contract, and no unrelated fsync (the next proposals' entries,
         // a commit-index write) stands between a commit and its answer. A Ready that installs a
         // snapshot is applied after it is persisted, in order.
-        const applyFirst = rd.snapshot === null;
-        if (applyFirst) this.applyReady(rd);
-        // If this rejects, nothing below runs: the Ready's messages (votes, append acks, the
+        // The write is handed to storage first, so its fsync is under way while the entries are
+        // applied and the answers (HTTP replies) are written: those run as microtasks and would
+        // otherwise reach the event loop, and the storage thread, before the write does.
+        // If it rejects, nothing below runs: the Ready's messages (votes, append acks, the
         // leader's own progress) are never sent nor counted.
-        await this.opts.storage.save(rd).catch((err: unknown) => {
+        const applyFirst = rd.snapshot === null;
+        const saving = this.opts.storage.save(rd).catch((err: unknown) => {
           throw new RaftPersistError('save', err);
         });
+        saving.catch(() => undefined); // awaited below; this only keeps a throw in applyReady from leaving it unhandled
+        if (applyFirst) this.applyReady(rd);
+        await saving;
         this.opts.outbox.send(early.length > 0 ? rd.messages.filter((m) => !early.includes(m)) : rd.messages);
         if (!applyFirst) this.applyReady(rd);
         this.raft.advance(rd);

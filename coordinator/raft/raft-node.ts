@@ -50,6 +50,11 @@ const MAX_PENDING_READS = 65_536;
 /** Largest snapshot a follower assembles from chunks. */
 const MAX_SNAPSHOT_BYTES = 1 << 30;
 /**
+ * Heartbeat responses without any append acknowledged (entries missing) before the leader takes the
+ * appends (or the probe) in flight for lost.
+ */
+const appendIdleHeartbeatsBeforeProbe = 4;
+/**
  * Heartbeat responses without new snapshot bytes confirmed before the leader resends from the last confirmed offset.
  */
 const snapshotIdleHeartbeatsBeforeResend = 4;
@@ -619,6 +624,7 @@ export class RaftNode {
     if (pr === undefined) return;
     pr.recentActive = true;
     pr.appendAckedSinceHeartbeat = true;
+    pr.appendIdleHeartbeats = 0;
     if (m.reject) {
       if (m.index === 0 && m.hintIndex === 0) return; // a stale-term notice, handled by the term check
       // Stale rejections: in replicate state one at or below match; in probe one not for next-1.
@@ -694,7 +700,15 @@ export class RaftNode {
     const pr = this.progress.get(m.from);
     if (pr === undefined) return;
     pr.recentActive = true;
-    if (pr.state === 'probe') pr.probeSent = false;
+    if (pr.state === 'probe' && pr.probeSent) {
+      // A probe unanswered for several heartbeats was lost; one answered late is only slow (a
+      // probe carries up to maxAppendBytes, resending it every heartbeat would flood the follower).
+      pr.appendIdleHeartbeats++;
+      if (pr.appendIdleHeartbeats >= appendIdleHeartbeatsBeforeProbe) {
+        pr.probeSent = false;
+        pr.appendIdleHeartbeats = 0;
+      }
+    }
     if (pr.state === 'snapshot') {
       // Nothing confirmed for a while: a chunk or its acknowledgement was lost (or the follower is
       // persisting the last one): send again from the last confirmed offset.
@@ -703,7 +717,11 @@ export class RaftNode {
       this.sendSnapshotChunks(m.from, pr);
     } else if (pr.match < this.log.lastIndex()) {
       // Nothing acknowledged since the last heartbeat while entries are missing: appends were lost.
-      if (pr.state === 'replicate' && !pr.appendAckedSinceHeartbeat) pr.becomeProbe();
+      // Only after several heartbeats: a follower that is merely slow (large appends, a loaded
+      // machine) acknowledges later than one heartbeat, and falling back to probe would resend
+      // the whole window in flight every heartbeat — duplicates that starve its catch-up.
+      if (pr.state === 'replicate' && !pr.appendAckedSinceHeartbeat) pr.appendIdleHeartbeats++;
+      if (pr.state === 'replicate' && pr.appendIdleHeartbeats >= appendIdleHeartbeatsBeforeProbe) pr.becomeProbe();
       if (pr.state === 'probe') pr.next = Math.min(pr.next, this.log.lastIndex() + 1);
       this.sendAppend(m.from, pr);
     }

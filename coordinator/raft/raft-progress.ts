@@ -19,6 +19,8 @@ export class Progress {
   recentActive = false;
   /** An append response arrived since the last heartbeat was sent. */
   appendAckedSinceHeartbeat = false;
+  /** Heartbeat responses in a row with entries missing and no append acknowledged meanwhile. */
+  appendIdleHeartbeats = 0;
   /** Snapshot transfer: which snapshot and how many bytes the follower has confirmed. */
   snapshotIndex = 0;
   snapshotOffset = 0;
@@ -39,6 +41,7 @@ export class Progress {
 
   becomeProbe(): void {
     this.releaseSnapshot();
+    this.appendIdleHeartbeats = 0;
     this.state = 'probe';
     this.probeSent = false;
     this.inflight.length = 0;

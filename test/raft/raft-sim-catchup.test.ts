@@ -38,3 +38,16 @@ void test('planted bug: restarting the transfer on every compaction never catche
   assert.equal(r.snapshotsInstalled, 0);
   assert.ok(r.snapshotChunkBytesSent > 10 * snapshotBytes, `sent ${r.snapshotChunkBytesSent} bytes of chunks`);
 });
+
+void test('catch-up from the log with large entries: a slow follower is not flooded with resent probes and appends', () => {
+  const entryBytes = 200_000;
+  for (let seed = 301; seed <= 304; seed++) {
+    const r = runCatchUp({ seed, snapshotEvery: 0, entryBytes, writeEveryMs: 100, downMs: 3000, maxAppendBytes: 1 << 20, bytesPerMs, boundMs: 30_000 });
+    const what = `seed ${seed}: ${JSON.stringify(r)}`;
+    assert.equal(r.caughtUp, true, what);
+    assert.equal(r.snapshotsInstalled, 0, what);
+    // Every write's entry crosses the link about once (before: ~4×, probes resent every heartbeat).
+    assert.ok(r.appendBytesToLagging <= 3 * r.writes * entryBytes, `${r.appendBytesToLagging} append bytes for ${r.writes} writes: ${what}`);
+    assert.ok(r.catchUpMs <= 3500, what);
+  }
+});

@@ -19,12 +19,15 @@ export interface CatchUpOptions {
   /** Each link's bandwidth, bytes per virtual ms; messages on a link queue behind each other. */
   readonly bytesPerMs?: number;
   readonly latencyMs?: number;
+  /** Bytes of each write's entry (padding after its name). */
+  readonly entryBytes?: number;
   /** The leader gets a write this often (virtual ms). */
   readonly writeEveryMs?: number;
   /** Every node compacts after this many applied entries, keeping `trailing` entries below. */
   readonly snapshotEvery?: number;
   readonly trailing?: number;
   readonly chunkBytes?: number;
+  readonly maxAppendBytes?: number;
   readonly maxInflightSnapshotChunks?: number;
   /** Chance that a message is lost. */
   readonly dropRate?: number;
@@ -47,6 +50,8 @@ export interface CatchUpResult {
   readonly compactionsDuringTransfer: number;
   readonly snapshotsInstalled: number;
   readonly snapshotChunkBytesSent: number;
+  /** Bytes of AppendEntries sent to the follower that catches up (duplicates included). */
+  readonly appendBytesToLagging: number;
   readonly writes: number;
 }
 
@@ -85,6 +90,7 @@ function decodeHash(data: Uint8Array): number {
 function messageBytes(m: Message): number {
   if (m.type === 'snapshot') return 64 + m.chunk.byteLength;
   if (m.type === 'append') return 64 + m.entries.reduce((a, e) => a + 24 + e.data.byteLength, 0);
+  if (m.type === 'append-resp') return 48;
   return 48;
 }
 
@@ -105,6 +111,7 @@ class CatchUpSimulation {
   private compactionsDuringTransfer = 0;
   private snapshotsInstalled = 0;
   private snapshotChunkBytesSent = 0;
+  private appendBytesToLagging = 0;
   private writes = 0;
 
   constructor(opts: CatchUpOptions) {
@@ -114,9 +121,11 @@ class CatchUpSimulation {
       bytesPerMs: opts.bytesPerMs ?? 4000,
       latencyMs: opts.latencyMs ?? 1,
       writeEveryMs: opts.writeEveryMs ?? 4,
+      entryBytes: opts.entryBytes ?? 0,
       snapshotEvery: opts.snapshotEvery ?? 50,
       trailing: opts.trailing ?? 25,
       chunkBytes: opts.chunkBytes ?? 64 << 10,
+      maxAppendBytes: opts.maxAppendBytes ?? 64 << 10,
       maxInflightSnapshotChunks: opts.maxInflightSnapshotChunks ?? 4,
       dropRate: opts.dropRate ?? 0,
       downMs: opts.downMs ?? 2000,
@@ -154,7 +163,7 @@ class CatchUpSimulation {
     const current = this.leader();
     if (current === null) throw new Error('no leader while the follower was down');
     const target = current.raft?.status().commit ?? 0;
-    if ((current.raft?.status().firstIndex ?? 0) <= lagging.applied + 1) throw new Error('the leader did not compact past the stopped follower: raise downMs');
+    if (this.o.snapshotEvery > 0 && (current.raft?.status().firstIndex ?? 0) <= lagging.applied + 1) throw new Error('the leader did not compact past the stopped follower: raise downMs');
     const t0 = this.q.now;
     this.start(lagging);
     const crashAt = this.o.crashMidTransferAtMs;
@@ -173,6 +182,7 @@ class CatchUpSimulation {
       compactionsDuringTransfer: this.compactionsDuringTransfer,
       snapshotsInstalled: this.snapshotsInstalled,
       snapshotChunkBytesSent: this.snapshotChunkBytesSent,
+      appendBytesToLagging: this.appendBytesToLagging,
       writes: this.writes,
     };
   }
@@ -197,7 +207,7 @@ class CatchUpSimulation {
       randomInt: (n) => node.rng.int(n),
       preVote: true,
       checkQuorum: true,
-      maxAppendBytes: 64 << 10,
+      maxAppendBytes: this.o.maxAppendBytes,
       maxInflightAppends: 8,
       maxUncommittedBytes: 8 << 20,
       snapshotChunkBytes: this.o.chunkBytes,
@@ -243,7 +253,9 @@ class CatchUpSimulation {
     const write = (): void => {
       const l = this.leader();
       if (l?.raft !== null && l !== null && l.raft !== null) {
-        const data = new TextEncoder().encode(`w${this.writes}`);
+        const name = new TextEncoder().encode(`w${this.writes}`);
+        const data = new Uint8Array(name.byteLength + this.o.entryBytes);
+        data.set(name);
         if (l.raft.propose(data).ok) this.writes++;
         this.process(l);
       }
@@ -307,7 +319,7 @@ class CatchUpSimulation {
 
   private maybeCompact(node: Node): void {
     const raft = node.raft;
-    if (raft === null || node.applied - node.snapshotIndex < this.o.snapshotEvery) return;
+    if (raft === null || this.o.snapshotEvery <= 0 || node.applied - node.snapshotIndex < this.o.snapshotEvery) return;
     if (raft.softState().role === Role.Leader && this.lagging !== null && raft.status().progress.get(this.lagging)?.state === 'snapshot') this.compactionsDuringTransfer++;
     const snap: Snapshot = raft.compact(encodeState(node.hash, node.applied, this.o.snapshotBytes), this.o.trailing);
     node.disk.writeSnapshot(snap, raft.firstIndex());
@@ -318,6 +330,7 @@ class CatchUpSimulation {
   private send(m: Message): void {
     if (this.rng.chance(this.o.dropRate)) return;
     if (m.type === 'snapshot') this.snapshotChunkBytesSent += m.chunk.byteLength;
+    if (m.type === 'append' && m.to === this.lagging) this.appendBytesToLagging += messageBytes(m);
     const link = `${m.from}>${m.to}`;
     const leaves = Math.max(this.q.now, this.linkFree.get(link) ?? 0) + messageBytes(m) / this.o.bytesPerMs;
     this.linkFree.set(link, leaves);
