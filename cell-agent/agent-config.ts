@@ -6,6 +6,7 @@ import { ConfigError, parseHostPort, setting, settingSpecs } from '../shared/cli
 import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { DEFAULT_RULES_WATCH_DEBOUNCE_MS } from './rules/rules-load.js';
+import { DEFAULT_LAG_THRESHOLD_MS } from './observe/lag-guard.js';
 import { parseUnknownTenantPolicy } from './decide/quotas.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
@@ -162,7 +163,7 @@ export const agentConfigFields = z.object({
   tableCapacity: setting(int(1, 50_000_000), { help: 'bucket table capacity in keys, fixed shared memory of about 50 bytes per key', default: 1_000_000, example: '200000' }),
   tableFull: setting(z.enum(['open', 'closed']), { help: 'when the bucket table has no slot for a new key: open (pass, counted) | closed (refuse)', default: 'open', example: 'closed' }),
   velocityCapacity: setting(int(16, 16_000_000), { help: 'global quotas tracked in the 500 ms velocity window', default: 65_536, example: '4096' }),
-  lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), { help: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables', default: 10, example: '25' }),
+  lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), { help: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables', default: DEFAULT_LAG_THRESHOLD_MS, example: '25' }),
   overloadPolicy: setting(z.enum(OVERLOAD_POLICIES), { help: 'what an overloaded serving thread answers: bounded (each quota key admits at most its fail-open allowance, the rest is refused at once) | open (every check OK without deciding, the behaviour before; for comparison)', default: DEFAULT_OVERLOAD.policy, example: 'open' }),
   overloadAllowance: setting(z.coerce.number().min(0).max(MAX_OVERLOAD_ALLOWANCE), { help: `bounded: each key's fail-open allowance while overloaded, as a multiple of its floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything while overloaded, before decoding (at most ${MAX_OVERLOAD_ALLOWANCE})`, default: DEFAULT_OVERLOAD.allowance, example: '2' }),
   throttleLogIntervalMs: setting(int(100, 3_600_000), { help: 'interval of the aggregated throttling log lines', default: 10_000, example: '60000' }),

@@ -13,7 +13,8 @@ import { LiveTraffic } from '../coordinator/api/live-traffic.js';
 import { TokenFile } from '../coordinator/lease/lease-auth.js';
 import { DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_DEMAND_KEYS, DEFAULT_ROUND_MS, MAX_REPORT_ITEMS } from '../coordinator/lease/lease-service.js';
 import { MAX_CELLS } from '../coordinator/ledger/ledger-commands.js';
-import { DEFAULT_SKEW_MARGIN_MS } from '../coordinator/ledger/ledger.js';
+import { DEFAULT_FLOOR_CELLS, DEFAULT_SKEW_MARGIN_MS } from '../coordinator/ledger/ledger.js';
+import { defaultRaftTuning } from '../coordinator/raft/raft-types.js';
 
 const idSchema = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and dashes, at most 63');
 const hostPort = z.string().refine((v) => parseHostPort(v) !== null, 'must be host:port');
@@ -51,10 +52,10 @@ export const coordinatorFields = z.object({
   clusterId: setting(z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/), { help: 'cluster name; peers of another cluster are refused', default: 'cellquota', example: 'eu-prod' }),
   join: setting(z.boolean(), { help: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)', default: false, example: 'true' }),
   tickMs: setting(z.coerce.number().int().min(1).max(10_000), { help: 'Raft tick in ms', default: 50, example: '20' }),
-  electionTicks: setting(z.coerce.number().int().min(3).max(1000), { help: 'election timeout in ticks, randomized in [E, 2E)', default: 10, example: '20' }),
-  heartbeatTicks: setting(z.coerce.number().int().min(1).max(100), { help: 'heartbeat interval in ticks', default: 1, example: '2' }),
+  electionTicks: setting(z.coerce.number().int().min(3).max(1000), { help: 'election timeout in ticks, randomized in [E, 2E)', default: defaultRaftTuning.electionTicks, example: '20' }),
+  heartbeatTicks: setting(z.coerce.number().int().min(1).max(100), { help: 'heartbeat interval in ticks', default: defaultRaftTuning.heartbeatTicks, example: '2' }),
   snapshotEvery: setting(z.coerce.number().int().min(10).max(10_000_000), { help: 'entries between snapshots', default: 10_000, example: '50000' }),
-  floorCells: setting(z.coerce.number().int().min(1).max(64), { help: 'expected number of cells the floors are split over', default: 3, example: '5' }),
+  floorCells: setting(z.coerce.number().int().min(1).max(64), { help: 'expected number of cells the floors are split over', default: DEFAULT_FLOOR_CELLS, example: '5' }),
   leaseTtlMs: setting(z.coerce.number().int().min(500).max(600_000), { help: "how long an agent's lease lasts after its report", default: DEFAULT_LEASE_TTL_MS, example: '5000' }),
   leaseRoundMs: setting(z.coerce.number().int().min(10).max(10_000), { help: 'interval of the lease rounds (one reportAndGrant entry each)', default: DEFAULT_ROUND_MS, example: '200' }),
   leaseListen: setting(hostPort.optional(), { help: "host:port of the agents' lease service on its own gRPC server, so the peer port can stay closed to the cells", defaultHelp: "this replica's --peers address", example: '0.0.0.0:7002' }),

@@ -55,6 +55,9 @@ export interface OverloadSignal {
   overloaded(now?: number): boolean;
 }
 
+/** Event-loop lag (ms) beyond which a thread counts as overloaded, unless told otherwise (--lag-threshold-ms). */
+export const DEFAULT_LAG_THRESHOLD_MS = 10;
+
 export class LagGuard implements OverloadSignal {
   readonly thresholdMs: number;
   readonly intervalMs: number;
@@ -73,7 +76,7 @@ export class LagGuard implements OverloadSignal {
   maxDriftMs = 0;
 
   constructor(opts: LagGuardOptions = {}, private readonly episodes: OverloadEpisodes | null = null) {
-    this.thresholdMs = opts.thresholdMs ?? 10;
+    this.thresholdMs = opts.thresholdMs ?? DEFAULT_LAG_THRESHOLD_MS;
     this.intervalMs = opts.intervalMs ?? 5;
     this.backlog = opts.backlog ?? DEFAULT_OVERLOAD_BACKLOG;
     if (!(this.thresholdMs >= 0) || !(this.intervalMs > 0) || !Number.isSafeInteger(this.backlog) || this.backlog < 0) {
