@@ -1,5 +1,5 @@
 // Induced overload: the serving thread's event loop is blocked (as by CPU starvation or a long GC
-// pause) while checks queue up. Under the default policy (bounded) it answers them at once without
+// pause) while more checks queue up than it decides after such a block (the lag guard's backlog). Under the default policy (bounded) it answers them at once without
 // deciding: each key admits at most its fail-open allowance (a local rule's rate, one second deep),
 // marked fail-open, and the rest is refused with a constant answer; then it decides again. Under
 // `--overload-policy open` (the old behaviour, kept for comparison) every queued check is answered OK.
@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
+import { DEFAULT_OVERLOAD_BACKLOG } from '../../../cell-agent/observe/lag-guard.js';
 import { RlsClient, captureLogger, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
 import type { CapturedLogger, ResponseOut, TempDir } from './agent-helpers.js';
 
@@ -47,6 +48,8 @@ after(async () => {
   dir.remove();
 });
 
+/** Checks a behind thread still decides before it counts as overloaded. */
+const BACKLOG = DEFAULT_OVERLOAD_BACKLOG;
 const header = (r: ResponseOut, key: string): string | undefined => r.response_headers_to_add.find((h) => h.key === key)?.value;
 const blocked = (c: RlsClient): Promise<ResponseOut> => c.check({ domain: 'o', descriptors: [d(['blocked', 'x']), d(['other', 'y'])] }, 10_000);
 const five = (c: RlsClient): Promise<ResponseOut> => c.check({ domain: 'o', descriptors: [d(['five', 'k'])] }, 10_000);
@@ -55,7 +58,11 @@ const metric = (text: string, re: RegExp): number => Number(re.exec(text)?.[1] ?
 void test('bounded (default): the queued checks of a blocked thread get at most each key\'s allowance fail-open, the rest refused at once; then decisions again', async () => {
   await eventually(async () => ((await blocked(client)).overall_code === 'OVER_LIMIT' ? true : undefined));
   await agent.blockWorkerForTesting(0, 800); // the worker is now blocked; these checks wait in the socket
+  // A backlog first: a thread that is behind decides its first BACKLOG checks after the block (a
+  // busy machine's stall is no overload), the overload path takes the rest of the turn.
+  const backlog = Array.from({ length: BACKLOG + 10 }, () => blocked(client));
   const answers = await Promise.all([...Array.from({ length: 20 }, () => five(client)), ...Array.from({ length: 4 }, () => blocked(client))]);
+  for (const r of await Promise.all(backlog)) assert.equal(r.overall_code, 'OVER_LIMIT');
   const fives = answers.slice(0, 20);
   const failOpen = fives.filter((r) => r.overall_code === 'OK' && header(r, 'x-ratelimit-fail-open') === 'true');
   const decidedOk = fives.filter((r) => r.overall_code === 'OK' && header(r, 'x-ratelimit-fail-open') === undefined);
@@ -85,7 +92,9 @@ void test('bounded (default): the queued checks of a blocked thread get at most 
 void test('open policy (the old behaviour): every queued check of a blocked thread is answered OK fail-open', async () => {
   await eventually(async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined));
   await openAgent.blockWorkerForTesting(0, 800);
+  const backlog = Array.from({ length: BACKLOG + 10 }, () => five(openClient));
   const answers = await Promise.all(Array.from({ length: 6 }, () => blocked(openClient)));
+  await Promise.all(backlog);
   for (const r of answers) {
     assert.equal(r.overall_code, 'OK', 'fail-open');
     assert.equal(header(r, 'x-ratelimit-degraded'), 'true', 'marked degraded');
