@@ -24,6 +24,8 @@ const benches: Record<string, BenchFn> = {
   'coordinator-memory': runCoordinatorMemoryBench,
   'coordinator-million': async (o) => (await import('./coordinator-memory.js')).runCoordinatorMillionBench(o),
   'coordinator-source': async (o) => (await import('./coordinator-source.js')).runCoordinatorSourceBench(o),
+  'agent-tenants': async (o) => (await import('./coordinator-source-real.js')).runAgentTenantsBench(o),
+  'coordinator-bound': async (o) => (await import('./coordinator-source-real.js')).runCoordinatorBoundBench(o),
   frontdoor: async (o) => (await import('./frontdoor/frontdoor.js')).runFrontDoorBench(o),
   embedded: async (o) => (await import('./embedded/embedded.js')).runEmbeddedBench(o),
   decision: runDecisionBench,

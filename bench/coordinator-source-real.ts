@@ -1,0 +1,438 @@
+// Issue 12 with real processes: three coordinators (test/coordinator/cluster/cluster-harness.ts) and
+// cell agents started with --coordinators and rules only (no tenants file); checks over each
+// agent's Envoy RLS Unix socket (bench/load/h2-raw.ts).
+//
+//   `npm run bench -- agent-tenants`   resident memory of one agent that has seen N distinct tenants
+//        (1,000,000, or CELLQUOTA_BENCH_TENANTS; smoke 20,000), all of them held by the coordinators (bulk import, POST
+//        /v1/tenants batches of 2,000): each tenant checked a few times in turn, RSS of the agent
+//        process (/proc/PID/status VmRSS) sampled along, with what bounds it: the bucket table
+//        (keys, evictions, its fixed capacity), the grants the lease client holds, the demand keys
+//        the leader did not keep (--max-demand-keys).
+//   `npm run bench -- coordinator-bound`   for findings 1, 2 and 3 of the issue, the largest 1 s
+//        window (of send time) admitted by the two agents together for one quota, against
+//        rate·(1 s + u) + burst (u the longest admitted answer's latency in that window):
+//          1. one tenant reached through two domains, two rule paths and four request shapes;
+//          2. after PUT /v1/tiers lowers the tier's rate (100 → 40): measured from one lease TTL
+//             plus a round after the PUT, against the new rate (before that the old rate is counted
+//             until every cell acknowledged, as the model says), and the transition against the old;
+//          3. full start: rate 10, burst 50; cell-a drains, cell-b starts 0.6 s later (a grant moved
+//             in, a new bucket), then the tenant is deleted and re-created under load.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { join, resolve } from 'node:path';
+import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './load/h2-raw.js';
+import { CODE_OK, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame, type WireEntry } from './load/rls-wire.js';
+import { machineLine, type BenchReport } from './bench-report.js';
+
+const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
+const IDS = ['n1', 'n2', 'n3'];
+const BIN_MS = 100;
+
+interface Agent {
+  readonly cell: string;
+  readonly socket: string;
+  readonly url: string;
+  readonly proc: ChildProcess;
+  output: string;
+}
+
+async function startAgent(root: string, cell: string, rules: string, coordinators: string, extra: readonly string[] = []): Promise<Agent> {
+  const port = await freePort();
+  const socket = join(root, `${cell}.sock`);
+  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', rules, '--rls-socket', socket, '--http', `127.0.0.1:${port}`,
+    '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0', ...extra], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
+  const a: Agent = { cell, socket, url: `http://127.0.0.1:${port}`, proc, output: '' };
+  const keep = (b: Buffer): void => {
+    a.output = (a.output + b.toString()).slice(-20_000);
+  };
+  proc.stdout.on('data', keep);
+  proc.stderr.on('data', keep);
+  return a;
+}
+
+async function until(what: string, fn: () => Promise<boolean>, timeoutMs: number, context: () => string = () => ''): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    if (await fn().catch(() => false)) return;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${context().slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+async function metric(a: Agent, name: string): Promise<number> {
+  const text = await (await fetch(`${a.url}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(text);
+  return m === null ? NaN : Number(m[1]);
+}
+
+async function leaseGrants(a: Agent): Promise<number> {
+  const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as { lease?: { grants?: number } | null };
+  return h.lease?.grants ?? NaN;
+}
+
+function rssMiB(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m === null ? NaN : Number(m[1]) / 1024;
+}
+
+async function waitServing(agents: readonly Agent[]): Promise<void> {
+  for (const a of agents) {
+    await until(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, 90_000, () => a.output);
+    await until(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, 90_000, () => a.output);
+  }
+}
+
+function template(domain: string, descriptors: readonly (readonly WireEntry[])[]): RequestTemplate {
+  return requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), grpcFrame(encodeRateLimitRequest(domain, descriptors)));
+}
+
+// ---- agent-tenants ------------------------------------------------------------------------------
+
+/** Answers counted; `done` resolves once `expected` answers came back. */
+class Counter implements StreamSink {
+  answered = 0;
+  ok = 0;
+  errors = 0;
+  streamDone(_token: unknown, body: Buffer | null, error: string | null): void {
+    this.answered++;
+    if (error !== null || body === null) this.errors++;
+    else if ((decodeResponse(body) & 0xffff) === CODE_OK) this.ok++;
+  }
+}
+
+export interface AgentTenantsOptions {
+  readonly smoke: boolean;
+  readonly progress: (msg: string) => void;
+  readonly tenants?: number;
+}
+
+export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<BenchReport> {
+  // CELLQUOTA_BENCH_TENANTS: a smaller full run (1,000,000 takes about an hour on a 2-core machine).
+  const n = opts.tenants ?? (Number(process.env['CELLQUOTA_BENCH_TENANTS']) || (opts.smoke ? 20_000 : 1_000_000));
+  const rounds = 2; // each tenant checked twice: refused first (nothing held), then on what the round granted
+  const loadBefore = os.loadavg()[0] ?? 0;
+  const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '2']);
+  let agent: Agent | null = null;
+  let session: RawH2Session | null = null;
+  try {
+    writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
+    c.startAll();
+    await c.waitForLeader(90_000);
+    await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100, floorFraction: 0.5 });
+    opts.progress(`importing ${n.toLocaleString('en-US')} tenants (POST /v1/tenants, 2,000 a batch)`);
+    const t0 = performance.now();
+    const leader = await c.waitForLeader();
+    for (let i = 0; i < n; i += 2000) {
+      const tenants = Array.from({ length: Math.min(2000, n - i) }, (_, j) => ({ id: `t-${i + j}`, tier: 'gold' }));
+      const r = await fetch(`${c.adminUrl(leader)}/v1/tenants`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tenants }) });
+      const body = (await r.json()) as { failed?: unknown[] };
+      if (r.status !== 200 || (body.failed?.length ?? 0) > 0) throw new Error(`POST /v1/tenants: ${r.status} ${JSON.stringify(body).slice(0, 300)}`);
+      if (i % 200_000 === 0 && i > 0) opts.progress(`  ${i.toLocaleString('en-US')} imported`);
+    }
+    const importS = (performance.now() - t0) / 1000;
+    const coordinators = IDS.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
+    agent = await startAgent(c.root, 'cell-a', join(c.root, 'rules.yaml'), coordinators);
+    await waitServing([agent]);
+    const pid = agent.proc.pid ?? 0;
+    const baseline = rssMiB(pid);
+    const capacity = await metric(agent, 'cellquota_agent_bucket_table_capacity');
+    const sink = new Counter();
+    session = await RawH2Session.connect(agent.socket, sink);
+    const samples: { seen: number; rss: number; keys: number; grants: number }[] = [];
+    const sample = async (seen: number): Promise<void> => {
+      if (agent === null) return;
+      samples.push({ seen, rss: rssMiB(pid), keys: await metric(agent, 'cellquota_agent_bucket_table_keys'), grants: await leaseGrants(agent) });
+      const s = samples[samples.length - 1];
+      opts.progress(`  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB, table keys ${s?.keys}, lease grants ${s?.grants}`);
+    };
+    await sample(0);
+    const step = Math.max(1000, Math.floor(n / 10));
+    const batch = 2000;
+    let sent = 0;
+    const driveStart = performance.now();
+    for (let from = 0; from < n; from += batch) {
+      // A batch of tenants, `rounds` times, 600 ms apart (a report and a round in between).
+      const templates = Array.from({ length: Math.min(batch, n - from) }, (_, j) => template('api', [[{ key: 'tenant', value: `t-${from + j}` }]]));
+      for (let r = 0; r < rounds; r++) {
+        for (const t of templates) session.request(t, null);
+        sent += templates.length;
+        while (sink.answered < sent) await new Promise((res) => setTimeout(res, 5));
+      }
+      if ((from + batch) % step < batch) await sample(Math.min(n, from + batch));
+    }
+    const driveS = (performance.now() - driveStart) / 1000;
+    await new Promise((r) => setTimeout(r, 5000));
+    await sample(n);
+    const last = samples[samples.length - 1];
+    const evictions = await metric(agent, 'cellquota_agent_bucket_evictions_total');
+    const droppedVelocity = await metric(agent, 'cellquota_agent_velocity_dropped_total');
+    let demandDropped = NaN;
+    for (const id of IDS) {
+      const text = await (await fetch(`${c.adminUrl(id)}/metrics`)).text().catch(() => '');
+      const m = /^cellquota_lease_demand_keys_dropped_total (\S+)$/m.exec(text);
+      if (m !== null && Number(m[1]) > 0) demandDropped = Number(m[1]);
+      else if (m !== null && Number.isNaN(demandDropped)) demandDropped = 0;
+    }
+    const growth = samples.length > 2 ? ((samples[samples.length - 1]?.rss ?? 0) - (samples[1]?.rss ?? 0)) / Math.max(1, n - (samples[1]?.seen ?? 0)) * 1e6 : NaN;
+    return {
+      name: 'agent-tenants',
+      title: `Resident memory of an agent that has seen ${n.toLocaleString('en-US')} distinct tenants held by the coordinators${opts.smoke ? ' (smoke)' : ''}`,
+      rows: samples.map((s) => ({ 'tenants seen': s.seen, 'RSS MiB': Math.round(s.rss), 'table keys': s.keys, 'lease grants held': s.grants })),
+      notes: [
+        `Machine: ${machineLine()}; 1-min load ${loadBefore.toFixed(1)} before, ${(os.loadavg()[0] ?? 0).toFixed(1)} after.`,
+        `Agent: 1 worker, --coordinators (3 real coordinators), rules only; bucket table capacity ${capacity} (fixed shared memory, allocated at start: part of the baseline RSS ${baseline.toFixed(0)} MiB). Tenants imported in ${importS.toFixed(0)} s; ${sent.toLocaleString('en-US')} checks (${rounds} per tenant, batches of ${batch}) in ${driveS.toFixed(0)} s; ${sink.errors} errors, ${sink.ok} admitted.`,
+        `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${(growth).toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.grants}; velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
+      ],
+    };
+  } finally {
+    await session?.close();
+    if (agent !== null) agent.proc.kill('SIGKILL');
+    await c.cleanup();
+  }
+}
+
+// ---- coordinator-bound ---------------------------------------------------------------------------
+
+interface Bin {
+  admitted: number;
+  sent: number;
+  failOpen: number;
+  errors: number;
+  maxLatencyMs: number;
+}
+
+/** Open-loop paced checks per cell (each cell cycles through its request shapes), binned by send time. */
+class Paced implements StreamSink {
+  readonly bins: Bin[] = [];
+  readonly t0 = performance.now();
+  private readonly sessions: RawH2Session[] = [];
+  private shapes: RequestTemplate[][] = [];
+  private rates: number[] = [];
+  private credit: number[] = [];
+  private next: number[] = [];
+  private timer: NodeJS.Timeout | null = null;
+  private last = 0;
+  private inFlight = 0;
+
+  static async connect(agents: readonly Agent[]): Promise<Paced> {
+    const p = new Paced();
+    for (const a of agents) p.sessions.push(await RawH2Session.connect(a.socket, p));
+    p.rates = agents.map(() => 0);
+    p.credit = agents.map(() => 0);
+    p.next = agents.map(() => 0);
+    p.shapes = agents.map(() => []);
+    return p;
+  }
+
+  now(): number {
+    return performance.now() - this.t0;
+  }
+
+  set(cell: number, rate: number, shapes?: RequestTemplate[]): void {
+    this.rates[cell] = rate;
+    if (shapes !== undefined) this.shapes[cell] = shapes;
+  }
+
+  start(): void {
+    this.last = this.now();
+    this.timer = setInterval(() => this.tick(), 5);
+  }
+
+  private bin(at: number): Bin {
+    const i = Math.floor(at / BIN_MS);
+    while (this.bins.length <= i) this.bins.push({ admitted: 0, sent: 0, failOpen: 0, errors: 0, maxLatencyMs: 0 });
+    return this.bins[i] as Bin;
+  }
+
+  private tick(): void {
+    const now = this.now();
+    const dt = Math.min(100, now - this.last) / 1000;
+    this.last = now;
+    for (let c = 0; c < this.sessions.length; c++) {
+      const shapes = this.shapes[c] ?? [];
+      const due = (this.credit[c] ?? 0) + (this.rates[c] ?? 0) * dt;
+      const k = Math.floor(due);
+      this.credit[c] = due - k;
+      if (k === 0 || shapes.length === 0) continue;
+      this.bin(now).sent += k;
+      for (let i = 0; i < k; i++) {
+        const t = shapes[(this.next[c] = ((this.next[c] ?? 0) + 1) % shapes.length)] as RequestTemplate;
+        this.inFlight++;
+        this.sessions[c]?.request(t, now);
+      }
+    }
+  }
+
+  streamDone(token: unknown, body: Buffer | null, error: string | null): void {
+    this.inFlight--;
+    const at = token as number;
+    const b = this.bin(at);
+    if (error !== null || body === null) {
+      b.errors++;
+      return;
+    }
+    const r = decodeResponse(body);
+    if (r < 0) b.errors++;
+    else if ((r & 0xffff) === CODE_OK && (r & FAIL_OPEN_FLAG) !== 0) b.failOpen++;
+    else if ((r & 0xffff) === CODE_OK) {
+      b.admitted++;
+      b.maxLatencyMs = Math.max(b.maxLatencyMs, this.now() - at);
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer !== null) clearInterval(this.timer);
+    const end = Date.now() + 3000;
+    while (this.inFlight > 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    await Promise.all(this.sessions.map((s) => s.close()));
+  }
+
+  /** The 1 s window (of send time) in [fromMs, toMs) with the most admitted over rate·(1 s + u) + burst. */
+  worst(fromMs: number, toMs: number, rate: number, burst: number): { admitted: number; limit: number; slackMs: number; errors: number; failOpen: number } {
+    let worst = { admitted: 0, limit: rate + burst, slackMs: 0, errors: 0, failOpen: 0 };
+    let margin = -Infinity;
+    let errors = 0;
+    let failOpen = 0;
+    for (let i = Math.ceil(fromMs / BIN_MS); (i + 10) * BIN_MS <= toMs && i + 10 <= this.bins.length; i++) {
+      let admitted = 0;
+      let slack = 0;
+      for (let j = i; j < i + 10; j++) {
+        const b = this.bins[j] as Bin;
+        admitted += b.admitted;
+        slack = Math.max(slack, b.maxLatencyMs);
+      }
+      errors += this.bins[i]?.errors ?? 0;
+      failOpen += this.bins[i]?.failOpen ?? 0;
+      const limit = rate * (1 + slack / 1000) + burst;
+      if (admitted - limit > margin) {
+        margin = admitted - limit;
+        worst = { admitted, limit, slackMs: slack, errors: 0, failOpen: 0 };
+      }
+    }
+    return { ...worst, errors, failOpen };
+  }
+}
+
+const RULES_API = `domain: api
+descriptors:
+  - key: tenant
+    global: true
+  - key: route
+    value: upload
+    descriptors:
+      - key: tenant
+        global: true
+`;
+const RULES_WEB = `domain: web
+descriptors:
+  - key: customer
+    global: true
+`;
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+  const scale = opts.smoke ? 0.5 : 1;
+  const loadBefore = os.loadavg()[0] ?? 0;
+  const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '2']);
+  const agents: Agent[] = [];
+  let load: Paced | null = null;
+  try {
+    const rules = join(c.root, 'rules');
+    mkdirSync(rules);
+    writeFileSync(join(rules, 'api.yaml'), RULES_API);
+    writeFileSync(join(rules, 'web.yaml'), RULES_WEB);
+    c.startAll();
+    await c.waitForLeader(90_000);
+    const put = async (path: string, body: unknown): Promise<void> => {
+      const r = await c.write('PUT', path, body);
+      if (r.status !== 200) throw new Error(`PUT ${path}: ${r.status} ${JSON.stringify(r.body)}`);
+    };
+    await put('/v1/tiers/gold', { rate: 20, burst: 10, floorFraction: 0.5 });
+    await put('/v1/tiers/demo', { rate: 100, burst: 100, floorFraction: 0.5 });
+    await put('/v1/tiers/deep', { rate: 10, burst: 50, floorFraction: 0.5 });
+    await put('/v1/tenants/acme', { tier: 'gold' });
+    await put('/v1/tenants/lowered', { tier: 'demo' });
+    await put('/v1/tenants/fresh', { tier: 'deep' });
+    const coordinators = IDS.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
+    opts.progress('starting 2 agents (--coordinators, rules only)');
+    for (const cell of ['cell-a', 'cell-b']) agents.push(await startAgent(c.root, cell, rules, coordinators));
+    await waitServing(agents);
+    load = await Paced.connect(agents);
+    load.start();
+    const rows: Record<string, number | string>[] = [];
+    const row = (finding: string, what: string, rate: number, burst: number, w: ReturnType<Paced['worst']>): void => {
+      rows.push({ finding, measured: what, 'rate/s': rate, burst, 'largest 1 s admitted': w.admitted, 'rate·(1 s+u) + burst': Math.round(w.limit * 10) / 10, 'u ms': Math.round(w.slackMs), 'within': w.admitted <= w.limit ? 'yes' : 'NO', errors: w.errors, 'fail-open': w.failOpen });
+      opts.progress(`  ${finding} ${what}: ${w.admitted} admitted in the worst 1 s against ${w.limit.toFixed(1)}`);
+    };
+
+    // 1. One tenant through two domains, two rule paths, four request shapes, on both cells.
+    opts.progress('finding 1: acme (20/s, burst 10) through 4 request shapes on both cells, 100/s each');
+    const shapes1 = [
+      template('api', [[{ key: 'tenant', value: 'acme' }]]),
+      template('api', [[{ key: 'route', value: 'upload' }, { key: 'tenant', value: 'acme' }]]),
+      template('web', [[{ key: 'customer', value: 'acme' }]]),
+      template('api', [[{ key: 'tenant', value: 'acme' }], [{ key: 'route', value: 'upload' }, { key: 'tenant', value: 'acme' }]]),
+    ];
+    let from = load.now();
+    load.set(0, 100, shapes1);
+    load.set(1, 100, shapes1);
+    await sleep(10_000 * scale);
+    load.set(0, 0);
+    load.set(1, 0);
+    row('1', 'one tenant, 2 domains, 2 rule paths, 4 shapes, 2 cells', 20, 10, load.worst(from, load.now(), 20, 10));
+    await sleep(1500);
+
+    // 2. Lowering the tier's rate with PUT /v1/tiers (100 → 40): the floors and grants follow.
+    opts.progress('finding 2: lowered (tier demo 100/s → 40/s) with cell-a at 150/s and cell-b at 40/s');
+    const shapes2 = [template('api', [[{ key: 'tenant', value: 'lowered' }]])];
+    from = load.now();
+    load.set(0, 150, shapes2);
+    load.set(1, 40, shapes2);
+    await sleep(6000 * scale);
+    const putAt = load.now();
+    await put('/v1/tiers/demo', { rate: 40, burst: 40, floorFraction: 0.5 });
+    const settled = load.now() + 3000 + 1000; // one lease TTL and the skew margin: every old grant acknowledged or expired
+    await sleep(Math.max(0, settled - load.now()) + 10_000 * scale);
+    load.set(0, 0);
+    load.set(1, 0);
+    const end2 = load.now();
+    row('2', 'before the PUT (rate 100)', 100, 100, load.worst(from, putAt, 100, 100));
+    row('2', 'the transition (PUT + TTL + margin), against the old rate', 100, 100, load.worst(putAt, settled + 1000, 100, 100));
+    row('2', 'after it, against the new rate 40', 40, 40, load.worst(settled, end2, 40, 40));
+    await sleep(1500);
+
+    // 3. Full start: cell-a drains the burst, cell-b starts 0.6 s later; then delete + re-create under load.
+    opts.progress('finding 3: fresh (10/s, burst 50): cell-a drains, cell-b starts 0.6 s later; delete and re-create under load');
+    const shapes3 = [template('api', [[{ key: 'tenant', value: 'fresh' }]])];
+    from = load.now();
+    load.set(0, 200, shapes3);
+    await sleep(600);
+    load.set(1, 200, shapes3);
+    await sleep(6000 * scale);
+    const r1 = await c.write('DELETE', '/v1/tenants/fresh');
+    if (r1.status !== 200) throw new Error(`DELETE fresh: ${r1.status}`);
+    await sleep(2000);
+    await put('/v1/tenants/fresh', { tier: 'deep' });
+    await sleep(8000 * scale);
+    load.set(0, 0);
+    load.set(1, 0);
+    row('3', 'new buckets, a grant moved in, delete + re-create', 10, 50, load.worst(from, load.now(), 10, 50));
+    return {
+      name: 'coordinator-bound',
+      title: `The bound for findings 1–3 of issue 12: largest 1 s window admitted by two agents together${opts.smoke ? ' (smoke)' : ''}`,
+      rows,
+      notes: [
+        `Machine: ${machineLine()}; 1-min load ${loadBefore.toFixed(1)} before, ${(os.loadavg()[0] ?? 0).toFixed(1)} after.`,
+        '3 coordinators (--floor-cells 2) and 2 agents (1 worker each, --coordinators, rules only: domains api and web, tenant global through two rule paths, customer global in web) as real processes; open-loop checks over each agent\'s RLS Unix socket, binned by send time in 100 ms bins; a window\'s bound is rate·(1 s + u) + burst with u the longest latency of an admitted answer sent in it (the decision lies between send and answer). Fail-open answers (overload) are counted apart and not in "admitted".',
+      ],
+    };
+  } finally {
+    await load?.stop();
+    for (const a of agents) a.proc.kill('SIGKILL');
+    await c.cleanup();
+  }
+}
+
