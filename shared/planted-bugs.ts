@@ -19,7 +19,10 @@ export const PLANTED_BUGS = [
   'release-by-wall-clock',
   /** The lease leader counts every grant it sent as acknowledged (a shrink frees capacity before it is applied). */
   'forged-ack',
-  /** A lease's floor takes over when a bucket next meets it, not at the lease's end: the time since refills at the grant's rate. */
+  /**
+   * A lease's floor takes over when a bucket next meets it, not at the lease's end: the time since refills at the
+   * grant's rate.
+   */
   'floor-as-of-now',
 ] as const;
 

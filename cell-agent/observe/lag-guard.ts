@@ -40,7 +40,10 @@ export interface LagGuardOptions {
   readonly thresholdMs?: number;
   /** Timer period (ms). Default 5. */
   readonly intervalMs?: number;
-  /** Checks handled since the last tick beyond which a behind thread is overloaded. Default DEFAULT_OVERLOAD_BACKLOG; 0: behind is overloaded. */
+  /**
+   * Checks handled since the last tick beyond which a behind thread is overloaded. Default DEFAULT_OVERLOAD_BACKLOG;
+   * 0: behind is overloaded.
+   */
   readonly backlog?: number;
 }
 
