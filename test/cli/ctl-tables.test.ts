@@ -23,8 +23,9 @@ function parseTable(text: string): { headers: string[]; rows: Record<string, str
   return { headers: head, rows: lines.map((l) => Object.fromEntries(head.map((h, i) => [h, l[i] ?? '']))) };
 }
 
-/** "3 s ago" → -3000, "in 2.1 s" → 2100, "850 ms ago" → -850. */
+/** "3 s ago" → -3000, "in 2.1 s" → 2100, "850 ms ago" → -850, "now" (within 50 ms) → 0. */
 function ageMs(text: string): number {
+  if (text === 'now') return 0;
   const m = /^(in )?([\d.]+) (ms|s|min|h|d)( ago)?$/.exec(text);
   assert.ok(m !== null && (m[1] === undefined) !== (m[4] === undefined), `'${text}' is an age`);
   const unit = { ms: 1, s: 1000, min: 60_000, h: 3_600_000, d: 86_400_000 }[m[3] as 'ms'];
