@@ -1,6 +1,6 @@
 // The accuracy benchmark (docs/targets.md: ±5 % of the quota under skew at 3 × the quota; a
 // moved demand served at ≥ 90 % within 2 s), with real processes: the scenario of
-// test/e2e/accuracy.test.ts (test/e2e/accuracy-harness.ts), run three times side by side:
+// test/e2e/accuracy.test.ts (testkit/accuracy-scenario.ts), run three times side by side:
 //
 //   coordinated   3 coordinators + 3 agents leasing slices (floors: 10 % of Q split over the cells)
 //   static Q÷3    3 agents alone (no --coordinators), each on --static-share 0.3333: safe, but a
@@ -17,9 +17,10 @@
 // and the time until c admits ≥ 90 % of its entitlement (Q minus the idle cells' floors, the same
 // target for every variant) is measured over 200 ms windows, with c's rate over the seconds after.
 import { createRequire } from 'node:module';
-import { BIN_MS, PacedLoad, Scenario, fairShares, type ScenarioOptions } from '../test/e2e/accuracy-harness.js';
+import { fileURLToPath } from 'node:url';
+import { BIN_MS, PacedLoad, Scenario, fairShares, type ScenarioOptions } from '../testkit/accuracy-scenario.js';
 import type { BenchReport } from './bench-report.js';
-import { findRedisServer } from './servers/redis-server.js';
+import { findRedisServer } from '../testkit/processes/redis-server.js';
 
 const QUOTA = 1000;
 const BURST = QUOTA / 5;
@@ -35,7 +36,7 @@ const VARIANTS: readonly Variant[] = [
   { name: 'coordinated (leased slices)', mode: { kind: 'leased', floorFraction: FLOOR_FRACTION } },
   { name: 'static Q÷3 per cell', mode: { kind: 'static', share: 0.3333 } },
   { name: 'static Q per cell', mode: { kind: 'static', share: 1 } },
-  { name: 'central Redis counter (rlf fixed window)', mode: { kind: 'central-redis' } },
+  { name: 'central Redis counter (rlf fixed window)', mode: { kind: 'central-redis', serverModule: fileURLToPath(new URL('./servers/rlf-quota.ts', import.meta.url)) } },
 ];
 
 function rlfVersion(): string {

@@ -19,6 +19,7 @@ import os from 'node:os';
 import { BucketTable } from '../cell-agent/buckets/bucket-table.js';
 import { limitFromRate } from '../cell-agent/buckets/gcra.js';
 import type { BenchReport } from './bench-report.js';
+import { Rng } from '../testkit/random.js';
 
 const MiB = 1024 * 1024;
 
@@ -66,17 +67,6 @@ function mib(bytes: number): number {
   return Math.round((bytes / MiB) * 10) / 10;
 }
 
-/** xorshift32, deterministic. */
-function rng(seed: number): () => number {
-  let x = seed | 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 4294967296;
-  };
-}
-
 let sink = 0;
 
 function tenantKey(i: number): string {
@@ -102,7 +92,7 @@ export function measureSize(buckets: number, calls: number, batch: number): Size
   const sabBytes = table.bytes();
 
   // Latency on random existing tenants; keys built (outside the timed region) per batch.
-  const random = rng(0x5eed);
+  const random = new Rng(0x5eed).asRandom();
   const batches = Math.max(1, Math.floor(calls / batch));
   const batchMean = new Float64Array(batches);
   const keys: string[] = new Array<string>(batch);

@@ -7,7 +7,7 @@
 //        [--transport uds|tcp] [--client raw|http2] [--sessions N] [--rate N] [--concurrency 1,16,64]
 //        [--seconds S] [--rounds N]
 //
-// Servers (each in a process of its own, bench/servers/host.ts, all started before the first
+// Servers (each in a process of its own, testkit/processes/host.ts, all started before the first
 // measurement and all stopped at the end, also on failure or Ctrl-C):
 //   ceiling     grpc-js answering ShouldRateLimit with a constant OK (bench/servers/ceiling.ts)
 //   agent       cell-agent/agent-main.ts startAgent, alone, on local rules (bench/servers/agent.ts)
@@ -18,7 +18,7 @@
 //   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
 //               persistence); skipped, with a note, when redis-server is not installed
 // The load generator (bench/load/loadgen.ts) is one more process: pre-encoded gRPC requests,
-// streams spread over `sessions` HTTP/2 connections, written by bench/load/h2-raw.ts (default) or
+// streams spread over `sessions` HTTP/2 connections, written by testkit/load/h2-raw.ts (default) or
 // by node:http2's client (--client http2, about 8× the generator CPU per request: on this
 // machine's two hyper-threads it takes CPU from the server under test; see h2-raw.ts). For every variant (bench: nothing is
 // refused; bench-limited: ~50 % refused, see bench/servers/bench-rules.ts) and every phase — closed
@@ -36,9 +36,9 @@ import type { BenchReport } from './bench-report.js';
 import { LoadGenerator } from './load/loadgen-client.js';
 import type { LoadJob, PhaseResult } from './load/loadgen-protocol.js';
 import { DOMAIN_LIMITED, DOMAIN_UNLIMITED, TENANTS } from './servers/bench-rules.js';
-import { RedisServer, findRedisServer } from './servers/redis-server.js';
-import type { ServerOptions } from './servers/server-module.js';
-import { ServerProcess } from './servers/server-process.js';
+import { RedisServer, findRedisServer } from '../testkit/processes/redis-server.js';
+import type { ServerOptions } from '../testkit/processes/server-module.js';
+import { ServerProcess } from '../testkit/processes/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
 
 export const SERVER_NAMES = ['ceiling', 'bare-h2', 'agent', 'agent-grpcjs', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
@@ -488,7 +488,7 @@ function buildReport(
   for (const s of skipped) notes.push(`skipped ${s.server}: ${s.reason}`);
   notes.push(...extraNotes);
   notes.push(
-    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'bench/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
+    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'testkit/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
     `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s) and the best round is reported (highest throughput; lowest p99, with that round's p50 and p99.9). Requests and errors add up all rounds.`,
     `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
     `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,

@@ -19,6 +19,7 @@ import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-com
 import type { Grant } from '../coordinator/ledger/ledger-commands.js';
 import { DEFAULT_MAX_GRANTS_PER_ROUND, grantPriority } from '../coordinator/lease/incremental-policy.js';
 import type { BenchReport } from './bench-report.js';
+import { Rng } from '../testkit/random.js';
 
 type MutableQuota = { -readonly [K in keyof AllocatorQuota]: AllocatorQuota[K] };
 
@@ -30,18 +31,6 @@ interface World {
   readonly nowMs: number;
 }
 
-/** mulberry32: a small deterministic PRNG (the bench must build the same world every run). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const TIERS = [
   { name: 'bronze', rate: 500, share: 0.6 },
   { name: 'silver', rate: 5_000, share: 0.3 },
@@ -50,7 +39,7 @@ const TIERS = [
 const FLOOR_FRACTION = 0.3;
 
 function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: number): World {
-  const rand = rng(seed);
+  const rand = new Rng(seed).asRandom();
   const cells: AllocatorCell[] = Array.from({ length: nCells }, (_, c) => ({ id: `cell-${c}`, hasFloor: true, reported: true, leaseExpiresAtMs: 10_000 }));
   const quotas: MutableQuota[] = [];
   const tierOf: number[] = [];
@@ -237,7 +226,7 @@ function baselinePass(w: World, runs: number): number {
 
 /** Moves the demand of a fraction `p` of the tenants' slices (deterministically for a given seed). */
 function moveDemands(w: World, tenants: number, p: number, seed: number, base: Float64Array, hierarchy: boolean): void {
-  const rand = rng(seed);
+  const rand = new Rng(seed).asRandom();
   const n = w.cells.length;
   w.slices.demand.set(base);
   for (let t = 0; t < tenants; t++) {
@@ -343,7 +332,7 @@ function subInput(w: World, rows: Int32Array, nowMs: number): AllocatorInput {
 
 /** Moves the demands of a fraction `p` of the tenants, at every cell; returns their rows (sorted). */
 function moveTenants(w: World, tenants: number, p: number, seed: number): Int32Array {
-  const rand = rng(seed);
+  const rand = new Rng(seed).asRandom();
   const n = w.cells.length;
   const rows: number[] = [];
   for (let t = 0; t < tenants; t++) {

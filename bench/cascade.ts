@@ -18,7 +18,7 @@
 // (DEBUG SLEEP is off by default in Redis 7, hence the proxy; CLIENT PAUSE is the "Redis itself
 // stops answering" case.)
 //
-// cellquota side: three coordinator processes (test/coordinator/cluster/cluster-harness.ts) and one
+// cellquota side: three coordinator processes (testkit/coordinator-cluster.ts) and one
 // agent process (cell-agent/agent-cli.ts) leasing a global per-tenant quota; the agent's
 // --coordinators are `n1=127.0.0.1:P1,...` with each Pi a FaultProxy in front of coordinator i's
 // gRPC (peer) port, so every lease call — and the call that follows a leader hint, the agent mapping
@@ -28,7 +28,7 @@
 // The load (a process of its own: this file, forked with CELLQUOTA_CASCADE_LOADER=1) is Envoy-like:
 // paced at a fixed rate (open loop: request i is due at t0 + i/rate whatever happened to the others,
 // its latency taken from that scheduled time — no coordinated omission), over two HTTP/2
-// connections written and read at the frame level (bench/load/h2-raw.ts). Envoy gives up on a
+// connections written and read at the frame level (testkit/load/h2-raw.ts). Envoy gives up on a
 // rate-limit call after 20 ms (its default RLS timeout) and then, by default (failure_mode_deny:
 // false), lets the request through. The load does not cancel: it waits for the real answer (up to a
 // drain after the step) so the figures show how late the limiter really is, and classifies each
@@ -47,15 +47,17 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { FaultProxy } from '../chaos/fault-proxy.js';
-import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
-import { agentMetric, waitUntil, type RunningAgent } from '../test/e2e/accuracy-harness.js';
+import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
+import { agentMetric, type RunningAgent } from '../testkit/accuracy-scenario.js';
 import type { BenchReport } from './bench-report.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, tenantFrames } from './load/rls-wire.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, tenantFrames } from '../testkit/load/rls-wire.js';
 import { DOMAIN_LIMITED } from './servers/bench-rules.js';
-import { RedisServer, findRedisServer } from './servers/redis-server.js';
-import { ServerProcess } from './servers/server-process.js';
+import { RedisServer, findRedisServer } from '../testkit/processes/redis-server.js';
+import { ServerProcess } from '../testkit/processes/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
+import { freePort } from '../testkit/ports.js';
+import { waitFor } from '../testkit/wait.js';
 
 // ------------------------------------------------------------------------------------------------
 // Settings
@@ -661,8 +663,8 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
     proc.once('exit', (code, signal) => {
       if (code !== 0 && signal !== 'SIGKILL') log(`[agent] exited (${signal ?? code}): ${a.output.slice(-1000)}`);
     });
-    await waitUntil('agent serving', async () => existsSync(socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, 60_000, () => a.output);
-    await waitUntil('agent leased', async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, 60_000, () => a.output);
+    await waitFor('agent serving', async () => existsSync(socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
+    await waitFor('agent leased', async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
 
     const leaseState = async (): Promise<number | null> => {
       try {

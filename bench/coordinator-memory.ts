@@ -1,5 +1,5 @@
 // `npm run bench -- coordinator-memory`: what 100,000 tenants cost the coordinators. Three real
-// coordinator processes on loopback (test/coordinator/cluster/cluster-harness.ts: LevelDB with
+// coordinator processes on loopback (testkit/coordinator-cluster.ts: LevelDB with
 // fsync, gRPC between replicas, the admin API over HTTP); one tier, then N tenants written through
 // the leader's admin API by 32 concurrent clients (PUT /v1/tenants/t-<i>, progress every 10,000).
 // Each replica's RSS and V8 heap (from its own /metrics: prom-client's default process metrics,
@@ -22,8 +22,9 @@ import { readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { CoordinatorCluster } from '../test/coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import type { BenchReport } from './bench-report.js';
+import { waitFor } from '../testkit/wait.js';
 
 export interface CoordinatorMemoryOptions {
   readonly smoke: boolean;
@@ -183,15 +184,6 @@ async function writeTenants(c: CoordinatorCluster, ids: (k: number) => string, c
   return { latencies, retries, seconds: (performance.now() - started) / 1000 };
 }
 
-async function waitFor(what: string, timeoutMs: number, fn: () => Promise<boolean>): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(200);
-  }
-}
-
 export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryOptions): Promise<CoordinatorMemoryResult> {
   const tenants = opts.tenants ?? (opts.smoke ? 2_000 : 100_000);
   const clients = opts.clients ?? 32;
@@ -211,10 +203,10 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
     await c.waitForLeader(60_000);
     const tier = await c.write('PUT', '/v1/tiers/bench', { rate: 1000, burst: 1000 });
     if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
-    await waitFor('every replica applied the tier', 30_000, async () => {
+    await waitFor('every replica applied the tier', async () => {
       const s = await sampleAll(c, names);
       return s.every((r) => r.appliedIndex === s[0]?.appliedIndex);
-    });
+    }, { timeoutMs: 30_000, everyMs: 200 });
     await sleep(opts.smoke ? 500 : 3000); // let start-up garbage settle
     samples.push({ phase: 'idle', replicas: await sampleAll(c, names) });
     progress(`idle: ${samples[0]?.replicas.map((r) => `${r.replica} RSS ${mib(r.rssBytes)} MiB`).join(', ')}`);
@@ -227,11 +219,11 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
     writes = { ok: w.latencies.length, retries: w.retries, perSec: Math.round(w.latencies.length / w.seconds), p50Ms: Math.round(quantile(sorted, 0.5) * 100) / 100, p99Ms: Math.round(quantile(sorted, 0.99) * 100) / 100 };
     progress(`written in ${w.seconds.toFixed(1)} s (${fmtInt(writes.perSec)} writes/s, p50 ${writes.p50Ms} ms, p99 ${writes.p99Ms} ms, ${writes.retries} retries); waiting for every replica to apply them`);
     let lastIndex = 0;
-    await waitFor(`every replica holding ${tenants} tenants`, 120_000, async () => {
+    await waitFor(`every replica holding ${tenants} tenants`, async () => {
       const s = await sampleAll(c, names);
       lastIndex = Math.max(...s.map((r) => r.appliedIndex));
       return s.every((r) => r.tenants === tenants && r.appliedIndex === lastIndex);
-    });
+    }, { timeoutMs: 120_000, everyMs: 200 });
     samples.push({ phase: 'written', replicas: await sampleAll(c, names) });
 
     {
@@ -424,7 +416,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const tier = await c.write('PUT', '/v1/tiers/bench', { rate: 1000, burst: 1000 });
     if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
     const all = [...c.replicas.keys()];
-    await waitFor('every replica applied the tier', 30_000, async () => (await live(all)).every((r) => r.tenants === 0 && r.appliedIndex >= 2));
+    await waitFor('every replica applied the tier', async () => (await live(all)).every((r) => r.tenants === 0 && r.appliedIndex >= 2), { timeoutMs: 30_000, everyMs: 200 });
     await sleep(opts.smoke ? 300 : 2000);
     samples.push({ phase: 'idle', replicas: await live(all) });
     const lagging = all.find((id) => id !== leader) as string;
@@ -454,7 +446,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     );
     const loadSeconds = (performance.now() - started) / 1000;
     const loadPerSec = Math.round(tenants / loadSeconds);
-    await waitFor(`${others.join(', ')} holding ${tenants} tenants`, 300_000, async () => (await live(others)).every((r) => r.tenants === tenants));
+    await waitFor(`${others.join(', ')} holding ${tenants} tenants`, async () => (await live(others)).every((r) => r.tenants === tenants), { timeoutMs: 300_000, everyMs: 200 });
     await sleep(opts.smoke ? 300 : 2000);
     samples.push({ phase: 'loaded', replicas: await live(others) });
 
@@ -475,10 +467,10 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const t0 = performance.now();
     const t0Wall = Date.now();
     c.start(lagging);
-    await waitFor(`${lagging} caught up`, 600_000, async () => {
+    await waitFor(`${lagging} caught up`, async () => {
       const r = await sampleReplica(c, lagging, names);
       return r.tenants === tenants && r.appliedIndex >= target;
-    });
+    }, { timeoutMs: 600_000, everyMs: 200 });
     const catchUpMs = Math.round(performance.now() - t0);
     const writesBefore = writes;
     writing = false;
@@ -492,7 +484,7 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     // Its own snapshot at start.
     await c.kill(lagging);
     c.start(lagging);
-    await waitFor(`${lagging} restarted`, 300_000, async () => (await sampleReplica(c, lagging, names)).tenants === tenants);
+    await waitFor(`${lagging} restarted`, async () => (await sampleReplica(c, lagging, names)).tenants === tenants, { timeoutMs: 300_000, everyMs: 200 });
     const restartRestore = logLine(c, lagging, 'restored the snapshot at start');
     const snapshots = all.flatMap((id) => snapshotsOf(c, id));
 

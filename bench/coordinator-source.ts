@@ -18,8 +18,9 @@ import { Ledger } from '../coordinator/ledger/ledger.js';
 import { loadQuotaLeaseService } from '../shared/lease-proto.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../shared/lease-proto.js';
 import { REPORT_BUDGET_BYTES, VelocityReporter, type ReportPage } from '../cell-agent/lease/velocity-report.js';
-import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from './bench-report.js';
+import { freePort } from '../testkit/ports.js';
 
 const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
 const ids = ['n1', 'n2', 'n3'];

@@ -16,7 +16,7 @@
 //
 // When `etcd` is not on PATH (nor $ETCD_BIN) the etcd rows are skipped with a note.
 import os from 'node:os';
-import { CoordinatorCluster, type HttpResult } from '../test/coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster, type HttpResult } from '../testkit/coordinator-cluster.js';
 import type { BenchReport } from './bench-report.js';
 import { EtcdCluster, findEtcd, etcdVersion, scrapeHistogram } from './servers/etcd-cluster.js';
 

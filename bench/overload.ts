@@ -27,7 +27,7 @@ import type { BenchReport } from './bench-report.js';
 import { LoadGenerator } from './load/loadgen-client.js';
 import type { LoadJob, PhaseResult } from './load/loadgen-protocol.js';
 import { DOMAIN_SMALL, SMALL_PER_SECOND } from './servers/bench-rules.js';
-import { ServerProcess } from './servers/server-process.js';
+import { ServerProcess } from '../testkit/processes/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
 
 const AGENT = fileURLToPath(new URL('./servers/agent.ts', import.meta.url));

@@ -1,7 +1,7 @@
 // Raft core throughput in memory: three nodes in one process, messages delivered at once, no
 // disk. It measures the consensus code alone — what the core costs per committed entry — with one
 // client (propose, wait for commit, repeat) and with many proposals in flight (batching).
-import { Harness } from '../test/raft/raft-harness.js';
+import { Harness } from '../testkit/raft/raft-harness.js';
 import type { BenchReport } from './bench-report.js';
 
 function commitsPerSecond(inFlight: number, total: number): { commitsPerSec: number; entries: number } {

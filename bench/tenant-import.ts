@@ -7,7 +7,7 @@ import os from 'node:os';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster } from '../test/coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import type { BenchReport } from './bench-report.js';
 
 const TARGET_PER_SECOND = 20_000;

@@ -3,11 +3,11 @@
 // them back with linearizable reads, through whichever replica they pick, following redirects to the
 // leader. Every operation is recorded with its call and return time; a write whose outcome is
 // unknown (timeout, 5xx, connection reset) may or may not have happened, and is recorded as such.
-// At the end the history is checked for linearizability (test/check/linearizability.ts, Wing & Gong
+// At the end the history is checked for linearizability (testkit/check/linearizability.ts, Wing & Gong
 // with memoization, per key, without the timed-out writes no read saw): an acknowledged write that
 // vanished, or a read of a value that was never acknowledged and then disappeared, makes it fail.
-import { checkLinearizable, kvModel, type KvInput, type KvOutput, type Operation } from '../test/check/linearizability.js';
-import { sleep } from './local-deployment.js';
+import { checkLinearizable, kvModel, type KvInput, type KvOutput, type Operation } from '../testkit/check/linearizability.js';
+import { sleep } from '../testkit/wait.js';
 
 /**
  * The register tenants (also on a staging deployment: named so nobody mistakes them). Six, so that

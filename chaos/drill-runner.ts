@@ -9,7 +9,9 @@ import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
 import type { AgentLeaseStatus } from './agent-lease-probe.js';
 import { ChaosLoad, type RecordedBin } from './load.js';
-import { LocalDeployment, sleep } from './local-deployment.js';
+import type { DrillTarget } from './drill-target.js';
+import { LocalDeployment } from './local-deployment.js';
+import { sleep } from '../testkit/wait.js';
 import { renderTimelineSvg } from './timeline-chart.js';
 import type { Timeline, TimelineEvent, TimelineSample } from './timeline.js';
 import { boundVerdict, errorsVerdict, latencyVerdict, quantile, recoveryVerdict, type ErrorExcuse, type Verdict } from './verdicts.js';
@@ -34,44 +36,6 @@ export interface DrillOptions {
   readonly keepData: boolean;
   /** Mutual TLS between every process, the lease service on its own port (LocalDeployment). */
   readonly tls?: boolean;
-}
-
-/** What a drill runs against: the tenant it loads and the cells and coordinators it watches. */
-export interface DrillSpec {
-  readonly cells: readonly string[];
-  readonly coordinators: readonly string[];
-  readonly tenant: string;
-  readonly domain: string;
-  /** The tenant's quota (req/s) and burst: the bound is quota·1 s + burst. */
-  readonly quota: number;
-  readonly burst: number;
-  /** Offered req/s per cell, in the order of `cells`. */
-  readonly offered: readonly number[];
-  /** The tenant's fail-open allowance summed over the cells (docs/quota-model.md "The bound"): the
-   * agents' --overload-allowance × their floors, and its depth. Null when not known (a deployment
-   * reached by address): fail-open answers are then only counted apart. */
-  readonly failOpenAllowance?: { readonly rate: number; readonly depth: number } | null;
-  /** The tier of the tenants the operators' writes go to (null: no admin writes). */
-  readonly adminTier: string | null;
-  /** Bearer token for admin writes (null: none). */
-  readonly adminToken: string | null;
-}
-
-/** The deployment under a drill: the local one (local-deployment.ts) or one reached by address
- * (remote-deployment.ts). */
-export interface DrillTarget {
-  readonly spec: DrillSpec;
-  start(progress: (msg: string) => void): Promise<void>;
-  stop(): Promise<void>;
-  /** Where each cell's RLS server listens (a Unix socket path or host:port), in the order of cells. */
-  rlsTargets(): string[];
-  /** Admin URLs of the replicas that may answer now. */
-  adminUrls(): string[];
-  agentQuota(cell: string, timeoutMs: number): Promise<{ source: string; rate: number; burst: number } | null>;
-  /** The cell's lease client as its agent reports it (null: no answer, or no coordinators). */
-  agentLease(cell: string, timeoutMs: number): Promise<AgentLeaseStatus | null>;
-  leader(timeoutMs: number): Promise<string | null>;
-  waitForLeader(timeoutMs: number): Promise<string>;
 }
 
 export interface DrillContext<D extends DrillTarget = LocalDeployment> {

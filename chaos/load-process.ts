@@ -8,8 +8,8 @@
 //
 // A cell whose agent is gone (restarted, killed) fails its checks at once as errors; the connection is
 // retried every 100 ms, so checks resume as soon as the agent serves again.
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../bench/load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../bench/load/rls-wire.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../testkit/load/rls-wire.js';
 import type { BinUpdate, LoadBin, LoadCommand, LoadMessage } from './load-protocol.js';
 
 const TICK_MS = 1;

@@ -23,8 +23,9 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js';
 import { FaultProxy } from './fault-proxy.js';
-import { freePort as reservePort } from '../test/coordinator/cluster/cluster-harness.js';
-import type { DrillSpec, DrillTarget } from './drill-runner.js';
+import { freePort } from '../testkit/ports.js';
+import { sleep, waitFor } from '../testkit/wait.js';
+import type { DrillSpec, DrillTarget } from './drill-target.js';
 import { makeLocalPki, type LocalPki } from '../shared/make-certs.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
@@ -122,24 +123,24 @@ export class LocalDeployment implements DrillTarget {
       mkdirSync(d.logDir, { recursive: true });
       if (opts.tls === true) d.pki = makeLocalPki(join(opts.dir, 'pki'), opts.coordinators, opts.cells);
       for (const id of opts.coordinators) {
-        const peerPort = await reservePort();
-        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort, adminPort: await reservePort(), leasePort: opts.tls === true ? await reservePort() : peerPort, dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
+        const peerPort = await freePort();
+        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort, adminPort: await freePort(), leasePort: opts.tls === true ? await freePort() : peerPort, dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
       }
       for (const from of opts.coordinators) {
         for (const to of opts.coordinators) {
           if (from === to) continue;
-          d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${from}>${to}` }));
+          d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await freePort() }, name: `${from}>${to}` }));
         }
       }
       for (const cell of opts.cells) {
         for (const to of opts.coordinators) {
-          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).leasePort }, listen: { host: '127.0.0.1', port: await reservePort() }, name: `${cell}>${to}` }));
+          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).leasePort }, listen: { host: '127.0.0.1', port: await freePort() }, name: `${cell}>${to}` }));
         }
         const socket = join(d.socketDir, `${cell}.sock`);
         if (Buffer.byteLength(socket) > MAX_SOCKET_PATH) {
           throw new Error(`the agent socket ${socket} is longer than ${MAX_SOCKET_PATH} bytes: set TMPDIR to a shorter folder`);
         }
-        d.agents.set(cell, { cell, name: `agent-${cell}`, socket, httpPort: await reservePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+        d.agents.set(cell, { cell, name: `agent-${cell}`, socket, httpPort: await freePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
       }
       writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
     } catch (e) {
@@ -242,7 +243,7 @@ export class LocalDeployment implements DrillTarget {
   /** Waits until the agent serves (socket and /healthz), and, if `leased`, holds a lease. */
   async waitForAgent(cell: string, leased: boolean, timeoutMs: number): Promise<void> {
     const a = this.agent(cell);
-    await waitUntil(`agent ${cell} serving${leased ? ' with a lease' : ''}`, async () => {
+    await waitFor(`agent ${cell} serving${leased ? ' with a lease' : ''}`, async () => {
       if (a.proc === null) throw new Error(`agent ${cell} exited: ${JSON.stringify(a.exit)}`);
       if (!existsSync(a.socket)) return false;
       const h = await fetch(`${this.agentUrl(cell)}/healthz`, { signal: AbortSignal.timeout(1000) });
@@ -250,7 +251,7 @@ export class LocalDeployment implements DrillTarget {
       if (!leased) return true;
       const metrics = await (await fetch(`${this.agentUrl(cell)}/metrics`, { signal: AbortSignal.timeout(1000) })).text();
       return /^cellquota_agent_lease_state 1$/m.test(metrics);
-    }, timeoutMs);
+    }, { timeoutMs, everyMs: 200, fatal: (e) => e instanceof Error && e.message.includes('exited') });
   }
 
   /** The slice the agent decides with for the drill tenant, null when unreachable. */
@@ -375,21 +376,4 @@ async function signalProc(p: Proc, signal: 'SIGKILL' | 'SIGTERM' | 'SIGSTOP' | '
   const timer = signal === 'SIGTERM' ? setTimeout(() => proc.kill('SIGKILL'), 10_000) : null;
   await exited;
   if (timer !== null) clearTimeout(timer);
-}
-
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-export async function waitUntil(what: string, fn: () => Promise<boolean>, timeoutMs: number): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  let lastError = '';
-  for (;;) {
-    try {
-      if (await fn()) return;
-    } catch (e) {
-      lastError = e instanceof Error ? e.message : String(e);
-      if (lastError.includes('exited')) throw e;
-    }
-    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === '' ? '' : ` (last error: ${lastError})`}`);
-    await sleep(200);
-  }
 }

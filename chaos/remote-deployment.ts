@@ -19,8 +19,8 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js';
-import type { DrillSpec, DrillTarget } from './drill-runner.js';
-import { sleep } from './local-deployment.js';
+import type { DrillSpec, DrillTarget } from './drill-target.js';
+import { sleep } from '../testkit/wait.js';
 
 const name = z.string().regex(/^[a-zA-Z0-9._:-]{1,128}$/, 'letters, digits and . _ : - (at most 128)');
 const url = z.string().url().refine((u) => u.startsWith('http://') || u.startsWith('https://'), 'an http(s) URL');

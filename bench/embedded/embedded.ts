@@ -11,9 +11,9 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { createLimiter } from '../../embedded/limiter.js';
-import { CoordinatorCluster } from '../../test/coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from '../bench-report.js';
-import { RedisServer, findRedisServer } from '../servers/redis-server.js';
+import { RedisServer, findRedisServer } from '../../testkit/processes/redis-server.js';
 import type { AppSettings, Variant } from './embedded-app.js';
 
 const APP = resolve(import.meta.dirname, 'embedded-app.ts');

@@ -8,13 +8,13 @@
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import type { BenchReport } from '../bench-report.js';
 import { armEmergencyStop } from '../emergency-stop.js';
+import { freePort, waitListening } from '../../testkit/ports.js';
 
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
 const SERVERS = fileURLToPath(new URL('./frontdoor-servers.ts', import.meta.url));
@@ -34,35 +34,6 @@ export interface FrontDoorResult {
   readonly report: BenchReport;
   readonly rows: readonly FrontDoorRow[];
   readonly skipped: readonly string[];
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const a = srv.address();
-      srv.close(() => resolve(typeof a === 'object' && a !== null ? a.port : 0));
-    });
-  });
-}
-
-async function waitListening(port: number, what: string, proc: ChildProcess, out: () => string): Promise<void> {
-  const until = Date.now() + 30_000;
-  while (Date.now() < until) {
-    if (proc.exitCode !== null) throw new Error(`${what} exited: ${out()}`);
-    const ok = await new Promise<boolean>((r) => {
-      const s = connect(port, '127.0.0.1');
-      s.once('connect', () => {
-        s.destroy();
-        r(true);
-      });
-      s.once('error', () => r(false));
-    });
-    if (ok) return;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${what} did not listen on ${port}: ${out()}`);
 }
 
 function haveNginx(): Promise<boolean> {
@@ -87,7 +58,7 @@ export async function runFrontDoorBenchDetailed(opts: { smoke: boolean; progress
     p.stdout?.on('data', (c: Buffer) => (out = (out + c.toString()).slice(-4000)));
     p.stderr?.on('data', (c: Buffer) => (out = (out + c.toString()).slice(-4000)));
     procs.push(p);
-    await waitListening(port, what, p, () => out);
+    await waitListening(port, what, { proc: p, timeoutMs: 30_000, context: () => out });
   };
   const rows: FrontDoorRow[] = [];
   const skipped: string[] = [];

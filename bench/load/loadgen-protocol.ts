@@ -35,13 +35,13 @@ export interface LoadJob {
   readonly rate: number;
   /** HTTP/2 connections per target (raised to its number of addresses); the streams are spread over them round-robin. */
   readonly sessions: number;
-  /** 'http2': node:http2's client. 'raw': bench/load/h2-raw.ts, frames written and read directly. */
+  /** 'http2': node:http2's client. 'raw': testkit/load/h2-raw.ts, frames written and read directly. */
   readonly client: 'http2' | 'raw';
   readonly warmupMs: number;
   readonly measureMs: number;
   /** After the last send: how long to wait for outstanding answers before counting them as errors. */
   readonly drainTimeoutMs: number;
-  /** Seed of the tenant order (xorshift32). */
+  /** Seed of the tenant order (testkit/random.ts). */
   readonly seed: number;
   /** Progress messages every this many ms (0: none). */
   readonly progressEveryMs: number;

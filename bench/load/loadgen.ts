@@ -2,7 +2,7 @@
 // shares an event loop with the server it measures. gRPC requests are encoded once per tenant
 // before the run (rls-wire.ts); no gRPC library, no protobuf library, no per-request encoding.
 // Two HTTP/2 clients (LoadJob.client):
-//   raw    bench/load/h2-raw.ts: a request is a copy of a per-tenant HEADERS+DATA template with its
+//   raw    testkit/load/h2-raw.ts: a request is a copy of a per-tenant HEADERS+DATA template with its
 //          stream id written in, all requests of one event-loop turn in one socket write; answers
 //          are read at the frame level. About 5 µs of generator CPU per request here.
 //   http2  node:http2: `session.request(headers)` and one `end(frame)` of a ready Buffer; the
@@ -36,9 +36,10 @@ import { AsyncResource } from 'node:async_hooks';
 import http2 from 'node:http2';
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, decodeResponse, tenantFrames } from './rls-wire.js';
+import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, decodeResponse, tenantFrames } from '../../testkit/load/rls-wire.js';
 import { targetAddresses, type FromLoadGen, type LatencySummary, type LoadJob, type PhaseResult, type ToLoadGen } from './loadgen-protocol.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './h2-raw.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../testkit/load/h2-raw.js';
+import { Rng } from '../../testkit/random.js';
 
 const HEADERS: http2.OutgoingHttpHeaders = {
   ':method': 'POST',
@@ -107,15 +108,10 @@ function summarize(samples: Float64Array, n: number): LatencySummary | null {
   return { samples: n, p50Us: at(0.5), p90Us: at(0.9), p99Us: at(0.99), p999Us: at(0.999), maxUs: at(1) };
 }
 
-/** xorshift32 over [0, n). */
+/** A seeded uniform pick over [0, n). */
 function tenantPicker(seed: number, n: number): () => number {
-  let x = seed | 0 || 0x9e3779b9;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) % n;
-  };
+  const rng = new Rng(seed);
+  return () => rng.int(n);
 }
 
 /** One request in flight. The stream's listeners are shared functions (no closures per request) that find it under CALL. */

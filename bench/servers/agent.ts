@@ -16,7 +16,7 @@ import { parseAgentConfig, type AgentConfigInput } from '../../cell-agent/agent-
 import { startAgent } from '../../cell-agent/agent-main.js';
 import { createRootLogger } from '../../shared/logging.js';
 import { rulesYaml } from './bench-rules.js';
-import type { RunningServer, ServerOptions } from './server-module.js';
+import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
 
 export function writeRules(dir: string): string {
   const rulesDir = join(dir, 'rules');

@@ -3,7 +3,7 @@
 // grpc-status 0 trailers once the request has ended; the request is never decoded. The floor of
 // what any server on node:http2 can do, the reference for the agent's lean server.
 import http2 from 'node:http2';
-import type { RunningServer, ServerOptions } from './server-module.js';
+import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
 
 /** RateLimitResponse{overall_code: OK, statuses: [{code: OK}]} as one gRPC message. */
 const FRAMED_OK = Buffer.from([0, 0, 0, 0, 6, 0x08, 0x01, 0x12, 0x02, 0x08, 0x01]);

@@ -3,7 +3,7 @@
 // benchmark's server 'ceiling'). With `codec: 'protobufjs'` (server 'ceiling-pbjs', not measured by
 // default) the request is decoded and the constant answer encoded by proto-loader/protobufjs, as in
 // a typical grpc-js handler: that shows how much of a server's cost is protobufjs.
-import type { RunningServer, ServerOptions } from './server-module.js';
+import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
 import { rawRlsService, startRlsServer, stopRlsServer, type RateLimitResponseMsg, type ShouldRateLimit } from './rls-grpc.js';
 import type * as grpc from '@grpc/grpc-js';
 

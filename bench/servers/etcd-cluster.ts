@@ -8,7 +8,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, constants, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
-import { freePort } from '../../test/coordinator/cluster/cluster-harness.js';
+import { freePort } from '../../testkit/ports.js';
 
 export function findEtcd(): string | null {
   const explicit = process.env['ETCD_BIN'];

@@ -1,6 +1,6 @@
 // One global quota counted in ONE redis-server by every process that answers RLS checks: what a
 // user would pick instead of cells with leased slices — the accuracy benchmark's "central Redis
-// counter" variant (bench/accuracy.ts, test/e2e/accuracy-harness.ts mode 'central-redis': one of
+// counter" variant (bench/accuracy.ts, testkit/accuracy-scenario.ts mode 'central-redis': one of
 // these per cell, each a process of its own, all on the same redis-server).
 //
 // rate-limiter-flexible's RateLimiterRedis (ioredis, default client settings) with points =
@@ -18,7 +18,7 @@
 import * as grpc from '@grpc/grpc-js';
 import { Redis } from 'ioredis';
 import { RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
-import type { RunningServer, ServerOptions } from './server-module.js';
+import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
 import { startRlsServer, stopRlsServer, type DescriptorStatusMsg, type RateLimitResponseMsg, type ShouldRateLimit } from './rls-grpc.js';
 
 const NO_LIMIT: RateLimitResponseMsg = { overallCode: 'OK', statuses: [{ code: 'OK' }] };

@@ -7,7 +7,7 @@ import * as grpc from '@grpc/grpc-js';
 import { Redis } from 'ioredis';
 import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes, type RateLimiterAbstract } from 'rate-limiter-flexible';
 import { DOMAIN_LIMITED, DOMAIN_UNLIMITED, LIMITED_PER_HOUR, TENANT_KEY, UNLIMITED_PER_SECOND, isLimitedTenant } from './bench-rules.js';
-import type { RunningServer, ServerOptions } from './server-module.js';
+import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
 import { startRlsServer, stopRlsServer, type DescriptorStatusMsg, type RateLimitRequestMsg, type RateLimitResponseMsg, type ShouldRateLimit } from './rls-grpc.js';
 
 const NO_LIMIT: RateLimitResponseMsg = { overallCode: 'OK', statuses: [{ code: 'OK' }] };

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { runAccuracyBench } from '../../bench/accuracy.js';
-import { findRedisServer } from '../../bench/servers/redis-server.js';
+import { findRedisServer } from '../../testkit/processes/redis-server.js';
 
 const noRedis = findRedisServer() === null;
 

@@ -13,7 +13,7 @@ import { runAgentBenchDetailed } from '../../bench/agent-rls.js';
 import { runJob } from '../../bench/load/loadgen.js';
 import type { LoadJob } from '../../bench/load/loadgen-protocol.js';
 import { rawRlsService, startRlsServer, stopRlsServer } from '../../bench/servers/rls-grpc.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, DEGRADED_HEADER, decodeOverallCode, decodeResponse, encodeRateLimitRequest, grpcFrame, tenantFrames } from '../../bench/load/rls-wire.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, DEGRADED_HEADER, decodeOverallCode, decodeResponse, encodeRateLimitRequest, grpcFrame, tenantFrames } from '../../testkit/load/rls-wire.js';
 import { isLimitedTenant, rulesYaml } from '../../bench/servers/bench-rules.js';
 
 const PROTO_ROOT = fileURLToPath(new URL('../../proto/', import.meta.url));
@@ -26,7 +26,7 @@ function rlsMethod(): protoLoader.MethodDefinition<object, object> {
   return m;
 }
 
-void describe('bench/load/rls-wire', () => {
+void describe('testkit/load/rls-wire', () => {
   void it('encodes the RateLimitRequest a protobuf decoder reads back', () => {
     const m = rlsMethod();
     const bytes = encodeRateLimitRequest('bench', [[{ key: 'tenant', value: 'tenant-42' }]]);

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { STEP_NAMES, SYSTEMS, runCascadeBenchDetailed } from '../../bench/cascade.js';
-import { findRedisServer } from '../../bench/servers/redis-server.js';
+import { findRedisServer } from '../../testkit/processes/redis-server.js';
 
 const NUMERIC = ['requests', 'p50 ms', 'p99 ms', 'p99.9 ms', 'max ms', 'errors %', 'over 20 ms %', 'refused %', 'admitted %', 'degraded %', 'allowed/s per tenant'];
 const LATENCY = new Set(['p50 ms', 'p99 ms', 'p99.9 ms', 'max ms']);

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { runEmbeddedBench } from '../../bench/embedded/embedded.js';
-import { findRedisServer } from '../../bench/servers/redis-server.js';
+import { findRedisServer } from '../../testkit/processes/redis-server.js';
 
 void test('embedded bench smoke: fastify and express with no limiter, the libraries, cellquota local and coordinated', { timeout: 300_000 }, async () => {
   const r = await runEmbeddedBench({ smoke: true, progress: () => undefined });

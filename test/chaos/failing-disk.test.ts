@@ -13,8 +13,9 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildFailingDisk, failingDiskEnv, type FailingDiskMode } from '../../chaos/faults/failing-disk.js';
-import { CoordinatorCluster, type Replica } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster, type Replica } from '../../testkit/coordinator-cluster.js';
 import { exitStorageFailure } from '../../cli/coordinator-command.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const noCompiler = spawnSync('cc', ['--version']).error !== undefined;
@@ -105,10 +106,10 @@ async function drill(mode: FailingDiskMode): Promise<void> {
     rmSync(trigger(victim));
     c.start(victim, { env: env(victim) });
     const name = lastAcked();
-    await c.waitFor(`${victim} to catch up to ${name}`, async () => {
+    await waitFor(`${victim} to catch up to ${name}`, async () => {
       const r = await c.http(victim, 'GET', `/v1/tenants/${name}?stale=true`);
       return r.status === 200 && r.body['tier'] === 'gold';
-    });
+    }, { timeoutMs: 20_000, everyMs: 100 });
     assert.equal(fatalLines(c.replica(victim)).length, 0, `${victim} restarted cleanly`);
   };
 

@@ -10,31 +10,14 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FaultProxy, type Endpoint } from '../../chaos/fault-proxy.js';
+import { waitFor } from '../../testkit/wait.js';
+import { Rng } from '../../testkit/random.js';
 
 // ---------------------------------------------------------------------------------------------------
 // Plumbing
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
-}
-
-async function waitFor(cond: () => boolean, what: string, timeoutMs = 8000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
-
-function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function sha256(b: Buffer): string {
@@ -122,12 +105,12 @@ class Client {
   }
 
   async waitBytes(n: number, what = `${n} bytes`): Promise<void> {
-    await waitFor(() => this.bytes >= n || this.closed, what);
+    await waitFor(what, () => this.bytes >= n || this.closed, { timeoutMs: 8000, everyMs: 5 });
     assert.equal(this.bytes >= n, true, `${what}: connection closed after ${this.bytes} bytes (${this.error?.message ?? 'no error'})`);
   }
 
-  waitClosed(): Promise<void> {
-    return waitFor(() => this.closed, 'the client connection to close');
+  async waitClosed(): Promise<void> {
+    await waitFor('the client connection to close', () => this.closed, { timeoutMs: 8000, everyMs: 5 });
   }
 
   destroy(): void {
@@ -139,7 +122,7 @@ class Client {
 async function tryEcho(proxy: FaultProxy): Promise<'ok' | 'closed'> {
   const c = new Client(proxy);
   c.socket.write('ping');
-  await waitFor(() => c.bytes >= 4 || c.closed, 'an echo or a close');
+  await waitFor('an echo or a close', () => c.bytes >= 4 || c.closed, { timeoutMs: 8000, everyMs: 5 });
   const r = c.bytes >= 4 ? 'ok' : 'closed';
   c.destroy();
   return r;
@@ -172,7 +155,7 @@ void test('fault-proxy: bytes pass through unchanged both ways (4 MiB of random 
     c.socket.end();
     await c.waitClosed();
     assert.equal(c.ended, true, 'FIN forwarded back');
-    await waitFor(() => proxy.stats().open === 0, 'the proxied connection to be forgotten');
+    await waitFor('the proxied connection to be forgotten', () => proxy.stats().open === 0, { timeoutMs: 8000, everyMs: 5 });
   } finally {
     await proxy.stop();
     await echo.close();
@@ -184,7 +167,7 @@ void test('fault-proxy: delayDownMs=100 delays the echo by at least 100 ms and k
   const proxy = await FaultProxy.start({ target: echo.endpoint });
   try {
     const c = new Client(proxy);
-    await waitFor(() => c.connected, 'connect');
+    await waitFor('connect', () => c.connected, { timeoutMs: 8000, everyMs: 5 });
     c.socket.write('warm');
     await c.waitBytes(4);
     proxy.set({ delayDownMs: 100 });
@@ -225,7 +208,7 @@ void test('fault-proxy: a slow reader pauses the source (backpressure), then get
   try {
     const c = new Client(proxy);
     c.socket.pause();
-    await waitFor(() => proxy.stats().bytesDown > 0, 'the first bytes');
+    await waitFor('the first bytes', () => proxy.stats().bytesDown > 0, { timeoutMs: 8000, everyMs: 5 });
     await sleep(300);
     const s = proxy.stats();
     assert.equal(s.bytesDown < total / 2, true, `the proxy kept pushing to a paused reader: ${s.bytesDown} bytes`);
@@ -269,7 +252,7 @@ void test('fault-proxy: delayUpMs delays client→server as well', async () => {
     delayed.set({ delayUpMs: 120 });
     const slow = new Client(delayed);
     const fast = new Client(plain);
-    await waitFor(() => slow.connected && fast.connected, 'both clients connected');
+    await waitFor('both clients connected', () => slow.connected && fast.connected, { timeoutMs: 8000, everyMs: 5 });
     const t0 = performance.now();
     slow.socket.write('slow');
     fast.socket.write('fast');
@@ -300,7 +283,7 @@ void test('fault-proxy: cutUp holds the bytes and delivers them in order after h
       await sleep(10);
     }
     const held = Buffer.byteLength(parts.join(''));
-    await waitFor(() => proxy.stats().heldUp === held, 'the proxy to hold every byte');
+    await waitFor('the proxy to hold every byte', () => proxy.stats().heldUp === held, { timeoutMs: 8000, everyMs: 5 });
     await sleep(100);
     assert.equal(echo.received, 7, 'nothing crossed the cut');
     assert.equal(c.bytes, 7);
@@ -323,8 +306,8 @@ void test('fault-proxy: cutDown holds the replies; lifting the cut still honours
     const c = new Client(proxy);
     proxy.set({ cutDown: true });
     c.socket.write('held');
-    await waitFor(() => echo.received === 4, 'the server to get the request');
-    await waitFor(() => proxy.stats().heldDown === 4, 'the reply held');
+    await waitFor('the server to get the request', () => echo.received === 4, { timeoutMs: 8000, everyMs: 5 });
+    await waitFor('the reply held', () => proxy.stats().heldDown === 4, { timeoutMs: 8000, everyMs: 5 });
     await sleep(50);
     assert.equal(c.bytes, 0);
     const t0 = performance.now();
@@ -345,11 +328,11 @@ void test('fault-proxy: a cut beyond maxHeldBytes destroys the connection', asyn
     proxy.set({ cutUp: true });
     const c = new Client(proxy);
     c.socket.write(Buffer.alloc(600));
-    await waitFor(() => proxy.stats().heldUp === 600, '600 bytes held');
+    await waitFor('600 bytes held', () => proxy.stats().heldUp === 600, { timeoutMs: 8000, everyMs: 5 });
     assert.equal(c.closed, false);
     c.socket.write(Buffer.alloc(600));
     await c.waitClosed();
-    await waitFor(() => proxy.stats().open === 0, 'the connection to be gone');
+    await waitFor('the connection to be gone', () => proxy.stats().open === 0, { timeoutMs: 8000, everyMs: 5 });
     const s = proxy.stats();
     assert.equal(s.heldUp, 0);
     assert.equal(s.dropped, 1);
@@ -374,7 +357,7 @@ void test('fault-proxy: reject destroys open connections and refuses new ones; h
     proxy.set({ reject: true });
     await a.waitClosed();
     await b.waitClosed();
-    await waitFor(() => echo.sockets.size === 0, 'the server side to be closed too');
+    await waitFor('the server side to be closed too', () => echo.sockets.size === 0, { timeoutMs: 8000, everyMs: 5 });
     assert.equal(proxy.stats().open, 0);
     assert.equal(await tryEcho(proxy), 'closed');
     assert.equal(await tryEcho(proxy), 'closed');
@@ -396,7 +379,7 @@ void test('fault-proxy: resetConnections() destroys both sides of every open con
     await a.waitBytes(1);
     proxy.resetConnections();
     await a.waitClosed();
-    await waitFor(() => echo.sockets.size === 0, 'the server side to be closed');
+    await waitFor('the server side to be closed', () => echo.sockets.size === 0, { timeoutMs: 8000, everyMs: 5 });
     assert.equal(await tryEcho(proxy), 'ok', 'new connections are still accepted');
   } finally {
     await proxy.stop();
@@ -417,7 +400,7 @@ void test('fault-proxy: dropConnections=1 drops every new connection; a seeded 0
     await proxy.stop();
   }
 
-  const seeded = await FaultProxy.start({ target: echo.endpoint, random: seededRandom(42) });
+  const seeded = await FaultProxy.start({ target: echo.endpoint, random: new Rng(42).asRandom() });
   try {
     seeded.set({ dropConnections: 0.5 });
     const results: string[] = [];
@@ -427,7 +410,7 @@ void test('fault-proxy: dropConnections=1 drops every new connection; a seeded 0
     assert.equal(seeded.stats().dropped, dropped);
 
     // The same seed drops the same connections.
-    const again = await FaultProxy.start({ target: echo.endpoint, random: seededRandom(42) });
+    const again = await FaultProxy.start({ target: echo.endpoint, random: new Rng(42).asRandom() });
     try {
       again.set({ dropConnections: 0.5 });
       const second: string[] = [];
@@ -461,7 +444,7 @@ void test('fault-proxy: target down closes the client; the proxy survives and wo
       await c.waitClosed();
       assert.equal(c.bytes, 0);
     }
-    await waitFor(() => proxy.stats().open === 0, 'no open connections');
+    await waitFor('no open connections', () => proxy.stats().open === 0, { timeoutMs: 8000, everyMs: 5 });
     echo = await EchoServer.start({ host: '127.0.0.1', port });
     assert.equal(await tryEcho(proxy), 'ok');
   } finally {
@@ -559,11 +542,11 @@ void test('fault-proxy: stop() closes the listener and every connection', async 
   await b.waitBytes(1);
   proxy.set({ cutUp: true });
   a.socket.write('held');
-  await waitFor(() => proxy.stats().heldUp === 4, 'bytes held');
+  await waitFor('bytes held', () => proxy.stats().heldUp === 4, { timeoutMs: 8000, everyMs: 5 });
   await proxy.stop();
   await a.waitClosed();
   await b.waitClosed();
-  await waitFor(() => echo.sockets.size === 0, 'the server side to be closed');
+  await waitFor('the server side to be closed', () => echo.sockets.size === 0, { timeoutMs: 8000, everyMs: 5 });
   const s = proxy.stats();
   assert.equal(s.open, 0);
   assert.equal(s.heldUp, 0);

@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { checkLinearizable, kvModel } from './linearizability.js';
-import type { KvInput, KvOutput, Model, Operation } from './linearizability.js';
+import { checkLinearizable, kvModel } from '../../testkit/check/linearizability.js';
+import type { KvInput, KvOutput, Model, Operation } from '../../testkit/check/linearizability.js';
 
 type KvOp = Operation<KvInput, KvOutput>;
 

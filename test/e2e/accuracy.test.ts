@@ -1,6 +1,6 @@
 // Accuracy end to end, all real processes: three coordinators, three cell agents (cells a, b, c), one
 // tenant with a global quota Q, and one lean load generator (this process: paced gRPC checks over
-// each agent's Unix socket, see accuracy-harness.ts).
+// each agent's Unix socket, see testkit/accuracy-scenario.ts).
 //
 // 1. Skew: 3·Q offered, 70/20/10 % over the cells. After a warm-up, the admitted global rate over
 //    10 s is within ±5 % of Q (docs/targets.md).
@@ -17,7 +17,7 @@
 // sustains alongside the six server processes (measured: see the printed figures).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { PacedLoad, Scenario, fairShares } from './accuracy-harness.js';
+import { PacedLoad, Scenario, fairShares } from '../../testkit/accuracy-scenario.js';
 
 const Q = 1000;
 const BURST = Q / 5;

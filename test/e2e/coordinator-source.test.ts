@@ -9,7 +9,9 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
+import { freePort } from '../../testkit/ports.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
@@ -42,15 +44,6 @@ async function check(agent: Agent, tenant: string): Promise<{ status: number; de
   return { status: r.status, degraded: r.headers.get('x-ratelimit-degraded') === 'true' };
 }
 
-async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs: number, output: () => string = () => ''): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${output().slice(-3000)}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
 void test('no tenants file: a tenant from the admin API is enforced on every agent on a lease; deleted, it is refused; re-created, admitted again', async () => {
   const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
   const agents: Agent[] = [];
@@ -72,7 +65,7 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
       await waitFor(`${a.cell} admits acme on a lease`, async () => {
         const r = await check(a, 'acme');
         return r.status === 200 && !r.degraded;
-      }, 60_000, () => a.output);
+      }, { timeoutMs: 60_000, everyMs: 100, context: () => a.output });
     }
     // A tenant the coordinators do not hold is refused (the default unknown-tenant policy, deny).
     for (const a of agents) assert.equal((await check(a, 'nobody')).status, 429);
@@ -87,7 +80,7 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
       await waitFor(`${a.cell} refuses the deleted tenant`, async () => {
         const r = await check(a, 'acme');
         return r.status === 429;
-      }, 10_000, () => a.output);
+      }, { timeoutMs: 10_000, everyMs: 100, context: () => a.output });
     }
     // Finding 6: re-created, every agent admits it again (its new grants' epochs are above the old).
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
@@ -95,7 +88,7 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
       await waitFor(`${a.cell} admits the re-created tenant on a lease`, async () => {
         const r = await check(a, 'acme');
         return r.status === 200 && !r.degraded;
-      }, 30_000, () => a.output);
+      }, { timeoutMs: 30_000, everyMs: 100, context: () => a.output });
     }
     const again = await c.http(leader, 'GET', '/v1/tenants/acme');
     for (const s of (again.body['slices'] ?? []) as { cellId: string; epoch: number }[]) {

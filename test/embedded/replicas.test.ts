@@ -2,7 +2,7 @@
 // global quota from three coordinators, exactly as cell agents do. Skewed HTTP load (70/20/10 %) at
 // 3 × the quota: after a warm-up the replicas together admit within ±5 % of the quota, and in every
 // 1 s window at most quota·W + burst (W stretched by the slowest admitted answer of that window, as
-// test/e2e/accuracy-harness.ts does: a request is decided when it arrives, not when it was sent).
+// testkit/accuracy-scenario.ts does: a request is decided when it arrives, not when it was sent).
 // The load is paced (open loop) from this process over keep-alive connections, binned by send time;
 // the bound is checked over the whole run, the ±5 % over 10 s after a warm-up (see below).
 import { test } from 'node:test';
@@ -11,7 +11,8 @@ import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { Agent, request } from 'node:http';
 import { resolve } from 'node:path';
-import { CoordinatorCluster } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const Q = 100;
 const BURST = 20;
@@ -41,14 +42,6 @@ function startReplica(cell: string, coordinators: string): Replica {
   proc.stdout.on('data', keep);
   proc.stderr.on('data', keep);
   return r;
-}
-
-async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs: number, context = (): string => ''): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await fn().catch(() => false))) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${context().slice(-2000)}`);
-    await sleep(200);
-  }
 }
 
 interface Bin { sent: number; admitted: number; refused: number; errors: number; maxAdmittedLatencyMs: number }
@@ -163,8 +156,8 @@ void test('three app replicas lease one quota from three coordinators: ±5 % of 
     const coordinators = [...cluster.replicas.values()].map((r) => `127.0.0.1:${r.peerPort}`).join(',');
     for (const cell of CELLS) replicas.push(startReplica(cell, coordinators));
     for (const r of replicas) {
-      await waitFor(`${r.cell} listening`, () => Promise.resolve(r.url !== null), 60_000, () => r.output);
-      await waitFor(`${r.cell} leased`, async () => ((await (await fetch(`${r.url}/lease`)).json()) as { lease: string }).lease === 'leased', 60_000, () => r.output);
+      await waitFor(`${r.cell} listening`, () => Promise.resolve(r.url !== null), { timeoutMs: 60_000, everyMs: 200, context: () => r.output });
+      await waitFor(`${r.cell} leased`, async () => ((await (await fetch(`${r.url}/lease`)).json()) as { lease: string }).lease === 'leased', { timeoutMs: 60_000, everyMs: 200, context: () => r.output });
     }
     load = new Load(replicas.map((r) => r.url as string), SKEW.map((f) => f * 3 * Q));
     load.start();

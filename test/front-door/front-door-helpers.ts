@@ -8,13 +8,12 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, request } from 'node:http';
 import type { IncomingHttpHeaders, Server } from 'node:http';
-import { connect } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
 import { WebSocketServer } from 'ws';
-import { freePort } from '../coordinator/cluster/cluster-harness.js';
-import { eventually } from '../cell-agent/agent/agent-helpers.js';
+import { freePort } from '../../testkit/ports.js';
+import { waitListening } from '../../testkit/ports.js';
 
 export { freePort };
 
@@ -135,25 +134,6 @@ export function send(url: string, opts: SendOptions = {}): Promise<Reply> {
   });
 }
 
-/** Waits until something accepts TCP connections on 127.0.0.1:port. */
-export async function listening(port: number, what: string, output: () => string, proc?: ChildProcess, timeoutMs = 15_000): Promise<void> {
-  let exited = false;
-  proc?.once('exit', () => (exited = true));
-  try {
-    await eventually(() => new Promise<true | undefined>((r, reject) => {
-      if (exited) reject(new Error('the process exited'));
-      const s = connect(port, '127.0.0.1');
-      s.once('connect', () => {
-        s.destroy();
-        r(true);
-      });
-      s.once('error', () => r(undefined));
-    }), timeoutMs, 50);
-  } catch (error) {
-    throw new Error(`${what} did not listen on ${port}: ${error instanceof Error ? error.message : String(error)}\n${output()}`, { cause: error });
-  }
-}
-
 export interface ProxyProcess {
   readonly port: number;
   readonly url: string;
@@ -204,7 +184,7 @@ ${http}
     }
     return `${out}${log}`;
   };
-  await listening(port, 'nginx', output, proc);
+  await waitListening(port, 'nginx', { proc, context: output });
   return { port, url: `http://127.0.0.1:${port}`, output, stop: () => stopProcess(proc) };
 }
 
@@ -218,7 +198,7 @@ export async function startCaddy(dir: string, port: number, caddyfile: string): 
   const proc = spawn('caddy', ['run', '--config', file, '--adapter', 'caddyfile'], { stdio: ['ignore', 'pipe', 'pipe'], env });
   proc.stdout.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr.on('data', (c: Buffer) => (out += c.toString()));
-  await listening(port, 'caddy', () => out, proc);
+  await waitListening(port, 'caddy', { proc, context: () => out });
   return { port, url: `http://127.0.0.1:${port}`, output: () => out, stop: () => stopProcess(proc) };
 }
 

@@ -9,10 +9,11 @@ import { parseGatewayConfig } from '../../cell-agent/gateway/gateway-config.js';
 import { startGateway } from '../../cell-agent/gateway/gateway-main.js';
 import type { GatewayHandle } from '../../cell-agent/gateway/gateway-main.js';
 import { runGatewayCommand } from '../../cell-agent/gateway/gateway-cli.js';
-import { captureLogger, eventually, tempDir } from '../cell-agent/agent/agent-helpers.js';
-import type { TempDir } from '../cell-agent/agent/agent-helpers.js';
 import { PER_MINUTE, perVisitorLimits, send, startUpstream, visitors } from './front-door-helpers.js';
 import type { Upstream } from './front-door-helpers.js';
+import { captureLogger } from '../../testkit/logs.js';
+import { waitFor } from '../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../testkit/temp-dir.js';
 
 const RULES = `
 domain: edge
@@ -54,7 +55,7 @@ void test('the gateway decides under the agent\'s overload policy: bounded by de
 
 void test('per-visitor limits, a spoofed X-Forwarded-For chain, 429 with Retry-After; throttling logged per client', async () => {
   await perVisitorLimits(gateway.url, visitor);
-  const line = await eventually(() => captured.lines.find((l) => l['msg'] === 'throttled' && typeof l['key'] === 'string' && l['key'].includes('remote_address=127.0.0.')));
+  const line = await waitFor('a throttled log line naming the visitor', () => captured.lines.find((l) => l['msg'] === 'throttled' && typeof l['key'] === 'string' && l['key'].includes('remote_address=127.0.0.')));
   assert.ok(Number(line['refused']) >= 1 && line['intervalMs'] === 200, JSON.stringify(line));
   // the upstream saw the visitor in X-Forwarded-For, appended by the gateway
   assert.ok(upstream.hits.includes('127.0.0.100'), upstream.hits.join(' '));
@@ -116,7 +117,7 @@ void test('connections per client are capped, exempt addresses are not', async (
   assert.equal(r.status, 200);
   for (const c of [...held, ...exempt]) c.end();
   // once closed, the visitor may connect again
-  await eventually(async () => ((await send(`${gateway.url}/again`, { from: v })).status === 200 ? true : undefined));
+  await waitFor('the visitor to be admitted again', async () => ((await send(`${gateway.url}/again`, { from: v })).status === 200 ? true : undefined));
   const metrics = await send(`${gateway.healthUrl}/metrics`);
   const refused = /^cellquota_gateway_connections_refused_total (\d+)$/m.exec(metrics.body);
   assert.ok(refused !== null && Number(refused[1]) >= 1, refused?.[0] ?? 'no cellquota_gateway_connections_refused_total');

@@ -7,10 +7,11 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../cell-agent/agent-config.js';
 import { startAgent } from '../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../cell-agent/agent-main.js';
-import { captureLogger, tempDir } from '../cell-agent/agent/agent-helpers.js';
-import type { TempDir } from '../cell-agent/agent/agent-helpers.js';
-import { PER_MINUTE, caddyExample, freePort, missing, nginxExample, perVisitorLimits, startCaddy, startNginx, startUpstream, visitors } from './front-door-helpers.js';
+import { PER_MINUTE, caddyExample, missing, nginxExample, perVisitorLimits, startCaddy, startNginx, startUpstream, visitors } from './front-door-helpers.js';
 import type { ProxyProcess, Upstream } from './front-door-helpers.js';
+import { captureLogger } from '../../testkit/logs.js';
+import { type TempDir, tempDir } from '../../testkit/temp-dir.js';
+import { freePort } from '../../testkit/ports.js';
 
 const RULES = `
 domain: edge

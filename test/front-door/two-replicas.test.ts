@@ -10,11 +10,13 @@ import { join } from 'node:path';
 import { parseGatewayConfig } from '../../cell-agent/gateway/gateway-config.js';
 import { startGateway } from '../../cell-agent/gateway/gateway-main.js';
 import type { GatewayHandle } from '../../cell-agent/gateway/gateway-main.js';
-import { CoordinatorCluster } from '../coordinator/cluster/cluster-harness.js';
-import { captureLogger, eventually } from '../cell-agent/agent/agent-helpers.js';
-import { freePort, missing, send, startNginx, startUpstream } from './front-door-helpers.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
+import { missing, send, startNginx, startUpstream } from './front-door-helpers.js';
 import type { ProxyProcess, Upstream } from './front-door-helpers.js';
 import { writeFileSync } from 'node:fs';
+import { captureLogger } from '../../testkit/logs.js';
+import { waitFor } from '../../testkit/wait.js';
+import { freePort } from '../../testkit/ports.js';
 
 const RATE = 10;
 const BURST = 20;
@@ -46,7 +48,7 @@ before(async () => {
     }), captureLogger().logger));
   }
   for (const g of gateways) {
-    await eventually(async () => (/^cellquota_agent_lease_state 1$/m.test((await send(`${g.healthUrl}/metrics`)).body) ? true : undefined), 30_000, 200);
+    await waitFor('the agent behind the gateway to hold a lease', async () => (/^cellquota_agent_lease_state 1$/m.test((await send(`${g.healthUrl}/metrics`)).body) ? true : undefined), { timeoutMs: 30_000, everyMs: 200 });
   }
 });
 

@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { EntryKind, RaftNode, Role, type Message } from '../../coordinator/raft/index.js';
-import { Harness } from './raft-harness.js';
+import { Harness } from '../../testkit/raft/raft-harness.js';
 
 const three = ['n1', 'n2', 'n3'];
 const five = ['n1', 'n2', 'n3', 'n4', 'n5'];

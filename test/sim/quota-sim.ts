@@ -56,7 +56,7 @@ import type { ReportRequestMessage } from '../../shared/lease-proto.js';
 import { PLANTED_BUGS, plantBug } from '../../shared/planted-bugs.js';
 import type { PlantedBug } from '../../shared/planted-bugs.js';
 import { EventQueue } from './sim-queue.js';
-import { Rng } from './sim-rng.js';
+import { Rng } from '../../testkit/random.js';
 
 export { PLANTED_BUGS };
 export type { PlantedBug };

@@ -23,10 +23,10 @@ import {
   type Snapshot,
 } from '../../coordinator/raft/index.js';
 import { sendBeforePersist } from '../../coordinator/raft/index.js';
-import { checkLinearizable, kvModel, type Operation } from '../check/linearizability.js';
+import { checkLinearizable, kvModel, type Operation } from '../../testkit/check/linearizability.js';
 import { EventQueue } from './sim-queue.js';
-import { Rng } from './sim-rng.js';
-import { SimDisk } from './sim-disk.js';
+import { Rng } from '../../testkit/random.js';
+import { SimDisk } from '../../testkit/raft/sim-disk.js';
 
 export class SimViolation extends Error {
   constructor(

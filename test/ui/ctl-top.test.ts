@@ -6,7 +6,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
-import { CoordinatorCluster } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const cli = resolve(import.meta.dirname, '../../cli/main.ts');
 const TOKEN = 'top-test-token';
@@ -24,14 +25,6 @@ function run(cmd: string, args: readonly string[]): Run {
   proc.stdout?.on('data', (b: Buffer) => (r.out += b.toString()));
   proc.stderr?.on('data', (b: Buffer) => (r.out += b.toString()));
   return r;
-}
-
-async function until(what: string, cond: () => boolean, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 async function exitsWithin(r: Run, ms: number): Promise<number | null> {
@@ -54,7 +47,7 @@ void test('ctl top: redraws each second; q (pipe and pty) and SIGINT end it with
 
     // On a pipe: frames one after another; q on stdin ends it.
     const piped = run(process.execPath, top);
-    await until('two frames naming the leader', () => (piped.out.match(/leader n1 {2}term \d+/g) ?? []).length >= 2);
+    await waitFor('two frames naming the leader', () => (piped.out.match(/leader n1 {2}term \d+/g) ?? []).length >= 2, { timeoutMs: 30_000 });
     assert.match(piped.out, /bound +peak admitted ÷ \(rate·1s \+ burst\)/);
     assert.match(piped.out, /CELL +LAST REPORT/);
     piped.proc.stdin?.write('q');
@@ -62,7 +55,7 @@ void test('ctl top: redraws each second; q (pipe and pty) and SIGINT end it with
 
     // SIGINT (Ctrl-C without a terminal).
     const interrupted = run(process.execPath, top);
-    await until('a frame', () => interrupted.out.includes('leader n1'));
+    await waitFor('a frame', () => interrupted.out.includes('leader n1'), { timeoutMs: 30_000 });
     interrupted.proc.kill('SIGINT');
     assert.equal(await exitsWithin(interrupted, 5000), 0, 'SIGINT ends it with status 0');
 
@@ -70,7 +63,7 @@ void test('ctl top: redraws each second; q (pipe and pty) and SIGINT end it with
     if (hasScript) {
       const command = [process.execPath, ...top].map((a) => `'${a.replace(/'/g, "'\\''")}'`).join(' ');
       const onPty = run('script', ['-qfec', command, '/dev/null']);
-      await until('a frame on the pty', () => onPty.out.includes('leader n1'));
+      await waitFor('a frame on the pty', () => onPty.out.includes('leader n1'), { timeoutMs: 30_000 });
       assert.ok(onPty.out.includes('\u001b[?1049h'), 'it draws on the alternate screen');
       onPty.proc.stdin?.write('q');
       assert.equal(await exitsWithin(onPty, 5000), 0, 'q ends it with status 0 on a terminal');

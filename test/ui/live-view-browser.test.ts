@@ -10,8 +10,10 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Page } from 'playwright-core';
-import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
 import { chromiumPath, launchBrowser } from './browser.js';
+import { freePort } from '../../testkit/ports.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const TOKEN = 'live-view-test-token';
@@ -69,22 +71,6 @@ async function text(page: Page, selector: string): Promise<string> {
   return (await page.locator(selector).textContent()) ?? '';
 }
 
-async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 20_000, everyMs = 100): Promise<T> {
-  if (process.env['CQ_TEST_TRACE'] !== undefined) console.error(`[live-view test] waiting for ${what}`);
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await probe();
-      if (v !== undefined) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last === undefined ? '' : `: ${last instanceof Error ? last.message : JSON.stringify(last)}`}`);
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
-}
-
 void test('live view in headless Chromium: cluster, cells, tenants, the bound under a skewed overload, a new tenant, the new leader after kill -9', { skip: chromiumPath() === null ? 'chromium is not installed (apt-get install chromium; CI installs it): the live view was not loaded in a browser' : false, timeout: 150_000 }, async () => {
   const c = await CoordinatorCluster.create(ids, ['--admin-token', TOKEN]);
   c.authToken = TOKEN;
@@ -100,7 +86,7 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
     agents.push(await startAgent(c.root, 'east', coordinators), await startAgent(c.root, 'west', coordinators));
     const [east, west] = agents as [Agent, Agent];
-    await until('both agents answer', async () => ((await Promise.all(agents.map((a) => fetch(`${a.url}/healthz`).then((r) => r.ok)))).every(Boolean) ? true : undefined), 90_000, 200);
+    await waitFor('both agents answer', async () => ((await Promise.all(agents.map((a) => fetch(`${a.url}/healthz`).then((r) => r.ok)))).every(Boolean) ? true : undefined), { timeoutMs: 90_000, everyMs: 200 });
     load = skewedLoad(east, west, 3 * QUOTA);
 
     // The state document is guarded by the admin token.
@@ -121,21 +107,21 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     await page.press('input[name=token]', 'Enter');
 
     // Leader, cells and tenant.
-    await until('the leader on the page', async () => ((await text(page, '#leader')) === leader ? true : undefined));
-    await until('both cells on the page, leased', async () => {
+    await waitFor('the leader on the page', async () => ((await text(page, '#leader')) === leader ? true : undefined), { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor('both cells on the page, leased', async () => {
       const cells = await text(page, '#cells');
       return cells.includes('east') && cells.includes('west') && !cells.includes('floors') ? true : undefined;
-    }, 30_000);
-    await until('tenant acme listed with a rate', async () => ((await text(page, '#tenants')).includes('acme') ? true : undefined));
+    }, { timeoutMs: 30_000, everyMs: 100 });
+    await waitFor('tenant acme listed with a rate', async () => ((await text(page, '#tenants')).includes('acme') ? true : undefined), { timeoutMs: 20_000, everyMs: 100 });
 
     // Choose it with the keyboard: its slices per cell and the chart.
     await page.locator('body').press('j');
     await page.locator('body').press('k');
     await page.locator('body').press('Enter');
-    await until('acme chosen: its slices', async () => {
+    await waitFor('acme chosen: its slices', async () => {
       const s = await text(page, '#slices');
       return s.includes('east') && s.includes('west') ? true : undefined;
-    });
+    }, { timeoutMs: 20_000, everyMs: 100 });
     await page.waitForSelector('#chart canvas', { timeout: 20_000 }).catch(async (err: unknown) => {
       const doc = await (await fetch(`${c.adminUrl(follower)}/ui/api/state?tenant=acme`, { headers: { authorization: `Bearer ${TOKEN}` } })).text();
       throw new Error(`no chart for acme: ${String(err)}; state: ${doc.slice(0, 3000)}`);
@@ -144,11 +130,11 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
 
     // The bound, measured: the ratio appears and stays ≤ 1 under the skewed overload.
     const ratios: number[] = [];
-    await until('five seconds of overshoot readings', async () => {
+    await waitFor('five seconds of overshoot readings', async () => {
       const r = Number(await text(page, '#overshoot'));
       if (Number.isFinite(r) && r > 0) ratios.push(r);
       return ratios.length >= 25 ? true : undefined;
-    }, 30_000, 200);
+    }, { timeoutMs: 30_000, everyMs: 200 });
     assert.ok(ratios.every((r) => r <= 1), `admitted ÷ (r·W + b) stays ≤ 1: ${ratios.join(' ')}`);
     assert.ok(Math.max(...ratios) > 0.2, `the overload shows in the ratio (≈ ${QUOTA}/(${QUOTA}+${QUOTA})): ${ratios.join(' ')}`);
     assert.equal(await text(page, '#windows-over'), '0', 'no reconstructed window over the bound');
@@ -158,11 +144,11 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     assert.match(metrics, /^cellquota_quota_overshoot_ratio\{quota="tenant\/acme"\} 0\.\d+/m, 'and the ratio of the busiest quota');
 
     // Why a 429 happened: the hot cell's refusal names the level, the lease and its epoch, the cell.
-    const refused = await until('a refusal on the hot cell', async () => {
+    const refused = await waitFor('a refusal on the hot cell', async () => {
       const r = await fetch(`${east.url}/v1/check`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] }) });
       const body = (await r.json()) as { refused_by?: Record<string, string | null> };
       return r.status === 429 ? { headers: r.headers, body } : undefined;
-    }, 20_000, 20);
+    }, { timeoutMs: 20_000, everyMs: 20 });
     assert.equal(refused.headers.get('x-ratelimit-refused-by'), 'tenant-quota');
     assert.equal(refused.headers.get('x-ratelimit-refused-limit'), 'tenant/acme');
     assert.match(refused.headers.get('x-ratelimit-decided-on') ?? '', /^lease epoch=\d+$/);
@@ -173,20 +159,20 @@ void test('live view in headless Chromium: cluster, cells, tenants, the bound un
     assert.equal((await c.write('PUT', '/v1/tenants/newco-7', { tier: 'gold' })).status, 200);
     await page.locator('body').press('/');
     await page.keyboard.type('newco');
-    await until('newco-7 found by the search', async () => {
+    await waitFor('newco-7 found by the search', async () => {
       const t = await text(page, '#tenants');
       return t.includes('newco-7') && !t.includes('acme') ? true : undefined;
-    });
+    }, { timeoutMs: 20_000, everyMs: 100 });
     await page.keyboard.press('Escape');
 
     // kill -9 the leader: the page names the new one within 3 s.
     const killedAt = Date.now();
     await c.kill(leader);
     const rest = ids.filter((id) => id !== leader);
-    const shown = await until('a new leader on the page', async () => {
+    const shown = await waitFor('a new leader on the page', async () => {
       const l = await text(page, '#leader');
       return rest.includes(l) ? l : undefined;
-    }, 20_000, 50);
+    }, { timeoutMs: 20_000, everyMs: 50 });
     const tookMs = Date.now() - killedAt;
     const agreed = await c.waitForLeader(20_000, rest);
     assert.equal(shown, agreed, 'the page shows the leader the cluster agrees on');

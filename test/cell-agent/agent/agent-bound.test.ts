@@ -14,8 +14,11 @@ import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
 import { RULES_ERROR_CODES, RulesError } from '../../../cell-agent/rules/rules-errors.js';
-import { RlsClient, captureLogger, d, eventually, grpcError, tempDir, unixTarget } from './agent-helpers.js';
-import type { RequestIn, TempDir } from './agent-helpers.js';
+import { RlsClient, d, grpcError, unixTarget } from '../../../testkit/rls-client.js';
+import type { RequestIn } from '../../../testkit/rls-client.js';
+import { captureLogger } from '../../../testkit/logs.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 // One tenant reachable through two domains and two rule paths.
 const API = `
@@ -149,11 +152,11 @@ const remaining = (r: { statuses: { limit_remaining: number }[] }): number | und
 void test('a global bucket first created long after the agent started starts empty, not with a burst it never refilled', async () => {
   // tier fast: 100/s, burst 50 — a bucket refills completely in 0.5 s. Once the agent has run longer
   // than that, a key seen for the first time (a new tenant, or a grant that moved in) must not hold 50.
-  await eventually(() => (Date.now() - startedAtMs > 700 ? true : undefined));
+  await waitFor('the agent to have run 700 ms', () => (Date.now() - startedAtMs > 700 ? true : undefined));
   const first = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 50 } }] });
   assert.equal(first.overall_code, 'OVER_LIMIT', 'a fresh global bucket is empty');
   // It refills at the slice's rate from its creation on.
-  await eventually(async () => {
+  await waitFor('the new bucket to refill to 50', async () => {
     const r = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 0 } }] });
     return remaining(r) === 50 ? true : undefined;
   });
@@ -169,8 +172,8 @@ void test('a global bucket evicted and re-created starts empty again', async () 
     const probe = async (tenant: string): Promise<number | undefined> =>
       remaining(await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', tenant]), hits_addend: { value: 0 } }] }));
     // a1's bucket fills up (50 tokens) and goes idle; a2 takes the table's only slot, evicting it.
-    await eventually(async () => ((await probe('a1')) === 50 ? true : undefined));
-    await eventually(async () => ((await probe('a2')) === 50 ? true : undefined));
+    await waitFor('a1 to hold 50', async () => ((await probe('a1')) === 50 ? true : undefined));
+    await waitFor('a2 to hold 50', async () => ((await probe('a2')) === 50 ? true : undefined));
     assert.match(await small.metricsText(), /cellquota_agent_bucket_evictions_total [1-9]/);
     // a1 comes back: a re-created global bucket holds nothing yet.
     const back = await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'a1']), hits_addend: { value: 50 } }] });

@@ -8,7 +8,9 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { runAgentCommand } from '../../../cell-agent/agent-cli.js';
-import { RlsClient, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
+import { RlsClient, d, unixTarget } from '../../../testkit/rls-client.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { tempDir } from '../../../testkit/temp-dir.js';
 
 const RULES = 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n';
 
@@ -159,7 +161,7 @@ void test('--merge-domains (here CELLQUOTA_MERGE_DOMAINS): two files of one doma
   const client = new RlsClient(unixTarget(socket));
   try {
     // Served once the socket answers; a rule from each file: k (1 an hour, a.yaml) and m (2 an hour, b.yaml).
-    await eventually(async () => (existsSync(socket) ? (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code : undefined), 30_000);
+    await waitFor('the agent to answer on its socket', async () => (existsSync(socket) ? (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code : undefined), { timeoutMs: 30_000 });
     assert.equal((await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code, 'OVER_LIMIT', `k from a.yaml; ${output}`);
     const m = [];
     for (let i = 0; i < 3; i++) m.push((await client.check({ domain: 'api', descriptors: [d(['m', 'v'])] })).overall_code);

@@ -10,8 +10,11 @@ import * as grpc from '@grpc/grpc-js';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
-import { HealthClient, RlsClient, captureLogger, d, eventually, grpcError, tempDir, unixTarget } from './agent-helpers.js';
-import type { CapturedLogger, ResponseOut, TempDir } from './agent-helpers.js';
+import { HealthClient, RlsClient, d, grpcError, unixTarget } from '../../../testkit/rls-client.js';
+import type { ResponseOut } from '../../../testkit/rls-client.js';
+import { type CapturedLogger, captureLogger } from '../../../testkit/logs.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const BASIC = `
 domain: basic
@@ -256,7 +259,7 @@ void test('gRPC health: Check and Watch; also under envoyproxy/ratelimit\'s name
 void test('global tenant quotas: the tier\'s static slice, started empty, marked degraded; unknown tenants on the default tier', async () => {
   // acme: bronze 100/s burst 100, share 0.5 → 50/s, burst 50. The bucket started empty with the
   // agent; wait until it is full.
-  await eventually(async () => {
+  await waitFor('tenant acme to refill to 50', async () => {
     const r = await uds.check({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }], hits_addend: { value: 0 } }] });
     return (r.statuses[0]?.limit_remaining ?? 0) >= 50 ? r : undefined;
   });
@@ -276,7 +279,7 @@ void test('global tenant quotas: the tier\'s static slice, started empty, marked
   // An unknown tenant gets bronze (its own bucket).
   const stranger = await uds.check({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'stranger' }], hits_addend: { value: 0 } }] });
   assert.equal(stranger.statuses[0]?.current_limit?.name, 'bronze');
-  const velocity = await eventually(() => agent.velocity().find((v) => v.key === 'tenant/acme'));
+  const velocity = await waitFor('the velocity of tenant/acme', () => agent.velocity().find((v) => v.key === 'tenant/acme'));
   assert.ok(velocity.allowed >= 46 && velocity.refused >= 45, `velocity ${JSON.stringify(velocity)}`);
   assert.match(await agent.metricsText(), /cellquota_agent_global_velocity_tokens_per_second\{quota="tenant\/acme",outcome="allowed"\}/);
 });
@@ -287,17 +290,17 @@ void test('hot reload: a changed rule applies in the workers; a broken file keep
   assert.equal(await limitOf(), 1);
   const before = agent.rulesStatus().main;
   writeFileSync(rulesFile, RELOAD_V2);
-  await eventually(async () => ((await limitOf()) === 100 ? true : undefined));
+  await waitFor('the reloaded limit 100', async () => ((await limitOf()) === 100 ? true : undefined));
   const status = agent.rulesStatus();
   assert.notEqual(status.main, before);
   assert.deepEqual(status.workers, [status.main]);
   writeFileSync(rulesFile, 'domain: reload\ndescriptors:\n  - key: r\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n');
-  await eventually(async () => (/cellquota_agent_config_reloads_total\{result="failure"\} [1-9]/.test(await agent.metricsText()) ? true : undefined));
+  await waitFor('a failed reload in the metrics', async () => (/cellquota_agent_config_reloads_total\{result="failure"\} [1-9]/.test(await agent.metricsText()) ? true : undefined));
   assert.equal(await limitOf(), 100, 'the last good rules stay in force');
   assert.equal(agent.rulesStatus().main, status.main);
   assert.ok(log.lines.some((l) => l['msg'] === 'rules reload failed; keeping the last good rules' && /invalid rate limit unit 'fortnight'/.test(String(l['error']))), 'the failure is logged');
   writeFileSync(rulesFile, RELOAD_V1);
-  await eventually(async () => ((await limitOf()) === 1 ? true : undefined));
+  await waitFor('the reloaded limit 1', async () => ((await limitOf()) === 1 ? true : undefined));
 });
 
 void test('HTTP API: /v1/check 200 and 429 with RateLimit headers and Retry-After; errors as JSON', async () => {

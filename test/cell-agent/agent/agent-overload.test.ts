@@ -11,8 +11,11 @@ import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
 import { DEFAULT_OVERLOAD_BACKLOG } from '../../../cell-agent/observe/lag-guard.js';
-import { RlsClient, captureLogger, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
-import type { CapturedLogger, ResponseOut, TempDir } from './agent-helpers.js';
+import { RlsClient, d, unixTarget } from '../../../testkit/rls-client.js';
+import type { ResponseOut } from '../../../testkit/rls-client.js';
+import { type CapturedLogger, captureLogger } from '../../../testkit/logs.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const RULES = `
 domain: o
@@ -56,7 +59,7 @@ const five = (c: RlsClient): Promise<ResponseOut> => c.check({ domain: 'o', desc
 const metric = (text: string, re: RegExp): number => Number(re.exec(text)?.[1] ?? 'NaN');
 
 void test('bounded (default): the queued checks of a blocked thread get at most each key\'s allowance fail-open, the rest refused at once; then decisions again', async () => {
-  await eventually(async () => ((await blocked(client)).overall_code === 'OVER_LIMIT' ? true : undefined));
+  await waitFor('the worker to decide', async () => ((await blocked(client)).overall_code === 'OVER_LIMIT' ? true : undefined));
   await agent.blockWorkerForTesting(0, 800); // the worker is now blocked; these checks wait in the socket
   // A backlog first: a thread that is behind decides its first BACKLOG checks after the block (a
   // busy machine's stall is no overload), the overload path takes the rest of the turn.
@@ -74,23 +77,23 @@ void test('bounded (default): the queued checks of a blocked thread get at most 
   for (const r of failOpen) assert.equal(header(r, 'x-ratelimit-degraded'), 'true');
   for (const r of overloadRefused) assert.equal(header(r, 'x-ratelimit-cell'), 'busy');
   // Metrics: per reason and quota, the overload time (the episode ends at the first on-time tick).
-  const text = await eventually(async () => {
+  const text = await waitFor('the overload fail-open count and seconds in the metrics', async () => {
     const t = await agent.metricsText();
     return metric(t, /cellquota_agent_quota_fail_open_total\{reason="overload",quota="o\|five=k"\} (\d+)/) === failOpen.length && metric(t, /^cellquota_agent_overload_seconds_total (\S+)$/m) > 0 ? t : undefined;
-  }, 10_000, 100);
+  }, { timeoutMs: 10_000, everyMs: 100 });
   assert.equal(metric(text, /cellquota_agent_fail_open_total\{reason="overload"\} (\d+)/), failOpen.length);
   assert.ok(metric(text, /cellquota_agent_overload_refused_total\{reason="allowance"\} (\d+)/) >= overloadRefused.length);
   assert.ok(metric(text, /cellquota_agent_overload_episodes_total (\d+)/) >= 1);
   // Caught up: decisions again.
-  const normal = await eventually(async () => {
+  const normal = await waitFor('decisions by the local rule again', async () => {
     const r = await blocked(client);
     return r.overall_code === 'OVER_LIMIT' && header(r, 'x-ratelimit-refused-by') === 'local-rule' ? r : undefined;
-  }, 5000);
+  }, { timeoutMs: 5000 });
   assert.equal(header(normal, 'x-ratelimit-fail-open'), undefined, 'a decision is not marked fail-open');
 });
 
 void test('open policy (the old behaviour): every queued check of a blocked thread is answered OK fail-open', async () => {
-  await eventually(async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined));
+  await waitFor('the worker to decide', async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined));
   await openAgent.blockWorkerForTesting(0, 800);
   const backlog = Array.from({ length: BACKLOG + 10 }, () => five(openClient));
   const answers = await Promise.all(Array.from({ length: 6 }, () => blocked(openClient)));
@@ -103,16 +106,16 @@ void test('open policy (the old behaviour): every queued check of a blocked thre
   }
   const text = await openAgent.metricsText();
   assert.ok(metric(text, /cellquota_agent_fail_open_total\{reason="overload"\} (\d+)/) >= 6);
-  await eventually(async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined), 5000);
+  await waitFor('decisions again', async () => ((await blocked(openClient)).overall_code === 'OVER_LIMIT' ? true : undefined), { timeoutMs: 5000 });
 });
 
 void test('a worker that dies is restarted on the same socket', async () => {
   agent.crashWorkerForTesting(0);
-  await eventually(async () => (/cellquota_agent_worker_restarts_total 1/.test(await agent.metricsText()) ? true : undefined), 15_000);
-  const r = await eventually(async () => {
+  await waitFor('one worker restart in the metrics', async () => (/cellquota_agent_worker_restarts_total 1/.test(await agent.metricsText()) ? true : undefined), { timeoutMs: 15_000 });
+  const r = await waitFor('the restarted worker to decide', async () => {
     const res = await blocked(client);
     return res.overall_code === 'OVER_LIMIT' ? res : undefined;
-  }, 15_000, 100);
+  }, { timeoutMs: 15_000, everyMs: 100 });
   assert.equal(r.statuses[0]?.code, 'OVER_LIMIT');
   assert.ok(log.lines.some((l) => l['msg'] === 'rls worker exited unexpectedly; restarting it'), 'the crash is logged');
   assert.match(await agent.metricsText(), /cellquota_agent_workers_serving 1/);

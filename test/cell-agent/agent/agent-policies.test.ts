@@ -6,8 +6,10 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
-import { RlsClient, captureLogger, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
-import type { TempDir } from './agent-helpers.js';
+import { RlsClient, d, unixTarget } from '../../../testkit/rls-client.js';
+import { captureLogger } from '../../../testkit/logs.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const RULES = `
 domain: api
@@ -61,7 +63,7 @@ void test('deny: an unknown tenant is always over the limit', async () => {
 void test('allow: an unknown tenant passes its tenant level but still counts against the domain cap', async () => {
   const { client } = agents.allow;
   // Domain cap 90 × 0.5 = 45 at this cell; wait for the empty-started bucket to fill.
-  await eventually(async () => {
+  await waitFor('the domain cap to leave 45 to a stranger', async () => {
     const r = await client.check({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'stranger' }], hits_addend: { value: 0 } }] });
     return r.statuses[0]?.current_limit?.name === 'domain-cap' && (r as unknown as { statuses: { limit_remaining: number }[] }).statuses[0]?.limit_remaining === 45 ? true : undefined;
   });
@@ -75,7 +77,7 @@ void test('tier cap: the tenants of a tier share the cap\'s slice; a refusal con
   const { client } = agents.deny;
   // gold: tenant 100 × 0.5 = 50 each, gold cap 60 × 0.5 = 30 (refilling at 30/s), domain cap 45.
   // Global buckets start empty when created: ask about both tenants until every level has refilled.
-  await eventually(async () => {
+  await waitFor('acme and globex to hold 30 each', async () => {
     const r = await client.check({ domain: 'api', descriptors: ['acme', 'globex'].map((t) => ({ entries: [{ key: 'tenant', value: t }], hits_addend: { value: 0 } })) });
     return (r as unknown as { statuses: { limit_remaining: number }[] }).statuses.every((s) => s.limit_remaining === 30) ? true : undefined;
   });

@@ -18,7 +18,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ChaosLoad } from '../../../chaos/load.js';
 import type { RecordedBin } from '../../../chaos/load.js';
-import { eventually, tempDir } from './agent-helpers.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { tempDir } from '../../../testkit/temp-dir.js';
 
 const RATE = 300;
 const LIMIT = 50;
@@ -52,10 +53,10 @@ async function startAgentProcess(): Promise<{ child: ChildProcess; http: string 
   let out = '';
   child.stdout?.on('data', (b: Buffer) => { out += b.toString(); });
   child.stderr?.on('data', (b: Buffer) => { out += b.toString(); });
-  const http = await eventually(() => {
+  const http = await waitFor('the agent to print its HTTP address', () => {
     if (child.exitCode !== null) throw new Error(`agent exited: ${out}`);
     return /http\s+(http:\/\/127\.0\.0\.1:\d+)/.exec(out)?.[1];
-  }, 60_000, 20);
+  }, { timeoutMs: 60_000, everyMs: 20 });
   return { child, http };
 }
 
@@ -75,17 +76,17 @@ void test('a restarted agent under steady load gives no fail-open answer in its 
   const first = await startAgentProcess();
   load = await ChaosLoad.start({ sockets: [socket], rates: [RATE], tenant: 'steady', domain: 'api', binMs: 100, clock: now });
   const running = load;
-  await eventually(() => running.bins.find((b) => b.cells.some((c) => c.admitted > 0)), 30_000, 50);
+  await waitFor('the first admitted check', () => running.bins.find((b) => b.cells.some((c) => c.admitted > 0)), { timeoutMs: 30_000, everyMs: 50 });
   first.child.kill('SIGKILL');
   const killedAt = now();
-  await eventually(() => (sum(running.bins.filter((b) => b.t > killedAt), (c) => c.errors) > 0 ? true : undefined), 30_000, 50);
+  await waitFor('errors after the kill', () => (sum(running.bins.filter((b) => b.t > killedAt), (c) => c.errors) > 0 ? true : undefined), { timeoutMs: 30_000, everyMs: 50 });
 
   const restartedAt = now();
   const second = await startAgentProcess();
   // The first bin with an answer sent after the restart began, then FIRST_MS of bins after it.
-  const back = await eventually(() => running.bins.find((b) => b.t - b.durationMs > restartedAt && b.cells.some((c) => c.admitted + c.refused + c.failOpen > 0)), 60_000, 50);
+  const back = await waitFor('the first answer of the restarted agent', () => running.bins.find((b) => b.t - b.durationMs > restartedAt && b.cells.some((c) => c.admitted + c.refused + c.failOpen > 0)), { timeoutMs: 60_000, everyMs: 50 });
   const from = back.t - back.durationMs;
-  await eventually(() => (running.bins.some((b) => b.t >= from + FIRST_MS + 500) ? true : undefined), 30_000, 50);
+  await waitFor('the judged window to pass', () => (running.bins.some((b) => b.t >= from + FIRST_MS + 500) ? true : undefined), { timeoutMs: 30_000, everyMs: 50 });
   const all = running.bins.filter((b) => b.t > from && b.t <= from + FIRST_MS);
   const window = steadyBins(all);
   assert.ok(window.length >= all.length / 2, `the load itself ran steadily for most of the window (${window.length} of ${all.length} bins)`);

@@ -7,8 +7,10 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../../cell-agent/agent-config.js';
 import { startAgent } from '../../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../../cell-agent/agent-main.js';
-import { RlsClient, captureLogger, d, eventually, tempDir, unixTarget } from './agent-helpers.js';
-import type { CapturedLogger, TempDir } from './agent-helpers.js';
+import { RlsClient, d, unixTarget } from '../../../testkit/rls-client.js';
+import { type CapturedLogger, captureLogger } from '../../../testkit/logs.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const RULES = `
 domain: shared
@@ -82,7 +84,7 @@ void test('statistics and the throttling log are aggregated across workers', asy
   assert.match(text, /cellquota_agent_workers_serving 2/);
   // Both workers report every 300 ms; the main thread writes one line per key per interval, so the
   // 110 refusals (160 − 50) appear in a line or two, never in 110.
-  const lines = await eventually(() => {
+  const lines = await waitFor('the throttled log lines of shared|k=hot summing to 110 refusals', () => {
     const found = log.lines.filter((l) => l['msg'] === 'throttled' && l['key'] === 'shared|k=hot');
     return found.reduce((sum, l) => sum + Number(l['refused']), 0) === 110 ? found : undefined;
   });

@@ -9,23 +9,16 @@ import assert from 'node:assert/strict';
 import { fork, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../../coordinator/cluster/cluster-harness.js';
-import { RlsClient, d } from './agent-helpers.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
+import { RlsClient, d } from '../../../testkit/rls-client.js';
+import { freePort } from '../../../testkit/ports.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const fixture = resolve(import.meta.dirname, 'blockable-agent.ts');
 const TTL_MS = 1_000;
 // gold: 100/s burst 100, floor fraction 0.2 over 2 floor cells: the floor is 10/s, burst 10.
 const FLOOR_RATE = 10;
 const FLOOR_BURST = 10;
-
-async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs: number, output: () => string): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${output().slice(-3000)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 void test('an agent whose main thread is frozen decides on its floor once its lease ended (the worker reads the deadline)', async () => {
   const c = await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', '2', '--lease-ttl-ms', String(TTL_MS)]);
@@ -63,15 +56,15 @@ void test('an agent whose main thread is frozen decides on its floor once its le
     await waitFor('cell-a leased a grant of most of the quota', async () => {
       for (let i = 0; i < 20; i++) await check();
       return (await grant()) >= 80 && !(await check()).degraded;
-    }, 60_000, () => output);
+    }, { timeoutMs: 60_000, context: () => output });
 
     // Freeze the main thread for long enough that the lease (≤ TTL after the freeze began) is over
     // with time to spare, and measure what the worker admits after that.
     const marker = join(c.root, 'blocked-at');
     agent.send({ block: TTL_MS + 4_000, marker });
-    await waitFor('the main thread to freeze', () => Promise.resolve(existsSync(marker) && readFileSync(marker, 'utf8') !== ''), 10_000, () => output);
+    await waitFor('the main thread to freeze', () => Promise.resolve(existsSync(marker) && readFileSync(marker, 'utf8') !== ''), { timeoutMs: 10_000, context: () => output });
     const blockedAt = Number(readFileSync(marker, 'utf8'));
-    await waitFor('the lease to have ended', () => Promise.resolve(Date.now() > blockedAt + TTL_MS + 100), 10_000, () => output);
+    await waitFor('the lease to have ended', () => Promise.resolve(Date.now() > blockedAt + TTL_MS + 100), { timeoutMs: 10_000, context: () => output });
     const from = Date.now();
     let admitted = 0;
     let admittedLeased = 0;
@@ -92,7 +85,7 @@ void test('an agent whose main thread is frozen decides on its floor once its le
     assert.ok(admitted > 0, 'the floor still admits');
 
     // Once the main thread runs again the agent leases again.
-    await waitFor('cell-a back on a lease', async () => !(await check()).degraded, 30_000, () => output);
+    await waitFor('cell-a back on a lease', async () => !(await check()).degraded, { timeoutMs: 30_000, context: () => output });
   } finally {
     rls?.close();
     agent?.kill('SIGKILL');

@@ -6,6 +6,7 @@ import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
 import type { BucketTableShared } from '../../../cell-agent/buckets/bucket-table.js';
 import { limitFromInterval } from '../../../cell-agent/buckets/gcra.js';
 import type { GcraLimit, StartPolicy } from '../../../cell-agent/buckets/gcra.js';
+import { Rng } from '../../../testkit/random.js';
 
 export interface LimitSpec {
   readonly intervalNs: bigint;
@@ -42,23 +43,12 @@ export interface RunResult {
   readonly requestedHits: number;
 }
 
-// xorshift32: deterministic per worker, no ambient randomness.
-function rng(seed: number): () => number {
-  let x = seed | 0 || 0x9e3779b9;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 4294967296;
-  };
-}
-
 function run(cmd: RunCommand): RunResult {
   const table = BucketTable.attach(cmd.table);
   const clock = new BigInt64Array(cmd.clock);
   const go = new Int32Array(cmd.go);
   const limits: GcraLimit[] = cmd.limits.map((l) => limitFromInterval(l.intervalNs, l.burst, l.start));
-  const random = rng(cmd.seed);
+  const random = new Rng(cmd.seed).asRandom();
   const admittedHits = new Array<number>(cmd.keys.length).fill(0);
   let deniedOps = 0;
   let tableFull = 0;

@@ -17,7 +17,7 @@ import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
 import type { RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
 import { encodeRateLimitResponse } from '../../../cell-agent/rls/rls-codec.js';
-import { captureLogger } from '../agent/agent-helpers.js';
+import { captureLogger } from '../../../testkit/logs.js';
 
 const REQ: RlsRequest = { domain: 'd', hitsAddend: 0, descriptors: [{ entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null }, { entries: [], limit: null, hitsAddend: null }] };
 

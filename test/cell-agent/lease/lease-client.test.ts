@@ -12,6 +12,7 @@ import { LeaseClient } from '../../../cell-agent/lease/lease-client.js';
 import type { LeaseState, VelocityInput } from '../../../cell-agent/lease/lease-client.js';
 import type { OverrideEntry } from '../../../cell-agent/lease/quota-overrides.js';
 import { QuotaOverrides } from '../../../cell-agent/lease/quota-overrides.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const svc = loadQuotaLeaseService();
 const logger = pino({ level: 'silent' });
@@ -45,16 +46,6 @@ async function fakeCoordinator(behaviour: Behaviour): Promise<Fake> {
   });
   const port = await new Promise<number>((ok, fail) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))));
   return Object.assign(fake, { address: `127.0.0.1:${port}`, requests, stop: () => server.forceShutdown() });
-}
-
-async function eventually<T>(what: string, fn: () => T | undefined | false, timeoutMs = 5000): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const v = fn();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({ key: 'tenant/acme', rate, burst, epoch, floorRate: 100, floorBurst: 100, version: 1, parent: '', deleted: false });
@@ -92,7 +83,7 @@ void test('lease client: follows the leader hint, applies and acknowledges grant
   });
   try {
     client.start();
-    await eventually('a report to the leader', () => leader.requests.length >= 1);
+    await waitFor('a report to the leader', () => leader.requests.length >= 1, { timeoutMs: 5000, everyMs: 20 });
     assert.equal(client.status().target, leader.address, 'follows the hint');
     assert.ok(follower.requests.length >= 1, 'asked the follower first');
     const first = leader.requests[0] as ReportRequestMessage;
@@ -101,21 +92,21 @@ void test('lease client: follows the leader hint, applies and acknowledges grant
 
     // The grant is acknowledged at once, so the next one may follow within milliseconds: look at
     // what was applied, not only at what is in force now.
-    const first300 = await eventually('the grant applied', () => applied.flat().find((e) => e.key === 'tenant/acme' && 'rate' in e && e.rate === 300));
+    const first300 = await waitFor('the grant applied', () => applied.flat().find((e) => e.key === 'tenant/acme' && 'rate' in e && e.rate === 300), { timeoutMs: 5000, everyMs: 20 });
     assert.equal('leased' in first300 && first300.leased, true, 'applied as a leased grant');
     assert.equal(states[0], 'leased');
     // Acknowledged in the next report, then the shrink (epoch 2, below the floor: max(grant, floor) = 100).
-    await eventually('ack of epoch 1', () => leader.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)));
-    await eventually('epoch 2 applied', () => overrides.get('tenant/acme')?.rate === 100);
-    await eventually('ack of epoch 2', () => leader.requests.some((r) => r.acks.some((a) => a.epoch === 2)));
+    await waitFor('ack of epoch 1', () => leader.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)), { timeoutMs: 5000, everyMs: 20 });
+    await waitFor('epoch 2 applied', () => overrides.get('tenant/acme')?.rate === 100, { timeoutMs: 5000, everyMs: 20 });
+    await waitFor('ack of epoch 2', () => leader.requests.some((r) => r.acks.some((a) => a.epoch === 2)), { timeoutMs: 5000, everyMs: 20 });
     const n = leader.requests.length;
-    await eventually('two more reports', () => leader.requests.length >= n + 2);
+    await waitFor('two more reports', () => leader.requests.length >= n + 2, { timeoutMs: 5000, everyMs: 20 });
     assert.equal(leader.requests[leader.requests.length - 1]?.acks.length, 0, 'acknowledged once, not again');
 
     // A key that goes quiet is sent once with 0, then not at all.
     velocity = [];
     const m = leader.requests.length;
-    await eventually('three more reports', () => leader.requests.length >= m + 3);
+    await waitFor('three more reports', () => leader.requests.length >= m + 3, { timeoutMs: 5000, everyMs: 20 });
     const later = leader.requests.slice(m);
     assert.deepEqual(later[0]?.velocity, [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 0 }], 'quiet key once with 0');
     assert.deepEqual(later[2]?.velocity, [], 'then nothing');
@@ -145,7 +136,7 @@ void test('lease client: with ID=HOST:PORT it follows the leader by id to its ow
   try {
     // Start at the follower whichever configured address the client picks first.
     client.start();
-    await eventually('reports reaching n2 at this agent\'s address', () => leader.requests.length >= 3);
+    await waitFor('reports reaching n2 at this agent\'s address', () => leader.requests.length >= 3, { timeoutMs: 5000, everyMs: 20 });
     assert.equal(client.status().target, leader.address, 'the target is the configured address of n2');
     assert.equal(elsewhere.requests.length, 0, 'never dialled the address the replicas know n2 by');
   } finally {
@@ -228,7 +219,7 @@ void test('lease client: rotates over the configured coordinators when one is un
   const client = new LeaseClient({ cellId: 'eu', coordinators: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3', coord.address], logger, velocity: () => [], onOverrides: () => undefined, intervalMs: 100 });
   try {
     client.start();
-    await eventually('a successful report', () => client.status().state === 'leased', 8000);
+    await waitFor('a successful report', () => client.status().state === 'leased', { timeoutMs: 8000, everyMs: 20 });
     assert.equal(client.status().target, coord.address);
   } finally {
     client.stop();
@@ -284,14 +275,14 @@ void test('finding 4: a grant whose GCRA window the bucket table cannot hold is 
   });
   try {
     client.start();
-    await eventually('the huge grant acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)));
+    await waitFor('the huge grant acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)), { timeoutMs: 5000, everyMs: 20 });
     const inForce = overrides.get('tenant/acme');
     assert.ok(inForce !== undefined && inForce.leased && inForce.rate === 1, 'applied as a leased grant');
     assert.ok(inForce.burst < 1e8 && inForce.burst >= 7e7, `the burst clamped to the deepest bucket that fits (72,057,594 at 1/s): ${inForce.burst}`);
     // An answer whose entries cannot be applied at all: logged, the key runs on its floor, not acknowledged, retried.
     failNext = true;
     coordinator.behaviour = () => ok([other]);
-    await eventually('the failed grant re-applied from the next answer and acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/other')), 10_000);
+    await waitFor('the failed grant re-applied from the next answer and acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/other')), { timeoutMs: 10_000, everyMs: 20 });
     assert.equal(overrides.get('tenant/other')?.leased, true);
     assert.ok(client.status().reportsOk >= 3, 'the client kept reporting');
   } finally {

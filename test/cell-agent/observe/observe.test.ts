@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
 import { MAX_THROTTLE_LINES, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
-import { captureLogger } from '../agent/agent-helpers.js';
+import { captureLogger } from '../../../testkit/logs.js';
 
 void test('lag guard (backlog 0): overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
   const episodes: number[] = [];

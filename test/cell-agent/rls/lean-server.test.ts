@@ -21,8 +21,9 @@ import {
   encodeRateLimitRequest,
 } from '../../../cell-agent/rls/rls-codec.js';
 import type { RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
-import { RlsClient, captureLogger, d, grpcError, tempDir, unixTarget } from '../agent/agent-helpers.js';
-import type { TempDir } from '../agent/agent-helpers.js';
+import { RlsClient, d, grpcError, unixTarget } from '../../../testkit/rls-client.js';
+import { captureLogger } from '../../../testkit/logs.js';
+import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const RLS = '/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit';
 const RULES = 'domain: lean\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2, name: two}\n  - key: free\n    rate_limit: {unlimited: true}\n';

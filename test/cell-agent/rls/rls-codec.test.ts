@@ -15,7 +15,7 @@ import {
   encodeRateLimitResponse,
 } from '../../../cell-agent/rls/rls-codec.js';
 import type { RlsRequest, RlsResponse } from '../../../cell-agent/messages/rls-messages.js';
-import { PROTO_DIR } from '../agent/agent-helpers.js';
+import { PROTO_DIR } from '../../../testkit/rls-client.js';
 
 const defs = protoLoader.loadSync(['envoy/service/ratelimit/v3/rls.proto', 'grpc/health/v1/health.proto'], {
   includeDirs: [PROTO_DIR], keepCase: true, longs: Number, enums: Number, defaults: true, oneofs: true,

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { resolve } from 'node:path';
-import { CoordinatorCluster } from './cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 
 const cli = resolve(import.meta.dirname, '../../../cli/main.ts');
 

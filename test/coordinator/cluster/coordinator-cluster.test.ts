@@ -5,7 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
-import { CoordinatorCluster } from './cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 
@@ -92,7 +93,7 @@ void test('kill -9 of the leader: a new leader takes writes; kill all three and 
     c.startAll();
     await c.waitForLeader();
     for (const id of ids) {
-      await c.waitFor(`${id} to serve reads`, async () => (await c.http(id, 'GET', '/v1/tenants?limit=1000')).status === 200);
+      await waitFor(`${id} to serve reads`, async () => (await c.http(id, 'GET', '/v1/tenants?limit=1000')).status === 200, { timeoutMs: 20_000, everyMs: 100 });
       const list = await c.http(id, 'GET', '/v1/tenants?limit=1000');
       const have = new Set((list.body['tenants'] as { id: string }[]).map((t) => t.id));
       for (const a of acked) assert.ok(have.has(a), `${id} lost acknowledged tenant ${a}`);
@@ -112,7 +113,7 @@ void test('a node that missed many writes catches up through InstallSnapshot aft
     assert.equal((await c.write('PUT', '/v1/tiers/t', { rate: 100, burst: 100 })).status, 200);
     for (let i = 0; i < 80; i++) assert.equal((await c.write('PUT', `/v1/tenants/s${i}`, { tier: 't' })).status, 200);
     c.start(lagger);
-    await c.waitFor(`${lagger} to catch up`, async () => (await c.http(lagger, 'GET', '/v1/tenants/s79?stale=true')).status === 200, 30_000);
+    await waitFor(`${lagger} to catch up`, async () => (await c.http(lagger, 'GET', '/v1/tenants/s79?stale=true')).status === 200, { timeoutMs: 30_000, everyMs: 100 });
     assert.match(c.replica(lagger).output, /installed a snapshot from the leader/);
   } finally {
     await c.cleanup();
@@ -143,7 +144,7 @@ void test('leadership transfer under write load loses nothing; a node replaced w
       assert.equal(transfer.status, 200, JSON.stringify(transfer.body));
       const to = transfer.body['transferringTo'] as string;
       try {
-        await c.waitFor('the transfer', async () => (await c.waitForLeader()) === to, 5000);
+        await waitFor('the transfer', async () => (await c.waitForLeader()) === to, { timeoutMs: 5000, everyMs: 100 });
         target = to;
       } catch {
         // not moved this time
@@ -166,7 +167,7 @@ void test('leadership transfer under write load loses nothing; a node replaced w
     c.start(victim, { join: true });
     const replaced = await c.write('POST', `/v1/members/${victim}/replace`, { address: `127.0.0.1:${c.replica(victim).peerPort}` });
     assert.equal(replaced.status, 200, JSON.stringify(replaced.body));
-    await c.waitFor(`${victim} to hold the data`, async () => (await c.http(victim, 'GET', `/v1/tenants/${acked.at(-1) ?? 'w0'}?stale=true`)).status === 200, 30_000);
+    await waitFor(`${victim} to hold the data`, async () => (await c.http(victim, 'GET', `/v1/tenants/${acked.at(-1) ?? 'w0'}?stale=true`)).status === 200, { timeoutMs: 30_000, everyMs: 100 });
     const cluster = await c.http(await c.waitForLeader(), 'GET', '/v1/cluster');
     const member = (cluster.body['members'] as { id: string; voter: boolean }[]).find((m) => m.id === victim);
     assert.equal(member?.voter, true, `${victim} is a voter again`);
@@ -181,12 +182,12 @@ void test('a wiped data directory is detected: the node refuses to vote and prin
     c.startAll();
     const leader = await c.waitForLeader();
     // Every member's data directory is recorded by the cluster.
-    await c.waitFor('incarnations recorded', async () => Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object).length === 3);
+    await waitFor('incarnations recorded', async () => Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object).length === 3, { timeoutMs: 20_000, everyMs: 100 });
     const victim = ids.find((id) => id !== leader) ?? 'n3';
     await c.kill(victim);
     rmSync(c.replica(victim).dataDir, { recursive: true, force: true });
     c.start(victim); // same flags, empty directory: as after a lost disk
-    await c.waitFor("the refusal", () => Promise.resolve(/must not vote/.test(c.replica(victim).output)));
+    await waitFor("the refusal", () => Promise.resolve(/must not vote/.test(c.replica(victim).output)), { timeoutMs: 20_000, everyMs: 100 });
     assert.match(c.replica(victim).output, new RegExp(`cellquota ctl members replace ${victim} --address 127\\.0\\.0\\.1:\\d+`));
     const st = await c.http(victim, 'GET', '/v1/cluster?stale=true');
     assert.equal(st.body['votingRefused'], true);

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster } from './cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 
 const cli = resolve(import.meta.dirname, '../../../cli/main.ts');
 

@@ -9,9 +9,11 @@ import { join, resolve } from 'node:path';
 import { createHash, randomUUID } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import pino from 'pino';
-import { CoordinatorCluster, freePort } from '../cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 import { loadQuotaLeaseService, type ReportRequestMessage, type ReportResponseMessage } from '../../../shared/lease-proto.js';
 import { PeerTransport } from '../../../coordinator/transport/peer-transport.js';
+import { freePort } from '../../../testkit/ports.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const repo = resolve(import.meta.dirname, '../../..');
 const agentCli = join(repo, 'cell-agent/agent-cli.ts');
@@ -84,16 +86,6 @@ async function reportToLeader(addresses: readonly string[], creds: grpc.ChannelC
   return last;
 }
 
-async function until<T>(what: string, fn: () => Promise<T | null | false>, timeoutMs = 90_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => null);
-    if (v !== null && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 150));
-  }
-}
-
 function refusedCount(metrics: string, reason: string): number {
   const m = new RegExp(`^cellquota_lease_reports_refused_total\\{reason="${reason}"\\} (\\S+)$`, 'm').exec(metrics);
   return m === null ? 0 : Number(m[1]);
@@ -124,14 +116,14 @@ void test('mutual TLS: a cell speaks only for itself; no certificate, no lease; 
 
     // c2, with its own certificate, reports demand until it holds a grant, then goes quiet until the
     // grant shrinks: a shrink it has not acknowledged (the larger grant stays counted until it does).
-    const grown = await until('a grant for c2', async () => {
+    const grown = await waitFor('a grant for c2', async () => {
       const r = await reportToLeader(leaseAddrs, asCell('c2'), { cellId: 'c2', velocity: [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 80 }] });
       return r.ok ? (r.res.grants.find((g) => g.key === 'tenant/acme' && g.epoch > 0 && g.rate > g.floorRate) ?? null) : null;
-    });
-    const c2Grant = await until('a shrink for c2', async () => {
+    }, { timeoutMs: 90_000, everyMs: 150 });
+    const c2Grant = await waitFor('a shrink for c2', async () => {
       const r = await reportToLeader(leaseAddrs, asCell('c2'), { cellId: 'c2', acks: [{ key: 'tenant/acme', epoch: grown.epoch }], velocity: [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 0 }] });
       return r.ok ? (r.res.grants.find((g) => g.key === 'tenant/acme' && g.epoch > grown.epoch) ?? null) : null;
-    });
+    }, { timeoutMs: 90_000, everyMs: 150 });
     const sliceOf = async (cell: string): Promise<Record<string, unknown> | undefined> =>
       ((await c.http(leader, 'GET', '/v1/tenants/acme')).body['slices'] as Record<string, unknown>[] | undefined)?.find((s) => s['cellId'] === cell);
     const cellsNow = async (): Promise<Record<string, unknown>[]> => (await c.http(leader, 'GET', '/v1/cells')).body['cells'] as Record<string, unknown>[];
@@ -165,10 +157,10 @@ void test('mutual TLS: a cell speaks only for itself; no certificate, no lease; 
     const wrong = await startAgent(c.root, 'c1', coordinators, tlsFor('c2'));
     const bare = await startAgent(c.root, 'c3', coordinators, ['--tls-ca', join(pki, 'ca.pem')]);
     agents.push(good, wrong, bare);
-    await until('agent c1 leased over mutual TLS', async () => (await leaseState(good)) === 1);
+    await waitFor('agent c1 leased over mutual TLS', async () => (await leaseState(good)) === 1, { timeoutMs: 90_000, everyMs: 150 });
     assert.equal(await wrong.exit, 2, `an agent whose certificate names another cell exits 2:\n${wrong.output}`);
     assert.match(wrong.output, /names cell c2, not --cell c1/);
-    await until('the agent without a certificate logs why it has no lease', () => Promise.resolve( /lease report failed.*presents no identity|presents no identity.*lease report failed/.test(bare.output)));
+    await waitFor('the agent without a certificate logs why it has no lease', () => Promise.resolve( /lease report failed.*presents no identity|presents no identity.*lease report failed/.test(bare.output)), { timeoutMs: 90_000, everyMs: 150 });
     assert.notEqual(await leaseState(bare), 1, 'no certificate, no lease');
     assert.equal((await cellsNow()).some((x) => x['id'] === 'c3'), false, 'and no registration');
 
@@ -179,7 +171,7 @@ void test('mutual TLS: a cell speaks only for itself; no certificate, no lease; 
       tls: { ca: pem('ca.pem'), cert: pem('replica-n2.pem'), key: pem('replica-n2.key') },
     });
     await impostor.start();
-    await until('n1 refuses the impostor', () => Promise.resolve( (impostor?.stats().peers['n1']?.refused ?? 0) > 0 && /declares id n3 but its certificate names n2/.test(c.replica('n1').output)));
+    await waitFor('n1 refuses the impostor', () => Promise.resolve( (impostor?.stats().peers['n1']?.refused ?? 0) > 0 && /declares id n3 but its certificate names n2/.test(c.replica('n1').output)), { timeoutMs: 90_000, everyMs: 150 });
     assert.equal(impostor.stats().peers['n1']?.connected, false);
 
     // ctl cells remove: c2 (slot 0, silent since its raw reports) is dropped once its lease is over;
@@ -187,11 +179,11 @@ void test('mutual TLS: a cell speaks only for itself; no certificate, no lease; 
     assert.deepEqual((await cellsNow()).map((x) => [x['id'], x['slot']]), [['c2', 0], ['c1', 1]]);
     const ctl = execFileSync(process.execPath, ['--import', 'tsx', cli, 'ctl', '--admin', c.adminUrl(leader), 'cells', 'remove', 'c2'], { encoding: 'utf8' });
     assert.match(ctl, /cell c2 (removed|is being removed)/);
-    await until('c2 dropped', async () => !(await cellsNow()).some((x) => x['id'] === 'c2'));
-    const c3 = await until('c3 registered', async () => {
+    await waitFor('c2 dropped', async () => !(await cellsNow()).some((x) => x['id'] === 'c2'), { timeoutMs: 90_000, everyMs: 150 });
+    const c3 = await waitFor('c3 registered', async () => {
       const r = await reportToLeader(leaseAddrs, asCell('c3'), { cellId: 'c3' });
       return r.ok ? r : null;
-    });
+    }, { timeoutMs: 90_000, everyMs: 150 });
     assert.ok(c3.ok);
     assert.equal((await cellsNow()).find((x) => x['id'] === 'c3')?.['slot'], 0, 'the new cell has the freed floor slot');
   } finally {
@@ -226,7 +218,7 @@ void test('per-cell tokens: the right token is leased, a wrong or missing one is
     writeFileSync(tokenPath, `${tokens.c1}\n`);
     const agent = await startAgent(c.root, 'c1', addr, ['--lease-token-file', tokenPath]);
     agents.push(agent);
-    await until('agent c1 leased with its token', async () => (await leaseState(agent)) === 1);
+    await waitFor('agent c1 leased with its token', async () => (await leaseState(agent)) === 1, { timeoutMs: 90_000, everyMs: 150 });
     // --max-cells 1: c2 (a valid token) cannot register while c1 is.
     const full = await report(addr, plain, { cellId: 'c2' }, tokens.c2);
     assert.ok(!full.ok && full.code === grpc.status.RESOURCE_EXHAUSTED, `the cell bound: ${JSON.stringify(full)}`);

@@ -9,7 +9,9 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
+import { freePort } from '../../../testkit/ports.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const agentCli = resolve(import.meta.dirname, '../../../cell-agent/agent-cli.ts');
@@ -70,15 +72,6 @@ async function load(agent: Agent, rps: number, ms: number): Promise<{ admitted: 
   return out;
 }
 
-async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 async function metric(agent: Agent, name: string): Promise<number | null> {
   const text = await (await fetch(`${agent.url}/metrics`)).text();
   const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
@@ -97,7 +90,7 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
     agents.push(await startAgent(c.root, 'busy', coordinators), await startAgent(c.root, 'quiet', coordinators));
     const [busy, quiet] = agents as [Agent, Agent];
-    for (const a of agents) await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, 30_000);
+    for (const a of agents) await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 30_000, everyMs: 200 });
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 0, 'not on floors while leased');
 
     // Load on one cell: its grant grows above the static share of 10 req/s.
@@ -131,15 +124,15 @@ void test('end to end: a busy cell grows above its static share; agents survive 
         const cell = cells.find((x) => x.id === id);
         return cell?.lastReportAt !== null && cell?.lastReportAt !== undefined && Date.parse(cell.lastReportAt) > killedAt && cell.leaseLive;
       });
-    }, 20_000);
-    for (const a of agents) await waitFor(`agent ${a.cell} leased again`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, 20_000);
+    }, { timeoutMs: 20_000, everyMs: 200 });
+    for (const a of agents) await waitFor(`agent ${a.cell} leased again`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 20_000, everyMs: 200 });
     const after = await check(busy);
     assert.ok(after.status === 200 || after.status === 429, 'the busy agent answers after the failover');
 
     // Every coordinator down: the agents keep answering, on their floors, marked degraded; back up:
     // leased again.
     for (const id of rest) await c.kill(id);
-    for (const a of agents) await waitFor(`agent ${a.cell} fail-static`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 2, 15_000);
+    for (const a of agents) await waitFor(`agent ${a.cell} fail-static`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 2, { timeoutMs: 15_000, everyMs: 200 });
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 1, 'on floors');
     const floor = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as { source: string; rate: number };
     assert.equal(floor.source, 'floor', `the agent decides on the grant's floor: ${JSON.stringify(floor)}`);
@@ -148,7 +141,7 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     assert.equal(onFloor.degraded, onFloor.answered, 'every answer marked x-ratelimit-degraded');
     assert.ok(onFloor.admitted <= 10 * 1.5 + 10 + 2, `the busy cell is back on its floor of 10/s: ${JSON.stringify(onFloor)}`);
     c.startAll();
-    for (const a of agents) await waitFor(`agent ${a.cell} leased after the restart`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, 40_000);
+    for (const a of agents) await waitFor(`agent ${a.cell} leased after the restart`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 40_000, everyMs: 200 });
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 0, 'off the floors again');
   } finally {
     for (const a of agents) a.proc.kill('SIGKILL');

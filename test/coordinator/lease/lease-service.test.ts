@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as grpc from '@grpc/grpc-js';
-import { CoordinatorCluster } from '../cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../../shared/lease-proto.js';
 import type { ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
 

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { RaftNode, type Message, type NodeId } from '../../../coordinator/raft/index.js';
 import { LevelRaftStorage } from '../../../coordinator/storage/index.js';
 import { RaftDriver, NotLeaderError, type ReplicatedStateMachine } from '../../../coordinator/node/raft-driver.js';
+import { waitFor } from '../../../testkit/wait.js';
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
@@ -93,16 +94,6 @@ async function stopMember(m: Member): Promise<void> {
   m.storage = null;
 }
 
-async function waitFor<T>(what: string, fn: () => T | undefined, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = fn();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
 function leaderOf(members: Map<NodeId, Member>): Member | undefined {
   return [...members.values()].find((m) => m.driver?.status().role === 'leader');
 }
@@ -112,8 +103,8 @@ void test('driver: three nodes on LevelDB elect, replicate, read linearizably, s
   const members = new Map<NodeId, Member>(ids.map((id) => [id, { id, dir: join(root, id), storage: null, driver: null, machine: new KvMachine() }]));
   try {
     for (const m of members.values()) await startMember(m, members);
-    const leader = await waitFor('a leader', () => leaderOf(members));
-    await waitFor('every node to know the leader', () => ([...members.values()].every((m) => m.driver?.status().leader === leader.id) ? true : undefined));
+    const leader = await waitFor('a leader', () => leaderOf(members), { everyMs: 10 });
+    await waitFor('every node to know the leader', () => ([...members.values()].every((m) => m.driver?.status().leader === leader.id) ? true : undefined), { everyMs: 10 });
 
     // A follower refuses proposals and names the leader.
     const follower = [...members.values()].find((m) => m !== leader);
@@ -135,13 +126,13 @@ void test('driver: three nodes on LevelDB elect, replicate, read linearizably, s
 
     // Stop the leader: the others elect a new one and keep accepting writes.
     await stopMember(leader);
-    const next = await waitFor('a new leader', () => leaderOf(members));
+    const next = await waitFor('a new leader', () => leaderOf(members), { everyMs: 10 });
     assert.notEqual(next.id, leader.id);
     await next.driver?.propose(enc.encode(JSON.stringify({ k: 'after', v: 'failover' })));
 
     // Restart the old leader from its disk (it compacted: snapshots every 50 entries): it catches up.
     await startMember(leader, members);
-    await waitFor('the restarted node to catch up', () => (leader.machine.kv.get('after') === 'failover' ? true : undefined));
+    await waitFor('the restarted node to catch up', () => (leader.machine.kv.get('after') === 'failover' ? true : undefined), { everyMs: 10 });
     assert.equal(leader.machine.kv.get('k9'), 'v119');
     const st = leader.driver?.status();
     assert.ok(st !== undefined && st.snapshotIndex > 0, 'the restarted node started from or received a snapshot');

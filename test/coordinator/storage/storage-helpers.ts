@@ -73,7 +73,7 @@ export async function withRawDb(dir: string, fn: (db: ClassicLevel<Uint8Array, U
   }
 }
 
-/** The model of what storage must hold (the same contract as test/sim/sim-disk.ts, without crashes). */
+/** The model of what storage must hold (the same contract as testkit/raft/sim-disk.ts, without crashes). */
 export class StorageModel {
   hard: HardState = { term: 0, vote: null, commit: 0 };
   snapshot: Snapshot;

@@ -8,7 +8,9 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { PeerTransport, type PeerTlsOptions } from '../../../coordinator/transport/peer-transport.js';
-import { heartbeat, Inbox, seededRandom, seqOf, silentLogger, sleep, waitFor } from './transport-test-util.js';
+import { heartbeat, Inbox, seqOf, silentLogger } from './transport-test-util.js';
+import { Rng } from '../../../testkit/random.js';
+import { sleep, waitFor } from '../../../testkit/wait.js';
 
 function opensslAvailable(): boolean {
   try {
@@ -67,11 +69,11 @@ void test('mutual TLS: peers with certificates from the cluster CA talk; others 
     const inbox2 = new Inbox();
     const n1 = new PeerTransport({
       selfId: 'n1', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map(),
-      onMessages: inbox1.onMessages, logger: silentLogger(), tls: tls(good, 'n1'), random: seededRandom(1),
+      onMessages: inbox1.onMessages, logger: silentLogger(), tls: tls(good, 'n1'), random: new Rng(1).asRandom(),
     });
     const n2 = new PeerTransport({
       selfId: 'n2', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map(),
-      onMessages: inbox2.onMessages, logger: silentLogger(), tls: tls(good, 'n2'), random: seededRandom(2),
+      onMessages: inbox2.onMessages, logger: silentLogger(), tls: tls(good, 'n2'), random: new Rng(2).asRandom(),
     });
     started.push(n1, n2);
     const p1 = (await n1.start()).port;
@@ -82,7 +84,7 @@ void test('mutual TLS: peers with certificates from the cluster CA talk; others 
 
     n1.send([heartbeat('n1', 'n2', 1)]);
     n2.send([heartbeat('n2', 'n1', 1)]);
-    await waitFor(() => inbox1.count() === 1 && inbox2.count() === 1, 'messages over mutual TLS', 8000);
+    await waitFor('messages over mutual TLS', () => inbox1.count() === 1 && inbox2.count() === 1, { timeoutMs: 8000, everyMs: 10 });
     assert.deepEqual(inbox2.from('n1').map(seqOf), [1]);
     assert.equal(n1.stats().peers['n2']?.connected, true);
 
@@ -90,18 +92,18 @@ void test('mutual TLS: peers with certificates from the cluster CA talk; others 
     // certificate from another CA, and one speaking plaintext: neither gets in.
     const intruder = new PeerTransport({
       selfId: 'n3', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map([['n1', `127.0.0.1:${p1}`]]),
-      onMessages: () => {}, logger: silentLogger(), tls: { ...tls(rogue, 'n3'), ca: good.ca }, random: seededRandom(3),
+      onMessages: () => {}, logger: silentLogger(), tls: { ...tls(rogue, 'n3'), ca: good.ca }, random: new Rng(3).asRandom(),
     });
     const plaintext = new PeerTransport({
       selfId: 'n4', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map([['n1', `127.0.0.1:${p1}`]]),
-      onMessages: () => {}, logger: silentLogger(), random: seededRandom(4),
+      onMessages: () => {}, logger: silentLogger(), random: new Rng(4).asRandom(),
     });
     started.push(intruder, plaintext);
     await intruder.start();
     await plaintext.start();
     intruder.send([heartbeat('n3', 'n1', 9)]);
     plaintext.send([heartbeat('n4', 'n1', 9)]);
-    await waitFor(() => (intruder.stats().peers['n1']?.reconnects ?? 0) >= 2 && (plaintext.stats().peers['n1']?.reconnects ?? 0) >= 2, 'intruders retrying', 8000);
+    await waitFor('intruders retrying', () => (intruder.stats().peers['n1']?.reconnects ?? 0) >= 2 && (plaintext.stats().peers['n1']?.reconnects ?? 0) >= 2, { timeoutMs: 8000, everyMs: 10 });
     await sleep(50);
     assert.equal(intruder.stats().peers['n1']?.connected, false);
     assert.equal(plaintext.stats().peers['n1']?.connected, false);

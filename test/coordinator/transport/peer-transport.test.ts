@@ -5,19 +5,10 @@ import type { Message } from '../../../coordinator/raft/raft-types.js';
 import { encodeFrame } from '../../../coordinator/transport/peer-codec.js';
 import { CLUSTER_ID_HEADER, loadRaftPeerService, NODE_ID_HEADER, type FrameMessage, type StreamSummaryMessage } from '../../../coordinator/transport/peer-proto.js';
 import { backoffDelay, defaultBackoff, PeerTransport, peerServerCredentials, peerServerOptions, probeAddress } from '../../../coordinator/transport/peer-transport.js';
-import {
-  append,
-  freePort,
-  heartbeat,
-  Inbox,
-  seededRandom,
-  seqOf,
-  silentLogger,
-  sleep,
-  startCluster,
-  stopAll,
-  waitFor,
-} from './transport-test-util.js';
+import { append, heartbeat, Inbox, seqOf, silentLogger, startCluster, stopAll } from './transport-test-util.js';
+import { Rng } from '../../../testkit/random.js';
+import { freePort } from '../../../testkit/ports.js';
+import { sleep, waitFor } from '../../../testkit/wait.js';
 
 void test('backoff: exponential, capped near 1 s, jittered by the injected random', () => {
   const lo = () => 0;
@@ -30,7 +21,7 @@ void test('backoff: exponential, capped near 1 s, jittered by the injected rando
     assert.ok(backoffDelay(a, hi) <= defaultBackoff.maxMs);
     assert.ok(backoffDelay(a, lo) >= defaultBackoff.maxMs / 2);
   }
-  const rnd = seededRandom(9);
+  const rnd = new Rng(9).asRandom();
   const delays = Array.from({ length: 50 }, () => backoffDelay(10, rnd));
   assert.ok(new Set(delays).size > 10, 'jitter spreads the delays');
 });
@@ -53,7 +44,7 @@ void test('three transports exchange batches, one frame per destination per send
       if (r % 20 === 0) await sleep(1); // let some of it flow while we keep sending
     }
     const expected = rounds * 3;
-    await waitFor(() => [...nodes.values()].every((n) => n.inbox.count() === 2 * expected), 'all messages delivered');
+    await waitFor('all messages delivered', () => [...nodes.values()].every((n) => n.inbox.count() === 2 * expected), { timeoutMs: 8000, everyMs: 10 });
     for (const node of nodes.values()) {
       for (const sender of ids) {
         if (sender === node.id) continue;
@@ -94,12 +85,12 @@ void test('a stopped peer is reconnected after it restarts, and delivery resumes
   assert.ok(n1 && n2 && n3);
   const all = () => [n1, n2, n3];
   try {
-    await waitFor(() => all().every((n) => Object.values(n.transport.stats().peers).every((p) => p.connected)), 'full mesh connected');
+    await waitFor('full mesh connected', () => all().every((n) => Object.values(n.transport.stats().peers).every((p) => p.connected)), { timeoutMs: 8000, everyMs: 10 });
     n1.transport.send([heartbeat('n1', 'n3', 1)]);
-    await waitFor(() => n3.inbox.count() === 1, 'first message');
+    await waitFor('first message', () => n3.inbox.count() === 1, { timeoutMs: 8000, everyMs: 10 });
 
     await n3.transport.stop();
-    await waitFor(() => n1.transport.stats().peers['n3']?.connected === false && n2.transport.stats().peers['n3']?.connected === false, 'n1 and n2 notice n3 is gone');
+    await waitFor('n1 and n2 notice n3 is gone', () => n1.transport.stats().peers['n3']?.connected === false && n2.transport.stats().peers['n3']?.connected === false, { timeoutMs: 8000, everyMs: 10 });
     // Sent while n3 is down: queued (the queue is far from its bound), delivered after the restart.
     n1.transport.send([heartbeat('n1', 'n3', 2)]);
     n2.transport.send([heartbeat('n2', 'n3', 2)]);
@@ -108,16 +99,16 @@ void test('a stopped peer is reconnected after it restarts, and delivery resumes
     const inbox = new Inbox();
     const restarted = new PeerTransport({
       selfId: 'n3', clusterId: 'test-cluster', listen: addresses.get('n3') ?? '', peers: addresses,
-      onMessages: inbox.onMessages, logger: silentLogger(), random: seededRandom(33),
+      onMessages: inbox.onMessages, logger: silentLogger(), random: new Rng(33).asRandom(),
     });
     await restarted.start();
     n3.transport = restarted;
     n3.inbox = inbox;
-    await waitFor(() => all().every((n) => Object.values(n.transport.stats().peers).every((p) => p.connected)), 'mesh reconnected', 6000);
+    await waitFor('mesh reconnected', () => all().every((n) => Object.values(n.transport.stats().peers).every((p) => p.connected)), { timeoutMs: 6000, everyMs: 10 });
     n1.transport.send([heartbeat('n1', 'n3', 3)]);
     n2.transport.send([heartbeat('n2', 'n3', 3)]);
     restarted.send([heartbeat('n3', 'n1', 1), heartbeat('n3', 'n2', 1)]);
-    await waitFor(() => inbox.count() === 4 && n1.inbox.from('n3').length === 1 && n2.inbox.from('n3').length === 1, 'delivery resumed both ways');
+    await waitFor('delivery resumed both ways', () => inbox.count() === 4 && n1.inbox.from('n3').length === 1 && n2.inbox.from('n3').length === 1, { timeoutMs: 8000, everyMs: 10 });
     assert.deepEqual(inbox.from('n1').map(seqOf), [2, 3]);
     assert.deepEqual(inbox.from('n2').map(seqOf), [2, 3]);
     assert.ok((n1.transport.stats().peers['n3']?.reconnects ?? 0) >= 1);
@@ -131,7 +122,7 @@ void test('a down peer\'s queue is bounded in bytes, dropping the oldest frames;
   const port = await freePort();
   const address = `127.0.0.1:${port}`;
   let randomCalls = 0;
-  const seeded = seededRandom(5);
+  const seeded = new Rng(5).asRandom();
   const sender = new PeerTransport({
     selfId: 'a', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map([['b', address]]),
     onMessages: () => {}, logger: silentLogger(), maxQueueBytes: 20_000,
@@ -150,7 +141,7 @@ void test('a down peer\'s queue is bounded in bytes, dropping the oldest frames;
     assert.ok(s.framesDropped > 100, `oldest dropped: ${s.framesDropped}`);
     assert.equal(s.messagesDropped, s.framesDropped);
     const kept = s.queuedFrames;
-    await waitFor(() => randomCalls >= 2, 'a few reconnect attempts, jittered with the injected random');
+    await waitFor('a few reconnect attempts, jittered with the injected random', () => randomCalls >= 2, { timeoutMs: 8000, everyMs: 10 });
 
     const inbox = new Inbox();
     receiver = new PeerTransport({
@@ -158,7 +149,7 @@ void test('a down peer\'s queue is bounded in bytes, dropping the oldest frames;
       onMessages: inbox.onMessages, logger: silentLogger(),
     });
     await receiver.start();
-    await waitFor(() => inbox.count() === kept, 'queued frames delivered', 6000);
+    await waitFor('queued frames delivered', () => inbox.count() === kept, { timeoutMs: 6000, everyMs: 10 });
     assert.deepEqual(inbox.from('a').map(seqOf), Array.from({ length: kept }, (_, i) => total - kept + 1 + i), 'the newest frames, in order');
     assert.ok((sender.stats().peers['b']?.reconnects ?? 0) >= 1);
   } finally {
@@ -174,20 +165,20 @@ void test('streams from another cluster (or to the wrong node) are refused', asy
   const n1Address = addresses.get('n1') ?? '';
   const outsider = new PeerTransport({
     selfId: 'n2', clusterId: 'other-cluster', listen: '127.0.0.1:0', peers: new Map([['n1', n1Address]]),
-    onMessages: () => {}, logger: silentLogger(), random: seededRandom(2),
+    onMessages: () => {}, logger: silentLogger(), random: new Rng(2).asRandom(),
   });
   // Same cluster, but it believes a different node lives at n1's address.
   const confused = new PeerTransport({
     selfId: 'n5', clusterId: 'test-cluster', listen: '127.0.0.1:0', peers: new Map([['n9', n1Address]]),
-    onMessages: () => {}, logger: silentLogger(), random: seededRandom(3),
+    onMessages: () => {}, logger: silentLogger(), random: new Rng(3).asRandom(),
   });
   await outsider.start();
   await confused.start();
   try {
     outsider.send([heartbeat('n2', 'n1', 1)]);
     confused.send([heartbeat('n5', 'n9', 1)]);
-    await waitFor(() => n1.transport.stats().refusedStreams >= 1 && (outsider.stats().peers['n1']?.refused ?? 0) >= 1, 'refusal seen on both sides');
-    await waitFor(() => (confused.stats().peers['n9']?.refused ?? 0) >= 1, 'identity mismatch seen by the sender');
+    await waitFor('refusal seen on both sides', () => n1.transport.stats().refusedStreams >= 1 && (outsider.stats().peers['n1']?.refused ?? 0) >= 1, { timeoutMs: 8000, everyMs: 10 });
+    await waitFor('identity mismatch seen by the sender', () => (confused.stats().peers['n9']?.refused ?? 0) >= 1, { timeoutMs: 8000, everyMs: 10 });
     await sleep(100);
     assert.equal(n1.inbox.count(), 0, 'nothing from the other cluster or the confused sender was delivered');
     assert.equal(outsider.stats().peers['n1']?.connected, false);
@@ -217,7 +208,7 @@ void test('a 4 MiB snapshot chunk is delivered intact, alongside small messages'
     };
     n1.transport.send([heartbeat('n1', 'n2', 1), snap]);
     n1.transport.send([heartbeat('n1', 'n2', 2)]);
-    await waitFor(() => n2.inbox.count() === 3, 'snapshot delivered', 10_000);
+    await waitFor('snapshot delivered', () => n2.inbox.count() === 3, { timeoutMs: 10_000, everyMs: 10 });
     const got = n2.inbox.from('n1');
     assert.equal(got[0]?.type, 'heartbeat');
     const s = got[1];
@@ -290,7 +281,7 @@ void test('an onMessages handler that throws is counted, not fatal', async () =>
   try {
     n1.transport.send([heartbeat('n1', 'n2', 1)]);
     n1.transport.send([heartbeat('n1', 'n2', 2)]);
-    await waitFor(() => calls === 2, 'both frames handed over', 6000);
+    await waitFor('both frames handed over', () => calls === 2, { timeoutMs: 6000, everyMs: 10 });
     assert.equal(thrower.stats().handlerErrors, 1);
   } finally {
     await thrower.stop();
@@ -313,7 +304,7 @@ void test('membership: setPeers adds, re-addresses and removes peers; unknown de
     assert.equal(n1.transport.stats().peers['n3'], undefined);
     n1.transport.send([heartbeat('n1', 'n3', 1), heartbeat('n1', 'n2', 1)]);
     assert.equal(n1.transport.stats().messagesDropped, 1);
-    await waitFor(() => n2.inbox.count() === 1, 'n2 still reached');
+    await waitFor('n2 still reached', () => n2.inbox.count() === 1, { timeoutMs: 8000, everyMs: 10 });
 
     // A new node n4 joins; then n2's address "moves" to n4's listener under id n4 and back.
     const inbox4 = new Inbox();
@@ -325,12 +316,12 @@ void test('membership: setPeers adds, re-addresses and removes peers; unknown de
     const withN4 = new Map([...addresses, ['n4', `127.0.0.1:${port}`]]);
     n1.transport.setPeers(withN4);
     n1.transport.send([heartbeat('n1', 'n4', 7)]);
-    await waitFor(() => inbox4.count() === 1, 'new peer reached');
+    await waitFor('new peer reached', () => inbox4.count() === 1, { timeoutMs: 8000, everyMs: 10 });
 
     // Re-address n3 (same listener, spelled differently): the link reconnects and keeps working.
     n1.transport.setPeers(new Map([...withN4, ['n3', `localhost:${n3.port}`]]));
     n1.transport.send([heartbeat('n1', 'n3', 2)]);
-    await waitFor(() => n3.inbox.from('n1').length === 1, 're-addressed peer reached', 6000);
+    await waitFor('re-addressed peer reached', () => n3.inbox.from('n1').length === 1, { timeoutMs: 6000, everyMs: 10 });
     assert.equal(n1.transport.stats().peers['n3']?.address, `localhost:${n3.port}`);
 
     // Probe answers with identity, cluster and the status hint.
@@ -370,7 +361,7 @@ void test('the transport can share a gRPC server the caller owns (one port for p
     n1.transport.setPeers(new Map([...addresses, ['n2', `127.0.0.1:${port}`]]));
     n1.transport.send([heartbeat('n1', 'n2', 1)]);
     n2.send([heartbeat('n2', 'n1', 1)]);
-    await waitFor(() => inbox.count() === 1 && n1.inbox.count() === 1, 'delivery through the shared server');
+    await waitFor('delivery through the shared server', () => inbox.count() === 1 && n1.inbox.count() === 1, { timeoutMs: 8000, everyMs: 10 });
     await n2.stop();
     await assert.rejects(probeAddress(`127.0.0.1:${port}`), (err: grpc.ServiceError) => err.code === grpc.status.UNIMPLEMENTED, 'the service is removed, the server stays up');
   } finally {

@@ -1,11 +1,11 @@
 // Helpers for the peer transport tests: message generators (fast-check), a silent logger, a seeded
 // random source, polling, and a small cluster of transports on loopback.
 
-import { createServer } from 'node:net';
 import fc from 'fast-check';
 import { pino, type Logger } from 'pino';
 import type { Entry, EntryKind, Message, NodeId } from '../../../coordinator/raft/raft-types.js';
 import { PeerTransport, type PeerTransportOptions } from '../../../coordinator/transport/peer-transport.js';
+import { Rng } from '../../../testkit/random.js';
 
 // ---------------------------------------------------------------------------------------------------
 // Generators
@@ -69,43 +69,6 @@ export function silentLogger(): Logger {
   return pino({ level: process.env['CELLQUOTA_TEST_LOG'] ?? 'silent' });
 }
 
-/** A small seeded PRNG (mulberry32) in [0, 1), for reconnect jitter. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-export async function waitFor(cond: () => boolean, what: string, timeoutMs = 8000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-/** A loopback port that was free a moment ago (nothing listens on it now). */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      const port = typeof addr === 'object' && addr !== null ? addr.port : 0;
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
 /** What one node received, per sender, in arrival order. */
 export class Inbox {
   readonly bySender = new Map<NodeId, Message[]>();
@@ -160,7 +123,7 @@ export async function startCluster(ids: readonly NodeId[], overrides: (id: NodeI
       peers: new Map(),
       onMessages: inbox.onMessages,
       logger: silentLogger(),
-      random: seededRandom(seed++),
+      random: new Rng(seed++).asRandom(),
       ...overrides(id),
     });
     const { port } = await transport.start();

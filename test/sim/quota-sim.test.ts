@@ -6,9 +6,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { resolve } from 'node:path';
-import { PLANTED_BUGS, runQuotaSimulation, type PlantedBug, type QuotaSimResult } from '../sim/quota-sim.js';
+import { PLANTED_BUGS, runQuotaSimulation, type PlantedBug, type QuotaSimResult } from './quota-sim.js';
 
-const cli = resolve(import.meta.dirname, '../sim/quota-sim-cli.ts');
+const cli = resolve(import.meta.dirname, 'quota-sim-cli.ts');
 
 function describe(r: QuotaSimResult): string {
   return r.ok ? `seed ${r.seed} ok` : `seed ${r.seed}: ${r.violation?.kind ?? '?'}: ${r.violation?.message ?? ''}; faults: ${r.faults.join('; ')}`;

@@ -1,16 +1,10 @@
-// Helpers for the end-to-end agent tests: temp directories, a real gRPC client of Envoy's RLS built
-// with @grpc/proto-loader from proto/envoy/**, a capturing logger, and small polling utilities.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { Writable } from 'node:stream';
+// A real gRPC client of Envoy's RLS (and of the gRPC health service), built with @grpc/proto-loader
+// from proto/envoy/** — what Envoy sends, as the agent's tests and the front-door tests send it.
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { pino } from 'pino';
-import type { Logger } from 'pino';
 
-export const PROTO_DIR = fileURLToPath(new URL('../../../proto', import.meta.url));
+export const PROTO_DIR = fileURLToPath(new URL('../proto', import.meta.url));
 
 export interface Entry {
   key: string;
@@ -86,64 +80,6 @@ export async function grpcError(p: Promise<unknown>): Promise<{ code: number; de
 
 export function unixTarget(path: string): string {
   return `unix:${path}`;
-}
-
-export interface TempDir {
-  readonly path: string;
-  file(name: string, text: string): string;
-  remove(): void;
-}
-
-export function tempDir(prefix = 'cq-agent-'): TempDir {
-  const path = mkdtempSync(join(tmpdir(), prefix));
-  return {
-    path,
-    file: (name, text) => {
-      const p = join(path, name);
-      writeFileSync(p, text);
-      return p;
-    },
-    remove: () => rmSync(path, { recursive: true, force: true }),
-  };
-}
-
-export interface CapturedLogger {
-  readonly logger: Logger;
-  readonly lines: Record<string, unknown>[];
-}
-
-/** A pino logger whose records are kept in memory (parsed). */
-export function captureLogger(level = 'info'): CapturedLogger {
-  const lines: Record<string, unknown>[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString('utf8').split('\n')) {
-        if (line.trim() !== '') lines.push(JSON.parse(line) as Record<string, unknown>);
-      }
-      cb();
-    },
-  });
-  return { logger: pino({ level }, stream), lines };
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-/** Polls `probe` until it returns a non-undefined value or the timeout passes. */
-export async function eventually<T>(probe: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000, everyMs = 25): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  let last: unknown = null;
-  for (;;) {
-    try {
-      const v = await probe();
-      if (v !== undefined) return v;
-    } catch (error) {
-      last = error;
-    }
-    if (Date.now() > until) throw new Error(`condition not met within ${timeoutMs} ms${last === null ? '' : `: ${last instanceof Error ? last.message : JSON.stringify(last)}`}`);
-    await sleep(everyMs);
-  }
 }
 
 export function d(...pairs: [string, string][]): DescriptorIn {

@@ -3,7 +3,7 @@
 // seeds. `npm run sim -- --seeds N` runs more.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runSimulation, type SimResult } from '../sim/raft-sim.js';
+import { runSimulation, type SimResult } from './raft-sim.js';
 
 const seedsInTest = Number(process.env['CELLQUOTA_SIM_SEEDS'] ?? 400);
 

@@ -14,8 +14,8 @@ import {
   type ReadState,
   type Snapshot,
 } from '../../coordinator/raft/index.js';
-import { SimDisk } from '../sim/sim-disk.js';
-import { Rng } from '../sim/sim-rng.js';
+import { SimDisk } from './sim-disk.js';
+import { Rng } from '../random.js';
 
 export interface HarnessNode {
   readonly id: NodeId;

@@ -3,37 +3,12 @@
 // port; killed with SIGKILL or stopped with SIGTERM; their output kept for assertions.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { freePort } from './ports.js';
+import { waitFor } from './wait.js';
 
-const cliPath = resolve(import.meta.dirname, '../../../cli/main.ts');
-
-/** Ports handed out by this process (never twice). */
-const handedOut = new Set<number>();
-
-/**
- * A free port for a process that binds it later, taken BELOW Linux's ephemeral range (32768–60999):
- * a port found free in that range and released can be handed by the kernel to any other socket (a
- * server listening on port 0, an outgoing connection) before its owner binds it — the chaos drills
- * hit exactly that (a coordinator's EADDRINUSE).
- */
-export async function freePort(): Promise<number> {
-  for (let attempt = 0; attempt < 200; attempt++) {
-    const port = 20_000 + Math.floor(Math.random() * 12_000);
-    if (handedOut.has(port)) continue;
-    const free = await new Promise<boolean>((ok) => {
-      const srv = createServer();
-      srv.once('error', () => ok(false));
-      srv.listen(port, '127.0.0.1', () => srv.close(() => ok(true)));
-    });
-    if (free) {
-      handedOut.add(port);
-      return port;
-    }
-  }
-  throw new Error('no free port in 20000–31999 after 200 tries');
-}
+const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
 
 export interface Replica {
   readonly id: string;
@@ -160,9 +135,8 @@ export class CoordinatorCluster {
 
   /** Polls until every running replica names the same leader; returns it. */
   async waitForLeader(timeoutMs = 20_000, among: readonly string[] = [...this.replicas.keys()]): Promise<string> {
-    const deadline = Date.now() + timeoutMs;
     let last = '';
-    while (Date.now() < deadline) {
+    return waitFor('an agreed leader', async () => {
       const seen = new Set<string | null>();
       let answered = 0;
       for (const id of among) {
@@ -180,9 +154,8 @@ export class CoordinatorCluster {
       const [only] = [...seen];
       if (answered > 0 && seen.size === 1 && typeof only === 'string' && among.includes(only) && this.replica(only).proc !== null) return only;
       last = JSON.stringify([...seen]);
-      await new Promise((r) => setTimeout(r, 100));
-    }
-    throw new Error(`no agreed leader within ${timeoutMs} ms (last seen: ${last})`);
+      return undefined;
+    }, { timeoutMs, everyMs: 100, context: () => `last seen: ${last}` });
   }
 
   /** A write sent to the leader, following one redirect if leadership moved. */
@@ -200,18 +173,5 @@ export class CoordinatorCluster {
 
   private auth(): Record<string, string> {
     return this.authToken === undefined ? {} : { authorization: `Bearer ${this.authToken}` };
-  }
-
-  async waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (Date.now() < deadline) {
-      try {
-        if (await fn()) return;
-      } catch {
-        // keep polling
-      }
-      await new Promise((r) => setTimeout(r, 100));
-    }
-    throw new Error(`timed out waiting for ${what}`);
   }
 }

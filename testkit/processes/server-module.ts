@@ -1,5 +1,5 @@
 // The shape of a "server under test": a module exporting `start(target, options)`, run by
-// bench/servers/host.ts in a process of its own. `target` is a Unix socket path (starts with '/')
+// testkit/processes/host.ts in a process of its own. `target` is a Unix socket path (starts with '/')
 // or 'host:port' for TCP; the server answers envoy.service.ratelimit.v3.RateLimitService/
 // ShouldRateLimit there until stop() resolves.
 

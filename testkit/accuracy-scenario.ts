@@ -1,7 +1,7 @@
 // The accuracy scenario with real processes, shared by test/e2e/accuracy.test.ts and
 // bench/accuracy.ts: three coordinators (optional), one cell agent per cell, one tenant with a global
 // quota Q, and ONE lean load generator (this process) that sends Envoy RLS checks over each agent's
-// Unix socket (bench/load/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
+// Unix socket (testkit/load/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
 // paced (open loop) at a rate per cell that can be changed at any time. Every answer is counted in
 // 100 ms bins per cell (sent, admitted, refused, errors, degraded), in the bin its check was SENT in
 // (whenever the answer came back); the analysis helpers below turn the bins into rates, windows
@@ -10,15 +10,16 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
-import { makeLocalPki } from '../../shared/make-certs.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../bench/load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../../bench/load/rls-wire.js';
-import { RedisServer, findRedisServer } from '../../bench/servers/redis-server.js';
-import { ServerProcess } from '../../bench/servers/server-process.js';
+import { CoordinatorCluster } from './coordinator-cluster.js';
+import { makeLocalPki } from '../shared/make-certs.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './load/h2-raw.js';
+import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from './load/rls-wire.js';
+import { RedisServer, findRedisServer } from './processes/redis-server.js';
+import { ServerProcess } from './processes/server-process.js';
+import { freePort } from './ports.js';
+import { waitFor } from './wait.js';
 
-const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
-const rlfQuotaModule = resolve(import.meta.dirname, '../../bench/servers/rlf-quota.ts');
+const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
 export const BIN_MS = 100;
 
 export interface ScenarioOptions {
@@ -28,15 +29,15 @@ export interface ScenarioOptions {
   readonly cells: readonly string[];
   /** Leased from three coordinators (floorFraction of the quota split over the cells as floors), or
    * every agent alone on a static share of the quota (no coordinator at all), or — no agent at
-   * all — one RLS server per cell (each a process of its own, bench/servers/rlf-quota.ts) all
-   * counting in ONE redis-server: rate-limiter-flexible's RateLimiterRedis, a fixed window of
+   * all — one RLS server per cell (each a process of its own running `serverModule`, e.g.
+   * bench/servers/rlf-quota.ts) all counting in ONE redis-server: rate-limiter-flexible's RateLimiterRedis, a fixed window of
    * `quota` points per 1 s (the burst is not used: a fixed window has none). Needs redis-server
    * (on PATH or $REDIS_SERVER): Scenario.start throws when there is none. */
   readonly mode:
     /** tls (default: CELLQUOTA_E2E_TLS=1): mutual TLS everywhere, the lease service on its own port. */
     | { readonly kind: 'leased'; readonly floorFraction: number; readonly tls?: boolean }
     | { readonly kind: 'static'; readonly share: number }
-    | { readonly kind: 'central-redis' };
+    | { readonly kind: 'central-redis'; readonly serverModule: string };
 }
 
 /** Where the checks of one cell go: an agent's socket, or a central-redis RLS server's. */
@@ -95,10 +96,11 @@ export class Scenario {
         const keep = (line: string): void => {
           output = (output + line + '\n').slice(-20_000);
         };
+        const serverModule = opts.mode.serverModule;
         const started = await Promise.allSettled(
           opts.cells.map(async (cell) => {
             const socket = join(root, `${cell}.sock`);
-            const proc = await ServerProcess.start(cell, rlfQuotaModule, socket, { scratchDir: root, store: 'redis', redisSocket, quota }, keep);
+            const proc = await ServerProcess.start(cell, serverModule, socket, { scratchDir: root, store: 'redis', redisSocket, quota }, keep);
             s.rlsServers.push({ cell, socket, proc });
           }),
         );
@@ -131,8 +133,8 @@ export class Scenario {
       progress(`starting ${opts.cells.length} agents (${coordinators === null ? `static share ${share}` : 'leased'})`);
       for (const cell of opts.cells) s.agents.push(await startAgent(root, cell, share, coordinators, agentTls(cell)));
       for (const a of s.agents) {
-        await waitUntil(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, 60_000, () => a.output);
-        if (coordinators !== null) await waitUntil(`agent ${a.cell} leased`, async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, 60_000, () => a.output);
+        await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
+        if (coordinators !== null) await waitFor(`agent ${a.cell} leased`, async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
       }
       return s;
     } catch (err) {
@@ -196,15 +198,6 @@ export async function agentMetric(agent: RunningAgent, name: string): Promise<nu
   const text = await (await fetch(`${agent.httpUrl}/metrics`, { signal: AbortSignal.timeout(2000) })).text();
   const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
   return m === null ? null : Number(m[1]);
-}
-
-export async function waitUntil(what: string, fn: () => Promise<boolean>, timeoutMs: number, context: () => string = () => ''): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}\n${context().slice(-2000)}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 /** Counts of one cell over one 100 ms bin (by the time the answer arrived; `sent` by send time). */

@@ -1,4 +1,4 @@
-// Runs one server under test in a process of its own (forked by bench/servers/server-process.ts):
+// Runs one server under test in a process of its own (forked by testkit/processes/server-process.ts):
 // imports the module named in the 'start' message, calls its start(target, options), reports
 // 'ready' (or 'failed'), and on 'stop' — or when the parent goes away — stops it and exits.
 import { pathToFileURL } from 'node:url';

@@ -1,4 +1,6 @@
-// A small seeded PRNG (sfc32 seeded through splitmix32) so a seed replays a run exactly.
+// The one seeded generator of the tests, simulators, benchmarks and drills: sfc32 seeded through
+// splitmix32, so a seed replays a run exactly (the simulators' seeds cited in code comments and the
+// README replay with it). Code under test that takes randomness as an input gets `asRandom()`.
 
 export class Rng {
   private a: number;
@@ -54,6 +56,11 @@ export class Rng {
     const v = items[this.int(items.length)];
     if (v === undefined) throw new Error('pick from an empty list');
     return v;
+  }
+
+  /** This generator as a `() => number` in [0, 1), the shape of Math.random. */
+  asRandom(): () => number {
+    return () => this.float();
   }
 
   /** An independent stream derived from this one. */

@@ -1,4 +1,4 @@
-// The parent's handle on one server under test running in bench/servers/host.ts: fork, start,
+// The parent's handle on one server under test running in testkit/processes/host.ts: fork, start,
 // stop (asked, then SIGKILL), and a synchronous kill for the last-resort exit handler. The child's
 // output is passed on prefixed with the server's name; its last lines go into a failed start's error.
 import { fork, type ChildProcess } from 'node:child_process';
