@@ -21,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { BIN_MS, PacedLoad, Scenario, fairShares, type ScenarioOptions } from '../testkit/accuracy-scenario.js';
 import type { BenchReport } from './bench-report.js';
 import { findRedisServer } from '../testkit/processes/redis-server.js';
+import { sleep } from '../testkit/wait.js';
 
 const QUOTA = 1000;
 const BURST = QUOTA / 5;
@@ -47,7 +48,6 @@ function rlfVersion(): string {
   }
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const signedPct = (x: number): string => `${x >= 0 ? '+' : ''}${(x * 100).toFixed(1)} %`;
 
 async function runVariant(v: Variant, smoke: boolean, progress: (msg: string) => void): Promise<Record<string, number | string>> {

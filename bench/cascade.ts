@@ -57,7 +57,7 @@ import { RedisServer, findRedisServer } from '../testkit/processes/redis-server.
 import { ServerProcess } from '../testkit/processes/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
 import { freePort } from '../testkit/ports.js';
-import { waitFor } from '../testkit/wait.js';
+import { sleep, waitFor } from '../testkit/wait.js';
 
 // ------------------------------------------------------------------------------------------------
 // Settings
@@ -501,7 +501,6 @@ interface SystemUnderTest {
   killNow(): void;
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Until every proxy has delivered what it held (a lifted delay's backlog), at most `timeoutMs`. */
 async function flushed(proxies: readonly FaultProxy[], timeoutMs: number): Promise<boolean> {

@@ -24,7 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import type { BenchReport } from './bench-report.js';
-import { waitFor } from '../testkit/wait.js';
+import { sleep, waitFor } from '../testkit/wait.js';
 
 export interface CoordinatorMemoryOptions {
   readonly smoke: boolean;
@@ -136,7 +136,6 @@ function quantile(sorted: readonly number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] ?? Number.NaN;
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const mib = (b: number): number => Math.round((b / 1048576) * 10) / 10;
 const fmtInt = (n: number): string => Math.round(n).toLocaleString('en-US');
 

@@ -19,6 +19,7 @@ import os from 'node:os';
 import { CoordinatorCluster, type HttpResult } from '../testkit/coordinator-cluster.js';
 import type { BenchReport } from './bench-report.js';
 import { EtcdCluster, findEtcd, etcdVersion, scrapeHistogram } from './servers/etcd-cluster.js';
+import { sleep } from '../testkit/wait.js';
 
 export type SystemName = 'cellquota' | 'etcd' | 'etcd 50/500';
 
@@ -78,7 +79,6 @@ function quantile(sorted: readonly number[], q: number): number {
 
 const round2 = (v: number): number => (Number.isFinite(v) ? Math.round(v * 100) / 100 : NaN);
 const ratio = (a: number, b: number): string => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? (a / b).toFixed(2) : '—');
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** One write: resolves true when acknowledged (200), false on any other answer; throws on I/O errors. */
 type WriteFn = (key: string, signal?: AbortSignal) => Promise<{ ok: boolean; detail: string }>;

@@ -7,7 +7,6 @@
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
-import type { AgentLeaseStatus } from './agent-lease-probe.js';
 import { ChaosLoad, type RecordedBin } from './load.js';
 import type { DrillTarget } from './drill-target.js';
 import { LocalDeployment } from './local-deployment.js';

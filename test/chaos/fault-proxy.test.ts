@@ -10,15 +10,11 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FaultProxy, type Endpoint } from '../../chaos/fault-proxy.js';
-import { waitFor } from '../../testkit/wait.js';
+import { sleep, waitFor } from '../../testkit/wait.js';
 import { Rng } from '../../testkit/random.js';
 
 // ---------------------------------------------------------------------------------------------------
 // Plumbing
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
 
 function sha256(b: Buffer): string {
   return createHash('sha256').update(b).digest('hex');

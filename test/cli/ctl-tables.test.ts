@@ -6,7 +6,9 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../coordinator/cluster/cluster-harness.js';
+import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
+import { freePort } from '../../testkit/ports.js';
+import { waitFor } from '../../testkit/wait.js';
 
 const cli = resolve(import.meta.dirname, '../../cli/main.ts');
 
@@ -30,16 +32,6 @@ function ageMs(text: string): number {
   assert.ok(m !== null && (m[1] === undefined) !== (m[4] === undefined), `'${text}' is an age`);
   const unit = { ms: 1, s: 1000, min: 60_000, h: 3_600_000, d: 86_400_000 }[m[3] as 'ms'];
   return Number(m[2]) * unit * (m[1] === undefined ? -1 : 1);
-}
-
-async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 void test('ctl tables: spaced headers, ages, effective quotas; --json is the API document', { timeout: 180_000 }, async () => {
@@ -73,12 +65,12 @@ void test('ctl tables: spaced headers, ages, effective quotas; --json is the API
     writeFileSync(join(root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
     const port = await freePort();
     agent = spawn(process.execPath, ['--import', 'tsx', cli, 'agent', '--cell', 'eu-west', '--rules', join(root, 'rules.yaml'), '--http', `127.0.0.1:${port}`, '--workers', '0', '--coordinators', `127.0.0.1:${c.replica('n1').peerPort}`], { stdio: 'ignore' });
-    await until('a leased slice of acme', async () => {
+    await waitFor('a leased slice of acme', async () => {
       await fetch(`http://127.0.0.1:${port}/v1/check`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] }), signal: AbortSignal.timeout(2000) }).then((r) => r.arrayBuffer(), () => undefined);
       const t = await c.http('n1', 'GET', '/v1/tenants/acme');
       const slices = t.body['slices'] as { epoch: number; leaseExpiresAtMs: number | null }[] | undefined;
       return slices?.some((s) => s.epoch > 0 && s.leaseExpiresAtMs !== null) === true ? true : undefined;
-    });
+    }, { timeoutMs: 60_000, everyMs: 100 });
 
     const cellsJson = JSON.parse(ctl(admin, '--json', 'cells')) as { cells: { id: string; lastReportAt: string; leaseExpiresAt: string }[] };
     const before = Date.now();

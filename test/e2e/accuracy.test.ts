@@ -18,12 +18,12 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { PacedLoad, Scenario, fairShares } from '../../testkit/accuracy-scenario.js';
+import { sleep } from '../../testkit/wait.js';
 
 const Q = 1000;
 const BURST = Q / 5;
 const FLOOR_FRACTION = 0.1;
 const CELLS = ['cell-a', 'cell-b', 'cell-c'];
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const pct = (x: number): string => `${(x * 100).toFixed(1)} %`;
 
 void test('accuracy: ±5 % of the quota under skew, a moved demand served within 2 s, kill -9 of the leader within the bound', { timeout: 120_000 }, async () => {

@@ -12,7 +12,7 @@ import type { ChildProcess } from 'node:child_process';
 import { Agent, request } from 'node:http';
 import { resolve } from 'node:path';
 import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
-import { waitFor } from '../../testkit/wait.js';
+import { sleep, waitFor } from '../../testkit/wait.js';
 
 const Q = 100;
 const BURST = 20;
@@ -21,7 +21,6 @@ const CELLS = ['app-a', 'app-b', 'app-c'];
 const SKEW = [0.7, 0.2, 0.1];
 const BIN_MS = 100;
 const APP = resolve(import.meta.dirname, 'replica-app.ts');
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 interface Replica {
   readonly cell: string;
