@@ -2,8 +2,10 @@
 // Runs every test file (test/**/*.test.ts) with Node's own test runner, TypeScript loaded by tsx.
 // Node 20's --test does not expand globs, so the files are listed here. Extra arguments are passed
 // on (e.g. `npm run test:only -- --test-name-pattern raft`); a path argument restricts the files.
+// `--fast` leaves out the folders whose tests run many processes for long (see SLOW_FOLDERS): what CI
+// runs a second time on the current Node LTS (`npm run test:fast`).
 import { readdirSync, statSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join, resolve, sep } from 'node:path';
 import { spawnSync } from 'node:child_process';
 
 function findTests(dir) {
@@ -16,10 +18,19 @@ function findTests(dir) {
   return out;
 }
 
+/** Left out by --fast: the benchmarks' smoke tests, the chaos drills, the end-to-end accuracy runs,
+ * the front doors (real nginx, Caddy), the browser tests, the embedded limiter's replicas, and the
+ * tests on a real three-coordinator cluster. */
+const SLOW_FOLDERS = ['test/bench', 'test/chaos', 'test/e2e', 'test/front-door', 'test/ui', 'test/embedded', 'test/coordinator/cluster', 'test/coordinator/lease', 'test/cli'];
+
 const args = process.argv.slice(2);
+const fast = args.includes('--fast');
 const pathArgs = args.filter((a) => !a.startsWith('-'));
-const flagArgs = args.filter((a) => a.startsWith('-'));
-const files = (pathArgs.length > 0 ? pathArgs.flatMap((p) => (statSync(p).isDirectory() ? findTests(p) : [p])) : findTests('test')).sort();
+const flagArgs = args.filter((a) => a.startsWith('-') && a !== '--fast');
+const isSlow = (file) => SLOW_FOLDERS.some((dir) => file === dir || file.startsWith(`${dir}/`));
+const files = (pathArgs.length > 0 ? pathArgs.flatMap((p) => (statSync(p).isDirectory() ? findTests(p) : [p])) : findTests('test'))
+  .filter((f) => !fast || !isSlow(f.split(sep).join('/')))
+  .sort();
 if (files.length === 0) {
   console.error('no test files found');
   process.exit(1);
