@@ -9,8 +9,8 @@
 import { EntryKind, RaftNode, Role, type Message, type NodeId, type PlantedBugs, type RaftConfig, type Ready, type Snapshot } from '../../coordinator/raft/index.js';
 import { sendBeforePersist } from '../../coordinator/raft/index.js';
 import { EventQueue } from './sim-queue.js';
-import { Rng } from './sim-rng.js';
-import { SimDisk } from './sim-disk.js';
+import { Rng } from '../../testkit/random.js';
+import { SimDisk } from '../../testkit/raft/sim-disk.js';
 
 export interface CatchUpOptions {
   readonly seed: number;

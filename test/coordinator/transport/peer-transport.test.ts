@@ -380,8 +380,8 @@ void test('command format: each transport learns the newest format its peers rea
       return n.transport;
     };
     assert.equal(t('n1').peerCommandFormat('n9'), null, 'never heard from');
-    await waitFor(() => t('n1').peerCommandFormat('n2') === 2 && t('n2').peerCommandFormat('n1') === 2, 'n1 and n2 declared format 2 to each other');
-    await waitFor(() => t('n1').peerCommandFormat('n3') === 1 && t('n3').peerCommandFormat('n1') === 2, 'n3 declared the default, format 1');
+    await waitFor('n1 and n2 declared format 2 to each other', () => t('n1').peerCommandFormat('n2') === 2 && t('n2').peerCommandFormat('n1') === 2, { timeoutMs: 8000, everyMs: 10 });
+    await waitFor('n3 declared the default, format 1', () => t('n1').peerCommandFormat('n3') === 1 && t('n3').peerCommandFormat('n1') === 2, { timeoutMs: 8000, everyMs: 10 });
   } finally {
     await stopAll(nodes.values());
   }

@@ -4,7 +4,7 @@
 // The planted bug (restart the transfer on every compaction, the behaviour before) must not finish.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runCatchUp, type CatchUpOptions } from '../sim/raft-sim-catchup.js';
+import { runCatchUp, type CatchUpOptions } from './raft-sim-catchup.js';
 
 const snapshotBytes = 4 << 20;
 const bytesPerMs = 4000;
