@@ -107,14 +107,14 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
       await waitFor(`${a.cell} admits an unknown tenant on tier guest's lease`, async () => {
         const r = await check(a, 'stranger');
         return r.status === 200 && !r.degraded;
-      }, 30_000, () => a.output);
+      }, { timeoutMs: 30_000, everyMs: 100, context: () => a.output });
     }
     const del = await c.write('DELETE', '/v1/tiers/guest');
     assert.equal(del.status, 409, JSON.stringify(del.body));
     assert.match(String(del.body['message']), /unknown-tenant policy/);
     assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'deny' })).status, 200);
     for (const a of agents) {
-      await waitFor(`${a.cell} refuses the unknown tenant again under deny`, async () => (await check(a, 'stranger')).status === 429, 15_000, () => a.output);
+      await waitFor(`${a.cell} refuses the unknown tenant again under deny`, async () => (await check(a, 'stranger')).status === 429, { timeoutMs: 15_000, everyMs: 100, context: () => a.output });
     }
   } finally {
     for (const a of agents) a.proc.kill('SIGKILL');
