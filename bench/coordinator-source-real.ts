@@ -21,9 +21,11 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join, resolve } from 'node:path';
-import { CoordinatorCluster, freePort } from '../test/coordinator/cluster/cluster-harness.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './load/h2-raw.js';
-import { CODE_OK, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame, type WireEntry } from './load/rls-wire.js';
+import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
+import { freePort } from '../testkit/ports.js';
+import { sleep, waitFor } from '../testkit/wait.js';
+import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
+import { CODE_OK, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame, type WireEntry } from '../testkit/load/rls-wire.js';
 import { machineLine, type BenchReport } from './bench-report.js';
 
 const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
@@ -52,15 +54,6 @@ async function startAgent(root: string, cell: string, rules: string, coordinator
   return a;
 }
 
-async function until(what: string, fn: () => Promise<boolean>, timeoutMs: number, context: () => string = () => ''): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    if (await fn().catch(() => false)) return;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${context().slice(-2000)}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 async function metric(a: Agent, name: string): Promise<number> {
   const text = await (await fetch(`${a.url}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
   const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(text);
@@ -79,8 +72,8 @@ function rssMiB(pid: number): number {
 
 async function waitServing(agents: readonly Agent[]): Promise<void> {
   for (const a of agents) {
-    await until(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, 90_000, () => a.output);
-    await until(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, 90_000, () => a.output);
+    await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, { timeoutMs: 90_000, everyMs: 200, context: () => a.output });
+    await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 90_000, everyMs: 200, context: () => a.output });
   }
 }
 
@@ -331,7 +324,6 @@ descriptors:
     global: true
 `;
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
   const scale = opts.smoke ? 0.5 : 1;
