@@ -11,8 +11,8 @@
 // in the entry (`acks`), or do not pass them here.
 
 import type { CellView, QuotaState, SliceView } from '../ledger/ledger.js';
-import { AllocatorInputError } from './allocator.js';
-import type { AllocatorCell, AllocatorInput, AllocatorQuota, AllocatorSlices, AllocatorTuning } from './allocator.js';
+import { AllocatorInputError } from './allocator-types.js';
+import type { AllocatorCell, AllocatorInput, AllocatorQuota, AllocatorSlices, AllocatorTuning } from './allocator-types.js';
 
 /** One cell's part of one quota, as the ledger shows it (a SliceView fits). */
 export interface SliceInput {

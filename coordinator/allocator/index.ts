@@ -1,9 +1,13 @@
 export {
   allocateRound,
+  allocateRoundColumns,
   AllocatorInputError,
+  AllocatorInvariantError,
   AllocatorWorkspace,
   DEFAULT_TUNING,
+  GrantColumns,
   type AllocatorCell,
+  type AllocatorColumnsOutput,
   type AllocatorInput,
   type AllocatorOutput,
   type AllocatorQuota,
