@@ -6,22 +6,14 @@
 // Runnable directly: `tsx cell-agent/agent-cli.ts --cell eu-west --rules rules.yaml --rls-socket /run/ratelimit.sock`.
 import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { ConfigError, loadSettings, settingsHelp } from '../shared/cli-config.js';
+import { loadSettings, settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger } from '../shared/logging.js';
 import { AGENT_SETTING_SPECS, agentConfigSchema } from './agent-config.js';
-import type { AgentConfig } from './agent-config.js';
 import { startAgent } from './agent-main.js';
-import type { AgentHandle } from './agent-main.js';
-import { QuotaConfigError } from './decide/quotas.js';
-import { isRulesError } from './rules/rules-errors.js';
-import { RoutesError } from './front-door/routes.js';
+import { serveUntilSignal, settingsOrExit, startOrExit } from './serve-command.js';
+import type { ServeCommandIo } from './serve-command.js';
 
-export interface AgentCommandIo {
-  readonly stdout: { write(text: string): unknown };
-  readonly stderr: { write(text: string): unknown };
-  /** Where SIGINT / SIGTERM come from (process by default). */
-  readonly signals: Pick<NodeJS.Process, 'once' | 'off'>;
-}
+export type AgentCommandIo = ServeCommandIo;
 
 const USAGE = `usage: cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] [options]
 
@@ -35,29 +27,13 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n`);
     return 0;
   }
-  let config: AgentConfig;
-  try {
-    config = loadSettings('cellquota agent', AGENT_SETTING_SPECS, agentConfigSchema, argv, env);
-  } catch (error) {
-    if (error instanceof ConfigError) {
-      io.stderr.write(`${error.message}\n`);
-      return error.exitCode;
-    }
-    throw error;
-  }
+  const settings = settingsOrExit(io, () => loadSettings('cellquota agent', AGENT_SETTING_SPECS, agentConfigSchema, argv, env));
+  if (!settings.ok) return settings.exitCode;
+  const config = settings.value;
   const logger = createRootLogger({ level: config.logLevel, name: 'cellquota-agent', base: { cell: config.cell } });
-  let agent: AgentHandle;
-  try {
-    agent = await startAgent(config, logger);
-  } catch (error) {
-    const message = error instanceof Error ? error.message : String(error);
-    if (isRulesError(error) || error instanceof QuotaConfigError || error instanceof RoutesError || error instanceof ConfigError) {
-      io.stderr.write(`cellquota agent: ${message}\n`);
-      return 2;
-    }
-    io.stderr.write(`cellquota agent: cannot start: ${message}\n`);
-    return 1;
-  }
+  const started = await startOrExit(io, 'cellquota agent', () => startAgent(config, logger));
+  if (!started.ok) return started.exitCode;
+  const agent = started.value;
 
   const e = agent.endpoints;
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];
@@ -69,23 +45,7 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);
   io.stdout.write(`${lines.join('\n')}\n`);
 
-  const signal = await new Promise<NodeJS.Signals>((resolveSignal) => {
-    const on = (s: NodeJS.Signals): void => {
-      io.signals.off('SIGINT', on);
-      io.signals.off('SIGTERM', on);
-      resolveSignal(s);
-    };
-    io.signals.once('SIGINT', on);
-    io.signals.once('SIGTERM', on);
-  });
-  logger.info({ signal }, 'stopping');
-  try {
-    await agent.stop();
-  } catch (error) {
-    io.stderr.write(`cellquota agent: error while stopping: ${error instanceof Error ? error.message : String(error)}\n`);
-    return 1;
-  }
-  return 0;
+  return serveUntilSignal(io, logger, 'cellquota agent', () => agent.stop());
 }
 
 function isLoopbackHost(host: string): boolean {

@@ -23,7 +23,15 @@ import {
 } from './rls-codec.js';
 import type { Decoded } from './rls-codec.js';
 import type { RlsRequest, RlsResponse } from '../messages/rls-messages.js';
-import { HEALTH_SERVICE_NAME, HealthState, RLS_METHOD_PATH, bindUnix, removeIfOurs, tcpEndpoint } from './rls-common.js';
+import {
+  HEALTH_SERVICE_NAME,
+  HealthState,
+  RLS_METHOD_PATH,
+  bindUnix,
+  listeningHandle,
+  removeIfOurs,
+  tcpEndpoint,
+} from './rls-common.js';
 import type { BoundUnix, RlsListenOptions, RlsServerHandle } from './rls-common.js';
 
 /** A grpc-js service definition for the RLS, for servers (decodes requests) and clients (encodes them). */
@@ -39,16 +47,16 @@ export const rlsServiceDefinition = {
   },
 } as const;
 
+/** Check and Watch: a HealthCheckRequest in, HealthCheckResponse(s) out. */
+const healthCheckMessages = {
+  requestSerialize: (m: { service: string }): Buffer => encodeHealthCheckRequest(m),
+  requestDeserialize: (b: Buffer): Decoded<{ service: string }> => decodeHealthCheckRequest(b),
+  responseSerialize: (m: { status: number }): Buffer => encodeHealthCheckResponse(m),
+  responseDeserialize: (b: Buffer): Buffer => b,
+} as const;
+
 const healthDefinition = {
-  Check: {
-    path: `/${HEALTH_SERVICE_NAME}/Check`,
-    requestStream: false,
-    responseStream: false,
-    requestSerialize: (m: { service: string }): Buffer => encodeHealthCheckRequest(m),
-    requestDeserialize: (b: Buffer): Decoded<{ service: string }> => decodeHealthCheckRequest(b),
-    responseSerialize: (m: { status: number }): Buffer => encodeHealthCheckResponse(m),
-    responseDeserialize: (b: Buffer): Buffer => b,
-  },
+  Check: { path: `/${HEALTH_SERVICE_NAME}/Check`, requestStream: false, responseStream: false, ...healthCheckMessages },
   List: {
     path: `/${HEALTH_SERVICE_NAME}/List`,
     requestStream: false,
@@ -58,15 +66,7 @@ const healthDefinition = {
     responseSerialize: (m: ReadonlyMap<string, number>): Buffer => encodeHealthListResponse(m),
     responseDeserialize: (b: Buffer): Buffer => b,
   },
-  Watch: {
-    path: `/${HEALTH_SERVICE_NAME}/Watch`,
-    requestStream: false,
-    responseStream: true,
-    requestSerialize: (m: { service: string }): Buffer => encodeHealthCheckRequest(m),
-    requestDeserialize: (b: Buffer): Decoded<{ service: string }> => decodeHealthCheckRequest(b),
-    responseSerialize: (m: { status: number }): Buffer => encodeHealthCheckResponse(m),
-    responseDeserialize: (b: Buffer): Buffer => b,
-  },
+  Watch: { path: `/${HEALTH_SERVICE_NAME}/Watch`, requestStream: false, responseStream: true, ...healthCheckMessages },
 } as const;
 
 function bindAsync(server: grpc.Server, address: string): Promise<number> {
@@ -146,32 +146,20 @@ export async function startGrpcJsRlsServer(service: CheckService, opts: RlsListe
     if (unixBound !== null) await removeIfOurs(unixBound);
     throw error;
   }
-  health.set(true);
   logger.debug({ unix: unixBound?.path ?? null, tcp: tcpBound }, 'rls server listening');
-
-  let stopped: Promise<void> | null = null;
-  return {
-    endpoints: { unix: unixBound?.path ?? null, tcp: tcpBound },
-    setServing: (serving) => health.set(serving),
-    stop: (graceMs) => {
-      stopped ??= (async () => {
-        health.set(false);
-        health.endWatches();
-        await new Promise<void>((done) => {
-          const timer = setTimeout(() => {
-            server.forceShutdown();
-            done();
-          }, graceMs);
-          server.tryShutdown(() => {
-            clearTimeout(timer);
-            done();
-          });
-        });
-        // Open Watch streams and idle connections do not hold the shutdown past the grace period.
+  return listeningHandle({ unix: unixBound?.path ?? null, tcp: tcpBound }, health, async (graceMs) => {
+    await new Promise<void>((done) => {
+      const timer = setTimeout(() => {
         server.forceShutdown();
-        if (unixBound !== null) await removeIfOurs(unixBound);
-      })();
-      return stopped;
-    },
-  };
+        done();
+      }, graceMs);
+      server.tryShutdown(() => {
+        clearTimeout(timer);
+        done();
+      });
+    });
+    // Open Watch streams and idle connections do not hold the shutdown past the grace period.
+    server.forceShutdown();
+    if (unixBound !== null) await removeIfOurs(unixBound);
+  });
 }

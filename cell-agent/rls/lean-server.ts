@@ -31,7 +31,15 @@ import {
   encodeRateLimitResponse,
 } from './rls-codec.js';
 import { GRPC_CODE, UnaryCollector, encodeGrpcMessage, frameMessage, isGrpcContentType, parseGrpcTimeout } from './grpc-wire.js';
-import { HEALTH_SERVICE_NAME, HealthState, RLS_METHOD_PATH, bindUnix, removeIfOurs, tcpEndpoint } from './rls-common.js';
+import {
+  HEALTH_SERVICE_NAME,
+  HealthState,
+  RLS_METHOD_PATH,
+  bindUnix,
+  listeningHandle,
+  removeIfOurs,
+  tcpEndpoint,
+} from './rls-common.js';
 import type { BoundUnix, RlsListenOptions, RlsServerHandle } from './rls-common.js';
 
 /**
@@ -301,44 +309,32 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
     if (unixBound !== null) await removeIfOurs(unixBound);
     throw error;
   }
-  health.set(true);
   logger.debug({ unix: unixBound?.path ?? null, tcp: tcpBound }, 'rls server listening (lean node:http2)');
-
-  let stopped: Promise<void> | null = null;
-  return {
-    endpoints: { unix: unixBound?.path ?? null, tcp: tcpBound },
-    setServing: (serving) => health.set(serving),
-    stop: (graceMs) => {
-      stopped ??= (async () => {
-        stopping = true;
-        health.set(false);
-        health.endWatches();
-        for (const stream of watches) {
-          if (stream.destroyed) continue;
-          stream.once('wantTrailers', () => {
-            if (!stream.destroyed) stream.sendTrailers({ 'grpc-status': String(GRPC_CODE.UNAVAILABLE), 'grpc-message': 'the server is shutting down' });
-          });
-          stream.end();
-        }
-        const closed = Promise.all(servers.map((s) => new Promise<void>((done) => s.close(() => done()))));
-        for (const session of sessions) if (!session.destroyed) session.close();
-        const allGone = new Promise<void>((done) => {
-          const poll = (): void => {
-            if (sessions.size === 0) done();
-            else setTimeout(poll, 10).unref();
-          };
-          poll();
-        });
-        let timer: NodeJS.Timeout | null = null;
-        await Promise.race([allGone, new Promise<void>((done) => {
-          timer = setTimeout(done, graceMs);
-        })]);
-        if (timer !== null) clearTimeout(timer);
-        for (const session of sessions) session.destroy();
-        await closed;
-        if (unixBound !== null) await removeIfOurs(unixBound);
-      })();
-      return stopped;
-    },
-  };
+  return listeningHandle({ unix: unixBound?.path ?? null, tcp: tcpBound }, health, async (graceMs) => {
+    stopping = true;
+    for (const stream of watches) {
+      if (stream.destroyed) continue;
+      stream.once('wantTrailers', () => {
+        if (!stream.destroyed) stream.sendTrailers({ 'grpc-status': String(GRPC_CODE.UNAVAILABLE), 'grpc-message': 'the server is shutting down' });
+      });
+      stream.end();
+    }
+    const closed = Promise.all(servers.map((s) => new Promise<void>((done) => s.close(() => done()))));
+    for (const session of sessions) if (!session.destroyed) session.close();
+    const allGone = new Promise<void>((done) => {
+      const poll = (): void => {
+        if (sessions.size === 0) done();
+        else setTimeout(poll, 10).unref();
+      };
+      poll();
+    });
+    let timer: NodeJS.Timeout | null = null;
+    await Promise.race([allGone, new Promise<void>((done) => {
+      timer = setTimeout(done, graceMs);
+    })]);
+    if (timer !== null) clearTimeout(timer);
+    for (const session of sessions) session.destroy();
+    await closed;
+    if (unixBound !== null) await removeIfOurs(unixBound);
+  });
 }

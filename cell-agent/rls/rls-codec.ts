@@ -58,49 +58,53 @@ class Reader {
     this.pos = start;
   }
 
+  /** The last varint read: its low 32 bits (unsigned) and the bits above them (0 .. 2^32 − 1). */
+  private lo = 0;
+  private hi = 0;
+
   /** A varint as a number: exact up to 2^53, saturating above. */
   varint(): number {
-    const buf = this.buf;
-    let pos = this.pos;
-    let byte = pos < this.end ? (buf[pos++] as number) : this.eof();
-    if (byte < 0x80) {
-      this.pos = pos;
-      return byte;
-    }
-    let result = byte & 0x7f;
-    let mul = 0x80;
-    for (let i = 1; i < 10; i++) {
-      byte = pos < this.end ? (buf[pos++] as number) : this.eof();
-      if (i === 9 && byte > 1) throw new Malformed('varint longer than 64 bits');
-      result += (byte & 0x7f) * mul;
-      mul *= 0x80;
-      if (byte < 0x80) {
-        this.pos = pos;
-        return result > Number.MAX_SAFE_INTEGER ? Number.MAX_SAFE_INTEGER : result;
-      }
-    }
-    throw new Malformed('varint longer than 10 bytes');
+    if (this.readVarint()) return this.lo;
+    const value = this.hi * 0x1_0000_0000 + this.lo;
+    return value > Number.MAX_SAFE_INTEGER ? Number.MAX_SAFE_INTEGER : value;
   }
 
   /** A varint truncated to its low 32 bits, unsigned (protobuf's uint32 / enum reading). */
   uint32(): number {
+    this.readVarint();
+    return this.lo;
+  }
+
+  /** Reads one varint into `lo` and `hi`; true when it was one byte (the common case: `hi` is 0). */
+  private readVarint(): boolean {
     const buf = this.buf;
     let pos = this.pos;
     let byte = pos < this.end ? (buf[pos++] as number) : this.eof();
     if (byte < 0x80) {
       this.pos = pos;
-      return byte;
+      this.lo = byte;
+      this.hi = 0;
+      return true;
     }
-    let result = byte & 0x7f;
-    let shift = 7;
+    let lo = byte & 0x7f;
+    let hi = 0;
     for (let i = 1; i < 10; i++) {
       byte = pos < this.end ? (buf[pos++] as number) : this.eof();
       if (i === 9 && byte > 1) throw new Malformed('varint longer than 64 bits');
-      if (shift < 32) result |= (byte & 0x7f) << shift;
-      shift += 7;
+      const bits = byte & 0x7f;
+      if (i < 4) {
+        lo |= bits << (7 * i);
+      } else if (i === 4) {
+        lo |= (bits & 0x0f) << 28; // bits 28..31 of the low word; the other 3 open the high word
+        hi = bits >>> 4;
+      } else {
+        hi += bits * 2 ** (7 * i - 32);
+      }
       if (byte < 0x80) {
         this.pos = pos;
-        return result >>> 0;
+        this.lo = lo >>> 0;
+        this.hi = hi;
+        return false;
       }
     }
     throw new Malformed('varint longer than 10 bytes');

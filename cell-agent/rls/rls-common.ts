@@ -60,6 +60,31 @@ export interface RlsServerHandle {
   stop(graceMs: number): Promise<void>;
 }
 
+/**
+ * The handle of a server that listens now: health SERVING; stop() runs once (later calls get the same
+ * promise), turns health NOT_SERVING and ends the Watch streams, then `shutdown(graceMs)`.
+ */
+export function listeningHandle(
+  endpoints: RlsEndpoints,
+  health: HealthState,
+  shutdown: (graceMs: number) => Promise<void>,
+): RlsServerHandle {
+  health.set(true);
+  let stopped: Promise<void> | null = null;
+  return {
+    endpoints,
+    setServing: (serving) => health.set(serving),
+    stop: (graceMs) => {
+      stopped ??= (async () => {
+        health.set(false);
+        health.endWatches();
+        await shutdown(graceMs);
+      })();
+      return stopped;
+    },
+  };
+}
+
 /** host:port as clients dial it (IPv6 hosts in brackets). */
 export function tcpEndpoint(host: string, port: number): string {
   return `${host.includes(':') ? `[${host}]` : host}:${port}`;
