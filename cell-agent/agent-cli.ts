@@ -27,7 +27,9 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
     io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n`);
     return 0;
   }
-  const settings = settingsOrExit(io, () => loadSettings('cellquota agent', AGENT_SETTING_SPECS, agentConfigSchema, argv, env));
+  const settings = settingsOrExit(io, () =>
+    loadSettings('cellquota agent', AGENT_SETTING_SPECS, agentConfigSchema, argv, env),
+  );
   if (!settings.ok) return settings.exitCode;
   const config = settings.value;
   const logger = createRootLogger({ level: config.logLevel, name: 'cellquota-agent', base: { cell: config.cell } });

@@ -30,19 +30,32 @@ export function settingsOrExit<T>(io: ServeCommandIo, load: () => T): Started<T>
 }
 
 /** Starts the server, or the exit status of why it cannot start (the message on stderr). */
-export async function startOrExit<T>(io: ServeCommandIo, command: string, start: () => Promise<T>): Promise<Started<T>> {
+export async function startOrExit<T>(
+  io: ServeCommandIo,
+  command: string,
+  start: () => Promise<T>,
+): Promise<Started<T>> {
   try {
     return { ok: true, value: await start() };
   } catch (error) {
     const message = error instanceof Error ? error.message : String(error);
-    const usersToFix = error instanceof ConfigError || isRulesError(error) || error instanceof QuotaConfigError || error instanceof RoutesError;
+    const usersToFix =
+      error instanceof ConfigError ||
+      isRulesError(error) ||
+      error instanceof QuotaConfigError ||
+      error instanceof RoutesError;
     io.stderr.write(usersToFix ? `${command}: ${message}\n` : `${command}: cannot start: ${message}\n`);
     return { ok: false, exitCode: usersToFix ? 2 : 1 };
   }
 }
 
 /** Serves until the first SIGINT or SIGTERM, then stops: 0 after a clean stop, 1 if stopping failed. */
-export async function serveUntilSignal(io: ServeCommandIo, logger: Logger, command: string, stop: () => Promise<void>): Promise<number> {
+export async function serveUntilSignal(
+  io: ServeCommandIo,
+  logger: Logger,
+  command: string,
+  stop: () => Promise<void>,
+): Promise<number> {
   const signal = await new Promise<NodeJS.Signals>((resolveSignal) => {
     const on = (s: NodeJS.Signals): void => {
       io.signals.off('SIGINT', on);

@@ -11,20 +11,14 @@
 // createLimiter) to several.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { pino } from 'pino';
-import { HttpGate, defaultRefusalBody } from './http-gate.js';
-import type { HttpOptions } from './http-gate.js';
-import { createLimiter } from './limiter.js';
-import type { LimitDecision, Limiter } from './limiter.js';
-import { limiterOptionsOf } from './options.js';
-import type { LimiterLogger, LimiterOptions } from './options.js';
+import { HttpGate, limiterOf, refusalPayload } from './http-gate.js';
+import type { GateOptions, LimitDecision, Limiter } from './http-gate.js';
+import type { LimiterLogger } from './options.js';
 
-export type { HeaderMode } from './http-gate.js';
-export type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
+export type { Descriptor, HeaderMode, LimitDecision, Limiter, PolicyStatus } from './http-gate.js';
 
 export type CellquotaExpressOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> =
-  (LimiterOptions | { readonly limiter: Limiter; readonly logger?: LimiterLogger }) & HttpOptions<Req> & {
-    /** The body of a refusal: a value (sent as JSON unless a string) or a function of the request and decision. */
-    readonly body?: unknown;
+  GateOptions<Req> & {
     /** Called for every refused request before the answer is sent (it may set headers on the response). */
     readonly onRefused?: (request: Req, response: Res, decision: LimitDecision | null) => void;
   };
@@ -51,7 +45,7 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
   const own = !('limiter' in options);
   let gate: HttpGate<Req> | null = null;
   const ready: Promise<Limiter> = (async () => {
-    const limiter = 'limiter' in options ? options.limiter : await createLimiter(limiterOptionsOf(options, logger));
+    const { limiter } = await limiterOf(options, logger);
     try {
       gate = new HttpGate<Req>(limiter, options, logger, 'express middleware');
     } catch (error) {
@@ -75,7 +69,7 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
     }
     onRefused?.(req, res, r.decision);
     if (res.headersSent || res.writableEnded) return;
-    const payload = typeof body === 'function' ? (body as (q: Req, d: LimitDecision | null) => unknown)(req, r.decision) : body ?? defaultRefusalBody(r.decision);
+    const payload = refusalPayload(body, req, r.decision);
     const text = typeof payload === 'string' ? payload : JSON.stringify(payload);
     res.statusCode = g.statusCode;
     if (!res.hasHeader('content-type')) res.setHeader('content-type', typeof payload === 'string' ? 'text/plain; charset=utf-8' : 'application/json; charset=utf-8');

@@ -10,15 +10,10 @@
 // `request.cellquota` holds the decision (null when the route was not checked).
 import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
-import { HttpGate, defaultRefusalBody } from './http-gate.js';
-import type { HttpOptions } from './http-gate.js';
-import { createLimiter } from './limiter.js';
-import type { LimitDecision, Limiter } from './limiter.js';
-import { limiterOptionsOf } from './options.js';
-import type { LimiterLogger, LimiterOptions } from './options.js';
+import { HttpGate, limiterOf, refusalPayload } from './http-gate.js';
+import type { GateOptions, LimitDecision, Limiter } from './http-gate.js';
 
-export type { HeaderMode } from './http-gate.js';
-export type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
+export type { Descriptor, HeaderMode, LimitDecision, Limiter, PolicyStatus } from './http-gate.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -36,17 +31,14 @@ declare module 'fastify' {
 }
 
 /** The limiter options (unless `limiter` is given), the HTTP options, and what to answer when refused. */
-export type CellquotaFastifyOptions = (LimiterOptions | { readonly limiter: Limiter; readonly logger?: LimiterLogger }) & HttpOptions<FastifyRequest> & {
-  /** The body of a refusal: a value (sent as JSON unless a string) or a function of the request and decision. */
-  readonly body?: unknown;
+export type CellquotaFastifyOptions = GateOptions<FastifyRequest> & {
   /** Called for every refused request (before the answer is sent; it may set headers on the reply). */
   readonly onRefused?: (request: FastifyRequest, reply: FastifyReply, decision: LimitDecision | null) => void;
 };
 
 const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (fastify: FastifyInstance, options: CellquotaFastifyOptions) => {
   const logger = ('logger' in options && options.logger !== undefined ? options.logger : fastify.log);
-  const own = !('limiter' in options);
-  const limiter = 'limiter' in options ? options.limiter : await createLimiter(limiterOptionsOf(options, logger));
+  const { limiter, own } = await limiterOf(options, logger);
   const gate = new HttpGate<FastifyRequest>(limiter, options, logger, 'fastify plugin');
   const body = options.body;
   const onRefused = options.onRefused;
@@ -69,7 +61,7 @@ const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (fastify: Fast
       return;
     }
     onRefused?.(request, reply, r.decision);
-    const payload = typeof body === 'function' ? (body as (req: FastifyRequest, d: LimitDecision | null) => unknown)(request, r.decision) : body ?? defaultRefusalBody(r.decision);
+    const payload = refusalPayload(body, request, r.decision);
     void reply.code(statusCode).send(payload);
   });
 };

@@ -13,9 +13,11 @@ import { z } from 'zod';
 import { clientAddress, parseAddressList, parseTrustedProxies } from '../shared/client-address.js';
 import type { AddressSet } from '../shared/client-address.js';
 import type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
-import { LimiterInputError, countersOf } from './limiter.js';
-import type { LimiterLogger } from './options.js';
-import { parseWith } from './options.js';
+import { LimiterInputError, countersOf, createLimiter } from './limiter.js';
+import type { LimiterLogger, LimiterOptions } from './options.js';
+import { limiterOptionsOf, parseWith } from './options.js';
+
+export type { Descriptor, LimitDecision, Limiter, PolicyStatus } from './limiter.js';
 
 export type HeaderMode = 'draft-10' | 'legacy' | 'both' | 'none';
 
@@ -185,6 +187,28 @@ export function rateLimitHeaders(policies: readonly PolicyStatus[], mode: Header
     out.push(['ratelimit-limit', String(chosen.limit)], ['ratelimit-remaining', String(chosen.remaining)], ['ratelimit-reset', String(chosen.resetSeconds)]);
   }
   return out;
+}
+
+/** What both middlewares take: the limiter's options (unless `limiter` is given), the HTTP options, the refusal. */
+export type GateOptions<Req> = (LimiterOptions | { readonly limiter: Limiter; readonly logger?: LimiterLogger }) &
+  HttpOptions<Req> & {
+    /** The body of a refusal: a value (sent as JSON unless a string) or a function of the request and decision. */
+    readonly body?: unknown;
+  };
+
+/** The limiter given as `limiter`, or one started from the options (`own`: the middleware closes it). */
+export async function limiterOf<Req>(
+  options: GateOptions<Req>,
+  logger: LimiterLogger,
+): Promise<{ readonly limiter: Limiter; readonly own: boolean }> {
+  if ('limiter' in options) return { limiter: options.limiter, own: false };
+  return { limiter: await createLimiter(limiterOptionsOf(options, logger)), own: true };
+}
+
+/** What a refusal answers: `body` (a value, or a function of the request and the decision), else the default. */
+export function refusalPayload<Req>(body: unknown, request: Req, decision: LimitDecision | null): unknown {
+  if (typeof body === 'function') return (body as (q: Req, d: LimitDecision | null) => unknown)(request, decision);
+  return body ?? defaultRefusalBody(decision);
 }
 
 /** The default refusal body (JSON). */

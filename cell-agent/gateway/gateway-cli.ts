@@ -24,7 +24,9 @@ export async function runGatewayCommand(argv: readonly string[], env: NodeJS.Pro
     io.stdout.write(`${USAGE}${settingsHelp(GATEWAY_SETTING_SPECS)}\n`);
     return 0;
   }
-  const settings = settingsOrExit(io, () => loadSettings('cellquota gateway', GATEWAY_SETTING_SPECS, gatewayConfigSchema, argv, env));
+  const settings = settingsOrExit(io, () =>
+    loadSettings('cellquota gateway', GATEWAY_SETTING_SPECS, gatewayConfigSchema, argv, env),
+  );
   if (!settings.ok) return settings.exitCode;
   const config = settings.value;
   const logger = createRootLogger({ level: config.logLevel, name: 'cellquota-gateway', base: { cell: config.cell } });
