@@ -37,7 +37,10 @@ const VARIANTS: readonly Variant[] = [
   { name: 'coordinated (leased slices)', mode: { kind: 'leased', floorFraction: FLOOR_FRACTION } },
   { name: 'static Q÷3 per cell', mode: { kind: 'static', share: 0.3333 } },
   { name: 'static Q per cell', mode: { kind: 'static', share: 1 } },
-  { name: 'central Redis counter (rlf fixed window)', mode: { kind: 'central-redis', serverModule: fileURLToPath(new URL('./servers/rlf-quota.ts', import.meta.url)) } },
+  {
+    name: 'central Redis counter (rlf fixed window)',
+    mode: { kind: 'central-redis', serverModule: fileURLToPath(new URL('./servers/rlf-quota.ts', import.meta.url)) },
+  },
 ];
 
 function rlfVersion(): string {
@@ -50,7 +53,11 @@ function rlfVersion(): string {
 
 const signedPct = (x: number): string => `${x >= 0 ? '+' : ''}${(x * 100).toFixed(1)} %`;
 
-async function runVariant(v: Variant, smoke: boolean, progress: (msg: string) => void): Promise<Record<string, number | string>> {
+async function runVariant(
+  v: Variant,
+  smoke: boolean,
+  progress: (msg: string) => void,
+): Promise<Record<string, number | string>> {
   const warmMs = smoke ? 2000 : 5000;
   const measureMs = smoke ? 3000 : 10_000;
   const shiftMs = smoke ? 3000 : 5000;
@@ -69,8 +76,15 @@ async function runVariant(v: Variant, smoke: boolean, progress: (msg: string) =>
     const offered = load.sum(null, m0, m1).sent / ((m1 - m0) / 1000);
     const perCell = CELLS.map((_, i) => Math.round(load?.admittedRate(i, m0, m1) ?? 0));
     const floor = (FLOOR_FRACTION * QUOTA) / CELLS.length;
-    const target = fairShares([0, 0, 3 * QUOTA], QUOTA, CELLS.map(() => floor))[2] ?? 0;
-    progress(`${v.name}: admitted ${global.toFixed(1)}/s (${signedPct(global / QUOTA - 1)}); moving all the load to cell-c`);
+    const target =
+      fairShares(
+        [0, 0, 3 * QUOTA],
+        QUOTA,
+        CELLS.map(() => floor),
+      )[2] ?? 0;
+    progress(
+      `${v.name}: admitted ${global.toFixed(1)}/s (${signedPct(global / QUOTA - 1)}); moving all the load to cell-c`,
+    );
     const shiftAt = load.now();
     load.setRates([0, 0, 3 * QUOTA]);
     await sleep(shiftMs);
@@ -102,12 +116,18 @@ async function runVariant(v: Variant, smoke: boolean, progress: (msg: string) =>
 export type VariantKind = ScenarioOptions['mode']['kind'];
 
 /** `kinds`: only the variants of these modes (all by default), e.g. ['central-redis'] for its smoke test. */
-export async function runAccuracyBench(opts: { smoke: boolean; progress: (msg: string) => void; kinds?: readonly VariantKind[] }): Promise<BenchReport> {
+export async function runAccuracyBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+  kinds?: readonly VariantKind[];
+}): Promise<BenchReport> {
   const rows: Record<string, number | string>[] = [];
   const skipped: string[] = [];
   for (const v of VARIANTS.filter((x) => opts.kinds === undefined || opts.kinds.includes(x.mode.kind))) {
     if (v.mode.kind === 'central-redis' && findRedisServer() === null) {
-      skipped.push(`${v.name}: skipped, redis-server is not installed (not on PATH, $REDIS_SERVER unset): \`apt-get install redis-server\`.`);
+      skipped.push(
+        `${v.name}: skipped, redis-server is not installed (not on PATH, $REDIS_SERVER unset): \`apt-get install redis-server\`.`,
+      );
       opts.progress(skipped.at(-1) ?? '');
       continue;
     }
@@ -137,7 +157,16 @@ if (import.meta.url === `file://${process.argv[1] ?? ''}`) {
   // npx tsx bench/accuracy.ts [--smoke] [--variants leased,static,central-redis]
   const smoke = process.argv.includes('--smoke');
   const at = process.argv.indexOf('--variants');
-  const kinds = at > 0 ? (process.argv[at + 1] ?? '').split(',').filter((k): k is VariantKind => k === 'leased' || k === 'static' || k === 'central-redis') : undefined;
-  const report = await runAccuracyBench({ smoke, progress: (m) => console.log(`  … ${m}`), ...(kinds !== undefined ? { kinds } : {}) });
+  const kinds =
+    at > 0
+      ? (process.argv[at + 1] ?? '')
+          .split(',')
+          .filter((k): k is VariantKind => k === 'leased' || k === 'static' || k === 'central-redis')
+      : undefined;
+  const report = await runAccuracyBench({
+    smoke,
+    progress: (m) => console.log(`  … ${m}`),
+    ...(kinds !== undefined ? { kinds } : {}),
+  });
   console.log(JSON.stringify(report, null, 2));
 }

@@ -159,11 +159,25 @@ const SELF = fileURLToPath(import.meta.url);
 /** Each size in a child process of its own, so one size's memory does not count in another's RSS. */
 export function runSizes(sizes: readonly number[], calls: number, batch: number): SizeResult[] {
   return sizes.map((n) => {
-    const child = spawnSync(process.execPath, [...process.execArgv, SELF, '--buckets', String(n), '--calls', String(calls), '--batch', String(batch), '--json-only'], {
-      encoding: 'utf8',
-      maxBuffer: 16 * MiB,
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const child = spawnSync(
+      process.execPath,
+      [
+        ...process.execArgv,
+        SELF,
+        '--buckets',
+        String(n),
+        '--calls',
+        String(calls),
+        '--batch',
+        String(batch),
+        '--json-only',
+      ],
+      {
+        encoding: 'utf8',
+        maxBuffer: 16 * MiB,
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
     if (child.status !== 0) throw new Error(`child for ${n} buckets exited with ${child.status}`);
     const last = child.stdout.trim().split('\n').pop() ?? '';
     return JSON.parse(last) as SizeResult;
@@ -188,7 +202,10 @@ export function runAgentMemoryBench(opts: { smoke: boolean; progress: (msg: stri
       'take p99 ns (batch mean)': r.latency.batchMeanNs.p99,
       'take p99 ns (single)': r.latency.singleCallNs.p99,
     })),
-    notes: ['target: 1M buckets < 256 MiB resident; in-process decision ≤ 1 µs p99 (production hardware)', `machine: ${os.cpus().length} CPUs`],
+    notes: [
+      'target: 1M buckets < 256 MiB resident; in-process decision ≤ 1 µs p99 (production hardware)',
+      `machine: ${os.cpus().length} CPUs`,
+    ],
   };
 }
 
@@ -203,7 +220,8 @@ function main(): void {
   });
   const calls = Number(values.calls);
   const batch = Number(values.batch);
-  if (!Number.isSafeInteger(calls) || calls < 1 || !Number.isSafeInteger(batch) || batch < 1) throw new RangeError('--calls and --batch take positive integers');
+  if (!Number.isSafeInteger(calls) || calls < 1 || !Number.isSafeInteger(batch) || batch < 1)
+    throw new RangeError('--calls and --batch take positive integers');
   let results: SizeResult[];
   if (values.buckets !== undefined) {
     const sizes = values.buckets.flatMap((b) => b.split(',')).map((b) => Number(b.replace(/_/g, '')));
@@ -216,7 +234,13 @@ function main(): void {
     console.log(`agent-memory: ${os.cpus().length} × ${os.cpus()[0]?.model ?? 'cpu'}, Node ${process.version}`);
     for (const r of results) console.log(line(r));
   }
-  console.log(JSON.stringify(values['json-only'] && results.length === 1 ? results[0] : { machine: { cpus: os.cpus().length, node: process.version }, results }));
+  console.log(
+    JSON.stringify(
+      values['json-only'] && results.length === 1
+        ? results[0]
+        : { machine: { cpus: os.cpus().length, node: process.version }, results },
+    ),
+  );
 }
 
 if (process.argv[1] !== undefined && resolve(process.argv[1]) === SELF) {

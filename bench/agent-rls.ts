@@ -41,10 +41,27 @@ import type { ServerOptions } from '../testkit/processes/server-module.js';
 import { ServerProcess } from '../testkit/processes/server-process.js';
 import { armEmergencyStop } from './emergency-stop.js';
 
-export const SERVER_NAMES = ['ceiling', 'bare-h2', 'agent', 'agent-grpcjs', 'agent-2w', 'rlf-memory', 'rlf-redis', 'ceiling-pbjs'] as const;
+export const SERVER_NAMES = [
+  'ceiling',
+  'bare-h2',
+  'agent',
+  'agent-grpcjs',
+  'agent-2w',
+  'rlf-memory',
+  'rlf-redis',
+  'ceiling-pbjs',
+] as const;
 export type ServerName = (typeof SERVER_NAMES)[number];
 /** Measured unless --servers says otherwise; 'ceiling-pbjs' only on request. */
-export const DEFAULT_SERVERS: readonly ServerName[] = ['ceiling', 'bare-h2', 'agent', 'agent-grpcjs', 'agent-2w', 'rlf-memory', 'rlf-redis'];
+export const DEFAULT_SERVERS: readonly ServerName[] = [
+  'ceiling',
+  'bare-h2',
+  'agent',
+  'agent-grpcjs',
+  'agent-2w',
+  'rlf-memory',
+  'rlf-redis',
+];
 export const VARIANTS = ['unlimited', 'limited'] as const;
 export type Variant = (typeof VARIANTS)[number];
 
@@ -229,20 +246,33 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
           skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
           continue;
         }
-        toStart.push({ name, options: { scratchDir: dir, workers: name === 'agent-2w' ? 2 : 1, rlsServer: name === 'agent-grpcjs' ? 'grpc-js' : 'lean' } });
+        toStart.push({
+          name,
+          options: {
+            scratchDir: dir,
+            workers: name === 'agent-2w' ? 2 : 1,
+            rlsServer: name === 'agent-grpcjs' ? 'grpc-js' : 'lean',
+          },
+        });
       } else if (name === 'ceiling-pbjs') {
         toStart.push({ name, options: { scratchDir: dir, codec: 'protobufjs' } });
       } else if (name === 'rlf-redis') {
         const bin = findRedisServer();
         if (bin === null) {
-          skipped.push({ server: name, reason: 'redis-server is not installed (not on PATH, $REDIS_SERVER unset): `apt-get install redis-server`' });
+          skipped.push({
+            server: name,
+            reason: 'redis-server is not installed (not on PATH, $REDIS_SERVER unset): `apt-get install redis-server`',
+          });
           continue;
         }
         progress(`starting redis-server (${bin}) on a Unix socket, --save '' --appendonly no`);
         try {
           redis = await RedisServer.start(bin, dir);
         } catch (err) {
-          skipped.push({ server: name, reason: `redis-server did not start: ${err instanceof Error ? err.message : String(err)}` });
+          skipped.push({
+            server: name,
+            reason: `redis-server did not start: ${err instanceof Error ? err.message : String(err)}`,
+          });
           continue;
         }
         descriptions.set(name, `redis-server ${redis.version}`);
@@ -253,7 +283,9 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     }
     for (const s of skipped) progress(`skipping ${s.server}: ${s.reason}`);
 
-    progress(`starting ${toStart.map((s) => s.name).join(', ') || 'no server'} and the load generator (${transport === 'uds' ? 'Unix sockets' : 'TCP on 127.0.0.1'})`);
+    progress(
+      `starting ${toStart.map((s) => s.name).join(', ') || 'no server'} and the load generator (${transport === 'uds' ? 'Unix sockets' : 'TCP on 127.0.0.1'})`,
+    );
     // Started alongside the servers. (Children still starting when this process dies end
     // themselves: host.ts and loadgen.ts exit when their IPC channel closes.)
     const loadgenP = LoadGenerator.start();
@@ -262,7 +294,14 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
       toStart.map(async (s) => {
         const target = transport === 'uds' ? join(scratch, `${s.name}.sock`) : `127.0.0.1:${await freeTcpPort()}`;
         const proc = await ServerProcess.start(s.name, MODULES[s.name], target, s.options, progress);
-        const r: Running = { name: s.name, proc, target, endpoints: proc.endpoints, auxPid: s.name === 'rlf-redis' ? redis?.pid : undefined, dead: null };
+        const r: Running = {
+          name: s.name,
+          proc,
+          target,
+          endpoints: proc.endpoints,
+          auxPid: s.name === 'rlf-redis' ? redis?.pid : undefined,
+          dead: null,
+        };
         running.push(r);
         return r;
       }),
@@ -295,7 +334,9 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
       for (const variant of variants) {
         for (const ph of phaseList) {
           const k = steps.length;
-          const order = running.map((_, i) => running[(i + k) % running.length]).filter((r): r is Running => r !== undefined);
+          const order = running
+            .map((_, i) => running[(i + k) % running.length])
+            .filter((r): r is Running => r !== undefined);
           if (round % 2 === 0) order.reverse();
           steps.push({ round, variant, ph, order });
         }
@@ -326,12 +367,20 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
           seed: 0x5eed + phaseIndex,
           progressEveryMs: plan.progressEveryMs,
         };
-        const cpu0 = alive.map((r) => [cpuSeconds(r.proc.pid), r.auxPid !== undefined ? cpuSeconds(r.auxPid) : 0] as const);
+        const cpu0 = alive.map(
+          (r) => [cpuSeconds(r.proc.pid), r.auxPid !== undefined ? cpuSeconds(r.auxPid) : 0] as const,
+        );
         const t0 = performance.now();
         let results: readonly PhaseResult[];
         try {
-          progress(`${label}: ${alive.map((r) => r.name).join(', ')}${alive.length > 1 ? `, taking turns every ${plan.sliceMs} ms` : ''}`);
-          results = await loadgen.run(job, (p) => progress(`${label}: ${p.phase} ${(p.elapsedMs / 1000).toFixed(1)} s, ${fmtInt(p.completed)} answers, ${p.inFlight} in flight`));
+          progress(
+            `${label}: ${alive.map((r) => r.name).join(', ')}${alive.length > 1 ? `, taking turns every ${plan.sliceMs} ms` : ''}`,
+          );
+          results = await loadgen.run(job, (p) =>
+            progress(
+              `${label}: ${p.phase} ${(p.elapsedMs / 1000).toFixed(1)} s, ${fmtInt(p.completed)} answers, ${p.inFlight} in flight`,
+            ),
+          );
         } catch (err) {
           const msg = err instanceof Error ? err.message : String(err);
           const gone = alive.filter((r) => !r.proc.alive || r.endpoints.some((e) => msg.includes(e)));
@@ -352,14 +401,30 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
           const [c0, a0] = cpu0[i] ?? [null, null];
           const c1 = cpuSeconds(srv.proc.pid);
           const a1 = srv.auxPid !== undefined ? cpuSeconds(srv.auxPid) : 0;
-          const serverCpuPct = c0 !== null && c1 !== null && a0 !== null && a1 !== null ? Math.round(((c1 - c0 + (a1 - a0)) / shareS) * 100) : null;
-          phases.push({ round, server: srv.name, variant, mode: ph.mode, concurrency: ph.concurrency, rate: ph.rate, result, serverCpuPct });
+          const serverCpuPct =
+            c0 !== null && c1 !== null && a0 !== null && a1 !== null
+              ? Math.round(((c1 - c0 + (a1 - a0)) / shareS) * 100)
+              : null;
+          phases.push({
+            round,
+            server: srv.name,
+            variant,
+            mode: ph.mode,
+            concurrency: ph.concurrency,
+            rate: ph.rate,
+            result,
+            serverCpuPct,
+          });
           const errs = result.errors > 0 ? `, ${fmtInt(result.errors)} errors (${result.errorSamples.join('; ')})` : '';
           if (ph.mode === 'closed') {
-            progress(`${label} ${srv.name}: ${fmtInt(result.throughput)} req/s (server CPU ${serverCpuPct ?? '?'} % while loaded, generator CPU ${result.generatorCpuPct} %)${errs}`);
+            progress(
+              `${label} ${srv.name}: ${fmtInt(result.throughput)} req/s (server CPU ${serverCpuPct ?? '?'} % while loaded, generator CPU ${result.generatorCpuPct} %)${errs}`,
+            );
           } else {
             const l = result.latency;
-            progress(`${label} ${srv.name}: p50 ${l?.p50Us ?? '?'} µs, p99 ${l?.p99Us ?? '?'} µs, p99.9 ${l?.p999Us ?? '?'} µs at ${fmtInt(result.offeredRate)} req/s offered (send lag p99 ${result.sendLag?.p99Us ?? '?'} µs)${errs}`);
+            progress(
+              `${label} ${srv.name}: p50 ${l?.p50Us ?? '?'} µs, p99 ${l?.p99Us ?? '?'} µs, p99.9 ${l?.p999Us ?? '?'} µs at ${fmtInt(result.offeredRate)} req/s offered (send lag p99 ${result.sendLag?.p99Us ?? '?'} µs)${errs}`,
+            );
           }
         }
         break;
@@ -374,7 +439,8 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     await redis?.stop();
     emergency.exitOff();
     rmSync(scratch, { recursive: true, force: true });
-    if (running.length > 0 || redis !== null) progress(`stopped ${[...running.map((r) => r.name), ...(redis !== null ? ['redis-server'] : [])].join(', ')}`);
+    if (running.length > 0 || redis !== null)
+      progress(`stopped ${[...running.map((r) => r.name), ...(redis !== null ? ['redis-server'] : [])].join(', ')}`);
   }
 
   notes.push(
@@ -397,10 +463,25 @@ function buildReport(
   descriptions: ReadonlyMap<ServerName, string>,
 ): BenchReport {
   // Best of the rounds: the highest throughput of a closed-loop phase, the lowest p99 of a paced one.
-  const score = (p: PhaseRecord): number => (p.mode === 'closed' ? p.result.throughput : -(p.result.latency?.p99Us ?? Number.POSITIVE_INFINITY));
-  const bestOf = (cands: readonly PhaseRecord[]): PhaseRecord | undefined => cands.reduce<PhaseRecord | undefined>((b, p) => (b === undefined || score(p) > score(b) ? p : b), undefined);
-  const find = (server: ServerName, variant: Variant, mode: 'closed' | 'paced', concurrency?: number): PhaseRecord | undefined =>
-    bestOf(phases.filter((p) => p.server === server && p.variant === variant && p.mode === mode && (concurrency === undefined || p.concurrency === concurrency)));
+  const score = (p: PhaseRecord): number =>
+    p.mode === 'closed' ? p.result.throughput : -(p.result.latency?.p99Us ?? Number.POSITIVE_INFINITY);
+  const bestOf = (cands: readonly PhaseRecord[]): PhaseRecord | undefined =>
+    cands.reduce<PhaseRecord | undefined>((b, p) => (b === undefined || score(p) > score(b) ? p : b), undefined);
+  const find = (
+    server: ServerName,
+    variant: Variant,
+    mode: 'closed' | 'paced',
+    concurrency?: number,
+  ): PhaseRecord | undefined =>
+    bestOf(
+      phases.filter(
+        (p) =>
+          p.server === server &&
+          p.variant === variant &&
+          p.mode === mode &&
+          (concurrency === undefined || p.concurrency === concurrency),
+      ),
+    );
   const peak = (server: ServerName, variant: Variant): PhaseRecord | undefined => find(server, variant, 'closed');
 
   const rows: Record<string, number | string>[] = [];
@@ -413,7 +494,8 @@ function buildReport(
       const mine = phases.filter((p) => p.server === server && p.variant === variant);
       if (mine.length === 0) continue;
       const row: Record<string, number | string> = { variant, server };
-      for (const c of plan.concurrencies) row[`c=${c} req/s`] = find(server, variant, 'closed', c)?.result.throughput ?? '';
+      for (const c of plan.concurrencies)
+        row[`c=${c} req/s`] = find(server, variant, 'closed', c)?.result.throughput ?? '';
       const pk = peak(server, variant);
       row['peak ÷ ceiling'] = ratio(pk?.result.throughput, ceilPeak?.result.throughput);
       const paced = find(server, variant, 'paced');
@@ -467,8 +549,12 @@ function buildReport(
     vs(peak('agent-grpcjs', variant), 'agent-grpcjs', null);
     const lp = find('agent', variant, 'paced')?.result.latency?.p99Us;
     const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
-    if (lp !== undefined && cp !== undefined) parts.push(`p99 ${lp} µs vs the ceiling's ${cp} µs (target ≤${verdict(lp <= cp)})`);
-    if (parts.length > 0) notes.push(`lean agent (${variant}, peak ${fmtInt(lean.result.throughput)} req/s at c=${lean.concurrency}): ${parts.join('; ')}${opts.smoke ? ' — smoke run: no verdict' : ''}`);
+    if (lp !== undefined && cp !== undefined)
+      parts.push(`p99 ${lp} µs vs the ceiling's ${cp} µs (target ≤${verdict(lp <= cp)})`);
+    if (parts.length > 0)
+      notes.push(
+        `lean agent (${variant}, peak ${fmtInt(lean.result.throughput)} req/s at c=${lean.concurrency}): ${parts.join('; ')}${opts.smoke ? ' — smoke run: no verdict' : ''}`,
+      );
   }
   // "Throughput grows with cores" (docs/targets.md): the agent with 2 workers against 1, at the highest
   // concurrency measured (c = 64 by default), where a second worker has the most to take.
@@ -484,7 +570,8 @@ function buildReport(
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
   }
-  if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent')) notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');
+  if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent'))
+    notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');
   for (const s of skipped) notes.push(`skipped ${s.server}: ${s.reason}`);
   notes.push(...extraNotes);
   notes.push(
@@ -493,11 +580,23 @@ function buildReport(
     `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
     `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,
   );
-  const lags = phases.filter((p) => p.mode === 'paced' && p.result.sendLag !== null).map((p) => p.result.sendLag?.p99Us ?? 0);
-  if (lags.length > 0) notes.push(`Generator send lag (actual − scheduled send) p99: at most ${Math.max(...lags)} µs over the paced runs; it is inside every latency figure alike.`);
-  notes.push('CPU %: of one core; a server\'s over its share of the phase (warm-up included; rlf-redis includes redis-server), the generator\'s over the whole phase. A server well below 100 % at its peak was not the bottleneck: the machine (shared cores, other work) or the generator was.');
+  const lags = phases
+    .filter((p) => p.mode === 'paced' && p.result.sendLag !== null)
+    .map((p) => p.result.sendLag?.p99Us ?? 0);
+  if (lags.length > 0)
+    notes.push(
+      `Generator send lag (actual − scheduled send) p99: at most ${Math.max(...lags)} µs over the paced runs; it is inside every latency figure alike.`,
+    );
+  notes.push(
+    "CPU %: of one core; a server's over its share of the phase (warm-up included; rlf-redis includes redis-server), the generator's over the whole phase. A server well below 100 % at its peak was not the bottleneck: the machine (shared cores, other work) or the generator was.",
+  );
   for (const [name, d] of descriptions) notes.push(`${name}: ${d}`);
-  return { name: 'agent', title: 'Agent RLS server vs. an empty grpc-js handler (ceiling) and rate-limiter-flexible', rows, notes };
+  return {
+    name: 'agent',
+    title: 'Agent RLS server vs. an empty grpc-js handler (ceiling) and rate-limiter-flexible',
+    rows,
+    notes,
+  };
 }
 
 /** The `npm run bench -- agent` entry (bench/run.ts). */
@@ -521,7 +620,9 @@ async function main(): Promise<void> {
     },
   });
   const servers = values.servers?.split(',').map((s) => s.trim());
-  for (const s of servers ?? []) if (!(SERVER_NAMES as readonly string[]).includes(s)) throw new Error(`unknown server '${s}'; known: ${SERVER_NAMES.join(', ')}`);
+  for (const s of servers ?? [])
+    if (!(SERVER_NAMES as readonly string[]).includes(s))
+      throw new Error(`unknown server '${s}'; known: ${SERVER_NAMES.join(', ')}`);
   if (values.transport !== 'uds' && values.transport !== 'tcp') throw new Error('--transport is uds or tcp');
   if (values.client !== 'raw' && values.client !== 'http2') throw new Error('--client is raw or http2');
   const num = (v: string | undefined, what: string): number | undefined => {

@@ -13,7 +13,12 @@
 // encoded by ledger-commands' `encodeCommand` (validation included in its time). One more row adds
 // the hierarchy: three tier caps under one domain cap, split at every cell.
 import { allocateRound, AllocatorWorkspace } from '../coordinator/allocator/allocator.js';
-import type { AllocatorCell, AllocatorInput, AllocatorQuota, AllocatorSlices } from '../coordinator/allocator/allocator.js';
+import type {
+  AllocatorCell,
+  AllocatorInput,
+  AllocatorQuota,
+  AllocatorSlices,
+} from '../coordinator/allocator/allocator.js';
 import { roundTowards } from '../coordinator/allocator/grant-rounding.js';
 import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-commands.js';
 import type { Grant } from '../coordinator/ledger/ledger-commands.js';
@@ -40,7 +45,12 @@ const FLOOR_FRACTION = 0.3;
 
 function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: number): World {
   const rand = new Rng(seed).asRandom();
-  const cells: AllocatorCell[] = Array.from({ length: nCells }, (_, c) => ({ id: `cell-${c}`, hasFloor: true, reported: true, leaseExpiresAtMs: 10_000 }));
+  const cells: AllocatorCell[] = Array.from({ length: nCells }, (_, c) => ({
+    id: `cell-${c}`,
+    hasFloor: true,
+    reported: true,
+    leaseExpiresAtMs: 10_000,
+  }));
   const quotas: MutableQuota[] = [];
   const tierOf: number[] = [];
   const caps: { tier: number; sum: number }[] = TIERS.map((_, tier) => ({ tier, sum: 0 }));
@@ -50,7 +60,15 @@ function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: n
     const rate = (TIERS[tier] as { rate: number }).rate;
     (caps[tier] as { sum: number }).sum += rate;
     tierOf.push(tier);
-    quotas.push(quota(`tenant/t${t}`, rate, rate * 2, nCells, hierarchy ? `tier/${(TIERS[tier] as { name: string }).name}` : null));
+    quotas.push(
+      quota(
+        `tenant/t${t}`,
+        rate,
+        rate * 2,
+        nCells,
+        hierarchy ? `tier/${(TIERS[tier] as { name: string }).name}` : null,
+      ),
+    );
   }
   if (hierarchy) {
     // Tier caps at 40% of the sum of their tenants' quotas (they bind for busy tiers), the domain cap
@@ -93,7 +111,8 @@ function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: n
       weights[c] = w;
       sw += w;
     }
-    for (let c = 0; c < nCells; c++) slices.demand[t * nCells + c] = sw > 0 ? (frac * q.rate * (weights[c] as number)) / sw : 0;
+    for (let c = 0; c < nCells; c++)
+      slices.demand[t * nCells + c] = sw > 0 ? (frac * q.rate * (weights[c] as number)) / sw : 0;
   }
   if (hierarchy) sumParentDemands(quotas, slices, nCells, tierOf, tenants);
   const index = new Map<string, number>();
@@ -104,11 +123,28 @@ function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: n
 function quota(key: string, rate: number, burst: number, floorCells: number, parent: string | null): MutableQuota {
   const floorRate = (FLOOR_FRACTION * rate) / floorCells;
   const floorBurst = (FLOOR_FRACTION * burst) / floorCells;
-  return { key, rate, burst, floorRate, floorBurst, ceilingRate: rate, ceilingBurst: burst, countedRate: FLOOR_FRACTION * rate, countedBurst: FLOOR_FRACTION * burst, parent };
+  return {
+    key,
+    rate,
+    burst,
+    floorRate,
+    floorBurst,
+    ceilingRate: rate,
+    ceilingBurst: burst,
+    countedRate: FLOOR_FRACTION * rate,
+    countedBurst: FLOOR_FRACTION * burst,
+    parent,
+  };
 }
 
 /** A cap's demand at a cell is its children's there (what the agent's cap bucket sees). */
-function sumParentDemands(quotas: MutableQuota[], s: AllocatorSlices, n: number, tierOf: number[], tenants: number): void {
+function sumParentDemands(
+  quotas: MutableQuota[],
+  s: AllocatorSlices,
+  n: number,
+  tierOf: number[],
+  tenants: number,
+): void {
   const tierBase = tenants;
   const domainRow = tenants + TIERS.length;
   for (let k = tierBase * n; k < (domainRow + 1) * n; k++) s.demand[k] = 0;
@@ -168,7 +204,11 @@ const ms = (v: number): number => Math.round(v * 10) / 10;
 /** Lease rounds per second at the default --lease-round-ms (100). */
 const ROUNDS_PER_S = 10;
 
-function timeRound(inp: AllocatorInput, runs: number, ws: AllocatorWorkspace): { ms: number; best: number; cpuMs: number; grants: Grant[] } {
+function timeRound(
+  inp: AllocatorInput,
+  runs: number,
+  ws: AllocatorWorkspace,
+): { ms: number; best: number; cpuMs: number; grants: Grant[] } {
   const times: number[] = [];
   const cpu: number[] = [];
   let grants: Grant[] = [];
@@ -215,7 +255,13 @@ function baselinePass(w: World, runs: number): number {
     let acc = 0;
     const size = w.quotas.length * w.cells.length;
     for (let i = 0; i < size; i++) {
-      acc += (s.grantRate[i] as number) + (s.grantBurst[i] as number) + (s.countedRate[i] as number) + (s.countedBurst[i] as number) + (s.demand[i] as number) + (s.acknowledged[i] as number);
+      acc +=
+        (s.grantRate[i] as number) +
+        (s.grantBurst[i] as number) +
+        (s.countedRate[i] as number) +
+        (s.countedBurst[i] as number) +
+        (s.demand[i] as number) +
+        (s.acknowledged[i] as number);
     }
     sink += acc;
     times.push(performance.now() - t0);
@@ -237,7 +283,12 @@ function moveDemands(w: World, tenants: number, p: number, seed: number, base: F
       if (x >= p) continue;
       const i = t * n + c;
       // A tenant's traffic at a cell falls, rises (by ×3 and 5% of its quota), or jumps anywhere.
-      w.slices.demand[i] = y < 0.4 ? (base[i] as number) * 0.2 : y < 0.8 ? (base[i] as number) * 3 + 0.05 * q.rate : (y - 0.8) * 5 * q.rate;
+      w.slices.demand[i] =
+        y < 0.4
+          ? (base[i] as number) * 0.2
+          : y < 0.8
+            ? (base[i] as number) * 3 + 0.05 * q.rate
+            : (y - 0.8) * 5 * q.rate;
     }
   }
   if (hierarchy) {
@@ -380,7 +431,13 @@ export interface IncrementalBenchRow {
  * round budget (DEFAULT_MAX_GRANTS_PER_ROUND, by grantPriority) plus the acknowledgements its
  * shrinks will need.
  */
-export function measureIncremental(tenants: number, nCells: number, fraction: number, runs: number, progress: (m: string) => void = () => undefined): IncrementalBenchRow {
+export function measureIncremental(
+  tenants: number,
+  nCells: number,
+  fraction: number,
+  runs: number,
+  progress: (m: string) => void = () => undefined,
+): IncrementalBenchRow {
   const w = buildWorld(tenants, nCells, false, 0x1ac + tenants + nCells);
   const ws = new AllocatorWorkspace();
   progress(`converging ${tenants} × ${nCells}`);
@@ -419,15 +476,27 @@ export function measureIncremental(tenants: number, nCells: number, fraction: nu
   const entryV1Bytes = encodeCommandV1({ type: 'reportAndGrant', nowMs: now, grants: full.grants }).length;
   const entryV2Bytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: sent.map((x) => x.g) }).length;
   const ranked = sent
-    .map((x) => ({ ...x, p: grantPriority(x.g, (w.quotas[x.qi] as AllocatorQuota).rate, w.slices.grantRate[x.i] as number, (w.quotas[x.qi] as AllocatorQuota).floorRate, w.slices.demand[x.i] as number) }))
+    .map((x) => ({
+      ...x,
+      p: grantPriority(
+        x.g,
+        (w.quotas[x.qi] as AllocatorQuota).rate,
+        w.slices.grantRate[x.i] as number,
+        (w.quotas[x.qi] as AllocatorQuota).floorRate,
+        w.slices.demand[x.i] as number,
+      ),
+    }))
     .map((x, order) => ({ ...x, order }))
     .sort((x, y) => y.p - x.p)
     .slice(0, DEFAULT_MAX_GRANTS_PER_ROUND)
     .sort((x, y) => x.order - y.order); // sent in the round's order (as the policy does)
   const budget = ranked.map((x) => x.g);
   const budgetEntryBytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: budget }).length;
-  const shrinkAcks = ranked.filter((x) => x.g.rate < (w.slices.grantRate[x.i] as number) || x.g.burst < (w.slices.grantBurst[x.i] as number)).map((x) => ({ key: x.g.key, cellId: x.g.cellId, epoch: x.g.epoch }));
-  const budgetAckBytes = shrinkAcks.length > 0 ? encodeCommand({ type: 'reportAndGrant', nowMs: now, acks: shrinkAcks }).length : 0;
+  const shrinkAcks = ranked
+    .filter((x) => x.g.rate < (w.slices.grantRate[x.i] as number) || x.g.burst < (w.slices.grantBurst[x.i] as number))
+    .map((x) => ({ key: x.g.key, cellId: x.g.cellId, epoch: x.g.epoch }));
+  const budgetAckBytes =
+    shrinkAcks.length > 0 ? encodeCommand({ type: 'reportAndGrant', nowMs: now, acks: shrinkAcks }).length : 0;
   return {
     tenants,
     cells: nCells,
@@ -495,7 +564,9 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
         [100_000, 16, 0.1],
       ];
   for (const [tenants, cells, p] of incSizes) {
-    opts.progress(`allocator incremental: ${tenants} tenants × ${cells} cells, ${p * 100}% of the tenants' demands moved`);
+    opts.progress(
+      `allocator incremental: ${tenants} tenants × ${cells} cells, ${p * 100}% of the tenants' demands moved`,
+    );
     const r = measureIncremental(tenants, cells, p, runs, opts.progress);
     const perS = (bytes: number): number => Math.round((bytes * ROUNDS_PER_S) / 1e4) / 100;
     rows.push({
@@ -524,7 +595,8 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
   }
   return {
     name: 'allocator',
-    title: 'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry; incremental rounds and the log',
+    title:
+      'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry; incremental rounds and the log',
     rows,
     notes: [
       "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows and allocate only them, as IncrementalAllocatorPolicy does from the ledger (the ledger reads are not in this figure); 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
@@ -534,13 +606,16 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       "'baseline': one pass reading the six input columns the allocator reads, on the same machine in the same run — the least any round over this input costs; 'round / baseline' is the machine-independent figure.",
       'Target (docs/targets.md): a round for 100,000 tenants × 16 cells in under 100 ms (production hardware).',
       "Entry ('entry bytes', first rows): encodeCommand({type: \"reportAndGrant\", nowMs, grants}) of the allocator's grants as they come (float64 numbers), in the compact form (format 2) since issue 20; encode ms includes its zod validation. The object form of the same grants (format 1, before) is ~93 B a grant: the 'entry v1 bytes' column of the incremental rows.",
-      'Wall-clock figures on a machine shared with other builds are inflated (up to several times at load average 15); the CPU columns are this process\'s CPU time and move much less.',
+      "Wall-clock figures on a machine shared with other builds are inflated (up to several times at load average 15); the CPU columns are this process's CPU time and move much less.",
     ],
   };
 }
 
 // Stand-alone: `npx tsx bench/allocator.ts [--smoke]`.
 if (import.meta.url === `file://${process.argv[1] ?? ''}`) {
-  const report = runAllocatorBench({ smoke: process.argv.includes('--smoke'), progress: (m) => console.log(`  … ${m}`) });
+  const report = runAllocatorBench({
+    smoke: process.argv.includes('--smoke'),
+    progress: (m) => console.log(`  … ${m}`),
+  });
   console.table(report.rows);
 }

@@ -29,7 +29,11 @@ export function toMarkdown(reports: readonly BenchReport[], command: string): st
   return lines.join('\n');
 }
 
-export function writeResults(dir: string, reports: readonly BenchReport[], command: string): { json: string; md: string } {
+export function writeResults(
+  dir: string,
+  reports: readonly BenchReport[],
+  command: string,
+): { json: string; md: string } {
   mkdirSync(dir, { recursive: true });
   const stamp = new Date().toISOString().replace(/[:.]/g, '-');
   const json = join(dir, `bench-${stamp}.json`);

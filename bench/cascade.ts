@@ -50,8 +50,21 @@ import { FaultProxy } from '../chaos/fault-proxy.js';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { agentMetric, type RunningAgent } from '../testkit/accuracy-scenario.js';
 import type { BenchReport } from './bench-report.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, RLS_PATH, decodeResponse, tenantFrames } from '../testkit/load/rls-wire.js';
+import {
+  RawH2Session,
+  grpcRequestHeaderBlock,
+  requestTemplate,
+  type RequestTemplate,
+  type StreamSink,
+} from '../testkit/load/h2-raw.js';
+import {
+  CODE_OK,
+  CODE_OVER_LIMIT,
+  DEGRADED_FLAG,
+  RLS_PATH,
+  decodeResponse,
+  tenantFrames,
+} from '../testkit/load/rls-wire.js';
 import { DOMAIN_LIMITED } from './servers/bench-rules.js';
 import { RedisServer, findRedisServer } from '../testkit/processes/redis-server.js';
 import { ServerProcess } from '../testkit/processes/server-process.js';
@@ -112,8 +125,22 @@ interface Timing {
   readonly reprimeMs: number;
 }
 
-const FULL: Timing = { warmupMs: 2000, measureMs: 5000, drainMs: 1500, recoverTimeoutMs: 30_000, primeMs: 3000, reprimeMs: 2000 };
-const SMOKE: Timing = { warmupMs: 300, measureMs: 1000, drainMs: 300, recoverTimeoutMs: 3000, primeMs: 1000, reprimeMs: 0 };
+const FULL: Timing = {
+  warmupMs: 2000,
+  measureMs: 5000,
+  drainMs: 1500,
+  recoverTimeoutMs: 30_000,
+  primeMs: 3000,
+  reprimeMs: 2000,
+};
+const SMOKE: Timing = {
+  warmupMs: 300,
+  measureMs: 1000,
+  drainMs: 300,
+  recoverTimeoutMs: 3000,
+  primeMs: 1000,
+  reprimeMs: 0,
+};
 
 // ------------------------------------------------------------------------------------------------
 // The load process: protocol and measurement
@@ -165,7 +192,16 @@ export interface StepMeasure {
   readonly errorSamples: readonly string[];
 }
 
-type ToLoader = { readonly type: 'run'; readonly id: number; readonly job: StepJob } | { readonly type: 'probe'; readonly id: number; readonly target: string; readonly domain: string; readonly timeoutMs: number } | { readonly type: 'exit' };
+type ToLoader =
+  | { readonly type: 'run'; readonly id: number; readonly job: StepJob }
+  | {
+      readonly type: 'probe';
+      readonly id: number;
+      readonly target: string;
+      readonly domain: string;
+      readonly timeoutMs: number;
+    }
+  | { readonly type: 'exit' };
 type FromLoader =
   | { readonly type: 'ready' }
   | { readonly type: 'window-end'; readonly id: number }
@@ -197,7 +233,15 @@ class StepRun implements StreamSink {
   private idle: (() => void) | null = null;
   private readonly templates: RequestTemplate[];
   private readonly sessions: RawH2Session[] = [];
-  private readonly counts = { allowedInTime: 0, refusedInTime: 0, errors: 0, late: 0, allowed: 0, refused: 0, degraded: 0 };
+  private readonly counts = {
+    allowedInTime: 0,
+    refusedInTime: 0,
+    errors: 0,
+    late: 0,
+    allowed: 0,
+    refused: 0,
+    degraded: 0,
+  };
   private readonly byTenant: number[];
   private readonly errorSamples: string[] = [];
 
@@ -230,7 +274,9 @@ class StepRun implements StreamSink {
     const decoded = error === null && body !== null ? decodeResponse(body) : -1;
     if (decoded < 0) {
       c.errors++;
-      const msg = error ?? (body === null ? 'no response message' : `undecodable response (${body.subarray(0, 160).toString('hex')})`);
+      const msg =
+        error ??
+        (body === null ? 'no response message' : `undecodable response (${body.subarray(0, 160).toString('hex')})`);
       if (this.errorSamples.length < 5 && !this.errorSamples.includes(msg)) this.errorSamples.push(msg);
       return;
     }
@@ -248,12 +294,14 @@ class StepRun implements StreamSink {
       if (inTime) c.allowedInTime++;
     }
     if (!inTime) c.late++;
-    if (code !== CODE_OK && code !== CODE_OVER_LIMIT && this.errorSamples.length < 5) this.errorSamples.push(`overall_code ${code}`);
+    if (code !== CODE_OK && code !== CODE_OVER_LIMIT && this.errorSamples.length < 5)
+      this.errorSamples.push(`overall_code ${code}`);
   }
 
   async run(onWindowEnd: () => void): Promise<StepMeasure> {
     const job = this.job;
-    for (let k = 0; k < Math.max(1, job.sessions); k++) this.sessions.push(await RawH2Session.connect(job.target, this));
+    for (let k = 0; k < Math.max(1, job.sessions); k++)
+      this.sessions.push(await RawH2Session.connect(job.target, this));
     this.t0 = performance.now() + 1;
     this.firstIn = Math.ceil(job.warmupMs / this.interval);
     this.endIn = this.total;
@@ -294,7 +342,8 @@ class StepRun implements StreamSink {
     this.closed = true;
     let unanswered = 0;
     for (let i = this.firstIn; i < this.endIn; i++) if (this.state[i] === 1) unanswered++;
-    if (unanswered > 0 && this.errorSamples.length < 5) this.errorSamples.push(`${unanswered} unanswered after the ${job.drainMs} ms drain`);
+    if (unanswered > 0 && this.errorSamples.length < 5)
+      this.errorSamples.push(`${unanswered} unanswered after the ${job.drainMs} ms drain`);
     for (const s of this.sessions) s.destroy('step over');
     const lat = this.latencies.slice(0, this.latencyCount).sort();
     const lags = this.lags.slice(0, this.lagCount).sort();
@@ -302,7 +351,15 @@ class StepRun implements StreamSink {
       sent: this.endIn - this.firstIn,
       ...this.counts,
       unanswered,
-      latency: lat.length === 0 ? null : { p50: round3(percentile(lat, 0.5)), p99: round3(percentile(lat, 0.99)), p999: round3(percentile(lat, 0.999)), max: round3(percentile(lat, 1)) },
+      latency:
+        lat.length === 0
+          ? null
+          : {
+              p50: round3(percentile(lat, 0.5)),
+              p99: round3(percentile(lat, 0.99)),
+              p999: round3(percentile(lat, 0.999)),
+              max: round3(percentile(lat, 1)),
+            },
       allowedByTenant: this.byTenant,
       windowMs: (this.endIn - this.firstIn) * this.interval,
       sendLagP99: lags.length === 0 ? 0 : round3(percentile(lags, 0.99)),
@@ -314,7 +371,10 @@ class StepRun implements StreamSink {
 /** ms until `target` first answers a check with a decision (one request every 50 ms, each given 1 s), or null after `timeoutMs`. */
 async function probe(target: string, domain: string, timeoutMs: number): Promise<number | null> {
   const t0 = performance.now();
-  const template = requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), tenantFrames(domain, 1)[0] ?? Buffer.alloc(0));
+  const template = requestTemplate(
+    grpcRequestHeaderBlock(RLS_PATH, 'localhost'),
+    tenantFrames(domain, 1)[0] ?? Buffer.alloc(0),
+  );
   while (performance.now() - t0 < timeoutMs) {
     const answered = await new Promise<boolean>((done) => {
       let session: RawH2Session | null = null;
@@ -324,7 +384,9 @@ async function probe(target: string, domain: string, timeoutMs: number): Promise
         session?.destroy('probe over');
         done(ok);
       };
-      const sink: StreamSink = { streamDone: (_t, body, error) => finish(error === null && body !== null && decodeResponse(body) >= 0) };
+      const sink: StreamSink = {
+        streamDone: (_t, body, error) => finish(error === null && body !== null && decodeResponse(body) >= 0),
+      };
       RawH2Session.connect(target, sink).then(
         (s) => {
           session = s;
@@ -389,7 +451,8 @@ class Loader {
     });
     const loader = new Loader(child);
     return new Promise((ok, fail) => {
-      const onExit = (code: number | null): void => fail(new Error(`cascade load process exited before it was ready (${code})`));
+      const onExit = (code: number | null): void =>
+        fail(new Error(`cascade load process exited before it was ready (${code})`));
       child.once('exit', onExit);
       child.once('error', fail);
       child.on('message', function onReady(msg: FromLoader) {
@@ -402,7 +465,10 @@ class Loader {
     });
   }
 
-  private request<T>(make: (id: number) => ToLoader, handle: (msg: FromLoader, ok: (v: T) => void, fail: (e: Error) => void) => void): Promise<T> {
+  private request<T>(
+    make: (id: number) => ToLoader,
+    handle: (msg: FromLoader, ok: (v: T) => void, fail: (e: Error) => void) => void,
+  ): Promise<T> {
     if (this.exited) return Promise.reject(new Error('cascade load process has exited'));
     const id = this.nextId++;
     return new Promise<T>((ok, fail) => {
@@ -501,7 +567,6 @@ interface SystemUnderTest {
   killNow(): void;
 }
 
-
 /** Until every proxy has delivered what it held (a lifted delay's backlog), at most `timeoutMs`. */
 async function flushed(proxies: readonly FaultProxy[], timeoutMs: number): Promise<boolean> {
   const until = Date.now() + timeoutMs;
@@ -536,7 +601,12 @@ function redisCommand(socket: string, command: string, timeoutMs = 2000): Promis
 
 const RLF_MODULE = fileURLToPath(new URL('./servers/rlf.ts', import.meta.url));
 
-async function startRedisSide(bin: string, dir: string, log: (line: string) => void, progress: (msg: string) => void): Promise<SystemUnderTest> {
+async function startRedisSide(
+  bin: string,
+  dir: string,
+  log: (line: string) => void,
+  progress: (msg: string) => void,
+): Promise<SystemUnderTest> {
   progress(`redis: starting redis-server (${bin}) on a Unix socket, a fault proxy in front of it, and rlf-redis`);
   const redisDir = join(dir, 'redis');
   mkdirSync(redisDir, { recursive: true });
@@ -549,9 +619,19 @@ async function startRedisSide(bin: string, dir: string, log: (line: string) => v
     await redis?.stop();
   };
   try {
-    proxy = await FaultProxy.start({ target: { path: redis.socket }, listen: { path: join(dir, 'redis-proxy.sock') }, name: 'redis' });
+    proxy = await FaultProxy.start({
+      target: { path: redis.socket },
+      listen: { path: join(dir, 'redis-proxy.sock') },
+      name: 'redis',
+    });
     const target = join(dir, 'rlf.sock');
-    rlf = await ServerProcess.start('rlf-redis', RLF_MODULE, target, { scratchDir: dir, store: 'redis', redisSocket: proxy.address }, log);
+    rlf = await ServerProcess.start(
+      'rlf-redis',
+      RLF_MODULE,
+      target,
+      { scratchDir: dir, store: 'redis', redisSocket: proxy.address },
+      log,
+    );
     const version = redis.version;
     const p = proxy;
     const r = rlf;
@@ -561,7 +641,13 @@ async function startRedisSide(bin: string, dir: string, log: (line: string) => v
       domain: DOMAIN_LIMITED,
       description: `rate-limiter-flexible RateLimiterRedis behind grpc-js (bench/servers/rlf.ts, its own process) on redis-server ${version} through a fault proxy (Unix sockets)`,
       faultText: (step, timing) =>
-        step.kind === 'none' ? 'none' : step.kind === 'delay' ? `every Redis reply +${step.delayMs} ms (proxy)` : step.kind === 'paused' ? `CLIENT PAUSE ${timing.warmupMs + timing.measureMs} ALL` : 'SIGKILL redis-server, restarted after',
+        step.kind === 'none'
+          ? 'none'
+          : step.kind === 'delay'
+            ? `every Redis reply +${step.delayMs} ms (proxy)`
+            : step.kind === 'paused'
+              ? `CLIENT PAUSE ${timing.warmupMs + timing.measureMs} ALL`
+              : 'SIGKILL redis-server, restarted after',
       apply: async (step, timing) => {
         if (step.kind === 'delay') p.set({ delayDownMs: step.delayMs });
         else if (step.kind === 'paused' && redis !== null) {
@@ -581,7 +667,12 @@ async function startRedisSide(bin: string, dir: string, log: (line: string) => v
         const ok = await flushed([p], timing.recoverTimeoutMs);
         const probed = await loaderProbe(target, DOMAIN_LIMITED, timing.recoverTimeoutMs);
         if (step.kind === 'none') return '';
-        const parts = [ok ? '' : 'proxy backlog not flushed', probed === null ? `not answering ${timing.recoverTimeoutMs} ms after` : `answering ${((Date.now() - t0) / 1000).toFixed(1)} s after the fault was lifted`];
+        const parts = [
+          ok ? '' : 'proxy backlog not flushed',
+          probed === null
+            ? `not answering ${timing.recoverTimeoutMs} ms after`
+            : `answering ${((Date.now() - t0) / 1000).toFixed(1)} s after the fault was lifted`,
+        ];
         return parts.filter((x) => x !== '').join('; ');
       },
       leaseState: () => Promise.resolve(null),
@@ -606,7 +697,10 @@ function loaderProbe(target: string, domain: string, timeoutMs: number): Promise
 
 const AGENT_CLI = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
 
-async function startCellquotaSide(log: (line: string) => void, progress: (msg: string) => void): Promise<SystemUnderTest> {
+async function startCellquotaSide(
+  log: (line: string) => void,
+  progress: (msg: string) => void,
+): Promise<SystemUnderTest> {
   const floorCells = 1;
   const cluster = await CoordinatorCluster.create([...COORDINATOR_IDS], ['--floor-cells', String(floorCells)]);
   const proxies: FaultProxy[] = [];
@@ -635,23 +729,50 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
     progress('cellquota: starting 3 coordinators');
     cluster.startAll();
     await cluster.waitForLeader(60_000);
-    const tier = await cluster.write('PUT', '/v1/tiers/gold', { rate: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION });
+    const tier = await cluster.write('PUT', '/v1/tiers/gold', {
+      rate: QUOTA,
+      burst: BURST,
+      floorFraction: FLOOR_FRACTION,
+    });
     if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
     const tenants = Array.from({ length: TENANTS }, (_, i) => `tenant-${i}`);
     for (const t of tenants) {
       const res = await cluster.write('PUT', `/v1/tenants/${t}`, { tier: 'gold' });
       if (res.status !== 200) throw new Error(`PUT tenant ${t}: ${res.status} ${JSON.stringify(res.body)}`);
     }
-    for (const r of cluster.replicas.values()) proxies.push(await FaultProxy.start({ target: { host: '127.0.0.1', port: r.peerPort }, name: `coordinator ${r.id}` }));
+    for (const r of cluster.replicas.values())
+      proxies.push(
+        await FaultProxy.start({ target: { host: '127.0.0.1', port: r.peerPort }, name: `coordinator ${r.id}` }),
+      );
     const coordinators = [...cluster.replicas.values()].map((r, i) => `${r.id}=${proxies[i]?.address ?? ''}`).join(',');
     writeFileSync(join(root, 'rules.yaml'), `domain: ${CQ_DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
     const port = await freePort();
     const socket = join(root, 'agent.sock');
     // No tenants file: the tier and tenants come from the admin API above.
-    const args = ['--import', 'tsx', AGENT_CLI, '--cell', 'cell-a', '--rules', join(root, 'rules.yaml'),
-      '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0', '--coordinators', coordinators];
+    const args = [
+      '--import',
+      'tsx',
+      AGENT_CLI,
+      '--cell',
+      'cell-a',
+      '--rules',
+      join(root, 'rules.yaml'),
+      '--rls-socket',
+      socket,
+      '--http',
+      `127.0.0.1:${port}`,
+      '--workers',
+      '1',
+      '--lag-threshold-ms',
+      '0',
+      '--coordinators',
+      coordinators,
+    ];
     progress(`cellquota: starting the agent, --coordinators ${coordinators} (fault proxies)`);
-    const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
+    const proc = spawn(process.execPath, args, {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' },
+    });
     const a: RunningAgent = { cell: 'cell-a', socket, httpUrl: `http://127.0.0.1:${port}`, proc, output: '' };
     agent = a;
     const keep = (b: Buffer): void => {
@@ -662,8 +783,16 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
     proc.once('exit', (code, signal) => {
       if (code !== 0 && signal !== 'SIGKILL') log(`[agent] exited (${signal ?? code}): ${a.output.slice(-1000)}`);
     });
-    await waitFor('agent serving', async () => existsSync(socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
-    await waitFor('agent leased', async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
+    await waitFor('agent serving', async () => existsSync(socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, {
+      timeoutMs: 60_000,
+      everyMs: 200,
+      context: () => a.output,
+    });
+    await waitFor('agent leased', async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, {
+      timeoutMs: 60_000,
+      everyMs: 200,
+      context: () => a.output,
+    });
 
     const leaseState = async (): Promise<number | null> => {
       try {
@@ -681,7 +810,13 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
       domain: CQ_DOMAIN,
       description: `cellquota: 1 agent (cell-agent/agent-cli.ts, 1 worker, lag guard off — --lag-threshold-ms 0 — so that on a busy machine its answers stay decisions rather than fail-open ones) leasing from 3 coordinators through one fault proxy each (TCP, --coordinators id=proxy); per-tenant quota ${QUOTA}/s burst ${BURST}, floor ${FLOOR_FRACTION * 100} % (${(QUOTA * FLOOR_FRACTION) / floorCells}/s for the one cell)`,
       faultText: (step) =>
-        step.kind === 'none' ? 'none' : step.kind === 'delay' ? `every coordinator reply +${step.delayMs} ms (3 proxies)` : step.kind === 'paused' ? 'SIGSTOP all 3 coordinators, SIGCONT after' : 'SIGKILL all 3 coordinators, restarted after',
+        step.kind === 'none'
+          ? 'none'
+          : step.kind === 'delay'
+            ? `every coordinator reply +${step.delayMs} ms (3 proxies)`
+            : step.kind === 'paused'
+              ? 'SIGSTOP all 3 coordinators, SIGCONT after'
+              : 'SIGKILL all 3 coordinators, restarted after',
       apply: async (step) => {
         if (step.kind === 'delay') for (const p of proxies) p.set({ delayDownMs: step.delayMs });
         else if (step.kind === 'paused') signalAll('SIGSTOP');
@@ -705,7 +840,12 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
           await sleep(100);
         }
         if (step.kind === 'none') return leased ? '' : 'not leased after the step';
-        const parts = [flushedOk ? '' : 'proxy backlog not flushed', leased ? `re-leased ${((Date.now() - t0) / 1000).toFixed(1)} s after the fault was lifted` : `not re-leased ${timing.recoverTimeoutMs / 1000} s after`];
+        const parts = [
+          flushedOk ? '' : 'proxy backlog not flushed',
+          leased
+            ? `re-leased ${((Date.now() - t0) / 1000).toFixed(1)} s after the fault was lifted`
+            : `not re-leased ${timing.recoverTimeoutMs / 1000} s after`,
+        ];
         return parts.filter((x) => x !== '').join('; ');
       },
       leaseState,
@@ -722,12 +862,30 @@ async function startCellquotaSide(log: (line: string) => void, progress: (msg: s
 // ------------------------------------------------------------------------------------------------
 // Running the steps, and the report
 
-async function runSteps(sut: SystemUnderTest, loader: Loader, timing: Timing, progress: (msg: string) => void): Promise<StepResult[]> {
+async function runSteps(
+  sut: SystemUnderTest,
+  loader: Loader,
+  timing: Timing,
+  progress: (msg: string) => void,
+): Promise<StepResult[]> {
   const out: StepResult[] = [];
   // Unmeasured load first: JIT and connections warm, and cellquota's coordinator has seen the
   // demand and granted the agent its slices before the baseline.
   progress(`${sut.name}: priming (${timing.primeMs} ms of load, not measured)`);
-  await loader.run({ target: sut.target, domain: sut.domain, tenants: TENANTS, rate: RATE, warmupMs: 0, measureMs: timing.primeMs, drainMs: timing.drainMs, deadlineMs: DEADLINE_MS, sessions: 2 }, () => undefined);
+  await loader.run(
+    {
+      target: sut.target,
+      domain: sut.domain,
+      tenants: TENANTS,
+      rate: RATE,
+      warmupMs: 0,
+      measureMs: timing.primeMs,
+      drainMs: timing.drainMs,
+      deadlineMs: DEADLINE_MS,
+      sessions: 2,
+    },
+    () => undefined,
+  );
   for (const step of STEPS) {
     const fault = sut.faultText(step, timing);
     progress(`${sut.name} · ${step.name}: ${fault}; ${timing.warmupMs} ms warm-up, ${timing.measureMs} ms measured`);
@@ -744,26 +902,61 @@ async function runSteps(sut: SystemUnderTest, loader: Loader, timing: Timing, pr
     let note = '';
     // Lifted exactly once: when the window ends, or after a failure.
     let lifted: Promise<unknown> | null = null;
-    const lift = (): Promise<unknown> => (lifted ??= sut.lift(step).then(() => null, (err: unknown) => err));
+    const lift = (): Promise<unknown> =>
+      (lifted ??= sut.lift(step).then(
+        () => null,
+        (err: unknown) => err,
+      ));
     try {
       await sut.apply(step, timing);
-      const job: StepJob = { target: sut.target, domain: sut.domain, tenants: TENANTS, rate: RATE, warmupMs: timing.warmupMs, measureMs: timing.measureMs, drainMs: step.delayMs + timing.drainMs, deadlineMs: DEADLINE_MS, sessions: 2 };
+      const job: StepJob = {
+        target: sut.target,
+        domain: sut.domain,
+        tenants: TENANTS,
+        rate: RATE,
+        warmupMs: timing.warmupMs,
+        measureMs: timing.measureMs,
+        drainMs: step.delayMs + timing.drainMs,
+        deadlineMs: DEADLINE_MS,
+        sessions: 2,
+      };
       measure = await loader.run(job, () => void lift());
     } catch (err) {
       note = `failed: ${err instanceof Error ? err.message : String(err)}`;
     } finally {
       const liftError = await lift();
-      if (liftError !== null) note = [note, `lifting the fault failed: ${liftError instanceof Error ? liftError.message : JSON.stringify(liftError)}`].filter((x) => x !== '').join('; ');
+      if (liftError !== null)
+        note = [
+          note,
+          `lifting the fault failed: ${liftError instanceof Error ? liftError.message : JSON.stringify(liftError)}`,
+        ]
+          .filter((x) => x !== '')
+          .join('; ');
       sampling = false;
       await sampler;
     }
-    const recovered = await sut.recover(step, timing).catch((err: unknown) => `recovery check failed: ${err instanceof Error ? err.message : String(err)}`);
+    const recovered = await sut
+      .recover(step, timing)
+      .catch((err: unknown) => `recovery check failed: ${err instanceof Error ? err.message : String(err)}`);
     note = [note, recovered].filter((x) => x !== '').join('; ');
     const r: StepResult = { system: sut.name, step: step.name, fault, measure, leaseStates: states, note };
     out.push(r);
     progress(`${sut.name} · ${step.name}: ${summaryLine(r)}${note !== '' ? ` (${note})` : ''}`);
     if (step.kind !== 'none' && timing.reprimeMs > 0 && step !== STEPS[STEPS.length - 1]) {
-      await loader.run({ target: sut.target, domain: sut.domain, tenants: TENANTS, rate: RATE, warmupMs: 0, measureMs: timing.reprimeMs, drainMs: timing.drainMs, deadlineMs: DEADLINE_MS, sessions: 2 }, () => undefined);
+      await loader.run(
+        {
+          target: sut.target,
+          domain: sut.domain,
+          tenants: TENANTS,
+          rate: RATE,
+          warmupMs: 0,
+          measureMs: timing.reprimeMs,
+          drainMs: timing.drainMs,
+          deadlineMs: DEADLINE_MS,
+          sessions: 2,
+        },
+        () => undefined,
+      );
     }
   }
   return out;
@@ -778,7 +971,8 @@ function overDeadline(m: StepMeasure): number {
 function summaryLine(r: StepResult): string {
   const m = r.measure;
   if (m === null) return 'did not run';
-  const lat = m.latency === null ? 'no answers' : `p50 ${m.latency.p50} ms, p99 ${m.latency.p99} ms, max ${m.latency.max} ms`;
+  const lat =
+    m.latency === null ? 'no answers' : `p50 ${m.latency.p50} ms, p99 ${m.latency.p99} ms, max ${m.latency.max} ms`;
   return `${lat}; errors ${pct(m.errors, m.sent)} %, over ${DEADLINE_MS} ms ${pct(overDeadline(m), m.sent)} %, refused ${pct(m.refusedInTime, m.sent)} %${r.leaseStates.length > 0 ? `, lease: ${leaseText(r.leaseStates)}` : ''}`;
 }
 
@@ -798,11 +992,27 @@ function toRow(r: StepResult): Record<string, number | string> {
   const m = r.measure;
   const base = { system: r.system === 'redis' ? 'rlf-redis' : 'cellquota', step: r.step, fault: r.fault };
   if (m === null) {
-    return { ...base, requests: 0, 'p50 ms': '—', 'p99 ms': '—', 'p99.9 ms': '—', 'max ms': '—', 'errors %': '—', [`over ${DEADLINE_MS} ms %`]: '—', 'refused %': '—', 'admitted %': '—', 'degraded %': '—', 'allowed/s per tenant': '—', 'lease / notes': r.note };
+    return {
+      ...base,
+      requests: 0,
+      'p50 ms': '—',
+      'p99 ms': '—',
+      'p99.9 ms': '—',
+      'max ms': '—',
+      'errors %': '—',
+      [`over ${DEADLINE_MS} ms %`]: '—',
+      'refused %': '—',
+      'admitted %': '—',
+      'degraded %': '—',
+      'allowed/s per tenant': '—',
+      'lease / notes': r.note,
+    };
   }
   const seconds = m.windowMs / 1000;
   const perTenant = m.allowedByTenant.reduce((a, b) => a + b, 0) / Math.max(1, m.allowedByTenant.length) / seconds;
-  const notes = [r.leaseStates.length > 0 ? `lease: ${leaseText(r.leaseStates)}` : '', r.note].filter((x) => x !== '').join('; ');
+  const notes = [r.leaseStates.length > 0 ? `lease: ${leaseText(r.leaseStates)}` : '', r.note]
+    .filter((x) => x !== '')
+    .join('; ');
   return {
     ...base,
     requests: m.sent,
@@ -859,22 +1069,36 @@ export function verdicts(results: readonly StepResult[]): string[] {
       ];
       let ok = same && answering;
       if (system === 'cellquota') {
-        const perTenant = m.allowedByTenant.reduce((a, b) => a + b, 0) / Math.max(1, m.allowedByTenant.length) / seconds;
+        const perTenant =
+          m.allowedByTenant.reduce((a, b) => a + b, 0) / Math.max(1, m.allowedByTenant.length) / seconds;
         const onFloors = r.leaseStates.includes(2);
-        parts.push(`${onFloors ? `lease expired → floors (${perTenant.toFixed(1)}/s per tenant; floor ${QUOTA * FLOOR_FRACTION}, quota ${QUOTA})` : `still leased (${perTenant.toFixed(1)}/s per tenant, quota ${QUOTA})`}`);
+        parts.push(
+          `${onFloors ? `lease expired → floors (${perTenant.toFixed(1)}/s per tenant; floor ${QUOTA * FLOOR_FRACTION}, quota ${QUOTA})` : `still leased (${perTenant.toFixed(1)}/s per tenant, quota ${QUOTA})`}`,
+        );
         const within = maxTenant <= bound;
-        parts.push(`busiest tenant ${maxTenant} admitted in ${seconds.toFixed(1)} s ≤ r·W + b = ${bound.toFixed(0)} ${within ? '✔' : '✘'}`);
+        parts.push(
+          `busiest tenant ${maxTenant} admitted in ${seconds.toFixed(1)} s ≤ r·W + b = ${bound.toFixed(0)} ${within ? '✔' : '✘'}`,
+        );
         ok = ok && within;
       } else {
         const refused = pct(m.refusedInTime, m.sent);
-        parts.push(`refused ${refused} % (baseline ${baseRefused} %)${failed > 0 ? `: with Envoy's failure_mode_deny false the ${pct(failed, m.sent)} % without a timely decision pass unchecked` : ''}`);
+        parts.push(
+          `refused ${refused} % (baseline ${baseRefused} %)${failed > 0 ? `: with Envoy's failure_mode_deny false the ${pct(failed, m.sent)} % without a timely decision pass unchecked` : ''}`,
+        );
       }
       if (ok) met++;
       // A miss while the generator itself could not keep its schedule may be the machine's doing.
-      const noisy = !ok && m.sendLagP99 > DEADLINE_MS / 4 ? ` (the generator itself sent late, p99 ${m.sendLagP99} ms: the machine was busy — rerun on a quiet one)` : '';
-      lines.push(`${system === 'redis' ? 'rlf-redis' : 'cellquota'} · ${r.step}: ${parts.join('; ')} → ${ok ? 'meets' : 'misses'} the fault target${noisy}`);
+      const noisy =
+        !ok && m.sendLagP99 > DEADLINE_MS / 4
+          ? ` (the generator itself sent late, p99 ${m.sendLagP99} ms: the machine was busy — rerun on a quiet one)`
+          : '';
+      lines.push(
+        `${system === 'redis' ? 'rlf-redis' : 'cellquota'} · ${r.step}: ${parts.join('; ')} → ${ok ? 'meets' : 'misses'} the fault target${noisy}`,
+      );
     }
-    lines.push(`${system === 'redis' ? 'rlf-redis' : 'cellquota'}: meets the fault target ("keep answering with the same latency, on their floors, no quota exceeded beyond the bound") in ${met} of ${steps} fault steps.`);
+    lines.push(
+      `${system === 'redis' ? 'rlf-redis' : 'cellquota'}: meets the fault target ("keep answering with the same latency, on their floors, no quota exceeded beyond the bound") in ${met} of ${steps} fault steps.`,
+    );
   }
   return lines;
 }
@@ -912,7 +1136,8 @@ export async function runCascadeBenchDetailed(opts: CascadeBenchOptions): Promis
   };
   const emergency = armEmergencyStop(killAll, scratch, progress);
   const notRun = (system: SystemName, reason: string): void => {
-    for (const step of STEPS) results.push({ system, step: step.name, fault: '—', measure: null, leaseStates: [], note: reason });
+    for (const step of STEPS)
+      results.push({ system, step: step.name, fault: '—', measure: null, leaseStates: [], note: reason });
   };
   try {
     loader = await Loader.start();
@@ -921,7 +1146,8 @@ export async function runCascadeBenchDetailed(opts: CascadeBenchOptions): Promis
       if (system === 'redis') {
         const bin = findRedisServer();
         if (bin === null) {
-          const reason = 'skipped: redis-server is not installed (not on PATH, $REDIS_SERVER unset): `apt-get install redis-server`';
+          const reason =
+            'skipped: redis-server is not installed (not on PATH, $REDIS_SERVER unset): `apt-get install redis-server`';
           skipped.push({ system, reason });
           notRun(system, reason);
           continue;
@@ -962,18 +1188,30 @@ export async function runCascadeBenchDetailed(opts: CascadeBenchOptions): Promis
     `Deadline: ${DEADLINE_MS} ms (Envoy's default rate-limit call timeout). "over ${DEADLINE_MS} ms %" = answers later than that plus requests unanswered at the end of the drain (the step's delay + ${timing.drainMs} ms after the window); latency percentiles are over the answers that came (late ones included). "errors %" = gRPC errors and reset streams. "refused %" = OVER_LIMIT answers within the deadline; "admitted %" = what Envoy lets through (failure_mode_deny: false, its default: a request without a timely decision passes).`,
     `Faults are applied just before a step's warm-up and lifted when its window ends; the next step starts once the proxies have flushed their backlog and the system answers again (cellquota: the agent holds a lease again)${timing.reprimeMs > 0 ? `, after ${timing.reprimeMs} ms of unmeasured load (the coordinator grows the grant back from the floor once it sees the demand)` : ' (smoke: no re-priming, so a step may start with the grant still at the floor)'}; ${timing.primeMs} ms of unmeasured load precede the baseline. "allowed/s per tenant" = the limiter's own OK decisions per tenant and second (cellquota: quota ${QUOTA}/s, floor ${QUOTA * FLOOR_FRACTION}/s), whatever Envoy made of late ones.`,
     ...descriptions,
-    'rate-limiter-flexible (11.x) with its defaults: no insuranceLimiter, no timeout of its own, rejectIfRedisNotReady false; ioredis defaults (no commandTimeout, offline queue on, reconnect with backoff) except maxRetriesPerRequest 1 (bench/servers/rlf.ts). rlf uses bench-rules.ts\'s limited domain: tenants ending in an odd digit get 1 request per hour, so about half is refused while Redis answers.',
-    'Redis 7.0\'s CLIENT PAUSE ... ALL blocks every command, CLIENT UNPAUSE included (even on the connection that paused), so the pause is issued once for the step\'s exact length (warm-up + window).',
+    "rate-limiter-flexible (11.x) with its defaults: no insuranceLimiter, no timeout of its own, rejectIfRedisNotReady false; ioredis defaults (no commandTimeout, offline queue on, reconnect with backoff) except maxRetriesPerRequest 1 (bench/servers/rlf.ts). rlf uses bench-rules.ts's limited domain: tenants ending in an odd digit get 1 request per hour, so about half is refused while Redis answers.",
+    "Redis 7.0's CLIENT PAUSE ... ALL blocks every command, CLIENT UNPAUSE included (even on the connection that paused), so the pause is issued once for the step's exact length (warm-up + window).",
     `cellquota's agent renews every 500 ms with a per-call deadline of 400 ms and a 3 s lease: a reply later than that is a failed call, and the lease runs out ~3 s into a fault; "degraded %" counts answers given on the static floor (x-ratelimit-degraded). Bound per tenant: r·W + b = ${QUOTA}·W + ${BURST}.`,
   );
   for (const s of skipped) notes.push(`${s.system}: ${s.reason}`);
   notes.push(...verdicts(results));
   const lagged = results.filter((r) => r.measure !== null && r.measure.sendLagP99 > 1);
-  if (lagged.length > 0) notes.push(`The generator itself ran late (send lag p99 > 1 ms) in: ${lagged.map((r) => `${r.system} ${r.step} ${r.measure?.sendLagP99} ms`).join(', ')} — the machine was busy; those latencies carry it.`);
-  notes.push(`Machine load (1-min load average, ${os.cpus().length} CPUs): ${loadBefore.toFixed(2)} before, ${(os.loadavg()[0] ?? 0).toFixed(2)} after.`);
-  for (const r of results) if (r.measure !== null && r.measure.errorSamples.length > 0) notes.push(`${r.system} · ${r.step}: ${r.measure.errorSamples.join('; ')}`);
+  if (lagged.length > 0)
+    notes.push(
+      `The generator itself ran late (send lag p99 > 1 ms) in: ${lagged.map((r) => `${r.system} ${r.step} ${r.measure?.sendLagP99} ms`).join(', ')} — the machine was busy; those latencies carry it.`,
+    );
+  notes.push(
+    `Machine load (1-min load average, ${os.cpus().length} CPUs): ${loadBefore.toFixed(2)} before, ${(os.loadavg()[0] ?? 0).toFixed(2)} after.`,
+  );
+  for (const r of results)
+    if (r.measure !== null && r.measure.errorSamples.length > 0)
+      notes.push(`${r.system} · ${r.step}: ${r.measure.errorSamples.join('; ')}`);
 
-  const report: BenchReport = { name: 'cascade', title: `Central-store cascade: rlf-redis vs cellquota under a slow, paused or stopped store/coordinator${smoke ? ' (smoke)' : ''}`, rows: results.map(toRow), notes };
+  const report: BenchReport = {
+    name: 'cascade',
+    title: `Central-store cascade: rlf-redis vs cellquota under a slow, paused or stopped store/coordinator${smoke ? ' (smoke)' : ''}`,
+    rows: results.map(toRow),
+    notes,
+  };
   return { report, results, skipped };
 }
 
@@ -987,7 +1225,9 @@ export async function runCascadeBench(opts: { smoke: boolean; progress: (msg: st
 if (process.env[LOADER_ENV] === '1' && process.send !== undefined) {
   loaderMain();
 } else if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const { values } = parseArgs({ options: { smoke: { type: 'boolean', default: false }, systems: { type: 'string', default: SYSTEMS.join(',') } } });
+  const { values } = parseArgs({
+    options: { smoke: { type: 'boolean', default: false }, systems: { type: 'string', default: SYSTEMS.join(',') } },
+  });
   const systems = values.systems.split(',').map((s) => s.trim());
   for (const s of systems) {
     if (!(SYSTEMS as readonly string[]).includes(s)) {
@@ -996,6 +1236,10 @@ if (process.env[LOADER_ENV] === '1' && process.send !== undefined) {
     }
   }
   const { toMarkdown } = await import('./bench-report.js');
-  const { report } = await runCascadeBenchDetailed({ smoke: values.smoke, systems: systems as SystemName[], progress: (m) => console.log(`  … ${m}`) });
+  const { report } = await runCascadeBenchDetailed({
+    smoke: values.smoke,
+    systems: systems as SystemName[],
+    progress: (m) => console.log(`  … ${m}`),
+  });
   console.log(toMarkdown([report], `npx tsx bench/cascade.ts ${process.argv.slice(2).join(' ')}`.trim()));
 }

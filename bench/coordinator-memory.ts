@@ -56,9 +56,18 @@ export interface SnapshotEvent {
 
 export interface CoordinatorMemoryResult {
   readonly report: BenchReport;
-  readonly samples: readonly { readonly phase: 'idle' | 'written' | 'snapshot'; readonly replicas: readonly ReplicaSample[] }[];
+  readonly samples: readonly {
+    readonly phase: 'idle' | 'written' | 'snapshot';
+    readonly replicas: readonly ReplicaSample[];
+  }[];
   readonly snapshots: readonly SnapshotEvent[];
-  readonly writes: { readonly ok: number; readonly retries: number; readonly perSec: number; readonly p50Ms: number; readonly p99Ms: number };
+  readonly writes: {
+    readonly ok: number;
+    readonly retries: number;
+    readonly perSec: number;
+    readonly p50Ms: number;
+    readonly p99Ms: number;
+  };
   /** The metric names read (with the coordinator's prefix), for the notes and the test. */
   readonly metricNames: readonly string[];
 }
@@ -123,7 +132,8 @@ function snapshotsOf(c: CoordinatorCluster, id: string): SnapshotEvent[] {
     if (!line.includes('snapshot taken')) continue;
     try {
       const j = JSON.parse(line) as { index?: number; bytes?: number; ms?: number };
-      if (typeof j.index === 'number') out.push({ replica: id, index: j.index, bytes: j.bytes ?? Number.NaN, ms: j.ms ?? Number.NaN });
+      if (typeof j.index === 'number')
+        out.push({ replica: id, index: j.index, bytes: j.bytes ?? Number.NaN, ms: j.ms ?? Number.NaN });
     } catch {
       // not a JSON line
     }
@@ -143,7 +153,13 @@ const fmtInt = (n: number): string => Math.round(n).toLocaleString('en-US');
  * `count` PUTs by `clients` concurrent clients to the leader; a refused or failed write (leadership
  * moved, a timeout) is retried against the leader found again, up to 20 times per write.
  */
-async function writeTenants(c: CoordinatorCluster, ids: (k: number) => string, count: number, clients: number, onProgress: (done: number) => void): Promise<{ latencies: number[]; retries: number; seconds: number }> {
+async function writeTenants(
+  c: CoordinatorCluster,
+  ids: (k: number) => string,
+  count: number,
+  clients: number,
+  onProgress: (done: number) => void,
+): Promise<{ latencies: number[]; retries: number; seconds: number }> {
   let leaderUrl = c.adminUrl(await c.waitForLeader());
   let next = 0;
   let done = 0;
@@ -160,7 +176,13 @@ async function writeTenants(c: CoordinatorCluster, ids: (k: number) => string, c
           let status = 0;
           let detail: string;
           try {
-            const res = await fetch(`${leaderUrl}/v1/tenants/${ids(k)}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: '{"tier":"bench"}', redirect: 'manual', signal: AbortSignal.timeout(10_000) });
+            const res = await fetch(`${leaderUrl}/v1/tenants/${ids(k)}`, {
+              method: 'PUT',
+              headers: { 'content-type': 'application/json' },
+              body: '{"tier":"bench"}',
+              redirect: 'manual',
+              signal: AbortSignal.timeout(10_000),
+            });
             detail = await res.text();
             status = res.status;
           } catch (err) {
@@ -183,14 +205,16 @@ async function writeTenants(c: CoordinatorCluster, ids: (k: number) => string, c
   return { latencies, retries, seconds: (performance.now() - started) / 1000 };
 }
 
-export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryOptions): Promise<CoordinatorMemoryResult> {
+export async function runCoordinatorMemoryBenchDetailed(
+  opts: CoordinatorMemoryOptions,
+): Promise<CoordinatorMemoryResult> {
   const tenants = opts.tenants ?? (opts.smoke ? 2_000 : 100_000);
   const clients = opts.clients ?? 32;
   const snapshotEvery = opts.snapshotEvery ?? (opts.smoke ? 1_000 : DEFAULT_SNAPSHOT_EVERY);
   const progressEvery = opts.smoke ? 500 : 10_000;
   const progress = opts.progress;
   const names = new Set<string>();
-  if (!(snapshotEvery >= 10)) throw new Error('snapshotEvery must be ≥ 10 (the coordinator\'s minimum)');
+  if (!(snapshotEvery >= 10)) throw new Error("snapshotEvery must be ≥ 10 (the coordinator's minimum)");
   const c = await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--snapshot-every', String(snapshotEvery)]);
   const samples: { phase: 'idle' | 'written' | 'snapshot'; replicas: ReplicaSample[] }[] = [];
   let snapshots: SnapshotEvent[];
@@ -202,27 +226,49 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
     await c.waitForLeader(60_000);
     const tier = await c.write('PUT', '/v1/tiers/bench', { rate: 1000, burst: 1000 });
     if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
-    await waitFor('every replica applied the tier', async () => {
-      const s = await sampleAll(c, names);
-      return s.every((r) => r.appliedIndex === s[0]?.appliedIndex);
-    }, { timeoutMs: 30_000, everyMs: 200 });
+    await waitFor(
+      'every replica applied the tier',
+      async () => {
+        const s = await sampleAll(c, names);
+        return s.every((r) => r.appliedIndex === s[0]?.appliedIndex);
+      },
+      { timeoutMs: 30_000, everyMs: 200 },
+    );
     await sleep(opts.smoke ? 500 : 3000); // let start-up garbage settle
     samples.push({ phase: 'idle', replicas: await sampleAll(c, names) });
     progress(`idle: ${samples[0]?.replicas.map((r) => `${r.replica} RSS ${mib(r.rssBytes)} MiB`).join(', ')}`);
 
     progress(`writing ${fmtInt(tenants)} tenants with ${clients} concurrent clients`);
-    const w = await writeTenants(c, (k) => `t-${k}`, tenants, clients, (done) => {
-      if (done % progressEvery === 0) progress(`${fmtInt(done)} / ${fmtInt(tenants)} tenants written`);
-    });
+    const w = await writeTenants(
+      c,
+      (k) => `t-${k}`,
+      tenants,
+      clients,
+      (done) => {
+        if (done % progressEvery === 0) progress(`${fmtInt(done)} / ${fmtInt(tenants)} tenants written`);
+      },
+    );
     const sorted = [...w.latencies].sort((a, b) => a - b);
-    writes = { ok: w.latencies.length, retries: w.retries, perSec: Math.round(w.latencies.length / w.seconds), p50Ms: Math.round(quantile(sorted, 0.5) * 100) / 100, p99Ms: Math.round(quantile(sorted, 0.99) * 100) / 100 };
-    progress(`written in ${w.seconds.toFixed(1)} s (${fmtInt(writes.perSec)} writes/s, p50 ${writes.p50Ms} ms, p99 ${writes.p99Ms} ms, ${writes.retries} retries); waiting for every replica to apply them`);
+    writes = {
+      ok: w.latencies.length,
+      retries: w.retries,
+      perSec: Math.round(w.latencies.length / w.seconds),
+      p50Ms: Math.round(quantile(sorted, 0.5) * 100) / 100,
+      p99Ms: Math.round(quantile(sorted, 0.99) * 100) / 100,
+    };
+    progress(
+      `written in ${w.seconds.toFixed(1)} s (${fmtInt(writes.perSec)} writes/s, p50 ${writes.p50Ms} ms, p99 ${writes.p99Ms} ms, ${writes.retries} retries); waiting for every replica to apply them`,
+    );
     let lastIndex = 0;
-    await waitFor(`every replica holding ${tenants} tenants`, async () => {
-      const s = await sampleAll(c, names);
-      lastIndex = Math.max(...s.map((r) => r.appliedIndex));
-      return s.every((r) => r.tenants === tenants && r.appliedIndex === lastIndex);
-    }, { timeoutMs: 120_000, everyMs: 200 });
+    await waitFor(
+      `every replica holding ${tenants} tenants`,
+      async () => {
+        const s = await sampleAll(c, names);
+        lastIndex = Math.max(...s.map((r) => r.appliedIndex));
+        return s.every((r) => r.tenants === tenants && r.appliedIndex === lastIndex);
+      },
+      { timeoutMs: 120_000, everyMs: 200 },
+    );
     samples.push({ phase: 'written', replicas: await sampleAll(c, names) });
 
     {
@@ -236,14 +282,22 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
         const lastSnap = Math.max(0, ...[...c.replicas.keys()].flatMap((id) => snapshotsOf(c, id).map((e) => e.index)));
         const need = Math.max(1, Math.min(snapshotEvery, snapshotEvery - (applied - lastSnap)) + 1);
         progress(`${fmtInt(need)} more writes (existing tenants) to reach the next snapshot`);
-        const more = await writeTenants(c, (k) => `t-${(topUp + k) % tenants}`, need, clients, () => undefined);
+        const more = await writeTenants(
+          c,
+          (k) => `t-${(topUp + k) % tenants}`,
+          need,
+          clients,
+          () => undefined,
+        );
         topUp += need;
         writes = { ...writes, retries: writes.retries + more.retries };
         await sleep(500);
       }
       await sleep(200);
       samples.push({ phase: 'snapshot', replicas: await sampleAll(c, names) });
-      notes.push(`Snapshot phase: ${fmtInt(topUp)} re-writes of existing tenants after the ${fmtInt(tenants)} new ones, until every replica had taken a snapshot at an index ≥ ${fmtInt(lastIndex)} (the last new tenant's); measured right after it.`);
+      notes.push(
+        `Snapshot phase: ${fmtInt(topUp)} re-writes of existing tenants after the ${fmtInt(tenants)} new ones, until every replica had taken a snapshot at an index ≥ ${fmtInt(lastIndex)} (the last new tenant's); measured right after it.`,
+      );
     }
     snapshots = [...c.replicas.keys()].flatMap((id) => snapshotsOf(c, id));
   } finally {
@@ -256,7 +310,8 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
     for (const r of s.replicas) {
       const base = idle.get(r.replica);
       const grown = base !== undefined && s.phase !== 'idle' ? Math.round((r.rssBytes - base.rssBytes) / tenants) : '';
-      const heapGrown = base !== undefined && s.phase !== 'idle' ? Math.round((r.heapUsedBytes - base.heapUsedBytes) / tenants) : '';
+      const heapGrown =
+        base !== undefined && s.phase !== 'idle' ? Math.round((r.heapUsedBytes - base.heapUsedBytes) / tenants) : '';
       rows.push({
         phase: s.phase,
         replica: `${r.replica}${r.leader ? ' (leader)' : ''}`,
@@ -283,7 +338,12 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
     "The Raft entry of a lease round at this scale (reportAndGrant with the round's grants) is not made here (no agent reports demands): `npm run bench -- allocator` measures it for 10,000 and 100,000 tenants × 4 and 16 cells ('entry bytes', 'bytes/grant').",
   );
   return {
-    report: { name: 'coordinator-memory', title: `Coordinator memory: 3 replicas, ${fmtInt(tenants)} tenants written through the admin API`, rows, notes },
+    report: {
+      name: 'coordinator-memory',
+      title: `Coordinator memory: 3 replicas, ${fmtInt(tenants)} tenants written through the admin API`,
+      rows,
+      notes,
+    },
     samples,
     snapshots,
     writes,
@@ -292,7 +352,10 @@ export async function runCoordinatorMemoryBenchDetailed(opts: CoordinatorMemoryO
 }
 
 /** The `npm run bench -- coordinator-memory` entry (bench/run.ts). */
-export async function runCoordinatorMemoryBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runCoordinatorMemoryBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   return (await runCoordinatorMemoryBenchDetailed(opts)).report;
 }
 
@@ -378,14 +441,16 @@ function catchUpPhases(c: CoordinatorCluster, id: string, startedAt: number): Ca
     if (r < last) starts++;
     last = r;
   }
-  const bytes = full !== undefined ? Number(full.fields['totalBytes']) : inst !== undefined ? Number(inst.fields['bytes']) : null;
+  const bytes =
+    full !== undefined ? Number(full.fields['totalBytes']) : inst !== undefined ? Number(inst.fields['bytes']) : null;
   const transferS = full !== undefined && first !== undefined ? (full.time - first.time) / 1000 : null;
   return {
     firstChunkMs: first !== undefined ? first.time - startedAt : null,
     receivedMs: full !== undefined ? full.time - startedAt : null,
     installedMs: inst !== undefined ? inst.time - startedAt : null,
     snapshotBytes: bytes,
-    transferMBps: bytes !== null && transferS !== null && transferS > 0 ? Math.round((bytes / 1e6 / transferS) * 10) / 10 : null,
+    transferMBps:
+      bytes !== null && transferS !== null && transferS > 0 ? Math.round((bytes / 1e6 / transferS) * 10) / 10 : null,
     transfersStarted: starts,
   };
 }
@@ -407,7 +472,8 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
   const names = new Set<string>();
   const c = await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--snapshot-every', String(snapshotEvery)]);
   const samples: { phase: string; replicas: ReplicaSample[] }[] = [];
-  const live = (ids: readonly string[]): Promise<ReplicaSample[]> => Promise.all(ids.map((id) => sampleReplica(c, id, names)));
+  const live = (ids: readonly string[]): Promise<ReplicaSample[]> =>
+    Promise.all(ids.map((id) => sampleReplica(c, id, names)));
   try {
     progress(`starting 3 coordinators (--snapshot-every ${snapshotEvery})`);
     c.startAll();
@@ -415,13 +481,19 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const tier = await c.write('PUT', '/v1/tiers/bench', { rate: 1000, burst: 1000 });
     if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
     const all = [...c.replicas.keys()];
-    await waitFor('every replica applied the tier', async () => (await live(all)).every((r) => r.tenants === 0 && r.appliedIndex >= 2), { timeoutMs: 30_000, everyMs: 200 });
+    await waitFor(
+      'every replica applied the tier',
+      async () => (await live(all)).every((r) => r.tenants === 0 && r.appliedIndex >= 2),
+      { timeoutMs: 30_000, everyMs: 200 },
+    );
     await sleep(opts.smoke ? 300 : 2000);
     samples.push({ phase: 'idle', replicas: await live(all) });
     const lagging = all.find((id) => id !== leader) as string;
     const others = all.filter((id) => id !== lagging);
     await c.kill(lagging);
-    progress(`${lagging} stopped; loading ${fmtInt(tenants)} tenants in batches of ${fmtInt(batch)} (POST /v1/tenants)`);
+    progress(
+      `${lagging} stopped; loading ${fmtInt(tenants)} tenants in batches of ${fmtInt(batch)} (POST /v1/tenants)`,
+    );
     const started = performance.now();
     let next = 0;
     let loaded = 0;
@@ -431,21 +503,31 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
           const from = next;
           next += batch;
           if (from >= tenants) return;
-          const items = Array.from({ length: Math.min(batch, tenants - from) }, (_, k) => ({ id: `t-${from + k}`, tier: 'bench' }));
+          const items = Array.from({ length: Math.min(batch, tenants - from) }, (_, k) => ({
+            id: `t-${from + k}`,
+            tier: 'bench',
+          }));
           for (let attempt = 0; ; attempt++) {
-            const r = await c.write('POST', '/v1/tenants', { tenants: items }).catch((e: unknown) => ({ status: 0, body: String(e) }));
+            const r = await c
+              .write('POST', '/v1/tenants', { tenants: items })
+              .catch((e: unknown) => ({ status: 0, body: String(e) }));
             if (r.status === 200) break;
             if (attempt >= 10) throw new Error(`POST /v1/tenants: ${r.status} ${JSON.stringify(r.body).slice(0, 200)}`);
             await sleep(200);
           }
           loaded += items.length;
-          if (loaded % (batch * 40) === 0 || loaded === tenants) progress(`${fmtInt(loaded)} / ${fmtInt(tenants)} loaded`);
+          if (loaded % (batch * 40) === 0 || loaded === tenants)
+            progress(`${fmtInt(loaded)} / ${fmtInt(tenants)} loaded`);
         }
       }),
     );
     const loadSeconds = (performance.now() - started) / 1000;
     const loadPerSec = Math.round(tenants / loadSeconds);
-    await waitFor(`${others.join(', ')} holding ${tenants} tenants`, async () => (await live(others)).every((r) => r.tenants === tenants), { timeoutMs: 300_000, everyMs: 200 });
+    await waitFor(
+      `${others.join(', ')} holding ${tenants} tenants`,
+      async () => (await live(others)).every((r) => r.tenants === tenants),
+      { timeoutMs: 300_000, everyMs: 200 },
+    );
     await sleep(opts.smoke ? 300 : 2000);
     samples.push({ phase: 'loaded', replicas: await live(others) });
 
@@ -466,10 +548,14 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const t0 = performance.now();
     const t0Wall = Date.now();
     c.start(lagging);
-    await waitFor(`${lagging} caught up`, async () => {
-      const r = await sampleReplica(c, lagging, names);
-      return r.tenants === tenants && r.appliedIndex >= target;
-    }, { timeoutMs: 600_000, everyMs: 200 });
+    await waitFor(
+      `${lagging} caught up`,
+      async () => {
+        const r = await sampleReplica(c, lagging, names);
+        return r.tenants === tenants && r.appliedIndex >= target;
+      },
+      { timeoutMs: 600_000, everyMs: 200 },
+    );
     const catchUpMs = Math.round(performance.now() - t0);
     const writesBefore = writes;
     writing = false;
@@ -483,7 +569,10 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     // Its own snapshot at start.
     await c.kill(lagging);
     c.start(lagging);
-    await waitFor(`${lagging} restarted`, async () => (await sampleReplica(c, lagging, names)).tenants === tenants, { timeoutMs: 300_000, everyMs: 200 });
+    await waitFor(`${lagging} restarted`, async () => (await sampleReplica(c, lagging, names)).tenants === tenants, {
+      timeoutMs: 300_000,
+      everyMs: 200,
+    });
     const restartRestore = logLine(c, lagging, 'restored the snapshot at start');
     const snapshots = all.flatMap((id) => snapshotsOf(c, id));
 
@@ -519,13 +608,22 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
     const notes = [
       `3 coordinators on loopback (LevelDB with fsync), --snapshot-every ${snapshotEvery}. ${fmtInt(tenants)} tenants loaded through the leader's bulk admin API (POST /v1/tenants, ${fmtInt(batch)} a request, 4 in flight) in ${loadSeconds.toFixed(1)} s: ${fmtInt(loadPerSec)} tenants/s, while ${lagging} was stopped.`,
       `Target: at most 1 GiB resident per replica with 1,000,000 tenants ('RSS / 1 GiB' ≤ 1). RSS and heap from each replica's /metrics, sampled after each phase settled (no GC forced).`,
-      lastSnap !== null ? `Snapshots: ${snapshots.length} taken in all; the largest index: ${lastSnap.replica} at ${fmtInt(lastSnap.index)}, ${fmtInt(lastSnap.bytes)} bytes in ${Math.round(lastSnap.ms)} ms (encode + write, from its log).` : 'Snapshots: none taken.',
+      lastSnap !== null
+        ? `Snapshots: ${snapshots.length} taken in all; the largest index: ${lastSnap.replica} at ${fmtInt(lastSnap.index)}, ${fmtInt(lastSnap.bytes)} bytes in ${Math.round(lastSnap.ms)} ms (encode + write, from its log).`
+        : 'Snapshots: none taken.',
       `Catch-up under load: ${lagging} started while 8 clients wrote (PUT of existing tenants); it held all ${fmtInt(tenants)} tenants and the leader's index at its start after ${fmtInt(catchUpMs)} ms${installed !== null ? `, through a snapshot from the leader (${fmtInt(installed.bytes)} bytes, restored in ${fmtInt(installed.ms)} ms)` : ' (no snapshot installed: it caught up from the log)'}; ${fmtInt(writesBefore)} writes were acknowledged meanwhile. The 'catch-up under load' row splits that time, from the replica's own log lines, ms after its process started: the first snapshot bytes received (process start, peer connection, the leader finding the follower behind its log), all bytes received, restored; 'transfers started' counts transfers that began again at byte 0 (1: the leader kept its snapshot to the end though it compacted meanwhile).`,
-      restartRestore !== null ? `Restart: ${lagging} restored its own snapshot at start in ${fmtInt(restartRestore.ms)} ms (${fmtInt(restartRestore.bytes)} bytes).` : 'Restart: no snapshot restored at start.',
-      'Loaded through the bulk admin API (issue 20\'s import path, `cellquota ctl tenants import` uses the same operation); no agent reports, so no slices: the tenants\' definitions only.',
+      restartRestore !== null
+        ? `Restart: ${lagging} restored its own snapshot at start in ${fmtInt(restartRestore.ms)} ms (${fmtInt(restartRestore.bytes)} bytes).`
+        : 'Restart: no snapshot restored at start.',
+      "Loaded through the bulk admin API (issue 20's import path, `cellquota ctl tenants import` uses the same operation); no agent reports, so no slices: the tenants' definitions only.",
     ];
     return {
-      report: { name: 'coordinator-million', title: `Coordinator: ${fmtInt(tenants)} tenants per replica — memory, snapshots, catch-up under load`, rows, notes },
+      report: {
+        name: 'coordinator-million',
+        title: `Coordinator: ${fmtInt(tenants)} tenants per replica — memory, snapshots, catch-up under load`,
+        rows,
+        notes,
+      },
       samples,
       loadPerSec,
       lagging,
@@ -542,12 +640,23 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
 }
 
 /** The `npm run bench -- coordinator-million` entry (bench/run.ts). */
-export async function runCoordinatorMillionBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runCoordinatorMillionBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   return (await runCoordinatorMillionDetailed(opts)).report;
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { smoke: { type: 'boolean', default: false }, tenants: { type: 'string' }, clients: { type: 'string' }, 'snapshot-every': { type: 'string' }, out: { type: 'string', default: 'bench/results' } } });
+  const { values } = parseArgs({
+    options: {
+      smoke: { type: 'boolean', default: false },
+      tenants: { type: 'string' },
+      clients: { type: 'string' },
+      'snapshot-every': { type: 'string' },
+      out: { type: 'string', default: 'bench/results' },
+    },
+  });
   const num = (v: string | undefined): number | undefined => (v === undefined ? undefined : Number(v));
   const tenants = num(values.tenants);
   const clients = num(values.clients);

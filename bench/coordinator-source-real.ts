@@ -24,8 +24,22 @@ import { join, resolve } from 'node:path';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { freePort } from '../testkit/ports.js';
 import { sleep, waitFor } from '../testkit/wait.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
-import { CODE_OK, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame, type WireEntry } from '../testkit/load/rls-wire.js';
+import {
+  RawH2Session,
+  grpcRequestHeaderBlock,
+  requestTemplate,
+  type RequestTemplate,
+  type StreamSink,
+} from '../testkit/load/h2-raw.js';
+import {
+  CODE_OK,
+  FAIL_OPEN_FLAG,
+  RLS_PATH,
+  decodeResponse,
+  encodeRateLimitRequest,
+  grpcFrame,
+  type WireEntry,
+} from '../testkit/load/rls-wire.js';
 import { machineLine, type BenchReport } from './bench-report.js';
 
 const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
@@ -40,11 +54,39 @@ interface Agent {
   output: string;
 }
 
-async function startAgent(root: string, cell: string, rules: string, coordinators: string, extra: readonly string[] = []): Promise<Agent> {
+async function startAgent(
+  root: string,
+  cell: string,
+  rules: string,
+  coordinators: string,
+  extra: readonly string[] = [],
+): Promise<Agent> {
   const port = await freePort();
   const socket = join(root, `${cell}.sock`);
-  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', rules, '--rls-socket', socket, '--http', `127.0.0.1:${port}`,
-    '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0', ...extra], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
+  const proc = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      agentCli,
+      '--cell',
+      cell,
+      '--rules',
+      rules,
+      '--rls-socket',
+      socket,
+      '--http',
+      `127.0.0.1:${port}`,
+      '--coordinators',
+      coordinators,
+      '--workers',
+      '1',
+      '--lag-threshold-ms',
+      '0',
+      ...extra,
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } },
+  );
   const a: Agent = { cell, socket, url: `http://127.0.0.1:${port}`, proc, output: '' };
   const keep = (b: Buffer): void => {
     a.output = (a.output + b.toString()).slice(-20_000);
@@ -61,7 +103,9 @@ async function metric(a: Agent, name: string): Promise<number> {
 }
 
 async function leaseGrants(a: Agent): Promise<number> {
-  const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as { lease?: { grants?: number } | null };
+  const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as {
+    lease?: { grants?: number } | null;
+  };
   return h.lease?.grants ?? NaN;
 }
 
@@ -72,13 +116,24 @@ function rssMiB(pid: number): number {
 
 async function waitServing(agents: readonly Agent[]): Promise<void> {
   for (const a of agents) {
-    await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, { timeoutMs: 90_000, everyMs: 200, context: () => a.output });
-    await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 90_000, everyMs: 200, context: () => a.output });
+    await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, {
+      timeoutMs: 90_000,
+      everyMs: 200,
+      context: () => a.output,
+    });
+    await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, {
+      timeoutMs: 90_000,
+      everyMs: 200,
+      context: () => a.output,
+    });
   }
 }
 
 function template(domain: string, descriptors: readonly (readonly WireEntry[])[]): RequestTemplate {
-  return requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), grpcFrame(encodeRateLimitRequest(domain, descriptors)));
+  return requestTemplate(
+    grpcRequestHeaderBlock(RLS_PATH, 'localhost'),
+    grpcFrame(encodeRateLimitRequest(domain, descriptors)),
+  );
 }
 
 // ---- agent-tenants ------------------------------------------------------------------------------
@@ -119,9 +174,14 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const leader = await c.waitForLeader();
     for (let i = 0; i < n; i += 2000) {
       const tenants = Array.from({ length: Math.min(2000, n - i) }, (_, j) => ({ id: `t-${i + j}`, tier: 'gold' }));
-      const r = await fetch(`${c.adminUrl(leader)}/v1/tenants`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tenants }) });
+      const r = await fetch(`${c.adminUrl(leader)}/v1/tenants`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ tenants }),
+      });
       const body = (await r.json()) as { failed?: unknown[] };
-      if (r.status !== 200 || (body.failed?.length ?? 0) > 0) throw new Error(`POST /v1/tenants: ${r.status} ${JSON.stringify(body).slice(0, 300)}`);
+      if (r.status !== 200 || (body.failed?.length ?? 0) > 0)
+        throw new Error(`POST /v1/tenants: ${r.status} ${JSON.stringify(body).slice(0, 300)}`);
       if (i % 200_000 === 0 && i > 0) opts.progress(`  ${i.toLocaleString('en-US')} imported`);
     }
     const importS = (performance.now() - t0) / 1000;
@@ -136,9 +196,16 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const samples: { seen: number; rss: number; keys: number; grants: number }[] = [];
     const sample = async (seen: number): Promise<void> => {
       if (agent === null) return;
-      samples.push({ seen, rss: rssMiB(pid), keys: await metric(agent, 'cellquota_agent_bucket_table_keys'), grants: await leaseGrants(agent) });
+      samples.push({
+        seen,
+        rss: rssMiB(pid),
+        keys: await metric(agent, 'cellquota_agent_bucket_table_keys'),
+        grants: await leaseGrants(agent),
+      });
       const s = samples[samples.length - 1];
-      opts.progress(`  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB, table keys ${s?.keys}, lease grants ${s?.grants}`);
+      opts.progress(
+        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB, table keys ${s?.keys}, lease grants ${s?.grants}`,
+      );
     };
     await sample(0);
     const step = Math.max(1000, Math.floor(n / 10));
@@ -147,7 +214,9 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const driveStart = performance.now();
     for (let from = 0; from < n; from += batch) {
       // A batch of tenants, `rounds` times, 600 ms apart (a report and a round in between).
-      const templates = Array.from({ length: Math.min(batch, n - from) }, (_, j) => template('api', [[{ key: 'tenant', value: `t-${from + j}` }]]));
+      const templates = Array.from({ length: Math.min(batch, n - from) }, (_, j) =>
+        template('api', [[{ key: 'tenant', value: `t-${from + j}` }]]),
+      );
       for (let r = 0; r < rounds; r++) {
         for (const t of templates) session.request(t, null);
         sent += templates.length;
@@ -168,15 +237,25 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
       if (m !== null && Number(m[1]) > 0) demandDropped = Number(m[1]);
       else if (m !== null && Number.isNaN(demandDropped)) demandDropped = 0;
     }
-    const growth = samples.length > 2 ? ((samples[samples.length - 1]?.rss ?? 0) - (samples[1]?.rss ?? 0)) / Math.max(1, n - (samples[1]?.seen ?? 0)) * 1e6 : NaN;
+    const growth =
+      samples.length > 2
+        ? (((samples[samples.length - 1]?.rss ?? 0) - (samples[1]?.rss ?? 0)) /
+            Math.max(1, n - (samples[1]?.seen ?? 0))) *
+          1e6
+        : NaN;
     return {
       name: 'agent-tenants',
       title: `Resident memory of an agent that has seen ${n.toLocaleString('en-US')} distinct tenants held by the coordinators${opts.smoke ? ' (smoke)' : ''}`,
-      rows: samples.map((s) => ({ 'tenants seen': s.seen, 'RSS MiB': Math.round(s.rss), 'table keys': s.keys, 'lease grants held': s.grants })),
+      rows: samples.map((s) => ({
+        'tenants seen': s.seen,
+        'RSS MiB': Math.round(s.rss),
+        'table keys': s.keys,
+        'lease grants held': s.grants,
+      })),
       notes: [
         `Machine: ${machineLine()}; 1-min load ${loadBefore.toFixed(1)} before, ${(os.loadavg()[0] ?? 0).toFixed(1)} after.`,
         `Agent: 1 worker, --coordinators (3 real coordinators), rules only; bucket table capacity ${capacity} (fixed shared memory, allocated at start: part of the baseline RSS ${baseline.toFixed(0)} MiB). Tenants imported in ${importS.toFixed(0)} s; ${sent.toLocaleString('en-US')} checks (${rounds} per tenant, batches of ${batch}) in ${driveS.toFixed(0)} s; ${sink.errors} errors, ${sink.ok} admitted.`,
-        `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${(growth).toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.grants}; velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
+        `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${growth.toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.grants}; velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
       ],
     };
   } finally {
@@ -283,7 +362,12 @@ class Paced implements StreamSink {
   }
 
   /** The 1 s window (of send time) in [fromMs, toMs) with the most admitted over rate·(1 s + u) + burst. */
-  worst(fromMs: number, toMs: number, rate: number, burst: number): { admitted: number; limit: number; slackMs: number; errors: number; failOpen: number } {
+  worst(
+    fromMs: number,
+    toMs: number,
+    rate: number,
+    burst: number,
+  ): { admitted: number; limit: number; slackMs: number; errors: number; failOpen: number } {
     let worst = { admitted: 0, limit: rate + burst, slackMs: 0, errors: 0, failOpen: 0 };
     let margin = -Infinity;
     let errors = 0;
@@ -324,8 +408,10 @@ descriptors:
     global: true
 `;
 
-
-export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runCoordinatorBoundBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   const scale = opts.smoke ? 0.5 : 1;
   const loadBefore = os.loadavg()[0] ?? 0;
   const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '2']);
@@ -356,7 +442,18 @@ export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress:
     load.start();
     const rows: Record<string, number | string>[] = [];
     const row = (finding: string, what: string, rate: number, burst: number, w: ReturnType<Paced['worst']>): void => {
-      rows.push({ finding, measured: what, 'rate/s': rate, burst, 'largest 1 s admitted': w.admitted, 'rate·(1 s+u) + burst': Math.round(w.limit * 10) / 10, 'u ms': Math.round(w.slackMs), 'within': w.admitted <= w.limit ? 'yes' : 'NO', errors: w.errors, 'fail-open': w.failOpen });
+      rows.push({
+        finding,
+        measured: what,
+        'rate/s': rate,
+        burst,
+        'largest 1 s admitted': w.admitted,
+        'rate·(1 s+u) + burst': Math.round(w.limit * 10) / 10,
+        'u ms': Math.round(w.slackMs),
+        within: w.admitted <= w.limit ? 'yes' : 'NO',
+        errors: w.errors,
+        'fail-open': w.failOpen,
+      });
       opts.progress(`  ${finding} ${what}: ${w.admitted} admitted in the worst 1 s against ${w.limit.toFixed(1)}`);
     };
 
@@ -364,9 +461,20 @@ export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress:
     opts.progress('finding 1: acme (20/s, burst 10) through 4 request shapes on both cells, 100/s each');
     const shapes1 = [
       template('api', [[{ key: 'tenant', value: 'acme' }]]),
-      template('api', [[{ key: 'route', value: 'upload' }, { key: 'tenant', value: 'acme' }]]),
+      template('api', [
+        [
+          { key: 'route', value: 'upload' },
+          { key: 'tenant', value: 'acme' },
+        ],
+      ]),
       template('web', [[{ key: 'customer', value: 'acme' }]]),
-      template('api', [[{ key: 'tenant', value: 'acme' }], [{ key: 'route', value: 'upload' }, { key: 'tenant', value: 'acme' }]]),
+      template('api', [
+        [{ key: 'tenant', value: 'acme' }],
+        [
+          { key: 'route', value: 'upload' },
+          { key: 'tenant', value: 'acme' },
+        ],
+      ]),
     ];
     let from = load.now();
     load.set(0, 100, shapes1);
@@ -392,12 +500,20 @@ export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress:
     load.set(1, 0);
     const end2 = load.now();
     row('2', 'before the PUT (rate 100)', 100, 100, load.worst(from, putAt, 100, 100));
-    row('2', 'the transition (PUT + TTL + margin), against the old rate', 100, 100, load.worst(putAt, settled + 1000, 100, 100));
+    row(
+      '2',
+      'the transition (PUT + TTL + margin), against the old rate',
+      100,
+      100,
+      load.worst(putAt, settled + 1000, 100, 100),
+    );
     row('2', 'after it, against the new rate 40', 40, 40, load.worst(settled, end2, 40, 40));
     await sleep(1500);
 
     // 3. Full start: cell-a drains the burst, cell-b starts 0.6 s later; then delete + re-create under load.
-    opts.progress('finding 3: fresh (10/s, burst 50): cell-a drains, cell-b starts 0.6 s later; delete and re-create under load');
+    opts.progress(
+      'finding 3: fresh (10/s, burst 50): cell-a drains, cell-b starts 0.6 s later; delete and re-create under load',
+    );
     const shapes3 = [template('api', [[{ key: 'tenant', value: 'fresh' }]])];
     from = load.now();
     load.set(0, 200, shapes3);
@@ -427,4 +543,3 @@ export async function runCoordinatorBoundBench(opts: { smoke: boolean; progress:
     await c.cleanup();
   }
 }
-

@@ -16,7 +16,12 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 import { Ledger } from '../coordinator/ledger/ledger.js';
 import { loadQuotaLeaseService } from '../shared/lease-proto.js';
-import type { GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../shared/lease-proto.js';
+import type {
+  GrantMessage,
+  ReportRequestMessage,
+  ReportResponseMessage,
+  VelocityMessage,
+} from '../shared/lease-proto.js';
 import { REPORT_BUDGET_BYTES, VelocityReporter, type ReportPage } from '../cell-agent/lease/velocity-report.js';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from './bench-report.js';
@@ -57,26 +62,50 @@ async function putToAdmitted(n: number, progress: (msg: string) => void): Promis
     const urls: string[] = [];
     for (const cell of ['cell-a', 'cell-b']) {
       const port = await freePort();
-      procs.push(spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(c.root, 'rules.yaml'), '--http', `127.0.0.1:${port}`,
-        '--coordinators', coordinators, '--workers', '1', '--log-level', 'warn'], { stdio: 'ignore' }));
+      procs.push(
+        spawn(
+          process.execPath,
+          [
+            '--import',
+            'tsx',
+            agentCli,
+            '--cell',
+            cell,
+            '--rules',
+            join(c.root, 'rules.yaml'),
+            '--http',
+            `127.0.0.1:${port}`,
+            '--coordinators',
+            coordinators,
+            '--workers',
+            '1',
+            '--log-level',
+            'warn',
+          ],
+          { stdio: 'ignore' },
+        ),
+      );
       urls.push(`http://127.0.0.1:${port}`);
     }
     // Warm up: a first tenant, admitted on both agents (they are serving and leased).
     await c.write('PUT', '/v1/tenants/warm', { tier: 'gold' });
-    for (const u of urls) for (let i = 0; i < 600 && !(await admitted(u, 'warm')); i++) await new Promise((r) => setTimeout(r, 100));
+    for (const u of urls)
+      for (let i = 0; i < 600 && !(await admitted(u, 'warm')); i++) await new Promise((r) => setTimeout(r, 100));
     const times: number[] = [];
     for (let i = 0; i < n; i++) {
       const id = `t-${i}`;
       const r = await c.write('PUT', `/v1/tenants/${id}`, { tier: 'gold' });
       if (r.status !== 200) throw new Error(`PUT ${id}: ${r.status}`);
       const t0 = performance.now();
-      const done = await Promise.all(urls.map(async (u) => {
-        while (performance.now() - t0 < 30_000) {
-          if (await admitted(u, id)) return performance.now() - t0;
-          await new Promise((res) => setTimeout(res, 20));
-        }
-        return NaN;
-      }));
+      const done = await Promise.all(
+        urls.map(async (u) => {
+          while (performance.now() - t0 < 30_000) {
+            if (await admitted(u, id)) return performance.now() - t0;
+            await new Promise((res) => setTimeout(res, 20));
+          }
+          return NaN;
+        }),
+      );
       times.push(Math.max(...done));
       progress(`tenant ${id}: admitted on every agent after ${Math.max(...done).toFixed(0)} ms`);
     }
@@ -112,23 +141,77 @@ function leaseBytes(tenants: number): LeaseBytes {
     l.apply({ type: 'putTenant', id: `tenant-${i}`, tier: 'gold' }, ++index);
     keys.push(`tenant/tenant-${i}`);
   }
-  l.apply({ type: 'reportAndGrant', nowMs: 1, leases: [{ cellId: 'cell-a', leaseExpiresAtMs: 3001 }], grants: keys.map((key) => ({ key, cellId: 'cell-a', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 3001 })) }, ++index);
+  l.apply(
+    {
+      type: 'reportAndGrant',
+      nowMs: 1,
+      leases: [{ cellId: 'cell-a', leaseExpiresAtMs: 3001 }],
+      grants: keys.map((key) => ({ key, cellId: 'cell-a', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 3001 })),
+    },
+    ++index,
+  );
   const grant = (key: string): GrantMessage => {
     const s = l.getSlice(key, 'cell-a');
-    return { key, rate: s?.rate ?? 0, burst: s?.burst ?? 0, epoch: s?.epoch ?? 0, floorRate: s?.floorRate ?? 0, floorBurst: s?.floorBurst ?? 0, version: s?.version ?? 0, parent: '', deleted: false };
+    return {
+      key,
+      rate: s?.rate ?? 0,
+      burst: s?.burst ?? 0,
+      epoch: s?.epoch ?? 0,
+      floorRate: s?.floorRate ?? 0,
+      floorBurst: s?.floorBurst ?? 0,
+      version: s?.version ?? 0,
+      parent: '',
+      deleted: false,
+    };
   };
-  const answer = (grants: GrantMessage[], full: boolean): ReportResponseMessage => ({ leaderId: 'n1', leaseTtlMs: 3000, grants, ledgerIndex: index, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full });
-  const velocity = (moved: (i: number) => boolean): VelocityMessage[] => keys.map((key, i) => ({ key, allowedPerS: moved(i) ? 45 : 37.5, refusedPerS: 2.5 }));
-  const request = (page: ReportPage): ReportRequestMessage => ({ cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: page.acks, velocity: page.velocity, failOpenTotal: 0, capsVersion: 0, wantFull: false, velocitySweep: page.sweep, velocitySweepDone: page.sweepDone, velocitySweepStart: page.sweepStart });
+  const answer = (grants: GrantMessage[], full: boolean): ReportResponseMessage => ({
+    leaderId: 'n1',
+    leaseTtlMs: 3000,
+    grants,
+    ledgerIndex: index,
+    unknownTenant: 'deny',
+    unknownKeys: [],
+    capsIncluded: false,
+    capsVersion: 0,
+    cappedDomains: [],
+    full,
+  });
+  const velocity = (moved: (i: number) => boolean): VelocityMessage[] =>
+    keys.map((key, i) => ({ key, allowedPerS: moved(i) ? 45 : 37.5, refusedPerS: 2.5 }));
+  const request = (page: ReportPage): ReportRequestMessage => ({
+    cellId: 'cell-a',
+    incarnation: 'i',
+    sentAtMs: Date.now(),
+    acks: page.acks,
+    velocity: page.velocity,
+    failOpenTotal: 0,
+    capsVersion: 0,
+    wantFull: false,
+    velocitySweep: page.sweep,
+    velocitySweepDone: page.sweepDone,
+    velocitySweepStart: page.sweepStart,
+  });
   const bytesOf = (page: ReportPage): number => svc.report.requestSerialize(request(page)).length;
-  const oneMessage = svc.report.requestSerialize({ cellId: 'cell-a', incarnation: 'i', sentAtMs: Date.now(), acks: [], velocity: velocity(() => false), failOpenTotal: 0, capsVersion: 0, wantFull: false }).length;
+  const oneMessage = svc.report.requestSerialize({
+    cellId: 'cell-a',
+    incarnation: 'i',
+    sentAtMs: Date.now(),
+    acks: [],
+    velocity: velocity(() => false),
+    failOpenTotal: 0,
+    capsVersion: 0,
+    wantFull: false,
+  }).length;
   // The agent's own report builder: a sweep first (a new incarnation), then delta reports.
   const reporter = new VelocityReporter();
   let sweepPages = 0;
   let sweepMaxPage = 0;
   let sweepTotal = 0;
   for (;;) {
-    const page = reporter.page(velocity(() => false), new Map());
+    const page = reporter.page(
+      velocity(() => false),
+      new Map(),
+    );
     const b = bytesOf(page);
     sweepPages++;
     sweepMaxPage = Math.max(sweepMaxPage, b);
@@ -137,10 +220,16 @@ function leaseBytes(tenants: number): LeaseBytes {
     if (page.sweepDone) break;
     if (sweepPages > 1000) throw new Error('the sweep does not end');
   }
-  const steadyPage = reporter.page(velocity(() => false), new Map());
+  const steadyPage = reporter.page(
+    velocity(() => false),
+    new Map(),
+  );
   const steady = bytesOf(steadyPage);
   reporter.delivered(steadyPage);
-  const movedPage = reporter.page(velocity((i) => i % 100 === 0), new Map());
+  const movedPage = reporter.page(
+    velocity((i) => i % 100 === 0),
+    new Map(),
+  );
   const onePercent = bytesOf(movedPage);
   return {
     oneMessage,
@@ -150,11 +239,15 @@ function leaseBytes(tenants: number): LeaseBytes {
     steady,
     onePercent,
     full: svc.report.responseSerialize(answer(keys.map(grant), true)).length,
-    answerSteady: svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false)).length,
+    answerSteady: svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false))
+      .length,
   };
 }
 
-export async function runCoordinatorSourceBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runCoordinatorSourceBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   const n = opts.smoke ? 3 : 20;
   const tenants = opts.smoke ? 2_000 : 100_000;
   opts.progress(`lease message bytes with ${tenants} active tenants`);
@@ -167,8 +260,14 @@ export async function runCoordinatorSourceBench(opts: { smoke: boolean; progress
     rows: [
       { measure: `PUT → first leased admit on every agent, median (ms, n=${n})`, value: Math.round(put.median) },
       { measure: `PUT → first leased admit on every agent, max (ms, n=${n})`, value: Math.round(put.max) },
-      { measure: `report bytes if one message carried every velocity (${tenants} active tenants; before delta reports)`, value: bytes.oneMessage },
-      { measure: `sweep: reports (pages) for ${tenants} active tenants (at the start, on a leader's request, every 20 reports)`, value: bytes.sweepPages },
+      {
+        measure: `report bytes if one message carried every velocity (${tenants} active tenants; before delta reports)`,
+        value: bytes.oneMessage,
+      },
+      {
+        measure: `sweep: reports (pages) for ${tenants} active tenants (at the start, on a leader's request, every 20 reports)`,
+        value: bytes.sweepPages,
+      },
       { measure: `sweep: largest report bytes (budget ${REPORT_BUDGET_BYTES})`, value: bytes.sweepMaxPage },
       { measure: 'sweep: bytes of all its reports', value: bytes.sweepTotal },
       { measure: `delta report bytes, ${tenants} active tenants, steady`, value: bytes.steady },

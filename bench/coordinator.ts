@@ -66,7 +66,8 @@ export interface CoordinatorBenchDetail {
   readonly skipped: readonly string[];
 }
 
-const CQ_DEFAULTS = 'tick 50 ms, election timeout 10 ticks randomized in [500, 1000) ms, heartbeat 1 tick, PreVote and CheckQuorum on';
+const CQ_DEFAULTS =
+  'tick 50 ms, election timeout 10 ticks randomized in [500, 1000) ms, heartbeat 1 tick, PreVote and CheckQuorum on';
 const POLL_MS = 5;
 const ATTEMPT_TIMEOUT_MS = 1000;
 const MAX_IN_FLIGHT = 512;
@@ -78,7 +79,8 @@ function quantile(sorted: readonly number[], q: number): number {
 }
 
 const round2 = (v: number): number => (Number.isFinite(v) ? Math.round(v * 100) / 100 : NaN);
-const ratio = (a: number, b: number): string => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? (a / b).toFixed(2) : '—');
+const ratio = (a: number, b: number): string =>
+  Number.isFinite(a) && Number.isFinite(b) && b > 0 ? (a / b).toFixed(2) : '—';
 
 /** One write: resolves true when acknowledged (200), false on any other answer; throws on I/O errors. */
 type WriteFn = (key: string, signal?: AbortSignal) => Promise<{ ok: boolean; detail: string }>;
@@ -86,7 +88,13 @@ type WriteFn = (key: string, signal?: AbortSignal) => Promise<{ ok: boolean; det
 function cellquotaWriter(adminUrl: string): WriteFn {
   const body = '{"tier":"bench"}';
   return async (key, signal) => {
-    const res = await fetch(`${adminUrl}/v1/tenants/${key}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body, redirect: 'manual', ...(signal === undefined ? {} : { signal }) });
+    const res = await fetch(`${adminUrl}/v1/tenants/${key}`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body,
+      redirect: 'manual',
+      ...(signal === undefined ? {} : { signal }),
+    });
     const text = await res.text();
     return { ok: res.status === 200, detail: res.status === 200 ? '' : `${res.status} ${text.slice(0, 120)}` };
   };
@@ -98,14 +106,28 @@ function etcdPutBody(key: string, valueB64: string): string {
 
 function etcdWriter(clientUrl: string, valueB64: string): WriteFn {
   return async (key, signal) => {
-    const res = await fetch(`${clientUrl}/v3/kv/put`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: etcdPutBody(key, valueB64), ...(signal === undefined ? {} : { signal }) });
+    const res = await fetch(`${clientUrl}/v3/kv/put`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: etcdPutBody(key, valueB64),
+      ...(signal === undefined ? {} : { signal }),
+    });
     const text = await res.text();
-    return { ok: res.status === 200 && text.includes('"header"'), detail: res.status === 200 ? '' : `${res.status} ${text.slice(0, 120)}` };
+    return {
+      ok: res.status === 200 && text.includes('"header"'),
+      detail: res.status === 200 ? '' : `${res.status} ${text.slice(0, 120)}`,
+    };
   };
 }
 
 /** `clients` closed-loop writers; latency and throughput of the writes completed in the window. */
-async function closedLoop(write: WriteFn, clients: number, warmupMs: number, measureMs: number, keyPrefix: string): Promise<Omit<LatencyPhase, 'system' | 'clients' | 'round'>> {
+async function closedLoop(
+  write: WriteFn,
+  clients: number,
+  warmupMs: number,
+  measureMs: number,
+  keyPrefix: string,
+): Promise<Omit<LatencyPhase, 'system' | 'clients' | 'round'>> {
   const lat: number[] = [];
   let acknowledged = 0;
   let errors = 0;
@@ -136,7 +158,17 @@ async function closedLoop(write: WriteFn, clients: number, warmupMs: number, mea
     }),
   );
   lat.sort((a, b) => a - b);
-  return { writes: lat.length, acknowledged, errors, errorSamples, measuredMs: measureMs, perSec: Math.round((lat.length * 1000) / measureMs), p50: round2(quantile(lat, 0.5)), p99: round2(quantile(lat, 0.99)), max: round2(lat.at(-1) ?? NaN) };
+  return {
+    writes: lat.length,
+    acknowledged,
+    errors,
+    errorSamples,
+    measuredMs: measureMs,
+    perSec: Math.round((lat.length * 1000) / measureMs),
+    p50: round2(quantile(lat, 0.5)),
+    p99: round2(quantile(lat, 0.99)),
+    max: round2(lat.at(-1) ?? NaN),
+  };
 }
 
 /**
@@ -145,7 +177,12 @@ async function closedLoop(write: WriteFn, clients: number, warmupMs: number, mea
  * attempt aborted after ATTEMPT_TIMEOUT_MS; resolves with the ms from `killedAt` to the first
  * acknowledged write, once every attempt still in flight has been aborted and settled.
  */
-async function firstWriteAfter(killedAt: number, survivors: readonly WriteFn[], keyPrefix: string, timeoutMs = 30_000): Promise<number> {
+async function firstWriteAfter(
+  killedAt: number,
+  survivors: readonly WriteFn[],
+  keyPrefix: string,
+  timeoutMs = 30_000,
+): Promise<number> {
   const stop = new AbortController();
   const inFlight = new Set<Promise<void>>();
   let doneAt: number | null = null;
@@ -183,7 +220,8 @@ async function cqCaughtUp(c: CoordinatorCluster, id: string, timeoutMs = 30_000)
   const deadline = Date.now() + timeoutMs;
   let last = '';
   while (Date.now() < deadline) {
-    if (c.replica(id).proc === null) throw new Error(`coordinator ${id} exited after its restart: ${c.replica(id).output.slice(-500)}`);
+    if (c.replica(id).proc === null)
+      throw new Error(`coordinator ${id} exited after its restart: ${c.replica(id).output.slice(-500)}`);
     const leader = await c.waitForLeader(Math.max(1, deadline - Date.now()));
     try {
       const l = (await c.http(leader, 'GET', '/v1/cluster?stale=true')).body as ClusterBody;
@@ -202,7 +240,9 @@ async function cqCaughtUp(c: CoordinatorCluster, id: string, timeoutMs = 30_000)
 async function cqWrite(c: CoordinatorCluster, path: string, body: unknown, timeoutMs = 30_000): Promise<HttpResult> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const r = await c.write('PUT', path, body).catch((err: unknown) => ({ status: 0, body: { error: String(err) }, headers: new Headers() }));
+    const r = await c
+      .write('PUT', path, body)
+      .catch((err: unknown) => ({ status: 0, body: { error: String(err) }, headers: new Headers() }));
     if (r.status === 200) return r;
     if (Date.now() > deadline) throw new Error(`PUT ${path}: ${r.status} ${JSON.stringify(r.body)}`);
     await sleep(100);
@@ -242,7 +282,12 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
   const failoverRuns = opts.failoverRuns ?? (smoke ? 1 : 20);
   const etcdBin = opts.etcd === false ? null : findEtcd();
   const skipped: string[] = [];
-  if (etcdBin === null) skipped.push(opts.etcd === false ? 'etcd: not requested' : 'etcd: not found on PATH (nor $ETCD_BIN); install it with `apt-get install etcd-server` for the side-by-side rows');
+  if (etcdBin === null)
+    skipped.push(
+      opts.etcd === false
+        ? 'etcd: not requested'
+        : 'etcd: not found on PATH (nor $ETCD_BIN); install it with `apt-get install etcd-server` for the side-by-side rows',
+    );
 
   const loadBefore = os.loadavg()[0] ?? 0;
   const phases: LatencyPhase[] = [];
@@ -279,7 +324,10 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     const c = await CoordinatorCluster.create(['n1', 'n2', 'n3']);
     cq = c;
     c.startAll();
-    const etcdDefaults = etcdBin === null ? null : EtcdCluster.start({ bin: etcdBin, heartbeatMs: 100, electionMs: 1000, preVote: false, label: 'defaults' });
+    const etcdDefaults =
+      etcdBin === null
+        ? null
+        : EtcdCluster.start({ bin: etcdBin, heartbeatMs: 100, electionMs: 1000, preVote: false, label: 'defaults' });
     const etcdDefault = etcdDefaults === null ? null : await etcdDefaults;
     if (etcdDefault !== null) etcds.push(etcdDefault);
     await c.waitForLeader(60_000);
@@ -293,7 +341,10 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     const systems: SystemName[] = etcdDefault === null ? ['cellquota'] : ['cellquota', 'etcd'];
     const fsyncBefore = new Map<SystemName, { leader: string; h: { sum: number; count: number } | null }>();
     const cqLeader0 = await c.waitForLeader();
-    fsyncBefore.set('cellquota', { leader: cqLeader0, h: await scrapeHistogram(`${c.adminUrl(cqLeader0)}/metrics`, 'cellquota_storage_fsync_duration_seconds') });
+    fsyncBefore.set('cellquota', {
+      leader: cqLeader0,
+      h: await scrapeHistogram(`${c.adminUrl(cqLeader0)}/metrics`, 'cellquota_storage_fsync_duration_seconds'),
+    });
     if (etcdDefault !== null) {
       const l = await etcdDefault.waitForLeader();
       fsyncBefore.set('etcd', { leader: l, h: await etcdDefault.histogram(l, 'etcd_disk_wal_fsync_duration_seconds') });
@@ -304,36 +355,64 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
         for (const system of order) {
           let write: WriteFn;
           if (system === 'cellquota') write = cellquotaWriter(c.adminUrl(await c.waitForLeader()));
-          else if (etcdDefault !== null) write = etcdWriter(etcdDefault.member(await etcdDefault.waitForLeader()).clientUrl, valueB64);
+          else if (etcdDefault !== null)
+            write = etcdWriter(etcdDefault.member(await etcdDefault.waitForLeader()).clientUrl, valueB64);
           else continue;
           progress(`round ${r}/${rounds}: ${system}, ${clients} client(s), ${warmupMs} ms warm-up + ${measureMs} ms`);
           const res = await closedLoop(write, clients, warmupMs, measureMs, `w-r${r}-c${clients}`);
           phases.push({ system, clients, round: r, ...res });
-          progress(`  ${res.perSec} writes/s, p50 ${res.p50} ms, p99 ${res.p99} ms${res.errors > 0 ? `, ${res.errors} errors (${res.errorSamples[0] ?? ''})` : ''}`);
+          progress(
+            `  ${res.perSec} writes/s, p50 ${res.p50} ms, p99 ${res.p99} ms${res.errors > 0 ? `, ${res.errors} errors (${res.errorSamples[0] ?? ''})` : ''}`,
+          );
         }
       }
     }
-    const writesBy = (s: SystemName): number => phases.filter((p) => p.system === s).reduce((n, p) => n + p.acknowledged + p.errors, 0);
+    const writesBy = (s: SystemName): number =>
+      phases.filter((p) => p.system === s).reduce((n, p) => n + p.acknowledged + p.errors, 0);
     for (const [system, before] of fsyncBefore) {
-      const after = system === 'cellquota' ? await scrapeHistogram(`${c.adminUrl(before.leader)}/metrics`, 'cellquota_storage_fsync_duration_seconds') : await etcdDefault?.histogram(before.leader, 'etcd_disk_wal_fsync_duration_seconds');
+      const after =
+        system === 'cellquota'
+          ? await scrapeHistogram(`${c.adminUrl(before.leader)}/metrics`, 'cellquota_storage_fsync_duration_seconds')
+          : await etcdDefault?.histogram(before.leader, 'etcd_disk_wal_fsync_duration_seconds');
       if (before.h === null || after === null || after === undefined || after.count <= before.h.count) continue;
       const count = after.count - before.h.count;
       const mean = ((after.sum - before.h.sum) / count) * 1000;
-      fsyncNotes.push(`${system}: ${count} fsyncs on the leader (${before.leader}) during the write phases, mean ${mean.toFixed(2)} ms, ${(count / Math.max(1, writesBy(system))).toFixed(2)} per write`);
+      fsyncNotes.push(
+        `${system}: ${count} fsyncs on the leader (${before.leader}) during the write phases, mean ${mean.toFixed(2)} ms, ${(count / Math.max(1, writesBy(system))).toFixed(2)} per write`,
+      );
     }
 
     // ---- failover
     let etcdFast: EtcdCluster | null = null;
     if (etcdBin !== null) {
-      progress('starting a second 3-member etcd with cellquota\'s timing (heartbeat 50 ms, election 500 ms, pre-vote on)');
-      etcdFast = await EtcdCluster.start({ bin: etcdBin, heartbeatMs: 50, electionMs: 500, preVote: true, label: 'fast' });
+      progress(
+        "starting a second 3-member etcd with cellquota's timing (heartbeat 50 ms, election 500 ms, pre-vote on)",
+      );
+      etcdFast = await EtcdCluster.start({
+        bin: etcdBin,
+        heartbeatMs: 50,
+        electionMs: 500,
+        preVote: true,
+        label: 'fast',
+      });
       etcds.push(etcdFast);
     }
-    const series: { system: SystemName; description: string; run: (i: number) => Promise<number> }[] = [{ system: 'cellquota', description: CQ_DEFAULTS, run: (i) => cqFailover(c, i) }];
-    if (etcdDefault !== null) series.push({ system: 'etcd', description: 'heartbeat 100 ms, election 1000 ms (randomized [1000, 2000)), pre-vote off: etcd 3.4 defaults', run: (i) => etcdFailover(etcdDefault, i, valueB64) });
+    const series: { system: SystemName; description: string; run: (i: number) => Promise<number> }[] = [
+      { system: 'cellquota', description: CQ_DEFAULTS, run: (i) => cqFailover(c, i) },
+    ];
+    if (etcdDefault !== null)
+      series.push({
+        system: 'etcd',
+        description: 'heartbeat 100 ms, election 1000 ms (randomized [1000, 2000)), pre-vote off: etcd 3.4 defaults',
+        run: (i) => etcdFailover(etcdDefault, i, valueB64),
+      });
     if (etcdFast !== null) {
       const e = etcdFast;
-      series.push({ system: 'etcd 50/500', description: 'heartbeat 50 ms, election 500 ms (randomized [500, 1000)), pre-vote on: cellquota\'s timing', run: (i) => etcdFailover(e, i, valueB64) });
+      series.push({
+        system: 'etcd 50/500',
+        description: "heartbeat 50 ms, election 500 ms (randomized [500, 1000)), pre-vote on: cellquota's timing",
+        run: (i) => etcdFailover(e, i, valueB64),
+      });
     }
     const results = new Map<SystemName, number[]>(series.map((s) => [s.system, []]));
     for (let i = 0; i < failoverRuns; i++) {
@@ -342,17 +421,22 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
         progress(`failover ${i + 1}/${failoverRuns}: ${s.system}`);
         const ms = await s.run(i);
         results.get(s.system)?.push(ms);
-        progress(`  first write acknowledged ${ms.toFixed(0)} ms after the SIGKILL; killed member restarted and caught up`);
+        progress(
+          `  first write acknowledged ${ms.toFixed(0)} ms after the SIGKILL; killed member restarted and caught up`,
+        );
       }
     }
-    for (const s of series) failovers.push({ system: s.system, description: s.description, runs: results.get(s.system) ?? [] });
+    for (const s of series)
+      failovers.push({ system: s.system, description: s.description, runs: results.get(s.system) ?? [] });
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     if (stopping === null) {
       const stops = await Promise.allSettled([cq?.cleanup(), ...etcds.map((e) => e.stop())]);
       process.off('exit', killAll);
-      progress(`stopped ${[cq !== null ? 'cellquota ×3' : '', ...etcds.map((e) => `etcd ${e.options.label ?? ''} ×3`)].filter((x) => x !== '').join(', ')}`);
+      progress(
+        `stopped ${[cq !== null ? 'cellquota ×3' : '', ...etcds.map((e) => `etcd ${e.options.label ?? ''} ×3`)].filter((x) => x !== '').join(', ')}`,
+      );
       for (const s of stops) if (s.status === 'rejected') progress(`stop failed: ${String(s.reason)}`);
     }
   }
@@ -368,11 +452,13 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     const e = best('etcd', clients);
     for (const p of [q, e]) {
       if (p === undefined) continue;
-      const errs = phases.filter((x) => x.system === p.system && x.clients === clients).reduce((n, x) => n + x.errors, 0);
+      const errs = phases
+        .filter((x) => x.system === p.system && x.clients === clients)
+        .reduce((n, x) => n + x.errors, 0);
       rows.push({
         system: p.system,
         measurement: `admin write, ${clients} client${clients === 1 ? '' : 's'}`,
-        'n': p.writes,
+        n: p.writes,
         'p50 ms': p.p50,
         'p99 ms': p.p99,
         'max ms': p.max,
@@ -387,11 +473,16 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
       const p50 = q.p50 / e.p50;
       const met = tput >= 1 && p50 <= 1;
       if (!met) allLatencyMet = false;
-      verdicts.push(`${clients} client${clients === 1 ? '' : 's'}: throughput ${tput.toFixed(2)}× etcd's, p50 ${p50.toFixed(2)}× etcd's (p99 ${(q.p99 / e.p99).toFixed(2)}×) — ${met ? 'met' : 'NOT met'}`);
+      verdicts.push(
+        `${clients} client${clients === 1 ? '' : 's'}: throughput ${tput.toFixed(2)}× etcd's, p50 ${p50.toFixed(2)}× etcd's (p99 ${(q.p99 / e.p99).toFixed(2)}×) — ${met ? 'met' : 'NOT met'}`,
+      );
     }
   }
   const cqRuns = failovers.find((f) => f.system === 'cellquota')?.runs ?? [];
-  const cqMedian = quantile([...cqRuns].sort((a, b) => a - b), 0.5);
+  const cqMedian = quantile(
+    [...cqRuns].sort((a, b) => a - b),
+    0.5,
+  );
   for (const f of failovers) {
     if (f.runs.length === 0) continue;
     const s = [...f.runs].sort((a, b) => a - b);
@@ -399,7 +490,7 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     rows.push({
       system: f.system,
       measurement: `failover: SIGKILL of the leader → first acknowledged write (${s.length} run${s.length === 1 ? '' : 's'})`,
-      'n': s.length,
+      n: s.length,
       'p50 ms': round2(med),
       'p99 ms': round2(quantile(s, 0.99)),
       'max ms': round2(s.at(-1) ?? NaN),
@@ -410,16 +501,31 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     });
   }
 
-  notes.push(`cellquota: 3 coordinator processes (node + tsx) on loopback, LevelDB with fsync, gRPC between replicas; ${CQ_DEFAULTS}.`);
+  notes.push(
+    `cellquota: 3 coordinator processes (node + tsx) on loopback, LevelDB with fsync, gRPC between replicas; ${CQ_DEFAULTS}.`,
+  );
   if (etcdBin !== null) {
-    notes.push(`etcd ${etcdVersion(etcdBin)} (${etcdBin}): 3 members on loopback with fresh data dirs, fsync on (etcd always fsyncs its WAL). Write rows: etcd defaults (heartbeat 100 ms, election 1000 ms, pre-vote off); failover rows: "etcd" = those defaults, "etcd 50/500" = cellquota's timing (--heartbeat-interval 50 --election-timeout 500, randomized to [500, 1000) as in cellquota) with --pre-vote=true (cellquota runs PreVote).`);
-    notes.push(`Same payload both sides: cellquota PUT /v1/tenants/NAME with body {"tier":"bench"} (16 bytes), stored as a ${Buffer.byteLength(recordJson)}-byte tenant record; etcd POST /v3/kv/put on the JSON gateway (grpc-gateway, not native gRPC: etcd pays the gateway's JSON↔gRPC hop) with key "tenants/NAME" and that same ${Buffer.byteLength(recordJson)}-byte record as the value (request body ${Buffer.byteLength(etcdPutBody('w-r1-c8-0-0', Buffer.from(recordJson).toString('base64')))} bytes with base64). Both through Node's fetch (undici, keep-alive, one connection per writer) from the benchmark process, always to the leader.`);
+    notes.push(
+      `etcd ${etcdVersion(etcdBin)} (${etcdBin}): 3 members on loopback with fresh data dirs, fsync on (etcd always fsyncs its WAL). Write rows: etcd defaults (heartbeat 100 ms, election 1000 ms, pre-vote off); failover rows: "etcd" = those defaults, "etcd 50/500" = cellquota's timing (--heartbeat-interval 50 --election-timeout 500, randomized to [500, 1000) as in cellquota) with --pre-vote=true (cellquota runs PreVote).`,
+    );
+    notes.push(
+      `Same payload both sides: cellquota PUT /v1/tenants/NAME with body {"tier":"bench"} (16 bytes), stored as a ${Buffer.byteLength(recordJson)}-byte tenant record; etcd POST /v3/kv/put on the JSON gateway (grpc-gateway, not native gRPC: etcd pays the gateway's JSON↔gRPC hop) with key "tenants/NAME" and that same ${Buffer.byteLength(recordJson)}-byte record as the value (request body ${Buffer.byteLength(etcdPutBody('w-r1-c8-0-0', Buffer.from(recordJson).toString('base64')))} bytes with base64). Both through Node's fetch (undici, keep-alive, one connection per writer) from the benchmark process, always to the leader.`,
+    );
   } else {
-    notes.push(`Skipped: ${skipped.join('; ')}. The comparison with etcd (docs/targets.md) cannot be evaluated without it.`);
+    notes.push(
+      `Skipped: ${skipped.join('; ')}. The comparison with etcd (docs/targets.md) cannot be evaluated without it.`,
+    );
   }
-  notes.push(`Writes: closed loop, c writers each with one write in flight; ${warmupMs} ms warm-up, then writes completed in a ${measureMs} ms window count (n); ${rounds} round(s), systems taking turns phase by phase (order reversed in even rounds), the round with the higher throughput reported. "errors" counts every non-200 answer over all rounds.`);
-  notes.push(`Failover: SIGKILL of the leader (time taken just before the signal) → first 200 from a survivor; a write goes to each survivor every ${POLL_MS} ms without waiting for earlier ones (each aborted after ${ATTEMPT_TIMEOUT_MS} ms: an etcd follower holds a write forwarded to a dead leader until its request timeout). After each run the killed member is restarted on its data dir and the next run waits until it follows the leader and has applied the leader's commit index; the systems take turns run by run.`);
-  if (fsyncNotes.length > 0) notes.push(`Fsync on the leader from its own metrics over the write phases (cellquota_storage_fsync_duration_seconds: a LevelDB batch write + fsync, lease rounds included; etcd_disk_wal_fsync_duration_seconds: the WAL fsync alone; below 1 per write = group commit): ${fsyncNotes.join('; ')}.`);
+  notes.push(
+    `Writes: closed loop, c writers each with one write in flight; ${warmupMs} ms warm-up, then writes completed in a ${measureMs} ms window count (n); ${rounds} round(s), systems taking turns phase by phase (order reversed in even rounds), the round with the higher throughput reported. "errors" counts every non-200 answer over all rounds.`,
+  );
+  notes.push(
+    `Failover: SIGKILL of the leader (time taken just before the signal) → first 200 from a survivor; a write goes to each survivor every ${POLL_MS} ms without waiting for earlier ones (each aborted after ${ATTEMPT_TIMEOUT_MS} ms: an etcd follower holds a write forwarded to a dead leader until its request timeout). After each run the killed member is restarted on its data dir and the next run waits until it follows the leader and has applied the leader's commit index; the systems take turns run by run.`,
+  );
+  if (fsyncNotes.length > 0)
+    notes.push(
+      `Fsync on the leader from its own metrics over the write phases (cellquota_storage_fsync_duration_seconds: a LevelDB batch write + fsync, lease rounds included; etcd_disk_wal_fsync_duration_seconds: the WAL fsync alone; below 1 per write = group commit): ${fsyncNotes.join('; ')}.`,
+    );
 
   // Target evaluation.
   if (cqRuns.length > 0) {
@@ -428,16 +534,28 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
     const met = max <= 1500 && cqMedian <= 1000;
     const vs = failovers
       .filter((f) => f.system !== 'cellquota')
-      .map((f) => `${f.system} median ${quantile([...f.runs].sort((a, b) => a - b), 0.5).toFixed(0)} ms`)
+      .map(
+        (f) =>
+          `${f.system} median ${quantile(
+            [...f.runs].sort((a, b) => a - b),
+            0.5,
+          ).toFixed(0)} ms`,
+      )
       .join(', ');
-    notes.push(`Target "a write acknowledged again within 1.5 s of a SIGKILL of the leader, median ≤ 1 s": cellquota median ${cqMedian.toFixed(0)} ms, max ${max.toFixed(0)} ms, ${within}/${cqRuns.length} runs within 1.5 s — ${met ? 'met' : 'NOT met'}${cqRuns.length < 20 ? ` (only ${cqRuns.length} run${cqRuns.length === 1 ? '' : 's'}: indicative)` : ''}${vs !== '' ? `; for comparison ${vs}` : ''}.`);
+    notes.push(
+      `Target "a write acknowledged again within 1.5 s of a SIGKILL of the leader, median ≤ 1 s": cellquota median ${cqMedian.toFixed(0)} ms, max ${max.toFixed(0)} ms, ${within}/${cqRuns.length} runs within 1.5 s — ${met ? 'met' : 'NOT met'}${cqRuns.length < 20 ? ` (only ${cqRuns.length} run${cqRuns.length === 1 ? '' : 's'}: indicative)` : ''}${vs !== '' ? `; for comparison ${vs}` : ''}.`,
+    );
   }
   if (verdicts.length > 0) {
-    notes.push(`Target "admin write latency and throughput at least etcd's on the same machine, side by side" (throughput ratio ≥ 1 and p50 ratio ≤ 1 at each client count): ${verdicts.join('; ')} — overall ${allLatencyMet ? 'met' : 'NOT met'}.`);
+    notes.push(
+      `Target "admin write latency and throughput at least etcd's on the same machine, side by side" (throughput ratio ≥ 1 and p50 ratio ≤ 1 at each client count): ${verdicts.join('; ')} — overall ${allLatencyMet ? 'met' : 'NOT met'}.`,
+    );
   } else {
     notes.push('Target "admin write latency and throughput at least etcd\'s": not evaluated (no etcd rows).');
   }
-  notes.push(`Machine load (1-min load average, ${os.cpus().length} CPUs): ${loadBefore.toFixed(2)} before, ${(os.loadavg()[0] ?? 0).toFixed(2)} after. Servers, client and the idle cluster of the other system share these CPUs; the client's HTTP work (the same for both) is part of every figure.`);
+  notes.push(
+    `Machine load (1-min load average, ${os.cpus().length} CPUs): ${loadBefore.toFixed(2)} before, ${(os.loadavg()[0] ?? 0).toFixed(2)} after. Servers, client and the idle cluster of the other system share these CPUs; the client's HTTP work (the same for both) is part of every figure.`,
+  );
 
   const report: BenchReport = {
     name: 'coordinator',
@@ -448,6 +566,9 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
   return { report, phases, failovers, skipped };
 }
 
-export async function runCoordinatorBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runCoordinatorBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   return (await runCoordinatorBenchDetailed(opts)).report;
 }

@@ -34,7 +34,10 @@ descriptors:
   - key: tenant
     global: true
 `;
-const TENANTS = { tiers: { big: { rate: 1e9, burst: 1e9 } }, tenants: Object.fromEntries(Array.from({ length: 1000 }, (_, i) => [`t${i}`, { tier: 'big' }])) };
+const TENANTS = {
+  tiers: { big: { rate: 1e9, burst: 1e9 } },
+  tenants: Object.fromEntries(Array.from({ length: 1000 }, (_, i) => [`t${i}`, { tier: 'big' }])),
+};
 
 interface Variant {
   readonly name: string;
@@ -53,7 +56,17 @@ export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string)
   const rules = compileRules([parseRulesYaml(RULES, 'bench-rules.yaml')]);
   const quotas = new StaticQuotas(parseQuotaFile(TENANTS), { staticShare: 1, unknownTenant: { kind: 'deny' } });
   const decider = (fastPath: boolean): Decider => {
-    const d = new Decider({ table, quotas, clock }, { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: true, cell: 'bench', fastPath });
+    const d = new Decider(
+      { table, quotas, clock },
+      {
+        bounds: DEFAULT_REQUEST_BOUNDS,
+        responseHeaders: false,
+        tableFull: 'open',
+        staticSlices: true,
+        cell: 'bench',
+        fastPath,
+      },
+    );
     d.setRules(rules);
     return d;
   };
@@ -61,14 +74,29 @@ export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string)
   const general = decider(false);
   const ips = Array.from({ length: 10_000 }, (_, i) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`);
   const keys = ips.map((ip) => `bench|remote_address=${ip}`);
-  const ipRequests: RlsRequest[] = ips.map((ip) => ({ domain: 'bench', hitsAddend: 0, descriptors: [{ entries: [{ key: 'remote_address', value: ip }], limit: null, hitsAddend: null }] }));
-  const tenantRequests: RlsRequest[] = Array.from({ length: 1000 }, (_, i) => ({ domain: 'bench', hitsAddend: 0, descriptors: [{ entries: [{ key: 'tenant', value: `t${i}` }], limit: null, hitsAddend: null }] }));
+  const ipRequests: RlsRequest[] = ips.map((ip) => ({
+    domain: 'bench',
+    hitsAddend: 0,
+    descriptors: [{ entries: [{ key: 'remote_address', value: ip }], limit: null, hitsAddend: null }],
+  }));
+  const tenantRequests: RlsRequest[] = Array.from({ length: 1000 }, (_, i) => ({
+    domain: 'bench',
+    hitsAddend: 0,
+    descriptors: [{ entries: [{ key: 'tenant', value: `t${i}` }], limit: null, hitsAddend: null }],
+  }));
   const limit = limitFromRate(1e9, 1e9, { start: 'full' });
   // A spread of keys, the same sequence for every variant (a stride coprime with the key count).
   const at = (i: number, n: number): number => (i * 7919) % n;
   let admitted = 0;
   const variants: Variant[] = [
-    { name: 'take()', call: (i) => { if (table.take(keys[at(i, keys.length)] ?? '', limit, 1, now).allowed) admitted++; }, single: [], batchMean: [] },
+    {
+      name: 'take()',
+      call: (i) => {
+        if (table.take(keys[at(i, keys.length)] ?? '', limit, 1, now).allowed) admitted++;
+      },
+      single: [],
+      batchMean: [],
+    },
     {
       name: 'takeKey()',
       call: (i) => {
@@ -81,9 +109,33 @@ export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string)
       single: [],
       batchMean: [],
     },
-    { name: 'decide (fast)', call: (i) => { const r = fast.decide(ipRequests[at(i, ipRequests.length)] as RlsRequest); if (r.ok && !r.decision.overLimit) admitted++; }, single: [], batchMean: [] },
-    { name: 'decide (general)', call: (i) => { const r = general.decide(ipRequests[at(i, ipRequests.length)] as RlsRequest); if (r.ok && !r.decision.overLimit) admitted++; }, single: [], batchMean: [] },
-    { name: 'decide (global)', call: (i) => { const r = fast.decide(tenantRequests[at(i, tenantRequests.length)] as RlsRequest); if (r.ok && !r.decision.overLimit) admitted++; }, single: [], batchMean: [] },
+    {
+      name: 'decide (fast)',
+      call: (i) => {
+        const r = fast.decide(ipRequests[at(i, ipRequests.length)] as RlsRequest);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+      single: [],
+      batchMean: [],
+    },
+    {
+      name: 'decide (general)',
+      call: (i) => {
+        const r = general.decide(ipRequests[at(i, ipRequests.length)] as RlsRequest);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+      single: [],
+      batchMean: [],
+    },
+    {
+      name: 'decide (global)',
+      call: (i) => {
+        const r = fast.decide(tenantRequests[at(i, tenantRequests.length)] as RlsRequest);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+      single: [],
+      batchMean: [],
+    },
   ];
   // Warm-up: every bucket created, every function optimized.
   for (const v of variants) {
@@ -119,9 +171,14 @@ export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string)
     if (round % 5 === 4 || round === rounds - 1) opts.progress(`round ${round + 1}/${rounds}`);
   }
   if (admitted !== calls) throw new Error(`expected every measured call admitted, ${calls - admitted} refused`);
-  const stats = variants.map((v) => ({ v, single: percentiles(Float64Array.from(v.single)), batch: percentiles(Float64Array.from(v.batchMean)) }));
+  const stats = variants.map((v) => ({
+    v,
+    single: percentiles(Float64Array.from(v.single)),
+    batch: percentiles(Float64Array.from(v.batchMean)),
+  }));
   const ns = (p: Percentiles, q: keyof Percentiles): number => Math.round(p[q]);
-  const byName = (n: string): { single: Percentiles; batch: Percentiles } | undefined => stats.find((s) => s.v.name === n);
+  const byName = (n: string): { single: Percentiles; batch: Percentiles } | undefined =>
+    stats.find((s) => s.v.name === n);
   const fastP = byName('decide (fast)');
   const generalP = byName('decide (general)');
   return {
@@ -138,7 +195,9 @@ export function runDecisionBench(opts: { smoke: boolean; progress: (msg: string)
     notes: [
       machineLine(),
       `${rounds} rounds × ${perRound.toLocaleString('en')} single calls + ${perRound.toLocaleString('en')} in batches of 100 per variant, interleaved; timer cost ${timerNs} ns subtracted from single calls; load average ${os.loadavg()[0]?.toFixed(2)} at the end.`,
-      fastP !== undefined && generalP !== undefined ? `decide fast / general path: p50 ${(fastP.single.p50 / generalP.single.p50).toFixed(2)}, p99 ${(fastP.single.p99 / generalP.single.p99).toFixed(2)}; target take() and decision ≤ 1,000 ns p99.` : '',
+      fastP !== undefined && generalP !== undefined
+        ? `decide fast / general path: p50 ${(fastP.single.p50 / generalP.single.p50).toFixed(2)}, p99 ${(fastP.single.p99 / generalP.single.p99).toFixed(2)}; target take() and decision ≤ 1,000 ns p99.`
+        : '',
     ].filter((n) => n !== ''),
   };
 }

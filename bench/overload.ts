@@ -61,16 +61,26 @@ export async function runOverloadBench(opts: OverloadBenchOptions): Promise<Benc
   const scratch = mkdtempSync(join(os.tmpdir(), 'cq-overload-'));
   const servers = new Map<Policy, ServerProcess>();
   let gen: LoadGenerator | null = null;
-  const emergency = armEmergencyStop(() => {
-    for (const s of servers.values()) s.killNow();
-    gen?.killNow();
-  }, scratch, opts.progress);
+  const emergency = armEmergencyStop(
+    () => {
+      for (const s of servers.values()) s.killNow();
+      gen?.killNow();
+    },
+    scratch,
+    opts.progress,
+  );
   const rows: Record<string, number | string>[] = [];
   const notes: string[] = [];
   try {
     for (const policy of POLICIES) {
       const socket = join(scratch, `${policy}.sock`);
-      const server = await ServerProcess.start(`agent-${policy}`, AGENT, socket, { scratchDir: join(scratch, policy), overloadPolicy: policy }, (line) => opts.progress(line));
+      const server = await ServerProcess.start(
+        `agent-${policy}`,
+        AGENT,
+        socket,
+        { scratchDir: join(scratch, policy), overloadPolicy: policy },
+        (line) => opts.progress(line),
+      );
       servers.set(policy, server);
     }
     gen = await LoadGenerator.start();
@@ -134,7 +144,10 @@ export async function runOverloadBench(opts: OverloadBenchOptions): Promise<Benc
       }
     }
     notes.push(
-      `Machine load while measuring: ${os.loadavg().map((l) => l.toFixed(1)).join(' / ')} (1/5/15 min) at the end; figures taken while other work runs are indicative only.`,
+      `Machine load while measuring: ${os
+        .loadavg()
+        .map((l) => l.toFixed(1))
+        .join(' / ')} (1/5/15 min) at the end; figures taken while other work runs are indicative only.`,
       `Capacity (1×): ${capacity.throughput.toLocaleString('en-US')} answers/s at ${plan.baseConcurrency} checks in flight against the bounded agent (p99 ${capacity.latency?.p99Us ?? 0} µs). A closed loop cannot offer more answers than the agent gives: k× is k × those checks in flight, the work waiting at the agent at any moment.`,
       `${plan.tenants} keys, each under ${SMALL_PER_SECOND}/s (depth ${SMALL_PER_SECOND}); window W = ${seconds} s. Bound per key = rate·W + burst + allowance·W + depth = ${Math.round(bound)} (allowance = the rule's rate, one second deep: --overload-allowance 1); by decision alone ${Math.round(decidedBound)}. "max key admitted" counts OK answers completed inside the window (fail-open ones included).`,
       'Bounded: while overloaded each key admits at most its allowance fail-open and the rest is refused at once; open: every check while overloaded is OK without a decision (the behaviour before issue 15). A "max key ÷ bound" above 1 is the limit lost to fail-open.',

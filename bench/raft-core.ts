@@ -38,6 +38,6 @@ export function runRaftCoreBench(opts: { smoke: boolean; progress: (msg: string)
     name: 'raft-core',
     title: 'Raft core in memory (3 nodes, one process, no disk, 128-byte entries)',
     rows,
-    notes: ['Goal from the team\'s Raft notes: ≥ 10,000 commits/s with one client in flight.'],
+    notes: ["Goal from the team's Raft notes: ≥ 10,000 commits/s with one client in flight."],
   };
 }

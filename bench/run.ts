@@ -33,7 +33,10 @@ const benches: Record<string, BenchFn> = {
   'tenant-import': async (o) => (await import('./tenant-import.js')).runTenantImportBench(o),
 };
 
-const { values, positionals } = parseArgs({ allowPositionals: true, options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } } });
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: { smoke: { type: 'boolean', default: false }, out: { type: 'string', default: 'bench/results' } },
+});
 const names = positionals.length > 0 ? positionals : Object.keys(benches);
 for (const n of names) {
   if (!(n in benches)) {

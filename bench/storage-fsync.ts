@@ -13,18 +13,33 @@ import { crc32IsNative } from '../coordinator/storage/crc32.js';
 const iterations = 500;
 const entryBytes = 256;
 
-interface Summary { p50: number; p99: number; mean: number; max: number }
+interface Summary {
+  p50: number;
+  p99: number;
+  mean: number;
+  max: number;
+}
 
 function summarize(samples: number[]): Summary {
   const s = [...samples].sort((a, b) => a - b);
   const at = (q: number) => s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? NaN;
   const round = (x: number) => Math.round(x * 1000) / 1000;
-  return { p50: round(at(0.5)), p99: round(at(0.99)), mean: round(s.reduce((a, b) => a + b, 0) / s.length), max: round(s.at(-1) ?? NaN) };
+  return {
+    p50: round(at(0.5)),
+    p99: round(at(0.99)),
+    mean: round(s.reduce((a, b) => a + b, 0) / s.length),
+    max: round(s.at(-1) ?? NaN),
+  };
 }
 
 async function benchStorage(dir: string, perBatch: number): Promise<{ save: Summary; batchBytes: number }> {
   let batchBytes = 0;
-  const s = await LevelRaftStorage.open(dir, { nodeId: 'n1', clusterId: 'bench', onSync: (_ms, bytes) => (batchBytes = bytes), logger: { warn: () => undefined } });
+  const s = await LevelRaftStorage.open(dir, {
+    nodeId: 'n1',
+    clusterId: 'bench',
+    onSync: (_ms, bytes) => (batchBytes = bytes),
+    logger: { warn: () => undefined },
+  });
   await s.load();
   const data = new Uint8Array(entryBytes).map((_, i) => i & 0xff);
   const samples: number[] = [];
@@ -61,16 +76,32 @@ try {
   const many = await benchStorage(join(base, 'many'), 64);
   const rawOne = benchRawFsync(join(base, 'raw-one'), one.batchBytes);
   const rawMany = benchRawFsync(join(base, 'raw-many'), many.batchBytes);
-  console.log(JSON.stringify({
-    bench: 'storage-fsync',
-    node: process.version,
-    crc32: crc32IsNative ? 'node:zlib' : 'portable',
-    iterations,
-    entryBytes,
-    unit: 'ms',
-    syncedSave1Entry: { ...one.save, batchBytes: one.batchBytes, rawFdatasyncBaseline: rawOne, ratioP50: Math.round((one.save.p50 / rawOne.p50) * 100) / 100 },
-    syncedSave64Entries: { ...many.save, batchBytes: many.batchBytes, rawFdatasyncBaseline: rawMany, ratioP50: Math.round((many.save.p50 / rawMany.p50) * 100) / 100 },
-  }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        bench: 'storage-fsync',
+        node: process.version,
+        crc32: crc32IsNative ? 'node:zlib' : 'portable',
+        iterations,
+        entryBytes,
+        unit: 'ms',
+        syncedSave1Entry: {
+          ...one.save,
+          batchBytes: one.batchBytes,
+          rawFdatasyncBaseline: rawOne,
+          ratioP50: Math.round((one.save.p50 / rawOne.p50) * 100) / 100,
+        },
+        syncedSave64Entries: {
+          ...many.save,
+          batchBytes: many.batchBytes,
+          rawFdatasyncBaseline: rawMany,
+          ratioP50: Math.round((many.save.p50 / rawMany.p50) * 100) / 100,
+        },
+      },
+      null,
+      2,
+    ),
+  );
 } finally {
   await rm(base, { recursive: true, force: true });
 }

@@ -39,7 +39,11 @@ interface ImportRun {
 function runImport(adminUrls: string, file: string): Promise<ImportRun> {
   const t0 = performance.now();
   return new Promise((ok, fail) => {
-    const p = spawn(process.execPath, ['--import', 'tsx', cliPath, 'ctl', '--admin', adminUrls, '--json', 'tenants', 'import', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(
+      process.execPath,
+      ['--import', 'tsx', cliPath, 'ctl', '--admin', adminUrls, '--json', 'tenants', 'import', file],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     let out = '';
     let err = '';
     p.stdout.on('data', (b: Buffer) => (out += b.toString()));
@@ -63,7 +67,11 @@ async function putEach(adminUrl: string, count: number, prefix: string): Promise
     Array.from({ length: PUT_CLIENTS }, async () => {
       while (next < count) {
         const i = next++;
-        const r = await fetch(`${adminUrl}/v1/tenants/${prefix}-${i}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: '{"tier":"bench"}' });
+        const r = await fetch(`${adminUrl}/v1/tenants/${prefix}-${i}`, {
+          method: 'PUT',
+          headers: { 'content-type': 'application/json' },
+          body: '{"tier":"bench"}',
+        });
         await r.arrayBuffer();
         if (r.status !== 200) errors++;
       }
@@ -87,7 +95,10 @@ export async function runTenantImportBench(opts: TenantImportBenchOptions): Prom
     const leader = await c.waitForLeader();
     const adminUrls = [...c.replicas.keys()].map((id) => c.adminUrl(id)).join(',');
     const file = join(c.root, 'tenants.jsonl');
-    writeFileSync(file, Array.from({ length: tenants }, (_, i) => `{"id":"import-${i}","tier":"bench"}`).join('\n') + '\n');
+    writeFileSync(
+      file,
+      Array.from({ length: tenants }, (_, i) => `{"id":"import-${i}","tier":"bench"}`).join('\n') + '\n',
+    );
 
     progress(`baseline: ${putTenants.toLocaleString('en-US')} tenants, one PUT each, ${PUT_CLIENTS} clients`);
     const put = await putEach(c.adminUrl(leader), putTenants, 'put');
@@ -100,20 +111,48 @@ export async function runTenantImportBench(opts: TenantImportBenchOptions): Prom
     const again = await runImport(adminUrls, file);
     progress(`  ${again.perSecond} tenants/s (${again.unchanged} unchanged)`);
 
-    const row = (measurement: string, n: number, seconds: number, wall: number | '', errors: number, outcome: string): Record<string, number | string> => ({
+    const row = (
+      measurement: string,
+      n: number,
+      seconds: number,
+      wall: number | '',
+      errors: number,
+      outcome: string,
+    ): Record<string, number | string> => ({
       measurement,
       tenants: n,
-      's': Math.round(seconds * 100) / 100,
+      s: Math.round(seconds * 100) / 100,
       'tenants/s': Math.round(n / seconds),
-      'wall s (with the command\'s start)': wall === '' ? '' : Math.round(wall * 100) / 100,
+      "wall s (with the command's start)": wall === '' ? '' : Math.round(wall * 100) / 100,
       '÷ one PUT each': (n / seconds / putRate).toFixed(2),
       failed: errors,
       outcome,
     });
     const rows = [
-      row(`one PUT /v1/tenants/:id per tenant, ${PUT_CLIENTS} clients (baseline)`, putTenants, put.seconds, '', put.errors, `${putTenants - put.errors} written`),
-      row('ctl tenants import (JSON lines, batches of 2,000, 4 in flight)', first.records, first.seconds, first.wallSeconds, first.failedCount, `${first.created} created, ${first.updated} updated, ${first.unchanged} unchanged in ${first.batches} entries`),
-      row('ctl tenants import, the same file again', again.records, again.seconds, again.wallSeconds, again.failedCount, `${again.created} created, ${again.updated} updated, ${again.unchanged} unchanged`),
+      row(
+        `one PUT /v1/tenants/:id per tenant, ${PUT_CLIENTS} clients (baseline)`,
+        putTenants,
+        put.seconds,
+        '',
+        put.errors,
+        `${putTenants - put.errors} written`,
+      ),
+      row(
+        'ctl tenants import (JSON lines, batches of 2,000, 4 in flight)',
+        first.records,
+        first.seconds,
+        first.wallSeconds,
+        first.failedCount,
+        `${first.created} created, ${first.updated} updated, ${first.unchanged} unchanged in ${first.batches} entries`,
+      ),
+      row(
+        'ctl tenants import, the same file again',
+        again.records,
+        again.seconds,
+        again.wallSeconds,
+        again.failedCount,
+        `${again.created} created, ${again.updated} updated, ${again.unchanged} unchanged`,
+      ),
     ];
     const met = first.perSecond >= TARGET_PER_SECOND;
     return {

@@ -22,7 +22,11 @@ Every flag can also be given as CELLQUOTA_<FLAG> or in a YAML/JSON file named by
 
 `;
 
-export async function runAgentCommand(argv: readonly string[], env: NodeJS.ProcessEnv, io: AgentCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process }): Promise<number> {
+export async function runAgentCommand(
+  argv: readonly string[],
+  env: NodeJS.ProcessEnv,
+  io: AgentCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process },
+): Promise<number> {
   if (argv.includes('--help') || argv.includes('-h')) {
     io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n`);
     return 0;
@@ -41,10 +45,15 @@ export async function runAgentCommand(argv: readonly string[], env: NodeJS.Proce
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];
   for (const p of e.rlsUnix) lines.push(`  rls unix  ${p}`);
   for (const a of e.rlsTcp) lines.push(`  rls tcp   ${a}`);
-  if (e.http !== null) lines.push(`  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : 'reachable from the network: no authentication, keep it on a trusted network'})`);
-  lines.push(config.coordinators.length === 0
-    ? '  (no coordinators: global quotas run on static slices)'
-    : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`);
+  if (e.http !== null)
+    lines.push(
+      `  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : 'reachable from the network: no authentication, keep it on a trusted network'})`,
+    );
+  lines.push(
+    config.coordinators.length === 0
+      ? '  (no coordinators: global quotas run on static slices)'
+      : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`,
+  );
   io.stdout.write(`${lines.join('\n')}\n`);
 
   return serveUntilSignal(io, logger, 'cellquota agent', () => agent.stop());
@@ -70,7 +79,9 @@ if (isMain()) {
       process.exitCode = code;
     },
     (error: unknown) => {
-      process.stderr.write(`cellquota agent: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+      process.stderr.write(
+        `cellquota agent: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`,
+      );
       process.exitCode = 1;
     },
   );

@@ -45,7 +45,9 @@ export function snapshotOf(ruleSet: RuleSet): RulesSnapshot {
     try {
       bytes = readFileSync(file);
     } catch (error) {
-      throw new RulesChangedError(`${file}: cannot re-read rules: ${error instanceof Error ? error.message : String(error)}`);
+      throw new RulesChangedError(
+        `${file}: cannot re-read rules: ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
     hash.update(`${file}\0${bytes.length}\0`).update(bytes);
     sources.push({ file, text: bytes.toString('utf8').replace(/^\uFEFF/, '') });
@@ -59,5 +61,8 @@ export function snapshotOf(ruleSet: RuleSet): RulesSnapshot {
 
 /** Compiles a snapshot (in a worker). Throws RulesError. */
 export function compileSnapshot(snapshot: RulesSnapshot): RuleSet {
-  return compileRules(snapshot.sources.map((s) => parseRulesYaml(s.text, s.file)), { fingerprint: snapshot.fingerprint, mergeDomains: snapshot.mergeDomains });
+  return compileRules(
+    snapshot.sources.map((s) => parseRulesYaml(s.text, s.file)),
+    { fingerprint: snapshot.fingerprint, mergeDomains: snapshot.mergeDomains },
+  );
 }

@@ -46,9 +46,19 @@ async function main(): Promise<void> {
     const deadline = LeaseDeadline.attach(init.deadline);
     const overrides = new QuotaOverrides(deadline);
     overrides.apply(init.overrides);
-    const quotas = init.coordinated ? new CoordinatedQuotas(overrides) : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
+    const quotas = init.coordinated
+      ? new CoordinatedQuotas(overrides)
+      : new StaticQuotas(init.quotaFile, { staticShare: init.staticShare, unknownTenant: init.unknownTenant });
     const decider = new Decider(
-      { table, quotas, clock: () => process.hrtime.bigint(), velocity, onRefused: (key, hits, why) => throttle.add(key, hits, why), overrides, deadline },
+      {
+        table,
+        quotas,
+        clock: () => process.hrtime.bigint(),
+        velocity,
+        onRefused: (key, hits, why) => throttle.add(key, hits, why),
+        overrides,
+        deadline,
+      },
       init.decider,
     );
     const rules = compileSnapshot(init.rules);
@@ -57,7 +67,15 @@ async function main(): Promise<void> {
     // decides at full speed: a fresh or restarted worker gives no fail-open in its first seconds).
     const warm = warmUp(rules, { quotas, overrides }, init.decider, init.overload, logger);
     const wire = init.listen.server === 'grpc-js' ? null : await warmUpTransport(warm.service, warm.requests, logger);
-    logger.debug({ checks: warm.checks, ms: Math.round(warm.ms), transportCalls: wire?.calls ?? 0, transportMs: Math.round(wire?.ms ?? 0) }, 'warmed up');
+    logger.debug(
+      {
+        checks: warm.checks,
+        ms: Math.round(warm.ms),
+        transportCalls: wire?.calls ?? 0,
+        transportMs: Math.round(wire?.ms ?? 0),
+      },
+      'warmed up',
+    );
     const service = new CheckService(decider, stats, lag, logger, {
       overload: init.overload,
       allowances: overloadAllowances(init.overload.allowance, table, throttle),
@@ -84,7 +102,11 @@ async function main(): Promise<void> {
             decider.setRules(compileSnapshot(m.snapshot));
             send({ kind: 'rules-applied', fingerprint: m.snapshot.fingerprint });
           } catch (error) {
-            send({ kind: 'rules-failed', fingerprint: m.snapshot.fingerprint, message: error instanceof Error ? error.message : String(error) });
+            send({
+              kind: 'rules-failed',
+              fingerprint: m.snapshot.fingerprint,
+              message: error instanceof Error ? error.message : String(error),
+            });
           }
           return;
         case 'overrides':
@@ -123,7 +145,10 @@ async function main(): Promise<void> {
     lag.stop();
     if (throttleTimer !== null) clearInterval(throttleTimer);
     if (server !== null) await server.stop(0);
-    const code = typeof error === 'object' && error !== null && typeof (error as { code?: unknown }).code === 'string' ? (error as { code: string }).code : null;
+    const code =
+      typeof error === 'object' && error !== null && typeof (error as { code?: unknown }).code === 'string'
+        ? (error as { code: string }).code
+        : null;
     send({ kind: 'fatal', message: error instanceof Error ? error.message : String(error), code });
     port.close();
   }

@@ -6,7 +6,13 @@
 // At the end the history is checked for linearizability (testkit/check/linearizability.ts, Wing & Gong
 // with memoization, per key, without the timed-out writes no read saw): an acknowledged write that
 // vanished, or a read of a value that was never acknowledged and then disappeared, makes it fail.
-import { checkLinearizable, kvModel, type KvInput, type KvOutput, type Operation } from '../testkit/check/linearizability.js';
+import {
+  checkLinearizable,
+  kvModel,
+  type KvInput,
+  type KvOutput,
+  type Operation,
+} from '../testkit/check/linearizability.js';
 import { sleep } from '../testkit/wait.js';
 
 /**
@@ -92,7 +98,12 @@ export class AdminWorkload {
    * One write of a fresh value. `pinned`: send it to that replica (e.g. a paused leader) instead of
    * a random one. Returns what happened; the history has it either way.
    */
-  async write(client: number, key: string, pinned: string | null, opts: { timeoutMs?: number; followRedirects?: boolean } = {}): Promise<{ outcome: 'ok' | 'unknown' | 'failed'; value: string; status: number | null }> {
+  async write(
+    client: number,
+    key: string,
+    pinned: string | null,
+    opts: { timeoutMs?: number; followRedirects?: boolean } = {},
+  ): Promise<{ outcome: 'ok' | 'unknown' | 'failed'; value: string; status: number | null }> {
     const value = String(1000 + ++this.seq);
     const url = this.pick(pinned);
     if (url === null) return { outcome: 'failed', value, status: null };
@@ -100,7 +111,13 @@ export class AdminWorkload {
     const op = { clientId: client, input: { kind: 'put', key, value } as KvInput, output: null, call };
     let status: number | null = null;
     try {
-      const r = await fetch(`${url}/v1/tenants/${key}`, { method: 'PUT', headers: { 'content-type': 'application/json', ...this.auth() }, body: JSON.stringify({ tier: this.target.tier, rate: Number(value) }), redirect: opts.followRedirects === false ? 'manual' : 'follow', signal: AbortSignal.timeout(opts.timeoutMs ?? OP_TIMEOUT_MS) });
+      const r = await fetch(`${url}/v1/tenants/${key}`, {
+        method: 'PUT',
+        headers: { 'content-type': 'application/json', ...this.auth() },
+        body: JSON.stringify({ tier: this.target.tier, rate: Number(value) }),
+        redirect: opts.followRedirects === false ? 'manual' : 'follow',
+        signal: AbortSignal.timeout(opts.timeoutMs ?? OP_TIMEOUT_MS),
+      });
       await r.arrayBuffer();
       status = r.status;
       if (r.status === 200) {
@@ -132,11 +149,21 @@ export class AdminWorkload {
     if (url === null) return undefined;
     const call = this.clock();
     try {
-      const r = await fetch(`${url}/v1/tenants/${key}`, { redirect: 'follow', headers: this.auth(), signal: AbortSignal.timeout(OP_TIMEOUT_MS) });
+      const r = await fetch(`${url}/v1/tenants/${key}`, {
+        redirect: 'follow',
+        headers: this.auth(),
+        signal: AbortSignal.timeout(OP_TIMEOUT_MS),
+      });
       const body = (await r.json()) as { rate?: number };
       if (r.status === 200 || r.status === 404) {
         const value = r.status === 404 || typeof body.rate !== 'number' ? null : String(body.rate);
-        this.history.push({ clientId: client, input: { kind: 'get', key }, output: { value }, call, return: this.clock() });
+        this.history.push({
+          clientId: client,
+          input: { kind: 'get', key },
+          output: { value },
+          call,
+          return: this.clock(),
+        });
         this.summary.readsOk++;
         return value;
       }
@@ -168,7 +195,8 @@ export class AdminWorkload {
   /** Every value any answered read returned for `key` (to show a value never became visible). */
   valuesRead(): Set<string> {
     const out = new Set<string>();
-    for (const op of this.history) if (op.input.kind === 'get' && typeof op.output?.value === 'string') out.add(op.output.value);
+    for (const op of this.history)
+      if (op.input.kind === 'get' && typeof op.output?.value === 'string') out.add(op.output.value);
     return out;
   }
 }

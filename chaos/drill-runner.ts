@@ -13,7 +13,15 @@ import { LocalDeployment } from './local-deployment.js';
 import { sleep } from '../testkit/wait.js';
 import { renderTimelineSvg } from './timeline-chart.js';
 import type { Timeline, TimelineEvent, TimelineSample } from './timeline.js';
-import { boundVerdict, errorsVerdict, latencyVerdict, quantile, recoveryVerdict, type ErrorExcuse, type Verdict } from './verdicts.js';
+import {
+  boundVerdict,
+  errorsVerdict,
+  latencyVerdict,
+  quantile,
+  recoveryVerdict,
+  type ErrorExcuse,
+  type Verdict,
+} from './verdicts.js';
 
 export const COORDINATORS = ['n1', 'n2', 'n3'] as const;
 export const CELLS = ['cell-a', 'cell-b', 'cell-c'] as const;
@@ -90,17 +98,34 @@ interface SamplerPoint {
 
 /** Runs a drill of the local deployment: three coordinators and three agents started here. */
 export async function runDrill(drill: Drill, opts: DrillOptions): Promise<DrillResult> {
-  return runDrillOn(drill, opts, (dir, env) => LocalDeployment.create({ dir, coordinators: COORDINATORS, cells: CELLS, quota: QUOTA, burst: BURST, floorFraction: FLOOR_FRACTION, offered: OFFERED, coordinatorEnv: env, tls: opts.tls === true }));
+  return runDrillOn(drill, opts, (dir, env) =>
+    LocalDeployment.create({
+      dir,
+      coordinators: COORDINATORS,
+      cells: CELLS,
+      quota: QUOTA,
+      burst: BURST,
+      floorFraction: FLOOR_FRACTION,
+      offered: OFFERED,
+      coordinatorEnv: env,
+      tls: opts.tls === true,
+    }),
+  );
 }
 
-export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: DrillOptions, makeTarget: (dir: string, env: Record<string, Record<string, string>>) => Promise<D>): Promise<DrillResult> {
+export async function runDrillOn<D extends DrillTarget>(
+  drill: Drill<D>,
+  opts: DrillOptions,
+  makeTarget: (dir: string, env: Record<string, Record<string, string>>) => Promise<D>,
+): Promise<DrillResult> {
   const dir = join(opts.out, drill.name);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   const t0 = performance.now();
   const startedAt = new Date().toISOString();
   const now = (): number => performance.now() - t0;
-  const progress = (msg: string): void => opts.progress(`[${drill.name} ${(now() / 1000).toFixed(1).padStart(5)} s] ${msg}`);
+  const progress = (msg: string): void =>
+    opts.progress(`[${drill.name} ${(now() / 1000).toFixed(1).padStart(5)} s] ${msg}`);
 
   let env: Record<string, Record<string, string>> = {};
   if (drill.coordinatorEnv !== undefined) {
@@ -132,9 +157,18 @@ export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: D
       admin = new AdminWorkload({ urls: () => d.adminUrls(), tier: adminTier, token: d.spec.adminToken }, now);
       await admin.start();
     }
-    load = await ChaosLoad.start({ sockets: d.rlsTargets(), rates: offered, tenant, domain, binMs: BIN_MS, clock: now });
+    load = await ChaosLoad.start({
+      sockets: d.rlsTargets(),
+      rates: offered,
+      tenant,
+      domain,
+      binMs: BIN_MS,
+      clock: now,
+    });
     loadStartedAt = now();
-    progress(`load ${offered.join('/')} req/s over ${cells.join(', ')} (quota ${quota}/s, burst ${burst})${admin === null ? '' : '; admin writes running'}`);
+    progress(
+      `load ${offered.join('/')} req/s over ${cells.join(', ')} (quota ${quota}/s, burst ${burst})${admin === null ? '' : '; admin writes running'}`,
+    );
 
     // The sampler: slices in force and lease state every SAMPLE_MS, the leader every other time.
     let busy = false;
@@ -147,19 +181,21 @@ export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: D
       void Promise.all([
         Promise.all(cells.map((c) => d.agentQuota(c, 150))),
         askLeader ? d.leader(300) : Promise.resolve(lastLeader),
-      ]).then(([quotas, leader]) => {
-        lastLeader = leader;
-        const slices: Record<string, number | null> = {};
-        const leased: Record<string, number | null> = {};
-        cells.forEach((c, i) => {
-          const q = quotas[i];
-          slices[c] = q === null || q === undefined ? null : q.rate;
-          leased[c] = q === null || q === undefined ? null : q.source === 'leased' ? 1 : 0;
+      ])
+        .then(([quotas, leader]) => {
+          lastLeader = leader;
+          const slices: Record<string, number | null> = {};
+          const leased: Record<string, number | null> = {};
+          cells.forEach((c, i) => {
+            const q = quotas[i];
+            slices[c] = q === null || q === undefined ? null : q.rate;
+            leased[c] = q === null || q === undefined ? null : q.source === 'leased' ? 1 : 0;
+          });
+          points.push({ t, slices, leased, leader });
+        })
+        .finally(() => {
+          busy = false;
         });
-        points.push({ t, slices, leased, leader });
-      }).finally(() => {
-        busy = false;
-      });
     }, SAMPLE_MS);
 
     const loadRef = load;
@@ -216,39 +252,70 @@ export async function runDrillOn<D extends DrillTarget>(drill: Drill<D>, opts: D
   }
 
   const verdicts: Verdict[] = [];
-  if (failure !== null) verdicts.push({ name: 'drill ran', ok: false, detail: failure.split('\n').slice(0, 3).join(' | ') });
+  if (failure !== null)
+    verdicts.push({ name: 'drill ran', ok: false, detail: failure.split('\n').slice(0, 3).join(' | ') });
   if (admin !== null) {
     const summary = await admin.stop();
     const lin = await admin.check().catch((e: unknown) => ({ ok: false, detail: String(e) }));
-    verdicts.push({ name: 'admin writes', ok: lin.ok, detail: `${lin.detail}; ${summary.writesOk} acknowledged, ${summary.writesUnknown} unknown outcome, ${summary.writesFailed} refused; ${summary.readsOk} reads` });
+    verdicts.push({
+      name: 'admin writes',
+      ok: lin.ok,
+      detail: `${lin.detail}; ${summary.writesOk} acknowledged, ${summary.writesUnknown} unknown outcome, ${summary.writesFailed} refused; ${summary.readsOk} reads`,
+    });
   }
   await d.stop();
 
   const bins = load?.bins ?? [];
   const endAt = now();
-  const samples = buildSamples(cells, points, bins.filter((b) => b.t > loadStartedAt));
+  const samples = buildSamples(
+    cells,
+    points,
+    bins.filter((b) => b.t > loadStartedAt),
+  );
   const measured = bins.filter((b) => b.t > loadStartedAt);
   const firstFault = events.find((e) => e.kind === 'fault')?.t ?? null;
   verdicts.unshift(
     boundVerdict(measured, quota, burst, d.spec.failOpenAllowance ?? null),
     // Latency after the load's warm-up (connections, JIT): the first WARMUP_MS of answers are left out.
-    latencyVerdict(measured.filter((b) => b.t > loadStartedAt + WARMUP_MS), opts.p99LimitMs, firstFault, excuses),
+    latencyVerdict(
+      measured.filter((b) => b.t > loadStartedAt + WARMUP_MS),
+      opts.p99LimitMs,
+      firstFault,
+      excuses,
+    ),
     errorsVerdict(measured, excuses),
     ...(healed === null ? [] : [recoveryVerdict(samples, measured, healed, drill.recoveryLimitMs, quota, endAt)]),
   );
   verdicts.push(...own);
 
-  const timeline: Timeline = { drill: drill.name, title: drill.title, quota, bound: burst, cells, coordinators, startedAt, samples, events };
+  const timeline: Timeline = {
+    drill: drill.name,
+    title: drill.title,
+    quota,
+    bound: burst,
+    cells,
+    coordinators,
+    startedAt,
+    samples,
+    events,
+  };
   writeFileSync(join(dir, 'timeline.json'), JSON.stringify(timeline));
   writeFileSync(join(dir, 'timeline.svg'), renderTimelineSvg(timeline));
   const ok = verdicts.every((v) => v.ok);
-  writeFileSync(join(dir, 'verdict.json'), JSON.stringify({ drill: drill.name, title: drill.title, ok, verdicts, startedAt, seconds: endAt / 1000 }, null, 2));
+  writeFileSync(
+    join(dir, 'verdict.json'),
+    JSON.stringify({ drill: drill.name, title: drill.title, ok, verdicts, startedAt, seconds: endAt / 1000 }, null, 2),
+  );
   if (!opts.keepData) rmSync(join(dir, 'data'), { recursive: true, force: true });
   return { drill: drill.name, ok, verdicts, seconds: now() / 1000, dir };
 }
 
 /** One timeline sample per sampler point: the load bins since the previous point, as rates. */
-function buildSamples(cells: readonly string[], points: readonly SamplerPoint[], bins: readonly RecordedBin[]): TimelineSample[] {
+function buildSamples(
+  cells: readonly string[],
+  points: readonly SamplerPoint[],
+  bins: readonly RecordedBin[],
+): TimelineSample[] {
   const out: TimelineSample[] = [];
   let prev = bins[0] === undefined ? 0 : bins[0].t - bins[0].durationMs;
   let bi = 0;
@@ -261,7 +328,9 @@ function buildSamples(cells: readonly string[], points: readonly SamplerPoint[],
     const per = (f: (c: RecordedBin['cells'][number]) => number): Record<string, number> => {
       const o: Record<string, number> = {};
       cells.forEach((cell, i) => {
-        o[cell] = Math.round((window.reduce((a, b) => a + f(b.cells[i] as RecordedBin['cells'][number]), 0) / ms) * 1000);
+        o[cell] = Math.round(
+          (window.reduce((a, b) => a + f(b.cells[i] as RecordedBin['cells'][number]), 0) / ms) * 1000,
+        );
       });
       return o;
     };

@@ -95,10 +95,12 @@ function hardClose(socket: net.Socket): void {
 function validate(f: FaultSettings): FaultSettings {
   for (const key of ['delayUpMs', 'delayDownMs'] as const) {
     const v = f[key];
-    if (v !== undefined && (!Number.isFinite(v) || v < 0)) throw new RangeError(`fault-proxy: ${key} must be a finite number >= 0, got ${v}`);
+    if (v !== undefined && (!Number.isFinite(v) || v < 0))
+      throw new RangeError(`fault-proxy: ${key} must be a finite number >= 0, got ${v}`);
   }
   const d = f.dropConnections;
-  if (d !== undefined && (!Number.isFinite(d) || d < 0 || d > 1)) throw new RangeError(`fault-proxy: dropConnections must be in [0,1], got ${d}`);
+  if (d !== undefined && (!Number.isFinite(d) || d < 0 || d > 1))
+    throw new RangeError(`fault-proxy: dropConnections must be in [0,1], got ${d}`);
   return Object.freeze({ ...f });
 }
 
@@ -232,10 +234,13 @@ class Pipe {
 
   private arm(ms: number): void {
     if (this.timer !== null) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      this.pump();
-    }, Math.max(1, Math.ceil(ms)));
+    this.timer = setTimeout(
+      () => {
+        this.timer = null;
+        this.pump();
+      },
+      Math.max(1, Math.ceil(ms)),
+    );
   }
 
   private clearTimer(): void {

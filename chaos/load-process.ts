@@ -8,8 +8,23 @@
 //
 // A cell whose agent is gone (restarted, killed) fails its checks at once as errors; the connection is
 // retried every 100 ms, so checks resume as soon as the agent serves again.
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../testkit/load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from '../testkit/load/rls-wire.js';
+import {
+  RawH2Session,
+  grpcRequestHeaderBlock,
+  requestTemplate,
+  type RequestTemplate,
+  type StreamSink,
+} from '../testkit/load/h2-raw.js';
+import {
+  CODE_OK,
+  CODE_OVER_LIMIT,
+  DEGRADED_FLAG,
+  FAIL_OPEN_FLAG,
+  RLS_PATH,
+  decodeResponse,
+  encodeRateLimitRequest,
+  grpcFrame,
+} from '../testkit/load/rls-wire.js';
 import type { BinUpdate, LoadBin, LoadCommand, LoadMessage } from './load-protocol.js';
 
 const TICK_MS = 1;
@@ -31,7 +46,16 @@ interface CellState {
   credit: number;
 }
 
-const emptyBin = (): LoadBin => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, latenciesUs: [], maxAdmittedLatencyUs: 0 });
+const emptyBin = (): LoadBin => ({
+  sent: 0,
+  admitted: 0,
+  refused: 0,
+  errors: 0,
+  degraded: 0,
+  failOpen: 0,
+  latenciesUs: [],
+  maxAdmittedLatencyUs: 0,
+});
 
 class Load implements StreamSink {
   private readonly cells: CellState[];
@@ -43,9 +67,24 @@ class Load implements StreamSink {
   /** Bins changed since the last report: `${index}:${cell}` → what changed. */
   private dirty = new Map<string, BinUpdate>();
 
-  constructor(sockets: readonly string[], tenant: string, domain: string, private readonly binMs: number) {
-    this.cells = sockets.map((socket) => ({ socket, session: null, connecting: false, lastAttempt: -Infinity, rate: 0, credit: 0 }));
-    this.template = requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), grpcFrame(encodeRateLimitRequest(domain, [[{ key: 'tenant', value: tenant }]])));
+  constructor(
+    sockets: readonly string[],
+    tenant: string,
+    domain: string,
+    private readonly binMs: number,
+  ) {
+    this.cells = sockets.map((socket) => ({
+      socket,
+      session: null,
+      connecting: false,
+      lastAttempt: -Infinity,
+      rate: 0,
+      credit: 0,
+    }));
+    this.template = requestTemplate(
+      grpcRequestHeaderBlock(RLS_PATH, 'localhost'),
+      grpcFrame(encodeRateLimitRequest(domain, [[{ key: 'tenant', value: tenant }]])),
+    );
   }
 
   /** Wall-clock ms with sub-ms precision (both processes on one machine agree on it). */
@@ -62,10 +101,12 @@ class Load implements StreamSink {
 
   /** Connects to every agent first (a missing agent is retried while the load runs), then paces. */
   async start(): Promise<void> {
-    await Promise.all(this.cells.map(async (c) => {
-      c.lastAttempt = performance.now();
-      c.session = await RawH2Session.connect(c.socket, this).catch(() => null);
-    }));
+    await Promise.all(
+      this.cells.map(async (c) => {
+        c.lastAttempt = performance.now();
+        c.session = await RawH2Session.connect(c.socket, this).catch(() => null);
+      }),
+    );
     this.last = performance.now();
     this.tickTimer = setInterval(() => this.tick(), TICK_MS);
     this.reportTimer = setInterval(() => this.report(), REPORT_MS);

@@ -31,7 +31,14 @@ export interface BinUpdate {
 }
 
 export type LoadCommand =
-  | { readonly kind: 'start'; readonly sockets: readonly string[]; readonly rates: readonly number[]; readonly tenant: string; readonly domain: string; readonly binMs: number }
+  | {
+      readonly kind: 'start';
+      readonly sockets: readonly string[];
+      readonly rates: readonly number[];
+      readonly tenant: string;
+      readonly domain: string;
+      readonly binMs: number;
+    }
   | { readonly kind: 'rates'; readonly rates: readonly number[] }
   | { readonly kind: 'stop' };
 

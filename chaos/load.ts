@@ -26,8 +26,18 @@ export class ChaosLoad {
   ) {}
 
   /** Starts sending at `rates` (req/s per cell, in the order of `sockets`); `clock` is the drill's. */
-  static async start(opts: { sockets: readonly string[]; rates: readonly number[]; tenant: string; domain: string; binMs: number; clock: () => number }): Promise<ChaosLoad> {
-    const child = fork(loadProcessPath, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  static async start(opts: {
+    sockets: readonly string[];
+    rates: readonly number[];
+    tenant: string;
+    domain: string;
+    binMs: number;
+    clock: () => number;
+  }): Promise<ChaosLoad> {
+    const child = fork(loadProcessPath, [], {
+      execArgv: ['--import', 'tsx'],
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
     const epochZero = performance.timeOrigin + performance.now() - opts.clock();
     const load = new ChaosLoad(child, epochZero, opts.sockets.length);
     const started = new Promise<void>((ok, fail) => {
@@ -39,7 +49,14 @@ export class ChaosLoad {
         else if (m.kind === 'bins') load.merge(m.binMs, m.updates);
       });
     });
-    load.send({ kind: 'start', sockets: opts.sockets, rates: opts.rates, tenant: opts.tenant, domain: opts.domain, binMs: opts.binMs });
+    load.send({
+      kind: 'start',
+      sockets: opts.sockets,
+      rates: opts.rates,
+      tenant: opts.tenant,
+      domain: opts.domain,
+      binMs: opts.binMs,
+    });
     await started;
     return load;
   }
@@ -48,7 +65,20 @@ export class ChaosLoad {
     for (const u of updates) {
       let bin = this.byIndex.get(u.index);
       if (bin === undefined) {
-        bin = { t: (u.index + 1) * binMs - this.epochZero, durationMs: binMs, cells: Array.from({ length: this.cellCount }, () => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, latenciesUs: [], maxAdmittedLatencyUs: 0 })) };
+        bin = {
+          t: (u.index + 1) * binMs - this.epochZero,
+          durationMs: binMs,
+          cells: Array.from({ length: this.cellCount }, () => ({
+            sent: 0,
+            admitted: 0,
+            refused: 0,
+            errors: 0,
+            degraded: 0,
+            failOpen: 0,
+            latenciesUs: [],
+            maxAdmittedLatencyUs: 0,
+          })),
+        };
         this.byIndex.set(u.index, bin);
       }
       const c = bin.cells[u.cell];
@@ -74,7 +104,22 @@ export class ChaosLoad {
     const sample = this.byIndex.get(first) as RecordedBin;
     for (let i = first; i <= last; i++) {
       const b = this.byIndex.get(i);
-      out.push(b ?? { t: sample.t + (i - first) * sample.durationMs, durationMs: sample.durationMs, cells: Array.from({ length: this.cellCount }, () => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, latenciesUs: [], maxAdmittedLatencyUs: 0 })) });
+      out.push(
+        b ?? {
+          t: sample.t + (i - first) * sample.durationMs,
+          durationMs: sample.durationMs,
+          cells: Array.from({ length: this.cellCount }, () => ({
+            sent: 0,
+            admitted: 0,
+            refused: 0,
+            errors: 0,
+            degraded: 0,
+            failOpen: 0,
+            latenciesUs: [],
+            maxAdmittedLatencyUs: 0,
+          })),
+        },
+      );
     }
     return out;
   }

@@ -18,7 +18,15 @@
 // not under <dir>: a socket path has at most 107 bytes (sun_path), and a checkout some 60 characters
 // deep (a CI runner's workspace) would otherwise put `<dir>/<drill>/cell-a.sock` past it.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync, type WriteStream } from 'node:fs';
+import {
+  createWriteStream,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  rmSync,
+  writeFileSync,
+  type WriteStream,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js';
@@ -104,8 +112,22 @@ export class LocalDeployment implements DrillTarget {
     // The agents run with the default --overload-allowance 1: each cell's allowance is its floor
     // (quota·floorFraction split evenly), one second deep.
     const floor = (this.opts.quota * this.opts.floorFraction) / this.opts.cells.length;
-    const failOpenAllowance = { rate: floor * this.opts.cells.length, depth: Math.max(1, Math.floor(floor)) * this.opts.cells.length };
-    return { cells: this.opts.cells, coordinators: this.opts.coordinators, tenant: TENANT, domain: DOMAIN, quota: this.opts.quota, burst: this.opts.burst, offered: this.opts.offered, adminTier: TIER, adminToken: null, failOpenAllowance };
+    const failOpenAllowance = {
+      rate: floor * this.opts.cells.length,
+      depth: Math.max(1, Math.floor(floor)) * this.opts.cells.length,
+    };
+    return {
+      cells: this.opts.cells,
+      coordinators: this.opts.coordinators,
+      tenant: TENANT,
+      domain: DOMAIN,
+      quota: this.opts.quota,
+      burst: this.opts.burst,
+      offered: this.opts.offered,
+      adminTier: TIER,
+      adminToken: null,
+      failOpenAllowance,
+    };
   }
 
   rlsTargets(): string[] {
@@ -114,7 +136,9 @@ export class LocalDeployment implements DrillTarget {
 
   /** The replicas running and not paused. */
   adminUrls(): string[] {
-    return this.opts.coordinators.filter((id) => this.coordinator(id).proc !== null && !this.coordinator(id).paused).map((id) => this.adminUrl(id));
+    return this.opts.coordinators
+      .filter((id) => this.coordinator(id).proc !== null && !this.coordinator(id).paused)
+      .map((id) => this.adminUrl(id));
   }
 
   static async create(opts: DeploymentOptions): Promise<LocalDeployment> {
@@ -124,25 +148,64 @@ export class LocalDeployment implements DrillTarget {
       if (opts.tls === true) d.pki = makeLocalPki(join(opts.dir, 'pki'), opts.coordinators, opts.cells);
       for (const id of opts.coordinators) {
         const peerPort = await freePort();
-        d.coordinators.set(id, { id, name: `coordinator-${id}`, peerPort, adminPort: await freePort(), leasePort: opts.tls === true ? await freePort() : peerPort, dataDir: join(opts.dir, 'data', id), proc: null, log: d.openLog(`coordinator-${id}`), exit: null, paused: false });
+        d.coordinators.set(id, {
+          id,
+          name: `coordinator-${id}`,
+          peerPort,
+          adminPort: await freePort(),
+          leasePort: opts.tls === true ? await freePort() : peerPort,
+          dataDir: join(opts.dir, 'data', id),
+          proc: null,
+          log: d.openLog(`coordinator-${id}`),
+          exit: null,
+          paused: false,
+        });
       }
       for (const from of opts.coordinators) {
         for (const to of opts.coordinators) {
           if (from === to) continue;
-          d.peerProxies.set(`${from}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).peerPort }, listen: { host: '127.0.0.1', port: await freePort() }, name: `${from}>${to}` }));
+          d.peerProxies.set(
+            `${from}>${to}`,
+            await FaultProxy.start({
+              target: { host: '127.0.0.1', port: d.coordinator(to).peerPort },
+              listen: { host: '127.0.0.1', port: await freePort() },
+              name: `${from}>${to}`,
+            }),
+          );
         }
       }
       for (const cell of opts.cells) {
         for (const to of opts.coordinators) {
-          d.agentProxies.set(`${cell}>${to}`, await FaultProxy.start({ target: { host: '127.0.0.1', port: d.coordinator(to).leasePort }, listen: { host: '127.0.0.1', port: await freePort() }, name: `${cell}>${to}` }));
+          d.agentProxies.set(
+            `${cell}>${to}`,
+            await FaultProxy.start({
+              target: { host: '127.0.0.1', port: d.coordinator(to).leasePort },
+              listen: { host: '127.0.0.1', port: await freePort() },
+              name: `${cell}>${to}`,
+            }),
+          );
         }
         const socket = join(d.socketDir, `${cell}.sock`);
         if (Buffer.byteLength(socket) > MAX_SOCKET_PATH) {
-          throw new Error(`the agent socket ${socket} is longer than ${MAX_SOCKET_PATH} bytes: set TMPDIR to a shorter folder`);
+          throw new Error(
+            `the agent socket ${socket} is longer than ${MAX_SOCKET_PATH} bytes: set TMPDIR to a shorter folder`,
+          );
         }
-        d.agents.set(cell, { cell, name: `agent-${cell}`, socket, httpPort: await freePort(), proc: null, log: d.openLog(`agent-${cell}`), exit: null, paused: false });
+        d.agents.set(cell, {
+          cell,
+          name: `agent-${cell}`,
+          socket,
+          httpPort: await freePort(),
+          proc: null,
+          log: d.openLog(`agent-${cell}`),
+          exit: null,
+          paused: false,
+        });
       }
-      writeFileSync(join(opts.dir, 'rules.yaml'), `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`);
+      writeFileSync(
+        join(opts.dir, 'rules.yaml'),
+        `domain: ${DOMAIN}\ndescriptors:\n  - key: tenant\n    global: true\n`,
+      );
     } catch (e) {
       await d.stop();
       throw e;
@@ -194,7 +257,10 @@ export class LocalDeployment implements DrillTarget {
   private spawnLogged(p: Proc, args: readonly string[], env: Readonly<Record<string, string>> = {}): void {
     if (p.proc !== null) throw new Error(`${p.name} is already running`);
     p.log.write(`\n==== ${new Date().toISOString()} start: ${args.join(' ')}\n`);
-    const proc = spawn(process.execPath, ['--import', 'tsx', cliPath, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+    const proc = spawn(process.execPath, ['--import', 'tsx', cliPath, ...args], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, ...env },
+    });
     proc.stdout.pipe(p.log, { end: false });
     proc.stderr.pipe(p.log, { end: false });
     p.exit = null;
@@ -211,20 +277,74 @@ export class LocalDeployment implements DrillTarget {
 
   startCoordinator(id: string): void {
     const c = this.coordinator(id);
-    const peers = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${to === id ? c.peerPort : (this.peerProxies.get(`${id}>${to}`) as FaultProxy).port}`).join(',');
+    const peers = this.opts.coordinators
+      .map(
+        (to) => `${to}=127.0.0.1:${to === id ? c.peerPort : (this.peerProxies.get(`${id}>${to}`) as FaultProxy).port}`,
+      )
+      .join(',');
     const adminPeers = this.opts.coordinators.map((to) => `${to}=${this.adminUrl(to)}`).join(',');
-    this.spawnLogged(c, ['coordinator', '--id', id, '--peers', peers, '--data-dir', c.dataDir, '--admin', `127.0.0.1:${c.adminPort}`, '--admin-peers', adminPeers,
-      '--floor-cells', String(this.opts.cells.length), '--log-level', 'info',
-      ...(this.pki === null ? [] : ['--tls-ca', this.pki.ca, '--tls-cert', this.pki.replica(id).cert, '--tls-key', this.pki.replica(id).key, '--lease-listen', `127.0.0.1:${c.leasePort}`])], this.coordinatorEnv.get(id) ?? {});
+    this.spawnLogged(
+      c,
+      [
+        'coordinator',
+        '--id',
+        id,
+        '--peers',
+        peers,
+        '--data-dir',
+        c.dataDir,
+        '--admin',
+        `127.0.0.1:${c.adminPort}`,
+        '--admin-peers',
+        adminPeers,
+        '--floor-cells',
+        String(this.opts.cells.length),
+        '--log-level',
+        'info',
+        ...(this.pki === null
+          ? []
+          : [
+              '--tls-ca',
+              this.pki.ca,
+              '--tls-cert',
+              this.pki.replica(id).cert,
+              '--tls-key',
+              this.pki.replica(id).key,
+              '--lease-listen',
+              `127.0.0.1:${c.leasePort}`,
+            ]),
+      ],
+      this.coordinatorEnv.get(id) ?? {},
+    );
   }
 
   startAgent(cell: string): void {
     const a = this.agent(cell);
-    const coordinators = this.opts.coordinators.map((to) => `${to}=127.0.0.1:${(this.agentProxies.get(`${cell}>${to}`) as FaultProxy).port}`).join(',');
+    const coordinators = this.opts.coordinators
+      .map((to) => `${to}=127.0.0.1:${(this.agentProxies.get(`${cell}>${to}`) as FaultProxy).port}`)
+      .join(',');
     // No tenants file: the tier and tenant come from the admin API (a fresh agent refuses a key until
     // its first grant, so it can never push the cells over the quota).
-    this.spawnLogged(a, ['agent', '--cell', cell, '--rules', join(this.opts.dir, 'rules.yaml'), '--rls-socket', a.socket, '--http', `127.0.0.1:${a.httpPort}`, '--workers', '1', '--coordinators', coordinators, '--log-level', 'info',
-      ...(this.pki === null ? [] : ['--tls-ca', this.pki.ca, '--tls-cert', this.pki.cell(cell).cert, '--tls-key', this.pki.cell(cell).key])]);
+    this.spawnLogged(a, [
+      'agent',
+      '--cell',
+      cell,
+      '--rules',
+      join(this.opts.dir, 'rules.yaml'),
+      '--rls-socket',
+      a.socket,
+      '--http',
+      `127.0.0.1:${a.httpPort}`,
+      '--workers',
+      '1',
+      '--coordinators',
+      coordinators,
+      '--log-level',
+      'info',
+      ...(this.pki === null
+        ? []
+        : ['--tls-ca', this.pki.ca, '--tls-cert', this.pki.cell(cell).cert, '--tls-key', this.pki.cell(cell).key]),
+    ]);
   }
 
   /** Starts everything, sets up the tier and tenant, and waits until every agent holds a lease. */
@@ -232,8 +352,14 @@ export class LocalDeployment implements DrillTarget {
     progress(`starting ${this.opts.coordinators.length} coordinators`);
     for (const id of this.opts.coordinators) this.startCoordinator(id);
     const leader = await this.waitForLeader(60_000);
-    progress(`leader ${leader}; tier ${TIER} (${this.opts.quota}/s, burst ${this.opts.burst}, floors ${this.opts.floorFraction}) and tenant ${TENANT}`);
-    await this.adminWrite('PUT', `/v1/tiers/${TIER}`, { rate: this.opts.quota, burst: this.opts.burst, floorFraction: this.opts.floorFraction });
+    progress(
+      `leader ${leader}; tier ${TIER} (${this.opts.quota}/s, burst ${this.opts.burst}, floors ${this.opts.floorFraction}) and tenant ${TENANT}`,
+    );
+    await this.adminWrite('PUT', `/v1/tiers/${TIER}`, {
+      rate: this.opts.quota,
+      burst: this.opts.burst,
+      floorFraction: this.opts.floorFraction,
+    });
     await this.adminWrite('PUT', `/v1/tenants/${TENANT}`, { tier: TIER });
     progress(`starting ${this.opts.cells.length} agents`);
     for (const cell of this.opts.cells) this.startAgent(cell);
@@ -243,15 +369,21 @@ export class LocalDeployment implements DrillTarget {
   /** Waits until the agent serves (socket and /healthz), and, if `leased`, holds a lease. */
   async waitForAgent(cell: string, leased: boolean, timeoutMs: number): Promise<void> {
     const a = this.agent(cell);
-    await waitFor(`agent ${cell} serving${leased ? ' with a lease' : ''}`, async () => {
-      if (a.proc === null) throw new Error(`agent ${cell} exited: ${JSON.stringify(a.exit)}`);
-      if (!existsSync(a.socket)) return false;
-      const h = await fetch(`${this.agentUrl(cell)}/healthz`, { signal: AbortSignal.timeout(1000) });
-      if (!h.ok) return false;
-      if (!leased) return true;
-      const metrics = await (await fetch(`${this.agentUrl(cell)}/metrics`, { signal: AbortSignal.timeout(1000) })).text();
-      return /^cellquota_agent_lease_state 1$/m.test(metrics);
-    }, { timeoutMs, everyMs: 200, fatal: (e) => e instanceof Error && e.message.includes('exited') });
+    await waitFor(
+      `agent ${cell} serving${leased ? ' with a lease' : ''}`,
+      async () => {
+        if (a.proc === null) throw new Error(`agent ${cell} exited: ${JSON.stringify(a.exit)}`);
+        if (!existsSync(a.socket)) return false;
+        const h = await fetch(`${this.agentUrl(cell)}/healthz`, { signal: AbortSignal.timeout(1000) });
+        if (!h.ok) return false;
+        if (!leased) return true;
+        const metrics = await (
+          await fetch(`${this.agentUrl(cell)}/metrics`, { signal: AbortSignal.timeout(1000) })
+        ).text();
+        return /^cellquota_agent_lease_state 1$/m.test(metrics);
+      },
+      { timeoutMs, everyMs: 200, fatal: (e) => e instanceof Error && e.message.includes('exited') },
+    );
   }
 
   /** The slice the agent decides with for the drill tenant, null when unreachable. */
@@ -261,7 +393,9 @@ export class LocalDeployment implements DrillTarget {
 
   async agentQuota(cell: string, timeoutMs = 500): Promise<{ source: string; rate: number; burst: number } | null> {
     try {
-      const r = await fetch(`${this.agentUrl(cell)}/v1/quotas/tenant/${TENANT}`, { signal: AbortSignal.timeout(timeoutMs) });
+      const r = await fetch(`${this.agentUrl(cell)}/v1/quotas/tenant/${TENANT}`, {
+        signal: AbortSignal.timeout(timeoutMs),
+      });
       if (!r.ok) return null;
       return (await r.json()) as { source: string; rate: number; burst: number };
     } catch {
@@ -270,21 +404,27 @@ export class LocalDeployment implements DrillTarget {
   }
 
   /** Each live replica's view of the cluster (stale read), null when it does not answer. */
-  async clusterViews(timeoutMs = 500): Promise<Map<string, { leader: string | null; term: number; role: string } | null>> {
+  async clusterViews(
+    timeoutMs = 500,
+  ): Promise<Map<string, { leader: string | null; term: number; role: string } | null>> {
     const out = new Map<string, { leader: string | null; term: number; role: string } | null>();
-    await Promise.all(this.opts.coordinators.map(async (id) => {
-      const c = this.coordinator(id);
-      if (c.proc === null || c.paused) {
-        out.set(id, null);
-        return;
-      }
-      try {
-        const r = await fetch(`${this.adminUrl(id)}/v1/cluster?stale=true`, { signal: AbortSignal.timeout(timeoutMs) });
-        out.set(id, r.ok ? ((await r.json()) as { leader: string | null; term: number; role: string }) : null);
-      } catch {
-        out.set(id, null);
-      }
-    }));
+    await Promise.all(
+      this.opts.coordinators.map(async (id) => {
+        const c = this.coordinator(id);
+        if (c.proc === null || c.paused) {
+          out.set(id, null);
+          return;
+        }
+        try {
+          const r = await fetch(`${this.adminUrl(id)}/v1/cluster?stale=true`, {
+            signal: AbortSignal.timeout(timeoutMs),
+          });
+          out.set(id, r.ok ? ((await r.json()) as { leader: string | null; term: number; role: string }) : null);
+        } catch {
+          out.set(id, null);
+        }
+      }),
+    );
     return out;
   }
 
@@ -292,7 +432,8 @@ export class LocalDeployment implements DrillTarget {
   async leader(timeoutMs = 500): Promise<string | null> {
     let best: { leader: string | null; term: number } | null = null;
     for (const v of (await this.clusterViews(timeoutMs)).values()) {
-      if (v !== null && (best === null || v.term > best.term || (v.term === best.term && best.leader === null))) best = v;
+      if (v !== null && (best === null || v.term > best.term || (v.term === best.term && best.leader === null)))
+        best = v;
     }
     return best?.leader ?? null;
   }
@@ -324,7 +465,12 @@ export class LocalDeployment implements DrillTarget {
         const c = this.coordinator(id);
         if (c.proc === null || c.paused) continue;
         try {
-          const r = await fetch(`${this.adminUrl(id)}${path}`, { method, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(5000) });
+          const r = await fetch(`${this.adminUrl(id)}${path}`, {
+            method,
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify(body),
+            signal: AbortSignal.timeout(5000),
+          });
           const text = await r.text();
           if (r.ok) return;
           last = `${r.status} ${text}`;

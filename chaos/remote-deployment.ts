@@ -23,7 +23,10 @@ import type { DrillSpec, DrillTarget } from './drill-target.js';
 import { sleep } from '../testkit/wait.js';
 
 const name = z.string().regex(/^[a-zA-Z0-9._:-]{1,128}$/, 'letters, digits and . _ : - (at most 128)');
-const url = z.string().url().refine((u) => u.startsWith('http://') || u.startsWith('https://'), 'an http(s) URL');
+const url = z
+  .string()
+  .url()
+  .refine((u) => u.startsWith('http://') || u.startsWith('https://'), 'an http(s) URL');
 
 export const targetFileSchema = z.strictObject({
   tenant: name,
@@ -32,13 +35,21 @@ export const targetFileSchema = z.strictObject({
   burst: z.number().min(0),
   adminTier: name.optional(),
   adminToken: z.string().min(8).optional(),
-  cells: z.array(z.strictObject({
-    id: name,
-    rls: z.string().min(1).describe('host:port, or a Unix socket path'),
-    http: url,
-    rate: z.number().gt(0).max(100_000).describe('checks per second offered to this cell'),
-  })).min(1).max(64),
-  coordinators: z.array(z.strictObject({ id: name, admin: url })).min(1).max(9),
+  cells: z
+    .array(
+      z.strictObject({
+        id: name,
+        rls: z.string().min(1).describe('host:port, or a Unix socket path'),
+        http: url,
+        rate: z.number().gt(0).max(100_000).describe('checks per second offered to this cell'),
+      }),
+    )
+    .min(1)
+    .max(64),
+  coordinators: z
+    .array(z.strictObject({ id: name, admin: url }))
+    .min(1)
+    .max(9),
 });
 export type TargetFile = z.output<typeof targetFileSchema>;
 
@@ -46,7 +57,8 @@ export type TargetFile = z.output<typeof targetFileSchema>;
 export function loadTargetFile(path: string): TargetFile {
   const raw: unknown = parseYaml(readFileSync(path, 'utf8'));
   const r = targetFileSchema.safeParse(raw);
-  if (!r.success) throw new Error(`${path}: ${r.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
+  if (!r.success)
+    throw new Error(`${path}: ${r.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
   return r.data;
 }
 
@@ -55,7 +67,17 @@ export class RemoteDeployment implements DrillTarget {
 
   get spec(): DrillSpec {
     const t = this.target;
-    return { cells: t.cells.map((c) => c.id), coordinators: t.coordinators.map((c) => c.id), tenant: t.tenant, domain: t.domain, quota: t.quota, burst: t.burst, offered: t.cells.map((c) => c.rate), adminTier: t.adminTier ?? null, adminToken: t.adminToken ?? null };
+    return {
+      cells: t.cells.map((c) => c.id),
+      coordinators: t.coordinators.map((c) => c.id),
+      tenant: t.tenant,
+      domain: t.domain,
+      quota: t.quota,
+      burst: t.burst,
+      offered: t.cells.map((c) => c.rate),
+      adminTier: t.adminTier ?? null,
+      adminToken: t.adminToken ?? null,
+    };
   }
 
   /** Checks that every cell and coordinator answers before any load is sent. */
@@ -67,7 +89,9 @@ export class RemoteDeployment implements DrillTarget {
       if (!r.ok) throw new Error(`cell ${c.id}: ${c.http}/healthz answered ${r.status}`);
     }
     const leader = await this.waitForLeader(20_000);
-    progress(`target: ${this.target.cells.length} cells, ${this.target.coordinators.length} coordinators, leader ${leader}; tenant ${this.target.tenant} (${this.target.quota}/s, burst ${this.target.burst})`);
+    progress(
+      `target: ${this.target.cells.length} cells, ${this.target.coordinators.length} coordinators, leader ${leader}; tenant ${this.target.tenant} (${this.target.quota}/s, burst ${this.target.burst})`,
+    );
   }
 
   async stop(): Promise<void> {
@@ -91,7 +115,9 @@ export class RemoteDeployment implements DrillTarget {
     const c = this.target.cells.find((x) => x.id === cell);
     if (c === undefined) return null;
     try {
-      const r = await fetch(`${c.http}/v1/quotas/tenant/${this.target.tenant}`, { signal: AbortSignal.timeout(timeoutMs) });
+      const r = await fetch(`${c.http}/v1/quotas/tenant/${this.target.tenant}`, {
+        signal: AbortSignal.timeout(timeoutMs),
+      });
       return r.ok ? ((await r.json()) as { source: string; rate: number; burst: number }) : null;
     } catch {
       return null;
@@ -100,16 +126,23 @@ export class RemoteDeployment implements DrillTarget {
 
   /** The leader named by the replica with the highest term among those that answer. */
   async leader(timeoutMs: number): Promise<string | null> {
-    const views = await Promise.all(this.target.coordinators.map(async (c) => {
-      try {
-        const r = await fetch(`${c.admin}/v1/cluster?stale=true`, { signal: AbortSignal.timeout(timeoutMs), headers: this.target.adminToken === undefined ? {} : { authorization: `Bearer ${this.target.adminToken}` } });
-        return r.ok ? ((await r.json()) as { leader: string | null; term: number }) : null;
-      } catch {
-        return null;
-      }
-    }));
+    const views = await Promise.all(
+      this.target.coordinators.map(async (c) => {
+        try {
+          const r = await fetch(`${c.admin}/v1/cluster?stale=true`, {
+            signal: AbortSignal.timeout(timeoutMs),
+            headers: this.target.adminToken === undefined ? {} : { authorization: `Bearer ${this.target.adminToken}` },
+          });
+          return r.ok ? ((await r.json()) as { leader: string | null; term: number }) : null;
+        } catch {
+          return null;
+        }
+      }),
+    );
     let best: { leader: string | null; term: number } | null = null;
-    for (const v of views) if (v !== null && (best === null || v.term > best.term || (v.term === best.term && best.leader === null))) best = v;
+    for (const v of views)
+      if (v !== null && (best === null || v.term > best.term || (v.term === best.term && best.leader === null)))
+        best = v;
     return best?.leader ?? null;
   }
 

@@ -18,7 +18,21 @@ const usage = `usage: npm run chaos -- [--drill NAME[,NAME...]] [--out DIR] [--p
        npm run chaos -- --target FILE --fault CMD [--heal CMD] [--fault-seconds 30] [--recovery-seconds 15] [--recovery-limit-seconds 10] [--out DIR]
 drills: ${DRILLS.map((d) => d.name).join(', ')}`;
 
-let values: { drill?: string; out: string; 'p99-ms': string; 'keep-data': boolean; tls: boolean; list: boolean; help: boolean; target?: string; fault?: string; heal?: string; 'fault-seconds': string; 'recovery-seconds': string; 'recovery-limit-seconds': string };
+let values: {
+  drill?: string;
+  out: string;
+  'p99-ms': string;
+  'keep-data': boolean;
+  tls: boolean;
+  list: boolean;
+  help: boolean;
+  target?: string;
+  fault?: string;
+  heal?: string;
+  'fault-seconds': string;
+  'recovery-seconds': string;
+  'recovery-limit-seconds': string;
+};
 try {
   values = parseArgs({
     options: {
@@ -60,7 +74,9 @@ if (values.target !== undefined) {
     return n;
   };
   if (values.fault === undefined || values.fault.trim() === '' || values.drill !== undefined) {
-    console.error(`${values.drill !== undefined ? '--drill runs local drills; with --target give the fault as --fault CMD' : '--target needs --fault CMD (the command that injects the fault)'}\n${usage}`);
+    console.error(
+      `${values.drill !== undefined ? '--drill runs local drills; with --target give the fault as --fault CMD' : '--target needs --fault CMD (the command that injects the fault)'}\n${usage}`,
+    );
     process.exit(2);
   }
   let target: TargetFile;
@@ -71,21 +87,41 @@ if (values.target !== undefined) {
     process.exit(2);
   }
   const p99Limit = Number(values['p99-ms']);
-  const drill = externalDrill({ fault: values.fault, heal: values.heal ?? null, faultSeconds: seconds('fault-seconds'), recoverySeconds: seconds('recovery-seconds'), recoveryLimitSeconds: seconds('recovery-limit-seconds') });
+  const drill = externalDrill({
+    fault: values.fault,
+    heal: values.heal ?? null,
+    faultSeconds: seconds('fault-seconds'),
+    recoverySeconds: seconds('recovery-seconds'),
+    recoveryLimitSeconds: seconds('recovery-limit-seconds'),
+  });
   const out = resolve(values.out);
   mkdirSync(out, { recursive: true });
   console.log(`▶ ${drill.name}: ${drill.title}`);
-  const r = await runDrillOn(drill, { out, p99LimitMs: p99Limit > 0 ? p99Limit : 1.5, keepData: true, progress: (m) => console.log(`  ${m}`) }, () => Promise.resolve(new RemoteDeployment(target)));
+  const r = await runDrillOn(
+    drill,
+    { out, p99LimitMs: p99Limit > 0 ? p99Limit : 1.5, keepData: true, progress: (m) => console.log(`  ${m}`) },
+    () => Promise.resolve(new RemoteDeployment(target)),
+  );
   for (const v of r.verdicts) console.log(`    ${v.ok ? 'ok  ' : 'FAIL'} ${v.name}: ${v.detail}`);
-  console.log(`${r.ok ? '✔' : '✘'} ${drill.name} ${r.ok ? 'passed' : 'FAILED'} in ${r.seconds.toFixed(0)} s — ${join(r.dir, 'timeline.svg')}`);
+  console.log(
+    `${r.ok ? '✔' : '✘'} ${drill.name} ${r.ok ? 'passed' : 'FAILED'} in ${r.seconds.toFixed(0)} s — ${join(r.dir, 'timeline.svg')}`,
+  );
   process.exit(r.ok ? 0 : 1);
 }
 
-const names = values.drill === undefined ? DRILLS.map((d) => d.name) : values.drill.split(',').map((s) => s.trim()).filter((s) => s !== '');
+const names =
+  values.drill === undefined
+    ? DRILLS.map((d) => d.name)
+    : values.drill
+        .split(',')
+        .map((s) => s.trim())
+        .filter((s) => s !== '');
 const unknown = names.filter((n) => !DRILLS.some((d) => d.name === n));
 const p99 = Number(values['p99-ms']);
 if (unknown.length > 0 || names.length === 0 || !(p99 > 0)) {
-  console.error(`${unknown.length > 0 ? `unknown drill(s): ${unknown.join(', ')}` : names.length === 0 ? 'no drill named' : `--p99-ms must be a positive number, got '${values['p99-ms']}'`}\n${usage}`);
+  console.error(
+    `${unknown.length > 0 ? `unknown drill(s): ${unknown.join(', ')}` : names.length === 0 ? 'no drill named' : `--p99-ms must be a positive number, got '${values['p99-ms']}'`}\n${usage}`,
+  );
   process.exit(2);
 }
 
@@ -96,7 +132,9 @@ let interrupted = false;
 process.on('SIGINT', () => {
   if (interrupted) process.exit(130);
   interrupted = true;
-  console.log('\ninterrupted: finishing the current drill (its processes are stopped at its end); Ctrl-C again to leave now');
+  console.log(
+    '\ninterrupted: finishing the current drill (its processes are stopped at its end); Ctrl-C again to leave now',
+  );
 });
 const started = Date.now();
 for (const name of names) {
@@ -104,15 +142,28 @@ for (const name of names) {
   const drill = DRILLS.find((d) => d.name === name);
   if (drill === undefined) continue;
   console.log(`▶ ${drill.name}: ${drill.title}`);
-  const r = await runDrill(drill, { out, p99LimitMs: p99, keepData: values['keep-data'], tls: values.tls, progress: (m) => console.log(`  ${m}`) });
+  const r = await runDrill(drill, {
+    out,
+    p99LimitMs: p99,
+    keepData: values['keep-data'],
+    tls: values.tls,
+    progress: (m) => console.log(`  ${m}`),
+  });
   results.push(r);
   if (r.skipped !== undefined) console.log(`– ${drill.name}: SKIPPED (${r.skipped})`);
   else {
     for (const v of r.verdicts) console.log(`    ${v.ok ? 'ok  ' : 'FAIL'} ${v.name}: ${v.detail}`);
-    console.log(`${r.ok ? '✔' : '✘'} ${drill.name} ${r.ok ? 'passed' : 'FAILED'} in ${r.seconds.toFixed(0)} s — ${join(r.dir, 'timeline.svg')}`);
+    console.log(
+      `${r.ok ? '✔' : '✘'} ${drill.name} ${r.ok ? 'passed' : 'FAILED'} in ${r.seconds.toFixed(0)} s — ${join(r.dir, 'timeline.svg')}`,
+    );
   }
 }
 const failed = results.filter((r) => !r.ok);
-writeFileSync(join(out, 'summary.json'), JSON.stringify({ finishedAt: new Date().toISOString(), seconds: (Date.now() - started) / 1000, results }, null, 2));
-console.log(`\n${results.length - failed.length} of ${results.length} drills passed in ${((Date.now() - started) / 1000).toFixed(0)} s${failed.length > 0 ? `; failed: ${failed.map((r) => r.drill).join(', ')}` : ''}. Results in ${out}`);
+writeFileSync(
+  join(out, 'summary.json'),
+  JSON.stringify({ finishedAt: new Date().toISOString(), seconds: (Date.now() - started) / 1000, results }, null, 2),
+);
+console.log(
+  `\n${results.length - failed.length} of ${results.length} drills passed in ${((Date.now() - started) / 1000).toFixed(0)} s${failed.length > 0 ? `; failed: ${failed.map((r) => r.drill).join(', ')}` : ''}. Results in ${out}`,
+);
 process.exit(failed.length > 0 ? 1 : 0);

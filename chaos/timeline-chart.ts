@@ -19,7 +19,18 @@ const PLOT_X1 = WIDTH - MARGIN_RIGHT;
 const FONT = 'DejaVu Sans, Helvetica, Arial, sans-serif';
 
 /** Cell colours; red and orange are kept for errors and degraded answers. */
-const CELL_COLOURS = ['#1f77b4', '#2ca02c', '#9467bd', '#17becf', '#8c564b', '#e377c2', '#bcbd22', '#7f7f7f', '#393b79', '#637939'];
+const CELL_COLOURS = [
+  '#1f77b4',
+  '#2ca02c',
+  '#9467bd',
+  '#17becf',
+  '#8c564b',
+  '#e377c2',
+  '#bcbd22',
+  '#7f7f7f',
+  '#393b79',
+  '#637939',
+];
 const LEADER_COLOURS = ['#a6cee3', '#b2df8a', '#fdbf6f', '#cab2d6', '#ffe680', '#80d4c8', '#f4b6c2', '#d9c3a5'];
 const GLOBAL_COLOUR = '#222222';
 const ERROR_COLOUR = '#d62728';
@@ -193,7 +204,9 @@ function isTimed<T extends { readonly t: number }>(v: unknown): v is T {
 
 function prepare(t: Timeline): Prepared {
   // The timeline may come from JSON: anything that is not a sample or an event at a finite time is skipped.
-  const samples = arrayOf(t.samples).filter(isTimed<TimelineSample>).sort((a, b) => a.t - b.t);
+  const samples = arrayOf(t.samples)
+    .filter(isTimed<TimelineSample>)
+    .sort((a, b) => a.t - b.t);
   const cells: string[] = [];
   const seen = new Set<string>();
   const addCell = (c: unknown): void => {
@@ -264,7 +277,9 @@ export function renderTimelineSvg(t: Timeline): string {
   if (p.samples.length === 0) {
     const h = 220;
     head.push(rect(PLOT_X0, y + 16, PLOT_X1 - PLOT_X0, 140, `fill="#fafafa" stroke="${AXIS_COLOUR}" data-empty="1"`));
-    head.push(text((PLOT_X0 + PLOT_X1) / 2, y + 92, 'no samples', `font-size="16" text-anchor="middle" fill="#777777"`));
+    head.push(
+      text((PLOT_X0 + PLOT_X1) / 2, y + 92, 'no samples', `font-size="16" text-anchor="middle" fill="#777777"`),
+    );
     return document(h + y - 40, head.join('\n'), p);
   }
 
@@ -276,16 +291,40 @@ export function renderTimelineSvg(t: Timeline): string {
     const items: { swatch: (x: number, yy: number) => string; label: string }[] = [];
     for (const c of p.cells) {
       const col = colourOf.get(c) ?? '#000000';
-      items.push({ swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${col}" stroke-width="2"`), label: truncate(c, 28) });
+      items.push({
+        swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${col}" stroke-width="2"`),
+        label: truncate(c, 28),
+      });
     }
-    items.push({ swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${GLOBAL_COLOUR}" stroke-width="3"`), label: 'all cells' });
-    items.push({ swatch: (x, yy) => line(x, yy, x + 18, yy, 'stroke="#555555" stroke-width="1.5" stroke-dasharray="6 3"'), label: 'quota' });
-    items.push({ swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${ERROR_COLOUR}" stroke-width="1.5" stroke-dasharray="2 3"`), label: 'quota + bound' });
-    items.push({ swatch: (x, yy) => `<circle cx="${px(x + 9)}" cy="${px(yy)}" r="3" fill="${ERROR_COLOUR}"/>`, label: 'errors/s' });
+    items.push({
+      swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${GLOBAL_COLOUR}" stroke-width="3"`),
+      label: 'all cells',
+    });
+    items.push({
+      swatch: (x, yy) => line(x, yy, x + 18, yy, 'stroke="#555555" stroke-width="1.5" stroke-dasharray="6 3"'),
+      label: 'quota',
+    });
+    items.push({
+      swatch: (x, yy) => line(x, yy, x + 18, yy, `stroke="${ERROR_COLOUR}" stroke-width="1.5" stroke-dasharray="2 3"`),
+      label: 'quota + bound',
+    });
+    items.push({
+      swatch: (x, yy) => `<circle cx="${px(x + 9)}" cy="${px(yy)}" r="3" fill="${ERROR_COLOUR}"/>`,
+      label: 'errors/s',
+    });
     items.push({ swatch: (x, yy) => diamond(x + 9, yy, 3.5, DEGRADED_COLOUR), label: 'degraded/s' });
-    items.push({ swatch: (x, yy) => rect(x, yy - 6, 18, 12, `fill="${ERROR_COLOUR}" fill-opacity="0.15"`), label: 'fault' });
-    items.push({ swatch: (x, yy) => line(x + 9, yy - 7, x + 9, yy + 7, 'stroke="#2ca02c" stroke-width="2"'), label: 'heal' });
-    items.push({ swatch: (x, yy) => line(x + 9, yy - 7, x + 9, yy + 7, 'stroke="#999999" stroke-width="1.5"'), label: 'note' });
+    items.push({
+      swatch: (x, yy) => rect(x, yy - 6, 18, 12, `fill="${ERROR_COLOUR}" fill-opacity="0.15"`),
+      label: 'fault',
+    });
+    items.push({
+      swatch: (x, yy) => line(x + 9, yy - 7, x + 9, yy + 7, 'stroke="#2ca02c" stroke-width="2"'),
+      label: 'heal',
+    });
+    items.push({
+      swatch: (x, yy) => line(x + 9, yy - 7, x + 9, yy + 7, 'stroke="#999999" stroke-width="1.5"'),
+      label: 'note',
+    });
     let x = PLOT_X0;
     let row = y + 16;
     const out: string[] = [];
@@ -303,7 +342,8 @@ export function renderTimelineSvg(t: Timeline): string {
     y = row + 10;
   }
 
-  const xOf = (sec: number): number => PLOT_X0 + ((clamp(sec, p.tMin, p.tMax) - p.tMin) / (p.tMax - p.tMin)) * (PLOT_X1 - PLOT_X0);
+  const xOf = (sec: number): number =>
+    PLOT_X0 + ((clamp(sec, p.tMin, p.tMax) - p.tMin) / (p.tMax - p.tMin)) * (PLOT_X1 - PLOT_X0);
 
   // Event labels at the top, in up to three rows.
   const labelRows: number[] = [];
@@ -327,7 +367,14 @@ export function renderTimelineSvg(t: Timeline): string {
   const labelTop = y + 6;
   y = labelTop + labelRows.length * 13 + 6;
   for (const l of eventLabels) {
-    head.push(text(l.x, labelTop + 10 + l.row * 13, l.label, `font-size="10.5" fill="${l.colour}" ${HALO} data-event-label="1"`));
+    head.push(
+      text(
+        l.x,
+        labelTop + 10 + l.row * 13,
+        l.label,
+        `font-size="10.5" fill="${l.colour}" ${HALO} data-event-label="1"`,
+      ),
+    );
   }
 
   const panelsTop = y;
@@ -338,7 +385,10 @@ export function renderTimelineSvg(t: Timeline): string {
     for (const v of p.xTicks) {
       const x = xOf(v);
       parts.push(line(x, bottom, x, bottom + 4, `stroke="${AXIS_COLOUR}"`));
-      if (labels) parts.push(text(x, bottom + 14, formatTick(v, p.xTicks), `font-size="10" text-anchor="middle" fill="${TEXT_COLOUR}"`));
+      if (labels)
+        parts.push(
+          text(x, bottom + 14, formatTick(v, p.xTicks), `font-size="10" text-anchor="middle" fill="${TEXT_COLOUR}"`),
+        );
     }
     return parts.join('');
   };
@@ -352,7 +402,8 @@ export function renderTimelineSvg(t: Timeline): string {
     }
     return parts.join('');
   };
-  const panelTitle = (yy: number, s: string): string => text(PLOT_X0, yy, s, `font-size="12" font-weight="bold" fill="${TEXT_COLOUR}"`);
+  const panelTitle = (yy: number, s: string): string =>
+    text(PLOT_X0, yy, s, `font-size="12" font-weight="bold" fill="${TEXT_COLOUR}"`);
   const secs = p.samples.map((s) => s.t / 1000);
 
   // --- Panel 1: admitted ---------------------------------------------------------------------
@@ -374,27 +425,70 @@ export function renderTimelineSvg(t: Timeline): string {
     parts.push(xGrid(top, bottom), yAxis(sc), xAxis(bottom, true));
     if (quota !== null) {
       const yq = yOf(sc, quota);
-      parts.push(line(PLOT_X0, yq, PLOT_X1, yq, 'stroke="#555555" stroke-width="1.5" stroke-dasharray="6 3" data-line="quota"'));
+      parts.push(
+        line(PLOT_X0, yq, PLOT_X1, yq, 'stroke="#555555" stroke-width="1.5" stroke-dasharray="6 3" data-line="quota"'),
+      );
       parts.push(text(PLOT_X1 - 3, yq + 12, 'quota', 'font-size="10" text-anchor="end" fill="#555555" ' + HALO));
       if (bound !== null) {
         const yb = yOf(sc, quota + bound);
-        parts.push(line(PLOT_X0, yb, PLOT_X1, yb, `stroke="${ERROR_COLOUR}" stroke-width="1.5" stroke-dasharray="2 3" data-line="quota-bound"`));
-        parts.push(text(PLOT_X1 - 3, yb - 4, 'quota + bound', `font-size="10" text-anchor="end" fill="${ERROR_COLOUR}" ${HALO}`));
+        parts.push(
+          line(
+            PLOT_X0,
+            yb,
+            PLOT_X1,
+            yb,
+            `stroke="${ERROR_COLOUR}" stroke-width="1.5" stroke-dasharray="2 3" data-line="quota-bound"`,
+          ),
+        );
+        parts.push(
+          text(PLOT_X1 - 3, yb - 4, 'quota + bound', `font-size="10" text-anchor="end" fill="${ERROR_COLOUR}" ${HALO}`),
+        );
       }
     }
     for (const c of p.cells) {
       const pts = p.samples.map((s) => finite(own(s.admitted, c)));
-      parts.push(polyline(secs, pts, xOf, (v) => yOf(sc, v), `admitted:${c}`, `stroke="${colourOf.get(c) ?? '#000000'}" stroke-width="1.5"`));
+      parts.push(
+        polyline(
+          secs,
+          pts,
+          xOf,
+          (v) => yOf(sc, v),
+          `admitted:${c}`,
+          `stroke="${colourOf.get(c) ?? '#000000'}" stroke-width="1.5"`,
+        ),
+      );
     }
-    parts.push(polyline(secs, p.samples.map((s) => finite(s.global)), xOf, (v) => yOf(sc, v), 'admitted:*', `stroke="${GLOBAL_COLOUR}" stroke-width="2.75"`));
+    parts.push(
+      polyline(
+        secs,
+        p.samples.map((s) => finite(s.global)),
+        xOf,
+        (v) => yOf(sc, v),
+        'admitted:*',
+        `stroke="${GLOBAL_COLOUR}" stroke-width="2.75"`,
+      ),
+    );
     // Errors and degraded answers, summed over the cells, as markers where > 0 (above the scale: at the top).
     const markers: string[] = [];
     p.samples.forEach((s, i) => {
       const x = xOf(secs[i] ?? 0);
       const err = sumOver(s.errors, p.cells);
-      if (err > 0) markers.push(`<circle cx="${px(x)}" cy="${px(yOf(sc, err))}" r="2.8" fill="${ERROR_COLOUR}" data-marker="errors"><title>${escapeXml(`${formatValue(secs[i] ?? 0)} s: ${formatValue(err)} errors/s`)}</title></circle>`);
+      if (err > 0)
+        markers.push(
+          `<circle cx="${px(x)}" cy="${px(yOf(sc, err))}" r="2.8" fill="${ERROR_COLOUR}" data-marker="errors"><title>${escapeXml(`${formatValue(secs[i] ?? 0)} s: ${formatValue(err)} errors/s`)}</title></circle>`,
+        );
       const deg = sumOver(s.degraded, p.cells);
-      if (deg > 0) markers.push(diamond(x, yOf(sc, deg), 3.5, DEGRADED_COLOUR, `data-marker="degraded"`, `${formatValue(secs[i] ?? 0)} s: ${formatValue(deg)} degraded/s`));
+      if (deg > 0)
+        markers.push(
+          diamond(
+            x,
+            yOf(sc, deg),
+            3.5,
+            DEGRADED_COLOUR,
+            `data-marker="degraded"`,
+            `${formatValue(secs[i] ?? 0)} s: ${formatValue(deg)} degraded/s`,
+          ),
+        );
     });
     parts.push(...markers);
     body.push(`<g data-panel="admitted">${parts.join('\n')}</g>`);
@@ -418,27 +512,47 @@ export function renderTimelineSvg(t: Timeline): string {
     {
       let lx = PLOT_X1 - 250;
       const ly = top - 7;
-      parts.push(rect(lx, ly - 8, 14, 8, `fill="${CELL_COLOURS[0] ?? '#1f77b4'}" fill-opacity="0.75"`), text(lx + 18, ly, 'leased', 'font-size="10"'));
+      parts.push(
+        rect(lx, ly - 8, 14, 8, `fill="${CELL_COLOURS[0] ?? '#1f77b4'}" fill-opacity="0.75"`),
+        text(lx + 18, ly, 'leased', 'font-size="10"'),
+      );
       lx += 62;
       parts.push(rect(lx, ly - 8, 14, 8, `fill="${FLOORS_COLOUR}"`), text(lx + 18, ly, 'on floors', 'font-size="10"'));
       lx += 76;
-      parts.push(rect(lx, ly - 8, 14, 8, 'fill="#ffffff" stroke="#bbbbbb" stroke-width="0.8"'), text(lx + 18, ly, 'unknown', 'font-size="10"'));
+      parts.push(
+        rect(lx, ly - 8, 14, 8, 'fill="#ffffff" stroke="#bbbbbb" stroke-width="0.8"'),
+        text(lx + 18, ly, 'unknown', 'font-size="10"'),
+      );
     }
     parts.push(xGrid(top, bottom), yAxis(sc), xAxis(bottom, false));
     for (const c of p.cells) {
       const pts = p.samples.map((s) => finite(own(s.slices, c)));
-      parts.push(pathWithGaps(secs, pts, xOf, (v) => yOf(sc, v), `slices:${c}`, `stroke="${colourOf.get(c) ?? '#000000'}" stroke-width="1.5"`));
+      parts.push(
+        pathWithGaps(
+          secs,
+          pts,
+          xOf,
+          (v) => yOf(sc, v),
+          `slices:${c}`,
+          `stroke="${colourOf.get(c) ?? '#000000'}" stroke-width="1.5"`,
+        ),
+      );
     }
     // One thin band per cell.
     const bandH = 8;
     let by = bottom + 8;
     for (const c of p.cells) {
       const col = colourOf.get(c) ?? '#000000';
-      const runs = runsOf(p.samples.map((s) => {
-        const v = finite(own(s.leased, c));
-        return v === null ? 'unknown' : v >= 0.5 ? 'leased' : 'floors';
-      }), p.spans);
-      const segs: string[] = [rect(PLOT_X0, by, PLOT_X1 - PLOT_X0, bandH, 'fill="#ffffff" stroke="#dddddd" stroke-width="0.6"')];
+      const runs = runsOf(
+        p.samples.map((s) => {
+          const v = finite(own(s.leased, c));
+          return v === null ? 'unknown' : v >= 0.5 ? 'leased' : 'floors';
+        }),
+        p.spans,
+      );
+      const segs: string[] = [
+        rect(PLOT_X0, by, PLOT_X1 - PLOT_X0, bandH, 'fill="#ffffff" stroke="#dddddd" stroke-width="0.6"'),
+      ];
       for (const r of runs) {
         if (r.value === 'unknown') continue;
         const x0 = xOf(r.t0);
@@ -446,7 +560,9 @@ export function renderTimelineSvg(t: Timeline): string {
         const fill = r.value === 'leased' ? `fill="${col}" fill-opacity="0.75"` : `fill="${FLOORS_COLOUR}"`;
         segs.push(rect(x0, by, Math.max(0.8, x1 - x0), bandH, `${fill} data-lease="${r.value}"`));
       }
-      segs.push(text(PLOT_X0 - 7, by + bandH - 0.5, truncate(c, 12), `font-size="9" text-anchor="end" fill="${TEXT_COLOUR}"`));
+      segs.push(
+        text(PLOT_X0 - 7, by + bandH - 0.5, truncate(c, 12), `font-size="9" text-anchor="end" fill="${TEXT_COLOUR}"`),
+      );
       parts.push(`<g data-series="${attr(`lease:${c}`)}">${segs.join('')}</g>`);
       by += bandH + 3;
     }
@@ -468,18 +584,43 @@ export function renderTimelineSvg(t: Timeline): string {
     const sc = yScale(top, bottom, shownMax, 4);
     const clamped = p.samples.some((s) => (finite(s.p99Ms) ?? 0) > sc.max);
     const parts: string[] = [panelTitle(top - 7, 'Decision latency p99 (ms)')];
-    if (clamped) parts.push(text(PLOT_X1, top - 7, `values above ${formatTick(sc.max, sc.ticks)} ms drawn at the top (▲, max ${formatValue(dataMax)} ms)`, `font-size="10" text-anchor="end" fill="${ERROR_COLOUR}"`));
+    if (clamped)
+      parts.push(
+        text(
+          PLOT_X1,
+          top - 7,
+          `values above ${formatTick(sc.max, sc.ticks)} ms drawn at the top (▲, max ${formatValue(dataMax)} ms)`,
+          `font-size="10" text-anchor="end" fill="${ERROR_COLOUR}"`,
+        ),
+      );
     parts.push(xGrid(top, bottom), yAxis(sc), xAxis(bottom, true));
     const yt = yOf(sc, P99_TARGET_MS);
-    parts.push(line(PLOT_X0, yt, PLOT_X1, yt, 'stroke="#555555" stroke-width="1.2" stroke-dasharray="6 3" data-line="p99-target"'));
-    parts.push(text(PLOT_X1 - 3, yt - 4, `target ${P99_TARGET_MS} ms`, 'font-size="10" text-anchor="end" fill="#555555" ' + HALO));
+    parts.push(
+      line(
+        PLOT_X0,
+        yt,
+        PLOT_X1,
+        yt,
+        'stroke="#555555" stroke-width="1.2" stroke-dasharray="6 3" data-line="p99-target"',
+      ),
+    );
+    parts.push(
+      text(
+        PLOT_X1 - 3,
+        yt - 4,
+        `target ${P99_TARGET_MS} ms`,
+        'font-size="10" text-anchor="end" fill="#555555" ' + HALO,
+      ),
+    );
     const pts = p.samples.map((s) => finite(s.p99Ms));
     parts.push(pathWithGaps(secs, pts, xOf, (v) => yOf(sc, v), 'p99:*', 'stroke="#5b4a9e" stroke-width="1.5"'));
     p.samples.forEach((s, i) => {
       const v = finite(s.p99Ms);
       if (v === null || v <= sc.max) return;
       const x = xOf(secs[i] ?? 0);
-      parts.push(`<path d="M${px(x - 4)} ${px(top + 6)} L${px(x)} ${px(top - 1)} L${px(x + 4)} ${px(top + 6)} Z" fill="${ERROR_COLOUR}" data-clamped="1"><title>${escapeXml(`${formatValue(secs[i] ?? 0)} s: p99 ${formatValue(v)} ms`)}</title></path>`);
+      parts.push(
+        `<path d="M${px(x - 4)} ${px(top + 6)} L${px(x)} ${px(top - 1)} L${px(x + 4)} ${px(top + 6)} Z" fill="${ERROR_COLOUR}" data-clamped="1"><title>${escapeXml(`${formatValue(secs[i] ?? 0)} s: p99 ${formatValue(v)} ms`)}</title></path>`,
+      );
     });
     body.push(`<g data-panel="p99">${parts.join('\n')}</g>`);
     y = bottom + PANEL_GAP;
@@ -491,14 +632,20 @@ export function renderTimelineSvg(t: Timeline): string {
     const bottom = top + 24;
     const leaderColour = new Map<string, string>();
     const coords = arrayOf(t.coordinators);
-    for (const c of coords) if (typeof c === 'string' && !leaderColour.has(c)) leaderColour.set(c, LEADER_COLOURS[leaderColour.size % LEADER_COLOURS.length] ?? '#a6cee3');
+    for (const c of coords)
+      if (typeof c === 'string' && !leaderColour.has(c))
+        leaderColour.set(c, LEADER_COLOURS[leaderColour.size % LEADER_COLOURS.length] ?? '#a6cee3');
     const parts: string[] = [panelTitle(top - 7, 'Coordinator leader')];
     parts.push(xGrid(top, bottom));
-    const runs = runsOf(p.samples.map((s) => (typeof s.leader === 'string' ? s.leader : null)), p.spans);
+    const runs = runsOf(
+      p.samples.map((s) => (typeof s.leader === 'string' ? s.leader : null)),
+      p.spans,
+    );
     for (const r of runs) {
       let fill = NO_LEADER_COLOUR;
       if (r.value !== null) {
-        if (!leaderColour.has(r.value)) leaderColour.set(r.value, LEADER_COLOURS[leaderColour.size % LEADER_COLOURS.length] ?? '#a6cee3');
+        if (!leaderColour.has(r.value))
+          leaderColour.set(r.value, LEADER_COLOURS[leaderColour.size % LEADER_COLOURS.length] ?? '#a6cee3');
         fill = leaderColour.get(r.value) ?? fill;
       }
       const x0 = xOf(r.t0);
@@ -507,12 +654,26 @@ export function renderTimelineSvg(t: Timeline): string {
       parts.push(rect(x0, top, w, bottom - top, `fill="${fill}" data-leader="${attr(r.value ?? '')}"`));
       const shown = truncate(label, 24);
       if (textWidth(shown, 11) + 8 <= w) {
-        parts.push(text(x0 + w / 2, top + 16, shown, `font-size="11" text-anchor="middle" fill="${r.value === null ? '#666666' : '#222222'}"`));
+        parts.push(
+          text(
+            x0 + w / 2,
+            top + 16,
+            shown,
+            `font-size="11" text-anchor="middle" fill="${r.value === null ? '#666666' : '#222222'}"`,
+          ),
+        );
       }
     }
     parts.push(rect(PLOT_X0, top, PLOT_X1 - PLOT_X0, bottom - top, 'fill="none" stroke="#bbbbbb" stroke-width="0.8"'));
     parts.push(xAxis(bottom, true));
-    parts.push(text((PLOT_X0 + PLOT_X1) / 2, bottom + 30, 'seconds since the drill started', `font-size="11" text-anchor="middle" fill="${TEXT_COLOUR}"`));
+    parts.push(
+      text(
+        (PLOT_X0 + PLOT_X1) / 2,
+        bottom + 30,
+        'seconds since the drill started',
+        `font-size="11" text-anchor="middle" fill="${TEXT_COLOUR}"`,
+      ),
+    );
     body.push(`<g data-panel="leader">${parts.join('\n')}</g>`);
     y = bottom + 44;
   }
@@ -527,12 +688,32 @@ export function renderTimelineSvg(t: Timeline): string {
       const endMs = finite(e.end);
       const t1 = endMs !== null ? Math.max(t0, endMs / 1000) : p.tMax;
       const x1 = xOf(t1);
-      shades.push(rect(x0, panelsTop, Math.max(1, x1 - x0), panelsBottom - panelsTop, `fill="${ERROR_COLOUR}" fill-opacity="0.11" data-event="fault" data-t0="${t0}" data-t1="${t1}"${endMs === null ? ' data-open="1"' : ''}`));
-      shades.push(line(x0, labelTop, x0, panelsBottom, `stroke="${ERROR_COLOUR}" stroke-opacity="0.5" stroke-width="1"`));
+      shades.push(
+        rect(
+          x0,
+          panelsTop,
+          Math.max(1, x1 - x0),
+          panelsBottom - panelsTop,
+          `fill="${ERROR_COLOUR}" fill-opacity="0.11" data-event="fault" data-t0="${t0}" data-t1="${t1}"${endMs === null ? ' data-open="1"' : ''}`,
+        ),
+      );
+      shades.push(
+        line(x0, labelTop, x0, panelsBottom, `stroke="${ERROR_COLOUR}" stroke-opacity="0.5" stroke-width="1"`),
+      );
     } else if (e.kind === 'heal') {
-      shades.push(line(x0, labelTop, x0, panelsBottom, `stroke="#2ca02c" stroke-width="1.8" data-event="heal" data-t0="${t0}"`));
+      shades.push(
+        line(x0, labelTop, x0, panelsBottom, `stroke="#2ca02c" stroke-width="1.8" data-event="heal" data-t0="${t0}"`),
+      );
     } else {
-      shades.push(line(x0, labelTop, x0, panelsBottom, `stroke="#999999" stroke-width="1.2" stroke-dasharray="3 2" data-event="note" data-t0="${t0}"`));
+      shades.push(
+        line(
+          x0,
+          labelTop,
+          x0,
+          panelsBottom,
+          `stroke="#999999" stroke-width="1.2" stroke-dasharray="3 2" data-event="note" data-t0="${t0}"`,
+        ),
+      );
     }
   }
 
@@ -554,7 +735,9 @@ function document(height: number, content: string, p: Prepared): string {
 function diamond(x: number, y: number, r: number, colour: string, attrs: string = '', title?: string): string {
   const d = `M${px(x)} ${px(y - r)} L${px(x + r)} ${px(y)} L${px(x)} ${px(y + r)} L${px(x - r)} ${px(y)} Z`;
   const a = attrs === '' ? '' : ` ${attrs}`;
-  return title === undefined ? `<path d="${d}" fill="${colour}"${a}/>` : `<path d="${d}" fill="${colour}"${a}><title>${escapeXml(title)}</title></path>`;
+  return title === undefined
+    ? `<path d="${d}" fill="${colour}"${a}/>`
+    : `<path d="${d}" fill="${colour}"${a}><title>${escapeXml(title)}</title></path>`;
 }
 
 function sumOver(rec: Readonly<Record<string, number>> | undefined, cells: readonly string[]): number {
@@ -567,7 +750,14 @@ function sumOver(rec: Readonly<Record<string, number>> | undefined, cells: reado
 }
 
 /** One <polyline> through the finite points (non-finite ones skipped); a lone point gets a dot. */
-function polyline(xs: readonly number[], vs: readonly (number | null)[], xOf: (s: number) => number, yOf: (v: number) => number, series: string, style: string): string {
+function polyline(
+  xs: readonly number[],
+  vs: readonly (number | null)[],
+  xOf: (s: number) => number,
+  yOf: (v: number) => number,
+  series: string,
+  style: string,
+): string {
   const pts: [number, number][] = [];
   vs.forEach((v, i) => {
     const x = xs[i];
@@ -582,7 +772,14 @@ function polyline(xs: readonly number[], vs: readonly (number | null)[], xOf: (s
 }
 
 /** One <path> through the points, broken where a value is missing; lone points are drawn as dots. */
-function pathWithGaps(xs: readonly number[], vs: readonly (number | null)[], xOf: (s: number) => number, yOf: (v: number) => number, series: string, style: string): string {
+function pathWithGaps(
+  xs: readonly number[],
+  vs: readonly (number | null)[],
+  xOf: (s: number) => number,
+  yOf: (v: number) => number,
+  series: string,
+  style: string,
+): string {
   const runs: [number, number][][] = [];
   let cur: [number, number][] = [];
   vs.forEach((v, i) => {
@@ -599,12 +796,20 @@ function pathWithGaps(xs: readonly number[], vs: readonly (number | null)[], xOf
   const d = runs.map((r) => r.map(([x, yy], i) => `${i === 0 ? 'M' : 'L'}${px(x)} ${px(yy)}`).join(' ')).join(' ');
   // A lone point (a run of one) draws nothing as a path: it gets a dot.
   const fill = /stroke="([^"]*)"/.exec(style)?.[1] ?? '#000000';
-  const dots = runs.filter((r) => r.length === 1).map((r) => `<circle cx="${px(r[0]?.[0] ?? 0)}" cy="${px(r[0]?.[1] ?? 0)}" r="2.2" fill="${fill}" data-dot-of="${attr(series)}"/>`);
+  const dots = runs
+    .filter((r) => r.length === 1)
+    .map(
+      (r) =>
+        `<circle cx="${px(r[0]?.[0] ?? 0)}" cy="${px(r[0]?.[1] ?? 0)}" r="2.2" fill="${fill}" data-dot-of="${attr(series)}"/>`,
+    );
   return `<path d="${d}" fill="none" stroke-linejoin="round" stroke-linecap="round" ${style} data-series="${attr(series)}"/>${dots.join('')}`;
 }
 
 /** Consecutive samples with the same value, as time spans. */
-function runsOf<T>(values: readonly T[], spans: readonly (readonly [number, number])[]): { value: T; t0: number; t1: number }[] {
+function runsOf<T>(
+  values: readonly T[],
+  spans: readonly (readonly [number, number])[],
+): { value: T; t0: number; t1: number }[] {
   const out: { value: T; t0: number; t1: number }[] = [];
   values.forEach((v, i) => {
     const span = spans[i];

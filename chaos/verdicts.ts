@@ -42,7 +42,13 @@ const fmtS = (ms: number): string => `${(ms / 1000).toFixed(1)} s`;
 /** What a window counts: the admissions by decision (LoadBin.admitted), or the answers given fail-open. */
 export type Admissions = 'decided' | 'fail-open';
 
-export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: number, windowMs = 1000, count: Admissions = 'decided'): { admitted: number; limit: number; at: number; spanMs: number; slackMs: number } {
+export function worstWindow(
+  bins: readonly RecordedBin[],
+  quota: number,
+  burst: number,
+  windowMs = 1000,
+  count: Admissions = 'decided',
+): { admitted: number; limit: number; at: number; spanMs: number; slackMs: number } {
   let worst = { admitted: 0, limit: quota + burst, at: 0, spanMs: 0, slackMs: 0 };
   let worstMargin = -Infinity;
   for (let lo = 0; lo < bins.length; lo++) {
@@ -61,7 +67,13 @@ export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: 
     const limit = quota * ((span + slackUs / 1000) / 1000) + burst;
     if (sum - limit > worstMargin) {
       worstMargin = sum - limit;
-      worst = { admitted: sum, limit, at: (bins[lo] as RecordedBin).t - (bins[lo] as RecordedBin).durationMs + span, spanMs: span, slackMs: slackUs / 1000 };
+      worst = {
+        admitted: sum,
+        limit,
+        at: (bins[lo] as RecordedBin).t - (bins[lo] as RecordedBin).durationMs + span,
+        spanMs: span,
+        slackMs: slackUs / 1000,
+      };
     }
   }
   return worst;
@@ -73,16 +85,24 @@ export function worstWindow(bins: readonly RecordedBin[], quota: number, burst: 
  * allowance·W + depth in every window — so all admissions ≤ (quota + allowance)·W + burst + depth.
  * Without it (not known), decided admissions are held to quota·W + burst and fail-open ones counted.
  */
-export function boundVerdict(bins: readonly RecordedBin[], quota: number, burst: number, allowance: { readonly rate: number; readonly depth: number } | null = null): Verdict {
+export function boundVerdict(
+  bins: readonly RecordedBin[],
+  quota: number,
+  burst: number,
+  allowance: { readonly rate: number; readonly depth: number } | null = null,
+): Verdict {
   const failOpen = bins.reduce((a, b) => a + b.cells.reduce((x, c) => x + c.failOpen, 0), 0);
   const w = worstWindow(bins, quota, burst);
   const f = allowance === null ? null : worstWindow(bins, allowance.rate, allowance.depth, 1000, 'fail-open');
   const decidedOk = w.admitted <= w.limit;
   const failOpenOk = f === null || f.admitted <= f.limit;
   const windowText = `closest 1 s window to the bound: ${w.admitted} admitted by decision (sent in the ${Math.round(w.spanMs)} ms to ${fmtS(w.at)}, decided within ${w.slackMs.toFixed(1)} ms more) ${decidedOk ? '≤' : '>'} quota·W + burst = ${Math.round(w.limit)}`;
-  const failOpenText = f === null
-    ? (failOpen > 0 ? `; ${failOpen} answers given fail-open in overload (x-ratelimit-fail-open), counted apart: the fail-open allowance is not known for this deployment` : '')
-    : `; fail-open answers ${failOpen} in all, at most ${f.admitted} in a 1 s window ${failOpenOk ? '≤' : '>'} allowance·W + depth = ${Math.round(f.limit)} (the bound's fail-open term)`;
+  const failOpenText =
+    f === null
+      ? failOpen > 0
+        ? `; ${failOpen} answers given fail-open in overload (x-ratelimit-fail-open), counted apart: the fail-open allowance is not known for this deployment`
+        : ''
+      : `; fail-open answers ${failOpen} in all, at most ${f.admitted} in a 1 s window ${failOpenOk ? '≤' : '>'} allowance·W + depth = ${Math.round(f.limit)} (the bound's fail-open term)`;
   return { name: 'bound', ok: decidedOk && failOpenOk, detail: windowText + failOpenText };
 }
 
@@ -112,12 +132,35 @@ const ms = (us: number | null): string => (us === null ? '–' : `${(us / 1000).
  * figure is for production hardware; here a target is a ratio against a baseline measured in the same
  * run) — p99 from the fault on ≤ 1.5 × the p99 of the steady state before it.
  */
-export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number, faultAt: number | null, excuses: readonly ErrorExcuse[] = []): Verdict {
+export function latencyVerdict(
+  bins: readonly RecordedBin[],
+  p99LimitMs: number,
+  faultAt: number | null,
+  excuses: readonly ErrorExcuse[] = [],
+): Verdict {
   const all = latencies(bins, excuses);
   const p99 = quantile(all, 0.99);
   if (p99 === null) return { name: 'latency', ok: false, detail: 'no answers at all' };
-  const base = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t <= faultAt), excuses), 0.99);
-  const during = faultAt === null ? null : quantile(latencies(bins.filter((b) => b.t > faultAt), excuses), 0.99);
+  const base =
+    faultAt === null
+      ? null
+      : quantile(
+          latencies(
+            bins.filter((b) => b.t <= faultAt),
+            excuses,
+          ),
+          0.99,
+        );
+  const during =
+    faultAt === null
+      ? null
+      : quantile(
+          latencies(
+            bins.filter((b) => b.t > faultAt),
+            excuses,
+          ),
+          0.99,
+        );
   let worst = { p99: 0, at: 0 };
   let window: number[] = [];
   let windowMs = 0;
@@ -138,7 +181,11 @@ export function latencyVerdict(bins: readonly RecordedBin[], p99LimitMs: number,
   const ratio = base !== null && during !== null && base > 0 ? during / base : null;
   const relative = ratio !== null && ratio <= 1.5;
   const ok = absolute || relative;
-  const how = absolute ? `p99 ${ms(p99)} ≤ ${p99LimitMs} ms` : relative ? `p99 ${ms(p99)} > ${p99LimitMs} ms on this machine, but from the fault on ${ms(during)} = ${(ratio ?? 0).toFixed(2)} × the steady state's ${ms(base)} (≤ 1.5 ×)` : `p99 ${ms(p99)} > ${p99LimitMs} ms and from the fault on ${ms(during)} = ${ratio === null ? '?' : ratio.toFixed(2)} × the steady state's ${ms(base)} (> 1.5 ×)`;
+  const how = absolute
+    ? `p99 ${ms(p99)} ≤ ${p99LimitMs} ms`
+    : relative
+      ? `p99 ${ms(p99)} > ${p99LimitMs} ms on this machine, but from the fault on ${ms(during)} = ${(ratio ?? 0).toFixed(2)} × the steady state's ${ms(base)} (≤ 1.5 ×)`
+      : `p99 ${ms(p99)} > ${p99LimitMs} ms and from the fault on ${ms(during)} = ${ratio === null ? '?' : ratio.toFixed(2)} × the steady state's ${ms(base)} (> 1.5 ×)`;
   const machineWide = excuses.filter((e) => e.cell === -1).reduce((a, e) => a + (e.to - e.from), 0);
   return {
     name: 'latency',
@@ -156,7 +203,14 @@ export function errorsVerdict(bins: readonly RecordedBin[], excuses: readonly Er
     b.cells.forEach((c, i) => {
       sent += c.sent;
       if (c.errors === 0) return;
-      if (excused(excuses.filter((e) => e.cell !== -1), i, b)) excusedErrors += c.errors;
+      if (
+        excused(
+          excuses.filter((e) => e.cell !== -1),
+          i,
+          b,
+        )
+      )
+        excusedErrors += c.errors;
       else {
         errors += c.errors;
         first ??= b.t;
@@ -174,7 +228,14 @@ export function errorsVerdict(bins: readonly RecordedBin[], excuses: readonly Er
  * Time from `healedAt` until every cell is on a leased slice and the cells admit ≥ 90 % of
  * min(quota, offered) over the preceding second.
  */
-export function recoveryVerdict(samples: readonly TimelineSample[], bins: readonly RecordedBin[], healedAt: number, limitMs: number, quota: number, endAt: number): Verdict {
+export function recoveryVerdict(
+  samples: readonly TimelineSample[],
+  bins: readonly RecordedBin[],
+  healedAt: number,
+  limitMs: number,
+  quota: number,
+  endAt: number,
+): Verdict {
   for (const s of samples) {
     if (s.t < healedAt) continue;
     const leased = Object.values(s.leased).every((v) => v === 1);
@@ -187,8 +248,16 @@ export function recoveryVerdict(samples: readonly TimelineSample[], bins: readon
     const target = 0.9 * Math.min(quota, offered);
     if (admitted >= target) {
       const took = s.t - healedAt;
-      return { name: 'recovery', ok: took <= limitMs, detail: `normal allocation back ${(took / 1000).toFixed(1)} s after ${fmtS(healedAt)} (every cell leased, ${Math.round(admitted)}/s admitted ≥ 90 % of ${Math.round(Math.min(quota, offered))}); stated ≤ ${fmtS(limitMs)}` };
+      return {
+        name: 'recovery',
+        ok: took <= limitMs,
+        detail: `normal allocation back ${(took / 1000).toFixed(1)} s after ${fmtS(healedAt)} (every cell leased, ${Math.round(admitted)}/s admitted ≥ 90 % of ${Math.round(Math.min(quota, offered))}); stated ≤ ${fmtS(limitMs)}`,
+      };
     }
   }
-  return { name: 'recovery', ok: false, detail: `normal allocation not back within ${fmtS(endAt - healedAt)} after ${fmtS(healedAt)} (stated ≤ ${fmtS(limitMs)})` };
+  return {
+    name: 'recovery',
+    ok: false,
+    detail: `normal allocation not back within ${fmtS(endAt - healedAt)} after ${fmtS(healedAt)} (stated ≤ ${fmtS(limitMs)})`,
+  };
 }

@@ -11,7 +11,12 @@ import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coord
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
 import { LiveTraffic } from '../coordinator/api/live-traffic.js';
 import { TokenFile } from '../coordinator/lease/lease-auth.js';
-import { DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_DEMAND_KEYS, DEFAULT_ROUND_MS, MAX_REPORT_ITEMS } from '../coordinator/lease/lease-service.js';
+import {
+  DEFAULT_LEASE_TTL_MS,
+  DEFAULT_MAX_DEMAND_KEYS,
+  DEFAULT_ROUND_MS,
+  MAX_REPORT_ITEMS,
+} from '../coordinator/lease/lease-service.js';
 import { MAX_CELLS } from '../coordinator/ledger/ledger-commands.js';
 import { DEFAULT_FLOOR_CELLS, DEFAULT_SKEW_MARGIN_MS } from '../coordinator/ledger/ledger.js';
 import { defaultRaftTuning } from '../coordinator/raft/raft-types.js';
@@ -22,7 +27,10 @@ const hostPort = z.string().refine((v) => parseHostPort(v) !== null, 'must be ho
 function idMap(value: z.ZodType<string>, what: string) {
   return z.string().transform((s, ctx) => {
     const out = new Map<string, string>();
-    for (const part of s.split(',').map((p) => p.trim()).filter((p) => p.length > 0)) {
+    for (const part of s
+      .split(',')
+      .map((p) => p.trim())
+      .filter((p) => p.length > 0)) {
       const eq = part.indexOf('=');
       const id = part.slice(0, eq);
       const v = part.slice(eq + 1);
@@ -43,45 +51,144 @@ function idMap(value: z.ZodType<string>, what: string) {
 /** Every setting of `cellquota coordinator`, declared once (shared/cli-config.ts). */
 export const coordinatorFields = z.object({
   id: setting(idSchema, { help: 'this replica id, one of the ids in --peers', example: 'n1' }),
-  peers: setting(idMap(hostPort, 'host:port'), { help: 'every voting replica as id=host:port, comma-separated; the gRPC address peers and agents use', example: 'n1=127.0.0.1:7001,n2=127.0.0.1:7002,n3=127.0.0.1:7003' }),
-  dataDir: setting(z.string().min(1), { help: 'where the Raft log, hard state and snapshots live', example: '/var/lib/cellquota' }),
-  admin: setting(hostPort, { help: 'admin API listen address host:port', default: '127.0.0.1:8081', example: '0.0.0.0:8081' }),
-  adminPeers: setting(idMap(z.string().url(), 'http://host:port').optional(), { help: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader', defaultHelp: 'the peer host with this --admin port', example: 'n1=http://10.0.0.1:8081' }),
-  adminToken: setting(z.string().min(8, 'at least 8 characters').optional(), { help: 'bearer token required for admin writes (unset: no auth)', example: 'a-long-admin-token' }),
+  peers: setting(idMap(hostPort, 'host:port'), {
+    help: 'every voting replica as id=host:port, comma-separated; the gRPC address peers and agents use',
+    example: 'n1=127.0.0.1:7001,n2=127.0.0.1:7002,n3=127.0.0.1:7003',
+  }),
+  dataDir: setting(z.string().min(1), {
+    help: 'where the Raft log, hard state and snapshots live',
+    example: '/var/lib/cellquota',
+  }),
+  admin: setting(hostPort, {
+    help: 'admin API listen address host:port',
+    default: '127.0.0.1:8081',
+    example: '0.0.0.0:8081',
+  }),
+  adminPeers: setting(idMap(z.string().url(), 'http://host:port').optional(), {
+    help: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader',
+    defaultHelp: 'the peer host with this --admin port',
+    example: 'n1=http://10.0.0.1:8081',
+  }),
+  adminToken: setting(z.string().min(8, 'at least 8 characters').optional(), {
+    help: 'bearer token required for admin writes (unset: no auth)',
+    example: 'a-long-admin-token',
+  }),
   authReads: setting(z.boolean(), { help: 'require the token for reads too', default: false, example: 'true' }),
-  clusterId: setting(z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/), { help: 'cluster name; peers of another cluster are refused', default: 'cellquota', example: 'eu-prod' }),
-  join: setting(z.boolean(), { help: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)', default: false, example: 'true' }),
+  clusterId: setting(z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/), {
+    help: 'cluster name; peers of another cluster are refused',
+    default: 'cellquota',
+    example: 'eu-prod',
+  }),
+  join: setting(z.boolean(), {
+    help: 'start empty and wait to be added by `cellquota ctl members add` (do not bootstrap)',
+    default: false,
+    example: 'true',
+  }),
   tickMs: setting(z.coerce.number().int().min(1).max(10_000), { help: 'Raft tick in ms', default: 50, example: '20' }),
-  electionTicks: setting(z.coerce.number().int().min(3).max(1000), { help: 'election timeout in ticks, randomized in [E, 2E)', default: defaultRaftTuning.electionTicks, example: '20' }),
-  heartbeatTicks: setting(z.coerce.number().int().min(1).max(100), { help: 'heartbeat interval in ticks', default: defaultRaftTuning.heartbeatTicks, example: '2' }),
-  snapshotEvery: setting(z.coerce.number().int().min(10).max(10_000_000), { help: 'entries between snapshots', default: 10_000, example: '50000' }),
-  floorCells: setting(z.coerce.number().int().min(1).max(64), { help: 'expected number of cells the floors are split over', default: DEFAULT_FLOOR_CELLS, example: '5' }),
-  leaseTtlMs: setting(z.coerce.number().int().min(500).max(600_000), { help: "how long an agent's lease lasts after its report", default: DEFAULT_LEASE_TTL_MS, example: '5000' }),
-  leaseRoundMs: setting(z.coerce.number().int().min(10).max(10_000), { help: 'interval of the lease rounds (one reportAndGrant entry each)', default: DEFAULT_ROUND_MS, example: '200' }),
-  leaseListen: setting(hostPort.optional(), { help: "host:port of the agents' lease service on its own gRPC server, so the peer port can stay closed to the cells", defaultHelp: "this replica's --peers address", example: '0.0.0.0:7002' }),
-  leasePeers: setting(idMap(hostPort, 'host:port').optional(), { help: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower', defaultHelp: 'the peer host with the --lease-listen port', example: 'n1=10.0.0.1:7002' }),
-  leaseTokens: setting(z.string().min(1).optional(), { help: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen', example: '/etc/cellquota/lease-tokens.yaml' }),
-  maxCells: setting(z.coerce.number().int().min(1).max(MAX_CELLS), { help: "most cells that may register (at most the ledger's limit, the default); a cell beyond it is refused until one is removed (ctl cells remove)", default: MAX_CELLS, example: '16' }),
-  maxDemandKeys: setting(z.coerce.number().int().min(1).max(MAX_REPORT_ITEMS * 10), { help: 'most demand keys the leader keeps per cell; beyond it new keys get no grant until others go quiet', default: DEFAULT_MAX_DEMAND_KEYS, example: '20000' }),
-  tlsCa: setting(z.string().optional(), { help: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed', example: '/etc/cellquota/ca.pem' }),
-  tlsCert: setting(z.string().optional(), { help: 'this replica certificate (PEM; names the replica: URI urn:cellquota:replica:<id> or CN <id>)', example: '/etc/cellquota/n1.pem' }),
+  electionTicks: setting(z.coerce.number().int().min(3).max(1000), {
+    help: 'election timeout in ticks, randomized in [E, 2E)',
+    default: defaultRaftTuning.electionTicks,
+    example: '20',
+  }),
+  heartbeatTicks: setting(z.coerce.number().int().min(1).max(100), {
+    help: 'heartbeat interval in ticks',
+    default: defaultRaftTuning.heartbeatTicks,
+    example: '2',
+  }),
+  snapshotEvery: setting(z.coerce.number().int().min(10).max(10_000_000), {
+    help: 'entries between snapshots',
+    default: 10_000,
+    example: '50000',
+  }),
+  floorCells: setting(z.coerce.number().int().min(1).max(64), {
+    help: 'expected number of cells the floors are split over',
+    default: DEFAULT_FLOOR_CELLS,
+    example: '5',
+  }),
+  leaseTtlMs: setting(z.coerce.number().int().min(500).max(600_000), {
+    help: "how long an agent's lease lasts after its report",
+    default: DEFAULT_LEASE_TTL_MS,
+    example: '5000',
+  }),
+  leaseRoundMs: setting(z.coerce.number().int().min(10).max(10_000), {
+    help: 'interval of the lease rounds (one reportAndGrant entry each)',
+    default: DEFAULT_ROUND_MS,
+    example: '200',
+  }),
+  leaseListen: setting(hostPort.optional(), {
+    help: "host:port of the agents' lease service on its own gRPC server, so the peer port can stay closed to the cells",
+    defaultHelp: "this replica's --peers address",
+    example: '0.0.0.0:7002',
+  }),
+  leasePeers: setting(idMap(hostPort, 'host:port').optional(), {
+    help: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower',
+    defaultHelp: 'the peer host with the --lease-listen port',
+    example: 'n1=10.0.0.1:7002',
+  }),
+  leaseTokens: setting(z.string().min(1).optional(), {
+    help: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen',
+    example: '/etc/cellquota/lease-tokens.yaml',
+  }),
+  maxCells: setting(z.coerce.number().int().min(1).max(MAX_CELLS), {
+    help: "most cells that may register (at most the ledger's limit, the default); a cell beyond it is refused until one is removed (ctl cells remove)",
+    default: MAX_CELLS,
+    example: '16',
+  }),
+  maxDemandKeys: setting(
+    z.coerce
+      .number()
+      .int()
+      .min(1)
+      .max(MAX_REPORT_ITEMS * 10),
+    {
+      help: 'most demand keys the leader keeps per cell; beyond it new keys get no grant until others go quiet',
+      default: DEFAULT_MAX_DEMAND_KEYS,
+      example: '20000',
+    },
+  ),
+  tlsCa: setting(z.string().optional(), {
+    help: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed',
+    example: '/etc/cellquota/ca.pem',
+  }),
+  tlsCert: setting(z.string().optional(), {
+    help: 'this replica certificate (PEM; names the replica: URI urn:cellquota:replica:<id> or CN <id>)',
+    example: '/etc/cellquota/n1.pem',
+  }),
   tlsKey: setting(z.string().optional(), { help: 'this replica key (PEM)', example: '/etc/cellquota/n1-key.pem' }),
   logLevel: setting(z.enum(logLevels), { help: `one of ${logLevels.join(', ')}`, default: 'info', example: 'debug' }),
 });
 
 export const coordinatorSpecs = settingSpecs(coordinatorFields);
 
-export const coordinatorSchema = coordinatorFields
-  .superRefine((s, ctx) => {
-    if (!s.peers.has(s.id)) ctx.addIssue({ code: 'custom', path: ['peers'], message: `must include this replica's id ${s.id}` });
-    if (s.heartbeatTicks >= s.electionTicks) ctx.addIssue({ code: 'custom', path: ['heartbeatTicks'], message: 'must be below --election-ticks' });
-    const tls = [s.tlsCa, s.tlsCert, s.tlsKey].filter((v) => v !== undefined).length;
-    if (tls !== 0 && tls !== 3) ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-ca, --tls-cert and --tls-key go together' });
-    if (tls === 3 && s.leaseTokens !== undefined && s.leaseListen === undefined) ctx.addIssue({ code: 'custom', path: ['leaseTokens'], message: 'with TLS, tokens need --lease-listen (the peer port requires replica certificates)' });
-    if (s.leasePeers !== undefined && s.leaseListen === undefined) ctx.addIssue({ code: 'custom', path: ['leasePeers'], message: 'only with --lease-listen' });
-    const peer = s.peers.get(s.id);
-    if (s.leaseListen !== undefined && peer !== undefined && parseHostPort(peer)?.port === parseHostPort(s.leaseListen)?.port && parseHostPort(s.leaseListen)?.port !== 0) ctx.addIssue({ code: 'custom', path: ['leaseListen'], message: `must be another port than this replica's peer address ${peer}` });
-  });
+export const coordinatorSchema = coordinatorFields.superRefine((s, ctx) => {
+  if (!s.peers.has(s.id))
+    ctx.addIssue({ code: 'custom', path: ['peers'], message: `must include this replica's id ${s.id}` });
+  if (s.heartbeatTicks >= s.electionTicks)
+    ctx.addIssue({ code: 'custom', path: ['heartbeatTicks'], message: 'must be below --election-ticks' });
+  const tls = [s.tlsCa, s.tlsCert, s.tlsKey].filter((v) => v !== undefined).length;
+  if (tls !== 0 && tls !== 3)
+    ctx.addIssue({ code: 'custom', path: ['tlsCa'], message: '--tls-ca, --tls-cert and --tls-key go together' });
+  if (tls === 3 && s.leaseTokens !== undefined && s.leaseListen === undefined)
+    ctx.addIssue({
+      code: 'custom',
+      path: ['leaseTokens'],
+      message: 'with TLS, tokens need --lease-listen (the peer port requires replica certificates)',
+    });
+  if (s.leasePeers !== undefined && s.leaseListen === undefined)
+    ctx.addIssue({ code: 'custom', path: ['leasePeers'], message: 'only with --lease-listen' });
+  const peer = s.peers.get(s.id);
+  if (
+    s.leaseListen !== undefined &&
+    peer !== undefined &&
+    parseHostPort(peer)?.port === parseHostPort(s.leaseListen)?.port &&
+    parseHostPort(s.leaseListen)?.port !== 0
+  )
+    ctx.addIssue({
+      code: 'custom',
+      path: ['leaseListen'],
+      message: `must be another port than this replica's peer address ${peer}`,
+    });
+});
 
 /** Exit code when the data directory failed under a running node (sysexits EX_IOERR). */
 export const exitStorageFailure = 74;
@@ -99,7 +206,10 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   }
   const s = loadSettings('cellquota coordinator', coordinatorSpecs, coordinatorSchema, argv, env);
   const logger = createRootLogger({ level: s.logLevel, name: 'cellquota-coordinator', base: { node: s.id } });
-  const tls = s.tlsCa !== undefined && s.tlsCert !== undefined && s.tlsKey !== undefined ? { ca: readFileSync(s.tlsCa), cert: readFileSync(s.tlsCert), key: readFileSync(s.tlsKey) } : undefined;
+  const tls =
+    s.tlsCa !== undefined && s.tlsCert !== undefined && s.tlsKey !== undefined
+      ? { ca: readFileSync(s.tlsCa), cert: readFileSync(s.tlsCert), key: readFileSync(s.tlsKey) }
+      : undefined;
   const adminAddr = parseHostPort(s.admin);
   if (adminAddr === null) throw new Error('unreachable: admin validated');
   const adminUrlOf = (id: string): string | null => {
@@ -112,13 +222,15 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   // The lease service on its own address: a follower names the leader's lease address (explicit in
   // --lease-peers, else the leader's peer host with this --lease-listen port).
   const leaseListen = s.leaseListen;
-  const leasePort = leaseListen === undefined ? null : parseHostPort(leaseListen)?.port ?? null;
+  const leasePort = leaseListen === undefined ? null : (parseHostPort(leaseListen)?.port ?? null);
   const leaseAddressOf = (id: string): string | null => {
     const explicit = s.leasePeers?.get(id);
     if (explicit !== undefined) return explicit;
     const peer = s.peers.get(id);
     const hp = peer === undefined ? null : parseHostPort(peer);
-    return hp === null || leasePort === null ? null : `${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${leasePort}`;
+    return hp === null || leasePort === null
+      ? null
+      : `${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${leasePort}`;
   };
   let tokens: TokenFile | undefined;
   if (s.leaseTokens !== undefined) {
@@ -126,10 +238,16 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     try {
       tokens = new TokenFile(path, (cells, error) => {
         if (error === null) logger.info({ path, cells }, 'lease tokens reloaded');
-        else logger.error({ path, err: error.message, keeping: cells }, 'lease tokens file is invalid; keeping the previous tokens');
+        else
+          logger.error(
+            { path, err: error.message, keeping: cells },
+            'lease tokens file is invalid; keeping the previous tokens',
+          );
       });
     } catch (err) {
-      throw new ConfigError(`cellquota coordinator: --lease-tokens ${path}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new ConfigError(
+        `cellquota coordinator: --lease-tokens ${path}: ${err instanceof Error ? err.message : String(err)}`,
+      );
     }
   }
   const registry = new Registry();
@@ -137,7 +255,10 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
   const metrics = new CoordinatorMetrics(registry);
   // The leader's live traffic (reports → overshoot windows, fail-open rates): the live view and metrics.
   let nodeRef: CoordinatorNode | null = null;
-  const traffic = new LiveTraffic(() => (nodeRef as CoordinatorNode).ledger(), () => nodeRef?.isLeader() ?? false);
+  const traffic = new LiveTraffic(
+    () => (nodeRef as CoordinatorNode).ledger(),
+    () => nodeRef?.isLeader() ?? false,
+  );
   const dataDir = resolve(s.dataDir);
   // Crash-stop. The node has logged the fatal line, refuses every request and fails readiness; a
   // process that can no longer persist must not linger (a zombie leader would keep clients
@@ -191,7 +312,10 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     // Cannot start (e.g. StorageCorruptionError: committed data is missing; or the disk is still
     // failing): one structured line naming the directory, then the error as before (exit 1).
     const code = (err as { code?: unknown }).code;
-    logger.fatal({ err, dataDir, code: typeof code === 'string' ? code : null, errno: storageErrno(err) }, `coordinator cannot start on ${dataDir}: ${err instanceof Error ? err.message : String(err)}`);
+    logger.fatal(
+      { err, dataDir, code: typeof code === 'string' ? code : null, errno: storageErrno(err) },
+      `coordinator cannot start on ${dataDir}: ${err instanceof Error ? err.message : String(err)}`,
+    );
     logger.flush();
     throw err;
   }
@@ -208,9 +332,20 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     tenants: () => node.ledger().tenantCount,
     demandKeysDropped: () => node.leaseStats()?.demandKeysDropped ?? 0,
   });
-  const app = await buildAdminServer({ backend: node, logger, adminUrlOf, registry, ...(s.adminToken === undefined ? {} : { token: s.adminToken }), authReads: s.authReads, traffic });
+  const app = await buildAdminServer({
+    backend: node,
+    logger,
+    adminUrlOf,
+    registry,
+    ...(s.adminToken === undefined ? {} : { token: s.adminToken }),
+    authReads: s.authReads,
+    traffic,
+  });
   await app.listen({ host: adminAddr.host, port: adminAddr.port });
-  logger.info({ admin: `http://${s.admin}`, peer: s.peers.get(s.id), lease: s.leaseListen ?? s.peers.get(s.id) }, 'admin API listening');
+  logger.info(
+    { admin: `http://${s.admin}`, peer: s.peers.get(s.id), lease: s.leaseListen ?? s.peers.get(s.id) },
+    'admin API listening',
+  );
   return new Promise<number>((resolveExit) => {
     let stopping = false;
     const stop = (signal: string): void => {

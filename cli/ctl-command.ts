@@ -6,16 +6,37 @@ import { z } from 'zod';
 import { loadSettings, setting, settingSpecs, settingsHelp } from '../shared/cli-config.js';
 import { randomBytes } from 'node:crypto';
 import { runTop } from './ctl-top.js';
-import { DEFAULT_IMPORT_BATCH, DEFAULT_IMPORT_PARALLEL, formatOfFile, importTenants, ImportFileError, type BatchAnswer, type ImportFormat, type ImportSummary } from './ctl-import.js';
+import {
+  DEFAULT_IMPORT_BATCH,
+  DEFAULT_IMPORT_PARALLEL,
+  formatOfFile,
+  importTenants,
+  ImportFileError,
+  type BatchAnswer,
+  type ImportFormat,
+  type ImportSummary,
+} from './ctl-import.js';
 import { MAX_TENANTS_PER_BATCH } from '../coordinator/ledger/ledger-commands.js';
 import { formatAge, formatValue, renderTable, type Column } from './ctl-format.js';
 import { CellquotaError } from '../shared/errors.js';
 
 /** The settings of every `cellquota ctl` command, declared once (shared/cli-config.ts). */
 export const ctlFields = z.object({
-  admin: setting(z.string().min(1), { help: 'admin API URL(s) of the coordinators, comma-separated (HOST:PORT is http://)', default: 'http://127.0.0.1:8081', example: 'http://10.0.0.1:8081,http://10.0.0.2:8081' }),
-  token: setting(z.string().min(1).optional(), { help: "the coordinators' admin token (--admin-token)", env: 'CELLQUOTA_ADMIN_TOKEN', example: 'a-long-admin-token' }),
-  json: setting(z.boolean(), { help: "print the admin API's documents as JSON instead of tables", default: false, example: 'true' }),
+  admin: setting(z.string().min(1), {
+    help: 'admin API URL(s) of the coordinators, comma-separated (HOST:PORT is http://)',
+    default: 'http://127.0.0.1:8081',
+    example: 'http://10.0.0.1:8081,http://10.0.0.2:8081',
+  }),
+  token: setting(z.string().min(1).optional(), {
+    help: "the coordinators' admin token (--admin-token)",
+    env: 'CELLQUOTA_ADMIN_TOKEN',
+    example: 'a-long-admin-token',
+  }),
+  json: setting(z.boolean(), {
+    help: "print the admin API's documents as JSON instead of tables",
+    default: false,
+    example: 'true',
+  }),
 });
 
 export const CTL_SETTING_SPECS = settingSpecs(ctlFields);
@@ -98,7 +119,13 @@ async function call(ctx: Ctx, method: string, path: string, body?: unknown): Pro
         // Authorization header on a redirect to another origin.
         let url = `${base.replace(/\/$/, '')}${path}`;
         for (let hop = 0; ; hop++) {
-          res = await fetch(url, { method, headers, redirect: 'manual', ...(body === undefined ? {} : { body: JSON.stringify(body) }), signal: AbortSignal.timeout(15_000) });
+          res = await fetch(url, {
+            method,
+            headers,
+            redirect: 'manual',
+            ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+            signal: AbortSignal.timeout(15_000),
+          });
           const location = res.headers.get('location');
           if (res.status !== 307 || location === null || hop >= 3) break;
           await res.arrayBuffer();
@@ -122,7 +149,10 @@ async function call(ctx: Ctx, method: string, path: string, body?: unknown): Pro
         continue;
       }
       const details = err.details === undefined ? '' : `\n${JSON.stringify(err.details, null, 2)}`;
-      throw new CtlError(`${res.status} ${err.error ?? ''}: ${err.message ?? text}${details}`, res.status === 404 ? 4 : 1);
+      throw new CtlError(
+        `${res.status} ${err.error ?? ''}: ${err.message ?? text}${details}`,
+        res.status === 404 ? 4 : 1,
+      );
     }
     await new Promise((r) => setTimeout(r, 300 * (attempt + 1)));
   }
@@ -132,24 +162,38 @@ async function call(ctx: Ctx, method: string, path: string, body?: unknown): Pro
 function intOption(v: string | undefined, name: string, dflt: number, max: number): number {
   if (v === undefined) return dflt;
   const n = Number(v);
-  if (!Number.isInteger(n) || n < 1 || n > max) throw new CtlError(`--${name} must be an integer in 1..${max}, got '${v}'`, 2);
+  if (!Number.isInteger(n) || n < 1 || n > max)
+    throw new CtlError(`--${name} must be an integer in 1..${max}, got '${v}'`, 2);
   return n;
 }
 
-async function runImport(ctx: Ctx, file: string, values: { format?: string | undefined; batch?: string | undefined; parallel?: string | undefined }): Promise<ImportSummary> {
+async function runImport(
+  ctx: Ctx,
+  file: string,
+  values: { format?: string | undefined; batch?: string | undefined; parallel?: string | undefined },
+): Promise<ImportSummary> {
   let format: ImportFormat | undefined;
   if (values.format !== undefined) {
-    if (values.format !== 'jsonl' && values.format !== 'csv') throw new CtlError(`--format must be jsonl or csv, got '${values.format}'`, 2);
+    if (values.format !== 'jsonl' && values.format !== 'csv')
+      throw new CtlError(`--format must be jsonl or csv, got '${values.format}'`, 2);
     format = values.format;
   } else {
     format = formatOfFile(file);
-    if (format === undefined) throw new CtlError(`cannot tell the format of ${file} from its name (.jsonl, .ndjson, .json or .csv): give --format jsonl|csv`, 2);
+    if (format === undefined)
+      throw new CtlError(
+        `cannot tell the format of ${file} from its name (.jsonl, .ndjson, .json or .csv): give --format jsonl|csv`,
+        2,
+      );
   }
   const batch = intOption(values.batch, 'batch', DEFAULT_IMPORT_BATCH, MAX_TENANTS_PER_BATCH);
   const parallel = intOption(values.parallel, 'parallel', DEFAULT_IMPORT_PARALLEL, 64);
   // One session per lane: a lane's writes are sequential, so its sequence numbers apply in order
   // and a retried batch (same number) applies once.
-  const lanes: Ctx[] = Array.from({ length: parallel }, (_, i) => ({ ...ctx, clientId: `${ctx.clientId}-${i}`, seq: 0 }));
+  const lanes: Ctx[] = Array.from({ length: parallel }, (_, i) => ({
+    ...ctx,
+    clientId: `${ctx.clientId}-${i}`,
+    seq: 0,
+  }));
   const fmt = (n: number): string => n.toLocaleString('en-US');
   try {
     return await importTenants({
@@ -157,15 +201,22 @@ async function runImport(ctx: Ctx, file: string, values: { format?: string | und
       format,
       batch,
       parallel,
-      send: async (lane, tenants) => (await call(lanes[lane] ?? ctx, 'POST', '/v1/tenants', { tenants })) as BatchAnswer,
+      send: async (lane, tenants) =>
+        (await call(lanes[lane] ?? ctx, 'POST', '/v1/tenants', { tenants })) as BatchAnswer,
       onProgress: (p) => {
         const pct = p.totalBytes > 0 ? ` (${Math.round((100 * p.bytesRead) / p.totalBytes)}% of the file read)` : '';
-        console.error(`import: ${fmt(p.done)} of ${fmt(p.read)} records done${pct}, ${fmt(Math.round((p.done * 1000) / Math.max(1, p.elapsedMs)))}/s, ${fmt(p.failed)} failed`);
+        console.error(
+          `import: ${fmt(p.done)} of ${fmt(p.read)} records done${pct}, ${fmt(Math.round((p.done * 1000) / Math.max(1, p.elapsedMs)))}/s, ${fmt(p.failed)} failed`,
+        );
       },
     });
   } catch (err) {
     if (err instanceof ImportFileError) throw new CtlError(err.message, 2);
-    if (err instanceof CtlError) throw new CtlError(`import stopped: ${err.message} (batches answered before this applied; re-run the import to finish, applied tenants come back unchanged)`, err.exitCode);
+    if (err instanceof CtlError)
+      throw new CtlError(
+        `import stopped: ${err.message} (batches answered before this applied; re-run the import to finish, applied tenants come back unchanged)`,
+        err.exitCode,
+      );
     throw err;
   }
 }
@@ -174,8 +225,13 @@ function describeImport(s: ImportSummary): string {
   const fmt = (n: number): string => n.toLocaleString('en-US');
   const head = `imported ${fmt(s.records)} records from ${s.file} in ${s.seconds.toFixed(1)} s (${fmt(s.perSecond)}/s, ${fmt(s.batches)} batches): ${fmt(s.created)} created, ${fmt(s.updated)} updated, ${fmt(s.unchanged)} unchanged, ${fmt(s.failedCount)} failed`;
   if (s.failedCount === 0) return head;
-  const shown = s.failed.slice(0, 50).map((f) => `  line ${f.line}${f.id === null ? '' : ` (${f.id})`}: ${f.error} ${f.message}`);
-  const more = s.failedCount > shown.length ? [`  … and ${fmt(s.failedCount - shown.length)} more (--json lists up to ${fmt(s.failed.length)})`] : [];
+  const shown = s.failed
+    .slice(0, 50)
+    .map((f) => `  line ${f.line}${f.id === null ? '' : ` (${f.id})`}: ${f.error} ${f.message}`);
+  const more =
+    s.failedCount > shown.length
+      ? [`  … and ${fmt(s.failedCount - shown.length)} more (--json lists up to ${fmt(s.failed.length)})`]
+      : [];
   return [head, 'failed lines (each changed nothing):', ...shown, ...more].join('\n');
 }
 
@@ -206,8 +262,20 @@ function quotaSource(t: TenantRow): string {
   return t.rate !== null ? 'rate override' : 'burst override';
 }
 
-const memberColumns: readonly Column<Row>[] = [field('ID', 'id'), field('ROLE', 'role'), field('ADDRESS', 'address'), field('MATCH INDEX', 'match', 'right'), field('REACHABLE', 'reachable')];
-const tierColumns: readonly Column<Row>[] = [field('NAME', 'name'), field('RATE /S', 'rate', 'right'), field('BURST', 'burst', 'right'), field('FLOOR FRACTION', 'floorFraction', 'right'), field('TENANTS', 'tenantCount', 'right')];
+const memberColumns: readonly Column<Row>[] = [
+  field('ID', 'id'),
+  field('ROLE', 'role'),
+  field('ADDRESS', 'address'),
+  field('MATCH INDEX', 'match', 'right'),
+  field('REACHABLE', 'reachable'),
+];
+const tierColumns: readonly Column<Row>[] = [
+  field('NAME', 'name'),
+  field('RATE /S', 'rate', 'right'),
+  field('BURST', 'burst', 'right'),
+  field('FLOOR FRACTION', 'floorFraction', 'right'),
+  field('TENANTS', 'tenantCount', 'right'),
+];
 const tenantColumns: readonly Column<TenantRow>[] = [
   { header: 'ID', value: (t) => t.id },
   { header: 'TIER', value: (t) => t.tier },
@@ -216,11 +284,21 @@ const tenantColumns: readonly Column<TenantRow>[] = [
   { header: 'QUOTA FROM', value: quotaSource },
 ];
 const sliceColumns = (nowMs: number): readonly Column<Row>[] => [
-  field('CELL', 'cellId'), field('RATE /S', 'rate', 'right'), field('BURST', 'burst', 'right'), field('FLOOR RATE /S', 'floorRate', 'right'),
-  field('EPOCH', 'epoch', 'right'), age('LEASE EXPIRES', 'leaseExpiresAtMs', nowMs), field('ACKNOWLEDGED', 'acknowledged'),
+  field('CELL', 'cellId'),
+  field('RATE /S', 'rate', 'right'),
+  field('BURST', 'burst', 'right'),
+  field('FLOOR RATE /S', 'floorRate', 'right'),
+  field('EPOCH', 'epoch', 'right'),
+  age('LEASE EXPIRES', 'leaseExpiresAtMs', nowMs),
+  field('ACKNOWLEDGED', 'acknowledged'),
 ];
 const cellColumns = (nowMs: number): readonly Column<Row>[] => [
-  field('ID', 'id'), field('FLOOR SLOT', 'slot', 'right'), age('LAST REPORT', 'lastReportAt', nowMs), age('LEASE EXPIRES', 'leaseExpiresAt', nowMs), field('LEASE LIVE', 'leaseLive'), field('REMOVING', 'removing'),
+  field('ID', 'id'),
+  field('FLOOR SLOT', 'slot', 'right'),
+  age('LAST REPORT', 'lastReportAt', nowMs),
+  age('LEASE EXPIRES', 'leaseExpiresAt', nowMs),
+  field('LEASE LIVE', 'leaseLive'),
+  field('REMOVING', 'removing'),
 ];
 
 function num(v: string | undefined, name: string): number | undefined {
@@ -267,7 +345,10 @@ function parseCtlArgs(argv: readonly string[]) {
   });
 }
 
-async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, env: NodeJS.ProcessEnv): Promise<number> {
+async function runCtl(
+  { values, positionals }: ReturnType<typeof parseCtlArgs>,
+  env: NodeJS.ProcessEnv,
+): Promise<number> {
   if (values.help || positionals.length === 0) {
     console.log(ctlUsage);
     return values.help ? 0 : 2;
@@ -275,11 +356,26 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
   // The declared settings from their flags and variables (no config file: CELLQUOTA_CONFIG names
   // the server's, whose settings are not ctl's).
   const { CELLQUOTA_CONFIG: _serverConfig, ...ctlEnv } = env;
-  const given = [...(values.admin === undefined ? [] : [`--admin=${values.admin}`]), ...(values.token === undefined ? [] : [`--token=${values.token}`]), ...(values.json === true ? ['--json'] : [])];
+  const given = [
+    ...(values.admin === undefined ? [] : [`--admin=${values.admin}`]),
+    ...(values.token === undefined ? [] : [`--token=${values.token}`]),
+    ...(values.json === true ? ['--json'] : []),
+  ];
   const settings = loadSettings('cellquota ctl', CTL_SETTING_SPECS, ctlFields, given, ctlEnv);
-  const urls = settings.admin.split(',').map((u) => u.trim()).filter((u) => u.length > 0).map((u) => (u.startsWith('http') ? u : `http://${u}`));
-  const ctx: Ctx = { urls, token: settings.token, json: settings.json, clientId: `ctl-${randomBytes(6).toString('hex')}`, seq: 0 };
-  const out = (doc: unknown, human: () => string): void => console.log(ctx.json ? JSON.stringify(doc, null, 2) : human());
+  const urls = settings.admin
+    .split(',')
+    .map((u) => u.trim())
+    .filter((u) => u.length > 0)
+    .map((u) => (u.startsWith('http') ? u : `http://${u}`));
+  const ctx: Ctx = {
+    urls,
+    token: settings.token,
+    json: settings.json,
+    clientId: `ctl-${randomBytes(6).toString('hex')}`,
+    seq: 0,
+  };
+  const out = (doc: unknown, human: () => string): void =>
+    console.log(ctx.json ? JSON.stringify(doc, null, 2) : human());
   const [group, verb, arg] = positionals;
   const need = (v: string | undefined, what: string): string => {
     if (v === undefined || v.length === 0) throw new CtlError(`missing ${what}\n\n${ctlUsage}`, 2);
@@ -288,8 +384,17 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
   try {
     switch (group) {
       case 'cluster': {
-        const c = (await call(ctx, 'GET', '/v1/cluster')) as { leader: string | null; term: number; commitIndex: number; members: Row[] };
-        out(c, () => `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${renderTable(c.members, memberColumns)}`);
+        const c = (await call(ctx, 'GET', '/v1/cluster')) as {
+          leader: string | null;
+          term: number;
+          commitIndex: number;
+          members: Row[];
+        };
+        out(
+          c,
+          () =>
+            `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${renderTable(c.members, memberColumns)}`,
+        );
         return 0;
       }
       case 'tiers': {
@@ -300,7 +405,13 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           const r = await call(ctx, 'GET', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
           out(r, () => renderTable([r as Row], tierColumns));
         } else if (verb === 'put') {
-          const body = { rate: num(need(values.rate, '--rate'), 'rate'), burst: num(need(values.burst, '--burst'), 'burst'), ...(values['floor-fraction'] === undefined ? {} : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }) };
+          const body = {
+            rate: num(need(values.rate, '--rate'), 'rate'),
+            burst: num(need(values.burst, '--burst'), 'burst'),
+            ...(values['floor-fraction'] === undefined
+              ? {}
+              : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }),
+          };
           const r = await call(ctx, 'PUT', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`, body);
           out(r, () => `tier ${need(arg, 'tier name')} saved`);
         } else if (verb === 'delete') {
@@ -314,7 +425,9 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           const r = (await call(ctx, 'GET', '/v1/settings')) as Record<string, unknown>;
           out(r, () => renderTable([r], [field('UNKNOWN TENANT', 'unknownTenant')]));
         } else if (verb === 'set') {
-          const r = (await call(ctx, 'PUT', '/v1/settings', { unknownTenant: need(values['unknown-tenant'], '--unknown-tenant') })) as Record<string, unknown>;
+          const r = (await call(ctx, 'PUT', '/v1/settings', {
+            unknownTenant: need(values['unknown-tenant'], '--unknown-tenant'),
+          })) as Record<string, unknown>;
           out(r, () => `settings saved: unknownTenant ${String(r['unknownTenant'])}`);
         } else throw new CtlError(`unknown settings command '${verb}'\n\n${ctlUsage}`, 2);
         return 0;
@@ -324,13 +437,32 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
           const q = new URLSearchParams();
           if (values.limit !== undefined) q.set('limit', values.limit);
           if (values.cursor !== undefined) q.set('cursor', values.cursor);
-          const r = (await call(ctx, 'GET', `/v1/tenants${q.size > 0 ? `?${q.toString()}` : ''}`)) as { tenants: TenantRow[]; nextCursor: string | null };
-          out(r, () => `${renderTable(r.tenants, tenantColumns)}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`);
+          const r = (await call(ctx, 'GET', `/v1/tenants${q.size > 0 ? `?${q.toString()}` : ''}`)) as {
+            tenants: TenantRow[];
+            nextCursor: string | null;
+          };
+          out(
+            r,
+            () =>
+              `${renderTable(r.tenants, tenantColumns)}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`,
+          );
         } else if (verb === 'get') {
-          const r = (await call(ctx, 'GET', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`)) as TenantRow & { slices: Row[] };
-          out(r, () => `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst} (${quotaSource(r) === 'tier' ? 'the tier\'s' : quotaSource(r)})\n\n${r.slices.length === 0 ? '(no cells yet)' : renderTable(r.slices, sliceColumns(Date.now()))}`);
+          const r = (await call(
+            ctx,
+            'GET',
+            `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`,
+          )) as TenantRow & { slices: Row[] };
+          out(
+            r,
+            () =>
+              `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst} (${quotaSource(r) === 'tier' ? "the tier's" : quotaSource(r)})\n\n${r.slices.length === 0 ? '(no cells yet)' : renderTable(r.slices, sliceColumns(Date.now()))}`,
+          );
         } else if (verb === 'put') {
-          const body = { tier: need(values.tier, '--tier'), ...(values.rate === undefined ? {} : { rate: num(values.rate, 'rate') }), ...(values.burst === undefined ? {} : { burst: num(values.burst, 'burst') }) };
+          const body = {
+            tier: need(values.tier, '--tier'),
+            ...(values.rate === undefined ? {} : { rate: num(values.rate, 'rate') }),
+            ...(values.burst === undefined ? {} : { burst: num(values.burst, 'burst') }),
+          };
           const r = await call(ctx, 'PUT', `/v1/tenants/${encodeURIComponent(need(arg, 'tenant id'))}`, body);
           out(r, () => `tenant ${need(arg, 'tenant id')} saved`);
         } else if (verb === 'delete') {
@@ -346,39 +478,61 @@ async function runCtl({ values, positionals }: ReturnType<typeof parseCtlArgs>, 
       case 'cells': {
         if (verb === 'list' || verb === undefined) {
           const r = (await call(ctx, 'GET', '/v1/cells')) as { cells: Row[] };
-          out(r, () => (r.cells.length === 0 ? '(no cells have reported yet)' : renderTable(r.cells, cellColumns(Date.now()))));
+          out(r, () =>
+            r.cells.length === 0 ? '(no cells have reported yet)' : renderTable(r.cells, cellColumns(Date.now())),
+          );
         } else if (verb === 'remove') {
           const id = need(arg, 'cell id');
-          const r = (await call(ctx, 'DELETE', `/v1/cells/${encodeURIComponent(id)}`)) as { dropped: boolean; leaseExpiresAt: string | null; freedSlot: number | null };
-          out(r, () => (r.dropped
-            ? `cell ${id} removed${r.freedSlot === null ? '' : `; floor slot ${r.freedSlot} freed`}`
-            : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt === null ? 'now' : formatAge(r.leaseExpiresAt, Date.now())}, plus the skew margin)`));
-        } else throw new CtlError(`unknown cells command '${verb}'
+          const r = (await call(ctx, 'DELETE', `/v1/cells/${encodeURIComponent(id)}`)) as {
+            dropped: boolean;
+            leaseExpiresAt: string | null;
+            freedSlot: number | null;
+          };
+          out(r, () =>
+            r.dropped
+              ? `cell ${id} removed${r.freedSlot === null ? '' : `; floor slot ${r.freedSlot} freed`}`
+              : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt === null ? 'now' : formatAge(r.leaseExpiresAt, Date.now())}, plus the skew margin)`,
+          );
+        } else
+          throw new CtlError(
+            `unknown cells command '${verb}'
 
-${ctlUsage}`, 2);
+${ctlUsage}`,
+            2,
+          );
         return 0;
       }
       case 'members': {
         const id = need(arg, 'member id');
         if (verb === 'add') {
-          const r = await call(ctx, 'PUT', `/v1/members/${encodeURIComponent(id)}`, { address: need(values.address, '--address') });
+          const r = await call(ctx, 'PUT', `/v1/members/${encodeURIComponent(id)}`, {
+            address: need(values.address, '--address'),
+          });
           out(r, () => `${id} added and promoted to voter`);
         } else if (verb === 'remove') {
           const r = await call(ctx, 'DELETE', `/v1/members/${encodeURIComponent(id)}`);
           out(r, () => `${id} removed`);
         } else if (verb === 'replace') {
-          const r = await call(ctx, 'POST', `/v1/members/${encodeURIComponent(id)}/replace`, { address: need(values.address, '--address') });
+          const r = await call(ctx, 'POST', `/v1/members/${encodeURIComponent(id)}/replace`, {
+            address: need(values.address, '--address'),
+          });
           out(r, () => `${id} replaced`);
         } else throw new CtlError(`unknown members command '${verb ?? ''}'\n\n${ctlUsage}`, 2);
         return 0;
       }
       case 'top': {
         const rows = num(values.limit, 'limit');
-        if (rows !== undefined && !(Number.isInteger(rows) && rows >= 1 && rows <= 20)) throw new CtlError('--limit must be an integer in 1..20', 2);
+        if (rows !== undefined && !(Number.isInteger(rows) && rows >= 1 && rows <= 20))
+          throw new CtlError('--limit must be an integer in 1..20', 2);
         return await runTop({ urls, token: ctx.token, ...(rows === undefined ? {} : { rows }) });
       }
       case 'transfer-leadership': {
-        const r = (await call(ctx, 'POST', '/v1/cluster/transfer-leadership', values.to === undefined ? {} : { to: values.to })) as { transferringTo: string };
+        const r = (await call(
+          ctx,
+          'POST',
+          '/v1/cluster/transfer-leadership',
+          values.to === undefined ? {} : { to: values.to },
+        )) as { transferringTo: string };
         out(r, () => `leadership is moving to ${r.transferringTo}`);
         return 0;
       }

@@ -28,7 +28,12 @@ export interface BatchAnswer {
   readonly created: number;
   readonly updated: number;
   readonly unchanged: number;
-  readonly failed: readonly { readonly index: number; readonly id: string | null; readonly error: string; readonly message: string }[];
+  readonly failed: readonly {
+    readonly index: number;
+    readonly id: string | null;
+    readonly error: string;
+    readonly message: string;
+  }[];
 }
 
 export interface ImportFailure {
@@ -89,7 +94,9 @@ export class ImportFileError extends CellquotaError {
   readonly code = 'IMPORT_FILE_INVALID';
 }
 
-type Record_ = { readonly line: number; readonly tenant: Record<string, unknown>; readonly id: string | null } | { readonly line: number; readonly failure: ImportFailure };
+type Record_ =
+  | { readonly line: number; readonly tenant: Record<string, unknown>; readonly id: string | null }
+  | { readonly line: number; readonly failure: ImportFailure };
 
 export async function importTenants(opts: ImportOptions): Promise<ImportSummary> {
   let totalBytes: number;
@@ -117,7 +124,15 @@ export async function importTenants(opts: ImportOptions): Promise<ImportSummary>
     if (failed.length < MAX_REPORTED_FAILURES) failed.push(f);
   };
   const seen = new Map<string, number>();
-  const progress = (): void => opts.onProgress?.({ read, done, failed: failedCount, bytesRead: stream.bytesRead, totalBytes, elapsedMs: performance.now() - started });
+  const progress = (): void =>
+    opts.onProgress?.({
+      read,
+      done,
+      failed: failedCount,
+      bytesRead: stream.bytesRead,
+      totalBytes,
+      elapsedMs: performance.now() - started,
+    });
   const timer = opts.onProgress === undefined ? null : setInterval(progress, opts.progressEveryMs ?? 1000);
 
   // Lanes: each has at most one batch in flight; a full batch waits for a free lane.
@@ -131,7 +146,10 @@ export async function importTenants(opts: ImportOptions): Promise<ImportSummary>
     const lane = freeLanes.pop() ?? 0;
     batches++;
     const p: Promise<void> = opts
-      .send(lane, batch.map((b) => b.tenant))
+      .send(
+        lane,
+        batch.map((b) => b.tenant),
+      )
       .then((answer) => {
         created += answer.created;
         updated += answer.updated;
@@ -165,7 +183,12 @@ export async function importTenants(opts: ImportOptions): Promise<ImportSummary>
       if (r.id !== null) {
         const first = seen.get(r.id);
         if (first !== undefined) {
-          fail({ line: r.line, id: r.id, error: 'DUPLICATE', message: `tenant ${r.id} is already on line ${first} of this file (each tenant once per import)` });
+          fail({
+            line: r.line,
+            id: r.id,
+            error: 'DUPLICATE',
+            message: `tenant ${r.id} is already on line ${first} of this file (each tenant once per import)`,
+          });
           done++;
           continue;
         }
@@ -183,12 +206,25 @@ export async function importTenants(opts: ImportOptions): Promise<ImportSummary>
     if (timer !== null) clearInterval(timer);
     stream.destroy();
   }
-  if (streamFailure.error !== null) throw new ImportFileError(`reading ${opts.file} failed: ${streamFailure.error.message}`);
+  if (streamFailure.error !== null)
+    throw new ImportFileError(`reading ${opts.file} failed: ${streamFailure.error.message}`);
   if (stop.error !== null) throw stop.error;
   progress();
   failed.sort((a, b) => a.line - b.line);
   const seconds = (performance.now() - started) / 1000;
-  return { file: opts.file, format: opts.format, records: read, created, updated, unchanged, failedCount, failed, batches, seconds, perSecond: Math.round(read / Math.max(seconds, 1e-3)) };
+  return {
+    file: opts.file,
+    format: opts.format,
+    records: read,
+    created,
+    updated,
+    unchanged,
+    failedCount,
+    failed,
+    batches,
+    seconds,
+    perSecond: Math.round(read / Math.max(seconds, 1e-3)),
+  };
 }
 
 function idOf(v: Record<string, unknown>): string | null {
@@ -203,18 +239,32 @@ async function* readJsonLines(stream: NodeJS.ReadableStream): AsyncGenerator<Rec
     const text = raw.trim();
     if (text.length === 0) continue;
     if (Buffer.byteLength(text) > MAX_IMPORT_LINE_BYTES) {
-      yield { line, failure: { line, id: null, error: 'INVALID', message: `line longer than ${MAX_IMPORT_LINE_BYTES} bytes` } };
+      yield {
+        line,
+        failure: { line, id: null, error: 'INVALID', message: `line longer than ${MAX_IMPORT_LINE_BYTES} bytes` },
+      };
       continue;
     }
     let doc: unknown;
     try {
       doc = JSON.parse(text);
     } catch (err) {
-      yield { line, failure: { line, id: null, error: 'INVALID', message: `not JSON: ${err instanceof Error ? err.message : String(err)}` } };
+      yield {
+        line,
+        failure: {
+          line,
+          id: null,
+          error: 'INVALID',
+          message: `not JSON: ${err instanceof Error ? err.message : String(err)}`,
+        },
+      };
       continue;
     }
     if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) {
-      yield { line, failure: { line, id: null, error: 'INVALID', message: 'not a JSON object like {"id": "acme", "tier": "gold"}' } };
+      yield {
+        line,
+        failure: { line, id: null, error: 'INVALID', message: 'not a JSON object like {"id": "acme", "tier": "gold"}' },
+      };
       continue;
     }
     const tenant = doc as Record<string, unknown>;
@@ -237,14 +287,22 @@ async function* readCsv(stream: NodeJS.ReadableStream): AsyncGenerator<Record_> 
       const unknown = names.filter((n) => !(CSV_COLUMNS as readonly string[]).includes(n));
       const missing = ['id', 'tier'].filter((n) => !names.includes(n));
       if (unknown.length > 0 || missing.length > 0 || new Set(names).size !== names.length) {
-        header.error = new ImportFileError(`the CSV header must name the columns ${CSV_COLUMNS.join(', ')} (id and tier required, each once); got: ${row.join(',')}`);
+        header.error = new ImportFileError(
+          `the CSV header must name the columns ${CSV_COLUMNS.join(', ')} (id and tier required, each once); got: ${row.join(',')}`,
+        );
         throw header.error;
       }
       return names;
     },
     on_skip: (err: CsvError | undefined) => {
-      const line = typeof (err as { lines?: unknown } | undefined)?.lines === 'number' ? (err as unknown as { lines: number }).lines : 0;
-      skipped.push({ line, failure: { line, id: null, error: 'INVALID', message: `bad CSV record: ${err?.message ?? 'unreadable'}` } });
+      const line =
+        typeof (err as { lines?: unknown } | undefined)?.lines === 'number'
+          ? (err as unknown as { lines: number }).lines
+          : 0;
+      skipped.push({
+        line,
+        failure: { line, id: null, error: 'INVALID', message: `bad CSV record: ${err?.message ?? 'unreadable'}` },
+      });
       return undefined;
     },
   });

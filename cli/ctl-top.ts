@@ -19,17 +19,26 @@ export interface TopOptions {
 
 const ESC = '\u001b[';
 
-async function fetchState(opts: TopOptions, sort: 'admitted' | 'refused', size: number, preferred: number): Promise<{ doc: LiveState; index: number }> {
+async function fetchState(
+  opts: TopOptions,
+  sort: 'admitted' | 'refused',
+  size: number,
+  preferred: number,
+): Promise<{ doc: LiveState; index: number }> {
   let last = 'no admin URL';
   for (let i = 0; i < opts.urls.length; i++) {
     const index = (preferred + i) % opts.urls.length;
     const base = (opts.urls[index] ?? '').replace(/\/$/, '');
     try {
       const res = await fetch(`${base}/ui/api/state?sort=${sort}&size=${size}`, {
-        headers: { accept: 'application/json', ...(opts.token === undefined ? {} : { authorization: `Bearer ${opts.token}` }) },
+        headers: {
+          accept: 'application/json',
+          ...(opts.token === undefined ? {} : { authorization: `Bearer ${opts.token}` }),
+        },
         signal: AbortSignal.timeout(Math.max(500, (opts.intervalMs ?? TOP_INTERVAL_MS) * 0.9)),
       });
-      if (res.status === 401 || res.status === 403) throw new Error(`${base}: ${res.status} (give the admin token: --token or CELLQUOTA_ADMIN_TOKEN)`);
+      if (res.status === 401 || res.status === 403)
+        throw new Error(`${base}: ${res.status} (give the admin token: --token or CELLQUOTA_ADMIN_TOKEN)`);
       if (!res.ok) {
         last = `${base}: HTTP ${res.status}`;
         continue;
@@ -50,7 +59,11 @@ function fmt(x: number | null | undefined, digits = 1): string {
 
 function table(head: readonly string[], rows: readonly (readonly string[])[], right: ReadonlySet<number>): string[] {
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (cells: readonly string[]): string => cells.map((c, i) => (right.has(i) ? c.padStart(widths[i] ?? 0) : c.padEnd(widths[i] ?? 0))).join('  ').trimEnd();
+  const line = (cells: readonly string[]): string =>
+    cells
+      .map((c, i) => (right.has(i) ? c.padStart(widths[i] ?? 0) : c.padEnd(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd();
   return [line(head), ...rows.map(line)];
 }
 
@@ -71,22 +84,38 @@ export function renderTop(byAdmitted: LiveState, byRefused: LiveState, nowMs: nu
   const c = byAdmitted.cluster;
   const o = byAdmitted.overshoot;
   const out: string[] = [];
-  out.push(`cellquota top   leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}   built by ${byAdmitted.builtBy}   ${new Date(nowMs).toISOString().slice(11, 19)}   q: quit`);
-  out.push(`members  ${c.members.map((m) => `${m.id} ${m.role}${m.reachable === false ? ' (unreachable)' : ''}`).join(' · ')}`);
-  out.push(`bound    peak admitted ÷ (rate·1s + burst) over the last minute ${o.peakRatio === null ? '-' : o.peakRatio.toFixed(3)}${o.peakQuota === null ? '' : ` (${o.peakQuota})`}   windows over 1: ${o.windowsOver ?? '-'} of ${o.windows ?? '-'}${byAdmitted.note === null ? '' : `   note: ${byAdmitted.note}`}`);
+  out.push(
+    `cellquota top   leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}   built by ${byAdmitted.builtBy}   ${new Date(nowMs).toISOString().slice(11, 19)}   q: quit`,
+  );
+  out.push(
+    `members  ${c.members.map((m) => `${m.id} ${m.role}${m.reachable === false ? ' (unreachable)' : ''}`).join(' · ')}`,
+  );
+  out.push(
+    `bound    peak admitted ÷ (rate·1s + burst) over the last minute ${o.peakRatio === null ? '-' : o.peakRatio.toFixed(3)}${o.peakQuota === null ? '' : ` (${o.peakQuota})`}   windows over 1: ${o.windowsOver ?? '-'} of ${o.windows ?? '-'}${byAdmitted.note === null ? '' : `   note: ${byAdmitted.note}`}`,
+  );
   out.push('');
   out.push(
     ...table(
       ['CELL', 'LAST REPORT', 'DECIDES ON', 'FAIL-OPEN/S', 'FAIL-OPEN TOTAL'],
-      byAdmitted.cells.map((x) => [x.id, x.lastReportAt === null ? 'never' : `${((nowMs - x.lastReportAt) / 1000).toFixed(1)} s ago`, x.leaseLive ? 'lease' : 'floors', fmt(x.failOpenPerS), x.failOpenTotal === null ? '-' : String(x.failOpenTotal)]),
+      byAdmitted.cells.map((x) => [
+        x.id,
+        x.lastReportAt === null ? 'never' : `${((nowMs - x.lastReportAt) / 1000).toFixed(1)} s ago`,
+        x.leaseLive ? 'lease' : 'floors',
+        fmt(x.failOpenPerS),
+        x.failOpenTotal === null ? '-' : String(x.failOpenTotal),
+      ]),
       new Set([3, 4]),
     ),
   );
   const head = ['TENANT', 'TIER', 'QUOTA/S', 'ADMITTED/S', 'REFUSED/S', '÷BOUND', 'SLICES'];
   out.push('', `busiest by admitted (${byAdmitted.tenants.total.toLocaleString('en-US')} tenants)`);
-  out.push(...table(head, tenantRows(byAdmitted.tenants.rows.filter((r) => (r.admittedPerS ?? 0) > 0)), new Set([2, 3, 4, 5])));
+  out.push(
+    ...table(head, tenantRows(byAdmitted.tenants.rows.filter((r) => (r.admittedPerS ?? 0) > 0)), new Set([2, 3, 4, 5])),
+  );
   out.push('', 'busiest by refused');
-  out.push(...table(head, tenantRows(byRefused.tenants.rows.filter((r) => (r.refusedPerS ?? 0) > 0)), new Set([2, 3, 4, 5])));
+  out.push(
+    ...table(head, tenantRows(byRefused.tenants.rows.filter((r) => (r.refusedPerS ?? 0) > 0)), new Set([2, 3, 4, 5])),
+  );
   return out.map((l) => (l.length > width ? l.slice(0, width) : l)).join('\n');
 }
 

@@ -37,7 +37,8 @@ interface Child {
   readonly log: string;
 }
 
-const devUsage = (): string => `cellquota dev [--data-dir DIR] [--peer-port P] [--admin-port P] [--agent-port P] [--tls] [--demo]
+const devUsage =
+  (): string => `cellquota dev [--data-dir DIR] [--peer-port P] [--admin-port P] [--agent-port P] [--tls] [--demo]
 
 ${settingsHelp(DEV_SETTING_SPECS)}
 
@@ -60,12 +61,36 @@ const port = z.coerce.number().int().min(1).max(65_000);
 
 /** Every setting of `cellquota dev`, declared once (shared/cli-config.ts). */
 export const devFields = z.object({
-  dataDir: setting(z.string().min(1), { help: 'where the replicas, the agents and their logs keep their data (reused on the next run)', default: './.cellquota', example: '/tmp/cellquota-dev' }),
-  peerPort: setting(port, { help: "the first replica's peer (gRPC) port; the others take the next two", default: 7001, example: '17001' }),
-  adminPort: setting(port, { help: "the first replica's admin API port; the others take the next two", default: 8081, example: '18081' }),
-  agentPort: setting(port, { help: "cell-a's HTTP API port, cell-b's the next; their TCP RLS ports are 10 above", default: 9091, example: '19091' }),
-  tls: setting(z.boolean(), { help: 'TLS end to end, with certificates made under <data-dir>/pki (see below)', default: false, example: 'true' }),
-  demo: setting(z.boolean(), { help: 'drive a skewed load and print the rebalancing each second (see below)', default: false, example: 'true' }),
+  dataDir: setting(z.string().min(1), {
+    help: 'where the replicas, the agents and their logs keep their data (reused on the next run)',
+    default: './.cellquota',
+    example: '/tmp/cellquota-dev',
+  }),
+  peerPort: setting(port, {
+    help: "the first replica's peer (gRPC) port; the others take the next two",
+    default: 7001,
+    example: '17001',
+  }),
+  adminPort: setting(port, {
+    help: "the first replica's admin API port; the others take the next two",
+    default: 8081,
+    example: '18081',
+  }),
+  agentPort: setting(port, {
+    help: "cell-a's HTTP API port, cell-b's the next; their TCP RLS ports are 10 above",
+    default: 9091,
+    example: '19091',
+  }),
+  tls: setting(z.boolean(), {
+    help: 'TLS end to end, with certificates made under <data-dir>/pki (see below)',
+    default: false,
+    example: 'true',
+  }),
+  demo: setting(z.boolean(), {
+    help: 'drive a skewed load and print the rebalancing each second (see below)',
+    default: false,
+    example: 'true',
+  }),
 });
 
 export const DEV_SETTING_SPECS = settingSpecs(devFields);
@@ -93,18 +118,36 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     try {
       pki = makeLocalPki(join(dataDir, 'pki'), ids, cells);
     } catch (err) {
-      console.error(`cellquota dev --tls: cannot make the certificates: ${err instanceof Error ? err.message : String(err)}`);
+      console.error(
+        `cellquota dev --tls: cannot make the certificates: ${err instanceof Error ? err.message : String(err)}`,
+      );
       return 1;
     }
   }
   const leasePort = (i: number): number => peerPort + 10 + i;
-  const tlsOfReplica = (id: string, i: number): string[] => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.replica(id).cert, '--tls-key', pki.replica(id).key, '--lease-listen', `127.0.0.1:${leasePort(i)}`]);
-  const tlsOfCell = (cell: string): string[] => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key]);
+  const tlsOfReplica = (id: string, i: number): string[] =>
+    pki === null
+      ? []
+      : [
+          '--tls-ca',
+          pki.ca,
+          '--tls-cert',
+          pki.replica(id).cert,
+          '--tls-key',
+          pki.replica(id).key,
+          '--lease-listen',
+          `127.0.0.1:${leasePort(i)}`,
+        ];
+  const tlsOfCell = (cell: string): string[] =>
+    pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key];
 
   const startChild = (name: string, args: string[]): Child => {
     const log = join(logDir, `${name}.log`);
     const out = createWriteStream(log, { flags: 'a' });
-    const proc = spawn(process.execPath, [...process.execArgv, script, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, CELLQUOTA_CONFIG: undefined } });
+    const proc = spawn(process.execPath, [...process.execArgv, script, ...args], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...env, CELLQUOTA_CONFIG: undefined },
+    });
     proc.stdout?.pipe(out);
     proc.stderr?.pipe(out);
     const child = { name, proc, log };
@@ -136,8 +179,25 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
 
   console.log(`cellquota dev: data in ${dataDir}, logs in ${logDir}`);
   ids.forEach((id, i) => {
-    startChild(`coordinator-${id}`, ['coordinator', '--id', id, '--peers', peers, '--data-dir', join(dataDir, id), '--admin', `127.0.0.1:${adminPort + i}`, '--admin-peers', adminPeers, '--floor-cells', '2', ...tlsOfReplica(id, i)]);
-    console.log(`  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}${pki === null ? '' : `, lease 127.0.0.1:${leasePort(i)} (mutual TLS)`}`);
+    startChild(`coordinator-${id}`, [
+      'coordinator',
+      '--id',
+      id,
+      '--peers',
+      peers,
+      '--data-dir',
+      join(dataDir, id),
+      '--admin',
+      `127.0.0.1:${adminPort + i}`,
+      '--admin-peers',
+      adminPeers,
+      '--floor-cells',
+      '2',
+      ...tlsOfReplica(id, i),
+    ]);
+    console.log(
+      `  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}${pki === null ? '' : `, lease 127.0.0.1:${leasePort(i)} (mutual TLS)`}`,
+    );
   });
   const interrupted = new Promise<'interrupted'>((r) => {
     // Ctrl-C in a terminal reaches the children too (one process group): their exits are expected.
@@ -163,14 +223,31 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
     const rulesFile = join(dataDir, 'rules.yaml');
     writeFileSync(rulesFile, demoRules);
     const agentHttp = cells.map((_, i) => `http://127.0.0.1:${agentPort + i}`);
-    const coordinators = pki === null ? ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',') : ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',');
+    const coordinators =
+      pki === null
+        ? ids.map((_, i) => `127.0.0.1:${peerPort + i}`).join(',')
+        : ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',');
     cells.forEach((cell, i) => {
       startChild(`agent-${cell}`, [
-        'agent', '--cell', cell, '--rules', rulesFile,
-        '--rls-socket', join(dataDir, `${cell}.sock`), '--rls-listen', `127.0.0.1:${agentPort + 10 + i}`,
-        '--http', `127.0.0.1:${agentPort + i}`, '--coordinators', coordinators, '--response-headers', ...tlsOfCell(cell),
+        'agent',
+        '--cell',
+        cell,
+        '--rules',
+        rulesFile,
+        '--rls-socket',
+        join(dataDir, `${cell}.sock`),
+        '--rls-listen',
+        `127.0.0.1:${agentPort + 10 + i}`,
+        '--http',
+        `127.0.0.1:${agentPort + i}`,
+        '--coordinators',
+        coordinators,
+        '--response-headers',
+        ...tlsOfCell(cell),
       ]);
-      console.log(`  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`);
+      console.log(
+        `  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`,
+      );
     });
     await Promise.race([Promise.all(agentHttp.map((u) => waitForHttp(`${u}/healthz`))), interrupted]);
     const leased = await Promise.race([waitForLeasedCheck(agentHttp[0] ?? ''), interrupted]);
@@ -178,14 +255,22 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       await stopAll();
       return 130;
     }
-    console.log(leased ? '  cell-a decides acme on a leased grant' : '  cell-a holds no grant for acme yet (its checks are refused until the first one)');
+    console.log(
+      leased
+        ? '  cell-a decides acme on a leased grant'
+        : '  cell-a holds no grant for acme yet (its checks are refused until the first one)',
+    );
     const ctl = `node ${script.endsWith('.ts') ? `--import tsx ${script}` : script} ctl`;
     console.log(`
 cellquota is running (3 coordinators and 2 agents on loopback).
 
   admin API      ${adminUrls.join('  ')}
-  peers (gRPC)   ${peers}${pki === null ? '' : `  (mutual TLS; certificates in ${pki.dir})
-  leases (gRPC)  ${ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',')}  (each agent's certificate names its cell)`}
+  peers (gRPC)   ${peers}${
+    pki === null
+      ? ''
+      : `  (mutual TLS; certificates in ${pki.dir})
+  leases (gRPC)  ${ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',')}  (each agent's certificate names its cell)`
+  }
   agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  (Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
   demo           tier 'demo' (100 req/s, burst 200, floors 25/s per cell), tenant 'acme'; the agents lease slices of it
 
@@ -232,7 +317,12 @@ interface DemoCounts {
  * With the demo tier's floors (25/s per cell) the quiet cell keeps its floor and the hot cell can
  * grow to 75/s: watch the slices swap after each move.
  */
-function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUrls: readonly string[], print: (line: string) => void): { stop(): Promise<void> } {
+function runDemo(
+  cells: readonly string[],
+  agentHttp: readonly string[],
+  adminUrls: readonly string[],
+  print: (line: string) => void,
+): { stop(): Promise<void> } {
   const agent = new HttpAgent({ keepAlive: true, maxSockets: 32 });
   const body = JSON.stringify({ domain: 'demo', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] });
   const counts: DemoCounts[] = cells.map(() => ({ sent: 0, admitted: 0, refused: 0, errors: 0 }));
@@ -249,15 +339,26 @@ function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUr
     const c = counts[i] as DemoCounts;
     c.sent++;
     inFlight++;
-    const req = httpRequest({ agent, host: url.hostname, port: url.port, method: 'POST', path: '/v1/check', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }, timeout: 2000 }, (res) => {
-      res.resume();
-      res.on('end', () => {
-        inFlight--;
-        if (res.statusCode === 200) c.admitted++;
-        else if (res.statusCode === 429) c.refused++;
-        else c.errors++;
-      });
-    });
+    const req = httpRequest(
+      {
+        agent,
+        host: url.hostname,
+        port: url.port,
+        method: 'POST',
+        path: '/v1/check',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        timeout: 2000,
+      },
+      (res) => {
+        res.resume();
+        res.on('end', () => {
+          inFlight--;
+          if (res.statusCode === 200) c.admitted++;
+          else if (res.statusCode === 429) c.refused++;
+          else c.errors++;
+        });
+      },
+    );
     req.on('timeout', () => req.destroy(new Error('timeout')));
     req.on('error', () => {
       inFlight--;
@@ -287,7 +388,12 @@ function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUr
         const res = await fetch(`${u}/v1/tenants/acme?stale=true`, { signal: AbortSignal.timeout(500) });
         if (!res.ok) continue;
         const t = (await res.json()) as { slices?: { cellId: string; rate: number; floorRate: number }[] };
-        return new Map((t.slices ?? []).map((s) => [s.cellId, { rate: Math.max(s.rate, s.floorRate), onFloor: s.floorRate > s.rate }]));
+        return new Map(
+          (t.slices ?? []).map((s) => [
+            s.cellId,
+            { rate: Math.max(s.rate, s.floorRate), onFloor: s.floorRate > s.rate },
+          ]),
+        );
       } catch {
         // the next replica
       }
@@ -298,7 +404,9 @@ function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUr
   let tick = 0;
   let reporting = false;
   const pad = (v: number | string, n: number): string => String(v).padStart(n);
-  print(`\ndemo: tenant 'acme' (quota ${DEMO_QUOTA} req/s), ${total} req/s offered, ${DEMO_HOT * 100} % on one cell, moving every ${DEMO_SHIFT_S} s; Ctrl-C stops\n`);
+  print(
+    `\ndemo: tenant 'acme' (quota ${DEMO_QUOTA} req/s), ${total} req/s offered, ${DEMO_HOT * 100} % on one cell, moving every ${DEMO_SHIFT_S} s; Ctrl-C stops\n`,
+  );
   const report = setInterval(() => {
     tick++;
     if (tick % DEMO_SHIFT_S === 0) hot = (hot + 1) % cells.length;
@@ -313,11 +421,15 @@ function runDemo(cells: readonly string[], agentHttp: readonly string[], adminUr
       cells.forEach((cell, i) => {
         const c = snapshot[i] as DemoCounts;
         const slice = sl.get(cell);
-        print(`${i === 0 ? t : ' '.repeat(t.length)} ${cell.padEnd(8)} offered ${pad(c.sent, 4)}/s  admitted ${pad(c.admitted, 4)}/s  refused ${pad(c.refused, 4)}/s  slice ${slice === undefined ? '     —' : pad(slice.rate.toFixed(1), 6)}/s${slice?.onFloor === true ? ' (floor)' : ''}${c.errors > 0 ? `  errors ${c.errors}` : ''}`);
+        print(
+          `${i === 0 ? t : ' '.repeat(t.length)} ${cell.padEnd(8)} offered ${pad(c.sent, 4)}/s  admitted ${pad(c.admitted, 4)}/s  refused ${pad(c.refused, 4)}/s  slice ${slice === undefined ? '     —' : pad(slice.rate.toFixed(1), 6)}/s${slice?.onFloor === true ? ' (floor)' : ''}${c.errors > 0 ? `  errors ${c.errors}` : ''}`,
+        );
       });
       const admitted = snapshot.reduce((a, c) => a + c.admitted, 0);
       const sliceSum = [...sl.values()].reduce((a, b) => a + b.rate, 0);
-      print(`${' '.repeat(t.length)} global   admitted ${pad(admitted, 4)}/s of the quota ${DEMO_QUOTA}/s (${Math.round((admitted / DEMO_QUOTA) * 100)} %), slices sum ${sliceSum.toFixed(1)}/s`);
+      print(
+        `${' '.repeat(t.length)} global   admitted ${pad(admitted, 4)}/s of the quota ${DEMO_QUOTA}/s (${Math.round((admitted / DEMO_QUOTA) * 100)} %), slices sum ${sliceSum.toFixed(1)}/s`,
+      );
     });
   }, 1000);
 
@@ -363,7 +475,12 @@ async function putJson(urls: readonly string[], path: string, body: unknown): Pr
   while (Date.now() < deadline) {
     for (const u of urls) {
       try {
-        const res = await fetch(`${u}${path}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(5000) });
+        const res = await fetch(`${u}${path}`, {
+          method: 'PUT',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+          signal: AbortSignal.timeout(5000),
+        });
         if (res.ok) return;
         last = `${res.status} ${await res.text()}`;
       } catch (err) {

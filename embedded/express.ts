@@ -17,13 +17,18 @@ import type { LimiterLogger } from './options.js';
 
 export type { Descriptor, HeaderMode, LimitDecision, Limiter, PolicyStatus } from './http-gate.js';
 
-export type CellquotaExpressOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> =
-  GateOptions<Req> & {
-    /** Called for every refused request before the answer is sent (it may set headers on the response). */
-    readonly onRefused?: (request: Req, response: Res, decision: LimitDecision | null) => void;
-  };
+export type CellquotaExpressOptions<
+  Req extends IncomingMessage = IncomingMessage,
+  Res extends ServerResponse = ServerResponse,
+> = GateOptions<Req> & {
+  /** Called for every refused request before the answer is sent (it may set headers on the response). */
+  readonly onRefused?: (request: Req, response: Res, decision: LimitDecision | null) => void;
+};
 
-export interface RateLimitMiddleware<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
+export interface RateLimitMiddleware<
+  Req extends IncomingMessage = IncomingMessage,
+  Res extends ServerResponse = ServerResponse,
+> {
   (request: Req, response: Res, next: (error?: unknown) => void): void;
   /** Resolves with the limiter once it is ready; rejects if it cannot start. */
   readonly ready: Promise<Limiter>;
@@ -72,7 +77,11 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
     const payload = refusalPayload(body, req, r.decision);
     const text = typeof payload === 'string' ? payload : JSON.stringify(payload);
     res.statusCode = g.statusCode;
-    if (!res.hasHeader('content-type')) res.setHeader('content-type', typeof payload === 'string' ? 'text/plain; charset=utf-8' : 'application/json; charset=utf-8');
+    if (!res.hasHeader('content-type'))
+      res.setHeader(
+        'content-type',
+        typeof payload === 'string' ? 'text/plain; charset=utf-8' : 'application/json; charset=utf-8',
+      );
     res.setHeader('content-length', Buffer.byteLength(text));
     res.end(text);
   };
@@ -82,13 +91,21 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
       handle(gate, req, res, next);
       return;
     }
-    ready.then(() => handle(gate as HttpGate<Req>, req, res, next), (error: unknown) => next(error));
+    ready.then(
+      () => handle(gate as HttpGate<Req>, req, res, next),
+      (error: unknown) => next(error),
+    );
   };
   let closing: Promise<void> | null = null;
   return Object.assign(middleware, {
     ready,
     close: (): Promise<void> => {
-      closing ??= own ? ready.then((l) => l.close(), () => undefined) : Promise.resolve();
+      closing ??= own
+        ? ready.then(
+            (l) => l.close(),
+            () => undefined,
+          )
+        : Promise.resolve();
       return closing;
     },
   });

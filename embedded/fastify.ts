@@ -36,8 +36,11 @@ export type CellquotaFastifyOptions = GateOptions<FastifyRequest> & {
   readonly onRefused?: (request: FastifyRequest, reply: FastifyReply, decision: LimitDecision | null) => void;
 };
 
-const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (fastify: FastifyInstance, options: CellquotaFastifyOptions) => {
-  const logger = ('logger' in options && options.logger !== undefined ? options.logger : fastify.log);
+const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (
+  fastify: FastifyInstance,
+  options: CellquotaFastifyOptions,
+) => {
+  const logger = 'logger' in options && options.logger !== undefined ? options.logger : fastify.log;
   const { limiter, own } = await limiterOf(options, logger);
   const gate = new HttpGate<FastifyRequest>(limiter, options, logger, 'fastify plugin');
   const body = options.body;

@@ -45,7 +45,12 @@ export const httpOptionsSchema = z.object({
   trustedProxies: z.array(z.string()).max(1024).default([]),
   ipv6Prefix: z.number().int().min(0).max(128).default(64),
   allowList: z.array(z.string()).max(1024).default([]),
-  descriptors: z.custom<(request: unknown, client: string) => readonly Descriptor[]>((v) => typeof v === 'function', 'a function (request, client) => descriptors').optional(),
+  descriptors: z
+    .custom<(request: unknown, client: string) => readonly Descriptor[]>(
+      (v) => typeof v === 'function',
+      'a function (request, client) => descriptors',
+    )
+    .optional(),
   headers: z.enum(['draft-10', 'legacy', 'both', 'none']).default('draft-10'),
   headersOnAllowed: z.boolean().default(true),
   statusCode: z.number().int().min(400).max(599).default(429),
@@ -93,7 +98,12 @@ export class HttpGate<Req> {
   private readonly onAllowed: boolean;
   private readonly errors: RateLimitedLog;
 
-  constructor(readonly limiter: Limiter, options: HttpOptions<Req>, logger: LimiterLogger, what: string) {
+  constructor(
+    readonly limiter: Limiter,
+    options: HttpOptions<Req>,
+    logger: LimiterLogger,
+    what: string,
+  ) {
     const o = parseWith(httpOptionsSchema, pick(options), what);
     this.trusted = parseTrustedProxies(o.trustedProxies);
     this.allow = o.allowList.length === 0 ? null : parseAddressList(o.allowList, 'allow-list');
@@ -110,12 +120,16 @@ export class HttpGate<Req> {
     const realIp = headers['x-real-ip'];
     const client = clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: this.ipv6Prefix });
     if (this.allow !== null) {
-      const exact = this.ipv6Prefix === 128 || !client.includes(':') ? client : clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: 128 });
+      const exact =
+        this.ipv6Prefix === 128 || !client.includes(':')
+          ? client
+          : clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: 128 });
       if (this.allow.has(exact)) return { client, decision: null, refused: false, headers: NO_HEADERS };
     }
     let decision: LimitDecision;
     try {
-      const descriptors = this.descriptors === null ? [[{ key: 'remote_address', value: client }]] : this.descriptors(request, client);
+      const descriptors =
+        this.descriptors === null ? [[{ key: 'remote_address', value: client }]] : this.descriptors(request, client);
       decision = this.limiter.check({ descriptors });
     } catch (error) {
       if (error instanceof LimiterInputError) {
@@ -123,17 +137,24 @@ export class HttpGate<Req> {
         // value): refusing them keeps a client from buying its way out of the limit with a long header.
         const c = countersOf(this.limiter);
         if (c !== undefined) c.invalidOutside++;
-        this.errors.error({ limiter: this.limiter.name, error: error.message }, 'cellquota: descriptors over the request bounds; request refused');
+        this.errors.error(
+          { limiter: this.limiter.name, error: error.message },
+          'cellquota: descriptors over the request bounds; request refused',
+        );
         return { client, decision: null, refused: true, headers: [['retry-after', '1']] };
       }
       const c = countersOf(this.limiter);
       if (c !== undefined) c.failOpenOutside++;
-      this.errors.error({ limiter: this.limiter.name, err: error }, 'cellquota: building the descriptors failed; request let through (fail-open)');
+      this.errors.error(
+        { limiter: this.limiter.name, err: error },
+        'cellquota: building the descriptors failed; request let through (fail-open)',
+      );
       return { client, decision: null, refused: false, headers: [[FAIL_OPEN_HEADER, 'true']] };
     }
     const refused = !decision.allowed;
     if (decision.failOpen) return { client, decision, refused: false, headers: [[FAIL_OPEN_HEADER, 'true']] };
-    if (!refused && (!this.onAllowed || this.mode === 'none')) return { client, decision, refused, headers: NO_HEADERS };
+    if (!refused && (!this.onAllowed || this.mode === 'none'))
+      return { client, decision, refused, headers: NO_HEADERS };
     const out = rateLimitHeaders(decision.policies, this.mode);
     if (refused) out.push(['retry-after', String(decision.retryAfterSeconds)]);
     return { client, decision, refused, headers: out };
@@ -152,7 +173,7 @@ function pick<Req>(o: HttpOptions<Req>): Record<string, unknown> {
 
 /** A policy name as an sf-string: printable ASCII, `"` and `\` escaped; anything else becomes `_`. */
 export function sfString(name: string): string {
-  const clean = NAME.test(name) ? name : (name.slice(0, 128).replace(/[^\x20-\x7e]/g, '_') || 'policy');
+  const clean = NAME.test(name) ? name : name.slice(0, 128).replace(/[^\x20-\x7e]/g, '_') || 'policy';
   return `"${clean.replace(/[\\"]/g, '\\$&')}"`;
 }
 
@@ -184,7 +205,11 @@ export function rateLimitHeaders(policies: readonly PolicyStatus[], mode: Header
       }
       if (p.remaining < chosen.remaining) chosen = p;
     }
-    out.push(['ratelimit-limit', String(chosen.limit)], ['ratelimit-remaining', String(chosen.remaining)], ['ratelimit-reset', String(chosen.resetSeconds)]);
+    out.push(
+      ['ratelimit-limit', String(chosen.limit)],
+      ['ratelimit-remaining', String(chosen.remaining)],
+      ['ratelimit-reset', String(chosen.resetSeconds)],
+    );
   }
   return out;
 }
@@ -212,7 +237,17 @@ export function refusalPayload<Req>(body: unknown, request: Req, decision: Limit
 }
 
 /** The default refusal body (JSON). */
-export function defaultRefusalBody(decision: LimitDecision | null): { statusCode: number; error: string; message: string; retryAfterSeconds: number } {
+export function defaultRefusalBody(decision: LimitDecision | null): {
+  statusCode: number;
+  error: string;
+  message: string;
+  retryAfterSeconds: number;
+} {
   const after = decision?.retryAfterSeconds ?? 1;
-  return { statusCode: 429, error: 'Too Many Requests', message: `rate limit exceeded, retry in ${after} s`, retryAfterSeconds: after };
+  return {
+    statusCode: 429,
+    error: 'Too Many Requests',
+    message: `rate limit exceeded, retry in ${after} s`,
+    retryAfterSeconds: after,
+  };
 }

@@ -113,32 +113,76 @@ export class LimiterInputError extends CellquotaError {
 export const MAX_HITS = 1_000_000;
 
 const NS_PER_S = 1_000_000_000n;
-const UNIT_SECONDS: Readonly<Record<number, number>> = { 1: 1, 2: 60, 3: 3600, 4: 86_400, 5: 2_592_000, 6: 31_536_000, 7: 604_800 };
+const UNIT_SECONDS: Readonly<Record<number, number>> = {
+  1: 1,
+  2: 60,
+  3: 3600,
+  4: 86_400,
+  5: 2_592_000,
+  6: 31_536_000,
+  7: 604_800,
+};
 const NO_POLICIES: readonly PolicyStatus[] = Object.freeze([]);
-const ALLOW_NOTHING_MET: LimitDecision = Object.freeze({ allowed: true, overLimit: false, retryAfterSeconds: 0, degraded: false, failOpen: false, policies: NO_POLICIES });
-const FAIL_OPEN_DECISION: LimitDecision = Object.freeze({ allowed: true, overLimit: false, retryAfterSeconds: 0, degraded: true, failOpen: true, policies: NO_POLICIES });
+const ALLOW_NOTHING_MET: LimitDecision = Object.freeze({
+  allowed: true,
+  overLimit: false,
+  retryAfterSeconds: 0,
+  degraded: false,
+  failOpen: false,
+  policies: NO_POLICIES,
+});
+const FAIL_OPEN_DECISION: LimitDecision = Object.freeze({
+  allowed: true,
+  overLimit: false,
+  retryAfterSeconds: 0,
+  degraded: true,
+  failOpen: true,
+  policies: NO_POLICIES,
+});
 
 export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   const o = parseLimiterOptions(options);
   const logger: LimiterLogger = o.logger ?? pino({ name: 'cellquota', level: 'warn' });
 
-  const ruleSet = typeof o.rules === 'string'
-    ? await loadRules(o.rules)
-    : compileRules(o.rules.map((doc, i) => parseRulesObject(doc, o.rules.length === 1 ? 'rules' : `rules[${i}]`)));
+  const ruleSet =
+    typeof o.rules === 'string'
+      ? await loadRules(o.rules)
+      : compileRules(o.rules.map((doc, i) => parseRulesObject(doc, o.rules.length === 1 ? 'rules' : `rules[${i}]`)));
   const domains = [...ruleSet.domains.keys()];
   const domain = o.domain ?? (domains.length === 1 ? domains[0] : undefined);
-  if (domain === undefined) throw new Error(`cellquota createLimiter: the rules have ${domains.length} domains (${domains.join(', ')}); say which with the domain option`);
-  if (!ruleSet.domains.has(domain)) throw new Error(`cellquota createLimiter: the rules have no domain '${domain}' (they have: ${domains.join(', ')})`);
+  if (domain === undefined)
+    throw new Error(
+      `cellquota createLimiter: the rules have ${domains.length} domains (${domains.join(', ')}); say which with the domain option`,
+    );
+  if (!ruleSet.domains.has(domain))
+    throw new Error(`cellquota createLimiter: the rules have no domain '${domain}' (they have: ${domains.join(', ')})`);
   const name = o.name ?? domain;
 
   // With coordinators every quota comes from them (as for an agent: CoordinatedQuotas over the lease
   // client's entries); alone, from the tenants option at the static share (the options refuse both).
   const coordinated = o.coordinators.length > 0;
-  const creds = coordinated ? loadLeaseCredentials({ cell: o.cell as string, tlsCa: o.tlsCa, tlsCert: o.tlsCert, tlsKey: o.tlsKey, tlsServerName: o.tlsServerName, leaseTokenFile: o.leaseTokenFile }) : null;
+  const creds = coordinated
+    ? loadLeaseCredentials({
+        cell: o.cell as string,
+        tlsCa: o.tlsCa,
+        tlsCert: o.tlsCert,
+        tlsKey: o.tlsKey,
+        tlsServerName: o.tlsServerName,
+        leaseTokenFile: o.leaseTokenFile,
+      })
+    : null;
   const deadline = coordinated ? LeaseDeadline.create() : null;
   const overrides = coordinated ? new QuotaOverrides(deadline) : null;
-  const quotaFile: QuotaFile = o.tenants === undefined ? { tiers: {}, tenants: {} } : typeof o.tenants === 'string' ? await loadQuotaFile(o.tenants) : parseQuotaFile(o.tenants, 'tenants');
-  const quotas: StaticQuotas = overrides !== null ? new CoordinatedQuotas(overrides) : new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
+  const quotaFile: QuotaFile =
+    o.tenants === undefined
+      ? { tiers: {}, tenants: {} }
+      : typeof o.tenants === 'string'
+        ? await loadQuotaFile(o.tenants)
+        : parseQuotaFile(o.tenants, 'tenants');
+  const quotas: StaticQuotas =
+    overrides !== null
+      ? new CoordinatedQuotas(overrides)
+      : new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
 
   const startNs = process.hrtime.bigint();
   const clock = (): bigint => process.hrtime.bigint();
@@ -151,12 +195,15 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     velocityTable.onNewKey = (slot, gen, key) => keys.learn(slot, gen, key);
     velocityKeys = keys;
   }
-  const decider = new Decider({ table, quotas, clock, velocity: velocityTable, overrides, deadline }, {
-    bounds: DEFAULT_REQUEST_BOUNDS,
-    responseHeaders: false,
-    tableFull: o.tableFull,
-    staticSlices: !coordinated,
-  });
+  const decider = new Decider(
+    { table, quotas, clock, velocity: velocityTable, overrides, deadline },
+    {
+      bounds: DEFAULT_REQUEST_BOUNDS,
+      responseHeaders: false,
+      tableFull: o.tableFull,
+      staticSlices: !coordinated,
+    },
+  );
   decider.setRules(ruleSet);
   let rules: RuleSet = ruleSet;
   const stats = createStatsShared(1);
@@ -183,7 +230,9 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       coordinatorById: byId,
       logger: logger as Logger,
       velocity: () => keys.snapshot(clock()),
-      ...(deadline === null ? {} : { monotonicMs: monotonicMsOf(clock, startNs), deadline: deadlineWriter(deadline, startNs) }),
+      ...(deadline === null
+        ? {}
+        : { monotonicMs: monotonicMsOf(clock, startNs), deadline: deadlineWriter(deadline, startNs) }),
       // One thread: the Decider reads the same QuotaOverrides, so a grant is in force once applied.
       onOverrides: (entries) => {
         return applyLeaseEntries(table, overrides, entries, clock());
@@ -197,17 +246,28 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
 
   let unwatch: (() => void) | null = null;
   if (o.watchRules && typeof o.rules === 'string') {
-    unwatch = watchRules(o.rules, (next) => {
-      if (!next.domains.has(domain)) {
-        logger.error({ limiter: name, domain }, 'reloaded rules have no rules for this limiter\'s domain; keeping the last good rules');
-        return;
-      }
-      rules = next;
-      decider.setRules(next);
-      logger.info({ limiter: name, fingerprint: next.fingerprint }, 'rules reloaded');
-    }, (error) => {
-      logger.error({ limiter: name, error: error.message, code: error.code }, 'rules reload failed; keeping the last good rules');
-    }, { initial: ruleSet });
+    unwatch = watchRules(
+      o.rules,
+      (next) => {
+        if (!next.domains.has(domain)) {
+          logger.error(
+            { limiter: name, domain },
+            "reloaded rules have no rules for this limiter's domain; keeping the last good rules",
+          );
+          return;
+        }
+        rules = next;
+        decider.setRules(next);
+        logger.info({ limiter: name, fingerprint: next.fingerprint }, 'rules reloaded');
+      },
+      (error) => {
+        logger.error(
+          { limiter: name, error: error.message, code: error.code },
+          'rules reload failed; keeping the last good rules',
+        );
+      },
+      { initial: ruleSet },
+    );
   }
 
   const shadow = o.shadow;
@@ -217,10 +277,12 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     const descriptors = input.descriptors;
     if (descriptors.length === 0) return ALLOW_NOTHING_MET;
     const hits = input.hits;
-    if (hits !== undefined && !(Number.isSafeInteger(hits) && hits >= 0 && hits <= MAX_HITS)) throw new LimiterInputError(`hits must be an integer in 0..${MAX_HITS}, got ${String(hits)}`);
+    if (hits !== undefined && !(Number.isSafeInteger(hits) && hits >= 0 && hits <= MAX_HITS))
+      throw new LimiterInputError(`hits must be an integer in 0..${MAX_HITS}, got ${String(hits)}`);
     const hitsAddend = hits ?? null;
     const rls: RlsDescriptor[] = new Array<RlsDescriptor>(descriptors.length);
-    for (let i = 0; i < descriptors.length; i++) rls[i] = { entries: descriptors[i] as Descriptor, limit: null, hitsAddend };
+    for (let i = 0; i < descriptors.length; i++)
+      rls[i] = { entries: descriptors[i] as Descriptor, limit: null, hitsAddend };
     const outcome = service.check({ domain, descriptors: rls, hitsAddend: 0 });
     if (outcome.kind === 'error') throw new LimiterInputError(outcome.message);
     const response = outcome.response;
@@ -253,7 +315,13 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     registry,
     shadow,
     check,
-    status: () => ({ name, domain, rules: rules.fingerprint, lease: lease === null ? 'off' : lease.status().state, keys: table.size() }),
+    status: () => ({
+      name,
+      domain,
+      rules: rules.fingerprint,
+      lease: lease === null ? 'off' : lease.status().state,
+      keys: table.size(),
+    }),
     close: () => {
       if (!closed) {
         closed = true;

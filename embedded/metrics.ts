@@ -57,13 +57,18 @@ export function registerLimiterMetrics(registry: Registry, source: LimiterSource
     const sources = new Set<LimiterSource>();
     const { metrics, invalidate } = metricsOver(sources);
     for (const m of metrics) {
-      if (registry.getSingleMetric(m.name) !== undefined) throw new Error(`cellquota: the registry already has a metric named ${m.name}`);
+      if (registry.getSingleMetric(m.name) !== undefined)
+        throw new Error(`cellquota: the registry already has a metric named ${m.name}`);
     }
     for (const m of metrics) registry.registerMetric(m as unknown as Metric);
     entry = { sources, invalidate };
     byRegistry.set(registry, entry);
   }
-  for (const s of entry.sources) if (s.name === source.name) throw new Error(`cellquota: a limiter named '${source.name}' is already registered in this registry; give each limiter its own name`);
+  for (const s of entry.sources)
+    if (s.name === source.name)
+      throw new Error(
+        `cellquota: a limiter named '${source.name}' is already registered in this registry; give each limiter its own name`,
+      );
   entry.sources.add(source);
   entry.invalidate();
   const e = entry;
@@ -87,44 +92,109 @@ function metricsOver(sources: ReadonlySet<LimiterSource>): { metrics: ComputedMe
     }
     return cached;
   };
-  const each = (f: (s: LimiterSource, t: StatsTotals) => Value[]): (() => Value[]) => () => {
-    const out: Value[] = [];
-    for (const [s, t] of totals()) out.push(...f(s, t));
-    return out;
-  };
+  const each =
+    (f: (s: LimiterSource, t: StatsTotals) => Value[]): (() => Value[]) =>
+    () => {
+      const out: Value[] = [];
+      for (const [s, t] of totals()) out.push(...f(s, t));
+      return out;
+    };
   const histogram = 'cellquota_embedded_decision_duration_seconds';
   const metrics = [
-    new ComputedMetric('cellquota_embedded_decisions_total', 'Checks decided in-process, by verdict (degraded: let through without a decision) and by whether a global quota was involved.', 'counter',
-      each((s, t) => VERDICTS.flatMap((verdict) => SCOPES.map((scope) => ({ value: t.decisions[verdict][scope], labels: { limiter: s.name, verdict, scope } }))))),
-    new ComputedMetric(histogram, 'Time to decide one check in-process.', 'histogram', each((s, t) => {
-      const values: Value[] = [];
-      let cumulative = 0;
-      LATENCY_BUCKETS_S.forEach((le, b) => {
-        cumulative += t.latencyBuckets[b] ?? 0;
-        values.push({ metricName: `${histogram}_bucket`, labels: { limiter: s.name, le }, value: cumulative });
-      });
-      cumulative += t.latencyBuckets[LATENCY_BUCKETS_S.length] ?? 0;
-      values.push({ metricName: `${histogram}_bucket`, labels: { limiter: s.name, le: '+Inf' }, value: cumulative });
-      values.push({ metricName: `${histogram}_sum`, labels: { limiter: s.name }, value: t.latencySum });
-      values.push({ metricName: `${histogram}_count`, labels: { limiter: s.name }, value: t.latencyCount });
-      return values;
-    })),
-    new ComputedMetric('cellquota_embedded_fail_open_total', 'Checks let through without a decision (an internal error) or without a bucket (table full).', 'counter',
-      each((s, t) => [{ value: t.failOpen.error + s.counters.failOpenOutside, labels: { limiter: s.name, reason: 'error' } }, { value: t.failOpen.table_full, labels: { limiter: s.name, reason: 'table_full' } }])),
-    new ComputedMetric('cellquota_embedded_rejected_requests_total', 'Checks refused undecided: descriptors over the request bounds.', 'counter',
-      each((s, t) => [{ value: t.rejected.invalid + s.counters.invalidOutside, labels: { limiter: s.name, reason: 'invalid' } }])),
-    new ComputedMetric('cellquota_embedded_static_slice_decisions_total', 'Checks that involved a global quota decided on a floor or static share (no live lease).', 'counter',
-      each((s, t) => [{ value: t.staticSlice, labels: { limiter: s.name } }])),
-    new ComputedMetric('cellquota_embedded_shadow_refusals_total', 'Refusals let through because the limiter is in shadow mode.', 'counter',
-      each((s) => [{ value: s.counters.shadowRefused, labels: { limiter: s.name } }])),
-    new ComputedMetric('cellquota_embedded_bucket_table_keys', 'Live keys in the limiter\'s bucket table.', 'gauge', each((s) => [{ value: s.table.size(), labels: { limiter: s.name } }])),
-    new ComputedMetric('cellquota_embedded_bucket_table_capacity', 'Capacity of the limiter\'s bucket table in keys.', 'gauge', each((s) => [{ value: s.table.capacity, labels: { limiter: s.name } }])),
-    new ComputedMetric('cellquota_embedded_lease_state', 'Lease with the coordinators: 0 none yet (static shares), 1 leased, 2 expired (fail-static on floors); absent without coordinators.', 'gauge',
-      each((s) => (s.counters.leaseState === 'off' ? [] : [{ value: LEASE_STATE_VALUE[s.counters.leaseState], labels: { limiter: s.name } }]))),
-    new ComputedMetric('cellquota_embedded_on_floor', '1 while global quotas run on floors or static shares (no live lease), else 0; absent without coordinators.', 'gauge',
-      each((s) => (s.counters.leaseState === 'off' ? [] : [{ value: s.counters.leaseState === 'leased' ? 0 : 1, labels: { limiter: s.name } }]))),
+    new ComputedMetric(
+      'cellquota_embedded_decisions_total',
+      'Checks decided in-process, by verdict (degraded: let through without a decision) and by whether a global quota was involved.',
+      'counter',
+      each((s, t) =>
+        VERDICTS.flatMap((verdict) =>
+          SCOPES.map((scope) => ({ value: t.decisions[verdict][scope], labels: { limiter: s.name, verdict, scope } })),
+        ),
+      ),
+    ),
+    new ComputedMetric(
+      histogram,
+      'Time to decide one check in-process.',
+      'histogram',
+      each((s, t) => {
+        const values: Value[] = [];
+        let cumulative = 0;
+        LATENCY_BUCKETS_S.forEach((le, b) => {
+          cumulative += t.latencyBuckets[b] ?? 0;
+          values.push({ metricName: `${histogram}_bucket`, labels: { limiter: s.name, le }, value: cumulative });
+        });
+        cumulative += t.latencyBuckets[LATENCY_BUCKETS_S.length] ?? 0;
+        values.push({ metricName: `${histogram}_bucket`, labels: { limiter: s.name, le: '+Inf' }, value: cumulative });
+        values.push({ metricName: `${histogram}_sum`, labels: { limiter: s.name }, value: t.latencySum });
+        values.push({ metricName: `${histogram}_count`, labels: { limiter: s.name }, value: t.latencyCount });
+        return values;
+      }),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_fail_open_total',
+      'Checks let through without a decision (an internal error) or without a bucket (table full).',
+      'counter',
+      each((s, t) => [
+        { value: t.failOpen.error + s.counters.failOpenOutside, labels: { limiter: s.name, reason: 'error' } },
+        { value: t.failOpen.table_full, labels: { limiter: s.name, reason: 'table_full' } },
+      ]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_rejected_requests_total',
+      'Checks refused undecided: descriptors over the request bounds.',
+      'counter',
+      each((s, t) => [
+        { value: t.rejected.invalid + s.counters.invalidOutside, labels: { limiter: s.name, reason: 'invalid' } },
+      ]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_static_slice_decisions_total',
+      'Checks that involved a global quota decided on a floor or static share (no live lease).',
+      'counter',
+      each((s, t) => [{ value: t.staticSlice, labels: { limiter: s.name } }]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_shadow_refusals_total',
+      'Refusals let through because the limiter is in shadow mode.',
+      'counter',
+      each((s) => [{ value: s.counters.shadowRefused, labels: { limiter: s.name } }]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_bucket_table_keys',
+      "Live keys in the limiter's bucket table.",
+      'gauge',
+      each((s) => [{ value: s.table.size(), labels: { limiter: s.name } }]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_bucket_table_capacity',
+      "Capacity of the limiter's bucket table in keys.",
+      'gauge',
+      each((s) => [{ value: s.table.capacity, labels: { limiter: s.name } }]),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_lease_state',
+      'Lease with the coordinators: 0 none yet (static shares), 1 leased, 2 expired (fail-static on floors); absent without coordinators.',
+      'gauge',
+      each((s) =>
+        s.counters.leaseState === 'off'
+          ? []
+          : [{ value: LEASE_STATE_VALUE[s.counters.leaseState], labels: { limiter: s.name } }],
+      ),
+    ),
+    new ComputedMetric(
+      'cellquota_embedded_on_floor',
+      '1 while global quotas run on floors or static shares (no live lease), else 0; absent without coordinators.',
+      'gauge',
+      each((s) =>
+        s.counters.leaseState === 'off'
+          ? []
+          : [{ value: s.counters.leaseState === 'leased' ? 0 : 1, labels: { limiter: s.name } }],
+      ),
+    ),
   ];
-  return { metrics, invalidate: () => {
-    cached = null;
-  } };
+  return {
+    metrics,
+    invalidate: () => {
+      cached = null;
+    },
+  };
 }

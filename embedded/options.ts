@@ -3,7 +3,11 @@
 // sizes) are the agent's own schemas, so a value means the same thing, with the same bounds, in both.
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
-import { agentConfigFields, checkLeaseCredentialSettings, refuseLocalQuotasWithCoordinators } from '../cell-agent/agent-config.js';
+import {
+  agentConfigFields,
+  checkLeaseCredentialSettings,
+  refuseLocalQuotasWithCoordinators,
+} from '../cell-agent/agent-config.js';
 import type { CoordinatorAddress } from '../cell-agent/agent-config.js';
 import type { UnknownTenantPolicy } from '../cell-agent/decide/quotas.js';
 import { CellquotaError } from '../shared/errors.js';
@@ -67,33 +71,55 @@ const agent = agentConfigFields.shape;
 
 const rulesDocument = z.looseObject({ domain: z.string(), descriptors: z.array(z.unknown()) });
 
-export const limiterOptionsSchema = z.strictObject({
-  rules: z.union([z.string().min(1), rulesDocument, z.array(rulesDocument).min(1).max(256)]),
-  domain: z.string().min(1).max(256).optional(),
-  name: z.string().min(1).max(128).regex(/^[A-Za-z0-9_.:-]+$/, 'letters, digits and _ . : -').optional(),
-  cell: agent.cell.optional(),
-  coordinators: agent.coordinators.default([]),
-  tenants: z.union([z.string().min(1), z.looseObject({})]).optional(),
-  staticShare: agent.staticShare,
-  unknownTenant: agent.unknownTenant,
-  tlsCa: agent.tlsCa,
-  tlsCert: agent.tlsCert,
-  tlsKey: agent.tlsKey,
-  tlsServerName: agent.tlsServerName,
-  leaseTokenFile: agent.leaseTokenFile,
-  shadow: z.boolean().default(false),
-  tableCapacity: agent.tableCapacity.default(DEFAULT_EMBEDDED_TABLE_CAPACITY),
-  tableFull: agent.tableFull,
-  velocityCapacity: agent.velocityCapacity,
-  watchRules: z.boolean().default(false),
-  registry: z.custom<Registry>((v) => typeof v === 'object' && v !== null && typeof (v as Registry).registerMetric === 'function', 'a prom-client Registry').optional(),
-  logger: z.custom<LimiterLogger>((v) => typeof v === 'object' && v !== null && ['warn', 'error', 'info'].every((m) => typeof (v as Record<string, unknown>)[m] === 'function'), 'a logger with warn, error and info').optional(),
-}).superRefine((o, ctx) => {
-  if (o.coordinators.length > 0 && o.cell === undefined) ctx.addIssue({ code: 'custom', path: ['cell'], message: 'required with coordinators: this replica\'s cell id' });
-  refuseLocalQuotasWithCoordinators(o, ctx, 'with coordinators');
-  checkLeaseCredentialSettings(o, ctx);
-  if (o.watchRules && typeof o.rules !== 'string') ctx.addIssue({ code: 'custom', path: ['watchRules'], message: 'only a rules path can be watched' });
-});
+export const limiterOptionsSchema = z
+  .strictObject({
+    rules: z.union([z.string().min(1), rulesDocument, z.array(rulesDocument).min(1).max(256)]),
+    domain: z.string().min(1).max(256).optional(),
+    name: z
+      .string()
+      .min(1)
+      .max(128)
+      .regex(/^[A-Za-z0-9_.:-]+$/, 'letters, digits and _ . : -')
+      .optional(),
+    cell: agent.cell.optional(),
+    coordinators: agent.coordinators.default([]),
+    tenants: z.union([z.string().min(1), z.looseObject({})]).optional(),
+    staticShare: agent.staticShare,
+    unknownTenant: agent.unknownTenant,
+    tlsCa: agent.tlsCa,
+    tlsCert: agent.tlsCert,
+    tlsKey: agent.tlsKey,
+    tlsServerName: agent.tlsServerName,
+    leaseTokenFile: agent.leaseTokenFile,
+    shadow: z.boolean().default(false),
+    tableCapacity: agent.tableCapacity.default(DEFAULT_EMBEDDED_TABLE_CAPACITY),
+    tableFull: agent.tableFull,
+    velocityCapacity: agent.velocityCapacity,
+    watchRules: z.boolean().default(false),
+    registry: z
+      .custom<Registry>(
+        (v) => typeof v === 'object' && v !== null && typeof (v as Registry).registerMetric === 'function',
+        'a prom-client Registry',
+      )
+      .optional(),
+    logger: z
+      .custom<LimiterLogger>(
+        (v) =>
+          typeof v === 'object' &&
+          v !== null &&
+          ['warn', 'error', 'info'].every((m) => typeof (v as Record<string, unknown>)[m] === 'function'),
+        'a logger with warn, error and info',
+      )
+      .optional(),
+  })
+  .superRefine((o, ctx) => {
+    if (o.coordinators.length > 0 && o.cell === undefined)
+      ctx.addIssue({ code: 'custom', path: ['cell'], message: "required with coordinators: this replica's cell id" });
+    refuseLocalQuotasWithCoordinators(o, ctx, 'with coordinators');
+    checkLeaseCredentialSettings(o, ctx);
+    if (o.watchRules && typeof o.rules !== 'string')
+      ctx.addIssue({ code: 'custom', path: ['watchRules'], message: 'only a rules path can be watched' });
+  });
 
 export interface ParsedLimiterOptions {
   readonly rules: string | readonly RulesDocument[];
@@ -161,8 +187,37 @@ export function parseLimiterOptions(input: LimiterOptions): ParsedLimiterOptions
  * given one.
  */
 export function limiterOptionsOf(o: LimiterOptions, logger: LimiterLogger): LimiterOptions {
-  const { rules, domain, name, cell, coordinators, tenants, staticShare, unknownTenant, shadow, tableCapacity, tableFull, watchRules, registry } = o;
-  const out: Record<string, unknown> = { rules, domain, name, cell, coordinators, tenants, staticShare, unknownTenant, shadow, tableCapacity, tableFull, watchRules, registry, logger: o.logger ?? logger };
+  const {
+    rules,
+    domain,
+    name,
+    cell,
+    coordinators,
+    tenants,
+    staticShare,
+    unknownTenant,
+    shadow,
+    tableCapacity,
+    tableFull,
+    watchRules,
+    registry,
+  } = o;
+  const out: Record<string, unknown> = {
+    rules,
+    domain,
+    name,
+    cell,
+    coordinators,
+    tenants,
+    staticShare,
+    unknownTenant,
+    shadow,
+    tableCapacity,
+    tableFull,
+    watchRules,
+    registry,
+    logger: o.logger ?? logger,
+  };
   for (const k of Object.keys(out)) if (out[k] === undefined) delete out[k];
   return out as unknown as LimiterOptions;
 }

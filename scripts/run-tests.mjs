@@ -21,19 +21,35 @@ function findTests(dir) {
 /** Left out by --fast: the benchmarks' smoke tests, the chaos drills, the end-to-end accuracy runs,
  * the front doors (real nginx, Caddy), the browser tests, the embedded limiter's replicas, and the
  * tests on a real three-coordinator cluster. */
-const SLOW_FOLDERS = ['test/bench', 'test/chaos', 'test/e2e', 'test/front-door', 'test/ui', 'test/embedded', 'test/coordinator/cluster', 'test/coordinator/lease', 'test/cli'];
+const SLOW_FOLDERS = [
+  'test/bench',
+  'test/chaos',
+  'test/e2e',
+  'test/front-door',
+  'test/ui',
+  'test/embedded',
+  'test/coordinator/cluster',
+  'test/coordinator/lease',
+  'test/cli',
+];
 
 const args = process.argv.slice(2);
 const fast = args.includes('--fast');
 const pathArgs = args.filter((a) => !a.startsWith('-'));
 const flagArgs = args.filter((a) => a.startsWith('-') && a !== '--fast');
 const isSlow = (file) => SLOW_FOLDERS.some((dir) => file === dir || file.startsWith(`${dir}/`));
-const files = (pathArgs.length > 0 ? pathArgs.flatMap((p) => (statSync(p).isDirectory() ? findTests(p) : [p])) : findTests('test'))
+const files = (
+  pathArgs.length > 0 ? pathArgs.flatMap((p) => (statSync(p).isDirectory() ? findTests(p) : [p])) : findTests('test')
+)
   .filter((f) => !fast || !isSlow(f.split(sep).join('/')))
   .sort();
 if (files.length === 0) {
   console.error('no test files found');
   process.exit(1);
 }
-const result = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', ...flagArgs, ...files.map((f) => resolve(f))], { stdio: 'inherit' });
+const result = spawnSync(
+  process.execPath,
+  ['--import', 'tsx', '--test', '--test-reporter=spec', ...flagArgs, ...files.map((f) => resolve(f))],
+  { stdio: 'inherit' },
+);
 process.exit(result.status ?? 1);

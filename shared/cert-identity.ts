@@ -22,22 +22,39 @@ export function identityUri(role: CertRole, id: string): string {
 /** The URIs of a subjectaltname string as Node prints it ("DNS:a, URI:urn:..., IP Address:..."). */
 function sanUris(subjectAltName: string | undefined): string[] {
   if (subjectAltName === undefined || subjectAltName === '') return [];
-  return subjectAltName.split(/,\s*/).filter((p) => p.startsWith('URI:')).map((p) => p.slice(4).trim());
+  return subjectAltName
+    .split(/,\s*/)
+    .filter((p) => p.startsWith('URI:'))
+    .map((p) => p.slice(4).trim());
 }
 
 /** The ids a certificate names in `role` (usually one; none when it names the other role only). */
-export function namesFromParts(role: CertRole, parts: { readonly subjectAltName?: string | undefined; readonly commonName?: string | undefined }): string[] {
+export function namesFromParts(
+  role: CertRole,
+  parts: { readonly subjectAltName?: string | undefined; readonly commonName?: string | undefined },
+): string[] {
   const ours = sanUris(parts.subjectAltName).filter((u) => u.startsWith(CERT_URI_PREFIX));
   if (ours.length > 0) {
     const prefix = `${CERT_URI_PREFIX}${role}:`;
-    return ours.filter((u) => u.startsWith(prefix)).map((u) => u.slice(prefix.length)).filter((id) => id.length > 0);
+    return ours
+      .filter((u) => u.startsWith(prefix))
+      .map((u) => u.slice(prefix.length))
+      .filter((id) => id.length > 0);
   }
   const cn = parts.commonName;
   return cn === undefined || cn === '' ? [] : [cn];
 }
 
 /** The ids a peer certificate of a TLS connection names in `role`. */
-export function certNames(role: CertRole, cert: { readonly subject?: { readonly CN?: string | string[] } | undefined; readonly subjectaltname?: string | undefined } | undefined): string[] {
+export function certNames(
+  role: CertRole,
+  cert:
+    | {
+        readonly subject?: { readonly CN?: string | string[] } | undefined;
+        readonly subjectaltname?: string | undefined;
+      }
+    | undefined,
+): string[] {
   if (cert === undefined) return [];
   const cn = cert.subject?.CN;
   return namesFromParts(role, { subjectAltName: cert.subjectaltname, commonName: Array.isArray(cn) ? cn[0] : cn });

@@ -31,10 +31,14 @@ const declared = new WeakMap<z.ZodType, SettingMeta>();
  * Declares one setting: its schema (the type, the range) and its meta (default, help, example). With
  * a default, the schema is wrapped so a missing value takes the default (parsed like a given one).
  */
-export function setting<S extends z.ZodType>(schema: S, meta: SettingMeta<NoInfer<z.input<S>>> & { readonly default: NoInfer<z.input<S>> }): z.ZodPrefault<S>;
+export function setting<S extends z.ZodType>(
+  schema: S,
+  meta: SettingMeta<NoInfer<z.input<S>>> & { readonly default: NoInfer<z.input<S>> },
+): z.ZodPrefault<S>;
 export function setting<S extends z.ZodType>(schema: S, meta: SettingMeta<never> & { readonly default?: undefined }): S;
 export function setting<S extends z.ZodType>(schema: S, meta: SettingMeta): z.ZodType {
-  if (meta.default !== undefined && meta.defaultHelp !== undefined) throw new Error(`setting '${meta.help}': a default or a defaultHelp, not both`);
+  if (meta.default !== undefined && meta.defaultHelp !== undefined)
+    throw new Error(`setting '${meta.help}': a default or a defaultHelp, not both`);
   const out = meta.default === undefined ? schema.clone() : schema.prefault(meta.default as z.input<S>);
   declared.set(out, meta);
   return out;
@@ -83,19 +87,21 @@ export function formatDefault(v: unknown): string {
 
 /** The specs of a command's settings, from the fields of its schema (each made by setting()). */
 export function settingSpecs(fields: z.ZodObject): readonly SettingSpec[] {
-  return Object.freeze(Object.entries(fields.shape as Record<string, z.ZodType>).map(([key, schema]): SettingSpec => {
-    const meta = settingMeta(schema);
-    const defaultText = meta.default !== undefined ? formatDefault(meta.default) : meta.defaultHelp;
-    return {
-      flag: kebab(key),
-      description: meta.help,
-      ...(typeof meta.default === 'boolean' ? { boolean: true } : {}),
-      ...(defaultText === undefined ? {} : { defaultText }),
-      required: !schema.safeParse(undefined).success,
-      example: meta.example,
-      ...(meta.env === undefined ? {} : { env: meta.env }),
-    };
-  }));
+  return Object.freeze(
+    Object.entries(fields.shape as Record<string, z.ZodType>).map(([key, schema]): SettingSpec => {
+      const meta = settingMeta(schema);
+      const defaultText = meta.default !== undefined ? formatDefault(meta.default) : meta.defaultHelp;
+      return {
+        flag: kebab(key),
+        description: meta.help,
+        ...(typeof meta.default === 'boolean' ? { boolean: true } : {}),
+        ...(defaultText === undefined ? {} : { defaultText }),
+        required: !schema.safeParse(undefined).success,
+        example: meta.example,
+        ...(meta.env === undefined ? {} : { env: meta.env }),
+      };
+    }),
+  );
 }
 
 export class ConfigError extends CellquotaError {
@@ -126,7 +132,13 @@ type Source = 'flag' | 'environment' | 'config file' | 'default';
  * Parses argv (after the subcommand) against the declared settings, merges file < env < flags,
  * and validates with the schema. Throws ConfigError with a message naming the setting and source.
  */
-export function loadSettings<S extends z.ZodType>(command: string, specs: readonly SettingSpec[], schema: S, argv: readonly string[], env: NodeJS.ProcessEnv): z.infer<S> {
+export function loadSettings<S extends z.ZodType>(
+  command: string,
+  specs: readonly SettingSpec[],
+  schema: S,
+  argv: readonly string[],
+  env: NodeJS.ProcessEnv,
+): z.infer<S> {
   const byFlag = new Map(specs.map((s) => [s.flag, s]));
   const raw: Record<string, unknown> = {};
   const source = new Map<string, Source>();
@@ -165,10 +177,12 @@ export function loadSettings<S extends z.ZodType>(command: string, specs: readon
     } catch (err) {
       throw new ConfigError(`${command}: config file ${configPath} is not valid YAML/JSON: ${(err as Error).message}`);
     }
-    if (doc !== null && (typeof doc !== 'object' || Array.isArray(doc))) throw new ConfigError(`${command}: config file ${configPath} must hold a mapping of settings`);
+    if (doc !== null && (typeof doc !== 'object' || Array.isArray(doc)))
+      throw new ConfigError(`${command}: config file ${configPath} must hold a mapping of settings`);
     for (const [k, v] of Object.entries((doc ?? {}) as Record<string, unknown>)) {
       const key = byFlag.has(k) ? camel(k) : k;
-      if (!specs.some((s) => camel(s.flag) === key)) throw new ConfigError(`${command}: unknown setting '${k}' in config file ${configPath}`);
+      if (!specs.some((s) => camel(s.flag) === key))
+        throw new ConfigError(`${command}: unknown setting '${k}' in config file ${configPath}`);
       raw[key] = v;
       source.set(key, 'config file');
     }
@@ -189,7 +203,14 @@ export function loadSettings<S extends z.ZodType>(command: string, specs: readon
     const key = String(issue.path[0] ?? '');
     const spec = specs.find((s) => camel(s.flag) === key);
     const from = source.get(key) ?? 'default';
-    const where = spec === undefined ? key : from === 'environment' ? settingVariable(spec) : from === 'config file' ? `${spec.flag} (config file)` : `--${spec.flag}`;
+    const where =
+      spec === undefined
+        ? key
+        : from === 'environment'
+          ? settingVariable(spec)
+          : from === 'config file'
+            ? `${spec.flag} (config file)`
+            : `--${spec.flag}`;
     return `  ${where}: ${issue.message}`;
   });
   throw new ConfigError(`${command}: invalid settings\n${lines.join('\n')}`);
@@ -200,10 +221,17 @@ export function settingsHelp(specs: readonly SettingSpec[], opts: { readonly con
   const width = Math.max(...specs.map((s) => s.flag.length)) + 4;
   return specs
     .map((s) => {
-      const dflt = s.required === true ? ' (required)' : s.defaultText === undefined ? '' : ` (default ${s.defaultText})`;
+      const dflt =
+        s.required === true ? ' (required)' : s.defaultText === undefined ? '' : ` (default ${s.defaultText})`;
       return `  --${s.flag.padEnd(width)}${s.description}${dflt} [${settingVariable(s)}]`;
     })
-    .concat(opts.configFile === false ? [] : [`  --${'config FILE'.padEnd(width)}the settings in a YAML or JSON file, keyed by flag name (or camelCase) [CELLQUOTA_CONFIG]`])
+    .concat(
+      opts.configFile === false
+        ? []
+        : [
+            `  --${'config FILE'.padEnd(width)}the settings in a YAML or JSON file, keyed by flag name (or camelCase) [CELLQUOTA_CONFIG]`,
+          ],
+    )
     .join('\n');
 }
 

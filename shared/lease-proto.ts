@@ -89,10 +89,19 @@ let cached: QuotaLeaseService | undefined;
 
 export function loadQuotaLeaseService(protoPath: string = findLeaseProto()): QuotaLeaseService {
   if (cached !== undefined) return cached;
-  const pkg = protoLoader.loadSync(protoPath, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+  const pkg = protoLoader.loadSync(protoPath, {
+    keepCase: false,
+    longs: Number,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
   const def = pkg[QUOTA_LEASE_SERVICE];
   if (def === undefined || !('Report' in def)) throw new Error(`${protoPath} does not define ${QUOTA_LEASE_SERVICE}`);
   const definition = def as grpc.ServiceDefinition;
-  cached = { definition, report: definition['Report'] as grpc.MethodDefinition<ReportRequestMessage, ReportResponseMessage> };
+  cached = {
+    definition,
+    report: definition['Report'] as grpc.MethodDefinition<ReportRequestMessage, ReportResponseMessage>,
+  };
   return cached;
 }

@@ -6,7 +6,11 @@ export type { Logger } from 'pino';
 
 export const logLevels = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
-export function createRootLogger(opts: { level: LevelWithSilent; name: string; base?: Record<string, string> }): Logger {
+export function createRootLogger(opts: {
+  level: LevelWithSilent;
+  name: string;
+  base?: Record<string, string>;
+}): Logger {
   return pino({
     name: opts.name,
     level: opts.level,

@@ -27,8 +27,16 @@ export interface LocalPki {
 
 /** Makes (or reuses) the certificates of `replicas` and `cells` in `dir`. Throws with openssl's message. */
 export function makeLocalPki(dir: string, replicas: readonly string[], cells: readonly string[]): LocalPki {
-  const missing = [...replicas.map((r) => `replica-${r}.pem`), ...cells.map((c) => `cell-${c}.pem`), 'ca.pem'].some((f) => !existsSync(join(dir, f)));
-  if (missing) execFileSync(makeCertsScript(), [dir, '--replicas', replicas.join(','), '--cells', cells.join(',')], { stdio: 'pipe' });
-  const pair = (name: string): { cert: string; key: string } => ({ cert: join(dir, `${name}.pem`), key: join(dir, `${name}.key`) });
+  const missing = [...replicas.map((r) => `replica-${r}.pem`), ...cells.map((c) => `cell-${c}.pem`), 'ca.pem'].some(
+    (f) => !existsSync(join(dir, f)),
+  );
+  if (missing)
+    execFileSync(makeCertsScript(), [dir, '--replicas', replicas.join(','), '--cells', cells.join(',')], {
+      stdio: 'pipe',
+    });
+  const pair = (name: string): { cert: string; key: string } => ({
+    cert: join(dir, `${name}.pem`),
+    key: join(dir, `${name}.key`),
+  });
   return { dir, ca: join(dir, 'ca.pem'), replica: (id) => pair(`replica-${id}`), cell: (id) => pair(`cell-${id}`) };
 }

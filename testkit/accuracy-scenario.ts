@@ -12,8 +12,23 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CoordinatorCluster } from './coordinator-cluster.js';
 import { makeLocalPki } from '../shared/make-certs.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from './load/h2-raw.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, RLS_PATH, decodeResponse, encodeRateLimitRequest, grpcFrame } from './load/rls-wire.js';
+import {
+  RawH2Session,
+  grpcRequestHeaderBlock,
+  requestTemplate,
+  type RequestTemplate,
+  type StreamSink,
+} from './load/h2-raw.js';
+import {
+  CODE_OK,
+  CODE_OVER_LIMIT,
+  DEGRADED_FLAG,
+  FAIL_OPEN_FLAG,
+  RLS_PATH,
+  decodeResponse,
+  encodeRateLimitRequest,
+  grpcFrame,
+} from './load/rls-wire.js';
 import { RedisServer, findRedisServer } from './processes/redis-server.js';
 import { ServerProcess } from './processes/server-process.js';
 import { freePort } from './ports.js';
@@ -68,7 +83,9 @@ export class Scenario {
 
   /** The socket of each cell, in the order of opts.cells: its agent's, or its RLS server's. */
   targets(): CellTarget[] {
-    return this.opts.mode.kind === 'central-redis' ? this.rlsServers.map((r) => ({ cell: r.cell, socket: r.socket })) : this.agents.map((a) => ({ cell: a.cell, socket: a.socket }));
+    return this.opts.mode.kind === 'central-redis'
+      ? this.rlsServers.map((r) => ({ cell: r.cell, socket: r.socket }))
+      : this.agents.map((a) => ({ cell: a.cell, socket: a.socket }));
   }
 
   /** Starts everything and waits until every agent serves (and, leased, holds a lease). */
@@ -77,18 +94,33 @@ export class Scenario {
     const leasePorts = new Map<string, number>();
     if (tls) for (const id of ['n1', 'n2', 'n3']) leasePorts.set(id, await freePort());
     const pkiDir = (dataDir: string): string => join(dataDir, '..', 'pki');
-    const cluster = opts.mode.kind === 'leased'
-      ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)], (r) => (tls
-        ? ['--tls-ca', join(pkiDir(r.dataDir), 'ca.pem'), '--tls-cert', join(pkiDir(r.dataDir), `replica-${r.id}.pem`), '--tls-key', join(pkiDir(r.dataDir), `replica-${r.id}.key`), '--lease-listen', `127.0.0.1:${leasePorts.get(r.id) ?? 0}`]
-        : []))
-      : null;
+    const cluster =
+      opts.mode.kind === 'leased'
+        ? await CoordinatorCluster.create(['n1', 'n2', 'n3'], ['--floor-cells', String(opts.cells.length)], (r) =>
+            tls
+              ? [
+                  '--tls-ca',
+                  join(pkiDir(r.dataDir), 'ca.pem'),
+                  '--tls-cert',
+                  join(pkiDir(r.dataDir), `replica-${r.id}.pem`),
+                  '--tls-key',
+                  join(pkiDir(r.dataDir), `replica-${r.id}.key`),
+                  '--lease-listen',
+                  `127.0.0.1:${leasePorts.get(r.id) ?? 0}`,
+                ]
+              : [],
+          )
+        : null;
     const root = cluster?.root ?? mkdtempSync(join(tmpdir(), 'cq-accuracy-'));
     const s = new Scenario(opts, root, cluster, []);
     try {
       if (opts.mode.kind === 'central-redis') {
         const bin = findRedisServer();
-        if (bin === null) throw new Error('central-redis: redis-server is not installed (not on PATH, $REDIS_SERVER unset)');
-        progress(`starting redis-server (${bin}) and ${opts.cells.length} RLS servers counting in it (rate-limiter-flexible RateLimiterRedis, ${opts.quota} points per 1 s)`);
+        if (bin === null)
+          throw new Error('central-redis: redis-server is not installed (not on PATH, $REDIS_SERVER unset)');
+        progress(
+          `starting redis-server (${bin}) and ${opts.cells.length} RLS servers counting in it (rate-limiter-flexible RateLimiterRedis, ${opts.quota} points per 1 s)`,
+        );
         s.redis = await RedisServer.start(bin, root);
         const redisSocket = s.redis.socket;
         const quota = { domain: 'api', key: 'tenant', points: opts.quota, durationSec: 1 };
@@ -100,12 +132,21 @@ export class Scenario {
         const started = await Promise.allSettled(
           opts.cells.map(async (cell) => {
             const socket = join(root, `${cell}.sock`);
-            const proc = await ServerProcess.start(cell, serverModule, socket, { scratchDir: root, store: 'redis', redisSocket, quota }, keep);
+            const proc = await ServerProcess.start(
+              cell,
+              serverModule,
+              socket,
+              { scratchDir: root, store: 'redis', redisSocket, quota },
+              keep,
+            );
             s.rlsServers.push({ cell, socket, proc });
           }),
         );
         const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-        if (failed !== undefined) throw new Error(`central-redis: an RLS server did not start: ${String(failed.reason)}\n${output.slice(-2000)}`);
+        if (failed !== undefined)
+          throw new Error(
+            `central-redis: an RLS server did not start: ${String(failed.reason)}\n${output.slice(-2000)}`,
+          );
         s.rlsServers.sort((a, b) => opts.cells.indexOf(a.cell) - opts.cells.indexOf(b.cell));
         return s;
       }
@@ -115,26 +156,45 @@ export class Scenario {
       let share: number;
       if (cluster !== null && opts.mode.kind === 'leased') {
         const pki = tls ? makeLocalPki(join(root, 'pki'), ['n1', 'n2', 'n3'], opts.cells) : null;
-        agentTls = (cell) => (pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key]);
+        agentTls = (cell) =>
+          pki === null ? [] : ['--tls-ca', pki.ca, '--tls-cert', pki.cell(cell).cert, '--tls-key', pki.cell(cell).key];
         progress(`starting 3 coordinators${tls ? ' (mutual TLS, leases on their own port)' : ''}`);
         cluster.startAll();
         await cluster.waitForLeader(60_000);
-        const tier = await cluster.write('PUT', '/v1/tiers/gold', { rate: opts.quota, burst: opts.burst, floorFraction: opts.mode.floorFraction });
+        const tier = await cluster.write('PUT', '/v1/tiers/gold', {
+          rate: opts.quota,
+          burst: opts.burst,
+          floorFraction: opts.mode.floorFraction,
+        });
         if (tier.status !== 200) throw new Error(`PUT tier: ${tier.status} ${JSON.stringify(tier.body)}`);
         const tenant = await cluster.write('PUT', '/v1/tenants/acme', { tier: 'gold' });
         if (tenant.status !== 200) throw new Error(`PUT tenant: ${tenant.status} ${JSON.stringify(tenant.body)}`);
-        coordinators = [...cluster.replicas.values()].map((r) => (tls ? `${r.id}=127.0.0.1:${leasePorts.get(r.id) ?? 0}` : `127.0.0.1:${r.peerPort}`)).join(',');
+        coordinators = [...cluster.replicas.values()]
+          .map((r) => (tls ? `${r.id}=127.0.0.1:${leasePorts.get(r.id) ?? 0}` : `127.0.0.1:${r.peerPort}`))
+          .join(',');
         share = 0; // unused: leased agents take every quota and floor from the coordinators
       } else {
         // Alone: the tenant comes from a tenants file, at a static share of it.
-        writeFileSync(join(root, 'tenants.yaml'), `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`);
+        writeFileSync(
+          join(root, 'tenants.yaml'),
+          `tiers:\n  gold: {rate: ${opts.quota}, burst: ${opts.burst}}\ntenants:\n  acme: gold\n`,
+        );
         share = opts.mode.kind === 'static' ? opts.mode.share : 1;
       }
       progress(`starting ${opts.cells.length} agents (${coordinators === null ? `static share ${share}` : 'leased'})`);
       for (const cell of opts.cells) s.agents.push(await startAgent(root, cell, share, coordinators, agentTls(cell)));
       for (const a of s.agents) {
-        await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
-        if (coordinators !== null) await waitFor(`agent ${a.cell} leased`, async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 60_000, everyMs: 200, context: () => a.output });
+        await waitFor(
+          `agent ${a.cell} serving`,
+          async () => existsSync(a.socket) && (await fetch(`${a.httpUrl}/healthz`)).ok,
+          { timeoutMs: 60_000, everyMs: 200, context: () => a.output },
+        );
+        if (coordinators !== null)
+          await waitFor(
+            `agent ${a.cell} leased`,
+            async () => (await agentMetric(a, 'cellquota_agent_lease_state')) === 1,
+            { timeoutMs: 60_000, everyMs: 200, context: () => a.output },
+          );
       }
       return s;
     } catch (err) {
@@ -177,14 +237,41 @@ export class Scenario {
   }
 }
 
-async function startAgent(root: string, cell: string, share: number, coordinators: string | null, extra: readonly string[] = []): Promise<RunningAgent> {
+async function startAgent(
+  root: string,
+  cell: string,
+  share: number,
+  coordinators: string | null,
+  extra: readonly string[] = [],
+): Promise<RunningAgent> {
   const port = await freePort();
   const socket = join(root, `${cell}.sock`);
   // With coordinators no tenants file: every tenant comes from the admin API.
-  const args = ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'),
-    '--rls-socket', socket, '--http', `127.0.0.1:${port}`, '--workers', '1', '--lag-threshold-ms', '0',
-    ...(coordinators === null ? ['--tenants', join(root, 'tenants.yaml'), '--static-share', String(share)] : ['--coordinators', coordinators]), ...extra];
-  const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } });
+  const args = [
+    '--import',
+    'tsx',
+    agentCli,
+    '--cell',
+    cell,
+    '--rules',
+    join(root, 'rules.yaml'),
+    '--rls-socket',
+    socket,
+    '--http',
+    `127.0.0.1:${port}`,
+    '--workers',
+    '1',
+    '--lag-threshold-ms',
+    '0',
+    ...(coordinators === null
+      ? ['--tenants', join(root, 'tenants.yaml'), '--static-share', String(share)]
+      : ['--coordinators', coordinators]),
+    ...extra,
+  ];
+  const proc = spawn(process.execPath, args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' },
+  });
   const agent: RunningAgent = { cell, socket, httpUrl: `http://127.0.0.1:${port}`, proc, output: '' };
   const keep = (b: Buffer): void => {
     agent.output = (agent.output + b.toString()).slice(-20_000);
@@ -215,7 +302,15 @@ export interface Bin {
   maxAdmittedLatencyMs: number;
 }
 
-const emptyBin = (): Bin => ({ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, maxAdmittedLatencyMs: 0 });
+const emptyBin = (): Bin => ({
+  sent: 0,
+  admitted: 0,
+  refused: 0,
+  errors: 0,
+  degraded: 0,
+  failOpen: 0,
+  maxAdmittedLatencyMs: 0,
+});
 
 interface Sent {
   readonly cell: number;
@@ -242,7 +337,10 @@ export class PacedLoad implements StreamSink {
     this.bins = cells.map(() => []);
     this.rates = cells.map(() => 0);
     this.credit = cells.map(() => 0);
-    this.template = requestTemplate(grpcRequestHeaderBlock(RLS_PATH, 'localhost'), grpcFrame(encodeRateLimitRequest('api', [[{ key: 'tenant', value: 'acme' }]])));
+    this.template = requestTemplate(
+      grpcRequestHeaderBlock(RLS_PATH, 'localhost'),
+      grpcFrame(encodeRateLimitRequest('api', [[{ key: 'tenant', value: 'acme' }]])),
+    );
     this.t0 = performance.now();
   }
 
@@ -343,7 +441,8 @@ export class PacedLoad implements StreamSink {
   /** Admitted per second by `cell` in consecutive steps of `stepMs` over [fromMs, toMs) (bins aligned). */
   trace(cell: number, fromMs: number, toMs: number, stepMs = 200): number[] {
     const out: number[] = [];
-    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + stepMs <= toMs; t += stepMs) out.push(Math.round(this.admittedRate(cell, t, t + stepMs)));
+    for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + stepMs <= toMs; t += stepMs)
+      out.push(Math.round(this.admittedRate(cell, t, t + stepMs)));
     return out;
   }
 
@@ -362,13 +461,20 @@ export class PacedLoad implements StreamSink {
    * and admitted were decided within windowMs + u, u the longest admitted latency among them, so the
    * bound for them is quota·(windowMs + u) + burst — exact whatever this process's scheduling was.
    */
-  worstWindow(fromMs: number, toMs: number, quota: number, burst: number, windowMs = 1000): { admitted: number; limit: number; slackMs: number } {
+  worstWindow(
+    fromMs: number,
+    toMs: number,
+    quota: number,
+    burst: number,
+    windowMs = 1000,
+  ): { admitted: number; limit: number; slackMs: number } {
     let worst = { admitted: 0, limit: quota * (windowMs / 1000) + burst, slackMs: 0 };
     let margin = -Infinity;
     for (let t = Math.ceil(fromMs / BIN_MS) * BIN_MS; t + windowMs <= toMs; t += BIN_MS) {
       let slack = 0;
       for (const row of this.bins) {
-        for (let i = Math.floor(t / BIN_MS); i < Math.ceil((t + windowMs) / BIN_MS) && i < row.length; i++) slack = Math.max(slack, row[i]?.maxAdmittedLatencyMs ?? 0);
+        for (let i = Math.floor(t / BIN_MS); i < Math.ceil((t + windowMs) / BIN_MS) && i < row.length; i++)
+          slack = Math.max(slack, row[i]?.maxAdmittedLatencyMs ?? 0);
       }
       const admitted = this.sum(null, t, t + windowMs).admitted;
       const limit = quota * ((windowMs + slack) / 1000) + burst;
@@ -379,7 +485,6 @@ export class PacedLoad implements StreamSink {
     }
     return worst;
   }
-
 
   /**
    * ms from `fromMs` until cell `cell` first admits at ≥ `target` req/s over a window of `windowMs`

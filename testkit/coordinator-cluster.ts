@@ -40,10 +40,21 @@ export class CoordinatorCluster {
     this.root = root;
   }
 
-  static async create(ids: readonly string[], extraArgs: readonly string[] = [], argsOf?: (r: Replica) => readonly string[]): Promise<CoordinatorCluster> {
+  static async create(
+    ids: readonly string[],
+    extraArgs: readonly string[] = [],
+    argsOf?: (r: Replica) => readonly string[],
+  ): Promise<CoordinatorCluster> {
     const c = new CoordinatorCluster(mkdtempSync(join(tmpdir(), 'cq-cluster-')), extraArgs, argsOf);
     for (const id of ids) {
-      c.replicas.set(id, { id, peerPort: await freePort(), adminPort: await freePort(), dataDir: join(c.root, id), proc: null, output: '' });
+      c.replicas.set(id, {
+        id,
+        peerPort: await freePort(),
+        adminPort: await freePort(),
+        dataDir: join(c.root, id),
+        proc: null,
+        output: '',
+      });
     }
     return c;
   }
@@ -67,22 +78,37 @@ export class CoordinatorCluster {
   }
 
   /** `env`: extra environment variables for this replica's process only (e.g. a fault shim's). */
-  start(id: string, opts: { join?: boolean; peers?: readonly string[]; env?: Readonly<Record<string, string>> } = {}): void {
+  start(
+    id: string,
+    opts: { join?: boolean; peers?: readonly string[]; env?: Readonly<Record<string, string>> } = {},
+  ): void {
     const r = this.replica(id);
     if (r.proc !== null) throw new Error(`${id} is already running`);
     const args = [
-      '--import', 'tsx', cliPath, 'coordinator',
-      '--id', id,
-      '--peers', this.peersFlag(opts.peers),
-      '--data-dir', r.dataDir,
-      '--admin', `127.0.0.1:${r.adminPort}`,
-      '--admin-peers', this.adminPeersFlag(),
-      '--log-level', 'info',
+      '--import',
+      'tsx',
+      cliPath,
+      'coordinator',
+      '--id',
+      id,
+      '--peers',
+      this.peersFlag(opts.peers),
+      '--data-dir',
+      r.dataDir,
+      '--admin',
+      `127.0.0.1:${r.adminPort}`,
+      '--admin-peers',
+      this.adminPeersFlag(),
+      '--log-level',
+      'info',
       ...(opts.join === true ? ['--join'] : []),
       ...this.extraArgs,
       ...this.argsOf(r),
     ];
-    const proc = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], ...(opts.env === undefined ? {} : { env: { ...process.env, ...opts.env } }) });
+    const proc = spawn(process.execPath, args, {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      ...(opts.env === undefined ? {} : { env: { ...process.env, ...opts.env } }),
+    });
     r.output = '';
     proc.stdout.on('data', (b: Buffer) => (r.output += b.toString()));
     proc.stderr.on('data', (b: Buffer) => (r.output += b.toString()));
@@ -115,7 +141,13 @@ export class CoordinatorCluster {
     rmSync(this.root, { recursive: true, force: true });
   }
 
-  async http(id: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<HttpResult> {
+  async http(
+    id: string,
+    method: string,
+    path: string,
+    body?: unknown,
+    headers: Record<string, string> = {},
+  ): Promise<HttpResult> {
     const res = await fetch(`${this.adminUrl(id)}${path}`, {
       method,
       redirect: 'manual',
@@ -136,26 +168,37 @@ export class CoordinatorCluster {
   /** Polls until every running replica names the same leader; returns it. */
   async waitForLeader(timeoutMs = 20_000, among: readonly string[] = [...this.replicas.keys()]): Promise<string> {
     let last = '';
-    return waitFor('an agreed leader', async () => {
-      const seen = new Set<string | null>();
-      let answered = 0;
-      for (const id of among) {
-        if (this.replica(id).proc === null) continue;
-        try {
-          const r = await this.http(id, 'GET', '/v1/cluster?stale=true', undefined, this.auth());
-          if (r.status === 200) {
-            answered++;
-            seen.add((r.body['leader'] as string | null) ?? null);
+    return waitFor(
+      'an agreed leader',
+      async () => {
+        const seen = new Set<string | null>();
+        let answered = 0;
+        for (const id of among) {
+          if (this.replica(id).proc === null) continue;
+          try {
+            const r = await this.http(id, 'GET', '/v1/cluster?stale=true', undefined, this.auth());
+            if (r.status === 200) {
+              answered++;
+              seen.add((r.body['leader'] as string | null) ?? null);
+            }
+          } catch {
+            // not up yet
           }
-        } catch {
-          // not up yet
         }
-      }
-      const [only] = [...seen];
-      if (answered > 0 && seen.size === 1 && typeof only === 'string' && among.includes(only) && this.replica(only).proc !== null) return only;
-      last = JSON.stringify([...seen]);
-      return undefined;
-    }, { timeoutMs, everyMs: 100, context: () => `last seen: ${last}` });
+        const [only] = [...seen];
+        if (
+          answered > 0 &&
+          seen.size === 1 &&
+          typeof only === 'string' &&
+          among.includes(only) &&
+          this.replica(only).proc !== null
+        )
+          return only;
+        last = JSON.stringify([...seen]);
+        return undefined;
+      },
+      { timeoutMs, everyMs: 100, context: () => `last seen: ${last}` },
+    );
   }
 
   /** A write sent to the leader, following one redirect if leadership moved. */

@@ -30,19 +30,32 @@ export async function freePort(): Promise<number> {
 }
 
 /** Waits until something accepts TCP connections on 127.0.0.1:`port`; gives up at once if `proc` exits. */
-export async function waitListening(port: number, what: string, opts: { readonly proc?: ChildProcess; readonly timeoutMs?: number; readonly context?: () => string } = {}): Promise<void> {
+export async function waitListening(
+  port: number,
+  what: string,
+  opts: { readonly proc?: ChildProcess; readonly timeoutMs?: number; readonly context?: () => string } = {},
+): Promise<void> {
   const proc = opts.proc;
-  await waitFor(`${what} listening on port ${port}`, () => {
-    if (proc !== undefined && (proc.exitCode !== null || proc.signalCode !== null)) throw new ProcessExited(`${what} exited (${proc.exitCode ?? proc.signalCode})`);
-    return new Promise<boolean>((r) => {
-      const s = connect(port, '127.0.0.1');
-      s.once('connect', () => {
-        s.destroy();
-        r(true);
+  await waitFor(
+    `${what} listening on port ${port}`,
+    () => {
+      if (proc !== undefined && (proc.exitCode !== null || proc.signalCode !== null))
+        throw new ProcessExited(`${what} exited (${proc.exitCode ?? proc.signalCode})`);
+      return new Promise<boolean>((r) => {
+        const s = connect(port, '127.0.0.1');
+        s.once('connect', () => {
+          s.destroy();
+          r(true);
+        });
+        s.once('error', () => r(false));
       });
-      s.once('error', () => r(false));
-    });
-  }, { timeoutMs: opts.timeoutMs ?? 15_000, fatal: (e) => e instanceof ProcessExited, ...(opts.context === undefined ? {} : { context: opts.context }) });
+    },
+    {
+      timeoutMs: opts.timeoutMs ?? 15_000,
+      fatal: (e) => e instanceof ProcessExited,
+      ...(opts.context === undefined ? {} : { context: opts.context }),
+    },
+  );
 }
 
 class ProcessExited extends Error {}

@@ -33,14 +33,17 @@ export interface ResponseOut {
   request_headers_to_add: { key: string; value: string }[];
 }
 
-const packageDefinition = protoLoader.loadSync(['envoy/service/ratelimit/v3/rls.proto', 'grpc/health/v1/health.proto'], {
-  includeDirs: [PROTO_DIR],
-  keepCase: true,
-  longs: Number,
-  enums: String,
-  defaults: true,
-  oneofs: true,
-});
+const packageDefinition = protoLoader.loadSync(
+  ['envoy/service/ratelimit/v3/rls.proto', 'grpc/health/v1/health.proto'],
+  {
+    includeDirs: [PROTO_DIR],
+    keepCase: true,
+    longs: Number,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  },
+);
 const loaded = grpc.loadPackageDefinition(packageDefinition) as unknown as {
   envoy: { service: { ratelimit: { v3: { RateLimitService: grpc.ServiceClientConstructor } } } };
   grpc: { health: { v1: { Health: grpc.ServiceClientConstructor } } };
@@ -56,9 +59,16 @@ export class RlsClient {
 
   check(req: RequestIn, deadlineMs = 5000): Promise<ResponseOut> {
     return new Promise((resolve, reject) => {
-      const fn = (this.client as unknown as Record<string, (r: RequestIn, o: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r: ResponseOut) => void) => void>)['ShouldRateLimit'];
+      const fn = (
+        this.client as unknown as Record<
+          string,
+          (r: RequestIn, o: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r: ResponseOut) => void) => void
+        >
+      )['ShouldRateLimit'];
       if (fn === undefined) throw new Error('no ShouldRateLimit');
-      fn.call(this.client, req, { deadline: Date.now() + deadlineMs }, (error, res) => (error !== null ? reject(error) : resolve(res)));
+      fn.call(this.client, req, { deadline: Date.now() + deadlineMs }, (error, res) =>
+        error !== null ? reject(error) : resolve(res),
+      );
     });
   }
 

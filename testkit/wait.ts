@@ -38,9 +38,14 @@ export async function waitFor<T>(what: string, probe: Probe<T>, options: WaitOpt
       lastError = error;
     }
     if (Date.now() > deadline) {
-      const cause = lastError === undefined ? '' : ` (last error: ${lastError instanceof Error ? lastError.message : JSON.stringify(lastError)})`;
+      const cause =
+        lastError === undefined
+          ? ''
+          : ` (last error: ${lastError instanceof Error ? lastError.message : JSON.stringify(lastError)})`;
       const context = options.context?.() ?? '';
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${cause}${context === '' ? '' : `\n${context.slice(-3000)}`}`);
+      throw new Error(
+        `timed out after ${timeoutMs} ms waiting for ${what}${cause}${context === '' ? '' : `\n${context.slice(-3000)}`}`,
+      );
     }
     await sleep(everyMs);
   }

@@ -23,7 +23,12 @@ export interface AppSettings {
 
 const LIMIT = 10_000_000; // per minute and client: never reached
 const s = JSON.parse(process.argv[2] ?? '{}') as AppSettings;
-const local = { rules: { domain: 'bench', descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: LIMIT } }] } };
+const local = {
+  rules: {
+    domain: 'bench',
+    descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: LIMIT } }],
+  },
+};
 const coordinated = {
   rules: { domain: 'bench', descriptors: [{ key: 'tenant', global: true }] },
   coordinators: s.coordinators ?? '',
@@ -31,13 +36,17 @@ const coordinated = {
   // (tier 'big' and tenant 'acme' are the coordinators', written through their admin API by the benchmark)
   descriptors: () => [[{ key: 'tenant', value: 'acme' }]],
 };
-const redis = s.redisSocket === undefined ? null : new Redis({ path: s.redisSocket, maxRetriesPerRequest: 1, enableOfflineQueue: false, commandTimeout: 1000 });
+const redis =
+  s.redisSocket === undefined
+    ? null
+    : new Redis({ path: s.redisSocket, maxRetriesPerRequest: 1, enableOfflineQueue: false, commandTimeout: 1000 });
 
 let url: string;
 if (s.framework === 'fastify') {
   const app = Fastify();
   if (s.variant === 'lib-memory') await app.register(fastifyRateLimit, { max: LIMIT, timeWindow: 60_000 });
-  if (s.variant === 'lib-redis') await app.register(fastifyRateLimit, { max: LIMIT, timeWindow: 60_000, redis: redis as Redis, skipOnError: true });
+  if (s.variant === 'lib-redis')
+    await app.register(fastifyRateLimit, { max: LIMIT, timeWindow: 60_000, redis: redis as Redis, skipOnError: true });
   if (s.variant === 'cellquota-local') await app.register(cellquota, local);
   if (s.variant === 'cellquota-coordinated') await app.register(cellquota, coordinated);
   app.get('/', (_request, reply) => {
@@ -46,11 +55,22 @@ if (s.framework === 'fastify') {
   url = await app.listen({ host: '127.0.0.1', port: 0 });
 } else {
   const app = express();
-  if (s.variant === 'lib-memory') app.use(expressRateLimit({ limit: LIMIT, windowMs: 60_000, standardHeaders: 'draft-8', legacyHeaders: false }));
+  if (s.variant === 'lib-memory')
+    app.use(expressRateLimit({ limit: LIMIT, windowMs: 60_000, standardHeaders: 'draft-8', legacyHeaders: false }));
   if (s.variant === 'lib-redis') {
     const client = redis as Redis;
-    app.use(expressRateLimit({ limit: LIMIT, windowMs: 60_000, standardHeaders: 'draft-8', legacyHeaders: false, passOnStoreError: true,
-      store: new RedisStore({ sendCommand: (command: string, ...args: string[]) => client.call(command, ...args) as never }) }));
+    app.use(
+      expressRateLimit({
+        limit: LIMIT,
+        windowMs: 60_000,
+        standardHeaders: 'draft-8',
+        legacyHeaders: false,
+        passOnStoreError: true,
+        store: new RedisStore({
+          sendCommand: (command: string, ...args: string[]) => client.call(command, ...args) as never,
+        }),
+      }),
+    );
   }
   if (s.variant === 'cellquota-local') app.use(cellquotaExpress(local));
   if (s.variant === 'cellquota-coordinated') app.use(cellquotaExpress(coordinated));

@@ -23,9 +23,19 @@ if (role === 'upstream') {
     upstream,
     prefix: '/',
     websocket: true,
-    undici: { connections: 128, pipelining: 1, keepAliveTimeout: 30_000, headersTimeout: 30_000, bodyTimeout: 0, connect: { rejectUnauthorized: true } },
+    undici: {
+      connections: 128,
+      pipelining: 1,
+      keepAliveTimeout: 30_000,
+      headersTimeout: 30_000,
+      bodyTimeout: 0,
+      connect: { rejectUnauthorized: true },
+    },
     replyOptions: {
-      rewriteRequestHeaders: (request, headers) => ({ ...headers, 'x-forwarded-for': request.socket.remoteAddress ?? 'unknown' }),
+      rewriteRequestHeaders: (request, headers) => ({
+        ...headers,
+        'x-forwarded-for': request.socket.remoteAddress ?? 'unknown',
+      }),
     },
   });
   await app.listen({ host: '127.0.0.1', port });

@@ -44,14 +44,23 @@ function haveNginx(): Promise<boolean> {
   });
 }
 
-export async function runFrontDoorBenchDetailed(opts: { smoke: boolean; progress: (msg: string) => void; seconds?: number; connections?: number }): Promise<FrontDoorResult> {
+export async function runFrontDoorBenchDetailed(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+  seconds?: number;
+  connections?: number;
+}): Promise<FrontDoorResult> {
   const seconds = opts.seconds ?? (opts.smoke ? 1 : 8);
   const connections = opts.connections ?? (opts.smoke ? 8 : 32);
   const scratch = mkdtempSync(join(tmpdir(), 'cq-bench-frontdoor-'));
   const procs: ChildProcess[] = [];
-  const stop = armEmergencyStop(() => {
-    for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
-  }, scratch, opts.progress);
+  const stop = armEmergencyStop(
+    () => {
+      for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
+    },
+    scratch,
+    opts.progress,
+  );
   const start = async (what: string, cmd: string, args: string[], port: number): Promise<void> => {
     let out = '';
     const p = spawn(cmd, args, { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -66,8 +75,17 @@ export async function runFrontDoorBenchDetailed(opts: { smoke: boolean; progress
     // a short warm-up (JIT, keep-alive pools), then the measured run
     await autocannon({ url, connections, duration: opts.smoke ? 0.3 : 1 });
     const r = await autocannon({ url, connections, duration: seconds });
-    rows.push({ target, reqPerSec: Math.round(r.requests.average), p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx });
-    opts.progress(`${target}: ${Math.round(r.requests.average)} req/s, p50 ${r.latency.p50} ms, p99 ${r.latency.p99} ms`);
+    rows.push({
+      target,
+      reqPerSec: Math.round(r.requests.average),
+      p50Ms: r.latency.p50,
+      p99Ms: r.latency.p99,
+      errors: r.errors + r.timeouts,
+      non2xx: r.non2xx,
+    });
+    opts.progress(
+      `${target}: ${Math.round(r.requests.average)} req/s, p50 ${r.latency.p50} ms, p99 ${r.latency.p99} ms`,
+    );
   };
   try {
     const tsx = [process.execPath, '--import', 'tsx'] as const;
@@ -76,19 +94,52 @@ export async function runFrontDoorBenchDetailed(opts: { smoke: boolean; progress
     const upstream = `http://127.0.0.1:${upPort}`;
     const rules = join(scratch, 'rules.yaml');
     // far above any offered load: every request is decided, none refused
-    writeFileSync(rules, 'domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 100000000}\n');
+    writeFileSync(
+      rules,
+      'domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 100000000}\n',
+    );
 
     await measure('upstream direct', `${upstream}/`);
 
     if (await haveNginx()) {
       const agentPort = await freePort();
-      await start('agent', tsx[0], [...tsx.slice(1), CLI, 'agent', '--cell', 'bench', '--rules', rules, '--workers', '0', '--http', `127.0.0.1:${agentPort}`, '--trusted-proxies', '127.0.0.1', '--forward-auth-deny-status', '403', '--lag-threshold-ms', '0', '--log-level', 'warn'], agentPort);
+      await start(
+        'agent',
+        tsx[0],
+        [
+          ...tsx.slice(1),
+          CLI,
+          'agent',
+          '--cell',
+          'bench',
+          '--rules',
+          rules,
+          '--workers',
+          '0',
+          '--http',
+          `127.0.0.1:${agentPort}`,
+          '--trusted-proxies',
+          '127.0.0.1',
+          '--forward-auth-deny-status',
+          '403',
+          '--lag-threshold-ms',
+          '0',
+          '--log-level',
+          'warn',
+        ],
+        agentPort,
+      );
       const { readFileSync } = await import('node:fs');
       const example = readFileSync(NGINX_EXAMPLE, 'utf8');
       const nginxPorts = { plain: await freePort(), limitReq: await freePort(), forwardAuth: await freePort() };
       const dir = join(scratch, 'nginx');
       mkdirSync(join(dir, 'logs'), { recursive: true });
-      const forwardAuth = example.replace('listen 80;', `listen 127.0.0.1:${nginxPorts.forwardAuth};`).split('127.0.0.1:8080').join(`127.0.0.1:${upPort}`).split('127.0.0.1:9091').join(`127.0.0.1:${agentPort}`);
+      const forwardAuth = example
+        .replace('listen 80;', `listen 127.0.0.1:${nginxPorts.forwardAuth};`)
+        .split('127.0.0.1:8080')
+        .join(`127.0.0.1:${upPort}`)
+        .split('127.0.0.1:9091')
+        .join(`127.0.0.1:${agentPort}`);
       const conf = `worker_processes 1;
 error_log ${join(dir, 'logs/error.log')} warn;
 pid ${join(dir, 'nginx.pid')};
@@ -112,7 +163,12 @@ ${forwardAuth}
 }
 `;
       writeFileSync(join(dir, 'nginx.conf'), conf);
-      await start('nginx', 'nginx', ['-p', dir, '-c', join(dir, 'nginx.conf'), '-g', 'daemon off;'], nginxPorts.forwardAuth);
+      await start(
+        'nginx',
+        'nginx',
+        ['-p', dir, '-c', join(dir, 'nginx.conf'), '-g', 'daemon off;'],
+        nginxPorts.forwardAuth,
+      );
       await measure('nginx alone', `http://127.0.0.1:${nginxPorts.plain}/`);
       await measure('nginx limit_req', `http://127.0.0.1:${nginxPorts.limitReq}/`);
       await measure('nginx + forward-auth (agent)', `http://127.0.0.1:${nginxPorts.forwardAuth}/`);
@@ -125,19 +181,43 @@ ${forwardAuth}
     await measure('bare proxy (@fastify/http-proxy)', `http://127.0.0.1:${barePort}/`);
     const gwPort = await freePort();
     const gwHealth = await freePort();
-    await start('gateway', tsx[0], [...tsx.slice(1), CLI, 'gateway', '--listen', `127.0.0.1:${gwPort}`, '--upstream', upstream, '--rules', rules, '--health', `127.0.0.1:${gwHealth}`, '--log-level', 'warn'], gwPort);
+    await start(
+      'gateway',
+      tsx[0],
+      [
+        ...tsx.slice(1),
+        CLI,
+        'gateway',
+        '--listen',
+        `127.0.0.1:${gwPort}`,
+        '--upstream',
+        upstream,
+        '--rules',
+        rules,
+        '--health',
+        `127.0.0.1:${gwHealth}`,
+        '--log-level',
+        'warn',
+      ],
+      gwPort,
+    );
     await measure('cellquota gateway', `http://127.0.0.1:${gwPort}/`);
   } finally {
     stop.signalsOff();
-    await Promise.all(procs.map((p) => new Promise<void>((r) => {
-      if (p.exitCode !== null || p.signalCode !== null) return r();
-      const t = setTimeout(() => p.kill('SIGKILL'), 5000);
-      p.once('exit', () => {
-        clearTimeout(t);
-        r();
-      });
-      p.kill('SIGTERM');
-    })));
+    await Promise.all(
+      procs.map(
+        (p) =>
+          new Promise<void>((r) => {
+            if (p.exitCode !== null || p.signalCode !== null) return r();
+            const t = setTimeout(() => p.kill('SIGKILL'), 5000);
+            p.once('exit', () => {
+              clearTimeout(t);
+              r();
+            });
+            p.kill('SIGTERM');
+          }),
+      ),
+    );
     stop.exitOff();
     rmSync(scratch, { recursive: true, force: true });
   }
@@ -158,12 +238,22 @@ ${forwardAuth}
   const report: BenchReport = {
     name: 'frontdoor',
     title: 'Front door: forward-auth and gateway beside nginx and a bare proxy',
-    rows: rows.map((r) => ({ target: r.target, 'req/s': r.reqPerSec, 'p50 ms': r.p50Ms, 'p99 ms': r.p99Ms, errors: r.errors, 'non-2xx': r.non2xx })),
+    rows: rows.map((r) => ({
+      target: r.target,
+      'req/s': r.reqPerSec,
+      'p50 ms': r.p50Ms,
+      'p99 ms': r.p99Ms,
+      errors: r.errors,
+      'non-2xx': r.non2xx,
+    })),
     notes,
   };
   return { report, rows, skipped };
 }
 
-export async function runFrontDoorBench(opts: { smoke: boolean; progress: (msg: string) => void }): Promise<BenchReport> {
+export async function runFrontDoorBench(opts: {
+  smoke: boolean;
+  progress: (msg: string) => void;
+}): Promise<BenchReport> {
   return (await runFrontDoorBenchDetailed(opts)).report;
 }

@@ -11,7 +11,10 @@ export type ProgressFn = (p: Extract<FromLoadGen, { type: 'progress' }>) => void
 
 export class LoadGenerator {
   private nextId = 1;
-  private readonly pending = new Map<number, { resolve: (r: readonly PhaseResult[]) => void; reject: (e: Error) => void; progress: ProgressFn }>();
+  private readonly pending = new Map<
+    number,
+    { resolve: (r: readonly PhaseResult[]) => void; reject: (e: Error) => void; progress: ProgressFn }
+  >();
   private exited = false;
 
   private constructor(private readonly child: ChildProcess) {
@@ -38,10 +41,15 @@ export class LoadGenerator {
   }
 
   static start(): Promise<LoadGenerator> {
-    const child = fork(SCRIPT, [], { cwd: REPO_ROOT, execArgv: ['--import', 'tsx', '--max-semi-space-size=32'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const child = fork(SCRIPT, [], {
+      cwd: REPO_ROOT,
+      execArgv: ['--import', 'tsx', '--max-semi-space-size=32'],
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
     const gen = new LoadGenerator(child);
     return new Promise((resolve, reject) => {
-      const onExit = (code: number | null): void => reject(new Error(`load generator exited before it was ready (${code})`));
+      const onExit = (code: number | null): void =>
+        reject(new Error(`load generator exited before it was ready (${code})`));
       child.once('exit', onExit);
       child.once('error', reject);
       const onMessage = (msg: FromLoadGen): void => {

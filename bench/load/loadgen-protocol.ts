@@ -96,10 +96,18 @@ export interface PhaseResult {
   readonly tenantFailOpen?: readonly number[];
 }
 
-export type ToLoadGen = { readonly type: 'job'; readonly id: number; readonly job: LoadJob } | { readonly type: 'exit' };
+export type ToLoadGen =
+  { readonly type: 'job'; readonly id: number; readonly job: LoadJob } | { readonly type: 'exit' };
 
 export type FromLoadGen =
   | { readonly type: 'ready'; readonly pid: number }
-  | { readonly type: 'progress'; readonly id: number; readonly phase: 'warmup' | 'measure' | 'drain'; readonly elapsedMs: number; readonly completed: number; readonly inFlight: number }
+  | {
+      readonly type: 'progress';
+      readonly id: number;
+      readonly phase: 'warmup' | 'measure' | 'drain';
+      readonly elapsedMs: number;
+      readonly completed: number;
+      readonly inFlight: number;
+    }
   | { readonly type: 'result'; readonly id: number; readonly results: readonly PhaseResult[] }
   | { readonly type: 'failed'; readonly id: number; readonly message: string };

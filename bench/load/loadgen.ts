@@ -36,9 +36,30 @@ import { AsyncResource } from 'node:async_hooks';
 import http2 from 'node:http2';
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { RLS_PATH, CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, FAIL_OPEN_FLAG, decodeResponse, tenantFrames } from '../../testkit/load/rls-wire.js';
-import { targetAddresses, type FromLoadGen, type LatencySummary, type LoadJob, type PhaseResult, type ToLoadGen } from './loadgen-protocol.js';
-import { RawH2Session, grpcRequestHeaderBlock, requestTemplate, type RequestTemplate, type StreamSink } from '../../testkit/load/h2-raw.js';
+import {
+  RLS_PATH,
+  CODE_OK,
+  CODE_OVER_LIMIT,
+  DEGRADED_FLAG,
+  FAIL_OPEN_FLAG,
+  decodeResponse,
+  tenantFrames,
+} from '../../testkit/load/rls-wire.js';
+import {
+  targetAddresses,
+  type FromLoadGen,
+  type LatencySummary,
+  type LoadJob,
+  type PhaseResult,
+  type ToLoadGen,
+} from './loadgen-protocol.js';
+import {
+  RawH2Session,
+  grpcRequestHeaderBlock,
+  requestTemplate,
+  type RequestTemplate,
+  type StreamSink,
+} from '../../testkit/load/h2-raw.js';
 import { Rng } from '../../testkit/random.js';
 
 const HEADERS: http2.OutgoingHttpHeaders = {
@@ -58,7 +79,10 @@ const CLOSED_SAMPLES = 500_000;
  * property, so this process — the generator only, never a server under test — binds without it.
  */
 function leanAsyncResourceBind(): void {
-  const proto = AsyncResource.prototype as unknown as { bind: (fn: (...args: unknown[]) => unknown, thisArg?: unknown) => unknown; runInAsyncScope: (fn: (...args: unknown[]) => unknown, thisArg: unknown, ...args: unknown[]) => unknown };
+  const proto = AsyncResource.prototype as unknown as {
+    bind: (fn: (...args: unknown[]) => unknown, thisArg?: unknown) => unknown;
+    runInAsyncScope: (fn: (...args: unknown[]) => unknown, thisArg: unknown, ...args: unknown[]) => unknown;
+  };
   proto.bind = function bind(this: AsyncResource, fn: (...args: unknown[]) => unknown, thisArg?: unknown): unknown {
     // eslint-disable-next-line @typescript-eslint/no-this-alias
     const resource = this;
@@ -104,7 +128,8 @@ function closeSession(session: http2.ClientHttp2Session): Promise<void> {
 function summarize(samples: Float64Array, n: number): LatencySummary | null {
   if (n === 0) return null;
   const s = samples.slice(0, n).sort();
-  const at = (q: number): number => Math.round((s[Math.min(n - 1, Math.max(0, Math.ceil(q * n) - 1))] ?? 0) * 1000 * 10) / 10;
+  const at = (q: number): number =>
+    Math.round((s[Math.min(n - 1, Math.max(0, Math.ceil(q * n) - 1))] ?? 0) * 1000 * 10) / 10;
   return { samples: n, p50Us: at(0.5), p90Us: at(0.9), p99Us: at(0.99), p999Us: at(0.999), maxUs: at(1) };
 }
 
@@ -293,7 +318,14 @@ class Run implements StreamSink {
     let failed = false;
     if (call.status !== 0 || call.body === null) {
       failed = true;
-      this.noteError(call.error ?? (call.status === -1 ? 'no grpc-status' : call.status !== 0 ? `grpc-status ${call.status}` : 'no response message'));
+      this.noteError(
+        call.error ??
+          (call.status === -1
+            ? 'no grpc-status'
+            : call.status !== 0
+              ? `grpc-status ${call.status}`
+              : 'no response message'),
+      );
     } else {
       const decoded = decodeResponse(call.body);
       const code = decoded < 0 ? decoded : decoded & 0xffff;
@@ -319,7 +351,8 @@ class Run implements StreamSink {
       // Counted only during this target's own turn: answers trailing in after it are not its throughput.
       if (this.active && at >= this.window.start && at < this.window.end) {
         this.measuredCompletions++;
-        if (this.job.perTenant === true && !failed && this.latencyCount < this.latencies.length) this.latencies[this.latencyCount++] = at - call.sentAt;
+        if (this.job.perTenant === true && !failed && this.latencyCount < this.latencies.length)
+          this.latencies[this.latencyCount++] = at - call.sentAt;
       }
       if (this.active) this.issue(Number.NaN, false);
     } else {
@@ -342,12 +375,15 @@ class Run implements StreamSink {
       measuredCompletions: this.measuredCompletions,
       measuredMs: Math.round(this.measuredMs),
       throughput: seconds > 0 ? Math.round(this.measuredCompletions / seconds) : 0,
-      latency: this.job.mode === 'paced' || this.job.perTenant === true ? summarize(this.latencies, this.latencyCount) : null,
+      latency:
+        this.job.mode === 'paced' || this.job.perTenant === true ? summarize(this.latencies, this.latencyCount) : null,
       sendLag: this.job.mode === 'paced' ? summarize(this.lags, this.lagCount) : null,
       offeredRate: this.job.mode === 'paced' && seconds > 0 ? Math.round(this.sentInWindow / seconds) : 0,
       generatorCpuPct: cpuPct,
       errorSamples: this.errorSamples,
-      ...(this.job.perTenant === true ? { failOpen: this.failOpen, tenantAllowed: this.tenantAllowed, tenantFailOpen: this.tenantFailOpen } : {}),
+      ...(this.job.perTenant === true
+        ? { failOpen: this.failOpen, tenantAllowed: this.tenantAllowed, tenantFailOpen: this.tenantFailOpen }
+        : {}),
     };
   }
 }
@@ -361,7 +397,10 @@ function sleepUntil(t: number): Promise<void> {
  * the targets for n × (warm-up + measurement)), so every target sees the same mix of quiet and
  * noisy moments of a shared machine. One target: a plain run. Returns one result per target.
  */
-export async function runJob(job: LoadJob, onProgress: (phase: 'warmup' | 'measure' | 'drain', elapsedMs: number, completed: number, inFlight: number) => void): Promise<PhaseResult[]> {
+export async function runJob(
+  job: LoadJob,
+  onProgress: (phase: 'warmup' | 'measure' | 'drain', elapsedMs: number, completed: number, inFlight: number) => void,
+): Promise<PhaseResult[]> {
   if (job.mode === 'closed' && !(job.concurrency >= 1)) throw new Error('closed mode needs concurrency ≥ 1');
   if (job.mode === 'paced' && !(job.rate > 0)) throw new Error('paced mode needs rate > 0');
   if (job.targets.length === 0) throw new Error('no target');
@@ -416,7 +455,12 @@ export async function runJob(job: LoadJob, onProgress: (phase: 'warmup' | 'measu
     job.progressEveryMs > 0
       ? setInterval(() => {
           const now = performance.now();
-          onProgress(now < window.start ? 'warmup' : now < window.end ? 'measure' : 'drain', Math.round(now - t0), completed, inFlight());
+          onProgress(
+            now < window.start ? 'warmup' : now < window.end ? 'measure' : 'drain',
+            Math.round(now - t0),
+            completed,
+            inFlight(),
+          );
         }, job.progressEveryMs)
       : null;
 
@@ -508,7 +552,9 @@ function main(): void {
     const { id, job } = msg;
     queue = queue.then(async () => {
       try {
-        const results = await runJob(job, (phase, elapsedMs, completed, inFlight) => send({ type: 'progress', id, phase, elapsedMs, completed, inFlight }));
+        const results = await runJob(job, (phase, elapsedMs, completed, inFlight) =>
+          send({ type: 'progress', id, phase, elapsedMs, completed, inFlight }),
+        );
         send({ type: 'result', id, results });
       } catch (err) {
         send({ type: 'failed', id, message: err instanceof Error ? err.message : String(err) });

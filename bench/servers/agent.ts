@@ -32,7 +32,12 @@ export async function start(target: string, options: ServerOptions): Promise<Run
     rules: writeRules(options.scratchDir),
     workers,
     logLevel: 'warn',
-    ...(options.overloadPolicy === undefined ? { lagThresholdMs: 0 } : { overloadPolicy: options.overloadPolicy, ...(options.lagThresholdMs === undefined ? {} : { lagThresholdMs: options.lagThresholdMs }) }),
+    ...(options.overloadPolicy === undefined
+      ? { lagThresholdMs: 0 }
+      : {
+          overloadPolicy: options.overloadPolicy,
+          ...(options.lagThresholdMs === undefined ? {} : { lagThresholdMs: options.lagThresholdMs }),
+        }),
     rlsServer: options.rlsServer ?? 'lean',
     ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
   };
@@ -41,7 +46,9 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   const endpoints = [...agent.endpoints.rlsUnix, ...agent.endpoints.rlsTcp];
   if (endpoints.length !== workers) {
     await agent.stop();
-    throw new Error(`the agent serves on ${endpoints.length} endpoint(s) (${endpoints.join(', ')}), expected one per worker (${workers})`);
+    throw new Error(
+      `the agent serves on ${endpoints.length} endpoint(s) (${endpoints.join(', ')}), expected one per worker (${workers})`,
+    );
   }
   return {
     stop: () => agent.stop(),

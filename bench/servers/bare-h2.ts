@@ -33,6 +33,7 @@ export async function start(target: string, _options?: ServerOptions): Promise<R
   });
   return {
     stop: () => new Promise<void>((resolve) => server.close(() => resolve())),
-    description: 'bare node:http2: gRPC framing only, a pre-encoded {overall_code: OK, statuses: [{code: OK}]} after END_STREAM, request never decoded',
+    description:
+      'bare node:http2: gRPC framing only, a pre-encoded {overall_code: OK, statuses: [{code: OK}]} after END_STREAM, request never decoded',
   };
 }

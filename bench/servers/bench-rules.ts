@@ -34,14 +34,30 @@ export function isLimitedTenant(domain: string, value: string): boolean {
 export function rulesYaml(): { readonly file: string; readonly text: string }[] {
   const unlimited = `    rate_limit: {unit: second, requests_per_unit: ${UNLIMITED_PER_SECOND}}`;
   return [
-    { file: `${DOMAIN_UNLIMITED}.yaml`, text: [`domain: ${DOMAIN_UNLIMITED}`, 'descriptors:', `  - key: ${TENANT_KEY}`, unlimited, ''].join('\n') },
-    { file: `${DOMAIN_SMALL}.yaml`, text: [`domain: ${DOMAIN_SMALL}`, 'descriptors:', `  - key: ${TENANT_KEY}`, `    rate_limit: {unit: second, requests_per_unit: ${SMALL_PER_SECOND}}`, ''].join('\n') },
+    {
+      file: `${DOMAIN_UNLIMITED}.yaml`,
+      text: [`domain: ${DOMAIN_UNLIMITED}`, 'descriptors:', `  - key: ${TENANT_KEY}`, unlimited, ''].join('\n'),
+    },
+    {
+      file: `${DOMAIN_SMALL}.yaml`,
+      text: [
+        `domain: ${DOMAIN_SMALL}`,
+        'descriptors:',
+        `  - key: ${TENANT_KEY}`,
+        `    rate_limit: {unit: second, requests_per_unit: ${SMALL_PER_SECOND}}`,
+        '',
+      ].join('\n'),
+    },
     {
       file: `${DOMAIN_LIMITED}.yaml`,
       text: [
         `domain: ${DOMAIN_LIMITED}`,
         'descriptors:',
-        ...ODD_DIGITS.flatMap((d) => [`  - key: ${TENANT_KEY}`, `    value: "tenant-*${d}"`, `    rate_limit: {unit: hour, requests_per_unit: ${LIMITED_PER_HOUR}}`]),
+        ...ODD_DIGITS.flatMap((d) => [
+          `  - key: ${TENANT_KEY}`,
+          `    value: "tenant-*${d}"`,
+          `    rate_limit: {unit: hour, requests_per_unit: ${LIMITED_PER_HOUR}}`,
+        ]),
         `  - key: ${TENANT_KEY}`,
         unlimited,
         '',

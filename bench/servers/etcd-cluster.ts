@@ -12,7 +12,13 @@ import { freePort } from '../../testkit/ports.js';
 
 export function findEtcd(): string | null {
   const explicit = process.env['ETCD_BIN'];
-  const candidates = explicit !== undefined && explicit !== '' ? [explicit] : (process.env['PATH'] ?? '').split(delimiter).filter((d) => d !== '').map((d) => join(d, 'etcd'));
+  const candidates =
+    explicit !== undefined && explicit !== ''
+      ? [explicit]
+      : (process.env['PATH'] ?? '')
+          .split(delimiter)
+          .filter((d) => d !== '')
+          .map((d) => join(d, 'etcd'));
   for (const c of candidates) {
     try {
       accessSync(c, constants.X_OK);
@@ -96,11 +102,21 @@ export class EtcdCluster {
     const initialCluster = specs.map((s) => `${s.name}=http://127.0.0.1:${s.peer}`).join(',');
     const c = new EtcdCluster(bin, etcdVersion(bin), root, options, initialCluster);
     for (const s of specs) {
-      c.members.push({ name: s.name, clientUrl: `http://127.0.0.1:${s.client}`, peerUrl: `http://127.0.0.1:${s.peer}`, dataDir: join(root, `${s.name}.etcd`), proc: null, tail: [] });
+      c.members.push({
+        name: s.name,
+        clientUrl: `http://127.0.0.1:${s.client}`,
+        peerUrl: `http://127.0.0.1:${s.peer}`,
+        dataDir: join(root, `${s.name}.etcd`),
+        proc: null,
+        tail: [],
+      });
     }
     try {
       for (const m of c.members) c.start(m.name);
-      await c.waitForLeader(timeoutMs, c.members.map((m) => m.name));
+      await c.waitForLeader(
+        timeoutMs,
+        c.members.map((m) => m.name),
+      );
       return c;
     } catch (err) {
       await c.stop();
@@ -123,26 +139,45 @@ export class EtcdCluster {
     const m = this.member(name);
     if (m.proc !== null) throw new Error(`etcd ${name} is already running`);
     const args = [
-      '--name', m.name,
-      '--data-dir', m.dataDir,
-      '--listen-client-urls', m.clientUrl,
-      '--advertise-client-urls', m.clientUrl,
-      '--listen-peer-urls', m.peerUrl,
-      '--initial-advertise-peer-urls', m.peerUrl,
-      '--initial-cluster', this.initialCluster,
-      '--initial-cluster-token', `cq-bench-${this.options.label ?? 'cluster'}`,
-      '--initial-cluster-state', 'new',
-      '--heartbeat-interval', String(this.options.heartbeatMs),
-      '--election-timeout', String(this.options.electionMs),
+      '--name',
+      m.name,
+      '--data-dir',
+      m.dataDir,
+      '--listen-client-urls',
+      m.clientUrl,
+      '--advertise-client-urls',
+      m.clientUrl,
+      '--listen-peer-urls',
+      m.peerUrl,
+      '--initial-advertise-peer-urls',
+      m.peerUrl,
+      '--initial-cluster',
+      this.initialCluster,
+      '--initial-cluster-token',
+      `cq-bench-${this.options.label ?? 'cluster'}`,
+      '--initial-cluster-state',
+      'new',
+      '--heartbeat-interval',
+      String(this.options.heartbeatMs),
+      '--election-timeout',
+      String(this.options.electionMs),
       `--pre-vote=${this.options.preVote ? 'true' : 'false'}`,
-      '--logger', 'zap',
-      '--log-outputs', 'stderr',
-      '--log-level', 'warn',
+      '--logger',
+      'zap',
+      '--log-outputs',
+      'stderr',
+      '--log-level',
+      'warn',
     ];
     const proc = spawn(this.bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     m.tail = [];
     const keep = (d: Buffer): void => {
-      m.tail.push(...d.toString('utf8').split('\n').filter((l) => l.trim() !== ''));
+      m.tail.push(
+        ...d
+          .toString('utf8')
+          .split('\n')
+          .filter((l) => l.trim() !== ''),
+      );
       m.tail.splice(0, Math.max(0, m.tail.length - 10));
     };
     proc.stdout.on('data', keep);
@@ -167,13 +202,30 @@ export class EtcdCluster {
   async status(name: string, timeoutMs = 1000): Promise<EtcdStatus | null> {
     const m = this.member(name);
     try {
-      const res = await fetch(`${m.clientUrl}/v3/maintenance/status`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', signal: AbortSignal.timeout(timeoutMs) });
+      const res = await fetch(`${m.clientUrl}/v3/maintenance/status`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+        signal: AbortSignal.timeout(timeoutMs),
+      });
       const text = await res.text();
       if (res.status !== 200) return null;
-      const j = JSON.parse(text) as { header?: { member_id?: string }; leader?: string; raftTerm?: string; raftIndex?: string; raftAppliedIndex?: string };
+      const j = JSON.parse(text) as {
+        header?: { member_id?: string };
+        leader?: string;
+        raftTerm?: string;
+        raftIndex?: string;
+        raftAppliedIndex?: string;
+      };
       const memberId = j.header?.member_id ?? '';
       if (memberId !== '') this.idToName.set(memberId, name);
-      return { memberId, leaderId: j.leader ?? '0', raftTerm: Number(j.raftTerm ?? 0), raftIndex: Number(j.raftIndex ?? 0), raftAppliedIndex: Number(j.raftAppliedIndex ?? 0) };
+      return {
+        memberId,
+        leaderId: j.leader ?? '0',
+        raftTerm: Number(j.raftTerm ?? 0),
+        raftIndex: Number(j.raftIndex ?? 0),
+        raftAppliedIndex: Number(j.raftAppliedIndex ?? 0),
+      };
     } catch {
       return null;
     }
@@ -203,7 +255,9 @@ export class EtcdCluster {
       }
       await new Promise((r) => setTimeout(r, 50));
     }
-    throw new Error(`etcd (${this.options.label ?? 'cluster'}): no agreed leader within ${timeoutMs} ms (last seen: ${last})`);
+    throw new Error(
+      `etcd (${this.options.label ?? 'cluster'}): no agreed leader within ${timeoutMs} ms (last seen: ${last})`,
+    );
   }
 
   /**

@@ -19,7 +19,13 @@ import * as grpc from '@grpc/grpc-js';
 import { Redis } from 'ioredis';
 import { RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
 import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
-import { startRlsServer, stopRlsServer, type DescriptorStatusMsg, type RateLimitResponseMsg, type ShouldRateLimit } from './rls-grpc.js';
+import {
+  startRlsServer,
+  stopRlsServer,
+  type DescriptorStatusMsg,
+  type RateLimitResponseMsg,
+  type ShouldRateLimit,
+} from './rls-grpc.js';
 
 const NO_LIMIT: RateLimitResponseMsg = { overallCode: 'OK', statuses: [{ code: 'OK' }] };
 
@@ -31,7 +37,12 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   redis.on('error', () => undefined); // surfaces as failed consume() calls
   await redis.connect();
   // The same keyPrefix in every process: one counter per tenant, shared by all of them.
-  const limiter = new RateLimiterRedis({ storeClient: redis, keyPrefix: `quota:${quota.domain}:${quota.key}`, points: quota.points, duration: quota.durationSec });
+  const limiter = new RateLimiterRedis({
+    storeClient: redis,
+    keyPrefix: `quota:${quota.domain}:${quota.key}`,
+    points: quota.points,
+    duration: quota.durationSec,
+  });
   const status = (code: 'OK' | 'OVER_LIMIT', res: RateLimiterRes): DescriptorStatusMsg => {
     const ms = Math.max(0, Math.round(res.msBeforeNext));
     return {
@@ -44,7 +55,8 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   const handler: ShouldRateLimit = (call, callback) => {
     const req = call.request;
     let value: string | null = null;
-    if (req.domain === quota.domain) for (const d of req.descriptors) for (const e of d.entries) if (e.key === quota.key) value ??= e.value;
+    if (req.domain === quota.domain)
+      for (const d of req.descriptors) for (const e of d.entries) if (e.key === quota.key) value ??= e.value;
     if (value === null) {
       callback(null, NO_LIMIT);
       return;
@@ -52,7 +64,8 @@ export async function start(target: string, options: ServerOptions): Promise<Run
     limiter.consume(value, Math.max(1, req.hitsAddend)).then(
       (res) => callback(null, { overallCode: 'OK', statuses: [status('OK', res)] }),
       (rej: unknown) => {
-        if (rej instanceof RateLimiterRes) callback(null, { overallCode: 'OVER_LIMIT', statuses: [status('OVER_LIMIT', rej)] });
+        if (rej instanceof RateLimiterRes)
+          callback(null, { overallCode: 'OVER_LIMIT', statuses: [status('OVER_LIMIT', rej)] });
         else callback({ code: grpc.status.UNAVAILABLE, details: rej instanceof Error ? rej.message : String(rej) });
       },
     );

@@ -6,9 +6,23 @@
 import * as grpc from '@grpc/grpc-js';
 import { Redis } from 'ioredis';
 import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes, type RateLimiterAbstract } from 'rate-limiter-flexible';
-import { DOMAIN_LIMITED, DOMAIN_UNLIMITED, LIMITED_PER_HOUR, TENANT_KEY, UNLIMITED_PER_SECOND, isLimitedTenant } from './bench-rules.js';
+import {
+  DOMAIN_LIMITED,
+  DOMAIN_UNLIMITED,
+  LIMITED_PER_HOUR,
+  TENANT_KEY,
+  UNLIMITED_PER_SECOND,
+  isLimitedTenant,
+} from './bench-rules.js';
 import type { RunningServer, ServerOptions } from '../../testkit/processes/server-module.js';
-import { startRlsServer, stopRlsServer, type DescriptorStatusMsg, type RateLimitRequestMsg, type RateLimitResponseMsg, type ShouldRateLimit } from './rls-grpc.js';
+import {
+  startRlsServer,
+  stopRlsServer,
+  type DescriptorStatusMsg,
+  type RateLimitRequestMsg,
+  type RateLimitResponseMsg,
+  type ShouldRateLimit,
+} from './rls-grpc.js';
 
 const NO_LIMIT: RateLimitResponseMsg = { overallCode: 'OK', statuses: [{ code: 'OK' }] };
 
@@ -21,7 +35,9 @@ function status(code: 'OK' | 'OVER_LIMIT', res: RateLimiterRes, limited: boolean
   const ms = Math.max(0, res.msBeforeNext);
   return {
     code,
-    currentLimit: limited ? { requestsPerUnit: LIMITED_PER_HOUR, unit: 'HOUR' } : { requestsPerUnit: UNLIMITED_PER_SECOND, unit: 'SECOND' },
+    currentLimit: limited
+      ? { requestsPerUnit: LIMITED_PER_HOUR, unit: 'HOUR' }
+      : { requestsPerUnit: UNLIMITED_PER_SECOND, unit: 'SECOND' },
     limitRemaining: res.remainingPoints,
     durationUntilReset: { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 },
   };
@@ -50,7 +66,12 @@ export async function start(target: string, options: ServerOptions): Promise<Run
   const handler: ShouldRateLimit = (call, callback) => {
     const req = call.request;
     const value = tenantOf(req);
-    const domainLimiter = req.domain === DOMAIN_UNLIMITED ? limiters[DOMAIN_UNLIMITED] : req.domain === DOMAIN_LIMITED ? limiters[DOMAIN_LIMITED] : null;
+    const domainLimiter =
+      req.domain === DOMAIN_UNLIMITED
+        ? limiters[DOMAIN_UNLIMITED]
+        : req.domain === DOMAIN_LIMITED
+          ? limiters[DOMAIN_LIMITED]
+          : null;
     if (value === null || domainLimiter === null) {
       callback(null, NO_LIMIT);
       return;
@@ -59,14 +80,18 @@ export async function start(target: string, options: ServerOptions): Promise<Run
     (limited ? limiters.limited : domainLimiter).consume(value).then(
       (res) => callback(null, { overallCode: 'OK', statuses: [status('OK', res, limited)] }),
       (rej: unknown) => {
-        if (rej instanceof RateLimiterRes) callback(null, { overallCode: 'OVER_LIMIT', statuses: [status('OVER_LIMIT', rej, limited)] });
+        if (rej instanceof RateLimiterRes)
+          callback(null, { overallCode: 'OVER_LIMIT', statuses: [status('OVER_LIMIT', rej, limited)] });
         else callback({ code: grpc.status.UNAVAILABLE, details: rej instanceof Error ? rej.message : String(rej) });
       },
     );
   };
   const server = await startRlsServer(target, handler);
   return {
-    description: store === 'redis' ? 'rate-limiter-flexible RateLimiterRedis (ioredis, default options) on a local redis-server over a Unix socket' : 'rate-limiter-flexible RateLimiterMemory',
+    description:
+      store === 'redis'
+        ? 'rate-limiter-flexible RateLimiterRedis (ioredis, default options) on a local redis-server over a Unix socket'
+        : 'rate-limiter-flexible RateLimiterMemory',
     stop: async () => {
       await stopRlsServer(server);
       if (redis !== null) redis.disconnect();

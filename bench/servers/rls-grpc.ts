@@ -20,7 +20,11 @@ export interface RateLimitRequestMsg {
 export type CodeName = 'UNKNOWN' | 'OK' | 'OVER_LIMIT';
 export interface DescriptorStatusMsg {
   code: CodeName;
-  currentLimit?: { requestsPerUnit: number; unit: 'SECOND' | 'MINUTE' | 'HOUR' | 'DAY' | 'WEEK' | 'MONTH' | 'YEAR'; name?: string };
+  currentLimit?: {
+    requestsPerUnit: number;
+    unit: 'SECOND' | 'MINUTE' | 'HOUR' | 'DAY' | 'WEEK' | 'MONTH' | 'YEAR';
+    name?: string;
+  };
   limitRemaining?: number;
   durationUntilReset?: { seconds: number; nanos: number };
 }
@@ -38,7 +42,14 @@ export function loadRlsService(): grpc.ServiceDefinition {
   // The project's own wire-compatible RLS proto (the one the agent's codec is checked against).
   const protoRoot = fileURLToPath(new URL('../../proto/', import.meta.url));
   const protoPath = 'envoy/service/ratelimit/v3/rls.proto';
-  const pkg = protoLoader.loadSync(protoPath, { includeDirs: [protoRoot], keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+  const pkg = protoLoader.loadSync(protoPath, {
+    includeDirs: [protoRoot],
+    keepCase: false,
+    longs: Number,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
   const def = pkg[RLS_SERVICE];
   if (def === undefined || !('ShouldRateLimit' in def)) throw new Error(`${protoPath} does not define ${RLS_SERVICE}`);
   cached = def;
@@ -67,11 +78,17 @@ export function grpcAddress(target: string): string {
 }
 
 /** A grpc-js server (default options) with the RLS service bound to `target`, started. */
-export async function startRlsServer<Req, Res>(target: string, handler: grpc.handleUnaryCall<Req, Res>, definition: grpc.ServiceDefinition = loadRlsService()): Promise<grpc.Server> {
+export async function startRlsServer<Req, Res>(
+  target: string,
+  handler: grpc.handleUnaryCall<Req, Res>,
+  definition: grpc.ServiceDefinition = loadRlsService(),
+): Promise<grpc.Server> {
   const server = new grpc.Server();
   server.addService(definition, { ShouldRateLimit: handler });
   await new Promise<number>((resolve, reject) => {
-    server.bindAsync(grpcAddress(target), grpc.ServerCredentials.createInsecure(), (err, port) => (err !== null ? reject(err) : resolve(port)));
+    server.bindAsync(grpcAddress(target), grpc.ServerCredentials.createInsecure(), (err, port) =>
+      err !== null ? reject(err) : resolve(port),
+    );
   });
   return server;
 }

@@ -77,7 +77,17 @@
 // startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns
 // ≈ 4.5 years] (a TAT is at most now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
 
-import { gcraInitialTat, gcraReconfigure, gcraStepInto, MAX_WINDOW_NS, NEVER_NS, newGcraScratch, type GcraDecisionScratch, type GcraLimit, type GcraParams } from './gcra.js';
+import {
+  gcraInitialTat,
+  gcraReconfigure,
+  gcraStepInto,
+  MAX_WINDOW_NS,
+  NEVER_NS,
+  newGcraScratch,
+  type GcraDecisionScratch,
+  type GcraLimit,
+  type GcraParams,
+} from './gcra.js';
 import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
 
 export type { KeyHasher } from './key-hash.js';
@@ -173,8 +183,20 @@ function copyResult(to: MutableTakeResult, from: TakeResult): void {
 /** gcraStepInto's output, reused (one decision at a time per thread; it never calls out). */
 const stepScratch: GcraDecisionScratch = newGcraScratch();
 
-const TABLE_FULL: TakeResult = Object.freeze({ verdict: 'table-full', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: 0n });
-const BLOCKED: TakeResult = Object.freeze({ verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS });
+const TABLE_FULL: TakeResult = Object.freeze({
+  verdict: 'table-full',
+  allowed: false,
+  remaining: 0,
+  resetNs: 0n,
+  retryAfterNs: 0n,
+});
+const BLOCKED: TakeResult = Object.freeze({
+  verdict: 'deny',
+  allowed: false,
+  remaining: 0,
+  resetNs: 0n,
+  retryAfterNs: NEVER_NS,
+});
 
 interface Layout {
   readonly groups: number;
@@ -226,9 +248,21 @@ export class BucketTable {
   /** The key of the next takeKey(), hashed as it is written (null with a custom hasher). */
   private readonly keyStream: KeyHashStream | null;
   /** takeKey()'s answer, reused: valid until this object's next takeKey(). */
-  private readonly keyResult: MutableTakeResult = { verdict: 'allow', allowed: true, remaining: 0, resetNs: 0n, retryAfterNs: 0n };
+  private readonly keyResult: MutableTakeResult = {
+    verdict: 'allow',
+    allowed: true,
+    remaining: 0,
+    resetNs: 0n,
+    retryAfterNs: 0n,
+  };
   /** take()'s working answer (copied before it is returned). */
-  private readonly plainResult: MutableTakeResult = { verdict: 'allow', allowed: true, remaining: 0, resetNs: 0n, retryAfterNs: 0n };
+  private readonly plainResult: MutableTakeResult = {
+    verdict: 'allow',
+    allowed: true,
+    remaining: 0,
+    resetNs: 0n,
+    retryAfterNs: 0n,
+  };
 
   /** Bytes of shared memory a table of this capacity takes (the memory cap it is built to). */
   static bytesFor(capacity: number): number {
@@ -243,7 +277,9 @@ export class BucketTable {
     if (opts !== null) {
       const layout = layoutFor(opts.capacity);
       if (opts.maxBytes !== undefined && layout.bytes > opts.maxBytes) {
-        throw new RangeError(`a table for ${opts.capacity} keys needs ${layout.bytes} bytes, over maxBytes ${opts.maxBytes}`);
+        throw new RangeError(
+          `a table for ${opts.capacity} keys needs ${layout.bytes} bytes, over maxBytes ${opts.maxBytes}`,
+        );
       }
       const startNs = opts.startNs ?? 0n;
       if (startNs < 0n) throw new RangeError('startNs must be ≥ 0');
@@ -259,13 +295,15 @@ export class BucketTable {
       h32[H_SEED] = opts.seed ?? randomSeed();
       this.hasher = opts.hasher ?? hashKey;
     } else {
-      if (shared === undefined || !(shared.buffer instanceof SharedArrayBuffer)) throw new TypeError('attach: not a bucket table');
+      if (shared === undefined || !(shared.buffer instanceof SharedArrayBuffer))
+        throw new TypeError('attach: not a bucket table');
       buffer = shared.buffer;
       this.hasher = attach?.hasher ?? hashKey;
     }
     const h64 = new BigInt64Array(buffer, 0, 8);
     const h32 = new Int32Array(buffer, 0, 16);
-    if (h32[H_MAGIC] !== MAGIC || h32[H_VERSION] !== VERSION) throw new TypeError('attach: not a bucket table (bad magic/version)');
+    if (h32[H_MAGIC] !== MAGIC || h32[H_VERSION] !== VERSION)
+      throw new TypeError('attach: not a bucket table (bad magic/version)');
     const capacity = h32[H_CAPACITY] ?? 0;
     const layout = layoutFor(capacity);
     if (layout.groups !== h32[H_GROUPS] || layout.locks !== h32[H_LOCKS] || layout.bytes !== buffer.byteLength) {
@@ -311,7 +349,10 @@ export class BucketTable {
     if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
     const s = this.find(h0, out[1] ?? 0, out[2] ?? 0);
     if (s < 0) return false;
-    return Atomics.load(this.rec64, 4 * s + R_INTERVAL) === params.intervalNs && Atomics.load(this.rec64, 4 * s + R_WINDOW) === params.windowNs;
+    return (
+      Atomics.load(this.rec64, 4 * s + R_INTERVAL) === params.intervalNs &&
+      Atomics.load(this.rec64, 4 * s + R_WINDOW) === params.windowNs
+    );
   }
 
   /** Live keys. */
@@ -365,14 +406,29 @@ export class BucketTable {
     return this.takeHashed(out, limit, hits, nowNs, this.keyResult);
   }
 
-  private takeHashed(hash: Int32Array, limit: GcraLimit, hits: number, nowNs: bigint, res: MutableTakeResult): TakeResult {
-    if (!Number.isSafeInteger(hits) || hits < 0) throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
+  private takeHashed(
+    hash: Int32Array,
+    limit: GcraLimit,
+    hits: number,
+    nowNs: bigint,
+    res: MutableTakeResult,
+  ): TakeResult {
+    if (!Number.isSafeInteger(hits) || hits < 0)
+      throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
     const nowRel = nowNs - this.startNs;
-    if (nowRel < 0n || nowRel > MAX_REL_NOW) throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
+    if (nowRel < 0n || nowRel > MAX_REL_NOW)
+      throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
     // A malformed limit must fail here, never while this thread holds a slot LOCKED or CLAIMING.
     const T = limit.intervalNs;
     const D = limit.windowNs;
-    if (typeof T !== 'bigint' || typeof D !== 'bigint' || T < 0n || D < 0n || D > MAX_WINDOW_NS || (T === 0n) !== (D === 0n)) {
+    if (
+      typeof T !== 'bigint' ||
+      typeof D !== 'bigint' ||
+      T < 0n ||
+      D < 0n ||
+      D > MAX_WINDOW_NS ||
+      (T === 0n) !== (D === 0n)
+    ) {
       throw new TypeError('limit: not a GcraLimit (use limitPerUnit / limitFromRate / limitFromInterval)');
     }
     let h0 = hash[0] ?? 0;
@@ -440,13 +496,26 @@ export class BucketTable {
   }
 
   private keyIs(s: number, h0: number, h1: number, h2: number): boolean {
-    return Atomics.load(this.keys, 2 * s) === h0 && Atomics.load(this.keys, 2 * s + 1) === h2 && Atomics.load(this.rec32, 8 * s + R_K1) === h1;
+    return (
+      Atomics.load(this.keys, 2 * s) === h0 &&
+      Atomics.load(this.keys, 2 * s + 1) === h2 &&
+      Atomics.load(this.rec32, 8 * s + R_K1) === h1
+    );
   }
 
   // ---- decide ---------------------------------------------------------------------------------
 
   /** Decides in slot s into `res`; false if the slot is no longer the key's (the caller looks again). */
-  private takeAt(s: number, h0: number, h1: number, h2: number, limit: GcraLimit, n: bigint, nowRel: bigint, res: MutableTakeResult): boolean {
+  private takeAt(
+    s: number,
+    h0: number,
+    h1: number,
+    h2: number,
+    limit: GcraLimit,
+    n: bigint,
+    nowRel: bigint,
+    res: MutableTakeResult,
+  ): boolean {
     const rec = this.rec64;
     const at = 4 * s;
     let spins = 0;
@@ -596,7 +665,8 @@ export class BucketTable {
   private claimEmpty(g: number): number {
     const keys = this.keys;
     for (let s = g * GROUP, end = s + GROUP; s < end; s++) {
-      if (Atomics.load(keys, 2 * s) === EMPTY && Atomics.compareExchange(keys, 2 * s, EMPTY, CLAIMING) === EMPTY) return s;
+      if (Atomics.load(keys, 2 * s) === EMPTY && Atomics.compareExchange(keys, 2 * s, EMPTY, CLAIMING) === EMPTY)
+        return s;
     }
     return -1;
   }
@@ -643,7 +713,14 @@ export class BucketTable {
   }
 
   /** Evict the least recently used full (or rate-0) bucket among the groups and give its slot to the key. */
-  private evictInto(groups: readonly number[], h0: number, h1: number, h2: number, limit: GcraLimit, nowRel: bigint): number {
+  private evictInto(
+    groups: readonly number[],
+    h0: number,
+    h1: number,
+    h2: number,
+    limit: GcraLimit,
+    nowRel: bigint,
+  ): number {
     const rec = this.rec64;
     for (let attempt = 0; attempt < 4; attempt++) {
       let best = -1;

@@ -91,7 +91,6 @@ export const NEVER_NS = 0x7fff_ffff_ffff_ffffn;
  */
 export const MAX_WINDOW_NS: bigint = MAX_GCRA_WINDOW_NS;
 
-
 function checkWholeNonNegative(name: string, v: number): void {
   if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`${name} must be a non-negative safe integer, got ${v}`);
 }
@@ -148,7 +147,8 @@ export interface RateLimitOptions {
  * the burst is floored to whole tokens. Both roundings admit less, never more.
  */
 export function limitFromRate(ratePerSecond: number, burst: number, opts: RateLimitOptions = {}): GcraLimit {
-  if (!Number.isFinite(ratePerSecond) || ratePerSecond < 0) throw new RangeError(`ratePerSecond must be finite and ≥ 0, got ${ratePerSecond}`);
+  if (!Number.isFinite(ratePerSecond) || ratePerSecond < 0)
+    throw new RangeError(`ratePerSecond must be finite and ≥ 0, got ${ratePerSecond}`);
   if (!Number.isFinite(burst) || burst < 0) throw new RangeError(`burst must be finite and ≥ 0, got ${burst}`);
   const start = opts.start ?? 'empty';
   const microRate = BigInt(Math.floor(ratePerSecond * 1e6));
@@ -198,7 +198,14 @@ export function newGcraScratch(): GcraDecisionScratch {
 }
 
 /** gcraStep, written into `out` (returned). */
-export function gcraStepInto(out: GcraDecisionScratch, tat: bigint, now: bigint, intervalNs: bigint, window: bigint, hits: bigint): GcraDecisionScratch {
+export function gcraStepInto(
+  out: GcraDecisionScratch,
+  tat: bigint,
+  now: bigint,
+  intervalNs: bigint,
+  window: bigint,
+  hits: bigint,
+): GcraDecisionScratch {
   const base = tat > now ? tat : now;
   const debt = base - now;
   if (hits === 0n) {

@@ -37,23 +37,31 @@ import { checkRequest } from './request-check.js';
 
 export type CheckOutcome =
   | {
-    readonly kind: 'answer';
-    readonly response: RlsResponse;
-    readonly overLimit: boolean;
-    readonly verdict: Verdict;
-    readonly scope: DecisionScope;
-    /** For HTTP Retry-After (0n when OK). */
-    readonly retryAfterNs: bigint;
-    /** Decision.statusLimits (empty for a fail-open answer). */
-    readonly statusLimits: readonly (GcraLimit | null)[];
-    /** The overload path's constants: the response encoded once with CheckServiceOptions.encode. */
-    readonly encoded?: Buffer;
-  }
+      readonly kind: 'answer';
+      readonly response: RlsResponse;
+      readonly overLimit: boolean;
+      readonly verdict: Verdict;
+      readonly scope: DecisionScope;
+      /** For HTTP Retry-After (0n when OK). */
+      readonly retryAfterNs: bigint;
+      /** Decision.statusLimits (empty for a fail-open answer). */
+      readonly statusLimits: readonly (GcraLimit | null)[];
+      /** The overload path's constants: the response encoded once with CheckServiceOptions.encode. */
+      readonly encoded?: Buffer;
+    }
   | { readonly kind: 'error'; readonly code: number; readonly message: string };
 
 const NO_LIMITS: readonly (GcraLimit | null)[] = Object.freeze([]);
-const OK_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
-const FAIL_OPEN_HEADERS = Object.freeze([Object.freeze({ key: DEGRADED_HEADER, value: 'true' }), Object.freeze({ key: FAIL_OPEN_HEADER, value: 'true' })]);
+const OK_STATUS: RlsDescriptorStatus = Object.freeze({
+  code: RLS_CODE.OK,
+  currentLimit: null,
+  limitRemaining: 0,
+  durationUntilReset: null,
+});
+const FAIL_OPEN_HEADERS = Object.freeze([
+  Object.freeze({ key: DEGRADED_HEADER, value: 'true' }),
+  Object.freeze({ key: FAIL_OPEN_HEADER, value: 'true' }),
+]);
 
 /** The fail-open answer: OK for every descriptor, marked degraded and fail-open. */
 export function failOpenResponse(descriptorCount: number): RlsResponse {
@@ -81,7 +89,10 @@ export class OverloadAnswers {
   /** The refusal without statuses: what a check shed before decoding gets (its descriptors are unknown). */
   readonly shed: Answer;
 
-  constructor(cell: string | null, private readonly encode: AnswerEncoder | null = null) {
+  constructor(
+    cell: string | null,
+    private readonly encode: AnswerEncoder | null = null,
+  ) {
     this.refusedHeaders = Object.freeze([
       Object.freeze({ key: DEGRADED_HEADER, value: 'true' }),
       Object.freeze({ key: REFUSED_BY_HEADER, value: OVERLOAD_REFUSED_BY }),
@@ -95,8 +106,14 @@ export class OverloadAnswers {
     if (a === undefined) {
       const response = failOpenResponse(descriptors);
       a = Object.freeze({
-        kind: 'answer', response, overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n,
-        statusLimits: NO_LIMITS, ...this.encoded(response),
+        kind: 'answer',
+        response,
+        overLimit: false,
+        verdict: 'degraded',
+        scope: 'local',
+        retryAfterNs: 0n,
+        statusLimits: NO_LIMITS,
+        ...this.encoded(response),
       });
       this.failOpen[descriptors] = a;
     }
@@ -121,8 +138,14 @@ export class OverloadAnswers {
       rawBody: null,
     });
     return Object.freeze({
-      kind: 'answer', response, overLimit: true, verdict: 'over_limit', scope: 'local', retryAfterNs: NS_PER_S,
-      statusLimits: NO_LIMITS, ...this.encoded(response),
+      kind: 'answer',
+      response,
+      overLimit: true,
+      verdict: 'over_limit',
+      scope: 'local',
+      retryAfterNs: NS_PER_S,
+      statusLimits: NO_LIMITS,
+      ...this.encoded(response),
     });
   }
 
@@ -131,7 +154,12 @@ export class OverloadAnswers {
   }
 }
 
-const OVERLOAD_STATUS: RlsDescriptorStatus = Object.freeze({ code: RLS_CODE.OVER_LIMIT, currentLimit: null, limitRemaining: 0, durationUntilReset: Object.freeze({ seconds: 1, nanos: 0 }) });
+const OVERLOAD_STATUS: RlsDescriptorStatus = Object.freeze({
+  code: RLS_CODE.OVER_LIMIT,
+  currentLimit: null,
+  limitRemaining: 0,
+  durationUntilReset: Object.freeze({ seconds: 1, nanos: 0 }),
+});
 
 export interface CheckServiceOptions {
   /** --overload-policy and --overload-allowance (default bounded, 1). */
@@ -147,11 +175,18 @@ export interface CheckServiceOptions {
 }
 
 /** The allowances of a thread, counting into its throttling counts. */
-export function overloadAllowances(factor: number, table: BucketTable, throttle: ThrottleCounts | null): OverloadAllowances {
-  const sink: OverloadSink | null = throttle === null ? null : {
-    failOpen: (key) => throttle.addFailOpen('overload', key),
-    refused: (key, hits) => throttle.addOverload(key, hits),
-  };
+export function overloadAllowances(
+  factor: number,
+  table: BucketTable,
+  throttle: ThrottleCounts | null,
+): OverloadAllowances {
+  const sink: OverloadSink | null =
+    throttle === null
+      ? null
+      : {
+          failOpen: (key) => throttle.addFailOpen('overload', key),
+          refused: (key, hits) => throttle.addOverload(key, hits),
+        };
   return new OverloadAllowances(factor, table, sink);
 }
 
@@ -224,13 +259,29 @@ export class CheckService {
         this.throttle?.addFailOpen('table_full', d.tableFullKey ?? UNMATCHED_QUOTA);
       }
       this.stats.decision(verdict, d.scope, (performance.now() - start) / 1000);
-      return { kind: 'answer', response: d.response, overLimit: d.overLimit, verdict, scope: d.scope, retryAfterNs: d.retryAfterNs, statusLimits: d.statusLimits };
+      return {
+        kind: 'answer',
+        response: d.response,
+        overLimit: d.overLimit,
+        verdict,
+        scope: d.scope,
+        retryAfterNs: d.retryAfterNs,
+        statusLimits: d.statusLimits,
+      };
     } catch (error) {
       this.reportError(error);
       this.stats.failOpen('error');
       this.throttle?.addFailOpen('error', UNMATCHED_QUOTA);
       this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
-      return { kind: 'answer', response: failOpenResponse(req.descriptors.length), overLimit: false, verdict: 'degraded', scope: 'local', retryAfterNs: 0n, statusLimits: NO_LIMITS };
+      return {
+        kind: 'answer',
+        response: failOpenResponse(req.descriptors.length),
+        overLimit: false,
+        verdict: 'degraded',
+        scope: 'local',
+        retryAfterNs: 0n,
+        statusLimits: NO_LIMITS,
+      };
     }
   }
 
@@ -274,7 +325,10 @@ export class CheckService {
       this.suppressedErrors++;
       return;
     }
-    this.logger.error({ err: error, suppressed: this.suppressedErrors }, 'check failed inside the agent; answered fail-open');
+    this.logger.error(
+      { err: error, suppressed: this.suppressedErrors },
+      'check failed inside the agent; answered fail-open',
+    );
     this.lastErrorLogMs = now;
     this.suppressedErrors = 0;
   }

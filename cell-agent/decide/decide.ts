@@ -82,7 +82,12 @@ export const REFUSED_BY_HEADER = 'x-ratelimit-refused-by';
 export const REFUSED_LIMIT_HEADER = 'x-ratelimit-refused-limit';
 export const DECIDED_ON_HEADER = 'x-ratelimit-decided-on';
 export const CELL_HEADER = 'x-ratelimit-cell';
-export const PROVENANCE_HEADERS: readonly string[] = [REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, DECIDED_ON_HEADER, CELL_HEADER];
+export const PROVENANCE_HEADERS: readonly string[] = [
+  REFUSED_BY_HEADER,
+  REFUSED_LIMIT_HEADER,
+  DECIDED_ON_HEADER,
+  CELL_HEADER,
+];
 
 /** x-ratelimit-refused-by of a refusal on the overload path (decide/overload.ts): no level was decided. */
 export const OVERLOAD_REFUSED_BY = 'overload';
@@ -148,7 +153,8 @@ export interface Decision {
   readonly refusal: Refusal | null;
 }
 
-export type DecideResult = { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
+export type DecideResult =
+  { readonly ok: true; readonly decision: Decision } | { readonly ok: false; readonly failure: RequestFailure };
 
 /** A level as the overload path (decide/overload.ts) sees it, after matching. */
 export interface PlannedLevel {
@@ -204,7 +210,15 @@ const OVER_LIMIT = RLS_CODE.OVER_LIMIT;
 const NS_PER_S = 1_000_000_000n;
 const NO_HEADERS: readonly RlsHeader[] = Object.freeze([]);
 
-const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [undefined, 'second', 'minute', 'hour', 'day', 'month', 'year'];
+const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [
+  undefined,
+  'second',
+  'minute',
+  'hour',
+  'day',
+  'month',
+  'year',
+];
 
 export class Decider {
   private rules: RuleSet | null = null;
@@ -215,7 +229,10 @@ export class Decider {
   /** The planted bug 'rule-path-buckets' only: the domain and rule path of the global match being planned. */
   private path = '';
 
-  constructor(private readonly deps: DeciderDeps, readonly options: DeciderOptions) {}
+  constructor(
+    private readonly deps: DeciderDeps,
+    readonly options: DeciderOptions,
+  ) {}
 
   setRules(rules: RuleSet): void {
     this.rules = rules;
@@ -266,26 +283,68 @@ export class Decider {
     const r = table.takeKey(limit, hits, nowNs);
     if (r.verdict === 'table-full') return null; // rare: the general path applies the policy and marks it
     if (r.verdict === 'allow') {
-      const status: RlsDescriptorStatus = { code: OK, currentLimit, limitRemaining: Math.min(r.remaining, MAX_UINT32), durationUntilReset: seconds(r.resetNs) };
+      const status: RlsDescriptorStatus = {
+        code: OK,
+        currentLimit,
+        limitRemaining: Math.min(r.remaining, MAX_UINT32),
+        durationUntilReset: seconds(r.resetNs),
+      };
       const statuses = [status];
       return {
-        response: { overallCode: OK, statuses, responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS, requestHeadersToAdd: NO_HEADERS, rawBody: null },
-        overLimit: false, scope: 'local', degraded: false, staticSlice: false, tableFull: false, tableFullKey: null, retryAfterNs: 0n, statusLimits: [limit], refusal: null,
+        response: {
+          overallCode: OK,
+          statuses,
+          responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS,
+          requestHeadersToAdd: NO_HEADERS,
+          rawBody: null,
+        },
+        overLimit: false,
+        scope: 'local',
+        degraded: false,
+        staticSlice: false,
+        tableFull: false,
+        tableFullKey: null,
+        retryAfterNs: 0n,
+        statusLimits: [limit],
+        refusal: null,
       };
     }
     const retryNs = r.retryAfterNs;
     const key = lastLocalBucketKey(req.domain, d.entries);
-    const refusal: Refusal = { level: 'local-rule', limit: node.name ?? key, decidedOn: null, epoch: null, cell: this.options.cell ?? null };
+    const refusal: Refusal = {
+      level: 'local-rule',
+      limit: node.name ?? key,
+      decidedOn: null,
+      epoch: null,
+      cell: this.options.cell ?? null,
+    };
     this.deps.onRefused?.(key, hits, refusal);
-    const status: RlsDescriptorStatus = { code: OVER_LIMIT, currentLimit, limitRemaining: 0, durationUntilReset: seconds(retryNs === NEVER_NS ? r.resetNs : retryNs) };
+    const status: RlsDescriptorStatus = {
+      code: OVER_LIMIT,
+      currentLimit,
+      limitRemaining: 0,
+      durationUntilReset: seconds(retryNs === NEVER_NS ? r.resetNs : retryNs),
+    };
     const statuses = [status];
     const headers: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
     headers.push(...provenanceHeaders(refusal));
     return {
-      response: { overallCode: OVER_LIMIT, statuses, responseHeadersToAdd: headers, requestHeadersToAdd: NO_HEADERS, rawBody: null },
-      overLimit: true, scope: 'local', degraded: false, staticSlice: false, tableFull: false, tableFullKey: null,
+      response: {
+        overallCode: OVER_LIMIT,
+        statuses,
+        responseHeadersToAdd: headers,
+        requestHeadersToAdd: NO_HEADERS,
+        rawBody: null,
+      },
+      overLimit: true,
+      scope: 'local',
+      degraded: false,
+      staticSlice: false,
+      tableFull: false,
+      tableFullKey: null,
       retryAfterNs: retryNs === NEVER_NS ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : retryNs,
-      statusLimits: [limit], refusal,
+      statusLimits: [limit],
+      refusal,
     };
   }
 
@@ -339,7 +398,22 @@ export class Decider {
       // envoyproxy/ratelimit looks the domain up first: in a domain without rules an override is "no limit" too.
       if (d.limit !== null && knownDomain) {
         const { limit, currentLimit } = this.overrideLimit(d.limit.requestsPerUnit, d.limit.unit);
-        this.addLevel(levels, plan, i, overrideKey(domain, d.entries), limit, currentLimit, h, 'local', false, false, false, null, false, { kind: 'limit-override' });
+        this.addLevel(
+          levels,
+          plan,
+          i,
+          overrideKey(domain, d.entries),
+          limit,
+          currentLimit,
+          h,
+          'local',
+          false,
+          false,
+          false,
+          null,
+          false,
+          { kind: 'limit-override' },
+        );
       }
       const m = matched[i] ?? null;
       if (m !== null) {
@@ -347,7 +421,22 @@ export class Decider {
         else if (m.limit.kind === 'rate') {
           const { limit, currentLimit } = this.ruleLimit(m);
           plan.quotaMode = m.quotaMode;
-          this.addLevel(levels, plan, i, m.bucketKey, limit, currentLimit, h, 'local', false, m.shadowMode, false, null, false, { kind: 'local-rule', ruleName: m.name ?? null });
+          this.addLevel(
+            levels,
+            plan,
+            i,
+            m.bucketKey,
+            limit,
+            currentLimit,
+            h,
+            'local',
+            false,
+            m.shadowMode,
+            false,
+            null,
+            false,
+            { kind: 'local-rule', ruleName: m.name ?? null },
+          );
         } else {
           this.addGlobal(levels, plan, i, domain, m, h);
         }
@@ -362,14 +451,36 @@ export class Decider {
     return { plans, levels };
   }
 
-  private addGlobal(levels: Map<string, Level>, plan: DescriptorPlan, i: number, domain: string, m: RuleMatch, hits: number): void {
+  private addGlobal(
+    levels: Map<string, Level>,
+    plan: DescriptorPlan,
+    i: number,
+    domain: string,
+    m: RuleMatch,
+    hits: number,
+  ): void {
     const quotas = this.deps.quotas;
     const tenantId = m.global?.value ?? '';
     if (planted['rule-path-buckets']) this.path = `${domain}|${m.bucketKey}`;
     const tenantQuota = tenantKey(tenantId);
     const r = quotas.resolve(tenantId);
     if (r.kind === 'deny') {
-      this.addLevel(levels, plan, i, globalBucketKey(tenantQuota), DENY_LIMIT, { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' }, hits, 'global', false, m.shadowMode, true, tenantQuota, false, { kind: 'unknown-tenant' });
+      this.addLevel(
+        levels,
+        plan,
+        i,
+        globalBucketKey(tenantQuota),
+        DENY_LIMIT,
+        { requestsPerUnit: 0, unit: 1, name: 'unknown-tenant' },
+        hits,
+        'global',
+        false,
+        m.shadowMode,
+        true,
+        tenantQuota,
+        false,
+        { kind: 'unknown-tenant' },
+      );
     } else if (r.kind === 'quota') {
       this.addSlice(levels, plan, i, tenantQuota, r.tenant, hits, m.shadowMode, 'tenant-quota');
       this.addSlice(levels, plan, i, tierCapKey(r.tier.name), r.tier.cap, hits, m.shadowMode, 'tier-cap');
@@ -381,21 +492,70 @@ export class Decider {
    * A global level, in the bucket of `quotaKey`: its leased grant (or floor) if any, else the static slice (none: no
    * level).
    */
-  private addSlice(levels: Map<string, Level>, plan: DescriptorPlan, i: number, quotaKey: string, slice: QuotaSlice | null, hits: number, shadow: boolean, kind: RefusingLevel): void {
+  private addSlice(
+    levels: Map<string, Level>,
+    plan: DescriptorPlan,
+    i: number,
+    quotaKey: string,
+    slice: QuotaSlice | null,
+    hits: number,
+    shadow: boolean,
+    kind: RefusingLevel,
+  ): void {
     const overrides = this.deps.overrides;
     let o = overrides !== undefined && overrides !== null && overrides.size > 0 ? overrides.get(quotaKey) : undefined;
     // A leased grant holds only while its lease does: past the deadline, its floor (lease-deadline.ts).
     const deadline = this.deps.deadline;
-    if (o !== undefined && o.lease !== null && o.floor !== null && deadline !== undefined && deadline !== null && !planted['deadline-off-hot-path'] && !deadline.live(o.lease, this.nowNs)) o = o.floor;
+    if (
+      o !== undefined &&
+      o.lease !== null &&
+      o.floor !== null &&
+      deadline !== undefined &&
+      deadline !== null &&
+      !planted['deadline-off-hot-path'] &&
+      !deadline.live(o.lease, this.nowNs)
+    )
+      o = o.floor;
     const use = o ?? slice;
     if (use === null) return;
-    this.addLevel(levels, plan, i, planted['rule-path-buckets'] ? `${globalBucketKey(quotaKey)}|${this.path}` : globalBucketKey(quotaKey), use.limit, use.currentLimit, hits, 'global', true, shadow, false, quotaKey, o?.leased ?? false, { kind, epoch: o?.epoch ?? null, allowanceRate: o?.floor?.rate ?? use.rate });
+    this.addLevel(
+      levels,
+      plan,
+      i,
+      planted['rule-path-buckets'] ? `${globalBucketKey(quotaKey)}|${this.path}` : globalBucketKey(quotaKey),
+      use.limit,
+      use.currentLimit,
+      hits,
+      'global',
+      true,
+      shadow,
+      false,
+      quotaKey,
+      o?.leased ?? false,
+      { kind, epoch: o?.epoch ?? null, allowanceRate: o?.floor?.rate ?? use.rate },
+    );
   }
 
   private addLevel(
-    levels: Map<string, Level>, plan: DescriptorPlan, i: number, key: string, limit: GcraLimit, currentLimit: RlsRateLimit | null,
-    hits: number, scope: DecisionScope, velocity: boolean, shadow: boolean, deny = false, quotaKey: string | null = null, leased = false,
-    about: { readonly kind: RefusingLevel; readonly ruleName?: string | null; readonly epoch?: number | null; readonly allowanceRate?: number } = { kind: 'local-rule' },
+    levels: Map<string, Level>,
+    plan: DescriptorPlan,
+    i: number,
+    key: string,
+    limit: GcraLimit,
+    currentLimit: RlsRateLimit | null,
+    hits: number,
+    scope: DecisionScope,
+    velocity: boolean,
+    shadow: boolean,
+    deny = false,
+    quotaKey: string | null = null,
+    leased = false,
+    about: {
+      readonly kind: RefusingLevel;
+      readonly ruleName?: string | null;
+      readonly epoch?: number | null;
+      readonly allowanceRate?: number;
+    } = { kind: 'local-rule' },
   ): void {
     const existing = levels.get(key);
     if (existing !== undefined) {
@@ -407,10 +567,26 @@ export class Decider {
       return;
     }
     const level: Level = {
-      key, limit, currentLimit, scope, velocity, quotaKey, leased, shadow, deny, descriptors: [i], hits,
-      kind: about.kind, ruleName: about.ruleName ?? null, epoch: about.epoch ?? null,
-      allowanceRate: deny ? 0 : about.allowanceRate ?? ratePerSecond(limit),
-      passed: false, remaining: 0, resetNs: 0n, retryNs: 0n, tableFull: false,
+      key,
+      limit,
+      currentLimit,
+      scope,
+      velocity,
+      quotaKey,
+      leased,
+      shadow,
+      deny,
+      descriptors: [i],
+      hits,
+      kind: about.kind,
+      ruleName: about.ruleName ?? null,
+      epoch: about.epoch ?? null,
+      allowanceRate: deny ? 0 : (about.allowanceRate ?? ratePerSecond(limit)),
+      passed: false,
+      remaining: 0,
+      resetNs: 0n,
+      retryNs: 0n,
+      tableFull: false,
     };
     levels.set(key, level);
     plan.levels.push(level);
@@ -427,7 +603,11 @@ export class Decider {
       if (l === null || l.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
       const unit = l.unit;
       cached = {
-        limit: limitPerUnit(l.requestsPerUnit, unit.toLowerCase() as TimeUnit, l.burst === undefined ? { start: 'full' } : { start: 'full', burst: l.burst }),
+        limit: limitPerUnit(
+          l.requestsPerUnit,
+          unit.toLowerCase() as TimeUnit,
+          l.burst === undefined ? { start: 'full' } : { start: 'full', burst: l.burst },
+        ),
         currentLimit: { requestsPerUnit: l.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: rule.name ?? '' },
       };
       this.ruleLimits.set(rule, cached);
@@ -547,7 +727,8 @@ export class Decider {
     for (const level of levels.values()) {
       if (!level.passed) {
         if (!level.shadow) {
-          const wait = level.retryNs === NEVER_NS ? (level.limit.windowNs > 0n ? level.limit.windowNs : NS_PER_S) : level.retryNs;
+          const wait =
+            level.retryNs === NEVER_NS ? (level.limit.windowNs > 0n ? level.limit.windowNs : NS_PER_S) : level.retryNs;
           if (wait > retryAfterNs) retryAfterNs = wait;
           const why = this.refusalOf(level);
           refusal ??= why;
@@ -575,7 +756,13 @@ export class Decider {
       headers = list;
     }
     return {
-      response: { overallCode: overLimit ? OVER_LIMIT : OK, statuses, responseHeadersToAdd: headers, requestHeadersToAdd: NO_HEADERS, rawBody: null },
+      response: {
+        overallCode: overLimit ? OVER_LIMIT : OK,
+        statuses,
+        responseHeadersToAdd: headers,
+        requestHeadersToAdd: NO_HEADERS,
+        rawBody: null,
+      },
       overLimit,
       scope,
       degraded,
@@ -667,7 +854,9 @@ function overallOverLimit(plans: readonly DescriptorPlan[]): boolean {
  * The level a descriptor's status reports: the refusing one, else a shadow refusal, else the one with the fewest
  * tokens.
  */
-function reportedLevel(plan: DescriptorPlan): { readonly level: Level; readonly as: 'refused' | 'shadow' | 'least' } | null {
+function reportedLevel(
+  plan: DescriptorPlan,
+): { readonly level: Level; readonly as: 'refused' | 'shadow' | 'least' } | null {
   if (plan.levels.length === 0) return null;
   let shadowRefusal: Level | null = null;
   for (const level of plan.levels) {
@@ -684,7 +873,9 @@ function reportedLevel(plan: DescriptorPlan): { readonly level: Level; readonly 
 
 function statusOf(reported: ReturnType<typeof reportedLevel>, plan: DescriptorPlan): RlsDescriptorStatus {
   if (reported === null) {
-    return plan.unlimited ? { code: OK, currentLimit: null, limitRemaining: MAX_UINT32, durationUntilReset: null } : NO_LIMIT_STATUS;
+    return plan.unlimited
+      ? { code: OK, currentLimit: null, limitRemaining: MAX_UINT32, durationUntilReset: null }
+      : NO_LIMIT_STATUS;
   }
   const { level, as } = reported;
   if (as === 'refused') {
@@ -695,11 +886,27 @@ function statusOf(reported: ReturnType<typeof reportedLevel>, plan: DescriptorPl
       durationUntilReset: level.deny ? null : seconds(level.retryNs === NEVER_NS ? level.resetNs : level.retryNs),
     };
   }
-  if (as === 'shadow') return { code: OK, currentLimit: level.currentLimit, limitRemaining: 0, durationUntilReset: seconds(level.resetNs) };
-  return { code: OK, currentLimit: level.currentLimit, limitRemaining: Math.min(level.remaining, MAX_UINT32), durationUntilReset: seconds(level.resetNs) };
+  if (as === 'shadow')
+    return {
+      code: OK,
+      currentLimit: level.currentLimit,
+      limitRemaining: 0,
+      durationUntilReset: seconds(level.resetNs),
+    };
+  return {
+    code: OK,
+    currentLimit: level.currentLimit,
+    limitRemaining: Math.min(level.remaining, MAX_UINT32),
+    durationUntilReset: seconds(level.resetNs),
+  };
 }
 
-const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({ code: OK, currentLimit: null, limitRemaining: 0, durationUntilReset: null });
+const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({
+  code: OK,
+  currentLimit: null,
+  limitRemaining: 0,
+  durationUntilReset: null,
+});
 
 /** ns → a Duration of whole seconds, rounded up. */
 function seconds(ns: bigint): { seconds: number; nanos: number } {
@@ -711,7 +918,10 @@ function seconds(ns: bigint): { seconds: number; nanos: number } {
  * non-quota-mode OVER_LIMIT one if any (the first), else the one with the fewest remaining (first
  * on ties).
  */
-export function rateLimitHeaders(statuses: readonly RlsDescriptorStatus[], plans?: readonly { quotaMode: boolean }[]): RlsHeader[] {
+export function rateLimitHeaders(
+  statuses: readonly RlsDescriptorStatus[],
+  plans?: readonly { quotaMode: boolean }[],
+): RlsHeader[] {
   let chosen: RlsDescriptorStatus | null = null;
   for (let i = 0; i < statuses.length; i++) {
     const s = statuses[i] as RlsDescriptorStatus;
@@ -755,7 +965,10 @@ function globalQuotaKey(m: RuleMatch): string {
 }
 
 /** The bucket key of a descriptor with a limit override: per domain and request values. */
-export function overrideKey(domain: string, entries: readonly { readonly key: string; readonly value: string }[]): string {
+export function overrideKey(
+  domain: string,
+  entries: readonly { readonly key: string; readonly value: string }[],
+): string {
   let key = `~o|${escapeKeyPart(domain)}`;
   for (const e of entries) key += `|${escapeKeyPart(e.key)}=${escapeKeyPart(e.value)}`;
   return key;

@@ -73,7 +73,10 @@ const MAX_LIMIT_CACHE = 4096;
 
 /** One thread's overload allowances over the shared bucket table. */
 export class OverloadAllowances {
-  private readonly limits: [Map<number, GcraLimit>, Map<number, GcraLimit>] = [new Map<number, GcraLimit>(), new Map<number, GcraLimit>()];
+  private readonly limits: [Map<number, GcraLimit>, Map<number, GcraLimit>] = [
+    new Map<number, GcraLimit>(),
+    new Map<number, GcraLimit>(),
+  ];
   private readonly scratch: PlannedLevel[] = [];
 
   constructor(
@@ -81,7 +84,8 @@ export class OverloadAllowances {
     private readonly table: BucketTable,
     private readonly sink: OverloadSink | null = null,
   ) {
-    if (!(factor >= 0) || factor > MAX_OVERLOAD_ALLOWANCE) throw new RangeError(`overload allowance factor ${factor} is not in [0, ${MAX_OVERLOAD_ALLOWANCE}]`);
+    if (!(factor >= 0) || factor > MAX_OVERLOAD_ALLOWANCE)
+      throw new RangeError(`overload allowance factor ${factor} is not in [0, ${MAX_OVERLOAD_ALLOWANCE}]`);
   }
 
   private limitOf(level: PlannedLevel): GcraLimit {

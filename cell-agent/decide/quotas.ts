@@ -40,39 +40,59 @@ const rateBurstSchema = z.strictObject({
   burst: z.number().finite().nonnegative(),
 });
 
-const tierNameSchema = z.string().min(1).max(128).regex(/^[A-Za-z0-9_.:-]+$/, 'letters, digits and _ . : -');
+const tierNameSchema = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(/^[A-Za-z0-9_.:-]+$/, 'letters, digits and _ . : -');
 
-export const quotaFileSchema = z.strictObject({
-  tiers: z.record(tierNameSchema, z.strictObject({
-    rate: z.number().finite().nonnegative(),
-    burst: z.number().finite().nonnegative(),
-    cap: rateBurstSchema.optional(),
-  })).default({}),
-  tenants: z.record(z.string().min(1).max(1024), z.union([
-    tierNameSchema,
-    z.strictObject({ tier: tierNameSchema, rate: z.number().finite().nonnegative().optional(), burst: z.number().finite().nonnegative().optional() }),
-  ])).default({}),
-  domainCap: rateBurstSchema.optional(),
-}).superRefine((file, ctx) => {
-  for (const [id, t] of Object.entries(file.tenants)) {
-    const tier = typeof t === 'string' ? t : t.tier;
-    if (!Object.hasOwn(file.tiers, tier)) ctx.addIssue({ code: 'custom', path: ['tenants', id], message: `unknown tier '${tier}'` });
-  }
-});
+export const quotaFileSchema = z
+  .strictObject({
+    tiers: z
+      .record(
+        tierNameSchema,
+        z.strictObject({
+          rate: z.number().finite().nonnegative(),
+          burst: z.number().finite().nonnegative(),
+          cap: rateBurstSchema.optional(),
+        }),
+      )
+      .default({}),
+    tenants: z
+      .record(
+        z.string().min(1).max(1024),
+        z.union([
+          tierNameSchema,
+          z.strictObject({
+            tier: tierNameSchema,
+            rate: z.number().finite().nonnegative().optional(),
+            burst: z.number().finite().nonnegative().optional(),
+          }),
+        ]),
+      )
+      .default({}),
+    domainCap: rateBurstSchema.optional(),
+  })
+  .superRefine((file, ctx) => {
+    for (const [id, t] of Object.entries(file.tenants)) {
+      const tier = typeof t === 'string' ? t : t.tier;
+      if (!Object.hasOwn(file.tiers, tier))
+        ctx.addIssue({ code: 'custom', path: ['tenants', id], message: `unknown tier '${tier}'` });
+    }
+  });
 
 export type QuotaFile = z.output<typeof quotaFileSchema>;
 export type RateBurst = z.output<typeof rateBurstSchema>;
 
 export type UnknownTenantPolicy =
-  | { readonly kind: 'deny' }
-  | { readonly kind: 'allow' }
-  | { readonly kind: 'tier'; readonly tier: string };
+  { readonly kind: 'deny' } | { readonly kind: 'allow' } | { readonly kind: 'tier'; readonly tier: string };
 
 /** 'deny' | 'allow' | 'tier:NAME' → a policy; null if the text is none of them. */
 export function parseUnknownTenantPolicy(text: string): UnknownTenantPolicy | null {
   if (text === 'deny') return { kind: 'deny' };
   if (text === 'allow') return { kind: 'allow' };
-  if (text.startsWith('tier:') && tierNameSchema.safeParse(text.slice(5)).success) return { kind: 'tier', tier: text.slice(5) };
+  if (text.startsWith('tier:') && tierNameSchema.safeParse(text.slice(5)).success)
+    return { kind: 'tier', tier: text.slice(5) };
   return null;
 }
 
@@ -95,7 +115,9 @@ export async function loadQuotaFile(path: string): Promise<QuotaFile> {
   try {
     text = await readFile(path, 'utf8');
   } catch (error) {
-    throw new QuotaConfigError(`${path}: cannot read tenants file: ${error instanceof Error ? error.message : String(error)}`);
+    throw new QuotaConfigError(
+      `${path}: cannot read tenants file: ${error instanceof Error ? error.message : String(error)}`,
+    );
   }
   let doc: unknown;
   try {
@@ -149,8 +171,12 @@ export class StaticQuotas {
   private readonly tenants = new Map<string, { tier: TierQuota; tenant: QuotaSlice }>();
   private readonly unknownResolution: TenantResolution;
 
-  constructor(readonly file: QuotaFile, opts: StaticQuotaOptions) {
-    if (!(opts.staticShare > 0 && opts.staticShare <= 1)) throw new QuotaConfigError(`static share must be in (0, 1], got ${opts.staticShare}`);
+  constructor(
+    readonly file: QuotaFile,
+    opts: StaticQuotaOptions,
+  ) {
+    if (!(opts.staticShare > 0 && opts.staticShare <= 1))
+      throw new QuotaConfigError(`static share must be in (0, 1], got ${opts.staticShare}`);
     this.staticShare = opts.staticShare;
     this.unknownTenant = opts.unknownTenant;
     const share = opts.staticShare;
@@ -165,16 +191,24 @@ export class StaticQuotas {
       const tierName = typeof t === 'string' ? t : t.tier;
       const tier = this.tiers.get(tierName);
       if (tier === undefined) throw new QuotaConfigError(`tenant '${id}': unknown tier '${tierName}'`);
-      const own = typeof t === 'string' || (t.rate === undefined && t.burst === undefined)
-        ? tier.tenant
-        : sliceOf({ rate: t.rate ?? file.tiers[tierName]?.rate ?? 0, burst: t.burst ?? file.tiers[tierName]?.burst ?? 0 }, share, tierName);
+      const own =
+        typeof t === 'string' || (t.rate === undefined && t.burst === undefined)
+          ? tier.tenant
+          : sliceOf(
+              { rate: t.rate ?? file.tiers[tierName]?.rate ?? 0, burst: t.burst ?? file.tiers[tierName]?.burst ?? 0 },
+              share,
+              tierName,
+            );
       this.tenants.set(id, { tier, tenant: own });
     }
     this.domainCap = file.domainCap === undefined ? null : sliceOf(file.domainCap, share, 'domain-cap');
     const policy = opts.unknownTenant;
     if (policy.kind === 'tier') {
       const tier = this.tiers.get(policy.tier);
-      if (tier === undefined) throw new QuotaConfigError(`unknown-tenant policy names tier '${policy.tier}', which the tenants file does not define`);
+      if (tier === undefined)
+        throw new QuotaConfigError(
+          `unknown-tenant policy names tier '${policy.tier}', which the tenants file does not define`,
+        );
       this.unknownResolution = { kind: 'quota', tier, tenant: tier.tenant, known: false };
     } else {
       this.unknownResolution = policy;
@@ -219,7 +253,12 @@ export class StaticQuotas {
 function sliceOf(q: RateBurst, share: number, name: string): QuotaSlice {
   const rate = q.rate * share;
   const burst = Math.floor(q.burst * share + 1e-9);
-  return { limit: limitFromRate(rate, burst, { start: 'empty' }), currentLimit: reportedLimit(rate, name), rate, burst };
+  return {
+    limit: limitFromRate(rate, burst, { start: 'empty' }),
+    currentLimit: reportedLimit(rate, name),
+    rate,
+    burst,
+  };
 }
 
 /**
@@ -227,7 +266,12 @@ function sliceOf(q: RateBurst, share: number, name: string): QuotaSlice {
  * rate is at least one whole request, rounded down.
  */
 export function reportedLimit(ratePerSecond: number, name: string): RlsRateLimit {
-  const units: readonly [number, number][] = [[UNIT_SECOND, 1], [UNIT_MINUTE, 60], [UNIT_HOUR, 3600], [UNIT_DAY, 86400]];
+  const units: readonly [number, number][] = [
+    [UNIT_SECOND, 1],
+    [UNIT_MINUTE, 60],
+    [UNIT_HOUR, 3600],
+    [UNIT_DAY, 86400],
+  ];
   for (const [unit, seconds] of units) {
     const perUnit = Math.floor(ratePerSecond * seconds + 1e-9);
     if (perUnit >= 1) return { requestsPerUnit: Math.min(perUnit, 0xffffffff), unit, name };
@@ -300,15 +344,24 @@ const NO_TIER: TierQuota = Object.freeze({ name: '', tenant: PENDING_SLICE, cap:
  */
 export class CoordinatedQuotas extends StaticQuotas {
   /** `staticFallback`: only what the planted bug 'uncounted-static-share' decides on (the quota simulation). */
-  constructor(private readonly lookup: CoordinatedLookup, private readonly staticFallback: StaticQuotas | null = null) {
+  constructor(
+    private readonly lookup: CoordinatedLookup,
+    private readonly staticFallback: StaticQuotas | null = null,
+  ) {
     super({ tiers: {}, tenants: {} }, { staticShare: 1, unknownTenant: { kind: 'deny' } });
   }
 
   override resolve(tenantId: string): TenantResolution {
     const o = this.lookup.get(`tenant/${tenantId}`);
-    if (o === undefined && planted['uncounted-static-share'] && this.staticFallback !== null) return this.staticFallback.resolve(tenantId);
+    if (o === undefined && planted['uncounted-static-share'] && this.staticFallback !== null)
+      return this.staticFallback.resolve(tenantId);
     if (o === undefined) return { kind: 'quota', tier: NO_TIER, tenant: PENDING_SLICE, known: false };
     if (o.unknown || o.parent === null) return { kind: 'quota', tier: NO_TIER, tenant: o, known: !o.unknown };
-    return { kind: 'quota', tier: { name: o.parent.slice(o.parent.indexOf('/') + 1), tenant: o, cap: PENDING_SLICE }, tenant: o, known: true };
+    return {
+      kind: 'quota',
+      tier: { name: o.parent.slice(o.parent.indexOf('/') + 1), tenant: o, cap: PENDING_SLICE },
+      tenant: o,
+      known: true,
+    };
   }
 }

@@ -10,7 +10,13 @@ import type { RlsRequest } from '../messages/rls-messages.js';
 import { REQUEST_UNIT } from '../messages/rls-messages.js';
 
 /** gRPC status codes used here (grpc-js's Status enum, without importing grpc into the decision code). */
-export const GRPC_STATUS = Object.freeze({ UNKNOWN: 2, INVALID_ARGUMENT: 3, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8 });
+export const GRPC_STATUS = Object.freeze({
+  UNKNOWN: 2,
+  INVALID_ARGUMENT: 3,
+  INTERNAL: 13,
+  UNAVAILABLE: 14,
+  RESOURCE_EXHAUSTED: 8,
+});
 
 export interface RequestBounds {
   /** Descriptors in one request. */
@@ -48,10 +54,14 @@ export function checkRequest(req: RlsRequest, bounds: RequestBounds): RequestFai
   if (req.domain === '') return { code: GRPC_STATUS.UNKNOWN, message: EMPTY_DOMAIN_MESSAGE };
   if (req.descriptors.length === 0) return { code: GRPC_STATUS.UNKNOWN, message: EMPTY_DESCRIPTORS_MESSAGE };
   if (req.domain.length > bounds.maxDomainLength) {
-    return invalid(`domain is ${req.domain.length} characters long, more than the maximum of ${bounds.maxDomainLength}`);
+    return invalid(
+      `domain is ${req.domain.length} characters long, more than the maximum of ${bounds.maxDomainLength}`,
+    );
   }
   if (req.descriptors.length > bounds.maxDescriptors) {
-    return invalid(`request has ${req.descriptors.length} descriptors, more than the maximum of ${bounds.maxDescriptors}`);
+    return invalid(
+      `request has ${req.descriptors.length} descriptors, more than the maximum of ${bounds.maxDescriptors}`,
+    );
   }
   for (let i = 0; i < req.descriptors.length; i++) {
     const d = req.descriptors[i];
@@ -63,10 +73,14 @@ export function checkRequest(req: RlsRequest, bounds: RequestBounds): RequestFai
       const e = d.entries[j];
       if (e === undefined) continue;
       if (e.key.length > bounds.maxKeyLength) {
-        return invalid(`descriptor ${i} entry ${j}: key is ${e.key.length} characters long, more than the maximum of ${bounds.maxKeyLength}`);
+        return invalid(
+          `descriptor ${i} entry ${j}: key is ${e.key.length} characters long, more than the maximum of ${bounds.maxKeyLength}`,
+        );
       }
       if (e.value.length > bounds.maxValueLength) {
-        return invalid(`descriptor ${i} entry ${j}: value is ${e.value.length} characters long, more than the maximum of ${bounds.maxValueLength}`);
+        return invalid(
+          `descriptor ${i} entry ${j}: value is ${e.value.length} characters long, more than the maximum of ${bounds.maxValueLength}`,
+        );
       }
     }
     if (d.limit !== null && (d.limit.unit < REQUEST_UNIT.SECOND || d.limit.unit > REQUEST_UNIT.YEAR)) {

@@ -28,14 +28,22 @@ export interface ForwardAuthDeps {
 export function isForwardAuthUrl(url: string | undefined): boolean {
   if (url === undefined || !url.startsWith(FORWARD_AUTH_PATH)) return false;
   const next = url.charCodeAt(FORWARD_AUTH_PATH.length);
-  return Number.isNaN(next) || next === 0x2f /* / */ || next === 0x3f /* ? */;
+  return Number.isNaN(next) || next === 0x2f /* / */ || next === 0x3f; /* ? */
 }
 
 const REFUSED_BODY = 'Too Many Requests\n';
 const UNDECIDABLE_BODY = 'refused: the request cannot be rate-limited\n';
 
-export function forwardAuthHandler(deps: ForwardAuthDeps, check: CheckService, bodyLimit: number, logger: Logger): (req: IncomingMessage, res: ServerResponse) => void {
-  const keyOptions = { trusted: deps.trusted, ...(deps.ipv6Prefix === undefined ? {} : { ipv6Prefix: deps.ipv6Prefix }) };
+export function forwardAuthHandler(
+  deps: ForwardAuthDeps,
+  check: CheckService,
+  bodyLimit: number,
+  logger: Logger,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  const keyOptions = {
+    trusted: deps.trusted,
+    ...(deps.ipv6Prefix === undefined ? {} : { ipv6Prefix: deps.ipv6Prefix }),
+  };
   let lastErrorLogMs = 0;
   return (req, res) => {
     try {
@@ -48,7 +56,13 @@ export function forwardAuthHandler(deps: ForwardAuthDeps, check: CheckService, b
           return;
         }
       }
-      const fwd = forwardedRequest(req.headers, req.socket.remoteAddress, req.method ?? 'GET', req.url ?? FORWARD_AUTH_PATH, keyOptions);
+      const fwd = forwardedRequest(
+        req.headers,
+        req.socket.remoteAddress,
+        req.method ?? 'GET',
+        req.url ?? FORWARD_AUTH_PATH,
+        keyOptions,
+      );
       const request = deps.routes().requestFor(fwd);
       if (request.descriptors.length === 0) {
         res.writeHead(200, { 'content-length': '0' }).end();
@@ -58,7 +72,13 @@ export function forwardAuthHandler(deps: ForwardAuthDeps, check: CheckService, b
       if (out.kind === 'error') {
         // A request the agent will not decide (a forwarded header over an input bound): refused,
         // never let through — its sender could choose the oversized value.
-        res.writeHead(deps.denyStatus, { 'content-type': 'text/plain', 'retry-after': '1', 'x-cellquota-error': out.message.slice(0, 200) }).end(UNDECIDABLE_BODY);
+        res
+          .writeHead(deps.denyStatus, {
+            'content-type': 'text/plain',
+            'retry-after': '1',
+            'x-cellquota-error': out.message.slice(0, 200),
+          })
+          .end(UNDECIDABLE_BODY);
         return;
       }
       const answer = answerFor(out, deps.denyStatus);

@@ -40,8 +40,20 @@ function first(v: string | string[] | undefined): string | undefined {
  * The forwarded request an auth request asks about. `headers` are Node's (lower-case names),
  * `peer` the socket's remote address, `method` / `url` the auth request's own.
  */
-export function forwardedRequest(headers: Headers, peer: string | undefined, method: string, url: string, opts: ClientKeyOptions): ForwardedRequest {
-  const client = clientAddress({ peer, forwardedFor: headers['x-forwarded-for'], realIp: headers['x-real-ip'], trusted: opts.trusted, ...(opts.ipv6Prefix === undefined ? {} : { ipv6Prefix: opts.ipv6Prefix }) });
+export function forwardedRequest(
+  headers: Headers,
+  peer: string | undefined,
+  method: string,
+  url: string,
+  opts: ClientKeyOptions,
+): ForwardedRequest {
+  const client = clientAddress({
+    peer,
+    forwardedFor: headers['x-forwarded-for'],
+    realIp: headers['x-real-ip'],
+    trusted: opts.trusted,
+    ...(opts.ipv6Prefix === undefined ? {} : { ipv6Prefix: opts.ipv6Prefix }),
+  });
   const fm = first(headers['x-forwarded-method']);
   const fh = first(headers['x-forwarded-host']) ?? first(headers['host']) ?? '';
   let uri = first(headers['x-forwarded-uri']) ?? first(headers['x-original-uri']);

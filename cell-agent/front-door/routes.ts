@@ -40,7 +40,12 @@ const MAX_STRING_LENGTH = 1024;
 // ---- Schema -------------------------------------------------------------------------------------
 
 const str = z.string().min(1, 'must not be empty').max(MAX_STRING_LENGTH, `at most ${MAX_STRING_LENGTH} characters`);
-const headerName = str.regex(/^(:method|:path|:authority|[!#$%&'*+.^_`|~0-9A-Za-z-]+)$/, 'not an HTTP header name (or :method, :path, :authority)').transform((s) => s.toLowerCase());
+const headerName = str
+  .regex(
+    /^(:method|:path|:authority|[!#$%&'*+.^_`|~0-9A-Za-z-]+)$/,
+    'not an HTTP header name (or :method, :path, :authority)',
+  )
+  .transform((s) => s.toLowerCase());
 
 const regex = z.strictObject({ regex: z.string().max(MAX_STRING_LENGTH) }).transform((v, ctx) => {
   try {
@@ -51,19 +56,32 @@ const regex = z.strictObject({ regex: z.string().max(MAX_STRING_LENGTH) }).trans
   }
 });
 
-const headerMatcher = z.strictObject({
-  name: headerName,
-  exact_match: z.string().max(MAX_STRING_LENGTH).optional(),
-  prefix_match: z.string().max(MAX_STRING_LENGTH).optional(),
-  suffix_match: z.string().max(MAX_STRING_LENGTH).optional(),
-  contains_match: z.string().max(MAX_STRING_LENGTH).optional(),
-  present_match: z.boolean().optional(),
-  safe_regex_match: regex.optional(),
-  invert_match: z.boolean().default(false),
-}).superRefine((m, ctx) => {
-  const kinds = ['exact_match', 'prefix_match', 'suffix_match', 'contains_match', 'present_match', 'safe_regex_match'].filter((k) => m[k as keyof typeof m] !== undefined);
-  if (kinds.length > 1) ctx.addIssue({ code: 'custom', message: `one of exact_match, prefix_match, suffix_match, contains_match, present_match, safe_regex_match; got ${kinds.join(', ')}` });
-});
+const headerMatcher = z
+  .strictObject({
+    name: headerName,
+    exact_match: z.string().max(MAX_STRING_LENGTH).optional(),
+    prefix_match: z.string().max(MAX_STRING_LENGTH).optional(),
+    suffix_match: z.string().max(MAX_STRING_LENGTH).optional(),
+    contains_match: z.string().max(MAX_STRING_LENGTH).optional(),
+    present_match: z.boolean().optional(),
+    safe_regex_match: regex.optional(),
+    invert_match: z.boolean().default(false),
+  })
+  .superRefine((m, ctx) => {
+    const kinds = [
+      'exact_match',
+      'prefix_match',
+      'suffix_match',
+      'contains_match',
+      'present_match',
+      'safe_regex_match',
+    ].filter((k) => m[k as keyof typeof m] !== undefined);
+    if (kinds.length > 1)
+      ctx.addIssue({
+        code: 'custom',
+        message: `one of exact_match, prefix_match, suffix_match, contains_match, present_match, safe_regex_match; got ${kinds.join(', ')}`,
+      });
+  });
 export type HeaderMatcher = z.output<typeof headerMatcher>;
 
 const headerMatchers = z.array(headerMatcher).min(1, 'at least one header matcher').max(MAX_HEADER_MATCHERS);
@@ -71,31 +89,60 @@ const headerMatchers = z.array(headerMatcher).min(1, 'at least one header matche
 const ACTION_NAMES = ['remote_address', 'generic_key', 'request_headers', 'header_value_match'] as const;
 // One object with the four actions as optional keys (exactly one given) rather than a union, so an
 // error inside an action is reported at its own field, not as "no branch matched".
-const action = z.strictObject({
-  remote_address: z.strictObject({}).optional(),
-  generic_key: z.strictObject({ descriptor_value: str, descriptor_key: str.default('generic_key') }).optional(),
-  request_headers: z.strictObject({ header_name: headerName, descriptor_key: str, skip_if_absent: z.boolean().default(false) }).optional(),
-  header_value_match: z.strictObject({ descriptor_value: str, descriptor_key: str.default('header_match'), expect_match: z.boolean().default(true), headers: headerMatchers }).optional(),
-}, { error: (iss) => (iss.code === 'unrecognized_keys' ? `unknown action ${iss.keys.map((k) => `'${k}'`).join(', ')}: an action is one of ${ACTION_NAMES.join(', ')} (Envoy's rate-limit actions)` : undefined) }).superRefine((a, ctx) => {
-  const given = ACTION_NAMES.filter((k) => a[k] !== undefined);
-  if (given.length !== 1) ctx.addIssue({ code: 'custom', message: `an action is exactly one of ${ACTION_NAMES.join(', ')}; got ${given.length === 0 ? 'none' : given.join(', ')}` });
-});
+const action = z
+  .strictObject(
+    {
+      remote_address: z.strictObject({}).optional(),
+      generic_key: z.strictObject({ descriptor_value: str, descriptor_key: str.default('generic_key') }).optional(),
+      request_headers: z
+        .strictObject({ header_name: headerName, descriptor_key: str, skip_if_absent: z.boolean().default(false) })
+        .optional(),
+      header_value_match: z
+        .strictObject({
+          descriptor_value: str,
+          descriptor_key: str.default('header_match'),
+          expect_match: z.boolean().default(true),
+          headers: headerMatchers,
+        })
+        .optional(),
+    },
+    {
+      error: (iss) =>
+        iss.code === 'unrecognized_keys'
+          ? `unknown action ${iss.keys.map((k) => `'${k}'`).join(', ')}: an action is one of ${ACTION_NAMES.join(', ')} (Envoy's rate-limit actions)`
+          : undefined,
+    },
+  )
+  .superRefine((a, ctx) => {
+    const given = ACTION_NAMES.filter((k) => a[k] !== undefined);
+    if (given.length !== 1)
+      ctx.addIssue({
+        code: 'custom',
+        message: `an action is exactly one of ${ACTION_NAMES.join(', ')}; got ${given.length === 0 ? 'none' : given.join(', ')}`,
+      });
+  });
 export type RouteAction = z.output<typeof action>;
 
-const hostPattern = str.regex(/^(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?$/, 'a host name, optionally *.suffix').transform((s) => s.toLowerCase());
+const hostPattern = str
+  .regex(/^(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?$/, 'a host name, optionally *.suffix')
+  .transform((s) => s.toLowerCase());
 const method = str.regex(/^[A-Za-z]+$/, 'an HTTP method').transform((s) => s.toUpperCase());
 
-const routeMatch = z.strictObject({
-  prefix: str.startsWith('/', 'a path starting with /').optional(),
-  path: str.startsWith('/', 'a path starting with /').optional(),
-  hosts: z.array(hostPattern).min(1).max(64).optional(),
-  methods: z.array(method).min(1).max(16).optional(),
-  headers: headerMatchers.optional(),
-}).refine((m) => m.prefix === undefined || m.path === undefined, 'prefix and path exclude each other');
+const routeMatch = z
+  .strictObject({
+    prefix: str.startsWith('/', 'a path starting with /').optional(),
+    path: str.startsWith('/', 'a path starting with /').optional(),
+    hosts: z.array(hostPattern).min(1).max(64).optional(),
+    methods: z.array(method).min(1).max(16).optional(),
+    headers: headerMatchers.optional(),
+  })
+  .refine((m) => m.prefix === undefined || m.path === undefined, 'prefix and path exclude each other');
 
 const route = z.strictObject({
   match: routeMatch.default({}),
-  rate_limits: z.array(z.strictObject({ actions: z.array(action).min(1, 'at least one action').max(MAX_ACTIONS) })).max(MAX_ROUTE_RATE_LIMITS),
+  rate_limits: z
+    .array(z.strictObject({ actions: z.array(action).min(1, 'at least one action').max(MAX_ACTIONS) }))
+    .max(MAX_ROUTE_RATE_LIMITS),
 });
 
 export const routesFileSchema = z.strictObject({
@@ -124,17 +171,21 @@ export function parseRoutesText(text: string, file: string): Routes {
   if (doc.errors.length > 0) {
     const e = doc.errors[0];
     const pos = e?.linePos?.[0] ?? (e === undefined ? undefined : lineCounter.linePos(e.pos[0]));
-    throw new RoutesError(`${file}${pos === undefined ? '' : `:${pos.line}:${pos.col}`}: invalid YAML: ${e?.message.split('\n')[0] ?? 'unknown error'}`);
+    throw new RoutesError(
+      `${file}${pos === undefined ? '' : `:${pos.line}:${pos.col}`}: invalid YAML: ${e?.message.split('\n')[0] ?? 'unknown error'}`,
+    );
   }
   const parsed = routesFileSchema.safeParse(doc.toJS({ maxAliasCount: 1000 }));
   if (!parsed.success) {
-    throw new RoutesError(formatIssues(file, parsed.error.issues, (path) => {
-      for (let n = path.length; n >= 0; n--) {
-        const node = doc.getIn(path.slice(0, n), true) as { range?: [number, number, number] } | undefined;
-        if (node?.range !== undefined) return lineCounter.linePos(node.range[0]);
-      }
-      return null;
-    }));
+    throw new RoutesError(
+      formatIssues(file, parsed.error.issues, (path) => {
+        for (let n = path.length; n >= 0; n--) {
+          const node = doc.getIn(path.slice(0, n), true) as { range?: [number, number, number] } | undefined;
+          if (node?.range !== undefined) return lineCounter.linePos(node.range[0]);
+        }
+        return null;
+      }),
+    );
   }
   return compileRoutes(parsed.data);
 }
@@ -144,7 +195,8 @@ export async function loadRoutes(file: string): Promise<Routes> {
   let text: string;
   try {
     const bytes = await readFile(file);
-    if (bytes.length > MAX_ROUTES_FILE_BYTES) throw new RoutesError(`${file}: routes file is ${bytes.length} bytes (at most ${MAX_ROUTES_FILE_BYTES})`);
+    if (bytes.length > MAX_ROUTES_FILE_BYTES)
+      throw new RoutesError(`${file}: routes file is ${bytes.length} bytes (at most ${MAX_ROUTES_FILE_BYTES})`);
     text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
   } catch (error) {
     if (error instanceof RoutesError) throw error;
@@ -153,7 +205,11 @@ export async function loadRoutes(file: string): Promise<Routes> {
   return parseRoutesText(text, file);
 }
 
-function formatIssues(file: string, issues: readonly z.core.$ZodIssue[], posOf: (path: (string | number)[]) => { line: number; col: number } | null): string {
+function formatIssues(
+  file: string,
+  issues: readonly z.core.$ZodIssue[],
+  posOf: (path: (string | number)[]) => { line: number; col: number } | null,
+): string {
   const lines = issues.slice(0, 10).map((i) => {
     const path = i.path.filter((p): p is string | number => typeof p !== 'symbol');
     const pos = posOf(path);
@@ -264,7 +320,8 @@ function descriptorFor(actions: readonly RouteAction[], req: ForwardedRequest): 
   const entries: { key: string; value: string }[] = [];
   for (const a of actions) {
     if (a.remote_address !== undefined) entries.push({ key: 'remote_address', value: req.client });
-    else if (a.generic_key !== undefined) entries.push({ key: a.generic_key.descriptor_key, value: a.generic_key.descriptor_value });
+    else if (a.generic_key !== undefined)
+      entries.push({ key: a.generic_key.descriptor_key, value: a.generic_key.descriptor_value });
     else if (a.request_headers !== undefined) {
       const v = headerValue(a.request_headers.header_name, req);
       if (v === undefined) {

@@ -19,7 +19,11 @@ file named by --config.
 
 `;
 
-export async function runGatewayCommand(argv: readonly string[], env: NodeJS.ProcessEnv, io: GatewayCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process }): Promise<number> {
+export async function runGatewayCommand(
+  argv: readonly string[],
+  env: NodeJS.ProcessEnv,
+  io: GatewayCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process },
+): Promise<number> {
   if (argv.includes('--help') || argv.includes('-h')) {
     io.stdout.write(`${USAGE}${settingsHelp(GATEWAY_SETTING_SPECS)}\n`);
     return 0;
@@ -33,6 +37,8 @@ export async function runGatewayCommand(argv: readonly string[], env: NodeJS.Pro
   const started = await startOrExit(io, 'cellquota gateway', () => startGateway(config, logger));
   if (!started.ok) return started.exitCode;
   const gateway = started.value;
-  io.stdout.write(`cellquota gateway (cell ${config.cell}) is serving:\n  proxy    ${gateway.url} -> ${config.upstream.href}\n  health   ${gateway.healthUrl}/healthz, ${gateway.healthUrl}/metrics\n`);
+  io.stdout.write(
+    `cellquota gateway (cell ${config.cell}) is serving:\n  proxy    ${gateway.url} -> ${config.upstream.href}\n  health   ${gateway.healthUrl}/healthz, ${gateway.healthUrl}/metrics\n`,
+  );
   return serveUntilSignal(io, logger, 'cellquota gateway', () => gateway.stop());
 }

@@ -48,7 +48,8 @@ export interface GatewayHandle {
 }
 
 const NO_PEERS = parseAddressList([]);
-const TOO_MANY_CONNECTIONS = 'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\nToo many connections\n';
+const TOO_MANY_CONNECTIONS =
+  'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\nToo many connections\n';
 
 export async function startGateway(config: GatewayConfig, logger: Logger): Promise<GatewayHandle> {
   const log = componentLogger(logger, 'gateway');
@@ -76,21 +77,59 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
   const agent = await startAgent(parseAgentConfig(agentInput), logger);
 
   const registry = new Registry();
-  const requests = new Counter({ name: 'cellquota_gateway_requests_total', help: 'requests decided by the gateway, by verdict (allowed, refused, unlimited: no route applied, invalid: refused as undecidable)', labelNames: ['verdict'], registers: [registry] });
-  const upgrades = new Counter({ name: 'cellquota_gateway_websocket_upgrades_total', help: 'WebSocket upgrade requests, by verdict', labelNames: ['verdict'], registers: [registry] });
-  const openConnections = new Gauge({ name: 'cellquota_gateway_connections_open', help: 'client connections open now', registers: [registry] });
-  const capped = new Counter({ name: 'cellquota_gateway_connections_refused_total', help: 'client connections closed at once for exceeding --max-connections-per-client', registers: [registry] });
-  const upstreamErrors = new Counter({ name: 'cellquota_gateway_upstream_errors_total', help: 'requests the upstream could not answer (502/503/504 given)', registers: [registry] });
+  const requests = new Counter({
+    name: 'cellquota_gateway_requests_total',
+    help: 'requests decided by the gateway, by verdict (allowed, refused, unlimited: no route applied, invalid: refused as undecidable)',
+    labelNames: ['verdict'],
+    registers: [registry],
+  });
+  const upgrades = new Counter({
+    name: 'cellquota_gateway_websocket_upgrades_total',
+    help: 'WebSocket upgrade requests, by verdict',
+    labelNames: ['verdict'],
+    registers: [registry],
+  });
+  const openConnections = new Gauge({
+    name: 'cellquota_gateway_connections_open',
+    help: 'client connections open now',
+    registers: [registry],
+  });
+  const capped = new Counter({
+    name: 'cellquota_gateway_connections_refused_total',
+    help: 'client connections closed at once for exceeding --max-connections-per-client',
+    registers: [registry],
+  });
+  const upstreamErrors = new Counter({
+    name: 'cellquota_gateway_upstream_errors_total',
+    help: 'requests the upstream could not answer (502/503/504 given)',
+    registers: [registry],
+  });
 
   // Children bound once: a labelled inc() would hash its labels on every request.
-  const verdicts = { allowed: requests.labels('allowed'), refused: requests.labels('refused'), unlimited: requests.labels('unlimited'), invalid: requests.labels('invalid') };
+  const verdicts = {
+    allowed: requests.labels('allowed'),
+    refused: requests.labels('refused'),
+    unlimited: requests.labels('unlimited'),
+    invalid: requests.labels('invalid'),
+  };
   const upgradeVerdicts = { allowed: upgrades.labels('allowed'), refused: upgrades.labels('refused') };
-  const app: FastifyInstance = Fastify({ logger: false, return503OnClosing: true, requestTimeout: 0, keepAliveTimeout: 65_000 });
+  const app: FastifyInstance = Fastify({
+    logger: false,
+    return503OnClosing: true,
+    requestTimeout: 0,
+    keepAliveTimeout: 65_000,
+  });
   const keyOptions = { trusted: config.trustedProxies };
   const allowedHeaders = new WeakMap<object, readonly (readonly [string, string])[]>();
 
   app.addHook('onRequest', (request: FastifyRequest, reply: FastifyReply, done) => {
-    const fwd = forwardedRequest(request.headers, request.socket.remoteAddress, request.method, request.url, keyOptions);
+    const fwd = forwardedRequest(
+      request.headers,
+      request.socket.remoteAddress,
+      request.method,
+      request.url,
+      keyOptions,
+    );
     const upgrade = request.headers.upgrade !== undefined;
     const req = routes.requestFor(fwd);
     if (req.descriptors.length === 0) {
@@ -124,7 +163,14 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     rewritePrefix: base.pathname === '/' ? '' : base.pathname.replace(/\/$/, ''),
     websocket: true,
     // reply-from sets its own `tls.rejectUnauthorized: false`; undici reads `connect`: verification on.
-    undici: { connections: config.upstreamConnections, pipelining: 1, keepAliveTimeout: 30_000, headersTimeout: config.upstreamTimeoutMs, bodyTimeout: 0, connect: { rejectUnauthorized: true } },
+    undici: {
+      connections: config.upstreamConnections,
+      pipelining: 1,
+      keepAliveTimeout: 30_000,
+      headersTimeout: config.upstreamTimeoutMs,
+      bodyTimeout: 0,
+      connect: { rejectUnauthorized: true },
+    },
     replyOptions: {
       rewriteRequestHeaders: (request, headers) => ({
         ...headers,
@@ -144,7 +190,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
         upstreamErrors.inc();
         log.warn({ err: error, url: reply.request.url }, 'upstream error');
         const code = (error as { statusCode?: number }).statusCode;
-        void reply.code(code === 503 || code === 504 ? code : 502).type('text/plain').send('Bad Gateway\n');
+        void reply
+          .code(code === 503 || code === 504 ? code : 502)
+          .type('text/plain')
+          .send('Bad Gateway\n');
       },
     },
   });
@@ -189,16 +238,21 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
   const health: Server = createServer((req, res) => {
     if (req.url === '/healthz' || req.url === '/readyz') {
       const ok = agent.healthy() && app.server.listening;
-      res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: ok ? 'ok' : 'unavailable', cell: config.cell, upstream: base.href }));
+      res
+        .writeHead(ok ? 200 : 503, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ status: ok ? 'ok' : 'unavailable', cell: config.cell, upstream: base.href }));
       return;
     }
     if (req.url === '/metrics') {
-      void Promise.all([agent.metricsText(), registry.metrics()]).then(([a, g]) => {
-        res.writeHead(200, { 'content-type': registry.contentType }).end(`${a}\n${g}`);
-      }, (error: unknown) => {
-        log.error({ err: error }, 'metrics failed');
-        res.writeHead(500).end();
-      });
+      void Promise.all([agent.metricsText(), registry.metrics()]).then(
+        ([a, g]) => {
+          res.writeHead(200, { 'content-type': registry.contentType }).end(`${a}\n${g}`);
+        },
+        (error: unknown) => {
+          log.error({ err: error }, 'metrics failed');
+          res.writeHead(500).end();
+        },
+      );
       return;
     }
     res.writeHead(404, { 'content-type': 'text/plain' }).end('not found: /healthz, /metrics\n');
@@ -215,7 +269,18 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     throw error;
   }
   const healthUrl = urlOf(health, config.health.host);
-  log.info({ url, health: healthUrl, upstream: base.href, cell: config.cell, routes: config.routes ?? '(default: remote_address in domain edge)', trustedProxies: config.trustedProxies.entries, maxConnectionsPerClient: config.maxConnectionsPerClient }, 'gateway started');
+  log.info(
+    {
+      url,
+      health: healthUrl,
+      upstream: base.href,
+      cell: config.cell,
+      routes: config.routes ?? '(default: remote_address in domain edge)',
+      trustedProxies: config.trustedProxies.entries,
+      maxConnectionsPerClient: config.maxConnectionsPerClient,
+    },
+    'gateway started',
+  );
 
   let stopping: Promise<void> | null = null;
   return {

@@ -25,7 +25,16 @@ import type { FastifyError, FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
-import { CELL_HEADER, DECIDED_ON_HEADER, DEGRADED_HEADER, FAIL_OPEN_HEADER, PROVENANCE_HEADERS, REFUSED_BY_HEADER, REFUSED_LIMIT_HEADER, rateLimitHeaders } from '../decide/decide.js';
+import {
+  CELL_HEADER,
+  DECIDED_ON_HEADER,
+  DEGRADED_HEADER,
+  FAIL_OPEN_HEADER,
+  PROVENANCE_HEADERS,
+  REFUSED_BY_HEADER,
+  REFUSED_LIMIT_HEADER,
+  rateLimitHeaders,
+} from '../decide/decide.js';
 import { REQUEST_UNIT } from '../messages/rls-messages.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../messages/rls-messages.js';
 import { forwardAuthHandler, isForwardAuthUrl } from '../front-door/forward-auth-http.js';
@@ -34,19 +43,32 @@ import { MAX_UINT32 } from '../rules/rules-schema.js';
 import { CellquotaError } from '../../shared/errors.js';
 
 const REQUEST_UNIT_NAMES = ['SECOND', 'MINUTE', 'HOUR', 'DAY', 'MONTH', 'YEAR'] as const;
-const RESPONSE_UNIT_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'SECOND', 2: 'MINUTE', 3: 'HOUR', 4: 'DAY', 5: 'MONTH', 6: 'YEAR', 7: 'WEEK' };
+const RESPONSE_UNIT_NAMES: Record<number, string> = {
+  0: 'UNKNOWN',
+  1: 'SECOND',
+  2: 'MINUTE',
+  3: 'HOUR',
+  4: 'DAY',
+  5: 'MONTH',
+  6: 'YEAR',
+  7: 'WEEK',
+};
 const CODE_NAMES: Record<number, string> = { 0: 'UNKNOWN', 1: 'OK', 2: 'OVER_LIMIT' };
 
 export const checkBodySchema = z.strictObject({
   domain: z.string(),
-  descriptors: z.array(z.strictObject({
-    entries: z.array(z.strictObject({ key: z.string(), value: z.string().default('') })),
-    hits_addend: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
-    limit: z.strictObject({
-      requests_per_unit: z.number().int().min(0).max(MAX_UINT32),
-      unit: z.enum(REQUEST_UNIT_NAMES),
-    }).optional(),
-  })),
+  descriptors: z.array(
+    z.strictObject({
+      entries: z.array(z.strictObject({ key: z.string(), value: z.string().default('') })),
+      hits_addend: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
+      limit: z
+        .strictObject({
+          requests_per_unit: z.number().int().min(0).max(MAX_UINT32),
+          unit: z.enum(REQUEST_UNIT_NAMES),
+        })
+        .optional(),
+    }),
+  ),
   hits_addend: z.number().int().min(0).max(MAX_UINT32).optional(),
 });
 
@@ -76,7 +98,6 @@ export interface HttpApiDeps {
   /** Serve /v1/forward-auth with these routes and trusted proxies. */
   readonly forwardAuth?: ForwardAuthDeps;
 }
-
 
 export interface HttpApiOptions {
   readonly host: string;
@@ -120,7 +141,8 @@ export function toRlsRequest(body: CheckBody): RlsRequest {
     descriptors: body.descriptors.map((d) => ({
       entries: d.entries.map((e) => ({ key: e.key, value: e.value })),
       hitsAddend: d.hits_addend ?? null,
-      limit: d.limit === undefined ? null : { requestsPerUnit: d.limit.requests_per_unit, unit: REQUEST_UNIT[d.limit.unit] },
+      limit:
+        d.limit === undefined ? null : { requestsPerUnit: d.limit.requests_per_unit, unit: REQUEST_UNIT[d.limit.unit] },
     })),
   };
 }
@@ -128,7 +150,11 @@ export function toRlsRequest(body: CheckBody): RlsRequest {
 function statusJson(s: RlsDescriptorStatus): Record<string, unknown> {
   const out: Record<string, unknown> = { code: CODE_NAMES[s.code] ?? 'UNKNOWN', limit_remaining: s.limitRemaining };
   if (s.currentLimit !== null) {
-    out['current_limit'] = { requests_per_unit: s.currentLimit.requestsPerUnit, unit: RESPONSE_UNIT_NAMES[s.currentLimit.unit] ?? 'UNKNOWN', name: s.currentLimit.name };
+    out['current_limit'] = {
+      requests_per_unit: s.currentLimit.requestsPerUnit,
+      unit: RESPONSE_UNIT_NAMES[s.currentLimit.unit] ?? 'UNKNOWN',
+      name: s.currentLimit.name,
+    };
   }
   if (s.durationUntilReset !== null) out['duration_until_reset'] = `${s.durationUntilReset.seconds}s`;
   return out;
@@ -149,7 +175,9 @@ function refusalJson(r: RlsResponse): { refused_by?: Record<string, string | nul
   const get = (k: string): string | null => r.responseHeadersToAdd.find((h) => h.key === k)?.value ?? null;
   const level = get(REFUSED_BY_HEADER);
   if (level === null) return {};
-  return { refused_by: { level, limit: get(REFUSED_LIMIT_HEADER), decided_on: get(DECIDED_ON_HEADER), cell: get(CELL_HEADER) } };
+  return {
+    refused_by: { level, limit: get(REFUSED_LIMIT_HEADER), decided_on: get(DECIDED_ON_HEADER), cell: get(CELL_HEADER) },
+  };
 }
 
 export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logger: Logger): Promise<HttpApiHandle> {
@@ -160,16 +188,18 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     logger: false,
     bodyLimit: opts.bodyLimit,
     return503OnClosing: true,
-    ...(lean === null ? {} : {
-      serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
-        const server = createServer((req, res) => {
-          if (isForwardAuthUrl(req.url)) lean(req, res);
-          else handler(req, res);
-        });
-        server.keepAliveTimeout = 72_000; // fastify's default for the servers it creates itself
-        return server;
-      },
-    }),
+    ...(lean === null
+      ? {}
+      : {
+          serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
+            const server = createServer((req, res) => {
+              if (isForwardAuthUrl(req.url)) lean(req, res);
+              else handler(req, res);
+            });
+            server.keepAliveTimeout = 72_000; // fastify's default for the servers it creates itself
+            return server;
+          },
+        }),
   });
 
   app.setErrorHandler((error: FastifyError | ApiError, _request, reply) => {
@@ -177,20 +207,44 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
       void reply.code(error.statusCode).send({ error: error.code, message: error.message, details: error.details });
       return;
     }
-    const status = typeof error.statusCode === 'number' && error.statusCode >= 400 && error.statusCode < 600 ? error.statusCode : 500;
-    const name: AgentApiErrorCode = status === 413 ? 'payload_too_large' : status === 415 ? 'unsupported_media_type' : status === 400 ? 'bad_request' : status >= 500 ? 'internal' : 'error';
+    const status =
+      typeof error.statusCode === 'number' && error.statusCode >= 400 && error.statusCode < 600
+        ? error.statusCode
+        : 500;
+    const name: AgentApiErrorCode =
+      status === 413
+        ? 'payload_too_large'
+        : status === 415
+          ? 'unsupported_media_type'
+          : status === 400
+            ? 'bad_request'
+            : status >= 500
+              ? 'internal'
+              : 'error';
     if (status >= 500) logger.error({ err: error }, 'http api error');
-    void reply.code(status).send({ error: name, message: status >= 500 ? 'internal error' : error.message, details: error.code === undefined ? null : { code: error.code } });
+    void reply
+      .code(status)
+      .send({
+        error: name,
+        message: status >= 500 ? 'internal error' : error.message,
+        details: error.code === undefined ? null : { code: error.code },
+      });
   });
   app.setNotFoundHandler((request, reply) => {
-    void reply.code(404).send({ error: 'not_found', message: `no route ${request.method} ${request.url}`, details: null });
+    void reply
+      .code(404)
+      .send({ error: 'not_found', message: `no route ${request.method} ${request.url}`, details: null });
   });
 
   app.post('/v1/check', (request, reply) => {
     const parsed = checkBodySchema.safeParse(request.body);
     if (!parsed.success) {
-      throw new ApiError(400, 'validation_failed', 'the request body does not match the check schema',
-        parsed.error.issues.map((i) => ({ path: i.path.map(String).join('.'), message: i.message })));
+      throw new ApiError(
+        400,
+        'validation_failed',
+        'the request body does not match the check schema',
+        parsed.error.issues.map((i) => ({ path: i.path.map(String).join('.'), message: i.message })),
+      );
     }
     const req = toRlsRequest(parsed.data);
     const out = deps.check.check(req);
@@ -198,7 +252,8 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     const headers = rateLimitHeaders(out.response.statuses);
     for (const h of headers) void reply.header(h.key, h.value);
     for (const h of out.response.responseHeadersToAdd) {
-      if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER || PROVENANCE_HEADERS.includes(h.key)) void reply.header(h.key, h.value);
+      if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER || PROVENANCE_HEADERS.includes(h.key))
+        void reply.header(h.key, h.value);
     }
     if (out.overLimit) {
       const seconds = Number((out.retryAfterNs + 999_999_999n) / 1_000_000_000n);
@@ -208,10 +263,23 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
     return reply.code(200).send(responseJson(out.response));
   });
 
-  const quotaParams = z.strictObject({ kind: z.enum(['tenant', 'tier', 'domain']), name: z.string().min(1).max(128).regex(/^[a-zA-Z0-9._:-]+$/) });
+  const quotaParams = z.strictObject({
+    kind: z.enum(['tenant', 'tier', 'domain']),
+    name: z
+      .string()
+      .min(1)
+      .max(128)
+      .regex(/^[a-zA-Z0-9._:-]+$/),
+  });
   app.get('/v1/quotas/:kind/:name', (request, reply) => {
     const parsed = quotaParams.safeParse(request.params);
-    if (!parsed.success) throw new ApiError(400, 'bad_request', 'the quota key is KIND/NAME with KIND tenant, tier or domain and NAME of letters, digits and . _ : -', z.treeifyError(parsed.error));
+    if (!parsed.success)
+      throw new ApiError(
+        400,
+        'bad_request',
+        'the quota key is KIND/NAME with KIND tenant, tier or domain and NAME of letters, digits and . _ : -',
+        z.treeifyError(parsed.error),
+      );
     const key = `${parsed.data.kind}/${parsed.data.name}`;
     const q = deps.quota?.(key) ?? null;
     if (q === null) throw new ApiError(404, 'not_found', `no global quota ${key} in this cell`);

@@ -44,7 +44,13 @@ import { randomUUID } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from '../../shared/logging.js';
 import { LEADER_ADDRESS_TRAILER, LEADER_ID_TRAILER, loadQuotaLeaseService } from '../../shared/lease-proto.js';
-import type { AckMessage, GrantMessage, ReportRequestMessage, ReportResponseMessage, VelocityMessage } from '../../shared/lease-proto.js';
+import type {
+  AckMessage,
+  GrantMessage,
+  ReportRequestMessage,
+  ReportResponseMessage,
+  VelocityMessage,
+} from '../../shared/lease-proto.js';
 import type { ClampedEntry, OverrideEntry } from './quota-overrides.js';
 import type { LeaseDeadlineWriter } from './lease-deadline.js';
 import { VelocityReporter } from './velocity-report.js';
@@ -64,7 +70,11 @@ const NEXT_COORDINATOR_DELAY_MS = 50;
  */
 // A full answer carries every slice of the cell (about 80 bytes each: 8 MB at 100,000 slices,
 // measured by bench/coordinator-source.ts), beyond grpc-js's 4 MiB default receive limit.
-const CHANNEL_OPTIONS: grpc.ChannelOptions = Object.freeze({ 'grpc.initial_reconnect_backoff_ms': 200, 'grpc.max_reconnect_backoff_ms': 1000, 'grpc.max_receive_message_length': 64 * 1024 * 1024 });
+const CHANNEL_OPTIONS: grpc.ChannelOptions = Object.freeze({
+  'grpc.initial_reconnect_backoff_ms': 200,
+  'grpc.max_reconnect_backoff_ms': 1000,
+  'grpc.max_receive_message_length': 64 * 1024 * 1024,
+});
 const QUOTA_KEY = /^(tenant|tier|domain)\/[a-zA-Z0-9._:-]{1,128}$/;
 
 export type LeaseState = 'none' | 'leased' | 'expired';
@@ -205,7 +215,10 @@ export class GrpcLeaseTransport implements LeaseTransport {
   private client(address: string): grpc.Client {
     let c = this.clients.get(address);
     if (c === undefined) {
-      c = new this.Client(address, this.credentials ?? grpc.credentials.createInsecure(), { ...CHANNEL_OPTIONS, ...this.channelOptions });
+      c = new this.Client(address, this.credentials ?? grpc.credentials.createInsecure(), {
+        ...CHANNEL_OPTIONS,
+        ...this.channelOptions,
+      });
       this.clients.set(address, c);
     }
     return c;
@@ -282,7 +295,8 @@ export class LeaseClient {
     this.deadline = opts.deadlineMs ?? Math.max(50, Math.floor(this.interval * 0.8));
     this.windowMs = opts.velocityWindowMs ?? 500;
     this.mono = opts.monotonicMs ?? (() => performance.now());
-    this.transport = opts.transport ?? new GrpcLeaseTransport(opts.credentials, opts.channelOptions, opts.token ?? null);
+    this.transport =
+      opts.transport ?? new GrpcLeaseTransport(opts.credentials, opts.channelOptions, opts.token ?? null);
     this.timers = opts.timers ?? PROCESS_TIMERS;
     this.wall = opts.wallMs ?? Date.now;
     this.random = opts.random ?? Math.random;
@@ -378,7 +392,8 @@ export class LeaseClient {
     if (this.failures % n !== 0) return NEXT_COORDINATOR_DELAY_MS * jitter;
     const rounds = this.failures / n;
     let backoff = Math.min(this.interval * 4, this.interval * 2 ** Math.min(rounds - 1, 3));
-    if (this.state === 'leased') backoff = Math.min(backoff, Math.max(this.interval / 4, (this.leaseExpiresAt - this.mono()) / 3));
+    if (this.state === 'leased')
+      backoff = Math.min(backoff, Math.max(this.interval / 4, (this.leaseExpiresAt - this.mono()) / 3));
     return backoff * jitter;
   }
 
@@ -388,7 +403,19 @@ export class LeaseClient {
     const reporter = this.reporter;
     const page = reporter.page(this.velocityMessages(), this.pendingAcks);
     const acks: AckMessage[] = page.acks;
-    const req: ReportRequestMessage = { cellId: this.opts.cellId, incarnation, sentAtMs: this.wall(), acks, velocity: page.velocity, failOpenTotal: this.opts.failOpenTotal?.() ?? 0, capsVersion: this.capsVersion, wantFull: !this.haveFull, velocitySweep: page.sweep, velocitySweepDone: page.sweepDone, velocitySweepStart: page.sweepStart };
+    const req: ReportRequestMessage = {
+      cellId: this.opts.cellId,
+      incarnation,
+      sentAtMs: this.wall(),
+      acks,
+      velocity: page.velocity,
+      failOpenTotal: this.opts.failOpenTotal?.() ?? 0,
+      capsVersion: this.capsVersion,
+      wantFull: !this.haveFull,
+      velocitySweep: page.sweep,
+      velocitySweepDone: page.sweepDone,
+      velocitySweepStart: page.sweepStart,
+    };
     const address = this.target;
     const sentAt = this.mono();
     const result = await this.transport.report(address, req, this.deadline);
@@ -426,13 +453,32 @@ export class LeaseClient {
       }
     }
     this.failures++;
-    if ((err.code === grpc.status.UNAUTHENTICATED || err.code === grpc.status.PERMISSION_DENIED) && (this.failures === 1 || this.failures % 20 === 0)) {
-      this.opts.logger.error({ coordinator: address, code: err.code, error: err.details, cell: this.opts.cellId }, `the coordinator refused this cell's identity (${err.code === grpc.status.UNAUTHENTICATED ? 'UNAUTHENTICATED' : 'PERMISSION_DENIED'}): no lease until it is fixed (--tls-cert naming the cell, or --lease-token-file); global quotas stay on their floors`);
+    if (
+      (err.code === grpc.status.UNAUTHENTICATED || err.code === grpc.status.PERMISSION_DENIED) &&
+      (this.failures === 1 || this.failures % 20 === 0)
+    ) {
+      this.opts.logger.error(
+        { coordinator: address, code: err.code, error: err.details, cell: this.opts.cellId },
+        `the coordinator refused this cell's identity (${err.code === grpc.status.UNAUTHENTICATED ? 'UNAUTHENTICATED' : 'PERMISSION_DENIED'}): no lease until it is fixed (--tls-cert naming the cell, or --lease-token-file); global quotas stay on their floors`,
+      );
     }
     this.nextConfigured = (this.nextConfigured + 1) % this.opts.coordinators.length;
     this.target = this.opts.coordinators[this.nextConfigured] as string;
-    const log = this.failures === 1 || this.failures % 20 === 0 ? this.opts.logger.warn.bind(this.opts.logger) : this.opts.logger.debug.bind(this.opts.logger);
-    log({ coordinator: address, code: err.code, error: err.details, failures: this.failures, next: this.target, ...(this.opts.failureHint === undefined ? {} : { hint: this.opts.failureHint }) }, 'lease report failed');
+    const log =
+      this.failures === 1 || this.failures % 20 === 0
+        ? this.opts.logger.warn.bind(this.opts.logger)
+        : this.opts.logger.debug.bind(this.opts.logger);
+    log(
+      {
+        coordinator: address,
+        code: err.code,
+        error: err.details,
+        failures: this.failures,
+        next: this.target,
+        ...(this.opts.failureHint === undefined ? {} : { hint: this.opts.failureHint }),
+      },
+      'lease report failed',
+    );
   }
 
   private applyAnswer(res: ReportResponseMessage, sentAt: number): void {
@@ -458,8 +504,17 @@ export class LeaseClient {
         forgotten.push(g.key);
         continue;
       }
-      const parent = typeof g.parent === 'string' && QUOTA_KEY.test(g.parent) && g.parent.startsWith('tier/') ? g.parent : null;
-      const h: HeldGrant = { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: g.floorRate, floorBurst: g.floorBurst, version: g.version, parent };
+      const parent =
+        typeof g.parent === 'string' && QUOTA_KEY.test(g.parent) && g.parent.startsWith('tier/') ? g.parent : null;
+      const h: HeldGrant = {
+        epoch: g.epoch,
+        rate: g.rate,
+        burst: g.burst,
+        floorRate: g.floorRate,
+        floorBurst: g.floorBurst,
+        version: g.version,
+        parent,
+      };
       if (!live) {
         // Its lease is already over: the floor only, and the grant is neither held nor acknowledged,
         // so a later lease never resumes it as leased (the coordinator may have released it
@@ -479,17 +534,24 @@ export class LeaseClient {
       // Resuming (or the first lease): every held grant is in force again.
       for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g, this.generation));
       this.setState('leased');
-      this.opts.logger.info({ leader: this.leader, grants: this.grants.size }, 'lease acquired: global quotas run on leased grants');
+      this.opts.logger.info(
+        { leader: this.leader, grants: this.grants.size },
+        'lease acquired: global quotas run on leased grants',
+      );
     }
     if (live) this.armExpiry();
     if (changed.size === 0 && toAck.length === 0) return;
     const incarnation = this.incarnation;
     const ack = (clamped: ClampedEntry[] | void): void => {
       if (clamped !== undefined && clamped.length > 0) {
-        this.opts.logger.warn({ clamped: clamped.slice(0, 20), count: clamped.length }, 'grants whose GCRA window the bucket table cannot hold were clamped to the deepest bucket that fits (they admit less than granted)');
+        this.opts.logger.warn(
+          { clamped: clamped.slice(0, 20), count: clamped.length },
+          'grants whose GCRA window the bucket table cannot hold were clamped to the deepest bucket that fits (they admit less than granted)',
+        );
       }
       if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten
-      for (const [key, epoch] of toAck) if (this.grants.get(key)?.epoch === epoch || forgotten.includes(key)) this.pendingAcks.set(key, epoch);
+      for (const [key, epoch] of toAck)
+        if (this.grants.get(key)?.epoch === epoch || forgotten.includes(key)) this.pendingAcks.set(key, epoch);
       // Acknowledge at once rather than at the next interval: a shrink frees capacity for another
       // cell only once acknowledged, so this takes one report interval off every rebalance.
       if (toAck.length > 0) this.reportSoon();
@@ -498,11 +560,15 @@ export class LeaseClient {
       // Nothing of this answer is acknowledged; its grants' keys run on their floors (not leased),
       // and the coordinator sends the grants again with the next answer (they are not acknowledged).
       for (const [key] of toAck) this.grants.delete(key);
-      this.opts.logger.error({ err, grants: toAck.length }, 'a lease answer could not be applied: its quotas stay on their floors until the next answer');
+      this.opts.logger.error(
+        { err, grants: toAck.length },
+        'a lease answer could not be applied: its quotas stay on their floors until the next answer',
+      );
       try {
         const floors = [...newHeld].map(([key, h]) => floorEntry(key, h));
         const r = this.opts.onOverrides(floors);
-        if (r instanceof Promise) r.catch((e: unknown) => this.opts.logger.error({ err: e }, 'could not fall back to the floors either'));
+        if (r instanceof Promise)
+          r.catch((e: unknown) => this.opts.logger.error({ err: e }, 'could not fall back to the floors either'));
       } catch (e) {
         this.opts.logger.error({ err: e }, 'could not fall back to the floors either');
       }
@@ -520,7 +586,12 @@ export class LeaseClient {
    * The non-grant parts of an answer: a full answer's dropped keys, the unknown-tenant policy and
    * unknown keys, the capped domains. Adds the entries to `changed`.
    */
-  private applyDefinitions(res: ReportResponseMessage, granted: ReadonlySet<string>, forgotten: readonly string[], changed: Map<string, OverrideEntry>): void {
+  private applyDefinitions(
+    res: ReportResponseMessage,
+    granted: ReadonlySet<string>,
+    forgotten: readonly string[],
+    changed: Map<string, OverrideEntry>,
+  ): void {
     for (const key of forgotten) {
       this.posted.delete(key);
       changed.set(key, { key, remove: true });
@@ -529,7 +600,7 @@ export class LeaseClient {
     const policy = res.unknownTenant === 'allow' ? 'allow' : 'deny';
     // tier:NAME: the coordinator grants such a tenant as one of tier NAME; until then it is refused, as under deny.
     if (res.unknownTenant !== this.unknownPolicy) {
-      this.opts.logger.info({ unknownTenant: res.unknownTenant }, 'the coordinator\'s unknown-tenant policy');
+      this.opts.logger.info({ unknownTenant: res.unknownTenant }, "the coordinator's unknown-tenant policy");
       this.unknownPolicy = res.unknownTenant;
     }
     if (res.capsIncluded && Number.isFinite(res.capsVersion)) {
@@ -594,11 +665,15 @@ export class LeaseClient {
     // by the deadline; this keeps them so once a new lease renews it).
     if (this.opts.deadline !== undefined) this.generation = this.opts.deadline.nextGeneration();
     this.setState('expired');
-    this.opts.logger.warn({ floors: entries.length, leader: this.leader }, 'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again');
+    this.opts.logger.warn(
+      { floors: entries.length, leader: this.leader },
+      'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again',
+    );
     if (entries.length === 0) return;
     try {
       const applied = this.opts.onOverrides(entries);
-      if (applied instanceof Promise) applied.catch((err: unknown) => this.opts.logger.error({ err }, 'could not apply the floors'));
+      if (applied instanceof Promise)
+        applied.catch((err: unknown) => this.opts.logger.error({ err }, 'could not apply the floors'));
     } catch (err) {
       this.opts.logger.error({ err }, 'could not apply the floors');
     }
@@ -612,14 +687,27 @@ export class LeaseClient {
 }
 
 function validGrant(g: GrantMessage): boolean {
-  return Number.isSafeInteger(g.epoch) && g.epoch > 0 && [g.rate, g.burst, g.floorRate, g.floorBurst].every((v) => Number.isFinite(v) && v >= 0);
+  return (
+    Number.isSafeInteger(g.epoch) &&
+    g.epoch > 0 &&
+    [g.rate, g.burst, g.floorRate, g.floorBurst].every((v) => Number.isFinite(v) && v >= 0)
+  );
 }
 
 /** While leased a cell may use max(grant, floor) (the ledger counts a cell at least at its floor);
  * with a deadline in shared memory, only while the lease of `generation` lasts, then the floor. */
 function leasedEntry(key: string, g: HeldGrant, generation: number | null): OverrideEntry {
-  const entry = { key, rate: Math.max(g.rate, g.floorRate), burst: Math.max(g.burst, g.floorBurst), leased: true, parent: g.parent, epoch: g.epoch };
-  return generation === null ? entry : { ...entry, lease: generation, floorRate: g.floorRate, floorBurst: g.floorBurst };
+  const entry = {
+    key,
+    rate: Math.max(g.rate, g.floorRate),
+    burst: Math.max(g.burst, g.floorBurst),
+    leased: true,
+    parent: g.parent,
+    epoch: g.epoch,
+  };
+  return generation === null
+    ? entry
+    : { ...entry, lease: generation, floorRate: g.floorRate, floorBurst: g.floorBurst };
 }
 
 /** Without a live lease a cell uses the floor stamped on its latest grant (the ledger holds it counted). */

@@ -52,21 +52,35 @@ export function loadLeaseCredentials(s: LeaseCredentialSettings): LeaseCredentia
     try {
       names = pemCertNames('cell', cert);
     } catch (err) {
-      throw new ConfigError(`--tls-cert ${s.tlsCert ?? ''} is not a PEM certificate: ${err instanceof Error ? err.message : String(err)}`);
+      throw new ConfigError(
+        `--tls-cert ${s.tlsCert ?? ''} is not a PEM certificate: ${err instanceof Error ? err.message : String(err)}`,
+      );
     }
     if (!names.includes(s.cell)) {
-      throw new ConfigError(`--tls-cert ${s.tlsCert ?? ''} names cell ${names.length === 0 ? '(none)' : names.join(', ')}, not --cell ${s.cell}: the coordinators take a cell's reports only from its own certificate`);
+      throw new ConfigError(
+        `--tls-cert ${s.tlsCert ?? ''} names cell ${names.length === 0 ? '(none)' : names.join(', ')}, not --cell ${s.cell}: the coordinators take a cell's reports only from its own certificate`,
+      );
     }
   }
   let token: string | null = null;
   if (s.leaseTokenFile !== undefined) {
     token = readOrFail(s.leaseTokenFile, '--lease-token-file').toString('utf8').trim();
-    if (!/^\S{16,4096}$/.test(token)) throw new ConfigError(`--lease-token-file ${s.leaseTokenFile}: a token is 16..4096 characters without spaces`);
+    if (!/^\S{16,4096}$/.test(token))
+      throw new ConfigError(`--lease-token-file ${s.leaseTokenFile}: a token is 16..4096 characters without spaces`);
   }
   const channel = ca === null ? grpc.credentials.createInsecure() : grpc.credentials.createSsl(ca, key, cert);
-  const channelOptions: grpc.ChannelOptions = s.tlsServerName === undefined ? {} : { 'grpc.ssl_target_name_override': s.tlsServerName, 'grpc.default_authority': s.tlsServerName };
-  const how = [cert !== null ? `client certificate for ${s.cell}` : null, token !== null ? 'bearer token' : null].filter((x) => x !== null);
+  const channelOptions: grpc.ChannelOptions =
+    s.tlsServerName === undefined
+      ? {}
+      : { 'grpc.ssl_target_name_override': s.tlsServerName, 'grpc.default_authority': s.tlsServerName };
+  const how = [
+    cert !== null ? `client certificate for ${s.cell}` : null,
+    token !== null ? 'bearer token' : null,
+  ].filter((x) => x !== null);
   const describe = `${ca === null ? 'plaintext' : 'TLS'}; ${how.length === 0 ? 'no identity' : how.join(' and ')}`;
-  const noIdentityHint = how.length === 0 ? 'this agent presents no identity (no --tls-cert, no --lease-token-file): coordinators that authenticate cells refuse it (with TLS the handshake fails, the client certificate being required)' : undefined;
+  const noIdentityHint =
+    how.length === 0
+      ? 'this agent presents no identity (no --tls-cert, no --lease-token-file): coordinators that authenticate cells refuse it (with TLS the handshake fails, the client certificate being required)'
+      : undefined;
   return { channel, channelOptions, token, describe, noIdentityHint };
 }

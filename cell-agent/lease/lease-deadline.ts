@@ -50,7 +50,8 @@ export class LeaseDeadline {
   private seenWrites = -1;
 
   private constructor(buffer: SharedArrayBuffer) {
-    if (buffer.byteLength !== BYTES) throw new TypeError(`lease deadline: a ${BYTES}-byte SharedArrayBuffer expected, got ${buffer.byteLength}`);
+    if (buffer.byteLength !== BYTES)
+      throw new TypeError(`lease deadline: a ${BYTES}-byte SharedArrayBuffer expected, got ${buffer.byteLength}`);
     this.deadline = new BigInt64Array(buffer, 0, 2);
     this.generation = new Int32Array(buffer, 16, 2);
     this.shared = Object.freeze({ buffer });

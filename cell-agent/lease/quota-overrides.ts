@@ -43,13 +43,20 @@ const ALLOW_RATE = 1e9;
  */
 export type OverrideEntry =
   | {
-    readonly key: string; readonly rate: number; readonly burst: number; readonly leased: boolean; readonly parent?: string | null; readonly epoch?: number;
-    /**
-     * A leased grant: the lease generation it arrived in (lease-deadline.ts) and the floor the deciders fall to once
-     * that lease ended.
-     */
-    readonly lease?: number; readonly floorRate?: number; readonly floorBurst?: number;
-  }
+      readonly key: string;
+      readonly rate: number;
+      readonly burst: number;
+      readonly leased: boolean;
+      readonly parent?: string | null;
+      readonly epoch?: number;
+      /**
+       * A leased grant: the lease generation it arrived in (lease-deadline.ts) and the floor the deciders fall to once
+       * that lease ended.
+       */
+      readonly lease?: number;
+      readonly floorRate?: number;
+      readonly floorBurst?: number;
+    }
   | { readonly key: string; readonly remove: true }
   | { readonly key: string; readonly allowUnknown: true };
 
@@ -107,9 +114,15 @@ export class QuotaOverrides {
       const epoch = e.epoch ?? null;
       const parent = e.parent ?? null;
       const lease = e.leased && e.lease !== undefined ? e.lease : null;
-      const floor = lease !== null ? sliceOf(e.key, e.floorRate ?? 0, e.floorBurst ?? 0, false, epoch, parent, null, null, clamped) : null;
+      const floor =
+        lease !== null
+          ? sliceOf(e.key, e.floorRate ?? 0, e.floorBurst ?? 0, false, epoch, parent, null, null, clamped)
+          : null;
       const slice = sliceOf(e.key, e.rate, e.burst, e.leased, epoch, parent, lease, floor, clamped);
-      this.map.set(e.key, floor === null || lease === null ? slice : { ...slice, floor: this.floorAtLeaseEnd(floor, slice, lease) });
+      this.map.set(
+        e.key,
+        floor === null || lease === null ? slice : { ...slice, floor: this.floorAtLeaseEnd(floor, slice, lease) },
+      );
     }
     return clamped;
   }
@@ -118,7 +131,10 @@ export class QuotaOverrides {
   private floorAtLeaseEnd(floor: OverrideSlice, grant: OverrideSlice, lease: number): OverrideSlice {
     const d = this.deadline;
     if (d === null || planted['floor-as-of-now']) return floor;
-    return { ...floor, limit: succeeding(floor.limit, { from: grant.limit, since: (nowNs) => d.endedAt(lease, nowNs) }) };
+    return {
+      ...floor,
+      limit: succeeding(floor.limit, { from: grant.limit, since: (nowNs) => d.endedAt(lease, nowNs) }),
+    };
   }
 
   /** Every entry, for a (re)started worker. */
@@ -139,16 +155,23 @@ export class QuotaOverrides {
  * thread applies through here (the workers too: a worker that decided on an older entry meanwhile
  * may have put a bucket back under it, and must not leave it there until its next check).
  */
-export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides, entries: readonly OverrideEntry[], nowNs: bigint): ClampedEntry[] {
+export function applyLeaseEntries(
+  table: BucketTable,
+  overrides: QuotaOverrides,
+  entries: readonly OverrideEntry[],
+  nowNs: bigint,
+): ClampedEntry[] {
   let stuck: string | null = null;
   for (const e of entries) {
     const was = overrides.get(e.key);
     const succession = was?.floor?.limit.succeeds;
-    if (was === undefined || was.floor === null || succession === undefined || succession.since(nowNs) === null) continue;
+    if (was === undefined || was.floor === null || succession === undefined || succession.since(nowNs) === null)
+      continue;
     const key = globalBucketKey(e.key);
     // Twice at most: a worker whose clock reading predates the lease's end may have put the bucket
     // back under the grant between the two (it decided, rightly, on the grant then).
-    for (let attempt = 0; attempt < 2 && table.keptUnder(key, was.limit); attempt++) table.take(key, was.floor.limit, 0, nowNs);
+    for (let attempt = 0; attempt < 2 && table.keptUnder(key, was.limit); attempt++)
+      table.take(key, was.floor.limit, 0, nowNs);
     if (table.keptUnder(key, was.limit) && !sameLimit(was.limit, was.floor.limit)) stuck ??= e.key;
   }
   const clamped = overrides.apply(entries);
@@ -159,7 +182,8 @@ export function applyLeaseEntries(table: BucketTable, overrides: QuotaOverrides,
     if (table.has(key)) table.take(key, o.limit, 0, nowNs);
   }
   // Applied all the same (the entries are in force); the caller treats it as a failed apply.
-  if (stuck !== null) throw new Error(`assertion: the bucket of ${stuck} was still kept under the grant of a lease that ended`);
+  if (stuck !== null)
+    throw new Error(`assertion: the bucket of ${stuck} was still kept under the grant of a lease that ended`);
   return clamped;
 }
 
@@ -168,12 +192,33 @@ function sameLimit(a: GcraParams, b: GcraParams): boolean {
 }
 
 /** One key's slice, its burst clamped to what the bucket table holds (recorded in `clamped`). */
-function sliceOf(key: string, rateIn: number, burstIn: number, leased: boolean, epoch: number | null, parent: string | null, lease: number | null, floor: OverrideSlice | null, clamped: ClampedEntry[]): OverrideSlice {
+function sliceOf(
+  key: string,
+  rateIn: number,
+  burstIn: number,
+  leased: boolean,
+  epoch: number | null,
+  parent: string | null,
+  lease: number | null,
+  floor: OverrideSlice | null,
+  clamped: ClampedEntry[],
+): OverrideSlice {
   const rate = Number.isFinite(rateIn) ? Math.max(0, rateIn) : 0;
   const wanted = Number.isFinite(burstIn) ? Math.max(0, Math.floor(burstIn + 1e-9)) : 0;
   const burst = Math.min(wanted, deepestBurst(rate));
   if (burst < wanted) clamped.push({ key, rate, burst: wanted, appliedBurst: burst });
-  return { limit: limitFromRate(rate, burst, { start: planted['full-start-moved-grant'] ? 'full' : 'empty' }), currentLimit: reportedLimit(rate, key), rate, burst, leased, epoch, lease, floor, parent, unknown: false };
+  return {
+    limit: limitFromRate(rate, burst, { start: planted['full-start-moved-grant'] ? 'full' : 'empty' }),
+    currentLimit: reportedLimit(rate, key),
+    rate,
+    burst,
+    leased,
+    epoch,
+    lease,
+    floor,
+    parent,
+    unknown: false,
+  };
 }
 
 /** The largest whole burst whose window T·burst fits the bucket table at this rate (as limitFromRate computes T). */

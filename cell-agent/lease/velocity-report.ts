@@ -117,9 +117,11 @@ export class VelocityReporter {
       const prev = this.acked.get(m.key) ?? 0;
       const move = Math.abs(d - prev);
       const unswept = this.swept !== null && !this.swept.has(m.key);
-      if (unswept || move > Math.max(DEAD_BAND_MIN, DEAD_BAND_FRACTION * Math.max(d, prev))) candidates.push({ m, move: unswept ? Math.max(move, d) : move });
+      if (unswept || move > Math.max(DEAD_BAND_MIN, DEAD_BAND_FRACTION * Math.max(d, prev)))
+        candidates.push({ m, move: unswept ? Math.max(move, d) : move });
     }
-    for (const [key, prev] of this.acked) if (!live.has(key)) candidates.push({ m: { key, allowedPerS: 0, refusedPerS: 0 }, move: prev });
+    for (const [key, prev] of this.acked)
+      if (!live.has(key)) candidates.push({ m: { key, allowedPerS: 0, refusedPerS: 0 }, move: prev });
     candidates.sort((a, b) => b.move - a.move);
     const velocity: VelocityMessage[] = [];
     let unsentLive = 0;
@@ -136,7 +138,14 @@ export class VelocityReporter {
     // Done when no live key of the sweep is left unsent (keys sent earlier in it are restamped only
     // when they moved; the leader keeps their stamp of this sweep from then).
     const sweepDone = this.swept !== null && unsentLive === 0;
-    return { acks, velocity, sweep: this.sweep, sweepDone, sweepStart: this.swept !== null && this.swept.size === 0 && !this.sweepPageDelivered, more };
+    return {
+      acks,
+      velocity,
+      sweep: this.sweep,
+      sweepDone,
+      sweepStart: this.swept !== null && this.swept.size === 0 && !this.sweepPageDelivered,
+      more,
+    };
   }
 
   /** The report carrying `page` was answered: its values are what the leader holds. */

@@ -78,12 +78,17 @@ export class LagGuard implements OverloadSignal {
   /** Largest drift seen (ms), for diagnostics. */
   maxDriftMs = 0;
 
-  constructor(opts: LagGuardOptions = {}, private readonly episodes: OverloadEpisodes | null = null) {
+  constructor(
+    opts: LagGuardOptions = {},
+    private readonly episodes: OverloadEpisodes | null = null,
+  ) {
     this.thresholdMs = opts.thresholdMs ?? DEFAULT_LAG_THRESHOLD_MS;
     this.intervalMs = opts.intervalMs ?? 5;
     this.backlog = opts.backlog ?? DEFAULT_OVERLOAD_BACKLOG;
     if (!(this.thresholdMs >= 0) || !(this.intervalMs > 0) || !Number.isSafeInteger(this.backlog) || this.backlog < 0) {
-      throw new RangeError(`lag guard: threshold ${this.thresholdMs} ms, interval ${this.intervalMs} ms, backlog ${this.backlog}`);
+      throw new RangeError(
+        `lag guard: threshold ${this.thresholdMs} ms, interval ${this.intervalMs} ms, backlog ${this.backlog}`,
+      );
     }
   }
 

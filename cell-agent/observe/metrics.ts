@@ -34,7 +34,15 @@ import type { Metric } from 'prom-client';
 import type { BucketTable } from '../buckets/bucket-table.js';
 import type { VelocityKeys, VelocityTable } from '../velocity/velocity-table.js';
 import { VELOCITY_WINDOW_MS } from '../velocity/velocity-table.js';
-import { FAIL_OPEN_REASONS, LATENCY_BUCKETS_S, OVERLOAD_REFUSAL_REASONS, REJECT_REASONS, SCOPES, VERDICTS, readStats } from './stats.js';
+import {
+  FAIL_OPEN_REASONS,
+  LATENCY_BUCKETS_S,
+  OVERLOAD_REFUSAL_REASONS,
+  REJECT_REASONS,
+  SCOPES,
+  VERDICTS,
+  readStats,
+} from './stats.js';
 import type { StatsShared, StatsTotals } from './stats.js';
 
 export const VELOCITY_TOP_K = 50;
@@ -57,7 +65,13 @@ export class ComputedMetric {
   ) {}
 
   get(): Promise<{ name: string; help: string; type: string; aggregator: string; values: Value[] }> {
-    return Promise.resolve({ name: this.name, help: this.help, type: this.type, aggregator: this.aggregator, values: this.compute() });
+    return Promise.resolve({
+      name: this.name,
+      help: this.help,
+      type: this.type,
+      aggregator: this.aggregator,
+      values: this.compute(),
+    });
   }
 
   reset(): void {}
@@ -99,52 +113,149 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
     return cached;
   };
 
-  add(new ComputedMetric('cellquota_agent_decisions_total', 'Rate-limit checks answered, by verdict and by whether a global quota was involved.', 'counter', () => {
-    const t = totals();
-    return VERDICTS.flatMap((verdict) => SCOPES.map((scope) => ({ value: t.decisions[verdict][scope], labels: { verdict, scope } })));
-  }));
-  add(new ComputedMetric('cellquota_agent_decision_duration_seconds', 'Time to decide one check inside the agent (decode and network excluded).', 'histogram', () => {
-    const t = totals();
-    const name = 'cellquota_agent_decision_duration_seconds';
-    const values: Value[] = [];
-    let cumulative = 0;
-    LATENCY_BUCKETS_S.forEach((le, b) => {
-      cumulative += t.latencyBuckets[b] ?? 0;
-      values.push({ metricName: `${name}_bucket`, labels: { le }, value: cumulative });
-    });
-    cumulative += t.latencyBuckets[LATENCY_BUCKETS_S.length] ?? 0;
-    values.push({ metricName: `${name}_bucket`, labels: { le: '+Inf' }, value: cumulative });
-    values.push({ metricName: `${name}_sum`, value: t.latencySum });
-    values.push({ metricName: `${name}_count`, value: t.latencyCount });
-    return values;
-  }));
-  add(new ComputedMetric('cellquota_agent_fail_open_total', 'Checks answered OK without deciding (overload, internal error) or without a bucket (table full).', 'counter', () => {
-    const t = totals();
-    return FAIL_OPEN_REASONS.map((reason) => ({ value: t.failOpen[reason], labels: { reason } }));
-  }));
-  add(new ComputedMetric('cellquota_agent_quota_fail_open_total', 'Checks answered OK without a decision, by reason and by quota key (global) or bucket key (local); keys beyond the first 1000 per reason as "(other keys)", unmatched ones as "(not matched)".', 'counter', () =>
-    (src.failOpenByQuota?.() ?? []).map((f) => ({ value: f.count, labels: { reason: f.reason, quota: f.quota } }))));
-  add(new ComputedMetric('cellquota_agent_overload_refused_total', 'Checks refused on the overload path: the fail-open allowance of a level was spent (allowance), or refused before decoding (shed).', 'counter', () => {
-    const t = totals();
-    return OVERLOAD_REFUSAL_REASONS.map((reason) => ({ value: t.overloadRefused[reason], labels: { reason } }));
-  }));
-  add(new ComputedMetric('cellquota_agent_overload_seconds_total', 'Time the serving threads were overloaded (event loop behind by more than --lag-threshold-ms), summed over threads, ended episodes.', 'counter', () => [{ value: totals().overloadMs / 1000 }]));
-  add(new ComputedMetric('cellquota_agent_overload_episodes_total', 'Overload episodes that ended (from falling behind to the first on-time turn of the loop).', 'counter', () => [{ value: totals().overloadEpisodes }]));
-  add(new ComputedMetric('cellquota_agent_overloaded_threads', 'Serving threads overloaded now.', 'gauge', () => [{ value: totals().overloadedNow }]));
-  add(new ComputedMetric('cellquota_agent_rejected_requests_total', 'Requests answered with an error: over an input bound or invalid (invalid), undecodable (malformed).', 'counter', () => {
-    const t = totals();
-    return REJECT_REASONS.map((reason) => ({ value: t.rejected[reason], labels: { reason } }));
-  }));
-  add(new ComputedMetric('cellquota_agent_static_slice_decisions_total', 'Checks that involved a global quota decided on a static slice (no coordinator lease).', 'counter', () => [{ value: totals().staticSlice }]));
-  add(new ComputedMetric('cellquota_agent_bucket_table_keys', 'Live keys in the shared bucket table.', 'gauge', () => [{ value: src.table.size() }]));
-  add(new ComputedMetric('cellquota_agent_bucket_table_capacity', 'Capacity of the shared bucket table in keys.', 'gauge', () => [{ value: src.table.capacity }]));
-  add(new ComputedMetric('cellquota_agent_bucket_table_bytes', 'Shared memory held by the bucket table.', 'gauge', () => [{ value: src.table.bytes() }]));
-  add(new ComputedMetric('cellquota_agent_bucket_evictions_total', 'Idle buckets evicted to make room for new keys.', 'counter', () => [{ value: src.table.evictions }]));
-  add(new ComputedMetric('cellquota_agent_rules_info', 'The rules in force (value 1), by fingerprint.', 'gauge', () => {
-    const fp = src.rulesFingerprint();
-    return fp === null ? [] : [{ value: 1, labels: { fingerprint: fp.slice(0, 16) } }];
-  }));
-  add(new ComputedMetric('cellquota_agent_workers_serving', 'gRPC worker threads currently serving.', 'gauge', () => [{ value: src.workersServing() }]));
+  add(
+    new ComputedMetric(
+      'cellquota_agent_decisions_total',
+      'Rate-limit checks answered, by verdict and by whether a global quota was involved.',
+      'counter',
+      () => {
+        const t = totals();
+        return VERDICTS.flatMap((verdict) =>
+          SCOPES.map((scope) => ({ value: t.decisions[verdict][scope], labels: { verdict, scope } })),
+        );
+      },
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_decision_duration_seconds',
+      'Time to decide one check inside the agent (decode and network excluded).',
+      'histogram',
+      () => {
+        const t = totals();
+        const name = 'cellquota_agent_decision_duration_seconds';
+        const values: Value[] = [];
+        let cumulative = 0;
+        LATENCY_BUCKETS_S.forEach((le, b) => {
+          cumulative += t.latencyBuckets[b] ?? 0;
+          values.push({ metricName: `${name}_bucket`, labels: { le }, value: cumulative });
+        });
+        cumulative += t.latencyBuckets[LATENCY_BUCKETS_S.length] ?? 0;
+        values.push({ metricName: `${name}_bucket`, labels: { le: '+Inf' }, value: cumulative });
+        values.push({ metricName: `${name}_sum`, value: t.latencySum });
+        values.push({ metricName: `${name}_count`, value: t.latencyCount });
+        return values;
+      },
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_fail_open_total',
+      'Checks answered OK without deciding (overload, internal error) or without a bucket (table full).',
+      'counter',
+      () => {
+        const t = totals();
+        return FAIL_OPEN_REASONS.map((reason) => ({ value: t.failOpen[reason], labels: { reason } }));
+      },
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_quota_fail_open_total',
+      'Checks answered OK without a decision, by reason and by quota key (global) or bucket key (local); keys beyond the first 1000 per reason as "(other keys)", unmatched ones as "(not matched)".',
+      'counter',
+      () =>
+        (src.failOpenByQuota?.() ?? []).map((f) => ({ value: f.count, labels: { reason: f.reason, quota: f.quota } })),
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_overload_refused_total',
+      'Checks refused on the overload path: the fail-open allowance of a level was spent (allowance), or refused before decoding (shed).',
+      'counter',
+      () => {
+        const t = totals();
+        return OVERLOAD_REFUSAL_REASONS.map((reason) => ({ value: t.overloadRefused[reason], labels: { reason } }));
+      },
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_overload_seconds_total',
+      'Time the serving threads were overloaded (event loop behind by more than --lag-threshold-ms), summed over threads, ended episodes.',
+      'counter',
+      () => [{ value: totals().overloadMs / 1000 }],
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_overload_episodes_total',
+      'Overload episodes that ended (from falling behind to the first on-time turn of the loop).',
+      'counter',
+      () => [{ value: totals().overloadEpisodes }],
+    ),
+  );
+  add(
+    new ComputedMetric('cellquota_agent_overloaded_threads', 'Serving threads overloaded now.', 'gauge', () => [
+      { value: totals().overloadedNow },
+    ]),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_rejected_requests_total',
+      'Requests answered with an error: over an input bound or invalid (invalid), undecodable (malformed).',
+      'counter',
+      () => {
+        const t = totals();
+        return REJECT_REASONS.map((reason) => ({ value: t.rejected[reason], labels: { reason } }));
+      },
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_static_slice_decisions_total',
+      'Checks that involved a global quota decided on a static slice (no coordinator lease).',
+      'counter',
+      () => [{ value: totals().staticSlice }],
+    ),
+  );
+  add(
+    new ComputedMetric('cellquota_agent_bucket_table_keys', 'Live keys in the shared bucket table.', 'gauge', () => [
+      { value: src.table.size() },
+    ]),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_bucket_table_capacity',
+      'Capacity of the shared bucket table in keys.',
+      'gauge',
+      () => [{ value: src.table.capacity }],
+    ),
+  );
+  add(
+    new ComputedMetric('cellquota_agent_bucket_table_bytes', 'Shared memory held by the bucket table.', 'gauge', () => [
+      { value: src.table.bytes() },
+    ]),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_bucket_evictions_total',
+      'Idle buckets evicted to make room for new keys.',
+      'counter',
+      () => [{ value: src.table.evictions }],
+    ),
+  );
+  add(
+    new ComputedMetric('cellquota_agent_rules_info', 'The rules in force (value 1), by fingerprint.', 'gauge', () => {
+      const fp = src.rulesFingerprint();
+      return fp === null ? [] : [{ value: 1, labels: { fingerprint: fp.slice(0, 16) } }];
+    }),
+  );
+  add(
+    new ComputedMetric('cellquota_agent_workers_serving', 'gRPC worker threads currently serving.', 'gauge', () => [
+      { value: src.workersServing() },
+    ]),
+  );
 
   // The velocity window: one snapshot per scrape.
   let velocityCache: { top: { key: string; allowed: number; refused: number }[]; quotas: number } | null = null;
@@ -160,17 +271,47 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
     return velocityCache;
   };
   const perSecond = 1000 / VELOCITY_WINDOW_MS;
-  add(new ComputedMetric('cellquota_agent_global_velocity_tokens_per_second', `Tokens allowed and refused per global quota over the last ${VELOCITY_WINDOW_MS} ms (the ${VELOCITY_TOP_K} busiest quotas).`, 'gauge', () =>
-    velocity().top.flatMap((s) => [
-      { value: s.allowed * perSecond, labels: { quota: s.key, outcome: 'allowed' } },
-      { value: s.refused * perSecond, labels: { quota: s.key, outcome: 'refused' } },
-    ])));
-  add(new ComputedMetric('cellquota_agent_global_velocity_quotas', `Global quotas with traffic in the last ${VELOCITY_WINDOW_MS} ms.`, 'gauge', () => [{ value: velocity().quotas }]));
-  add(new ComputedMetric('cellquota_agent_velocity_dropped_total', 'Velocity samples dropped because the velocity table had no free slot.', 'counter', () => [{ value: src.velocityTable.dropped }]));
+  add(
+    new ComputedMetric(
+      'cellquota_agent_global_velocity_tokens_per_second',
+      `Tokens allowed and refused per global quota over the last ${VELOCITY_WINDOW_MS} ms (the ${VELOCITY_TOP_K} busiest quotas).`,
+      'gauge',
+      () =>
+        velocity().top.flatMap((s) => [
+          { value: s.allowed * perSecond, labels: { quota: s.key, outcome: 'allowed' } },
+          { value: s.refused * perSecond, labels: { quota: s.key, outcome: 'refused' } },
+        ]),
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_global_velocity_quotas',
+      `Global quotas with traffic in the last ${VELOCITY_WINDOW_MS} ms.`,
+      'gauge',
+      () => [{ value: velocity().quotas }],
+    ),
+  );
+  add(
+    new ComputedMetric(
+      'cellquota_agent_velocity_dropped_total',
+      'Velocity samples dropped because the velocity table had no free slot.',
+      'counter',
+      () => [{ value: src.velocityTable.dropped }],
+    ),
+  );
 
-  const configReloads = new Counter({ name: 'cellquota_agent_config_reloads_total', help: 'Rules reloads, by result.', labelNames: ['result'] as const, registers: [registry] });
+  const configReloads = new Counter({
+    name: 'cellquota_agent_config_reloads_total',
+    help: 'Rules reloads, by result.',
+    labelNames: ['result'] as const,
+    registers: [registry],
+  });
   configReloads.inc({ result: 'success' }, 0);
   configReloads.inc({ result: 'failure' }, 0);
-  const workerRestarts = new Counter({ name: 'cellquota_agent_worker_restarts_total', help: 'gRPC worker threads restarted after an unexpected exit.', registers: [registry] });
+  const workerRestarts = new Counter({
+    name: 'cellquota_agent_worker_restarts_total',
+    help: 'gRPC worker threads restarted after an unexpected exit.',
+    registers: [registry],
+  });
   return { registry, configReloads, workerRestarts };
 }

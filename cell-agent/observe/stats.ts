@@ -60,7 +60,8 @@ export class StatsWriter implements OverloadEpisodes {
   private readonly w: Float64Array;
 
   constructor(shared: StatsShared, region: number) {
-    if (!Number.isInteger(region) || region < 0 || region >= shared.regions) throw new RangeError(`stats region ${region} out of range`);
+    if (!Number.isInteger(region) || region < 0 || region >= shared.regions)
+      throw new RangeError(`stats region ${region} out of range`);
     this.w = new Float64Array(shared.buffer, region * REGION_WORDS * 8, REGION_WORDS);
   }
 

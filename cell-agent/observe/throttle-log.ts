@@ -53,7 +53,8 @@ export class ThrottleCounts {
   private failOpen: Map<string, number>[] = FAIL_OPEN_REASONS.map(() => new Map<string, number>());
 
   add(bucketOrQuotaKey: string, hits: number, why?: Refusal): void {
-    const key = why === undefined ? bucketOrQuotaKey : `${bucketOrQuotaKey}${SEP}${why.level}${SEP}${decidedOnText(why) ?? ''}`;
+    const key =
+      why === undefined ? bucketOrQuotaKey : `${bucketOrQuotaKey}${SEP}${why.level}${SEP}${decidedOnText(why) ?? ''}`;
     const n = hits > 0 ? hits : 1;
     const c = this.counts.get(key);
     if (c !== undefined) this.counts.set(key, c + n);
@@ -88,7 +89,9 @@ export class ThrottleCounts {
   }
 
   get empty(): boolean {
-    return this.counts.size === 0 && this.other === 0 && this.overload.size === 0 && this.failOpen.every((m) => m.size === 0);
+    return (
+      this.counts.size === 0 && this.other === 0 && this.overload.size === 0 && this.failOpen.every((m) => m.size === 0)
+    );
   }
 }
 
@@ -106,7 +109,12 @@ export class ThrottleLog {
   private readonly failOpenTotals: Map<string, number>[] = FAIL_OPEN_REASONS.map(() => new Map<string, number>());
   private lastOverload: OverloadTotals | null = null;
 
-  constructor(private readonly logger: Logger, private readonly cell: string, readonly intervalMs: number, private readonly overloadStats: (() => OverloadTotals) | null = null) {
+  constructor(
+    private readonly logger: Logger,
+    private readonly cell: string,
+    readonly intervalMs: number,
+    private readonly overloadStats: (() => OverloadTotals) | null = null,
+  ) {
     this.lastOverload = overloadStats?.() ?? null;
   }
 
@@ -154,21 +162,40 @@ export class ThrottleLog {
     const { counts, other, overload = [], failOpen = [] } = this.merged.drain();
     overload.sort((a, b) => b[1] - a[1]);
     for (const [key, refused] of overload.slice(0, MAX_THROTTLE_LINES)) {
-      this.logger.info({ key, refused, refusedBy: 'overload', cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
+      this.logger.info(
+        { key, refused, refusedBy: 'overload', cell: this.cell, intervalMs: this.intervalMs },
+        'throttled',
+      );
     }
     failOpen.sort((a, b) => b[2] - a[2]);
     for (const [reason, key, n] of failOpen.slice(0, MAX_THROTTLE_LINES)) {
-      this.logger.warn({ key, failOpen: n, reason, cell: this.cell, intervalMs: this.intervalMs }, 'answered fail-open');
+      this.logger.warn(
+        { key, failOpen: n, reason, cell: this.cell, intervalMs: this.intervalMs },
+        'answered fail-open',
+      );
     }
     counts.sort((a, b) => b[1] - a[1]);
     const shown = counts.slice(0, MAX_THROTTLE_LINES);
     for (const [composite, refused] of shown) {
       const [key, level, decidedOn] = composite.split(SEP);
-      this.logger.info({ key, refused, ...(level === undefined ? {} : { refusedBy: level }), ...(decidedOn === undefined || decidedOn === '' ? {} : { decidedOn }), cell: this.cell, intervalMs: this.intervalMs }, 'throttled');
+      this.logger.info(
+        {
+          key,
+          refused,
+          ...(level === undefined ? {} : { refusedBy: level }),
+          ...(decidedOn === undefined || decidedOn === '' ? {} : { decidedOn }),
+          cell: this.cell,
+          intervalMs: this.intervalMs,
+        },
+        'throttled',
+      );
     }
     const rest = counts.slice(MAX_THROTTLE_LINES).reduce((s, [, n]) => s + n, 0) + other;
     if (rest > 0) {
-      this.logger.info({ keys: counts.length - shown.length, refused: rest, cell: this.cell, intervalMs: this.intervalMs }, 'throttled (other keys)');
+      this.logger.info(
+        { keys: counts.length - shown.length, refused: rest, cell: this.cell, intervalMs: this.intervalMs },
+        'throttled (other keys)',
+      );
     }
   }
 
@@ -183,6 +210,9 @@ export class ThrottleLog {
     const refused = now.overloadRefused - last.overloadRefused;
     const failOpen = now.failOpenOverload - last.failOpenOverload;
     if (ms <= 0 && episodes <= 0 && refused <= 0 && failOpen <= 0) return;
-    this.logger.warn({ overloadedMs: Math.round(ms), episodes, refused, failOpen, cell: this.cell, intervalMs: this.intervalMs }, 'overloaded');
+    this.logger.warn(
+      { overloadedMs: Math.round(ms), episodes, refused, failOpen, cell: this.cell, intervalMs: this.intervalMs },
+      'overloaded',
+    );
   }
 }

@@ -33,7 +33,14 @@ export function isGrpcContentType(value: string | undefined): boolean {
   return rest === '' || rest === '+' || rest === ';';
 }
 
-const TIMEOUT_UNIT_MS: Readonly<Record<string, number>> = Object.freeze({ H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 1e-3, n: 1e-6 });
+const TIMEOUT_UNIT_MS: Readonly<Record<string, number>> = Object.freeze({
+  H: 3_600_000,
+  M: 60_000,
+  S: 1000,
+  m: 1,
+  u: 1e-3,
+  n: 1e-6,
+});
 
 /**
  * The `grpc-timeout` header ("TimeoutValue TimeoutUnit": 1 to 8 ASCII digits, one of H M S m u n)
@@ -70,7 +77,10 @@ export function encodeGrpcMessage(message: string): string {
   if (plain) return message;
   let out = '';
   for (const byte of Buffer.from(message, 'utf8')) {
-    out += byte >= 0x20 && byte <= 0x7e && byte !== 0x25 ? String.fromCharCode(byte) : `%${byte.toString(16).toUpperCase().padStart(2, '0')}`;
+    out +=
+      byte >= 0x20 && byte <= 0x7e && byte !== 0x25
+        ? String.fromCharCode(byte)
+        : `%${byte.toString(16).toUpperCase().padStart(2, '0')}`;
   }
   return out;
 }
@@ -121,24 +131,46 @@ export class UnaryCollector {
       const head = this.chunks === null ? chunk : this.head();
       const flag = head[0] as number;
       if (flag === 1) {
-        return { kind: 'error', code: GRPC_CODE.UNIMPLEMENTED, message: 'compressed messages are not supported: send them uncompressed (grpc-accept-encoding: identity)' };
+        return {
+          kind: 'error',
+          code: GRPC_CODE.UNIMPLEMENTED,
+          message: 'compressed messages are not supported: send them uncompressed (grpc-accept-encoding: identity)',
+        };
       }
-      if (flag !== 0) return { kind: 'error', code: GRPC_CODE.INTERNAL, message: `invalid compressed-flag byte ${flag} in the message prefix` };
+      if (flag !== 0)
+        return {
+          kind: 'error',
+          code: GRPC_CODE.INTERNAL,
+          message: `invalid compressed-flag byte ${flag} in the message prefix`,
+        };
       this.length = head.readUInt32BE(1);
       if (this.length > this.maxMessageBytes) {
-        return { kind: 'error', code: GRPC_CODE.RESOURCE_EXHAUSTED, message: `received message larger than max (${this.length} vs. ${this.maxMessageBytes})` };
+        return {
+          kind: 'error',
+          code: GRPC_CODE.RESOURCE_EXHAUSTED,
+          message: `received message larger than max (${this.length} vs. ${this.maxMessageBytes})`,
+        };
       }
     }
     if (this.length >= 0 && this.received > MESSAGE_PREFIX_BYTES + this.length) {
-      return { kind: 'error', code: GRPC_CODE.UNIMPLEMENTED, message: 'more than one request message for a unary method' };
+      return {
+        kind: 'error',
+        code: GRPC_CODE.UNIMPLEMENTED,
+        message: 'more than one request message for a unary method',
+      };
     }
     return null;
   }
 
   finish(): UnaryBody {
-    if (this.received === 0) return { kind: 'error', code: GRPC_CODE.UNIMPLEMENTED, message: 'no request message for a unary method' };
+    if (this.received === 0)
+      return { kind: 'error', code: GRPC_CODE.UNIMPLEMENTED, message: 'no request message for a unary method' };
     if (this.length < 0 || this.received < MESSAGE_PREFIX_BYTES + this.length) {
-      return { kind: 'error', code: GRPC_CODE.INTERNAL, message: `the request ended inside a message (${this.received} bytes received)` };
+      return {
+        kind: 'error',
+        code: GRPC_CODE.INTERNAL,
+        message: `the request ended inside a message (${this.received} bytes received)`,
+      };
     }
     const all = this.chunks === null ? (this.first as Buffer) : Buffer.concat(this.chunks, this.received);
     return { kind: 'message', bytes: all.subarray(MESSAGE_PREFIX_BYTES, MESSAGE_PREFIX_BYTES + this.length) };

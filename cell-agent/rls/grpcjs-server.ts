@@ -79,7 +79,11 @@ function bindAsync(server: grpc.Server, address: string): Promise<number> {
 }
 
 /** Starts the server on the configured addresses. Rejects if any address cannot be bound. */
-export async function startGrpcJsRlsServer(service: CheckService, opts: RlsListenOptions, logger: Logger): Promise<RlsServerHandle> {
+export async function startGrpcJsRlsServer(
+  service: CheckService,
+  opts: RlsListenOptions,
+  logger: Logger,
+): Promise<RlsServerHandle> {
   const server = new grpc.Server({
     'grpc.max_receive_message_length': opts.maxMessageBytes,
     'grpc.max_send_message_length': 4 * 1024 * 1024,
@@ -87,7 +91,10 @@ export async function startGrpcJsRlsServer(service: CheckService, opts: RlsListe
   const health = new HealthState();
 
   server.addService(rlsServiceDefinition, {
-    ShouldRateLimit: (call: grpc.ServerUnaryCall<Decoded<RlsRequest>, RlsResponse>, callback: grpc.sendUnaryData<RlsResponse>) => {
+    ShouldRateLimit: (
+      call: grpc.ServerUnaryCall<Decoded<RlsRequest>, RlsResponse>,
+      callback: grpc.sendUnaryData<RlsResponse>,
+    ) => {
       const decoded = call.request;
       if (!decoded.ok) {
         service.rejected('malformed');
@@ -101,17 +108,24 @@ export async function startGrpcJsRlsServer(service: CheckService, opts: RlsListe
   });
 
   server.addService(healthDefinition, {
-    Check: (call: grpc.ServerUnaryCall<Decoded<{ service: string }>, { status: number }>, callback: grpc.sendUnaryData<{ status: number }>) => {
+    Check: (
+      call: grpc.ServerUnaryCall<Decoded<{ service: string }>, { status: number }>,
+      callback: grpc.sendUnaryData<{ status: number }>,
+    ) => {
       const decoded = call.request;
       if (!decoded.ok) {
         callback({ code: grpc.status.INVALID_ARGUMENT, details: decoded.error });
         return;
       }
       const status = health.statusOf(decoded.value.service);
-      if (status === null) callback({ code: grpc.status.NOT_FOUND, details: `unknown service '${decoded.value.service}'` });
+      if (status === null)
+        callback({ code: grpc.status.NOT_FOUND, details: `unknown service '${decoded.value.service}'` });
       else callback(null, { status });
     },
-    List: (_call: grpc.ServerUnaryCall<null, ReadonlyMap<string, number>>, callback: grpc.sendUnaryData<ReadonlyMap<string, number>>) => {
+    List: (
+      _call: grpc.ServerUnaryCall<null, ReadonlyMap<string, number>>,
+      callback: grpc.sendUnaryData<ReadonlyMap<string, number>>,
+    ) => {
       callback(null, health.all());
     },
     Watch: (call: grpc.ServerWritableStream<Decoded<{ service: string }>, { status: number }>) => {
@@ -134,7 +148,8 @@ export async function startGrpcJsRlsServer(service: CheckService, opts: RlsListe
   let unixBound: BoundUnix | null = null;
   let tcpBound: string | null = null;
   try {
-    if (opts.unix !== undefined) unixBound = await bindUnix(opts.unix, async (tmp) => {
+    if (opts.unix !== undefined)
+      unixBound = await bindUnix(opts.unix, async (tmp) => {
         await bindAsync(server, `unix:${tmp}`);
       });
     if (opts.tcp !== undefined) {

@@ -30,7 +30,14 @@ import {
   encodeHealthListResponse,
   encodeRateLimitResponse,
 } from './rls-codec.js';
-import { GRPC_CODE, UnaryCollector, encodeGrpcMessage, frameMessage, isGrpcContentType, parseGrpcTimeout } from './grpc-wire.js';
+import {
+  GRPC_CODE,
+  UnaryCollector,
+  encodeGrpcMessage,
+  frameMessage,
+  isGrpcContentType,
+  parseGrpcTimeout,
+} from './grpc-wire.js';
 import {
   HEALTH_SERVICE_NAME,
   HealthState,
@@ -54,7 +61,8 @@ const HEALTH_CHECK_PATH = `/${HEALTH_SERVICE_NAME}/Check`;
 const HEALTH_LIST_PATH = `/${HEALTH_SERVICE_NAME}/List`;
 const HEALTH_WATCH_PATH = `/${HEALTH_SERVICE_NAME}/Watch`;
 
-const { HTTP2_HEADER_STATUS, HTTP2_HEADER_CONTENT_TYPE, HTTP2_HEADER_METHOD, HTTP2_HEADER_PATH, NGHTTP2_NO_ERROR } = http2.constants;
+const { HTTP2_HEADER_STATUS, HTTP2_HEADER_CONTENT_TYPE, HTTP2_HEADER_METHOD, HTTP2_HEADER_PATH, NGHTTP2_NO_ERROR } =
+  http2.constants;
 
 const RESPONSE_HEADERS = Object.freeze({
   [HTTP2_HEADER_STATUS]: 200,
@@ -102,13 +110,16 @@ function answerMessage(stream: ServerHttp2Stream, message: Buffer): void {
 /** A status without a message: "Trailers-Only" (one HEADERS frame, END_STREAM). */
 function answerStatus(stream: ServerHttp2Stream, code: number, message: string): void {
   if (stream.destroyed || stream.headersSent) return;
-  stream.respond({
-    [HTTP2_HEADER_STATUS]: 200,
-    [HTTP2_HEADER_CONTENT_TYPE]: 'application/grpc',
-    'grpc-accept-encoding': 'identity',
-    'grpc-status': String(code),
-    'grpc-message': encodeGrpcMessage(message),
-  }, END_STREAM);
+  stream.respond(
+    {
+      [HTTP2_HEADER_STATUS]: 200,
+      [HTTP2_HEADER_CONTENT_TYPE]: 'application/grpc',
+      'grpc-accept-encoding': 'identity',
+      'grpc-status': String(code),
+      'grpc-message': encodeGrpcMessage(message),
+    },
+    END_STREAM,
+  );
 }
 
 /** Answers early (before END_STREAM from the client) and stops reading: the rest of the request is reset. */
@@ -159,7 +170,11 @@ function onDeadline(stream: CallStream): void {
 }
 
 /** Starts the lean server on the configured addresses. Rejects if any address cannot be bound. */
-export async function startLeanRlsServer(service: CheckService, opts: RlsListenOptions, logger: Logger): Promise<RlsServerHandle> {
+export async function startLeanRlsServer(
+  service: CheckService,
+  opts: RlsListenOptions,
+  logger: Logger,
+): Promise<RlsServerHandle> {
   const health = new HealthState();
   const sessions = new Set<ServerHttp2Session>();
   const watches = new Set<ServerHttp2Stream>();
@@ -218,7 +233,15 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
     }
     const contentType = headers[HTTP2_HEADER_CONTENT_TYPE];
     if (!isGrpcContentType(typeof contentType === 'string' ? contentType : undefined)) {
-      if (!stream.destroyed) stream.respond({ [HTTP2_HEADER_STATUS]: 415, 'grpc-status': String(GRPC_CODE.UNKNOWN), 'grpc-message': 'content-type must be application/grpc' }, END_STREAM);
+      if (!stream.destroyed)
+        stream.respond(
+          {
+            [HTTP2_HEADER_STATUS]: 415,
+            'grpc-status': String(GRPC_CODE.UNKNOWN),
+            'grpc-message': 'content-type must be application/grpc',
+          },
+          END_STREAM,
+        );
       stream.resume();
       return;
     }
@@ -251,7 +274,13 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
       stream.resume();
       return;
     }
-    const state: CallState = { collector: new UnaryCollector(opts.maxMessageBytes), method, streaming, timer: null, done: false };
+    const state: CallState = {
+      collector: new UnaryCollector(opts.maxMessageBytes),
+      method,
+      streaming,
+      timer: null,
+      done: false,
+    };
     stream[CALL] = state;
     if (timeoutMs !== null) state.timer = setTimeout(onDeadline, Math.max(1, Math.ceil(timeoutMs)), stream);
     stream.on('data', onData);
@@ -279,16 +308,17 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
     return server;
   };
 
-  const listen = (server: Http2Server, target: string | { host: string; port: number }): Promise<void> => new Promise((resolveListen, reject) => {
-    const onError = (error: Error): void => reject(error);
-    server.once('error', onError);
-    const done = (): void => {
-      server.off('error', onError);
-      resolveListen();
-    };
-    if (typeof target === 'string') server.listen(target, done);
-    else server.listen(target.port, target.host, done);
-  });
+  const listen = (server: Http2Server, target: string | { host: string; port: number }): Promise<void> =>
+    new Promise((resolveListen, reject) => {
+      const onError = (error: Error): void => reject(error);
+      server.once('error', onError);
+      const done = (): void => {
+        server.off('error', onError);
+        resolveListen();
+      };
+      if (typeof target === 'string') server.listen(target, done);
+      else server.listen(target.port, target.host, done);
+    });
 
   let unixBound: BoundUnix | null = null;
   let tcpBound: string | null = null;
@@ -315,7 +345,11 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
     for (const stream of watches) {
       if (stream.destroyed) continue;
       stream.once('wantTrailers', () => {
-        if (!stream.destroyed) stream.sendTrailers({ 'grpc-status': String(GRPC_CODE.UNAVAILABLE), 'grpc-message': 'the server is shutting down' });
+        if (!stream.destroyed)
+          stream.sendTrailers({
+            'grpc-status': String(GRPC_CODE.UNAVAILABLE),
+            'grpc-message': 'the server is shutting down',
+          });
       });
       stream.end();
     }
@@ -329,9 +363,12 @@ export async function startLeanRlsServer(service: CheckService, opts: RlsListenO
       poll();
     });
     let timer: NodeJS.Timeout | null = null;
-    await Promise.race([allGone, new Promise<void>((done) => {
-      timer = setTimeout(done, graceMs);
-    })]);
+    await Promise.race([
+      allGone,
+      new Promise<void>((done) => {
+        timer = setTimeout(done, graceMs);
+      }),
+    ]);
     if (timer !== null) clearTimeout(timer);
     for (const session of sessions) session.destroy();
     await closed;

@@ -24,8 +24,16 @@
 // Fields the agent never sends (dynamic_metadata, quota) are skipped when decoding a response.
 
 import type {
-  RlsCode, RlsDescriptor, RlsDescriptorStatus, RlsDuration, RlsEntry, RlsHeader, RlsLimitOverride, RlsRateLimit,
-  RlsRequest, RlsResponse,
+  RlsCode,
+  RlsDescriptor,
+  RlsDescriptorStatus,
+  RlsDuration,
+  RlsEntry,
+  RlsHeader,
+  RlsLimitOverride,
+  RlsRateLimit,
+  RlsRequest,
+  RlsResponse,
 } from '../messages/rls-messages.js';
 import { CellquotaError } from '../../shared/errors.js';
 
@@ -48,13 +56,19 @@ const SHORT_STRING = 32;
 
 /** UTF-8 bytes [start, end) as a string (invalid sequences become U+FFFD, as protobufjs reads them). */
 function utf8(buf: Uint8Array, start: number, end: number): string {
-  return Buffer.isBuffer(buf) ? buf.toString('utf8', start, end) : Buffer.from(buf.buffer, buf.byteOffset + start, end - start).toString('utf8');
+  return Buffer.isBuffer(buf)
+    ? buf.toString('utf8', start, end)
+    : Buffer.from(buf.buffer, buf.byteOffset + start, end - start).toString('utf8');
 }
 
 /** A cursor over one length-delimited region; every read is bounds-checked. */
 class Reader {
   pos: number;
-  constructor(readonly buf: Uint8Array, start: number, readonly end: number) {
+  constructor(
+    readonly buf: Uint8Array,
+    start: number,
+    readonly end: number,
+  ) {
     this.pos = start;
   }
 
@@ -304,7 +318,10 @@ function readEntry(r: Reader): RlsEntry {
   return { key, value };
 }
 
-function readOverride(r: Reader, into: { requestsPerUnit: number; unit: number }): { requestsPerUnit: number; unit: number } {
+function readOverride(
+  r: Reader,
+  into: { requestsPerUnit: number; unit: number },
+): { requestsPerUnit: number; unit: number } {
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1:
@@ -523,7 +540,8 @@ export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer 
   for (const h of m.responseHeadersToAdd) writeHeader(w, 3, h);
   for (const h of m.requestHeadersToAdd) writeHeader(w, 4, h);
   if (m.rawBody !== null && m.rawBody.length > 0) w.bytes(5, m.rawBody);
-  if (w.pos !== prefix + size) throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos - prefix} of ${size} bytes`);
+  if (w.pos !== prefix + size)
+    throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos - prefix} of ${size} bytes`);
   return w.buf;
 }
 

@@ -157,7 +157,10 @@ export interface BoundUnix {
  */
 export async function bindUnix(listen: UnixListen, listenAt: (tmpPath: string) => Promise<void>): Promise<BoundUnix> {
   const path = resolve(listen.path);
-  const tmp = join(dirname(path), `.cq-${process.pid.toString(36)}-${threadId.toString(36)}-${basename(path).slice(0, 8)}.tmp`);
+  const tmp = join(
+    dirname(path),
+    `.cq-${process.pid.toString(36)}-${threadId.toString(36)}-${basename(path).slice(0, 8)}.tmp`,
+  );
   for (const p of [path, tmp]) {
     if (Buffer.byteLength(p) > MAX_UNIX_PATH_BYTES) {
       throw new SocketPathError(`unix socket path ${p} is longer than ${MAX_UNIX_PATH_BYTES} bytes`);

@@ -18,10 +18,21 @@ export {
   SocketPathError,
   MAX_UNIX_PATH_BYTES,
 } from './rls-common.js';
-export type { RlsEndpoints, RlsListenOptions, RlsServerHandle, RlsServerKind, TcpListen, UnixListen } from './rls-common.js';
+export type {
+  RlsEndpoints,
+  RlsListenOptions,
+  RlsServerHandle,
+  RlsServerKind,
+  TcpListen,
+  UnixListen,
+} from './rls-common.js';
 
 /** Starts the server on the configured addresses. Rejects if any address cannot be bound. */
-export async function startRlsServer(service: CheckService, opts: RlsListenOptions, logger: Logger): Promise<RlsServerHandle> {
+export async function startRlsServer(
+  service: CheckService,
+  opts: RlsListenOptions,
+  logger: Logger,
+): Promise<RlsServerHandle> {
   if (opts.server === 'grpc-js') {
     const { startGrpcJsRlsServer } = await import('./grpcjs-server.js');
     return startGrpcJsRlsServer(service, opts, logger);

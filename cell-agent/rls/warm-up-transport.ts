@@ -13,20 +13,34 @@ import { frameMessage } from './grpc-wire.js';
 import { startLeanRlsServer } from './lean-server.js';
 import { RLS_METHOD_PATH } from './rls-common.js';
 
-const HEADERS = Object.freeze({ ':method': 'POST', ':path': RLS_METHOD_PATH, 'content-type': 'application/grpc', te: 'trailers' });
+const HEADERS = Object.freeze({
+  ':method': 'POST',
+  ':path': RLS_METHOD_PATH,
+  'content-type': 'application/grpc',
+  te: 'trailers',
+});
 
 /**
  * Sends `calls` RLS calls (`concurrency` at a time) through a lean server on 127.0.0.1:0; resolves when done (or
  * after budgetMs).
  */
-export async function warmUpTransport(service: CheckService, requests: readonly RlsRequest[], logger: Logger, opts: { calls?: number; concurrency?: number; budgetMs?: number } = {}): Promise<{ calls: number; ms: number }> {
+export async function warmUpTransport(
+  service: CheckService,
+  requests: readonly RlsRequest[],
+  logger: Logger,
+  opts: { calls?: number; concurrency?: number; budgetMs?: number } = {},
+): Promise<{ calls: number; ms: number }> {
   const started = performance.now();
   const calls = opts.calls ?? 800;
   const concurrency = opts.concurrency ?? 32;
   const budget = opts.budgetMs ?? 1500;
   if (requests.length === 0) return { calls: 0, ms: 0 };
   const bodies = requests.map((r) => frameMessage(encodeRateLimitRequest(r)));
-  const server = await startLeanRlsServer(service, { tcp: { host: '127.0.0.1', port: 0 }, maxMessageBytes: 1 << 20 }, logger);
+  const server = await startLeanRlsServer(
+    service,
+    { tcp: { host: '127.0.0.1', port: 0 }, maxMessageBytes: 1 << 20 },
+    logger,
+  );
   const client = http2.connect(`http://${server.endpoints.tcp ?? ''}`);
   client.on('error', (error) => logger.debug({ err: error }, 'warm-up client error'));
   let sent = 0;

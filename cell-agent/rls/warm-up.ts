@@ -56,7 +56,11 @@ export function warmUpRequests(rules: RuleSet): RlsRequest[] {
     }
   };
   for (const [domain, d] of rules.domains) walk(domain, d.root, []);
-  out.push({ domain: '~warm-up', hitsAddend: 0, descriptors: [{ entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null }] });
+  out.push({
+    domain: '~warm-up',
+    hitsAddend: 0,
+    descriptors: [{ entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null }],
+  });
   return out;
 }
 
@@ -78,18 +82,24 @@ export function warmUp(
   const budget = opts.budgetMs ?? 1500;
   const total = opts.checks ?? 3000;
   const table = new BucketTable({ capacity: SCRATCH_KEYS, startNs: process.hrtime.bigint() });
-  const decider = new Decider({ table, quotas: deps.quotas, overrides: deps.overrides ?? null, clock: () => process.hrtime.bigint() }, options);
+  const decider = new Decider(
+    { table, quotas: deps.quotas, overrides: deps.overrides ?? null, clock: () => process.hrtime.bigint() },
+    options,
+  );
   decider.setRules(rules);
   const stats = new StatsWriter(createStatsShared(1), 0);
   const encode = (response: RlsResponse): Buffer => encodeRateLimitResponse(response, true);
   const normal = new CheckService(decider, stats, null, logger, { encode });
   // The overload path too, under a signal that always says overloaded.
   const forced: OverloadSignal = { overloaded: () => true };
-  const overloaded = overload.policy === 'bounded' && overload.allowance > 0
-    ? new CheckService(decider, stats, forced, logger, {
-      overload, allowances: overloadAllowances(overload.allowance, table, null), encode,
-    })
-    : new CheckService(decider, stats, forced, logger, { overload, encode });
+  const overloaded =
+    overload.policy === 'bounded' && overload.allowance > 0
+      ? new CheckService(decider, stats, forced, logger, {
+          overload,
+          allowances: overloadAllowances(overload.allowance, table, null),
+          encode,
+        })
+      : new CheckService(decider, stats, forced, logger, { overload, encode });
   const requests = warmUpRequests(rules);
   const encoded = requests.map((r) => encodeRateLimitRequest(r));
   let checks = 0;

@@ -39,7 +39,13 @@ import type { JsonObject, RateLimitUnit, RulesDescriptor, RulesFile } from './ru
 export type RuleLimit =
   /** `rate_limit: {unit, requests_per_unit}`; requestsPerUnit 0 means every request is over the limit.
    * `burst` (ours, only when given): the bucket depth instead of requests_per_unit. */
-  | { readonly kind: 'rate'; readonly requestsPerUnit: number; readonly unit: RateLimitUnit; readonly unitSeconds: number; readonly burst?: number }
+  | {
+      readonly kind: 'rate';
+      readonly requestsPerUnit: number;
+      readonly unit: RateLimitUnit;
+      readonly unitSeconds: number;
+      readonly burst?: number;
+    }
   /** `rate_limit: {unlimited: true}`: always OK, never counted. */
   | { readonly kind: 'unlimited' }
   /** `global: true`: the limit is a quota leased from the coordinator (for key `tenant`, the tier's). */
@@ -158,14 +164,27 @@ export function compileRules(files: readonly RulesFile[], options: CompileOption
     let target = domains.get(domain);
     if (target !== undefined) {
       if (options.mergeDomains !== true) {
-        throw new RulesError(RULES_ERROR_CODES.DUPLICATE_DOMAIN, file, `duplicate domain '${domain}' in config file`, rulesFile.pos);
+        throw new RulesError(
+          RULES_ERROR_CODES.DUPLICATE_DOMAIN,
+          file,
+          `duplicate domain '${domain}' in config file`,
+          rulesFile.pos,
+        );
       }
       if (!target.files.includes(file)) target.files.push(file);
     } else {
       target = { root: newLevel(), files: [file] };
       domains.set(domain, target);
     }
-    loadDescriptors(target.root, rulesFile.descriptors, { file, domain, parentId: domain, depth: 0, pathValueToMetric: false, rules, finish });
+    loadDescriptors(target.root, rulesFile.descriptors, {
+      file,
+      domain,
+      parentId: domain,
+      depth: 0,
+      pathValueToMetric: false,
+      rules,
+      finish,
+    });
   }
   // Levels are sealed only once every file has been loaded, because merged domains add to them.
   for (const seal of finish) seal();
@@ -205,8 +224,12 @@ interface LevelBuilder {
 
 function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescriptor[], ctx: LoadContext): void {
   if (descriptors.length > 0 && ctx.depth >= MAX_RULES_DEPTH) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`, descriptors[0]?.pos);
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`,
+      descriptors[0]?.pos,
+    );
   }
   for (const descriptor of descriptors) {
     const { file } = ctx;
@@ -217,7 +240,12 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
     const id = `${ctx.parentId}.${compositeKey}`;
     const kind: RuleNodeKind = value === '' ? 'key' : isGlobPattern(value) ? 'wildcard' : 'exact';
     if (level.composites.has(compositeKey)) {
-      throw new RulesError(RULES_ERROR_CODES.DUPLICATE_KEY, file, `duplicate descriptor composite key '${id}'`, descriptor.pos);
+      throw new RulesError(
+        RULES_ERROR_CODES.DUPLICATE_KEY,
+        file,
+        `duplicate descriptor composite key '${id}'`,
+        descriptor.pos,
+      );
     }
 
     let limit: RuleLimit | null = null;
@@ -229,33 +257,68 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
       if (rateLimit.unlimited) {
         // envoyproxy/ratelimit only rejects a *valid* unit here; any unit next to unlimited is an error for us.
         if (rateLimit.unit !== '') {
-          throw new RulesError(RULES_ERROR_CODES.UNLIMITED_WITH_UNIT, file, 'should not specify rate limit unit when unlimited',
-            rateLimit.unitPos ?? rateLimit.pos);
+          throw new RulesError(
+            RULES_ERROR_CODES.UNLIMITED_WITH_UNIT,
+            file,
+            'should not specify rate limit unit when unlimited',
+            rateLimit.unitPos ?? rateLimit.pos,
+          );
         }
         if (rateLimit.burst !== undefined) {
-          throw new RulesError(RULES_ERROR_CODES.UNLIMITED_WITH_UNIT, file, 'should not specify burst when unlimited', rateLimit.pos);
+          throw new RulesError(
+            RULES_ERROR_CODES.UNLIMITED_WITH_UNIT,
+            file,
+            'should not specify burst when unlimited',
+            rateLimit.pos,
+          );
         }
         limit = Object.freeze({ kind: 'unlimited' });
       } else if (unit === null) {
-        throw new RulesError(RULES_ERROR_CODES.INVALID_UNIT, file, `invalid rate limit unit '${rateLimit.unit}'`,
-          rateLimit.unitPos ?? rateLimit.pos);
+        throw new RulesError(
+          RULES_ERROR_CODES.INVALID_UNIT,
+          file,
+          `invalid rate limit unit '${rateLimit.unit}'`,
+          rateLimit.unitPos ?? rateLimit.pos,
+        );
       } else {
-        const base = { kind: 'rate', requestsPerUnit: rateLimit.requestsPerUnit, unit, unitSeconds: RATE_LIMIT_UNITS[unit].seconds } as const;
+        const base = {
+          kind: 'rate',
+          requestsPerUnit: rateLimit.requestsPerUnit,
+          unit,
+          unitSeconds: RATE_LIMIT_UNITS[unit].seconds,
+        } as const;
         if (rateLimit.burst !== undefined && rateLimit.requestsPerUnit > 0) {
           // The bucket's window T·burst must fit the table's bound (gcra.ts MAX_WINDOW_NS).
-          const intervalNs = (BigInt(RATE_LIMIT_UNITS[unit].seconds) * 1_000_000_000n + BigInt(rateLimit.requestsPerUnit) - 1n) / BigInt(rateLimit.requestsPerUnit);
+          const intervalNs =
+            (BigInt(RATE_LIMIT_UNITS[unit].seconds) * 1_000_000_000n + BigInt(rateLimit.requestsPerUnit) - 1n) /
+            BigInt(rateLimit.requestsPerUnit);
           if (intervalNs * BigInt(rateLimit.burst) > MAX_WINDOW_NS) {
-            throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, file, `burst ${rateLimit.burst} at ${rateLimit.requestsPerUnit} per ${unit.toLowerCase()} takes longer than ${MAX_WINDOW_NS / 1_000_000_000n} s to refill`, rateLimit.pos);
+            throw new RulesError(
+              RULES_ERROR_CODES.BOUND_EXCEEDED,
+              file,
+              `burst ${rateLimit.burst} at ${rateLimit.requestsPerUnit} per ${unit.toLowerCase()} takes longer than ${MAX_WINDOW_NS / 1_000_000_000n} s to refill`,
+              rateLimit.pos,
+            );
           }
         }
         limit = Object.freeze(rateLimit.burst === undefined ? base : { ...base, burst: rateLimit.burst });
       }
       for (const replace of rateLimit.replaces) {
         if (replace.name === '') {
-          throw new RulesError(RULES_ERROR_CODES.EMPTY_REPLACES, file, 'should not have an empty replaces entry', replace.pos);
+          throw new RulesError(
+            RULES_ERROR_CODES.EMPTY_REPLACES,
+            file,
+            'should not have an empty replaces entry',
+            replace.pos,
+          );
         }
         if (replace.name === rateLimit.name) {
-          throw new RulesError(RULES_ERROR_CODES.REPLACES_SELF, file, 'replaces should not contain name of same descriptor', replace.pos);
+          throw new RulesError(
+            RULES_ERROR_CODES.REPLACES_SELF,
+            file,
+            'replaces should not contain name of same descriptor',
+            replace.pos,
+          );
         }
       }
       name = rateLimit.name === '' ? null : rateLimit.name;
@@ -263,8 +326,12 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
     }
 
     if (descriptor.shareThreshold && kind !== 'wildcard') {
-      throw new RulesError(RULES_ERROR_CODES.SHARE_THRESHOLD_WITHOUT_WILDCARD, file,
-        `share_threshold can only be used with wildcard values (containing '*'), but found key '${compositeKey}'`, descriptor.pos);
+      throw new RulesError(
+        RULES_ERROR_CODES.SHARE_THRESHOLD_WITHOUT_WILDCARD,
+        file,
+        `share_threshold can only be used with wildcard values (containing '*'), but found key '${compositeKey}'`,
+        descriptor.pos,
+      );
     }
     checkGlobalDescriptor(descriptor, file);
     if (descriptor.global) limit = GLOBAL_LIMIT;
@@ -301,7 +368,12 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
       node.children = children.sealed();
       Object.freeze(node);
     });
-    loadDescriptors(children, descriptor.descriptors, { ...ctx, parentId: id, depth: ctx.depth + 1, pathValueToMetric });
+    loadDescriptors(children, descriptor.descriptors, {
+      ...ctx,
+      parentId: id,
+      depth: ctx.depth + 1,
+      pathValueToMetric,
+    });
   }
 }
 
@@ -318,20 +390,29 @@ function checkGlobalRules(rules: readonly RuleNode[]): void {
   for (const node of rules) {
     if (!node.global) continue;
     if (node.quotaMode) {
-      throw new RulesError(RULES_ERROR_CODES.GLOBAL_QUOTA_MODE, node.file,
+      throw new RulesError(
+        RULES_ERROR_CODES.GLOBAL_QUOTA_MODE,
+        node.file,
         `rule '${node.id}' has global: true and quota_mode: true; a global quota is enforced on every path, and quota_mode would let other descriptors overrule it, so remove quota_mode`,
-        node.pos);
+        node.pos,
+      );
     }
     for (const child of globalDescendants(node)) {
-      throw new RulesError(RULES_ERROR_CODES.GLOBAL_NESTED, child.file,
+      throw new RulesError(
+        RULES_ERROR_CODES.GLOBAL_NESTED,
+        child.file,
         `rule '${child.id}' has global: true under the global ${describeRule(node)}; every global rule's value names a tenant quota, so one descriptor would be charged to two tenants: keep one global rule per path`,
-        child.pos);
+        child.pos,
+      );
     }
     if (first === null) first = node;
     else if (node.shadowMode !== first.shadowMode) {
-      throw new RulesError(RULES_ERROR_CODES.GLOBAL_SHADOW_MIXED, node.file,
+      throw new RulesError(
+        RULES_ERROR_CODES.GLOBAL_SHADOW_MIXED,
+        node.file,
         `rule '${node.id}' has global: true with shadow_mode ${node.shadowMode}, but the global ${describeRule(first)} has shadow_mode ${first.shadowMode}; both can reach the same tenant quota, whose one bucket per cell cannot be enforced on one path and only observed on the other: give every global rule the same shadow_mode`,
-        node.pos);
+        node.pos,
+      );
     }
   }
 }
@@ -392,14 +473,15 @@ function newLevel(): LevelBuilder {
       let size = keyOnly.size;
       for (const byValue of exact.values()) size += byValue.size;
       for (const list of wildcards.values()) size += list.length;
-      sealed = size === 0
-        ? EMPTY_LEVEL
-        : Object.freeze({
-          exact: new ImmutableMap([...exact].map(([k, byValue]) => [k, new ImmutableMap(byValue)] as const)),
-          wildcards: new ImmutableMap([...wildcards].map(([k, list]) => [k, Object.freeze([...list])] as const)),
-          keyOnly: new ImmutableMap(keyOnly),
-          size,
-        });
+      sealed =
+        size === 0
+          ? EMPTY_LEVEL
+          : Object.freeze({
+              exact: new ImmutableMap([...exact].map(([k, byValue]) => [k, new ImmutableMap(byValue)] as const)),
+              wildcards: new ImmutableMap([...wildcards].map(([k, list]) => [k, Object.freeze([...list])] as const)),
+              keyOnly: new ImmutableMap(keyOnly),
+              size,
+            });
       return sealed;
     },
   };

@@ -80,7 +80,11 @@ export async function listRulesFiles(path: string): Promise<string[]> {
     if (!entry.isFile()) continue;
     files.push(file);
     if (files.length > MAX_RULES_DIRECTORY_FILES) {
-      throw new RulesError(RULES_ERROR_CODES.TOO_MANY_FILES, path, `more than ${MAX_RULES_DIRECTORY_FILES} rules files in the directory`);
+      throw new RulesError(
+        RULES_ERROR_CODES.TOO_MANY_FILES,
+        path,
+        `more than ${MAX_RULES_DIRECTORY_FILES} rules files in the directory`,
+      );
     }
   }
   if (files.length === 0) {
@@ -112,7 +116,13 @@ export function watchRules(
     if (closed) return;
     const rulesError = isRulesError(error)
       ? error
-      : new RulesError(RULES_ERROR_CODES.INTERNAL, path, `unexpected error while reloading rules: ${String(error)}`, undefined, { cause: error });
+      : new RulesError(
+          RULES_ERROR_CODES.INTERNAL,
+          path,
+          `unexpected error while reloading rules: ${String(error)}`,
+          undefined,
+          { cause: error },
+        );
     onError(rulesError, lastGood);
   };
 
@@ -124,7 +134,8 @@ export function watchRules(
     loading = true;
     try {
       const ruleSet = await loadRules(path, options);
-      if (closed || (lastGood !== null && ruleSet.fingerprint !== null && ruleSet.fingerprint === lastGood.fingerprint)) return;
+      if (closed || (lastGood !== null && ruleSet.fingerprint !== null && ruleSet.fingerprint === lastGood.fingerprint))
+        return;
       onChange(ruleSet);
       // Only once the caller has taken it: if onChange threw, the same sources are offered again next time.
       lastGood = ruleSet;
@@ -156,7 +167,9 @@ export function watchRules(
     isDirectory = statSync(path).isDirectory();
     watcher = watch(isDirectory ? path : dirname(path), { persistent: false });
   } catch (error) {
-    throw new RulesError(RULES_ERROR_CODES.WATCH_FAILED, path, `cannot watch rules: ${errorText(error)}`, undefined, { cause: error });
+    throw new RulesError(RULES_ERROR_CODES.WATCH_FAILED, path, `cannot watch rules: ${errorText(error)}`, undefined, {
+      cause: error,
+    });
   }
   const watchedDir = isDirectory ? path : dirname(path);
   const onlyName = isDirectory ? null : basename(path);
@@ -167,7 +180,15 @@ export function watchRules(
     schedule();
   });
   watcher.on('error', (error: unknown) => {
-    report(new RulesError(RULES_ERROR_CODES.WATCH_FAILED, watchedDir, `rules watcher failed: ${errorText(error)}`, undefined, { cause: error }));
+    report(
+      new RulesError(
+        RULES_ERROR_CODES.WATCH_FAILED,
+        watchedDir,
+        `rules watcher failed: ${errorText(error)}`,
+        undefined,
+        { cause: error },
+      ),
+    );
   });
 
   if (lastGood === null) void reload();
@@ -225,7 +246,9 @@ function tooLarge(file: string, maxBytes: number): RulesError {
 }
 
 function readFailed(file: string, error: unknown): RulesError {
-  return new RulesError(RULES_ERROR_CODES.READ_FAILED, file, `cannot read rules: ${errorText(error)}`, undefined, { cause: error });
+  return new RulesError(RULES_ERROR_CODES.READ_FAILED, file, `cannot read rules: ${errorText(error)}`, undefined, {
+    cause: error,
+  });
 }
 
 function errorText(error: unknown): string {

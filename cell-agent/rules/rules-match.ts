@@ -92,13 +92,21 @@ export interface RequestMatches {
 }
 
 /** The rule that applies to one request descriptor, or null for "no limit" (§2 of the reference). */
-export function matchDescriptor(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[]): RuleMatch | null {
+export function matchDescriptor(
+  ruleSet: RuleSet,
+  domain: string,
+  entries: readonly DescriptorEntry[],
+): RuleMatch | null {
   const reached = walk(ruleSet, domain, entries);
   return reached === entries.length && reached > 0 ? deepestMatch(domain, entries, reached) : null;
 }
 
 /** matchDescriptor plus every global rule matched on the way (see the header comment). */
-export function matchWithAncestors(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[]): MatchWithAncestors {
+export function matchWithAncestors(
+  ruleSet: RuleSet,
+  domain: string,
+  entries: readonly DescriptorEntry[],
+): MatchWithAncestors {
   const reached = walk(ruleSet, domain, entries);
   const match = reached === entries.length && reached > 0 ? deepestMatch(domain, entries, reached) : null;
   const upTo = match === null ? reached : reached - 1;
@@ -113,7 +121,11 @@ export function matchWithAncestors(ruleSet: RuleSet, domain: string, entries: re
  * All descriptors of one request: their matches after applyReplaces, and the ancestor global rules
  * to check once each in addition.
  */
-export function matchRequest(ruleSet: RuleSet, domain: string, descriptors: readonly (readonly DescriptorEntry[])[]): RequestMatches {
+export function matchRequest(
+  ruleSet: RuleSet,
+  domain: string,
+  descriptors: readonly (readonly DescriptorEntry[])[],
+): RequestMatches {
   const all = descriptors.map((entries) => matchWithAncestors(ruleSet, domain, entries));
   const matches = applyReplaces(all.map((m) => m.match));
   const counted = new Set<string>();
@@ -192,12 +204,18 @@ function writeBucketKey(sink: KeySink, domain: string, entries: readonly Descrip
  * character) to `sink` and returns the rule; null for every other descriptor (then nothing was
  * written: use matchWithAncestors). Allocates nothing.
  */
-export function matchLocalRate(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[], sink: KeySink): RuleNode | null {
+export function matchLocalRate(
+  ruleSet: RuleSet,
+  domain: string,
+  entries: readonly DescriptorEntry[],
+  sink: KeySink,
+): RuleNode | null {
   const reached = walk(ruleSet, domain, entries);
   if (reached === 0 || reached !== entries.length) return null;
   const node = scratch[reached - 1] as RuleNode;
   const limit = node.limit;
-  if (limit === null || limit.kind !== 'rate' || node.replaces.length > 0 || node.shadowMode || node.quotaMode) return null;
+  if (limit === null || limit.kind !== 'rate' || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
+    return null;
   for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
   writeBucketKey(sink, domain, entries, reached);
   return node;
@@ -288,7 +306,8 @@ function metricKey(domain: string, entries: readonly DescriptorEntry[], levels: 
     const at = scratch[i] as RuleNode;
     if (at.kind === 'wildcard' && at.shareThreshold) key += `.${entry.key}_${at.value ?? ''}`;
     else if (detailed) key += `.${entry.key}_${entry.value}`;
-    else if (at.kind === 'exact' || !at.valueToMetric) key += `.${at.value === null ? at.key : `${at.key}_${at.value}`}`;
+    else if (at.kind === 'exact' || !at.valueToMetric)
+      key += `.${at.value === null ? at.key : `${at.key}_${at.value}`}`;
     else key += entry.value === '' ? `.${entry.key}` : `.${entry.key}_${entry.value}`;
   }
   return key;

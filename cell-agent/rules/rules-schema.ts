@@ -139,8 +139,19 @@ export interface RulesFile {
 // ---- Keys per level ------------------------------------------------------------------------------
 
 const ROOT_KEYS = ['domain', 'descriptors'] as const;
-const DESCRIPTOR_KEYS = ['key', 'value', 'rate_limit', 'descriptors', 'shadow_mode', 'detailed_metric',
-  'value_to_metric', 'share_threshold', 'quota_mode', 'metadata', 'global'] as const;
+const DESCRIPTOR_KEYS = [
+  'key',
+  'value',
+  'rate_limit',
+  'descriptors',
+  'shadow_mode',
+  'detailed_metric',
+  'value_to_metric',
+  'share_threshold',
+  'quota_mode',
+  'metadata',
+  'global',
+] as const;
 const RATE_LIMIT_KEYS = ['unit', 'requests_per_unit', 'burst', 'unlimited', 'name', 'replaces'] as const;
 const REPLACES_KEYS = ['name'] as const;
 /** Every key envoyproxy/ratelimit knows (its `validKeys`) plus ours; used to word the error. */
@@ -161,13 +172,23 @@ export function parseRulesYaml(text: string, file: string): RulesFile {
     if (error !== undefined) {
       const at = error.linePos?.[0];
       const pos = at === undefined ? undefined : { line: at.line, column: at.col };
-      throw new RulesError(RULES_ERROR_CODES.YAML_INVALID, file, `error loading config file: ${yamlErrorText(error.message)}`, pos);
+      throw new RulesError(
+        RULES_ERROR_CODES.YAML_INVALID,
+        file,
+        `error loading config file: ${yamlErrorText(error.message)}`,
+        pos,
+      );
     }
   }
   if (list.length > 1) {
     const second = list[1];
     const pos = second === undefined ? undefined : toPos(lineCounter, second.range[0]);
-    throw new RulesError(RULES_ERROR_CODES.YAML_INVALID, file, 'error loading config file: more than one YAML document in a file', pos);
+    throw new RulesError(
+      RULES_ERROR_CODES.YAML_INVALID,
+      file,
+      'error loading config file: more than one YAML document in a file',
+      pos,
+    );
   }
   const doc = list[0];
   if (doc === undefined) return Object.freeze({ file, domain: '', descriptors: Object.freeze([]) });
@@ -187,14 +208,20 @@ export function parseRulesObject(value: unknown, file: string): RulesFile {
 export function checkGlobalDescriptor(descriptor: RulesDescriptor, file: string): void {
   if (!descriptor.global) return;
   if (descriptor.value !== '') {
-    throw new RulesError(RULES_ERROR_CODES.GLOBAL_WITH_VALUE, file,
+    throw new RulesError(
+      RULES_ERROR_CODES.GLOBAL_WITH_VALUE,
+      file,
       `descriptor '${descriptor.key}' has global: true and value '${descriptor.value}'; global goes on a key-only descriptor (one global quota per distinct value of the key)`,
-      descriptor.pos);
+      descriptor.pos,
+    );
   }
   if (descriptor.rateLimit !== null) {
-    throw new RulesError(RULES_ERROR_CODES.GLOBAL_WITH_RATE_LIMIT, file,
+    throw new RulesError(
+      RULES_ERROR_CODES.GLOBAL_WITH_RATE_LIMIT,
+      file,
       `descriptor '${descriptor.key}' has global: true and its own rate_limit; a global descriptor's limit comes from the coordinator (for key 'tenant', the tenant's tier quota), so remove rate_limit`,
-      descriptor.rateLimit.pos ?? descriptor.pos);
+      descriptor.rateLimit.pos ?? descriptor.pos,
+    );
   }
 }
 
@@ -214,8 +241,12 @@ function walkRoot(ctx: WalkContext, contents: unknown): RulesFile {
   const root = deref(ctx, contents);
   if (root === null) return Object.freeze({ file: ctx.file, domain: '', descriptors: Object.freeze([]) });
   if (!isMap(root)) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-      `config error, a rules file must be a map with 'domain' and 'descriptors', found ${describeNode(root)}`, nodePos(ctx, root));
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      `config error, a rules file must be a map with 'domain' and 'descriptors', found ${describeNode(root)}`,
+      nodePos(ctx, root),
+    );
   }
   const entries = readEntries(ctx, root, ROOT_KEYS, 'the top level');
   const domainEntry = entries.get('domain');
@@ -225,7 +256,9 @@ function walkRoot(ctx: WalkContext, contents: unknown): RulesFile {
     file: ctx.file,
     domain,
     descriptors,
-    pos: (domainEntry === undefined ? undefined : nodePos(ctx, domainEntry.value) ?? domainEntry.keyPos) ?? nodePos(ctx, root),
+    pos:
+      (domainEntry === undefined ? undefined : (nodePos(ctx, domainEntry.value) ?? domainEntry.keyPos)) ??
+      nodePos(ctx, root),
   });
 }
 
@@ -233,8 +266,12 @@ function readDescriptorList(ctx: WalkContext, entries: Entries, depth: number): 
   const items = readMapList(ctx, entries, 'descriptors');
   if (items.length === 0) return Object.freeze([]);
   if (depth > MAX_RULES_DEPTH) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`, nodePos(ctx, items[0] ?? null));
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `descriptors are nested deeper than ${MAX_RULES_DEPTH} levels`,
+      nodePos(ctx, items[0] ?? null),
+    );
   }
   return Object.freeze(items.map((item) => walkDescriptor(ctx, item, depth)));
 }
@@ -243,8 +280,12 @@ function walkDescriptor(ctx: WalkContext, node: YAMLMap, depth: number): RulesDe
   ctx.descriptors += 1;
   const pos = nodePos(ctx, node);
   if (ctx.descriptors > MAX_RULES_DESCRIPTORS_PER_FILE) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in one file`, pos);
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `more than ${MAX_RULES_DESCRIPTORS_PER_FILE} descriptors in one file`,
+      pos,
+    );
   }
   const entries = readEntries(ctx, node, DESCRIPTOR_KEYS, 'a descriptor');
   const key = readString(ctx, entries, 'key', MAX_RULES_KEY_LENGTH);
@@ -259,8 +300,18 @@ function walkDescriptor(ctx: WalkContext, node: YAMLMap, depth: number): RulesDe
   const metadata = readMetadata(ctx, entries);
   // The rules of `global` are checked before the children are walked, so the error points here.
   const head: RulesDescriptor = {
-    key, value, rateLimit, descriptors: [], shadowMode, detailedMetric, valueToMetric, shareThreshold, quotaMode,
-    global, metadata, pos,
+    key,
+    value,
+    rateLimit,
+    descriptors: [],
+    shadowMode,
+    detailedMetric,
+    valueToMetric,
+    shareThreshold,
+    quotaMode,
+    global,
+    metadata,
+    pos,
   };
   checkGlobalDescriptor(head, ctx.file);
   const descriptors = readDescriptorList(ctx, entries, depth + 1);
@@ -272,15 +323,23 @@ function readRateLimit(ctx: WalkContext, entries: Entries): RulesRateLimit | nul
   const node = deref(ctx, entry?.value ?? null);
   if (node === null) return null;
   if (!isMap(node)) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-      `config error, 'rate_limit' must be a map, found ${describeNode(node)}`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      `config error, 'rate_limit' must be a map, found ${describeNode(node)}`,
+      nodePos(ctx, node),
+    );
   }
   const fields = readEntries(ctx, node, RATE_LIMIT_KEYS, 'rate_limit');
   const unitEntry = fields.get('unit');
   const replaces = readMapList(ctx, fields, 'replaces');
   if (replaces.length > MAX_RULES_REPLACES_PER_RULE) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${MAX_RULES_REPLACES_PER_RULE} entries in 'replaces'`, nodePos(ctx, replaces[MAX_RULES_REPLACES_PER_RULE] ?? null));
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `more than ${MAX_RULES_REPLACES_PER_RULE} entries in 'replaces'`,
+      nodePos(ctx, replaces[MAX_RULES_REPLACES_PER_RULE] ?? null),
+    );
   }
   const burst = readBurst(ctx, fields);
   return Object.freeze({
@@ -289,12 +348,17 @@ function readRateLimit(ctx: WalkContext, entries: Entries): RulesRateLimit | nul
     ...(burst === null ? {} : { burst }),
     unlimited: readBool(ctx, fields, 'unlimited'),
     name: readString(ctx, fields, 'name', MAX_RULES_NAME_LENGTH),
-    replaces: Object.freeze(replaces.map((item) => {
-      const replace = readEntries(ctx, item, REPLACES_KEYS, 'a replaces entry');
-      return Object.freeze({ name: readString(ctx, replace, 'name', MAX_RULES_NAME_LENGTH), pos: nodePos(ctx, item) });
-    })),
+    replaces: Object.freeze(
+      replaces.map((item) => {
+        const replace = readEntries(ctx, item, REPLACES_KEYS, 'a replaces entry');
+        return Object.freeze({
+          name: readString(ctx, replace, 'name', MAX_RULES_NAME_LENGTH),
+          pos: nodePos(ctx, item),
+        });
+      }),
+    ),
     pos: nodePos(ctx, node),
-    unitPos: unitEntry === undefined ? undefined : nodePos(ctx, unitEntry.value) ?? unitEntry.keyPos,
+    unitPos: unitEntry === undefined ? undefined : (nodePos(ctx, unitEntry.value) ?? unitEntry.keyPos),
   });
 }
 
@@ -303,8 +367,12 @@ function readMetadata(ctx: WalkContext, entries: Entries): JsonObject | null {
   const node = deref(ctx, entry?.value ?? null);
   if (node === null) return null;
   if (!isMap(node)) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-      `config error, 'metadata' must be a map, found ${describeNode(node)}`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      `config error, 'metadata' must be a map, found ${describeNode(node)}`,
+      nodePos(ctx, node),
+    );
   }
   return toJson(ctx, node, 1) as JsonObject;
 }
@@ -314,12 +382,20 @@ function toJson(ctx: WalkContext, raw: unknown, depth: number): JsonValue {
   const node = deref(ctx, raw);
   ctx.metadataNodes += 1;
   if (ctx.metadataNodes > MAX_RULES_METADATA_NODES_PER_FILE) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `more than ${MAX_RULES_METADATA_NODES_PER_FILE} metadata nodes in one file`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `more than ${MAX_RULES_METADATA_NODES_PER_FILE} metadata nodes in one file`,
+      nodePos(ctx, node),
+    );
   }
   if (depth > MAX_RULES_METADATA_DEPTH) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `metadata nested deeper than ${MAX_RULES_METADATA_DEPTH} levels`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `metadata nested deeper than ${MAX_RULES_METADATA_DEPTH} levels`,
+      nodePos(ctx, node),
+    );
   }
   if (node === null) return null;
   if (isMap(node)) {
@@ -327,8 +403,12 @@ function toJson(ctx: WalkContext, raw: unknown, depth: number): JsonValue {
     for (const pair of node.items) {
       const key = deref(ctx, pair.key);
       if (!isScalar(key) || typeof key.value !== 'string') {
-        throw new RulesError(RULES_ERROR_CODES.KEY_NOT_STRING, ctx.file,
-          `config error, key is not of type string: ${describeScalar(key)}`, nodePos(ctx, key));
+        throw new RulesError(
+          RULES_ERROR_CODES.KEY_NOT_STRING,
+          ctx.file,
+          `config error, key is not of type string: ${describeScalar(key)}`,
+          nodePos(ctx, key),
+        );
       }
       Object.defineProperty(out, key.value, { value: toJson(ctx, pair.value, depth + 1), enumerable: true });
     }
@@ -351,13 +431,21 @@ function readString(ctx: WalkContext, entries: Entries, field: string, maxLength
   const node = deref(ctx, entries.get(field)?.value ?? null);
   if (node === null) return '';
   if (!isScalar(node)) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-      `config error, '${field}' must be a string, found ${describeNode(node)}`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      `config error, '${field}' must be a string, found ${describeNode(node)}`,
+      nodePos(ctx, node),
+    );
   }
   const text = scalarText(node);
   if (text.length > maxLength) {
-    throw new RulesError(RULES_ERROR_CODES.BOUND_EXCEEDED, ctx.file,
-      `config error, '${field}' is longer than ${maxLength} characters`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.BOUND_EXCEEDED,
+      ctx.file,
+      `config error, '${field}' is longer than ${maxLength} characters`,
+      nodePos(ctx, node),
+    );
   }
   return text;
 }
@@ -366,8 +454,12 @@ function readBool(ctx: WalkContext, entries: Entries, field: string): boolean {
   const node = deref(ctx, entries.get(field)?.value ?? null);
   if (node === null) return false;
   if (isScalar(node) && (node.value === null || typeof node.value === 'boolean')) return node.value === true;
-  throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-    `config error, '${field}' must be true or false, found ${describeNode(node)}`, nodePos(ctx, node));
+  throw new RulesError(
+    RULES_ERROR_CODES.INVALID_TYPE,
+    ctx.file,
+    `config error, '${field}' must be true or false, found ${describeNode(node)}`,
+    nodePos(ctx, node),
+  );
 }
 
 /** Ours: `burst`, a whole number of tokens ≥ 1; null when absent. */
@@ -376,7 +468,12 @@ function readBurst(ctx: WalkContext, entries: Entries): number | null {
   if (entry === undefined) return null;
   const burst = readUint32(ctx, entries, 'burst');
   if (burst < 1) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file, "config error, 'burst' must be at least 1", nodePos(ctx, deref(ctx, entry.value)) ?? entry.keyPos);
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      "config error, 'burst' must be at least 1",
+      nodePos(ctx, deref(ctx, entry.value)) ?? entry.keyPos,
+    );
   }
   return burst;
 }
@@ -390,8 +487,12 @@ function readUint32(ctx: WalkContext, entries: Entries, field: string): number {
       return node.value;
     }
   }
-  throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-    `config error, '${field}' must be an integer from 0 to ${MAX_UINT32}, found ${describeNode(node)}`, nodePos(ctx, node));
+  throw new RulesError(
+    RULES_ERROR_CODES.INVALID_TYPE,
+    ctx.file,
+    `config error, '${field}' must be an integer from 0 to ${MAX_UINT32}, found ${describeNode(node)}`,
+    nodePos(ctx, node),
+  );
 }
 
 // ---- Maps and lists ------------------------------------------------------------------------------
@@ -404,10 +505,19 @@ function readEntries(ctx: WalkContext, map: YAMLMap, allowed: readonly string[],
     const keyPos = nodePos(ctx, keyNode);
     if (!isScalar(keyNode) || typeof keyNode.value !== 'string') {
       if (isScalar(keyNode) && typeof keyNode.value === 'symbol') {
-        throw new RulesError(RULES_ERROR_CODES.UNKNOWN_KEY, ctx.file, "config error, YAML merge keys ('<<') are not supported", keyPos);
+        throw new RulesError(
+          RULES_ERROR_CODES.UNKNOWN_KEY,
+          ctx.file,
+          "config error, YAML merge keys ('<<') are not supported",
+          keyPos,
+        );
       }
-      throw new RulesError(RULES_ERROR_CODES.KEY_NOT_STRING, ctx.file,
-        `config error, key is not of type string: ${describeScalar(keyNode)}`, keyPos);
+      throw new RulesError(
+        RULES_ERROR_CODES.KEY_NOT_STRING,
+        ctx.file,
+        `config error, key is not of type string: ${describeScalar(keyNode)}`,
+        keyPos,
+      );
     }
     const key = keyNode.value;
     if (!allowed.includes(key)) {
@@ -427,14 +537,22 @@ function readMapList(ctx: WalkContext, entries: Entries, field: string): YAMLMap
   const node = deref(ctx, entries.get(field)?.value ?? null);
   if (node === null) return [];
   if (!isSeq(node)) {
-    throw new RulesError(RULES_ERROR_CODES.INVALID_TYPE, ctx.file,
-      `config error, '${field}' must be a list of maps, found ${describeNode(node)}`, nodePos(ctx, node));
+    throw new RulesError(
+      RULES_ERROR_CODES.INVALID_TYPE,
+      ctx.file,
+      `config error, '${field}' must be a list of maps, found ${describeNode(node)}`,
+      nodePos(ctx, node),
+    );
   }
   return node.items.map((raw) => {
     const item = deref(ctx, raw);
     if (!isMap(item)) {
-      throw new RulesError(RULES_ERROR_CODES.LIST_NOT_MAP, ctx.file,
-        `config error, yaml file contains list of type other than map: ${describeScalar(item)}`, nodePos(ctx, item ?? raw));
+      throw new RulesError(
+        RULES_ERROR_CODES.LIST_NOT_MAP,
+        ctx.file,
+        `config error, yaml file contains list of type other than map: ${describeScalar(item)}`,
+        nodePos(ctx, item ?? raw),
+      );
     }
     return item;
   });

@@ -174,7 +174,8 @@ export class VelocityTable {
         break; // slots never become EMPTY again: the key is not further along
       }
     }
-    if (empty >= 0 && Atomics.compareExchange(keys, 4 * empty, EMPTY, CLAIMING) === EMPTY) return this.publish(empty, h0, h1, h2, key);
+    if (empty >= 0 && Atomics.compareExchange(keys, 4 * empty, EMPTY, CLAIMING) === EMPTY)
+      return this.publish(empty, h0, h1, h2, key);
     // Take over a slot idle for a whole window.
     for (let j = 0; j < probe; j++) {
       const s = (home + j) % cap;

@@ -6,7 +6,7 @@ import type { Drill } from '../drill-runner.js';
 
 export const agentRestart: Drill = {
   name: 'agent-restart',
-  title: 'the busiest cell\'s agent killed and restarted under load',
+  title: "the busiest cell's agent killed and restarted under load",
   recoveryLimitMs: 8000,
   async run(ctx) {
     const cell = 'cell-a';

@@ -22,7 +22,11 @@ export const cellCutoff: Drill = {
       }
       await ctx.sleep(100);
     }
-    ctx.check('cut-off cell drops to its floor', onFloor !== '', onFloor || `${cell} not on its floor 10 s after the cut`);
+    ctx.check(
+      'cut-off cell drops to its floor',
+      onFloor !== '',
+      onFloor || `${cell} not on its floor 10 s after the cut`,
+    );
     await ctx.sleep(Math.max(0, 30_000 - (ctx.now() - cutAt)));
     for (const p of links) p.heal();
     heal();

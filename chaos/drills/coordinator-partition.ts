@@ -24,7 +24,13 @@ export const coordinatorPartition: Drill = {
       }
       await ctx.sleep(100);
     }
-    ctx.check('majority elects a leader', next !== leader, next !== leader ? `${next} leads the majority ${((ctx.now() - cutAt) / 1000).toFixed(2)} s after the cut` : 'no leader on the majority side within 10 s');
+    ctx.check(
+      'majority elects a leader',
+      next !== leader,
+      next !== leader
+        ? `${next} leads the majority ${((ctx.now() - cutAt) / 1000).toFixed(2)} s after the cut`
+        : 'no leader on the majority side within 10 s',
+    );
     let deposed = '';
     while (ctx.now() - cutAt < 10_000) {
       const v = (await ctx.d.clusterViews(300)).get(leader);
@@ -34,12 +40,20 @@ export const coordinatorPartition: Drill = {
       }
       await ctx.sleep(100);
     }
-    ctx.check('isolated leader steps down', deposed !== '', deposed || `${leader} still calls itself leader 10 s after the cut`);
+    ctx.check(
+      'isolated leader steps down',
+      deposed !== '',
+      deposed || `${leader} still calls itself leader 10 s after the cut`,
+    );
     await ctx.sleep(Math.max(0, 15_000 - (ctx.now() - cutAt)));
     for (const p of [...links.inbound, ...links.outbound]) p.heal();
     heal();
     await ctx.sleep(8000);
     const v = (await ctx.d.clusterViews(500)).get(leader);
-    ctx.check('rejoined as a follower', v !== null && v !== undefined && v.leader !== null, `${leader} after the heal: ${JSON.stringify(v)}`);
+    ctx.check(
+      'rejoined as a follower',
+      v !== null && v !== undefined && v.leader !== null,
+      `${leader} after the heal: ${JSON.stringify(v)}`,
+    );
   },
 };

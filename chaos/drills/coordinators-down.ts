@@ -15,7 +15,11 @@ export const coordinatorsDown: Drill = {
     const downAt = ctx.now();
     await ctx.sleep(6000);
     const floors = await Promise.all([...ctx.d.agents.keys()].map((c) => ctx.d.agentQuota(c, 500)));
-    ctx.check('every cell on its floor', floors.every((q) => q?.source === 'floor'), `6 s into the outage: ${floors.map((q) => q?.source ?? 'no answer').join(', ')}`);
+    ctx.check(
+      'every cell on its floor',
+      floors.every((q) => q?.source === 'floor'),
+      `6 s into the outage: ${floors.map((q) => q?.source ?? 'no answer').join(', ')}`,
+    );
     await ctx.sleep(Math.max(0, 30_000 - (ctx.now() - downAt)));
     for (const id of ids) ctx.d.startCoordinator(id);
     heal();

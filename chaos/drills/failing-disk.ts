@@ -11,14 +11,28 @@ import { buildFailingDisk, failingDiskEnv, type FailingDiskMode } from '../fault
 const trigger = (dir: string, id: string): string => join(dir, `fail-disk-${id}`);
 const shims = new Map<string, string>();
 
-async function failOnce(ctx: DrillContext, dir: string, id: string, mode: FailingDiskMode, restartWith: FailingDiskMode): Promise<void> {
+async function failOnce(
+  ctx: DrillContext,
+  dir: string,
+  id: string,
+  mode: FailingDiskMode,
+  restartWith: FailingDiskMode,
+): Promise<void> {
   const c = ctx.d.coordinator(id);
   const wasLeader = (await ctx.d.leader()) === id;
-  const heal = ctx.fault(`${mode === 'enospc' ? 'disk full (ENOSPC)' : 'fsync fails (EIO)'} on ${wasLeader ? 'leader' : 'follower'} ${id}`);
+  const heal = ctx.fault(
+    `${mode === 'enospc' ? 'disk full (ENOSPC)' : 'fsync fails (EIO)'} on ${wasLeader ? 'leader' : 'follower'} ${id}`,
+  );
   writeFileSync(trigger(dir, id), mode);
   const until = Date.now() + 15_000;
   while (c.proc !== null && Date.now() < until) await ctx.sleep(100);
-  ctx.check(`${mode}: ${id} stops serving`, c.exit?.code === 74, c.proc === null ? `${id} exited with ${JSON.stringify(c.exit)} (74 = storage failed)` : `${id} still running 15 s after its disk failed`);
+  ctx.check(
+    `${mode}: ${id} stops serving`,
+    c.exit?.code === 74,
+    c.proc === null
+      ? `${id} exited with ${JSON.stringify(c.exit)} (74 = storage failed)`
+      : `${id} still running 15 s after its disk failed`,
+  );
   const next = await ctx.leader(10_000);
   ctx.check(`${mode}: the other two carry on`, next !== id, `${next} leads`);
   await ctx.sleep(3000);
@@ -29,19 +43,24 @@ async function failOnce(ctx: DrillContext, dir: string, id: string, mode: Failin
   heal();
   await ctx.sleep(6000);
   const v = (await ctx.d.clusterViews(1000)).get(id);
-  ctx.check(`${mode}: ${id} rejoined`, v !== null && v !== undefined && v.leader !== null, `${id} after its restart: ${JSON.stringify(v)}`);
+  ctx.check(
+    `${mode}: ${id} rejoined`,
+    v !== null && v !== undefined && v.leader !== null,
+    `${id} after its restart: ${JSON.stringify(v)}`,
+  );
 }
 
 export const failingDisk: Drill = {
   name: 'failing-disk',
-  title: 'the leader\'s disk fills (ENOSPC), then a follower\'s fsync fails (EIO)',
+  title: "the leader's disk fills (ENOSPC), then a follower's fsync fails (EIO)",
   recoveryLimitMs: 5000,
   async coordinatorEnv(dir) {
     const so = await buildFailingDisk(dir);
     if (so === null) return { skip: 'no C compiler (cc) to build the LD_PRELOAD shim' };
     shims.set(dir, so);
     const out: Record<string, Record<string, string>> = {};
-    for (const id of ['n1', 'n2', 'n3']) out[id] = failingDiskEnv(so, trigger(dir, id), 'enospc', join(dir, 'data', id));
+    for (const id of ['n1', 'n2', 'n3'])
+      out[id] = failingDiskEnv(so, trigger(dir, id), 'enospc', join(dir, 'data', id));
     return out;
   },
   async run(ctx) {

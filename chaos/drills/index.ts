@@ -10,4 +10,14 @@ import { leaderPause } from './leader-pause.js';
 import { rollingRestart } from './rolling-restart.js';
 import { slowCoordinator } from './slow-coordinator.js';
 
-export const DRILLS: readonly Drill[] = [leaderKill, leaderPause, coordinatorPartition, cellCutoff, coordinatorsDown, slowCoordinator, agentRestart, rollingRestart, failingDisk];
+export const DRILLS: readonly Drill[] = [
+  leaderKill,
+  leaderPause,
+  coordinatorPartition,
+  cellCutoff,
+  coordinatorsDown,
+  slowCoordinator,
+  agentRestart,
+  rollingRestart,
+  failingDisk,
+];

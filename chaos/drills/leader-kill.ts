@@ -19,7 +19,11 @@ export const leaderKill: Drill = {
     await ctx.d.signalCoordinator(leader, 'SIGKILL');
     const killedAt = ctx.now();
     const next = await ctx.leader(10_000);
-    ctx.check('new leader', next !== leader, `${next} leads ${((ctx.now() - killedAt) / 1000).toFixed(2)} s after the kill`);
+    ctx.check(
+      'new leader',
+      next !== leader,
+      `${next} leads ${((ctx.now() - killedAt) / 1000).toFixed(2)} s after the kill`,
+    );
     heal();
     const healedAt = ctx.now();
     await checkNextGrant(ctx, next, killedAt, leaderKill.recoveryLimitMs);

@@ -22,7 +22,10 @@ export const leaderPause: Drill = {
     const url = ctx.d.adminUrl(leader);
     const pinned = [0, 1, 2, 3, 4, 5].map(async (i) => {
       await ctx.sleep(i * 300);
-      return ctx.admin.write(PINNED_CLIENT, ADMIN_KEYS[i % ADMIN_KEYS.length] as string, url, { timeoutMs: PAUSE_MS + 8000, followRedirects: false });
+      return ctx.admin.write(PINNED_CLIENT, ADMIN_KEYS[i % ADMIN_KEYS.length] as string, url, {
+        timeoutMs: PAUSE_MS + 8000,
+        followRedirects: false,
+      });
     });
     const next = await ctx.leader(10_000);
     ctx.check('new leader while paused', next !== leader, `${next} leads while ${leader} is paused`);
@@ -41,17 +44,29 @@ export const leaderPause: Drill = {
       }
       await ctx.sleep(50);
     }
-    ctx.check('paused leader stepped down', steppedDown !== '', steppedDown || `${leader} still claims leadership 5 s after SIGCONT`);
+    ctx.check(
+      'paused leader stepped down',
+      steppedDown !== '',
+      steppedDown || `${leader} still claims leadership 5 s after SIGCONT`,
+    );
     const outcomes = await Promise.all(pinned);
     const acked = outcomes.filter((o) => o.outcome === 'ok');
-    ctx.check('nothing it took while isolated was acknowledged by it', acked.length === 0,
-      `${outcomes.length} writes sent to ${leader} while paused: ${outcomes.map((o) => `${o.outcome}${o.status === null ? '' : ` ${o.status}`}`).join(', ')}`);
+    ctx.check(
+      'nothing it took while isolated was acknowledged by it',
+      acked.length === 0,
+      `${outcomes.length} writes sent to ${leader} while paused: ${outcomes.map((o) => `${o.outcome}${o.status === null ? '' : ` ${o.status}`}`).join(', ')}`,
+    );
     await ctx.sleep(5000);
     const seen = ctx.admin.valuesRead();
     // A final read of every register, so the check sees the settled state too.
     for (const key of ADMIN_KEYS) await ctx.admin.read(0, key, null);
     const visible = outcomes.filter((o) => ctx.admin.valuesRead().has(o.value) || seen.has(o.value));
-    ctx.check('nothing it took while isolated committed', visible.length === 0,
-      visible.length === 0 ? `none of the ${outcomes.length} values written to the paused leader was ever read` : `values read that only the paused leader took: ${visible.map((o) => o.value).join(', ')}`);
+    ctx.check(
+      'nothing it took while isolated committed',
+      visible.length === 0,
+      visible.length === 0
+        ? `none of the ${outcomes.length} values written to the paused leader was ever read`
+        : `values read that only the paused leader took: ${visible.map((o) => o.value).join(', ')}`,
+    );
   },
 };

@@ -14,7 +14,12 @@ export const rollingRestart: Drill = {
     for (const id of order) {
       const current = await ctx.leader();
       if (id === current) {
-        const r = await fetch(`${ctx.d.adminUrl(id)}/v1/cluster/transfer-leadership`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', signal: AbortSignal.timeout(10_000) });
+        const r = await fetch(`${ctx.d.adminUrl(id)}/v1/cluster/transfer-leadership`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: '{}',
+          signal: AbortSignal.timeout(10_000),
+        });
         const body = await r.text();
         ctx.note(`transfer leadership away from ${id}: ${r.status}`);
         if (r.status !== 200) throw new Error(`transfer-leadership on ${id}: ${r.status} ${body}`);
@@ -29,17 +34,30 @@ export const rollingRestart: Drill = {
       const target = (await ctx.d.clusterViews(1000)).get(lead) as { commitIndex?: number } | null | undefined;
       const until = Date.now() + 30_000;
       for (;;) {
-        const v = (await ctx.d.clusterViews(500)).get(id) as { appliedIndex?: number; leader: string | null } | null | undefined;
-        if (v !== null && v !== undefined && v.leader !== null && (v.appliedIndex ?? 0) >= (target?.commitIndex ?? 0)) break;
+        const v = (await ctx.d.clusterViews(500)).get(id) as
+          { appliedIndex?: number; leader: string | null } | null | undefined;
+        if (v !== null && v !== undefined && v.leader !== null && (v.appliedIndex ?? 0) >= (target?.commitIndex ?? 0))
+          break;
         if (Date.now() > until) throw new Error(`${id} did not catch up within 30 s after its restart`);
         await ctx.sleep(200);
       }
       await ctx.sleep(1000);
     }
     heal();
-    const leases = await Promise.all([...ctx.d.agents.keys()].map(async (c) => ({ c, m: await fetch(`${ctx.d.agentUrl(c)}/metrics`).then((r) => r.text()) })));
-    const expired = leases.filter(({ m }) => /cellquota_agent_lease_changes_total\{state="expired"\} [1-9]/.test(m)).map(({ c }) => c);
-    ctx.check('no lease lapsed during the rolling restart', expired.length === 0, expired.length === 0 ? 'no agent went fail-static' : `fail-static on ${expired.join(', ')}`);
+    const leases = await Promise.all(
+      [...ctx.d.agents.keys()].map(async (c) => ({
+        c,
+        m: await fetch(`${ctx.d.agentUrl(c)}/metrics`).then((r) => r.text()),
+      })),
+    );
+    const expired = leases
+      .filter(({ m }) => /cellquota_agent_lease_changes_total\{state="expired"\} [1-9]/.test(m))
+      .map(({ c }) => c);
+    ctx.check(
+      'no lease lapsed during the rolling restart',
+      expired.length === 0,
+      expired.length === 0 ? 'no agent went fail-static' : `fail-static on ${expired.join(', ')}`,
+    );
     await ctx.sleep(5000);
   },
 };

@@ -15,7 +15,11 @@ export const slowCoordinator: Drill = {
     const at = ctx.now();
     await ctx.sleep(8000);
     const q = await Promise.all([...ctx.d.agents.keys()].map((c) => ctx.d.agentQuota(c, 500)));
-    ctx.check('cells on their floors while the coordinator is slow', q.every((x) => x?.source === 'floor'), `8 s in: ${q.map((x) => x?.source ?? 'no answer').join(', ')}`);
+    ctx.check(
+      'cells on their floors while the coordinator is slow',
+      q.every((x) => x?.source === 'floor'),
+      `8 s in: ${q.map((x) => x?.source ?? 'no answer').join(', ')}`,
+    );
     await ctx.sleep(Math.max(0, 20_000 - (ctx.now() - at)));
     for (const p of links) p.heal();
     heal();

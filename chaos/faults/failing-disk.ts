@@ -34,7 +34,8 @@ export async function buildFailingDisk(outDir: string): Promise<string | null> {
     await run('cc', ['-shared', '-fPIC', '-O2', '-o', so, failingDiskSource, '-ldl'], { timeout: 60_000 });
   } catch (err) {
     const e = err as NodeJS.ErrnoException & { stderr?: string };
-    const reason = e.code === 'ENOENT' ? 'no C compiler (`cc` not found on PATH)' : `cc failed: ${(e.stderr ?? e.message).trim()}`;
+    const reason =
+      e.code === 'ENOENT' ? 'no C compiler (`cc` not found on PATH)' : `cc failed: ${(e.stderr ?? e.message).trim()}`;
     console.warn(`failing-disk: not built: ${reason}`);
     return null;
   }
@@ -46,8 +47,15 @@ export async function buildFailingDisk(outDir: string): Promise<string | null> {
  * this process's environment), the data directory it may fail, the trigger file and the mode.
  * Paths are made absolute: the shim compares them with /proc/self/fd links.
  */
-export function failingDiskEnv(soPath: string, triggerFile: string, mode: FailingDiskMode, dataDir: string): Record<string, string> {
-  const preload = [process.env['LD_PRELOAD'], resolve(soPath)].filter((p): p is string => p !== undefined && p.length > 0).join(':');
+export function failingDiskEnv(
+  soPath: string,
+  triggerFile: string,
+  mode: FailingDiskMode,
+  dataDir: string,
+): Record<string, string> {
+  const preload = [process.env['LD_PRELOAD'], resolve(soPath)]
+    .filter((p): p is string => p !== undefined && p.length > 0)
+    .join(':');
   return {
     LD_PRELOAD: preload,
     FAILING_DISK_DIR: resolve(dataDir),

@@ -12,7 +12,13 @@
 
 import type { CellView, QuotaState, SliceView } from '../ledger/ledger.js';
 import { AllocatorInputError } from './allocator-types.js';
-import type { AllocatorCell, AllocatorInput, AllocatorQuota, AllocatorSlices, AllocatorTuning } from './allocator-types.js';
+import type {
+  AllocatorCell,
+  AllocatorInput,
+  AllocatorQuota,
+  AllocatorSlices,
+  AllocatorTuning,
+} from './allocator-types.js';
 
 /** One cell's part of one quota, as the ledger shows it (a SliceView fits). */
 export interface SliceInput {
@@ -40,7 +46,12 @@ export interface QuotaStateOptions {
 
 /** The allocator's cells from the ledger's `listCells()` (registration order) and this round's reporters. */
 export function allocatorCells(views: readonly CellView[], reported: ReadonlySet<string>): AllocatorCell[] {
-  return views.map((v) => ({ id: v.id, hasFloor: v.slot !== null, reported: reported.has(v.id), leaseExpiresAtMs: v.leaseExpiresAtMs }));
+  return views.map((v) => ({
+    id: v.id,
+    hasFloor: v.slot !== null,
+    reported: reported.has(v.id),
+    leaseExpiresAtMs: v.leaseExpiresAtMs,
+  }));
 }
 
 /** Accumulates quotas into the columnar AllocatorInput (columns grow by doubling). */
@@ -96,7 +107,8 @@ export class AllocatorInputBuilder {
 
   /** Adds a quota; `slices` and `demand` are per cell, in the builder's cell order. */
   addQuota(quota: AllocatorQuota, slices: readonly SliceInput[], demand: ArrayLike<number>): void {
-    if (slices.length !== this.n || demand.length !== this.n) throw new AllocatorInputError(`quota ${quota.key}: expected ${this.n} slices and demands`);
+    if (slices.length !== this.n || demand.length !== this.n)
+      throw new AllocatorInputError(`quota ${quota.key}: expected ${this.n} slices and demands`);
     const base = this.row();
     const c = this.cols;
     for (let i = 0; i < this.n; i++) {
@@ -117,12 +129,14 @@ export class AllocatorInputBuilder {
    * order. With `ackedEpochs`, the slices are counted as after this round's acknowledgements.
    */
   addQuotaState(state: QuotaState, demand: ArrayLike<number>, opts: QuotaStateOptions = {}): void {
-    if (state.cells.length !== this.n) throw new AllocatorInputError(`quota ${state.key}: ${state.cells.length} cells, expected ${this.n}`);
+    if (state.cells.length !== this.n)
+      throw new AllocatorInputError(`quota ${state.key}: ${state.cells.length} cells, expected ${this.n}`);
     let countedRate = state.countedRate;
     let countedBurst = state.countedBurst;
     const acked = opts.ackedEpochs;
     const slices: SliceInput[] = state.cells.map((v: SliceView, i) => {
-      if (v.cellId !== this.cells[i]?.id) throw new AllocatorInputError(`quota ${state.key}: cell ${i} is ${v.cellId}, expected ${this.cells[i]?.id}`);
+      if (v.cellId !== this.cells[i]?.id)
+        throw new AllocatorInputError(`quota ${state.key}: cell ${i} is ${v.cellId}, expected ${this.cells[i]?.id}`);
       const e = acked?.[i];
       if (acked === undefined || v.epoch === 0 || e !== v.epoch || v.acknowledged) return v;
       const floorRate = v.slot === null ? 0 : state.floorRate;
@@ -160,7 +174,14 @@ export class AllocatorInputBuilder {
       countedBurst: c.countedBurst.subarray(0, size),
       demand: c.demand.subarray(0, size),
     };
-    const base = { nowMs: round.nowMs, leaseTtlMs: round.leaseTtlMs, skewMarginMs: round.skewMarginMs, cells: this.cells, quotas: [...this.quotas], slices };
+    const base = {
+      nowMs: round.nowMs,
+      leaseTtlMs: round.leaseTtlMs,
+      skewMarginMs: round.skewMarginMs,
+      cells: this.cells,
+      quotas: [...this.quotas],
+      slices,
+    };
     return round.tuning === undefined ? base : { ...base, tuning: round.tuning };
   }
 }

@@ -96,7 +96,14 @@
 // Figures: bench/allocator.ts.
 
 import { DEFAULT_TUNING } from './allocator-types.js';
-import type { AllocatorCell, AllocatorInput, AllocatorOutput, AllocatorQuota, AllocatorStats, AllocatorTuning } from './allocator-types.js';
+import type {
+  AllocatorCell,
+  AllocatorInput,
+  AllocatorOutput,
+  AllocatorQuota,
+  AllocatorStats,
+  AllocatorTuning,
+} from './allocator-types.js';
 import { CapScratch, capChildren } from './cap-children.js';
 import { Thresholds } from './cell-decision.js';
 import { QuotaReader } from './cell-read.js';
@@ -187,12 +194,20 @@ export function allocateRoundColumns(input: AllocatorInput, workspace: Allocator
  * targets even when every want fits; `localDecisions: false` always takes the staged decisions.
  * Both shortcuts must give output identical to the general, staged code.
  */
-export function allocateRoundWith(input: AllocatorInput, options: { readonly fastPath: boolean; readonly localDecisions: boolean }, workspace: AllocatorWorkspace = new AllocatorWorkspace()): AllocatorOutput {
+export function allocateRoundWith(
+  input: AllocatorInput,
+  options: { readonly fastPath: boolean; readonly localDecisions: boolean },
+  workspace: AllocatorWorkspace = new AllocatorWorkspace(),
+): AllocatorOutput {
   const r = run(input, options, workspace);
   return { grants: r.changes.grants(input), stats: r.stats, unsettled: r.unsettled };
 }
 
-function run(input: AllocatorInput, options: { readonly fastPath: boolean; readonly localDecisions: boolean }, workspace: AllocatorWorkspace): AllocatorColumnsOutput {
+function run(
+  input: AllocatorInput,
+  options: { readonly fastPath: boolean; readonly localDecisions: boolean },
+  workspace: AllocatorWorkspace,
+): AllocatorColumnsOutput {
   const tuning: AllocatorTuning = { ...DEFAULT_TUNING, ...input.tuning };
   const { cells, quotas, slices } = input;
   const n = cells.length;
@@ -284,7 +299,13 @@ function run(input: AllocatorInput, options: { readonly fastPath: boolean; reado
     // target by more than the smallest step (see AllocatorOutput.unsettled).
     const qq = quotas[q] as AllocatorQuota;
     const step = Math.max(tuning.minStepRate, tuning.minStepFraction * qq.rate);
-    if (out.count !== g0 || st.waitingAck !== w0 || st.starved + st.burstShort !== s0 || st.growBlockedRate - b0 >= step) unsettled[q] = 1;
+    if (
+      out.count !== g0 ||
+      st.waitingAck !== w0 ||
+      st.starved + st.burstShort !== s0 ||
+      st.growBlockedRate - b0 >= step
+    )
+      unsettled[q] = 1;
     if (childStart !== null && children !== null) {
       const from = childStart[q] as number;
       const to = childStart[q + 1] as number;

@@ -26,7 +26,15 @@ export const M_SUPPRESS = 6;
 export const M_FOLLOW = 7;
 
 /** The class of a rate move from level `lvl` to target `t` (bound: max(floor, parent's cap)). */
-export function rateMove(lvl: number, t: number, bound: number, pending: boolean, refusing: boolean, thr: number, epsR: number): number {
+export function rateMove(
+  lvl: number,
+  t: number,
+  bound: number,
+  pending: boolean,
+  refusing: boolean,
+  thr: number,
+  epsR: number,
+): number {
   if (lvl > bound + EPS * bound) return M_PARENT;
   if (t < lvl - epsR) return pending ? M_WAIT : lvl - t >= thr ? M_SHRINK : M_SMALL_OVER;
   if (t > lvl + epsR) return refusing || t - lvl >= thr ? M_GROW : M_SUPPRESS;
@@ -34,7 +42,16 @@ export function rateMove(lvl: number, t: number, bound: number, pending: boolean
 }
 
 /** The class of a burst move from `lvlB` to `tb`; `emitting`: the rate goes out in this round. */
-export function burstMove(lvlB: number, tb: number, boundB: number, emitting: boolean, pending: boolean, thrB: number, keep: number, epsB: number): number {
+export function burstMove(
+  lvlB: number,
+  tb: number,
+  boundB: number,
+  emitting: boolean,
+  pending: boolean,
+  thrB: number,
+  keep: number,
+  epsB: number,
+): number {
   if (lvlB > boundB + EPS * boundB) return M_PARENT;
   if (tb < lvlB - epsB) return emitting ? M_FOLLOW : pending ? M_WAIT : lvlB - tb >= thrB ? M_SHRINK : M_SMALL_OVER;
   if (tb > lvlB + epsB) return emitting || tb - lvlB >= thrB || lvlB < keep * tb ? M_GROW : M_NONE;
@@ -82,7 +99,22 @@ export class Thresholds {
  * in the free capacity, nobody ends starved or short of burst, and nothing grows while the quota is
  * over its limit; otherwise returns false having changed nothing the staged decisions read.
  */
-export function localDecisions(sc: Scratch, k: number, t: Float64Array, tb: Float64Array, capR: Float64Array | null, base: number, R: number, B: number, usedR: number, usedB: number, epsR: number, epsB: number, th: Thresholds, st: MutableStats): boolean {
+export function localDecisions(
+  sc: Scratch,
+  k: number,
+  t: Float64Array,
+  tb: Float64Array,
+  capR: Float64Array | null,
+  base: number,
+  R: number,
+  B: number,
+  usedR: number,
+  usedB: number,
+  epsR: number,
+  epsB: number,
+  th: Thresholds,
+  st: MutableStats,
+): boolean {
   const { idx, fl, flb, cur, curb, u, ub, d, capb, nr, nb, flags, lflags } = sc;
   const { thr, thrB, step, stepB, keep } = th;
   let glR = 0; // Σ free levels and Σ targets of the rate and burst growers

@@ -58,7 +58,14 @@ export class GrantColumns {
     const q = this.row[g] as number;
     const c = this.cell[g] as number;
     const epoch = (input.slices.epoch[q * input.cells.length + c] as number) + 1;
-    return { key: (input.quotas[q] as AllocatorQuota).key, cellId: (input.cells[c] as { id: string }).id, rate, burst, epoch, leaseExpiresAtMs: this.leaseExpiresAtMs };
+    return {
+      key: (input.quotas[q] as AllocatorQuota).key,
+      cellId: (input.cells[c] as { id: string }).id,
+      rate,
+      burst,
+      epoch,
+      leaseExpiresAtMs: this.leaseExpiresAtMs,
+    };
   }
 
   /** Every grant as a `Grant`, in order. */

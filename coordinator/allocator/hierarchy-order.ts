@@ -65,7 +65,8 @@ function parentRows(quotas: readonly AllocatorQuota[]): Int32Array {
     const p = (quotas[q] as AllocatorQuota).parent;
     if (p === null) continue;
     const pi = parents.get(p) ?? -1;
-    if (pi < 0) throw new AllocatorInputError(`quota ${(quotas[q] as AllocatorQuota).key}: parent ${p} is not in the round`);
+    if (pi < 0)
+      throw new AllocatorInputError(`quota ${(quotas[q] as AllocatorQuota).key}: parent ${p} is not in the round`);
     parentIdx[q] = pi;
   }
   return parentIdx;

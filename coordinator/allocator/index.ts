@@ -15,6 +15,12 @@ export {
   type AllocatorStats,
   type AllocatorTuning,
 } from './allocator.js';
-export { AllocatorInputBuilder, allocatorCells, type QuotaStateOptions, type RoundParams, type SliceInput } from './allocator-input.js';
+export {
+  AllocatorInputBuilder,
+  allocatorCells,
+  type QuotaStateOptions,
+  type RoundParams,
+  type SliceInput,
+} from './allocator-input.js';
 export { waterFill, WaterFillScratch } from './water-fill.js';
 export { float32Above, float32Below, roundTowards } from './grant-rounding.js';

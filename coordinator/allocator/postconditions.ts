@@ -33,7 +33,9 @@ export function checkQuotaGrants(q: AllocatorQuota, sc: Scratch, k: number, used
     const f = fl[j] as number;
     const fb = flb[j] as number;
     if (!(r >= f - TOL * (f > 1 ? f : 1) && r < Infinity && b >= fb - TOL * (fb > 1 ? fb : 1) && b < Infinity)) {
-      throw new AllocatorInvariantError(`quota ${q.key}: grant ${r}/${b} (rate/burst) is not finite or below the floor ${f}/${fb}`);
+      throw new AllocatorInvariantError(
+        `quota ${q.key}: grant ${r}/${b} (rate/burst) is not finite or below the floor ${f}/${fb}`,
+      );
     }
     const ur = u[j] as number;
     const urb = ub[j] as number;
@@ -43,7 +45,9 @@ export function checkQuotaGrants(q: AllocatorQuota, sc: Scratch, k: number, used
   const freeR = q.rate > usedR ? q.rate - usedR : 0;
   const freeB = q.burst > usedB ? q.burst - usedB : 0;
   if (riseR > freeR + TOL * Math.max(1, q.rate) || riseB > freeB + TOL * Math.max(1, q.burst)) {
-    throw new AllocatorInvariantError(`quota ${q.key}: the grants raise the counted use by ${riseR}/${riseB} (rate/burst), more than the free ${freeR}/${freeB}`);
+    throw new AllocatorInvariantError(
+      `quota ${q.key}: the grants raise the counted use by ${riseR}/${riseB} (rate/burst), more than the free ${freeR}/${freeB}`,
+    );
   }
 }
 
@@ -76,7 +80,9 @@ export function checkChildren(ctx: Ctx, p: number, children: Int32Array): void {
     const capR = Math.max(levelRate[p * n + c] as number, floorR);
     const capB = Math.max(levelBurst[p * n + c] as number, floorB);
     if (sumR > capR * (1 + TOL) + TOL || sumB > capB * (1 + TOL) + TOL) {
-      throw new AllocatorInvariantError(`cap ${(quotas[p] as AllocatorQuota).key} at cell ${ctx.cells[c]?.id ?? c}: its children hold ${sumR}/${sumB} (rate/burst), above its level ${capR}/${capB}`);
+      throw new AllocatorInvariantError(
+        `cap ${(quotas[p] as AllocatorQuota).key} at cell ${ctx.cells[c]?.id ?? c}: its children hold ${sumR}/${sumB} (rate/burst), above its level ${capR}/${capB}`,
+      );
     }
   }
 }

@@ -7,7 +7,21 @@
 import type { AllocatorQuota } from './allocator-types.js';
 import { burstTarget } from './cell-read.js';
 import type { QuotaReader } from './cell-read.js';
-import { M_FOLLOW, M_GROW, M_PARENT, M_SHRINK, M_SMALL_OVER, M_SUPPRESS, M_WAIT, burstMove, freeLevel, growSent, localDecisions, rateMove, starved } from './cell-decision.js';
+import {
+  M_FOLLOW,
+  M_GROW,
+  M_PARENT,
+  M_SHRINK,
+  M_SMALL_OVER,
+  M_SUPPRESS,
+  M_WAIT,
+  burstMove,
+  freeLevel,
+  growSent,
+  localDecisions,
+  rateMove,
+  starved,
+} from './cell-decision.js';
 import type { Thresholds } from './cell-decision.js';
 import { emitQuota } from './grant-output.js';
 import { F_EMIT_BURST, F_EMIT_RATE, F_PENDING, F_REFUSING, F_SMALL_OVER, F_SMALL_OVER_B } from './round-context.js';
@@ -60,7 +74,10 @@ export function allocateQuota(ctx: Ctx, qi: number, rd: QuotaReader, th: Thresho
   // ---- decisions --------------------------------------------------------------------------------
   th.set(ctx.k, q.rate, q.burst);
   // Usually every cell's decision is local (all grows fit), even when the targets needed a split.
-  if (!(ctx.localDecisions && localDecisions(sc, k, t, tb, ctx.capRate, qi * n, q.rate, q.burst, usedR, usedB, rd.epsR, rd.epsB, th, ctx.stats))) {
+  if (!(
+    ctx.localDecisions &&
+    localDecisions(sc, k, t, tb, ctx.capRate, qi * n, q.rate, q.burst, usedR, usedB, rd.epsR, rd.epsB, th, ctx.stats)
+  )) {
     stagedRate(ctx, q, qi * n, k, t, usedR, rd.epsR, th);
     stagedBurst(ctx, q, k, tb, usedB, rd.epsB, th);
   }
@@ -78,7 +95,16 @@ function fillGrows(sc: Scratch, ng: number, limit: number, used: number): void {
 }
 
 /** Rates, in stages: shrinks and grow candidates, the grows water-filled, then starvation. */
-function stagedRate(ctx: Ctx, q: AllocatorQuota, base: number, k: number, t: Float64Array, usedR: number, epsR: number, th: Thresholds): void {
+function stagedRate(
+  ctx: Ctx,
+  q: AllocatorQuota,
+  base: number,
+  k: number,
+  t: Float64Array,
+  usedR: number,
+  epsR: number,
+  th: Thresholds,
+): void {
   const { idx, fl, cur, u, d, nr, flags, gl, gh, go, gi } = ctx.scratch;
   const st = ctx.stats;
   const capR = ctx.capRate;
@@ -150,7 +176,15 @@ function stagedRate(ctx: Ctx, q: AllocatorQuota, base: number, k: number, t: Flo
 }
 
 /** Bursts, in stages, after the rates (a burst follows a rate that goes out anyway). */
-function stagedBurst(ctx: Ctx, q: AllocatorQuota, k: number, tb: Float64Array, usedB: number, epsB: number, th: Thresholds): void {
+function stagedBurst(
+  ctx: Ctx,
+  q: AllocatorQuota,
+  k: number,
+  tb: Float64Array,
+  usedB: number,
+  epsB: number,
+  th: Thresholds,
+): void {
   const { flb, curb, ub, capb, nb, flags, gl, gh, go, gi } = ctx.scratch;
   const st = ctx.stats;
   const overB = usedB > q.burst + epsB; // no burst grows while over the limit (see overR)
@@ -168,7 +202,8 @@ function stagedBurst(ctx: Ctx, q: AllocatorQuota, k: number, tb: Float64Array, u
       nb[j] = tt;
       fg |= F_EMIT_BURST;
       if (m === M_PARENT && !emitting) st.parentShrinks++;
-    } else if (m === M_FOLLOW) nb[j] = tt; // a grant goes out anyway: shrinking its burst costs nothing more
+    } else if (m === M_FOLLOW)
+      nb[j] = tt; // a grant goes out anyway: shrinking its burst costs nothing more
     else if (m === M_SMALL_OVER) fg |= F_SMALL_OVER_B;
     else if (m === M_GROW && !overB) {
       gl[ng] = freeLevel(c0, tt, ub[j] as number);

@@ -1,7 +1,13 @@
 // What one round's steps share: the context (input columns, per-cell flags, the tuning's constants,
 // the output), the per-cell scratch columns, the flag bits and the float tolerance.
 
-import type { AllocatorCell, AllocatorQuota, AllocatorSlices, AllocatorStats, AllocatorTuning } from './allocator-types.js';
+import type {
+  AllocatorCell,
+  AllocatorQuota,
+  AllocatorSlices,
+  AllocatorStats,
+  AllocatorTuning,
+} from './allocator-types.js';
 import type { GrantColumns } from './grant-output.js';
 import { WaterFillScratch } from './water-fill.js';
 

@@ -12,10 +12,13 @@ export function validateInput(input: AllocatorInput, tuning: AllocatorTuning): v
   for (const [name, col] of Object.entries(s) as [string, Float64Array | Uint8Array][]) {
     if (col.length < need) throw new AllocatorInputError(`slices.${name} has ${col.length} entries, expected ${need}`);
   }
-  if (!Number.isFinite(input.nowMs) || !Number.isFinite(input.leaseTtlMs) || input.leaseTtlMs <= 0) throw new AllocatorInputError('nowMs and leaseTtlMs must be finite, leaseTtlMs > 0');
-  if (!Number.isFinite(input.skewMarginMs) || input.skewMarginMs < 0) throw new AllocatorInputError('skewMarginMs must be finite and ≥ 0');
+  if (!Number.isFinite(input.nowMs) || !Number.isFinite(input.leaseTtlMs) || input.leaseTtlMs <= 0)
+    throw new AllocatorInputError('nowMs and leaseTtlMs must be finite, leaseTtlMs > 0');
+  if (!Number.isFinite(input.skewMarginMs) || input.skewMarginMs < 0)
+    throw new AllocatorInputError('skewMarginMs must be finite and ≥ 0');
   for (const [k, v] of Object.entries(tuning)) {
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new AllocatorInputError(`tuning.${k} must be a finite number ≥ 0`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0)
+      throw new AllocatorInputError(`tuning.${k} must be a finite number ≥ 0`);
   }
   if (tuning.headroomFactor < 1) throw new AllocatorInputError('tuning.headroomFactor must be ≥ 1');
   if (tuning.starveTolerance >= 1) throw new AllocatorInputError('tuning.starveTolerance must be < 1');

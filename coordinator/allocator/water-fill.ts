@@ -49,7 +49,14 @@ function sortPrefix(a: Float64Array, n: number): void {
  * Max-min fair split of `total` over the intervals [lo[i], hi[i]], i < n (lo[i] ≤ hi[i], all finite
  * and ≥ 0). Writes the shares to `out` (which may alias `hi` but not `lo`) and returns Σ out.
  */
-export function waterFill(lo: Float64Array, hi: Float64Array, n: number, total: number, out: Float64Array, scratch: WaterFillScratch): number {
+export function waterFill(
+  lo: Float64Array,
+  hi: Float64Array,
+  n: number,
+  total: number,
+  out: Float64Array,
+  scratch: WaterFillScratch,
+): number {
   let sumLo = 0;
   let sumHi = 0;
   for (let i = 0; i < n; i++) {
@@ -90,7 +97,14 @@ export function waterFill(lo: Float64Array, hi: Float64Array, n: number, total: 
 }
 
 /** The level by sorting the breakpoints and walking them (small n). */
-function walkLevel(lo: Float64Array, hi: Float64Array, n: number, total: number, sumLo: number, scratch: WaterFillScratch): number {
+function walkLevel(
+  lo: Float64Array,
+  hi: Float64Array,
+  n: number,
+  total: number,
+  sumLo: number,
+  scratch: WaterFillScratch,
+): number {
   scratch.ensure(n);
   const los = scratch.los;
   const his = scratch.his;
@@ -135,7 +149,14 @@ function walkLevel(lo: Float64Array, hi: Float64Array, n: number, total: number,
  * The level by safeguarded Newton steps on S(λ) = Σ clamp(λ, lo, hi) (large n). Σ lo < total < Σ hi.
  * Stops when S is within a relative 1e-13 of total or the bracket cannot shrink any more.
  */
-function newtonLevel(lo: Float64Array, hi: Float64Array, n: number, total: number, sumLo: number, sumHi: number): number {
+function newtonLevel(
+  lo: Float64Array,
+  hi: Float64Array,
+  n: number,
+  total: number,
+  sumLo: number,
+  sumHi: number,
+): number {
   let a = Infinity; // S(a) ≤ total
   let b = -Infinity; // S(b) ≥ total
   for (let i = 0; i < n; i++) {

@@ -7,7 +7,12 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
-import { MAX_NAME_LENGTH, MAX_TENANTS_PER_BATCH, unknownTenantPolicySchema, tenantRecordSchema } from '../ledger/ledger-commands.js';
+import {
+  MAX_NAME_LENGTH,
+  MAX_TENANTS_PER_BATCH,
+  unknownTenantPolicySchema,
+  tenantRecordSchema,
+} from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
 import type { Ledger, LedgerResult, LedgerValue } from '../ledger/ledger.js';
 import { MAX_PAGE_LIMIT } from '../ledger/ledger.js';
@@ -77,11 +82,20 @@ class ApiError extends CellquotaError {
   }
 }
 
-const nameParam = z.string().min(1).max(MAX_NAME_LENGTH).regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
+const nameParam = z
+  .string()
+  .min(1)
+  .max(MAX_NAME_LENGTH)
+  .regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
 const tierBody = z.strictObject({
   rate: z.number().gt(0).describe('tokens per second'),
   burst: z.number().min(1),
-  floorFraction: z.number().min(0).max(1).optional().describe('share of the quota split evenly over the cells as their static floors'),
+  floorFraction: z
+    .number()
+    .min(0)
+    .max(1)
+    .optional()
+    .describe('share of the quota split evenly over the cells as their static floors'),
 });
 const tenantBody = z.strictObject({
   tier: nameParam,
@@ -92,10 +106,16 @@ const tenantBody = z.strictObject({
 export const MAX_TENANT_BATCH_BODY_BYTES = 2 * 1024 * 1024;
 /** The items are checked one by one (a bad one is reported, the others apply), so only the array is checked here. */
 const tenantBatchBody = z.strictObject({
-  tenants: z.array(z.unknown()).min(1).max(MAX_TENANTS_PER_BATCH).describe(`1..${MAX_TENANTS_PER_BATCH} tenants, each {"id", "tier", "rate"?, "burst"?}`),
+  tenants: z
+    .array(z.unknown())
+    .min(1)
+    .max(MAX_TENANTS_PER_BATCH)
+    .describe(`1..${MAX_TENANTS_PER_BATCH} tenants, each {"id", "tier", "rate"?, "burst"?}`),
 });
 const settingsBody = z.strictObject({
-  unknownTenant: unknownTenantPolicySchema.describe('what every agent does with a tenant the coordinators do not hold: deny (refuse its checks), allow (no tenant level) or tier:NAME (the quota of tier NAME, granted and counted as a tenant of that tier)'),
+  unknownTenant: unknownTenantPolicySchema.describe(
+    'what every agent does with a tenant the coordinators do not hold: deny (refuse its checks), allow (no tenant level) or tier:NAME (the quota of tier NAME, granted and counted as a tenant of that tier)',
+  ),
 });
 const listQuery = z.strictObject({
   stale: z.enum(['true', 'false']).optional(),
@@ -104,7 +124,13 @@ const listQuery = z.strictObject({
 });
 const readQuery = z.strictObject({ stale: z.enum(['true', 'false']).optional() });
 const transferBody = z.strictObject({ to: nameParam.optional() }).nullish();
-const memberBody = z.strictObject({ address: z.string().min(3).max(300).regex(/^[^\s:]+:\d{1,5}$/, 'HOST:PORT') });
+const memberBody = z.strictObject({
+  address: z
+    .string()
+    .min(3)
+    .max(300)
+    .regex(/^[^\s:]+:\d{1,5}$/, 'HOST:PORT'),
+});
 // Built once: a zod schema built per request costs ~50 µs (v4 compiles object schemas on first use).
 const idParams = z.object({ id: nameParam });
 const nameParams = z.object({ name: nameParam });
@@ -117,7 +143,11 @@ const sessionHeaders = z.object({
 function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
   const r = schema.safeParse(value);
   if (!r.success) {
-    throw new ApiError('INVALID', `invalid ${what}`, r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })));
+    throw new ApiError(
+      'INVALID',
+      `invalid ${what}`,
+      r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
+    );
   }
   return r.data;
 }
@@ -132,27 +162,51 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   app.setErrorHandler((err: unknown, req, reply) => {
     if (err instanceof ApiError) return sendError(reply, err);
     const e = err as { statusCode?: number; code?: string; message?: string };
-    if (e.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || e.statusCode === 413) return sendError(reply, new ApiError('PAYLOAD_TOO_LARGE', `request body over ${req.routeOptions.bodyLimit ?? opts.bodyLimitBytes ?? 64 * 1024} bytes`));
-    if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) return sendError(reply, new ApiError('INVALID', e.message ?? 'bad request'));
+    if (e.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || e.statusCode === 413)
+      return sendError(
+        reply,
+        new ApiError(
+          'PAYLOAD_TOO_LARGE',
+          `request body over ${req.routeOptions.bodyLimit ?? opts.bodyLimitBytes ?? 64 * 1024} bytes`,
+        ),
+      );
+    if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500)
+      return sendError(reply, new ApiError('INVALID', e.message ?? 'bad request'));
     if (err instanceof NotLeaderError) return redirectToLeader(req, reply, err.leader);
-    if (err instanceof RaftRequestError) return sendError(reply, new ApiError(err.code === 'TIMEOUT' ? 'TIMEOUT' : 'UNAVAILABLE', err.message));
+    if (err instanceof RaftRequestError)
+      return sendError(reply, new ApiError(err.code === 'TIMEOUT' ? 'TIMEOUT' : 'UNAVAILABLE', err.message));
     log.error({ err, url: req.url }, 'admin request failed');
     return sendError(reply, new ApiError('INTERNAL', 'internal error'));
   });
 
   function sendError(reply: FastifyReply, err: ApiError): FastifyReply {
-    return reply.code(adminErrorCodes[err.code]).send({ error: err.code, message: err.message, ...(err.details === undefined ? {} : { details: err.details }) });
+    return reply
+      .code(adminErrorCodes[err.code])
+      .send({ error: err.code, message: err.message, ...(err.details === undefined ? {} : { details: err.details }) });
   }
 
   function redirectToLeader(req: FastifyRequest, reply: FastifyReply, leader: NodeId | null): FastifyReply {
     const base = leader === null ? null : opts.adminUrlOf(leader);
     if (leader === null || base === null) {
-      return sendError(reply, new ApiError('NO_LEADER', leader === null ? 'no leader is known right now; retry shortly' : `the leader is ${leader} but its admin URL is unknown`, { leader }));
+      return sendError(
+        reply,
+        new ApiError(
+          'NO_LEADER',
+          leader === null
+            ? 'no leader is known right now; retry shortly'
+            : `the leader is ${leader} but its admin URL is unknown`,
+          { leader },
+        ),
+      );
     }
     return reply
       .code(307)
       .header('location', `${base}${req.url}`)
-      .send({ error: 'NOT_LEADER', message: `writes go to the leader ${leader}`, details: { leader, location: `${base}${req.url}` } });
+      .send({
+        error: 'NOT_LEADER',
+        message: `writes go to the leader ${leader}`,
+        details: { leader, location: `${base}${req.url}` },
+      });
   }
 
   function authorize(req: FastifyRequest, write: boolean): void {
@@ -167,7 +221,8 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     const clientId = h['x-client-id'];
     const seq = h['x-request-seq'];
     if (clientId === undefined && seq === undefined) return {};
-    if (clientId === undefined || seq === undefined) throw new ApiError('INVALID', 'X-Client-Id and X-Request-Seq go together');
+    if (clientId === undefined || seq === undefined)
+      throw new ApiError('INVALID', 'X-Client-Id and X-Request-Seq go together');
     return { session: { clientId, seq } };
   }
 
@@ -187,7 +242,10 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     try {
       return await backend.read(fn, stale);
     } catch (err) {
-      if (err instanceof NotLeaderError) throw new ApiError('NO_LEADER', 'no leader could confirm this read; retry, or use ?stale=true', { leader: err.leader });
+      if (err instanceof NotLeaderError)
+        throw new ApiError('NO_LEADER', 'no leader could confirm this read; retry, or use ?stale=true', {
+          leader: err.leader,
+        });
       throw err;
     }
   }
@@ -195,187 +253,305 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   class RepliedAlready extends CellquotaError {
     readonly code = 'ADMIN_REPLIED';
   }
-  const guard = <T>(fn: (req: FastifyRequest, reply: FastifyReply) => Promise<T>) => async (req: FastifyRequest, reply: FastifyReply): Promise<T | FastifyReply> => {
-    try {
-      return await fn(req, reply);
-    } catch (err) {
-      if (err instanceof RepliedAlready) return reply;
-      throw err;
-    }
-  };
+  const guard =
+    <T>(fn: (req: FastifyRequest, reply: FastifyReply) => Promise<T>) =>
+    async (req: FastifyRequest, reply: FastifyReply): Promise<T | FastifyReply> => {
+      try {
+        return await fn(req, reply);
+      } catch (err) {
+        if (err instanceof RepliedAlready) return reply;
+        throw err;
+      }
+    };
 
   // ---- cluster -------------------------------------------------------------------------------
-  app.get('/v1/cluster', guard(async (req) => {
-    authorize(req, false);
-    const q = parse(readQuery, req.query, 'query');
-    // A linearizable status read confirms that the leader named here still leads.
-    if (q.stale !== 'true' && backend.leaderId() !== null) await read(req, false, () => null).catch(() => undefined);
-    const c = backend.cluster();
-    return { leader: c.leader, term: c.term, commitIndex: c.commitIndex, appliedIndex: c.appliedIndex, self: c.id, role: c.role, votingRefused: c.votingRefused, members: c.members.map((m) => ({ ...m, adminUrl: opts.adminUrlOf(m.id) })) };
-  }));
-  app.post('/v1/cluster/transfer-leadership', guard(async (req, reply) => {
-    authorize(req, true);
-    const body = parse(transferBody, req.body, 'body');
-    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-    const to = await backend.transferLeadership(body?.to ?? null).catch((e: unknown) => {
-      throw new ApiError('CONFLICT', e instanceof Error ? e.message : String(e));
-    });
-    return { transferringTo: to };
-  }));
-  app.put('/v1/members/:id', guard(async (req, reply) => {
-    authorize(req, true);
-    const { id } = parse(idParams, req.params, 'path');
-    const body = parse(memberBody, req.body, 'body');
-    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-    await membership(backend, { op: 'add-learner', node: id, context: body.address });
-    await waitCaughtUp(backend, id);
-    await membership(backend, { op: 'promote', node: id });
-    return { member: id, address: body.address, voter: true };
-  }));
-  app.delete('/v1/members/:id', guard(async (req, reply) => {
-    authorize(req, true);
-    const { id } = parse(idParams, req.params, 'path');
-    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-    await membership(backend, { op: 'remove', node: id });
-    return { removed: id };
-  }));
-  app.post('/v1/members/:id/replace', guard(async (req, reply) => {
-    authorize(req, true);
-    const { id } = parse(idParams, req.params, 'path');
-    const body = parse(memberBody, req.body, 'body');
-    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-    if (id === backend.leaderId()) throw new ApiError('CONFLICT', `${id} is the leader: transfer leadership first (POST /v1/cluster/transfer-leadership)`);
-    await membership(backend, { op: 'remove', node: id });
-    // The cluster forgets the old data directory; the new one records itself when it starts.
-    await backend.recordIncarnation(id, null);
-    await membership(backend, { op: 'add-learner', node: id, context: body.address });
-    await waitCaughtUp(backend, id);
-    await membership(backend, { op: 'promote', node: id });
-    // Move to a new term, so no vote the lost data directory may have cast can count again.
-    const other = backend.cluster().members.find((m) => m.voter && m.id !== id && m.id !== backend.leaderId());
-    if (other !== undefined) await backend.transferLeadership(other.id).catch(() => undefined);
-    return { replaced: id, address: body.address };
-  }));
+  app.get(
+    '/v1/cluster',
+    guard(async (req) => {
+      authorize(req, false);
+      const q = parse(readQuery, req.query, 'query');
+      // A linearizable status read confirms that the leader named here still leads.
+      if (q.stale !== 'true' && backend.leaderId() !== null) await read(req, false, () => null).catch(() => undefined);
+      const c = backend.cluster();
+      return {
+        leader: c.leader,
+        term: c.term,
+        commitIndex: c.commitIndex,
+        appliedIndex: c.appliedIndex,
+        self: c.id,
+        role: c.role,
+        votingRefused: c.votingRefused,
+        members: c.members.map((m) => ({ ...m, adminUrl: opts.adminUrlOf(m.id) })),
+      };
+    }),
+  );
+  app.post(
+    '/v1/cluster/transfer-leadership',
+    guard(async (req, reply) => {
+      authorize(req, true);
+      const body = parse(transferBody, req.body, 'body');
+      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      const to = await backend.transferLeadership(body?.to ?? null).catch((e: unknown) => {
+        throw new ApiError('CONFLICT', e instanceof Error ? e.message : String(e));
+      });
+      return { transferringTo: to };
+    }),
+  );
+  app.put(
+    '/v1/members/:id',
+    guard(async (req, reply) => {
+      authorize(req, true);
+      const { id } = parse(idParams, req.params, 'path');
+      const body = parse(memberBody, req.body, 'body');
+      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      await membership(backend, { op: 'add-learner', node: id, context: body.address });
+      await waitCaughtUp(backend, id);
+      await membership(backend, { op: 'promote', node: id });
+      return { member: id, address: body.address, voter: true };
+    }),
+  );
+  app.delete(
+    '/v1/members/:id',
+    guard(async (req, reply) => {
+      authorize(req, true);
+      const { id } = parse(idParams, req.params, 'path');
+      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      await membership(backend, { op: 'remove', node: id });
+      return { removed: id };
+    }),
+  );
+  app.post(
+    '/v1/members/:id/replace',
+    guard(async (req, reply) => {
+      authorize(req, true);
+      const { id } = parse(idParams, req.params, 'path');
+      const body = parse(memberBody, req.body, 'body');
+      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      if (id === backend.leaderId())
+        throw new ApiError(
+          'CONFLICT',
+          `${id} is the leader: transfer leadership first (POST /v1/cluster/transfer-leadership)`,
+        );
+      await membership(backend, { op: 'remove', node: id });
+      // The cluster forgets the old data directory; the new one records itself when it starts.
+      await backend.recordIncarnation(id, null);
+      await membership(backend, { op: 'add-learner', node: id, context: body.address });
+      await waitCaughtUp(backend, id);
+      await membership(backend, { op: 'promote', node: id });
+      // Move to a new term, so no vote the lost data directory may have cast can count again.
+      const other = backend.cluster().members.find((m) => m.voter && m.id !== id && m.id !== backend.leaderId());
+      if (other !== undefined) await backend.transferLeadership(other.id).catch(() => undefined);
+      return { replaced: id, address: body.address };
+    }),
+  );
 
   // ---- internal: member incarnations (wiped-data-directory detection) ---------------------------
-  app.get('/v1/internal/incarnations', guard(async (req) => {
-    authorize(req, false);
-    const q = parse(readQuery, req.query, 'query');
-    const incarnations = await read(req, q.stale === 'true', () => backend.incarnations());
-    return { incarnations };
-  }));
-  app.put('/v1/internal/incarnations/:id', guard(async (req, reply) => {
-    const { id } = parse(idParams, req.params, 'path');
-    const body = parse(incarnationBody, req.body, 'body');
-    if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-    const known = backend.incarnations()[id];
-    if (known !== undefined && known !== body.incarnation) throw new ApiError('CONFLICT', `the cluster knows ${id} with another data directory; replace the member first`);
-    await backend.recordIncarnation(id, body.incarnation);
-    return { member: id, incarnation: body.incarnation };
-  }));
+  app.get(
+    '/v1/internal/incarnations',
+    guard(async (req) => {
+      authorize(req, false);
+      const q = parse(readQuery, req.query, 'query');
+      const incarnations = await read(req, q.stale === 'true', () => backend.incarnations());
+      return { incarnations };
+    }),
+  );
+  app.put(
+    '/v1/internal/incarnations/:id',
+    guard(async (req, reply) => {
+      const { id } = parse(idParams, req.params, 'path');
+      const body = parse(incarnationBody, req.body, 'body');
+      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      const known = backend.incarnations()[id];
+      if (known !== undefined && known !== body.incarnation)
+        throw new ApiError('CONFLICT', `the cluster knows ${id} with another data directory; replace the member first`);
+      await backend.recordIncarnation(id, body.incarnation);
+      return { member: id, incarnation: body.incarnation };
+    }),
+  );
 
   // ---- tiers ---------------------------------------------------------------------------------
-  app.put('/v1/tiers/:name', guard(async (req, reply) => {
-    const { name } = parse(nameParams, req.params, 'path');
-    const body = parse(tierBody, req.body, 'body');
-    return write(req, reply, { type: 'putTier', name, rate: body.rate, burst: body.burst, ...(body.floorFraction === undefined ? {} : { floorFraction: body.floorFraction }), ...session(req) });
-  }));
-  app.get('/v1/tiers/:name', guard(async (req) => {
-    const { name } = parse(nameParams, req.params, 'path');
-    const q = parse(readQuery, req.query, 'query');
-    const tier = await read(req, q.stale === 'true', (l) => l.getTier(name));
-    if (tier === undefined) throw new ApiError('NOT_FOUND', `no tier '${name}'`);
-    return tier;
-  }));
-  app.get('/v1/tiers', guard(async (req) => {
-    const q = parse(readQuery, req.query, 'query');
-    return { tiers: await read(req, q.stale === 'true', (l) => l.listTiers()) };
-  }));
-  app.delete('/v1/tiers/:name', guard(async (req, reply) => {
-    const { name } = parse(nameParams, req.params, 'path');
-    await write(req, reply, { type: 'deleteTier', name, ...session(req) });
-    return { deleted: name };
-  }));
+  app.put(
+    '/v1/tiers/:name',
+    guard(async (req, reply) => {
+      const { name } = parse(nameParams, req.params, 'path');
+      const body = parse(tierBody, req.body, 'body');
+      return write(req, reply, {
+        type: 'putTier',
+        name,
+        rate: body.rate,
+        burst: body.burst,
+        ...(body.floorFraction === undefined ? {} : { floorFraction: body.floorFraction }),
+        ...session(req),
+      });
+    }),
+  );
+  app.get(
+    '/v1/tiers/:name',
+    guard(async (req) => {
+      const { name } = parse(nameParams, req.params, 'path');
+      const q = parse(readQuery, req.query, 'query');
+      const tier = await read(req, q.stale === 'true', (l) => l.getTier(name));
+      if (tier === undefined) throw new ApiError('NOT_FOUND', `no tier '${name}'`);
+      return tier;
+    }),
+  );
+  app.get(
+    '/v1/tiers',
+    guard(async (req) => {
+      const q = parse(readQuery, req.query, 'query');
+      return { tiers: await read(req, q.stale === 'true', (l) => l.listTiers()) };
+    }),
+  );
+  app.delete(
+    '/v1/tiers/:name',
+    guard(async (req, reply) => {
+      const { name } = parse(nameParams, req.params, 'path');
+      await write(req, reply, { type: 'deleteTier', name, ...session(req) });
+      return { deleted: name };
+    }),
+  );
 
   // ---- tenants -------------------------------------------------------------------------------
-  app.put('/v1/tenants/:id', guard(async (req, reply) => {
-    const { id } = parse(idParams, req.params, 'path');
-    const body = parse(tenantBody, req.body, 'body');
-    return write(req, reply, { type: 'putTenant', id, tier: body.tier, ...(body.rate === undefined ? {} : { rate: body.rate }), ...(body.burst === undefined ? {} : { burst: body.burst }), ...session(req) });
-  }));
-  app.get('/v1/tenants/:id', guard(async (req) => {
-    const { id } = parse(idParams, req.params, 'path');
-    const q = parse(readQuery, req.query, 'query');
-    const t = await read(req, q.stale === 'true', (l) => l.getTenant(id));
-    if (t === undefined) throw new ApiError('NOT_FOUND', `no tenant '${id}'`);
-    return t;
-  }));
-  app.get('/v1/tenants', guard(async (req) => {
-    const q = parse(listQuery, req.query, 'query');
-    return read(req, q.stale === 'true', (l) => l.listTenants({ ...(q.cursor === undefined ? {} : { cursor: q.cursor }), ...(q.limit === undefined ? {} : { limit: q.limit }) }));
-  }));
+  app.put(
+    '/v1/tenants/:id',
+    guard(async (req, reply) => {
+      const { id } = parse(idParams, req.params, 'path');
+      const body = parse(tenantBody, req.body, 'body');
+      return write(req, reply, {
+        type: 'putTenant',
+        id,
+        tier: body.tier,
+        ...(body.rate === undefined ? {} : { rate: body.rate }),
+        ...(body.burst === undefined ? {} : { burst: body.burst }),
+        ...session(req),
+      });
+    }),
+  );
+  app.get(
+    '/v1/tenants/:id',
+    guard(async (req) => {
+      const { id } = parse(idParams, req.params, 'path');
+      const q = parse(readQuery, req.query, 'query');
+      const t = await read(req, q.stale === 'true', (l) => l.getTenant(id));
+      if (t === undefined) throw new ApiError('NOT_FOUND', `no tenant '${id}'`);
+      return t;
+    }),
+  );
+  app.get(
+    '/v1/tenants',
+    guard(async (req) => {
+      const q = parse(listQuery, req.query, 'query');
+      return read(req, q.stale === 'true', (l) =>
+        l.listTenants({
+          ...(q.cursor === undefined ? {} : { cursor: q.cursor }),
+          ...(q.limit === undefined ? {} : { limit: q.limit }),
+        }),
+      );
+    }),
+  );
   // Many tenants in one Raft entry (bulk import, `cellquota ctl tenants import`). Each item is
   // validated on its own: a bad one is reported with its position and changes nothing, the rest apply.
-  app.post('/v1/tenants', { bodyLimit: MAX_TENANT_BATCH_BODY_BYTES }, guard(async (req, reply) => {
-    authorize(req, true);
-    const body = parse(tenantBatchBody, req.body, 'body');
-    const failed: { index: number; id: string | null; error: AdminErrorCode; message: string }[] = [];
-    const valid: z.output<typeof tenantRecordSchema>[] = [];
-    const positions: number[] = [];
-    for (const [index, item] of body.tenants.entries()) {
-      const r = tenantRecordSchema.safeParse(item);
-      if (r.success) {
-        valid.push(r.data);
-        positions.push(index);
-      } else {
-        const id = typeof item === 'object' && item !== null && typeof (item as { id?: unknown }).id === 'string' ? (item as { id: string }).id.slice(0, MAX_NAME_LENGTH) : null;
-        failed.push({ index, id, error: 'INVALID', message: r.error.issues.slice(0, 3).map((i) => `${i.path.length > 0 ? i.path.join('.') : '(item)'}: ${i.message}`).join('; ') });
+  app.post(
+    '/v1/tenants',
+    { bodyLimit: MAX_TENANT_BATCH_BODY_BYTES },
+    guard(async (req, reply) => {
+      authorize(req, true);
+      const body = parse(tenantBatchBody, req.body, 'body');
+      const failed: { index: number; id: string | null; error: AdminErrorCode; message: string }[] = [];
+      const valid: z.output<typeof tenantRecordSchema>[] = [];
+      const positions: number[] = [];
+      for (const [index, item] of body.tenants.entries()) {
+        const r = tenantRecordSchema.safeParse(item);
+        if (r.success) {
+          valid.push(r.data);
+          positions.push(index);
+        } else {
+          const id =
+            typeof item === 'object' && item !== null && typeof (item as { id?: unknown }).id === 'string'
+              ? (item as { id: string }).id.slice(0, MAX_NAME_LENGTH)
+              : null;
+          failed.push({
+            index,
+            id,
+            error: 'INVALID',
+            message: r.error.issues
+              .slice(0, 3)
+              .map((i) => `${i.path.length > 0 ? i.path.join('.') : '(item)'}: ${i.message}`)
+              .join('; '),
+          });
+        }
       }
-    }
-    let counts = { created: 0, updated: 0, unchanged: 0 };
-    if (valid.length > 0) {
-      const v = await write(req, reply, { type: 'putTenants', tenants: valid, ...session(req) });
-      if (v.kind !== 'tenants') throw new Error(`putTenants answered ${v.kind}`);
-      counts = { created: v.created, updated: v.updated, unchanged: v.unchanged };
-      for (const f of v.failed) failed.push({ index: positions[f.index] ?? -1, id: f.id, error: f.code, message: f.message });
-    }
-    failed.sort((a, b) => a.index - b.index);
-    return { ...counts, failed };
-  }));
-  app.delete('/v1/tenants/:id', guard(async (req, reply) => {
-    const { id } = parse(idParams, req.params, 'path');
-    await write(req, reply, { type: 'deleteTenant', id, ...session(req) });
-    return { deleted: id };
-  }));
+      let counts = { created: 0, updated: 0, unchanged: 0 };
+      if (valid.length > 0) {
+        const v = await write(req, reply, { type: 'putTenants', tenants: valid, ...session(req) });
+        if (v.kind !== 'tenants') throw new Error(`putTenants answered ${v.kind}`);
+        counts = { created: v.created, updated: v.updated, unchanged: v.unchanged };
+        for (const f of v.failed)
+          failed.push({ index: positions[f.index] ?? -1, id: f.id, error: f.code, message: f.message });
+      }
+      failed.sort((a, b) => a.index - b.index);
+      return { ...counts, failed };
+    }),
+  );
+  app.delete(
+    '/v1/tenants/:id',
+    guard(async (req, reply) => {
+      const { id } = parse(idParams, req.params, 'path');
+      await write(req, reply, { type: 'deleteTenant', id, ...session(req) });
+      return { deleted: id };
+    }),
+  );
 
   // ---- settings (what every agent follows) ----------------------------------------------------
-  app.get('/v1/settings', guard(async (req) => {
-    const q = parse(readQuery, req.query, 'query');
-    return read(req, q.stale === 'true', (l) => l.settings);
-  }));
-  app.put('/v1/settings', guard(async (req, reply) => {
-    const body = parse(settingsBody, req.body, 'body');
-    const v = await write(req, reply, { type: 'putSettings', unknownTenant: body.unknownTenant, ...session(req) });
-    return v.kind === 'settings' ? v.settings : v;
-  }));
+  app.get(
+    '/v1/settings',
+    guard(async (req) => {
+      const q = parse(readQuery, req.query, 'query');
+      return read(req, q.stale === 'true', (l) => l.settings);
+    }),
+  );
+  app.put(
+    '/v1/settings',
+    guard(async (req, reply) => {
+      const body = parse(settingsBody, req.body, 'body');
+      const v = await write(req, reply, { type: 'putSettings', unknownTenant: body.unknownTenant, ...session(req) });
+      return v.kind === 'settings' ? v.settings : v;
+    }),
+  );
 
   // ---- cells ---------------------------------------------------------------------------------
-  app.get('/v1/cells', guard(async (req) => {
-    const q = parse(readQuery, req.query, 'query');
-    const cells = await read(req, q.stale === 'true', (l) => l.listCells());
-    const t = now();
-    return { cells: cells.map((c) => ({ id: c.id, lastReportAt: iso(c.lastReportAtMs), leaseExpiresAt: iso(c.leaseExpiresAtMs), leaseLive: c.leaseLive && (c.leaseExpiresAtMs ?? 0) > t, slot: c.slot, registeredAt: iso(c.registeredAtMs), removing: c.removing })) };
-  }));
+  app.get(
+    '/v1/cells',
+    guard(async (req) => {
+      const q = parse(readQuery, req.query, 'query');
+      const cells = await read(req, q.stale === 'true', (l) => l.listCells());
+      const t = now();
+      return {
+        cells: cells.map((c) => ({
+          id: c.id,
+          lastReportAt: iso(c.lastReportAtMs),
+          leaseExpiresAt: iso(c.leaseExpiresAtMs),
+          leaseLive: c.leaseLive && (c.leaseExpiresAtMs ?? 0) > t,
+          slot: c.slot,
+          registeredAt: iso(c.registeredAtMs),
+          removing: c.removing,
+        })),
+      };
+    }),
+  );
   // Deregisters a cell (through Raft): no more leases; dropped with its slices, its floor slot freed,
   // once its lease is over (at once when it has none). It carries the ledger's own time: only the
   // lease service moves that clock (leader-clock.ts), so this can release no lease early.
-  app.delete('/v1/cells/:id', guard(async (req, reply) => {
-    const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
-    const nowMs = await read(req, true, (l) => l.nowMs);
-    const v = await write(req, reply, { type: 'removeCell', cellId: id, nowMs, ...session(req) });
-    if (v.kind !== 'cellRemoved') throw new Error(`removeCell answered ${v.kind}`);
-    return { removed: v.id, dropped: v.dropped, leaseExpiresAt: iso(v.leaseExpiresAtMs), freedSlot: v.freedSlot };
-  }));
+  app.delete(
+    '/v1/cells/:id',
+    guard(async (req, reply) => {
+      const { id } = parse(z.object({ id: nameParam }), req.params, 'path');
+      const nowMs = await read(req, true, (l) => l.nowMs);
+      const v = await write(req, reply, { type: 'removeCell', cellId: id, nowMs, ...session(req) });
+      if (v.kind !== 'cellRemoved') throw new Error(`removeCell answered ${v.kind}`);
+      return { removed: v.id, dropped: v.dropped, leaseExpiresAt: iso(v.leaseExpiresAtMs), freedSlot: v.freedSlot };
+    }),
+  );
 
   // ---- operations ----------------------------------------------------------------------------
   app.get('/healthz', (_req, reply) => {
@@ -386,11 +562,21 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   app.get('/readyz', (_req, reply) => {
     const c = backend.cluster();
     const ready = backend.failure() === null && c.leader !== null && !c.votingRefused;
-    return reply.code(ready ? 200 : 503).send({ ready, leader: c.leader, term: c.term, votingRefused: c.votingRefused });
+    return reply
+      .code(ready ? 200 : 503)
+      .send({ ready, leader: c.leader, term: c.term, votingRefused: c.votingRefused });
   });
-  app.get('/metrics', async (_req, reply) => reply.header('content-type', registry.contentType).send(await registry.metrics()));
+  app.get('/metrics', async (_req, reply) =>
+    reply.header('content-type', registry.contentType).send(await registry.metrics()),
+  );
   // ---- the live view -----------------------------------------------------------------------------
-  registerUiRoutes(app, { backend, adminUrlOf: opts.adminUrlOf, now, ...(opts.token === undefined ? {} : { token: opts.token }), ...(opts.traffic === undefined ? {} : { traffic: opts.traffic }) });
+  registerUiRoutes(app, {
+    backend,
+    adminUrlOf: opts.adminUrlOf,
+    now,
+    ...(opts.token === undefined ? {} : { token: opts.token }),
+    ...(opts.traffic === undefined ? {} : { traffic: opts.traffic }),
+  });
 
   const openApi = openApiDocument();
   app.get('/docs/json', (_req, reply) => reply.send(openApi));
@@ -414,7 +600,11 @@ async function waitCaughtUp(backend: AdminBackend, id: NodeId, timeoutMs = 30_00
     const c = backend.cluster();
     const m = c.members.find((x) => x.id === id);
     if (m?.match !== null && m?.match !== undefined && m.match >= c.commitIndex) return;
-    if (Date.now() > deadline) throw new ApiError('TIMEOUT', `${id} did not catch up within ${timeoutMs} ms; it stays a learner (is it running with --join?)`);
+    if (Date.now() > deadline)
+      throw new ApiError(
+        'TIMEOUT',
+        `${id} did not catch up within ${timeoutMs} ms; it stays a learner (is it running with --join?)`,
+      );
     await new Promise((r) => setTimeout(r, 50));
   }
 }
@@ -425,10 +615,35 @@ function iso(ms: number | null): string | null {
 
 function openApiDocument(): Record<string, unknown> {
   const json = (s: z.ZodType): unknown => z.toJSONSchema(s, { io: 'input', unrepresentable: 'any' });
-  const error = { description: 'error', content: { 'application/json': { schema: { type: 'object', properties: { error: { type: 'string', enum: Object.keys(adminErrorCodes) }, message: { type: 'string' }, details: {} }, required: ['error', 'message'] } } } };
+  const error = {
+    description: 'error',
+    content: {
+      'application/json': {
+        schema: {
+          type: 'object',
+          properties: {
+            error: { type: 'string', enum: Object.keys(adminErrorCodes) },
+            message: { type: 'string' },
+            details: {},
+          },
+          required: ['error', 'message'],
+        },
+      },
+    },
+  };
   const ok = { description: 'ok', content: { 'application/json': { schema: { type: 'object' } } } };
   const body = (s: z.ZodType) => ({ required: true, content: { 'application/json': { schema: json(s) } } });
-  const responses = { 200: ok, 307: error, 400: error, 401: error, 403: error, 404: error, 409: error, 413: error, 503: error };
+  const responses = {
+    200: ok,
+    307: error,
+    400: error,
+    401: error,
+    403: error,
+    404: error,
+    409: error,
+    413: error,
+    503: error,
+  };
   const nameP = (n: string) => ({ name: n, in: 'path', required: true, schema: json(nameParam) });
   const stale = { name: 'stale', in: 'query', required: false, schema: { type: 'string', enum: ['true', 'false'] } };
   return {
@@ -437,28 +652,98 @@ function openApiDocument(): Record<string, unknown> {
     components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
     paths: {
       '/v1/cluster': { get: { parameters: [stale], responses } },
-      '/v1/cluster/transfer-leadership': { post: { requestBody: { required: false, content: { 'application/json': { schema: json(z.strictObject({ to: nameParam.optional() })) } } }, responses } },
-      '/v1/members/{id}': { put: { parameters: [nameP('id')], requestBody: body(memberBody), responses }, delete: { parameters: [nameP('id')], responses } },
+      '/v1/cluster/transfer-leadership': {
+        post: {
+          requestBody: {
+            required: false,
+            content: { 'application/json': { schema: json(z.strictObject({ to: nameParam.optional() })) } },
+          },
+          responses,
+        },
+      },
+      '/v1/members/{id}': {
+        put: { parameters: [nameP('id')], requestBody: body(memberBody), responses },
+        delete: { parameters: [nameP('id')], responses },
+      },
       '/v1/members/{id}/replace': { post: { parameters: [nameP('id')], requestBody: body(memberBody), responses } },
       '/v1/tiers': { get: { parameters: [stale], responses } },
-      '/v1/tiers/{name}': { put: { parameters: [nameP('name')], requestBody: body(tierBody), responses }, get: { parameters: [nameP('name'), stale], responses }, delete: { parameters: [nameP('name')], responses } },
+      '/v1/tiers/{name}': {
+        put: { parameters: [nameP('name')], requestBody: body(tierBody), responses },
+        get: { parameters: [nameP('name'), stale], responses },
+        delete: { parameters: [nameP('name')], responses },
+      },
       '/v1/tenants': {
-        get: { parameters: [stale, { name: 'cursor', in: 'query', schema: { type: 'string' } }, { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: MAX_PAGE_LIMIT } }], responses },
+        get: {
+          parameters: [
+            stale,
+            { name: 'cursor', in: 'query', schema: { type: 'string' } },
+            { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: MAX_PAGE_LIMIT } },
+          ],
+          responses,
+        },
         post: {
           description: `creates or replaces up to ${MAX_TENANTS_PER_BATCH} tenants in one Raft entry; each item is checked on its own, a bad one changes nothing and is listed in "failed" with its position; a tenant already stored exactly so is "unchanged". Answers {created, updated, unchanged, failed: [{index, id, error, message}]}`,
-          requestBody: { required: true, content: { 'application/json': { schema: { type: 'object', properties: { tenants: { type: 'array', minItems: 1, maxItems: MAX_TENANTS_PER_BATCH, items: json(tenantRecordSchema) } }, required: ['tenants'], additionalProperties: false } } } },
+          requestBody: {
+            required: true,
+            content: {
+              'application/json': {
+                schema: {
+                  type: 'object',
+                  properties: {
+                    tenants: {
+                      type: 'array',
+                      minItems: 1,
+                      maxItems: MAX_TENANTS_PER_BATCH,
+                      items: json(tenantRecordSchema),
+                    },
+                  },
+                  required: ['tenants'],
+                  additionalProperties: false,
+                },
+              },
+            },
+          },
           responses,
         },
       },
       '/v1/settings': { get: { parameters: [stale], responses }, put: { requestBody: body(settingsBody), responses } },
-      '/v1/tenants/{id}': { put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses }, get: { parameters: [nameP('id'), stale], responses }, delete: { parameters: [nameP('id')], responses } },
+      '/v1/tenants/{id}': {
+        put: { parameters: [nameP('id')], requestBody: body(tenantBody), responses },
+        get: { parameters: [nameP('id'), stale], responses },
+        delete: { parameters: [nameP('id')], responses },
+      },
       '/v1/cells': { get: { parameters: [stale], responses } },
-      '/v1/cells/{id}': { delete: { description: 'deregister a cell: no more leases; dropped with its slices and its floor slot freed once its lease is over', parameters: [nameP('id')], responses } },
+      '/v1/cells/{id}': {
+        delete: {
+          description:
+            'deregister a cell: no more leases; dropped with its slices and its floor slot freed once its lease is over',
+          parameters: [nameP('id')],
+          responses,
+        },
+      },
       '/healthz': { get: { responses } },
       '/readyz': { get: { responses } },
       '/metrics': { get: { responses: { 200: { description: 'Prometheus text format' } } } },
-      '/ui/': { get: { description: 'the live view (HTML); with a token configured, Authorization: Bearer or the session cookie of POST /ui/login', responses: { 200: { description: 'HTML' }, 401: { description: 'the login page' } } } },
-      '/ui/api/state': { get: { description: 'the live view\'s document: cluster, cells, overshoot, one page of tenants, the chosen tenant', parameters: [{ name: 'q', in: 'query', schema: { type: 'string' } }, { name: 'page', in: 'query', schema: { type: 'integer' } }, { name: 'size', in: 'query', schema: { type: 'integer' } }, { name: 'sort', in: 'query', schema: { type: 'string', enum: ['busy', 'admitted', 'refused', 'id'] } }, { name: 'tenant', in: 'query', schema: { type: 'string' } }], responses } },
+      '/ui/': {
+        get: {
+          description:
+            'the live view (HTML); with a token configured, Authorization: Bearer or the session cookie of POST /ui/login',
+          responses: { 200: { description: 'HTML' }, 401: { description: 'the login page' } },
+        },
+      },
+      '/ui/api/state': {
+        get: {
+          description: "the live view's document: cluster, cells, overshoot, one page of tenants, the chosen tenant",
+          parameters: [
+            { name: 'q', in: 'query', schema: { type: 'string' } },
+            { name: 'page', in: 'query', schema: { type: 'integer' } },
+            { name: 'size', in: 'query', schema: { type: 'integer' } },
+            { name: 'sort', in: 'query', schema: { type: 'string', enum: ['busy', 'admitted', 'refused', 'id'] } },
+            { name: 'tenant', in: 'query', schema: { type: 'string' } },
+          ],
+          responses,
+        },
+      },
     },
   };
 }

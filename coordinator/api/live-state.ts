@@ -59,7 +59,14 @@ export interface LiveState {
     readonly term: number;
     readonly commitIndex: number;
     readonly appliedIndex: number;
-    readonly members: { id: string; role: string; voter: boolean; reachable: boolean | null; match: number | null; adminUrl: string | null }[];
+    readonly members: {
+      id: string;
+      role: string;
+      voter: boolean;
+      reachable: boolean | null;
+      match: number | null;
+      adminUrl: string | null;
+    }[];
   };
   readonly cells: {
     id: string;
@@ -69,8 +76,20 @@ export interface LiveState {
     failOpenPerS: number | null;
     failOpenTotal: number | null;
   }[];
-  readonly overshoot: { readonly peakRatio: number | null; readonly windows: number | null; readonly windowsOver: number | null; readonly peakQuota: string | null };
-  readonly tenants: { readonly total: number; readonly matched: number; readonly page: number; readonly size: number; readonly sort: LiveQuery['sort']; readonly rows: TenantRow[] };
+  readonly overshoot: {
+    readonly peakRatio: number | null;
+    readonly windows: number | null;
+    readonly windowsOver: number | null;
+    readonly peakQuota: string | null;
+  };
+  readonly tenants: {
+    readonly total: number;
+    readonly matched: number;
+    readonly page: number;
+    readonly size: number;
+    readonly sort: LiveQuery['sort'];
+    readonly rows: TenantRow[];
+  };
   readonly selected: (TenantRow & { readonly history: TrafficHistory | null }) | null;
 }
 
@@ -118,7 +137,9 @@ export function buildLiveState(input: LiveInput, query: LiveQuery): LiveState {
       .filter((f) => f.key.startsWith('tenant/') && load(f, measure) > 0)
       .map((f) => f.key.slice('tenant/'.length))
       .filter((id) => (q === '' || id.includes(q)) && ledger.getTenant(id) !== undefined);
-    busy.sort((a, b) => load(byKey.get(tenantKey(b)), measure) - load(byKey.get(tenantKey(a)), measure) || (a < b ? -1 : 1));
+    busy.sort(
+      (a, b) => load(byKey.get(tenantKey(b)), measure) - load(byKey.get(tenantKey(a)), measure) || (a < b ? -1 : 1),
+    );
     const busySet = new Set(busy);
     const start = query.page * query.size;
     const rest = start + query.size > busy.length ? matches.filter((id) => !busySet.has(id)) : [];
@@ -148,7 +169,14 @@ export function buildLiveState(input: LiveInput, query: LiveQuery): LiveState {
       term: c.term,
       commitIndex: c.commitIndex,
       appliedIndex: c.appliedIndex,
-      members: c.members.map((m) => ({ id: m.id, role: m.role, voter: m.voter, reachable: m.reachable, match: m.match, adminUrl: input.adminUrlOf(m.id) })),
+      members: c.members.map((m) => ({
+        id: m.id,
+        role: m.role,
+        voter: m.voter,
+        reachable: m.reachable,
+        match: m.match,
+        adminUrl: input.adminUrlOf(m.id),
+      })),
     },
     cells,
     overshoot: {
@@ -164,7 +192,11 @@ export function buildLiveState(input: LiveInput, query: LiveQuery): LiveState {
 
 function load(t: QuotaTraffic | undefined, measure: 'busy' | 'admitted' | 'refused'): number {
   if (t === undefined) return 0;
-  return measure === 'admitted' ? t.admittedPerS : measure === 'refused' ? t.refusedPerS : t.admittedPerS + t.refusedPerS;
+  return measure === 'admitted'
+    ? t.admittedPerS
+    : measure === 'refused'
+      ? t.refusedPerS
+      : t.admittedPerS + t.refusedPerS;
 }
 
 function tenantRow(input: LiveInput, id: string, flow: QuotaTraffic | null): TenantRow | null {

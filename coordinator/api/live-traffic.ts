@@ -55,12 +55,19 @@ export class LiveTraffic {
     if (c === undefined || c.incarnation !== req.incarnation) {
       // A new agent: its counter starts at 0, what it reports now happened since it started.
       const prevTotal = c?.failOpenTotal ?? 0;
-      c = { incarnation: req.incarnation, counter: 0, lastReportMs: receiptMs, failOpenPerS: 0, failOpenTotal: prevTotal };
+      c = {
+        incarnation: req.incarnation,
+        counter: 0,
+        lastReportMs: receiptMs,
+        failOpenPerS: 0,
+        failOpenTotal: prevTotal,
+      };
       this.cells.set(req.cellId, c);
     }
     const delta = Math.max(0, counter - c.counter);
     const gap = receiptMs - c.lastReportMs;
-    c.failOpenPerS = gap > 0 && gap <= MAX_FAIL_OPEN_RATE_GAP_MS ? (delta * 1000) / gap : delta > 0 ? c.failOpenPerS : 0;
+    c.failOpenPerS =
+      gap > 0 && gap <= MAX_FAIL_OPEN_RATE_GAP_MS ? (delta * 1000) / gap : delta > 0 ? c.failOpenPerS : 0;
     c.failOpenTotal += delta;
     c.counter = Math.max(c.counter, counter);
     c.lastReportMs = Math.max(c.lastReportMs, receiptMs);
@@ -99,7 +106,12 @@ export class LiveTraffic {
     const c = this.cells.get(cellId);
     if (c === undefined) return null;
     const stale = this.now() - c.lastReportMs > MAX_FAIL_OPEN_RATE_GAP_MS;
-    return { cellId, lastReportMs: c.lastReportMs, failOpenPerS: stale ? 0 : c.failOpenPerS, failOpenTotal: c.failOpenTotal };
+    return {
+      cellId,
+      lastReportMs: c.lastReportMs,
+      failOpenPerS: stale ? 0 : c.failOpenPerS,
+      failOpenTotal: c.failOpenTotal,
+    };
   }
 
   cellsLive(): CellLive[] {
@@ -119,7 +131,13 @@ export class LiveTraffic {
 
   /** Registers the overshoot and fail-open metrics (sampled at scrape time, only on the leader). */
   registerMetrics(registry: Registry): void {
-    const self = { isLeader: (): boolean => this.isLeader(), busiest: (n: number) => this.busiest(n), cellsLive: () => this.cellsLive(), windows: this.windows, now: () => this.now() };
+    const self = {
+      isLeader: (): boolean => this.isLeader(),
+      busiest: (n: number) => this.busiest(n),
+      cellsLive: () => this.cellsLive(),
+      windows: this.windows,
+      now: () => this.now(),
+    };
     new Gauge({
       name: 'cellquota_quota_overshoot_ratio',
       help: `Largest admitted ÷ (rate·1s + burst) over the 1 s windows of the last minute reconstructed from the cells' reports (leader only); the ${OVERSHOOT_TOP_N} busiest quotas by name, "${ALL_QUOTAS_LABEL}" over all`,
@@ -129,7 +147,10 @@ export class LiveTraffic {
         this.reset();
         if (!self.isLeader()) return;
         const all = self.windows.all(self.now());
-        this.set({ quota: ALL_QUOTAS_LABEL }, all.reduce((m, t) => Math.max(m, t.peakRatio), 0));
+        this.set(
+          { quota: ALL_QUOTAS_LABEL },
+          all.reduce((m, t) => Math.max(m, t.peakRatio), 0),
+        );
         for (const t of self.busiest(OVERSHOOT_TOP_N)) this.set({ quota: t.key }, t.peakRatio);
       },
     });
@@ -192,11 +213,18 @@ export function quotaLookup(ledger: Ledger, nowMs: number): QuotaLookup {
 }
 
 /** What a cell decides on for a quota now: its leased grant while its lease lives, else its floor. */
-export function sliceInForce(ledger: Ledger, key: string, cellId: string, nowMs: number): { source: 'leased' | 'floor'; rate: number; burst: number; epoch: number } {
+export function sliceInForce(
+  ledger: Ledger,
+  key: string,
+  cellId: string,
+  nowMs: number,
+): { source: 'leased' | 'floor'; rate: number; burst: number; epoch: number } {
   const s = ledger.getSlice(key, cellId);
   if (s === undefined) return { source: 'floor', rate: 0, burst: 0, epoch: 0 };
   const cell = ledger.getCell(cellId);
   // The agent decides on its grant while its lease (renewed by every report) lives.
   const leased = s.epoch > 0 && cell !== undefined && cell.leaseExpiresAtMs !== null && cell.leaseExpiresAtMs > nowMs;
-  return leased ? { source: 'leased', rate: s.rate, burst: s.burst, epoch: s.epoch } : { source: 'floor', rate: s.floorRate, burst: s.floorBurst, epoch: s.epoch };
+  return leased
+    ? { source: 'leased', rate: s.rate, burst: s.burst, epoch: s.epoch }
+    : { source: 'floor', rate: s.floorRate, burst: s.floorBurst, epoch: s.epoch };
 }

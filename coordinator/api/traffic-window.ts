@@ -90,7 +90,12 @@ export interface QuotaTraffic {
   readonly key: string;
   readonly admittedPerS: number;
   readonly refusedPerS: number;
-  readonly cells: readonly { readonly cellId: string; readonly admittedPerS: number; readonly refusedPerS: number; readonly atMs: number }[];
+  readonly cells: readonly {
+    readonly cellId: string;
+    readonly admittedPerS: number;
+    readonly refusedPerS: number;
+    readonly atMs: number;
+  }[];
   /** Ratio of the newest settled 1 s window (admitted ÷ (r·W + b)). */
   readonly lastRatio: number;
   /** The largest ratio over the windows of the last PEAK_HORIZON_S seconds. */
@@ -104,7 +109,11 @@ export interface TrafficHistory {
   /** Seconds (ms since the epoch, leader clock), oldest first. */
   readonly times: number[];
   readonly quota: (number | null)[];
-  readonly cells: { readonly cellId: string; readonly admitted: (number | null)[]; readonly limit: (number | null)[] }[];
+  readonly cells: {
+    readonly cellId: string;
+    readonly admitted: (number | null)[];
+    readonly limit: (number | null)[];
+  }[];
 }
 
 export interface OvershootTotals {
@@ -135,7 +144,13 @@ export class TrafficWindows {
     const end = Math.floor(receiptMs / BIN_MS);
     const start = end - REPORT_SPAN_MS / BIN_MS;
     for (const v of velocity) {
-      if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0)) continue;
+      if (!(
+        Number.isFinite(v.allowedPerS) &&
+        v.allowedPerS >= 0 &&
+        Number.isFinite(v.refusedPerS) &&
+        v.refusedPerS >= 0
+      ))
+        continue;
       let k = this.keys.get(v.key);
       if (k === undefined) {
         if (v.allowedPerS + v.refusedPerS === 0) continue;
@@ -211,9 +226,19 @@ export class TrafficWindows {
     if ((b + 1) % (1000 / BIN_MS) === 0) this.historyPoint(key, k, Math.floor((b * BIN_MS) / 1000), q, lookup);
   }
 
-  private historyPoint(key: string, k: KeyState, second: number, q: { rate: number } | undefined, lookup: QuotaLookup): void {
+  private historyPoint(
+    key: string,
+    k: KeyState,
+    second: number,
+    q: { rate: number } | undefined,
+    lookup: QuotaLookup,
+  ): void {
     if (k.history === null) {
-      k.history = { seconds: new Float64Array(HISTORY_POINTS).fill(-1), quota: new Float32Array(HISTORY_POINTS), cells: new Map() };
+      k.history = {
+        seconds: new Float64Array(HISTORY_POINTS).fill(-1),
+        quota: new Float32Array(HISTORY_POINTS),
+        cells: new Map(),
+      };
       this.historyKeys++;
     }
     const h = k.history;
@@ -224,7 +249,10 @@ export class TrafficWindows {
     for (const [cellId, c] of k.cells) {
       let series = h.cells.get(cellId);
       if (series === undefined) {
-        series = { admitted: new Float32Array(HISTORY_POINTS).fill(Number.NaN), limit: new Float32Array(HISTORY_POINTS).fill(Number.NaN) };
+        series = {
+          admitted: new Float32Array(HISTORY_POINTS).fill(Number.NaN),
+          limit: new Float32Array(HISTORY_POINTS).fill(Number.NaN),
+        };
         h.cells.set(cellId, series);
       }
       let admitted = 0;
@@ -238,7 +266,9 @@ export class TrafficWindows {
   private trimHistories(): void {
     const cap = this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS;
     if (this.historyKeys <= cap + HISTORY_TRIM_BATCH) return;
-    const withHistory = [...this.keys.values()].filter((k) => k.history !== null).sort((a, b) => a.lastTrafficMs - b.lastTrafficMs);
+    const withHistory = [...this.keys.values()]
+      .filter((k) => k.history !== null)
+      .sort((a, b) => a.lastTrafficMs - b.lastTrafficMs);
     for (const k of withHistory.slice(0, this.historyKeys - cap)) {
       k.history = null;
       this.historyKeys--;
@@ -263,7 +293,11 @@ export class TrafficWindows {
     const last = Math.floor((nowMs - SETTLE_MS) / 1000) - 1;
     const times: number[] = [];
     const quota: (number | null)[] = [];
-    const cells = [...h.cells].map(([cellId]) => ({ cellId, admitted: [] as (number | null)[], limit: [] as (number | null)[] }));
+    const cells = [...h.cells].map(([cellId]) => ({
+      cellId,
+      admitted: [] as (number | null)[],
+      limit: [] as (number | null)[],
+    }));
     for (let s = last - HISTORY_POINTS + 1; s <= last; s++) {
       const slot = ((s % HISTORY_POINTS) + HISTORY_POINTS) % HISTORY_POINTS;
       const have = h.seconds[slot] === s;
@@ -330,5 +364,14 @@ function view(key: string, k: KeyState, nowMs: number): QuotaTraffic {
     const s = k.peakSeconds[i] ?? -1;
     if (s >= 0 && nowSecond - s <= PEAK_HORIZON_S) peak = Math.max(peak, k.peaks[i] ?? 0);
   }
-  return { key, admittedPerS: admitted, refusedPerS: refused, cells, lastRatio: k.lastRatio, peakRatio: peak, windows: k.windows, windowsOver: k.windowsOver };
+  return {
+    key,
+    admittedPerS: admitted,
+    refusedPerS: refused,
+    cells,
+    lastRatio: k.lastRatio,
+    peakRatio: peak,
+    windows: k.windows,
+    windowsOver: k.windowsOver,
+  };
 }

@@ -60,13 +60,22 @@ function loadAssets(): Map<string, Asset> {
   a.set('login.html', { body: readFileSync(join(ui, 'login.html')), type: 'text/html; charset=utf-8', public: true });
   a.set('app.js', { body: readFileSync(join(ui, 'app.js')), type: 'text/javascript; charset=utf-8', public: false });
   a.set('app.css', { body: readFileSync(join(ui, 'app.css')), type: 'text/css; charset=utf-8', public: true });
-  a.set('uPlot.iife.min.js', { body: readFileSync(join(uplot, 'uPlot.iife.min.js')), type: 'text/javascript; charset=utf-8', public: false });
-  a.set('uPlot.min.css', { body: readFileSync(join(uplot, 'uPlot.min.css')), type: 'text/css; charset=utf-8', public: false });
+  a.set('uPlot.iife.min.js', {
+    body: readFileSync(join(uplot, 'uPlot.iife.min.js')),
+    type: 'text/javascript; charset=utf-8',
+    public: false,
+  });
+  a.set('uPlot.min.css', {
+    body: readFileSync(join(uplot, 'uPlot.min.css')),
+    type: 'text/css; charset=utf-8',
+    public: false,
+  });
   return a;
 }
 
 const SECURITY_HEADERS = {
-  'content-security-policy': "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+  'content-security-policy':
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
   'x-content-type-options': 'nosniff',
   'referrer-policy': 'no-referrer',
   'cache-control': 'no-cache',
@@ -115,15 +124,21 @@ export function registerUiRoutes(app: FastifyInstance, opts: UiRoutesOptions): v
   app.get('/ui/assets/:name', (req, reply) => {
     const name = (req.params as { name: string }).name;
     const a = assets.get(name);
-    if (a === undefined || name.endsWith('.html')) return reply.code(404).send({ error: 'NOT_FOUND', message: `no asset ${name.slice(0, 100)}` });
-    if (!a.public && !allowed(req)) return reply.code(401).send({ error: 'UNAUTHORIZED', message: 'log in at /ui/ or send Authorization: Bearer …' });
+    if (a === undefined || name.endsWith('.html'))
+      return reply.code(404).send({ error: 'NOT_FOUND', message: `no asset ${name.slice(0, 100)}` });
+    if (!a.public && !allowed(req))
+      return reply.code(401).send({ error: 'UNAUTHORIZED', message: 'log in at /ui/ or send Authorization: Bearer …' });
     return send(reply, name);
   });
 
   app.register((scope, _o, done) => {
-    scope.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string', bodyLimit: 4096 }, (_req, body, next) => {
-      next(null, new URLSearchParams(typeof body === 'string' ? body : body.toString('utf8')));
-    });
+    scope.addContentTypeParser(
+      'application/x-www-form-urlencoded',
+      { parseAs: 'string', bodyLimit: 4096 },
+      (_req, body, next) => {
+        next(null, new URLSearchParams(typeof body === 'string' ? body : body.toString('utf8')));
+      },
+    );
     scope.post('/ui/login', (req, reply) => {
       const form = req.body instanceof URLSearchParams ? req.body : new URLSearchParams();
       const token = form.get('token') ?? '';
@@ -133,14 +148,26 @@ export function registerUiRoutes(app: FastifyInstance, opts: UiRoutesOptions): v
         .header('set-cookie', `${UI_SESSION_COOKIE}=${session}; Path=/ui; HttpOnly; SameSite=Strict`)
         .redirect('/ui/', 303);
     });
-    scope.post('/ui/logout', (_req, reply) => reply.header('set-cookie', `${UI_SESSION_COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0`).redirect('/ui/', 303));
+    scope.post('/ui/logout', (_req, reply) =>
+      reply
+        .header('set-cookie', `${UI_SESSION_COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0`)
+        .redirect('/ui/', 303),
+    );
     done();
   });
 
   app.get('/ui/api/state', async (req, reply) => {
-    if (!allowed(req)) return reply.code(401).send({ error: 'UNAUTHORIZED', message: 'log in at /ui/ or send Authorization: Bearer …' });
+    if (!allowed(req))
+      return reply.code(401).send({ error: 'UNAUTHORIZED', message: 'log in at /ui/ or send Authorization: Bearer …' });
     const parsed = liveQuerySchema.safeParse(req.query);
-    if (!parsed.success) return reply.code(400).send({ error: 'INVALID', message: 'invalid query', details: parsed.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })) });
+    if (!parsed.success)
+      return reply
+        .code(400)
+        .send({
+          error: 'INVALID',
+          message: 'invalid query',
+          details: parsed.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
+        });
     const backend = opts.backend;
     reply.headers({ 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' });
     const leader = backend.leaderId();
@@ -150,10 +177,17 @@ export function registerUiRoutes(app: FastifyInstance, opts: UiRoutesOptions): v
     if (!backend.isLeader() && leader !== null && leader !== self && req.headers[UI_FORWARDED_HEADER] === undefined) {
       const base = opts.adminUrlOf(leader);
       if (base !== null) {
-        const qs = new URLSearchParams(Object.entries(parsed.data).flatMap(([k, v]) => (v === undefined ? [] : [[k, String(v)] as [string, string]]))).toString();
+        const qs = new URLSearchParams(
+          Object.entries(parsed.data).flatMap(([k, v]) =>
+            v === undefined ? [] : [[k, String(v)] as [string, string]],
+          ),
+        ).toString();
         try {
           const res = await fetch(`${base}/ui/api/state?${qs}`, {
-            headers: { [UI_FORWARDED_HEADER]: self, ...(opts.token === undefined ? {} : { authorization: `Bearer ${opts.token}` }) },
+            headers: {
+              [UI_FORWARDED_HEADER]: self,
+              ...(opts.token === undefined ? {} : { authorization: `Bearer ${opts.token}` }),
+            },
             signal: AbortSignal.timeout(UI_FORWARD_TIMEOUT_MS),
           });
           if (res.ok) {
@@ -168,12 +202,22 @@ export function registerUiRoutes(app: FastifyInstance, opts: UiRoutesOptions): v
         note = `the leader ${leader} has no known admin URL: no rates`;
       }
     } else if (!backend.isLeader()) {
-      note = leader === null ? 'no leader right now: no rates; the ledger as this replica last applied it' : 'no rates (forwarded request)';
+      note =
+        leader === null
+          ? 'no leader right now: no rates; the ledger as this replica last applied it'
+          : 'no rates (forwarded request)';
     }
     const doc = await backend.read(
       (ledger) =>
         buildLiveState(
-          { cluster: backend.cluster(), adminUrlOf: opts.adminUrlOf, ledger, traffic: backend.isLeader() ? (opts.traffic ?? null) : null, nowMs: opts.now(), ...(note === undefined ? {} : { note }) },
+          {
+            cluster: backend.cluster(),
+            adminUrlOf: opts.adminUrlOf,
+            ledger,
+            traffic: backend.isLeader() ? (opts.traffic ?? null) : null,
+            nowMs: opts.now(),
+            ...(note === undefined ? {} : { note }),
+          },
           parsed.data,
         ),
       true,

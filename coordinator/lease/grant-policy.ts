@@ -39,7 +39,12 @@ function parentOf(ledger: Ledger, key: string): string | null {
  * need, read from the committed ledger, this round's demands and the same entry's acks. Null when
  * no key has a quota.
  */
-export function buildRoundInput(ledger: Ledger, demands: RoundDemands, nowMs: number, keys: Iterable<string>): AllocatorInput | null {
+export function buildRoundInput(
+  ledger: Ledger,
+  demands: RoundDemands,
+  nowMs: number,
+  keys: Iterable<string>,
+): AllocatorInput | null {
   const cells = allocatorCells(ledger.listCells(), demands.reported);
   const index = new Map(cells.map((c, i) => [c.id, i]));
   // Keep only keys with a quota; add parents so every parent is in the round.
@@ -67,10 +72,11 @@ export function buildRoundInput(ledger: Ledger, demands: RoundDemands, nowMs: nu
     if (state === undefined) continue;
     demand.fill(0);
     const d = demands.byKey.get(key);
-    if (d !== undefined) for (const [cellId, v] of d) {
-      const i = index.get(cellId);
-      if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
-    }
+    if (d !== undefined)
+      for (const [cellId, v] of d) {
+        const i = index.get(cellId);
+        if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
+      }
     const acked = ackedBy.get(key);
     builder.addQuotaState(state, demand, { parent, ...(acked === undefined ? {} : { ackedEpochs: acked }) });
   }
@@ -113,7 +119,13 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
  * withDefinitionGrants with the first grants looked for only among `firstGrantKeys` (keys of
  * `demands.byKey`); `complete` is false when MAX_DEFINITION_GRANTS_PER_ROUND stopped it early.
  */
-export function definitionGrants(ledger: Ledger, demands: RoundDemands, nowMs: number, grants: Grant[], firstGrantKeys: Iterable<string>): { grants: Grant[]; complete: boolean } {
+export function definitionGrants(
+  ledger: Ledger,
+  demands: RoundDemands,
+  nowMs: number,
+  grants: Grant[],
+  firstGrantKeys: Iterable<string>,
+): { grants: Grant[]; complete: boolean } {
   const taken = new Set<string>();
   for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
   const leaseExpiresAtMs = nowMs + demands.leaseTtlMs;
@@ -140,10 +152,16 @@ export function definitionGrants(ledger: Ledger, demands: RoundDemands, nowMs: n
       const s = ledger.getSlice(key, cellId);
       if (s === undefined) continue;
       const live = ledger.getQuota(key) !== undefined;
-      grants.push({ key, cellId, rate: live ? s.rate : 0, burst: live ? s.burst : 0, epoch: s.epoch + 1, leaseExpiresAtMs });
+      grants.push({
+        key,
+        cellId,
+        rate: live ? s.rate : 0,
+        burst: live ? s.burst : 0,
+        epoch: s.epoch + 1,
+        leaseExpiresAtMs,
+      });
       added++;
     }
   }
   return { grants, complete: true };
 }
-

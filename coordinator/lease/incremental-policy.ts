@@ -75,7 +75,15 @@ const F_RELEASED = 1;
 const F_LAPSED = 2;
 
 export class IncrementalAllocatorPolicy {
-  readonly stats: IncrementalPolicyStats = { rounds: 0, fullRounds: 0, lastQuotas: 0, quotas: 0, deferredGrants: 0, unchangedGrants: 0, workingSet: 0 };
+  readonly stats: IncrementalPolicyStats = {
+    rounds: 0,
+    fullRounds: 0,
+    lastQuotas: 0,
+    quotas: 0,
+    deferredGrants: 0,
+    unchangedGrants: 0,
+    workingSet: 0,
+  };
   private readonly maxGrants: number;
   private readonly float32: boolean;
   /** Quota key → the round since which its inputs are unchanged. */
@@ -167,7 +175,8 @@ export class IncrementalAllocatorPolicy {
     } else this.stats.lastQuotas = 0;
     // First grants: a (key, cell) pair gets demand only through that cell's report, and a quota
     // appears only through a touched key, so the round's keys and the changed ones cover them.
-    const firstGrantKeys = full || this.definitionBacklog ? demands.byKey.keys() : new Set([...keys, ...(demands.changedKeys ?? [])]);
+    const firstGrantKeys =
+      full || this.definitionBacklog ? demands.byKey.keys() : new Set([...keys, ...(demands.changedKeys ?? [])]);
     const d = definitionGrants(ledger, demands, nowMs, grants, firstGrantKeys);
     this.definitionBacklog = !d.complete;
     this.stats.workingSet = this.working.size;
@@ -225,7 +234,13 @@ export class IncrementalAllocatorPolicy {
   }
 
   /** Keys the round left unsettled stay (since = now); settled ones leave once every live cell reported since. */
-  private settle(input: AllocatorInput, unsettled: Uint8Array, cells: ReturnType<Ledger['listCells']>, demands: RoundDemands, r: number): void {
+  private settle(
+    input: AllocatorInput,
+    unsettled: Uint8Array,
+    cells: ReturnType<Ledger['listCells']>,
+    demands: RoundDemands,
+    r: number,
+  ): void {
     let minReport = r;
     for (const c of cells) {
       const lapsed = ((this.cellFlags.get(c.id) ?? 0) & F_LAPSED) !== 0;
@@ -250,7 +265,13 @@ export class IncrementalAllocatorPolicy {
  * keys), then grows for cells refusing traffic (largest shortfall, relative to the quota, first),
  * then shrinks (they free capacity once acknowledged), then the rest by the size of the move.
  */
-export function grantPriority(g: Grant, quotaRate: number, currentRate: number, floorRate: number, demand: number): number {
+export function grantPriority(
+  g: Grant,
+  quotaRate: number,
+  currentRate: number,
+  floorRate: number,
+  demand: number,
+): number {
   const move = Math.abs(g.rate - currentRate) / quotaRate;
   const level = Math.max(currentRate, floorRate);
   if (!g.key.startsWith('tenant/')) return 10 + move;

@@ -52,7 +52,8 @@ export class LeaderClock {
 
   /** A new term of ours begins now; `graceMs` = lease TTL + the ledger's skew margin. */
   beginTerm(graceMs: number): void {
-    if (!(Number.isFinite(graceMs) && graceMs >= 0)) throw new RangeError(`grace must be a finite, non-negative number of ms, not ${graceMs}`);
+    if (!(Number.isFinite(graceMs) && graceMs >= 0))
+      throw new RangeError(`grace must be a finite, non-negative number of ms, not ${graceMs}`);
     this.termStart = this.mono();
     this.graceMs = graceMs;
     this.isSynced = false;

@@ -36,7 +36,10 @@ export type LeaseAuthResult =
 
 /** The credentials a call carries, as grpc-js hands them to a server handler. */
 export interface LeaseCallCredentials {
-  getAuthContext?(): { readonly sslPeerCertificate?: { readonly subject?: { readonly CN?: string | string[] }; readonly subjectaltname?: string } | undefined } | null;
+  getAuthContext?(): {
+    readonly sslPeerCertificate?:
+      { readonly subject?: { readonly CN?: string | string[] }; readonly subjectaltname?: string } | undefined;
+  } | null;
   readonly metadata: grpc.Metadata;
 }
 
@@ -49,7 +52,9 @@ export interface LeaseAuthenticator {
 
 const MAX_TOKENS = 10_000;
 const RELOAD_CHECK_MS = 2_000;
-const tokenFileSchema = z.record(z.string().refine(isName, 'a cell id'), z.string().min(16, 'a token has at least 16 characters').max(4096)).refine((m) => Object.keys(m).length <= MAX_TOKENS, `at most ${MAX_TOKENS} cells`);
+const tokenFileSchema = z
+  .record(z.string().refine(isName, 'a cell id'), z.string().min(16, 'a token has at least 16 characters').max(4096))
+  .refine((m) => Object.keys(m).length <= MAX_TOKENS, `at most ${MAX_TOKENS} cells`);
 
 function sha256(text: string): Buffer {
   return createHash('sha256').update(text, 'utf8').digest();
@@ -64,7 +69,13 @@ export function parseTokenFile(text: string, path: string): Map<string, Buffer> 
     throw new Error(`${path}: not YAML or JSON: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
   }
   const r = tokenFileSchema.safeParse(doc ?? {});
-  if (!r.success) throw new Error(`${path}: expected a mapping of cell id to token (or sha256:<hex>): ${r.error.issues.slice(0, 3).map((i) => `${i.path.join('.') || '(file)'}: ${i.message}`).join('; ')}`);
+  if (!r.success)
+    throw new Error(
+      `${path}: expected a mapping of cell id to token (or sha256:<hex>): ${r.error.issues
+        .slice(0, 3)
+        .map((i) => `${i.path.join('.') || '(file)'}: ${i.message}`)
+        .join('; ')}`,
+    );
   const out = new Map<string, Buffer>();
   for (const [cell, value] of Object.entries(r.data)) {
     const m = /^sha256:([0-9a-fA-F]{64})$/.exec(value);
@@ -79,7 +90,10 @@ export class TokenFile {
   private mtimeMs: number;
   private checkedAt = 0;
 
-  constructor(private readonly path: string, private readonly onReload?: (cells: number, error: Error | null) => void) {
+  constructor(
+    private readonly path: string,
+    private readonly onReload?: (cells: number, error: Error | null) => void,
+  ) {
     this.mtimeMs = statSync(path).mtimeMs;
     this.tokens = parseTokenFile(readFileSync(path, 'utf8'), path);
   }
@@ -133,7 +147,10 @@ export function createLeaseAuthenticator(opts: LeaseAuthOptions): LeaseAuthentic
   if (!opts.certificates && opts.tokens === undefined) return null;
   const tokens = opts.tokens;
   return {
-    describe: () => [opts.certificates ? 'client certificates' : null, tokens !== undefined ? 'per-cell tokens' : null].filter((s) => s !== null).join(' or '),
+    describe: () =>
+      [opts.certificates ? 'client certificates' : null, tokens !== undefined ? 'per-cell tokens' : null]
+        .filter((s) => s !== null)
+        .join(' or '),
     check(call, cellId) {
       const names: string[] = [];
       const peerCert = opts.certificates ? call.getAuthContext?.()?.sslPeerCertificate : undefined;
@@ -141,20 +158,52 @@ export function createLeaseAuthenticator(opts: LeaseAuthOptions): LeaseAuthentic
       let how = names.length > 0 ? 'certificate' : '';
       const token = bearer(call.metadata);
       if (token !== null) {
-        if (tokens === undefined) return { ok: false, code: grpc.status.UNAUTHENTICATED, reason: 'unauthenticated', details: 'a bearer token was sent but this coordinator takes no lease tokens (--lease-tokens)' };
+        if (tokens === undefined)
+          return {
+            ok: false,
+            code: grpc.status.UNAUTHENTICATED,
+            reason: 'unauthenticated',
+            details: 'a bearer token was sent but this coordinator takes no lease tokens (--lease-tokens)',
+          };
         const cell = tokens.cellOf(token);
-        if (cell === null) return { ok: false, code: grpc.status.UNAUTHENTICATED, reason: 'unauthenticated', details: 'unknown lease token' };
+        if (cell === null)
+          return {
+            ok: false,
+            code: grpc.status.UNAUTHENTICATED,
+            reason: 'unauthenticated',
+            details: 'unknown lease token',
+          };
         names.push(cell);
         how = how === '' ? 'token' : `${how} and token`;
       }
       if (names.length === 0) {
-        const want = [opts.certificates ? 'a client certificate naming the cell' : null, tokens !== undefined ? 'a per-cell bearer token' : null].filter((s) => s !== null).join(' or ');
-        const why = opts.certificates && peerCert === undefined && tokens === undefined ? 'no verified client certificate' : opts.certificates ? 'the client certificate names no cell' : 'no bearer token';
-        return { ok: false, code: grpc.status.UNAUTHENTICATED, reason: 'unauthenticated', details: `${why}: the lease service needs ${want}` };
+        const want = [
+          opts.certificates ? 'a client certificate naming the cell' : null,
+          tokens !== undefined ? 'a per-cell bearer token' : null,
+        ]
+          .filter((s) => s !== null)
+          .join(' or ');
+        const why =
+          opts.certificates && peerCert === undefined && tokens === undefined
+            ? 'no verified client certificate'
+            : opts.certificates
+              ? 'the client certificate names no cell'
+              : 'no bearer token';
+        return {
+          ok: false,
+          code: grpc.status.UNAUTHENTICATED,
+          reason: 'unauthenticated',
+          details: `${why}: the lease service needs ${want}`,
+        };
       }
       // Every identity the call carries must be the cell's (a token of c2 over a certificate of c1 is refused).
       if (names.some((n) => n !== cellId)) {
-        return { ok: false, code: grpc.status.PERMISSION_DENIED, reason: 'permission_denied', details: `the ${how} names cell ${[...new Set(names)].join(', ')}, not ${cellId}: a cell reports only for itself` };
+        return {
+          ok: false,
+          code: grpc.status.PERMISSION_DENIED,
+          reason: 'permission_denied',
+          details: `the ${how} names cell ${[...new Set(names)].join(', ')}, not ${cellId}: a cell reports only for itself`,
+        };
       }
       return { ok: true, identity: cellId };
     },

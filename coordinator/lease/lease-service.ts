@@ -157,7 +157,16 @@ function statusError(code: grpc.status, details: string, trailers?: grpc.Metadat
 }
 
 export class LeaseService {
-  readonly stats: LeaseServiceStats = { rounds: 0, refusedRounds: 0, failedRounds: 0, reports: 0, notLeader: 0, grantsProposed: 0, refused: 0, demandKeysDropped: 0 };
+  readonly stats: LeaseServiceStats = {
+    rounds: 0,
+    refusedRounds: 0,
+    failedRounds: 0,
+    reports: 0,
+    notLeader: 0,
+    grantsProposed: 0,
+    refused: 0,
+    demandKeysDropped: 0,
+  };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
   private readonly ttl: number;
@@ -217,8 +226,10 @@ export class LeaseService {
   register(server: grpc.Server): void {
     const svc = loadQuotaLeaseService();
     server.addService(svc.definition, {
-      Report: ((call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>) =>
-        this.handleReport(call, cb)) as grpc.handleUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+      Report: ((
+        call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+        cb: grpc.sendUnaryData<ReportResponseMessage>,
+      ) => this.handleReport(call, cb)) as grpc.handleUnaryCall<ReportRequestMessage, ReportResponseMessage>,
     });
     this.server = server;
     this.roundTimer = setInterval(() => void this.round(), this.roundMs);
@@ -244,10 +255,17 @@ export class LeaseService {
     const known = leader !== null && leader !== this.backend.id ? leader : null;
     md.set(LEADER_ID_TRAILER, known ?? '');
     md.set(LEADER_ADDRESS_TRAILER, known === null ? '' : (this.leaseAddressOf(known) ?? ''));
-    return statusError(grpc.status.FAILED_PRECONDITION, known === null ? 'not the leader; no leader known' : `not the leader; the leader is ${known}`, md);
+    return statusError(
+      grpc.status.FAILED_PRECONDITION,
+      known === null ? 'not the leader; no leader known' : `not the leader; the leader is ${known}`,
+      md,
+    );
   }
 
-  private handleReport(call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>): void {
+  private handleReport(
+    call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+    cb: grpc.sendUnaryData<ReportResponseMessage>,
+  ): void {
     // Who speaks is checked first, on any replica: an unauthenticated caller learns nothing more.
     if (this.auth !== null) {
       const a = this.auth.check(call, call.request.cellId);
@@ -257,7 +275,12 @@ export class LeaseService {
         return;
       }
     }
-    this.submit(call.request, (r) => cb(null, r), (e) => cb(e), call.getPeer());
+    this.submit(
+      call.request,
+      (r) => cb(null, r),
+      (e) => cb(e),
+      call.getPeer(),
+    );
   }
 
   /**
@@ -265,7 +288,12 @@ export class LeaseService {
    * gets the answer once its round committed, `reject` a status error (FAILED_PRECONDITION with the
    * leader in the trailers, INVALID_ARGUMENT, UNAVAILABLE, RESOURCE_EXHAUSTED).
    */
-  submit(req: ReportRequestMessage, resolve: (r: ReportResponseMessage) => void, reject: (e: grpc.ServiceError | Error) => void, peer = ''): void {
+  submit(
+    req: ReportRequestMessage,
+    resolve: (r: ReportResponseMessage) => void,
+    reject: (e: grpc.ServiceError | Error) => void,
+    peer = '',
+  ): void {
     const receiptMs = this.now();
     this.stats.reports++;
     if (!this.backend.isLeader()) {
@@ -279,17 +307,32 @@ export class LeaseService {
       return;
     }
     if (this.backend.ledger().getCell(req.cellId)?.removing === true) {
-      this.refuse(reject, 'cell_removed', grpc.status.PERMISSION_DENIED, `cell ${req.cellId} was removed by the operator (cellquota ctl cells remove); it gets no lease until it is dropped and registers again`, req.cellId, peer);
+      this.refuse(
+        reject,
+        'cell_removed',
+        grpc.status.PERMISSION_DENIED,
+        `cell ${req.cellId} was removed by the operator (cellquota ctl cells remove); it gets no lease until it is dropped and registers again`,
+        req.cellId,
+        peer,
+      );
       return;
     }
     this.onReport?.(req, Date.now()); // the live view bins by this process's wall clock, not the lease frame
     this.pending.push({ req, receiptMs, resolve, reject });
   }
 
-  private refuse(reject: (e: grpc.ServiceError) => void, reason: LeaseRefusalReason, code: grpc.status, details: string, cellId: string, peer: string): void {
+  private refuse(
+    reject: (e: grpc.ServiceError) => void,
+    reason: LeaseRefusalReason,
+    code: grpc.status,
+    details: string,
+    cellId: string,
+    peer: string,
+  ): void {
     this.stats.refused++;
     this.onRefused?.(reason);
-    if (this.firstIn10s(`${reason}\u0000${cellId.slice(0, 128)}`)) this.log.warn({ reason, cellId: cellId.slice(0, 128), peer, details }, 'lease report refused');
+    if (this.firstIn10s(`${reason}\u0000${cellId.slice(0, 128)}`))
+      this.log.warn({ reason, cellId: cellId.slice(0, 128), peer, details }, 'lease report refused');
     reject(statusError(code, details));
   }
 
@@ -315,7 +358,17 @@ export class LeaseService {
     // Only when some lease has surely expired (an entry per second forever would only grow the log).
     const skew = this.backend.ledger().config.skewMarginMs;
     // Or when a removed cell's lease is over, so it is dropped and its floor slot freed.
-    if (!this.backend.ledger().listCells().some((c) => (c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew) || (c.removing && !(c.leaseExpiresAtMs !== null && nowMs < c.leaseExpiresAtMs + skew)))) return;
+    if (
+      !this.backend
+        .ledger()
+        .listCells()
+        .some(
+          (c) =>
+            (c.leaseExpiresAtMs !== null && nowMs >= c.leaseExpiresAtMs + skew) ||
+            (c.removing && !(c.leaseExpiresAtMs !== null && nowMs < c.leaseExpiresAtMs + skew)),
+        )
+    )
+      return;
     try {
       await this.backend.propose({ type: 'expireLeases', nowMs });
     } catch (err) {
@@ -363,7 +416,12 @@ export class LeaseService {
     } catch (err) {
       this.stats.failedRounds++;
       this.log.warn({ err }, 'lease round not committed; the reports are failed and will be retried by the agents');
-      const e = !this.backend.isLeader() ? this.notLeaderError() : statusError(grpc.status.UNAVAILABLE, `lease round failed: ${err instanceof Error ? err.message : String(err)}`);
+      const e = !this.backend.isLeader()
+        ? this.notLeaderError()
+        : statusError(
+            grpc.status.UNAVAILABLE,
+            `lease round failed: ${err instanceof Error ? err.message : String(err)}`,
+          );
       for (const p of batch) p.reject(e);
     } finally {
       this.inRound = false;
@@ -382,7 +440,15 @@ export class LeaseService {
       for (const p of this.pending) p.receiptMs = Math.max(p.receiptMs, ledger.nowMs);
       const inherited = ledger.listCells().filter((c) => c.leaseExpiresAtMs !== null).length;
       if (inherited === 0) this.clock.endGrace();
-      this.log.info({ term, ledgerNowMs: ledger.nowMs, graceLeftMs: Math.round(this.clock.graceLeftMs()), inheritedLeases: inherited }, 'lease leader synced: releases nothing it did not renew itself until the grace is over');
+      this.log.info(
+        {
+          term,
+          ledgerNowMs: ledger.nowMs,
+          graceLeftMs: Math.round(this.clock.graceLeftMs()),
+          inheritedLeases: inherited,
+        },
+        'lease leader synced: releases nothing it did not renew itself until the grace is over',
+      );
     } catch (err) {
       this.log.debug({ err }, 'lease leader read barrier failed; retried next round');
     } finally {
@@ -403,9 +469,16 @@ export class LeaseService {
       if (known !== undefined && !known.removing) continue;
       if (known !== undefined || this.backend.ledger().listCells().length >= this.maxCells) {
         // Removed while its report waited; or the cell bound is reached.
-        const e = known !== undefined
-          ? statusError(grpc.status.PERMISSION_DENIED, `cell ${cellId} was removed by the operator (cellquota ctl cells remove)`)
-          : statusError(grpc.status.RESOURCE_EXHAUSTED, `cell ${cellId} cannot register: ${this.maxCells} cells are registered, the most this coordinator takes (--max-cells); remove one with cellquota ctl cells remove ID`);
+        const e =
+          known !== undefined
+            ? statusError(
+                grpc.status.PERMISSION_DENIED,
+                `cell ${cellId} was removed by the operator (cellquota ctl cells remove)`,
+              )
+            : statusError(
+                grpc.status.RESOURCE_EXHAUSTED,
+                `cell ${cellId} cannot register: ${this.maxCells} cells are registered, the most this coordinator takes (--max-cells); remove one with cellquota ctl cells remove ID`,
+              );
         if (known === undefined) {
           this.stats.refused++;
           this.onRefused?.('too_many_cells');
@@ -415,7 +488,11 @@ export class LeaseService {
         cells.delete(cellId);
         continue;
       }
-      const r = await this.backend.propose({ type: 'registerCell', cellId, nowMs: this.clock.stamp(this.backend.ledger().nowMs) });
+      const r = await this.backend.propose({
+        type: 'registerCell',
+        cellId,
+        nowMs: this.clock.stamp(this.backend.ledger().nowMs),
+      });
       if (!r.ok) {
         this.log.warn({ cellId, error: r.error }, 'cell registration refused');
         const e = statusError(grpc.status.RESOURCE_EXHAUSTED, `cell ${cellId} cannot register: ${r.error.message}`);
@@ -436,22 +513,29 @@ export class LeaseService {
       const sweep = p.req.velocitySweep ?? 0;
       if (p.req.velocitySweepStart === true) session.sweepStarted = sweep;
       let dropped = 0;
-      for (const v of p.req.velocity) if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS, sweep)) dropped++;
+      for (const v of p.req.velocity)
+        if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS, sweep)) dropped++;
       if (p.req.velocitySweepDone === true && sweep > 0) {
         // The sweep sent every key with demand: what it did not restamp is no longer reported.
-        for (const [key, stamp] of [...(this.demandKeysOfCell.get(p.req.cellId) ?? [])]) if (stamp < sweep) this.noteDemand(ledger, key, p.req.cellId, 0, sweep);
+        for (const [key, stamp] of [...(this.demandKeysOfCell.get(p.req.cellId) ?? [])])
+          if (stamp < sweep) this.noteDemand(ledger, key, p.req.cellId, 0, sweep);
         // Complete only if this session saw the whole sweep (not its later pages alone).
         if (session.sweepStarted === sweep) session.swept = true;
       }
       if (dropped > 0) {
         this.stats.demandKeysDropped += dropped;
-        if (this.firstIn10s(`demand\u0000${p.req.cellId}`)) this.log.warn({ cellId: p.req.cellId, dropped, maxDemandKeys: this.maxDemandKeys }, 'demand keys beyond the per-cell bound (--max-demand-keys) are not kept: those keys get no grant until others go quiet');
+        if (this.firstIn10s(`demand\u0000${p.req.cellId}`))
+          this.log.warn(
+            { cellId: p.req.cellId, dropped, maxDemandKeys: this.maxDemandKeys },
+            'demand keys beyond the per-cell bound (--max-demand-keys) are not kept: those keys get no grant until others go quiet',
+          );
       }
       for (const a of p.req.acks) {
         if ((session.acked.get(a.key) ?? 0) < a.epoch) session.acked.set(a.key, a.epoch);
         if ((ledger.getSlice(a.key, p.req.cellId)?.epoch ?? 0) <= a.epoch) session.outstanding.delete(a.key);
         const s = ledger.getSlice(a.key, p.req.cellId);
-        if (s !== undefined && s.epoch === a.epoch && !s.acknowledged) acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
+        if (s !== undefined && s.epoch === a.epoch && !s.acknowledged)
+          acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
       }
     }
     if (planted['forged-ack']) {
@@ -467,15 +551,27 @@ export class LeaseService {
     const nowMs = this.clock.stamp(ledger.nowMs);
     const changedKeys = this.changedKeys ?? undefined;
     this.changedKeys = new Set<string>();
-    let grants = this.policy(ledger, { reported, byKey: this.byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl, changedKeys }, nowMs);
+    let grants = this.policy(
+      ledger,
+      { reported, byKey: this.byKey, acks: dedupeAcks(acks), leaseTtlMs: this.ttl, changedKeys },
+      nowMs,
+    );
     grants = grants.filter((g) => reported.has(g.cellId));
 
     // 3. One entry (or, refused, the same without grants).
     let r = await this.backend.propose({ type: 'reportAndGrant', nowMs, leases, acks: dedupeAcks(acks), grants });
     if (!r.ok && grants.length > 0) {
       this.stats.refusedRounds++;
-      this.log.warn({ error: r.error, grants: grants.length }, 'the round\'s grants were refused; renewing leases without them');
-      r = await this.backend.propose({ type: 'reportAndGrant', nowMs: this.clock.stamp(Math.max(nowMs, this.backend.ledger().nowMs)), leases, acks: dedupeAcks(acks) });
+      this.log.warn(
+        { error: r.error, grants: grants.length },
+        "the round's grants were refused; renewing leases without them",
+      );
+      r = await this.backend.propose({
+        type: 'reportAndGrant',
+        nowMs: this.clock.stamp(Math.max(nowMs, this.backend.ledger().nowMs)),
+        leases,
+        acks: dedupeAcks(acks),
+      });
     }
     if (!r.ok) throw new Error(`reportAndGrant refused: ${r.error.code}: ${r.error.message}`);
     this.stats.rounds++;
@@ -503,7 +599,12 @@ export class LeaseService {
    * was stamped with; the unknown-tenant policy and the unknown keys it asked about; the capped
    * domains when its copy is stale.
    */
-  private answer(ledger: Ledger, req: ReportRequestMessage, caps: { readonly domains: string[]; readonly version: number }, unknownTenant: UnknownTenantPolicyName): ReportResponseMessage {
+  private answer(
+    ledger: Ledger,
+    req: ReportRequestMessage,
+    caps: { readonly domains: string[]; readonly version: number },
+    unknownTenant: UnknownTenantPolicyName,
+  ): ReportResponseMessage {
     const session = this.session(req.cellId, req.incarnation);
     const full = session.fresh || req.wantFull === true;
     session.fresh = false;
@@ -520,13 +621,24 @@ export class LeaseService {
       session.outstanding.add(key);
       session.toldUnknown.delete(key);
       const def = ledger.definition(key);
-      out.push({ key, rate: s.rate, burst: s.burst, epoch: s.epoch, floorRate: s.floorRate, floorBurst: s.floorBurst, version: s.version, parent: def?.parent ?? '', deleted: def === undefined });
+      out.push({
+        key,
+        rate: s.rate,
+        burst: s.burst,
+        epoch: s.epoch,
+        floorRate: s.floorRate,
+        floorBurst: s.floorBurst,
+        version: s.version,
+        parent: def?.parent ?? '',
+        deleted: def === undefined,
+      });
     }
     const unknownKeys: string[] = [];
     if (unknownTenant === 'allow') {
       if (session.toldUnknown.size > MAX_TOLD_UNKNOWN) session.toldUnknown.clear();
       for (const v of req.velocity) {
-        if (!v.key.startsWith('tenant/') || session.toldUnknown.has(v.key) || ledger.getQuota(v.key) !== undefined) continue;
+        if (!v.key.startsWith('tenant/') || session.toldUnknown.has(v.key) || ledger.getQuota(v.key) !== undefined)
+          continue;
         session.toldUnknown.add(v.key);
         unknownKeys.push(v.key);
       }
@@ -590,8 +702,18 @@ export class LeaseService {
     let s = this.sessions.get(cellId);
     if (s === undefined || s.incarnation !== incarnation) {
       // A new agent incarnation reports its demand from nothing: the old one's is dropped.
-      if (s !== undefined) for (const key of [...(this.demandKeysOfCell.get(cellId)?.keys() ?? [])]) this.noteDemand(this.backend.ledger(), key, cellId, 0, 0);
-      s = { incarnation, acked: new Map(), outstanding: new Set(), toldUnknown: new Set(), fresh: true, sweepStarted: 0, swept: false };
+      if (s !== undefined)
+        for (const key of [...(this.demandKeysOfCell.get(cellId)?.keys() ?? [])])
+          this.noteDemand(this.backend.ledger(), key, cellId, 0, 0);
+      s = {
+        incarnation,
+        acked: new Map(),
+        outstanding: new Set(),
+        toldUnknown: new Set(),
+        fresh: true,
+        sweepStarted: 0,
+        swept: false,
+      };
       this.sessions.set(cellId, s);
     }
     return s;
@@ -608,14 +730,16 @@ function dedupeAcks(acks: readonly GrantAck[]): GrantAck[] {
 export function validateReport(req: ReportRequestMessage): string | null {
   if (!isName(req.cellId)) return 'cell_id must be 1..128 characters of [a-zA-Z0-9._:-]';
   if (req.incarnation.length === 0 || req.incarnation.length > 128) return 'incarnation must be 1..128 characters';
-  if (req.acks.length > MAX_REPORT_ITEMS || req.velocity.length > MAX_REPORT_ITEMS) return `at most ${MAX_REPORT_ITEMS} acks and velocity entries`;
+  if (req.acks.length > MAX_REPORT_ITEMS || req.velocity.length > MAX_REPORT_ITEMS)
+    return `at most ${MAX_REPORT_ITEMS} acks and velocity entries`;
   for (const a of req.acks) {
     if (!QUOTA_KEY_PATTERN.test(a.key)) return `ack key ${a.key.slice(0, 140)} is not a quota key`;
     if (!Number.isSafeInteger(a.epoch) || a.epoch < 1) return `ack epoch of ${a.key} must be a positive integer`;
   }
   for (const v of req.velocity) {
     if (!QUOTA_KEY_PATTERN.test(v.key)) return `velocity key ${v.key.slice(0, 140)} is not a quota key`;
-    if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0)) return `velocity of ${v.key} must be finite and ≥ 0`;
+    if (!(Number.isFinite(v.allowedPerS) && v.allowedPerS >= 0 && Number.isFinite(v.refusedPerS) && v.refusedPerS >= 0))
+      return `velocity of ${v.key} must be finite and ≥ 0`;
   }
   const sweep = req.velocitySweep ?? 0;
   if (!(Number.isSafeInteger(sweep) && sweep >= 0)) return 'velocity_sweep must be an integer ≥ 0';

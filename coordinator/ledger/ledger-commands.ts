@@ -90,7 +90,9 @@ export const nameSchema = z
 /** `tenant/<id>`, `tier/<name>` or `domain/<name>`. */
 export const QUOTA_KEY_PATTERN = new RegExp(`^(tenant|tier|domain)/[a-zA-Z0-9._:-]{1,${MAX_NAME_LENGTH}}$`);
 /** Validated as a QuotaKey; typed as a plain string (a transform would cost on every grant of a round). */
-export const quotaKeySchema = z.string().regex(QUOTA_KEY_PATTERN, 'a quota key is tenant/<id>, tier/<name> or domain/<name>');
+export const quotaKeySchema = z
+  .string()
+  .regex(QUOTA_KEY_PATTERN, 'a quota key is tenant/<id>, tier/<name> or domain/<name>');
 /** A quota's rate in requests per second: > 0. */
 export const rateSchema = z.number().gt(0).max(MAX_RATE);
 /** A quota's burst in requests: ≥ 1. */
@@ -141,7 +143,11 @@ export const putDomainCapSchema = z.strictObject({
   floorFraction: floorFractionSchema.optional(),
   ...session,
 });
-export const deleteDomainCapSchema = z.strictObject({ type: z.literal('deleteDomainCap'), domain: nameSchema, ...session });
+export const deleteDomainCapSchema = z.strictObject({
+  type: z.literal('deleteDomainCap'),
+  domain: nameSchema,
+  ...session,
+});
 /** Creates or replaces a tenant; `rate`/`burst` override the tier's (left out: the tier's). */
 export const putTenantSchema = z.strictObject({
   type: z.literal('putTenant'),
@@ -232,7 +238,10 @@ export function unknownTenantTier(p: UnknownTenantPolicyName): string | null {
 }
 export const unknownTenantPolicySchema = z
   .string()
-  .refine((s) => s === 'deny' || s === 'allow' || (s.startsWith('tier:') && isName(s.slice(5))), UNKNOWN_TENANT_POLICY_MESSAGE)
+  .refine(
+    (s) => s === 'deny' || s === 'allow' || (s.startsWith('tier:') && isName(s.slice(5))),
+    UNKNOWN_TENANT_POLICY_MESSAGE,
+  )
   .transform((s) => s as UnknownTenantPolicyName);
 /** The cluster-wide settings agents follow (only the unknown-tenant policy today). */
 export const putSettingsSchema = z.strictObject({
@@ -293,8 +302,7 @@ export class LedgerCommandError extends CellquotaError {
 }
 
 export type CommandParse =
-  | { readonly ok: true; readonly command: LedgerCommand }
-  | { readonly ok: false; readonly message: string };
+  { readonly ok: true; readonly command: LedgerCommand } | { readonly ok: false; readonly message: string };
 
 /** Commands this module produced by validation (zod returns fresh objects), so the ledger need not validate twice. */
 const validated = new WeakSet<object>();
@@ -318,8 +326,12 @@ export function parseCommand(input: unknown): CommandParse {
   return { ok: false, message: describeIssues(r.error.issues) };
 }
 
-export function describeIssues(issues: readonly { readonly path: readonly PropertyKey[]; readonly message: string }[]): string {
-  const shown = issues.slice(0, 3).map((i) => `${i.path.length > 0 ? i.path.map(String).join('.') : '(root)'}: ${i.message}`);
+export function describeIssues(
+  issues: readonly { readonly path: readonly PropertyKey[]; readonly message: string }[],
+): string {
+  const shown = issues
+    .slice(0, 3)
+    .map((i) => `${i.path.length > 0 ? i.path.map(String).join('.') : '(root)'}: ${i.message}`);
   const more = issues.length > 3 ? ` (+${issues.length - 3} more)` : '';
   return `invalid command: ${shown.join('; ')}${more}`;
 }
@@ -334,7 +346,8 @@ const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes:
 export function encodeCommand(cmd: LedgerCommandInput, opts: { readonly compactRounds?: boolean } = {}): Uint8Array {
   const p = parseCommand(cmd);
   if (!p.ok) throw new LedgerCommandError(p.message);
-  if (p.command.type === 'reportAndGrant' && opts.compactRounds !== false) return packr.pack([ROUND_FORMAT_VERSION, packRound(p.command)]);
+  if (p.command.type === 'reportAndGrant' && opts.compactRounds !== false)
+    return packr.pack([ROUND_FORMAT_VERSION, packRound(p.command)]);
   return packr.pack([COMMAND_FORMAT_VERSION, p.command]);
 }
 
@@ -356,20 +369,25 @@ export function decodeCommand(bytes: Uint8Array): LedgerCommand {
   try {
     doc = unpackr.unpack(bytes);
   } catch (e) {
-    throw new LedgerCommandError(`undecodable command: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, { cause: e });
+    throw new LedgerCommandError(`undecodable command: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, {
+      cause: e,
+    });
   }
-  if (!Array.isArray(doc) || doc.length !== 2) throw new LedgerCommandError('undecodable command: not [version, command]');
+  if (!Array.isArray(doc) || doc.length !== 2)
+    throw new LedgerCommandError('undecodable command: not [version, command]');
   const [version, raw] = doc as [unknown, unknown];
   let body: unknown = raw;
   if (version === ROUND_FORMAT_VERSION) {
-    if (!(raw instanceof Uint8Array)) throw new LedgerCommandError('undecodable command: a format 2 body must be binary');
+    if (!(raw instanceof Uint8Array))
+      throw new LedgerCommandError('undecodable command: a format 2 body must be binary');
     try {
       body = { type: 'reportAndGrant', ...unpackRound(raw, ROUND_LIMITS) };
     } catch (e) {
       if (e instanceof RoundCodecError) throw new LedgerCommandError(`undecodable round: ${e.message}`, { cause: e });
       throw e;
     }
-  } else if (version !== COMMAND_FORMAT_VERSION) throw new LedgerCommandError(`unsupported command format version ${String(version)}`);
+  } else if (version !== COMMAND_FORMAT_VERSION)
+    throw new LedgerCommandError(`unsupported command format version ${String(version)}`);
   const p = parseCommand(body);
   if (!p.ok) throw new LedgerCommandError(p.message);
   return p.command;

@@ -178,7 +178,8 @@ export interface LedgerOptions {
 
 // ---- results and views --------------------------------------------------------------------------
 
-export type LedgerErrorCode = 'INVALID' | 'NOT_FOUND' | 'CONFLICT' | 'LIMIT_EXCEEDED' | 'QUOTA_EXCEEDED' | 'STALE_SESSION';
+export type LedgerErrorCode =
+  'INVALID' | 'NOT_FOUND' | 'CONFLICT' | 'LIMIT_EXCEEDED' | 'QUOTA_EXCEEDED' | 'STALE_SESSION';
 export const LEDGER_ERROR_CODES: readonly LedgerErrorCode[] = [
   'INVALID',
   'NOT_FOUND',
@@ -307,7 +308,13 @@ export type LedgerValue =
       readonly expiredCells: string[];
     }
   | { readonly kind: 'expired'; readonly nowMs: number; readonly expiredCells: string[] }
-  | { readonly kind: 'cellRemoved'; readonly id: string; readonly dropped: boolean; readonly leaseExpiresAtMs: number | null; readonly freedSlot: number | null }
+  | {
+      readonly kind: 'cellRemoved';
+      readonly id: string;
+      readonly dropped: boolean;
+      readonly leaseExpiresAtMs: number | null;
+      readonly freedSlot: number | null;
+    }
   | { readonly kind: 'settings'; readonly settings: LedgerSettings };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
@@ -332,7 +339,8 @@ export interface QuotaDefinition {
   readonly parent: string | null;
 }
 
-export type LedgerResult = { readonly ok: true; readonly value: LedgerValue } | { readonly ok: false; readonly error: LedgerError };
+export type LedgerResult =
+  { readonly ok: true; readonly value: LedgerValue } | { readonly ok: false; readonly error: LedgerError };
 
 export class LedgerInvariantError extends CellquotaError {
   readonly code = 'LEDGER_INVARIANT';
@@ -478,7 +486,8 @@ export class Ledger {
     if (!Number.isFinite(skewMarginMs) || skewMarginMs < 0 || skewMarginMs > MAX_SKEW_MARGIN_MS) {
       throw new RangeError(`skewMarginMs must be in 0..${MAX_SKEW_MARGIN_MS}`);
     }
-    if (!Number.isInteger(maxSessions) || maxSessions < 1) throw new RangeError('maxSessions must be a positive integer');
+    if (!Number.isInteger(maxSessions) || maxSessions < 1)
+      throw new RangeError('maxSessions must be a positive integer');
     this.config = { floorCells, skewMarginMs: skewMarginMs + 0, maxSessions };
     this.assert = options.assertInvariants ?? false;
     this.sessions = new ClientSessions<LedgerResult>(maxSessions);
@@ -538,7 +547,10 @@ export class Ledger {
       const check = this.sessions.check(session.clientId, session.seq);
       if (check.kind === 'duplicate') return check.result;
       if (check.kind === 'stale') {
-        return fail('STALE_SESSION', `request ${session.seq} of client ${session.clientId} is older than its last applied request ${check.lastSeq}`);
+        return fail(
+          'STALE_SESSION',
+          `request ${session.seq} of client ${session.clientId} is older than its last applied request ${check.lastSeq}`,
+        );
       }
     }
     const result = this.dispatch(cmd, index);
@@ -582,17 +594,27 @@ export class Ledger {
 
   private putTier(cmd: PutTierCommand, index: number): LedgerResult {
     const existing = this.tiers.get(cmd.name);
-    if (existing === undefined && this.tiers.size >= MAX_TIERS) return fail('LIMIT_EXCEEDED', `at most ${MAX_TIERS} tiers`);
+    if (existing === undefined && this.tiers.size >= MAX_TIERS)
+      return fail('LIMIT_EXCEEDED', `at most ${MAX_TIERS} tiers`);
     const bad = windowError(`tier ${cmd.name}`, cmd.rate, cmd.burst);
     if (bad !== null) return bad;
     if ((this.tierTenantCount.get(cmd.name) ?? 0) > 0) {
       for (const [id, t] of this.tenants) {
         if (t.tier !== cmd.name || (t.rate === null && t.burst === null)) continue;
-        const e = windowError(`tenant ${id} (its overrides on tier ${cmd.name})`, t.rate ?? cmd.rate, t.burst ?? cmd.burst);
+        const e = windowError(
+          `tenant ${id} (its overrides on tier ${cmd.name})`,
+          t.rate ?? cmd.rate,
+          t.burst ?? cmd.burst,
+        );
         if (e !== null) return e;
       }
     }
-    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    const rec: QuotaRec = {
+      rate: cmd.rate,
+      burst: cmd.burst,
+      floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION,
+      updatedIndex: index,
+    };
     this.tiers.set(cmd.name, rec);
     if (existing !== undefined) {
       this.touchAll(); // every tenant of the tier changed
@@ -610,7 +632,11 @@ export class Ledger {
     if (!this.tiers.has(cmd.name)) return fail('NOT_FOUND', `tier ${cmd.name} does not exist`);
     const users = this.tierTenantCount.get(cmd.name) ?? 0;
     if (users > 0) return fail('CONFLICT', `tier ${cmd.name} is used by ${users} tenant(s); move or delete them first`);
-    if (unknownTenantTier(this.unknownTenant) === cmd.name) return fail('CONFLICT', `tier ${cmd.name} is the unknown-tenant policy's (unknownTenant ${this.unknownTenant}); change the policy first (PUT /v1/settings)`);
+    if (unknownTenantTier(this.unknownTenant) === cmd.name)
+      return fail(
+        'CONFLICT',
+        `tier ${cmd.name} is the unknown-tenant policy's (unknownTenant ${this.unknownTenant}); change the policy first (PUT /v1/settings)`,
+      );
     this.tiers.delete(cmd.name);
     if (this.tierCaps.delete(cmd.name)) this.retireKey(tierCapKey(cmd.name));
     return ok({ kind: 'deleted', what: 'tier', id: cmd.name });
@@ -622,7 +648,12 @@ export class Ledger {
     const bad = windowError(`the cap of tier ${cmd.tier}`, cmd.rate, cmd.burst);
     if (bad !== null) return bad;
     const created = !this.tierCaps.has(cmd.tier);
-    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    const rec: QuotaRec = {
+      rate: cmd.rate,
+      burst: cmd.burst,
+      floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION,
+      updatedIndex: index,
+    };
     this.tierCaps.set(cmd.tier, rec);
     this.rebaseCeiling(tierCapKey(cmd.tier));
     this.markStale(tierCapKey(cmd.tier));
@@ -640,10 +671,16 @@ export class Ledger {
 
   private putDomainCap(cmd: PutDomainCapCommand, index: number): LedgerResult {
     const created = !this.domainCaps.has(cmd.domain);
-    if (created && this.domainCaps.size >= MAX_DOMAIN_CAPS) return fail('LIMIT_EXCEEDED', `at most ${MAX_DOMAIN_CAPS} domain caps`);
+    if (created && this.domainCaps.size >= MAX_DOMAIN_CAPS)
+      return fail('LIMIT_EXCEEDED', `at most ${MAX_DOMAIN_CAPS} domain caps`);
     const bad = windowError(`the cap of domain ${cmd.domain}`, cmd.rate, cmd.burst);
     if (bad !== null) return bad;
-    const rec: QuotaRec = { rate: cmd.rate, burst: cmd.burst, floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION, updatedIndex: index };
+    const rec: QuotaRec = {
+      rate: cmd.rate,
+      burst: cmd.burst,
+      floorFraction: cmd.floorFraction ?? DEFAULT_FLOOR_FRACTION,
+      updatedIndex: index,
+    };
     this.domainCaps.set(cmd.domain, rec);
     this.rebaseCeiling(domainCapKey(cmd.domain));
     this.markStale(domainCapKey(cmd.domain));
@@ -692,12 +729,23 @@ export class Ledger {
     burst: number | null,
     index: number,
     keepIdentical: boolean,
-  ): { readonly ok: true; readonly outcome: 'created' | 'updated' | 'unchanged' } | { readonly ok: false; readonly error: LedgerError } {
+  ):
+    | { readonly ok: true; readonly outcome: 'created' | 'updated' | 'unchanged' }
+    | { readonly ok: false; readonly error: LedgerError } {
     const tier = this.tiers.get(tierName);
-    if (tier === undefined) return { ok: false, error: { code: 'NOT_FOUND', message: `tier ${tierName} does not exist` } };
+    if (tier === undefined)
+      return { ok: false, error: { code: 'NOT_FOUND', message: `tier ${tierName} does not exist` } };
     const existing = this.tenants.get(id);
-    if (keepIdentical && existing !== undefined && existing.tier === tierName && existing.rate === rate && existing.burst === burst) return { ok: true, outcome: 'unchanged' };
-    if (existing === undefined && this.tenants.size >= MAX_TENANTS) return { ok: false, error: { code: 'LIMIT_EXCEEDED', message: `at most ${MAX_TENANTS} tenants` } };
+    if (
+      keepIdentical &&
+      existing !== undefined &&
+      existing.tier === tierName &&
+      existing.rate === rate &&
+      existing.burst === burst
+    )
+      return { ok: true, outcome: 'unchanged' };
+    if (existing === undefined && this.tenants.size >= MAX_TENANTS)
+      return { ok: false, error: { code: 'LIMIT_EXCEEDED', message: `at most ${MAX_TENANTS} tenants` } };
     const bad = windowError(`tenant ${id}`, rate ?? tier.rate, burst ?? tier.burst);
     if (bad !== null && !bad.ok) return bad;
     if (existing !== undefined) this.addTierUse(existing.tier, -1);
@@ -722,7 +770,8 @@ export class Ledger {
 
   private putSettings(cmd: PutSettingsCommand, index: number): LedgerResult {
     const tier = unknownTenantTier(cmd.unknownTenant);
-    if (tier !== null && !this.tiers.has(tier)) return fail('NOT_FOUND', `unknownTenant ${cmd.unknownTenant}: tier ${tier} does not exist`);
+    if (tier !== null && !this.tiers.has(tier))
+      return fail('NOT_FOUND', `unknownTenant ${cmd.unknownTenant}: tier ${tier} does not exist`);
     if (cmd.unknownTenant === this.unknownTenant) return ok({ kind: 'settings', settings: this.settings });
     const implicitBefore = unknownTenantTier(this.unknownTenant) !== null;
     this.unknownTenant = cmd.unknownTenant;
@@ -747,15 +796,31 @@ export class Ledger {
     const existing = this.cells.get(cmd.cellId);
     if (existing === undefined && this.cells.size >= MAX_CELLS) {
       // Removed cells whose lease is over by this command's time leave before it registers.
-      const leaving = [...this.cells.values()].filter((c) => c.removing && !(c.leaseExpiresAtMs !== null && Math.max(this.now, cmd.nowMs) < c.leaseExpiresAtMs + this.config.skewMarginMs)).length;
-      if (this.cells.size - leaving >= MAX_CELLS) return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells: remove one first (cellquota ctl cells remove ID)`);
+      const leaving = [...this.cells.values()].filter(
+        (c) =>
+          c.removing &&
+          !(
+            c.leaseExpiresAtMs !== null && Math.max(this.now, cmd.nowMs) < c.leaseExpiresAtMs + this.config.skewMarginMs
+          ),
+      ).length;
+      if (this.cells.size - leaving >= MAX_CELLS)
+        return fail('LIMIT_EXCEEDED', `at most ${MAX_CELLS} cells: remove one first (cellquota ctl cells remove ID)`);
     }
     this.advanceTime(cmd.nowMs);
     this.dropRemovedCells();
-    if (existing !== undefined && this.cells.has(cmd.cellId)) return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
+    if (existing !== undefined && this.cells.has(cmd.cellId))
+      return ok({ kind: 'cell', cell: this.cellView(existing), created: false });
     const slot = this.slotsTaken < this.config.floorCells ? this.freeSlot() : null;
     if (slot !== null) this.slotsTaken++;
-    const rec: CellRec = { id: cmd.cellId, slot, removing: false, registeredAtMs: this.now, lastReportAtMs: null, leaseExpiresAtMs: null, epochMark: 0 };
+    const rec: CellRec = {
+      id: cmd.cellId,
+      slot,
+      removing: false,
+      registeredAtMs: this.now,
+      lastReportAtMs: null,
+      leaseExpiresAtMs: null,
+      epochMark: 0,
+    };
     this.cells.set(cmd.cellId, rec);
     this.cellOrder.push(cmd.cellId);
     this.touchAll();
@@ -784,7 +849,13 @@ export class Ledger {
     c.removing = true;
     const slot = c.slot;
     const dropped = this.dropRemovedCells().includes(cmd.cellId);
-    return ok({ kind: 'cellRemoved', id: cmd.cellId, dropped, leaseExpiresAtMs: dropped ? null : c.leaseExpiresAtMs, freedSlot: dropped ? slot : null });
+    return ok({
+      kind: 'cellRemoved',
+      id: cmd.cellId,
+      dropped,
+      leaseExpiresAtMs: dropped ? null : c.leaseExpiresAtMs,
+      freedSlot: dropped ? slot : null,
+    });
   }
 
   /** Drops every removed cell whose lease is over (never inside a tentative round). Returns their ids. */
@@ -847,7 +918,10 @@ export class Ledger {
         return fail('NOT_FOUND', `quota ${g.key} does not exist (a deleted quota's slices accept only zero grants)`);
       }
       if (slice !== undefined && g.epoch <= slice.epoch) {
-        return fail('CONFLICT', `grant epoch ${g.epoch} for ${g.key} on cell ${g.cellId} is not above the current epoch ${slice.epoch}`);
+        return fail(
+          'CONFLICT',
+          `grant epoch ${g.epoch} for ${g.key} on cell ${g.cellId} is not above the current epoch ${slice.epoch}`,
+        );
       }
     }
 
@@ -873,7 +947,8 @@ export class Ledger {
         if (c === undefined) continue;
         this.saveCell(c);
         c.lastReportAtMs = this.now;
-        c.leaseExpiresAtMs = c.leaseExpiresAtMs === null ? l.leaseExpiresAtMs + 0 : Math.max(c.leaseExpiresAtMs, l.leaseExpiresAtMs);
+        c.leaseExpiresAtMs =
+          c.leaseExpiresAtMs === null ? l.leaseExpiresAtMs + 0 : Math.max(c.leaseExpiresAtMs, l.leaseExpiresAtMs);
       }
       const before = new Map<string, Usage>();
       for (const [key, { q }] of touched) if (q !== undefined) before.set(key, this.usage(key, q));
@@ -903,7 +978,8 @@ export class Ledger {
         s.heldFloorRate = Math.max(s.heldFloorRate, floor.rate);
         s.heldFloorBurst = Math.max(s.heldFloorBurst, floor.burst);
         this.saveCell(cell);
-        cell.leaseExpiresAtMs = cell.leaseExpiresAtMs === null ? g.leaseExpiresAtMs + 0 : Math.max(cell.leaseExpiresAtMs, g.leaseExpiresAtMs);
+        cell.leaseExpiresAtMs =
+          cell.leaseExpiresAtMs === null ? g.leaseExpiresAtMs + 0 : Math.max(cell.leaseExpiresAtMs, g.leaseExpiresAtMs);
         if (q === undefined) this.dropIfRetiredAndEmpty(g.key, g.cellId, s);
       }
       // Grants (or renewals) carrying a lease that has already surely expired: released at once.
@@ -914,13 +990,23 @@ export class Ledger {
         if (q === undefined || b === undefined) continue;
         const after = this.usage(key, q);
         const c = this.ceilings.get(key);
-        const rateBad = exceeds(after.rate, q.rate) && (c === undefined || exceeds(after.rate, b.rate) || exceeds(after.rate, c.rate));
-        const burstBad = exceeds(after.burst, q.burst) && (c === undefined || exceeds(after.burst, b.burst) || exceeds(after.burst, c.burst));
+        const rateBad =
+          exceeds(after.rate, q.rate) &&
+          (c === undefined || exceeds(after.rate, b.rate) || exceeds(after.rate, c.rate));
+        const burstBad =
+          exceeds(after.burst, q.burst) &&
+          (c === undefined || exceeds(after.burst, b.burst) || exceeds(after.burst, c.burst));
         if (rateBad || burstBad) {
           txn.run();
-          const what = rateBad ? `rate ${after.rate} over the quota's ${q.rate}` : `burst ${after.burst} over the quota's ${q.burst}`;
-          const during = c === undefined ? '' : ' (the quota was lowered and is still above its limit: only shrinks are accepted)';
-          return fail('QUOTA_EXCEEDED', `the grants would let the cells use ${what} for ${key}${during}; the round is refused`);
+          const what = rateBad
+            ? `rate ${after.rate} over the quota's ${q.rate}`
+            : `burst ${after.burst} over the quota's ${q.burst}`;
+          const during =
+            c === undefined ? '' : ' (the quota was lowered and is still above its limit: only shrinks are accepted)';
+          return fail(
+            'QUOTA_EXCEEDED',
+            `the grants would let the cells use ${what} for ${key}${during}; the round is refused`,
+          );
         }
       }
       // Committed from here on: the granted slices carry the current definitions.
@@ -929,7 +1015,15 @@ export class Ledger {
         this.touch(g.key);
       }
       for (const a of acks) this.touch(a.key);
-      return ok({ kind: 'round', nowMs: this.now, acked, ignoredAcks: acks.length - acked, renewed: leases.length, granted: grants.length, expiredCells });
+      return ok({
+        kind: 'round',
+        nowMs: this.now,
+        acked,
+        ignoredAcks: acks.length - acked,
+        renewed: leases.length,
+        granted: grants.length,
+        expiredCells,
+      });
     } catch (e) {
       txn.run();
       throw e;
@@ -995,7 +1089,19 @@ export class Ledger {
   }
 
   private createSlice(key: string, cellId: string): SliceRec {
-    const s: SliceRec = { epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: 0, floorRate: 0, floorBurst: 0, heldRate: 0, heldBurst: 0, heldFloorRate: 0, heldFloorBurst: 0, version: 0 };
+    const s: SliceRec = {
+      epoch: 0,
+      rate: 0,
+      burst: 0,
+      leaseExpiresAtMs: 0,
+      floorRate: 0,
+      floorBurst: 0,
+      heldRate: 0,
+      heldBurst: 0,
+      heldFloorRate: 0,
+      heldFloorBurst: 0,
+      version: 0,
+    };
     this.insertSlice(key, cellId, s);
     this.txn?.push(() => this.removeSlice(key, cellId));
     return s;
@@ -1063,7 +1169,15 @@ export class Ledger {
    */
   private isStale(key: string, s: SliceRec): boolean {
     const q = this.quotaOf(key);
-    if (q === undefined) return !(s.version === 0 && s.epoch > 0 && s.rate === 0 && s.burst === 0 && s.floorRate === 0 && s.floorBurst === 0);
+    if (q === undefined)
+      return !(
+        s.version === 0 &&
+        s.epoch > 0 &&
+        s.rate === 0 &&
+        s.burst === 0 &&
+        s.floorRate === 0 &&
+        s.floorBurst === 0
+      );
     return s.version < q.updatedIndex;
   }
 
@@ -1071,7 +1185,15 @@ export class Ledger {
   private dropIfRetiredAndEmpty(key: string, cellId: string, s: SliceRec): void {
     if (this.quotaOf(key) !== undefined) return;
     this.touch(key);
-    if (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0 || s.heldFloorRate !== 0 || s.heldFloorBurst !== 0) return;
+    if (
+      s.rate !== 0 ||
+      s.burst !== 0 ||
+      s.heldRate !== 0 ||
+      s.heldBurst !== 0 ||
+      s.heldFloorRate !== 0 ||
+      s.heldFloorBurst !== 0
+    )
+      return;
     const cell = this.cells.get(cellId);
     if (cell !== undefined && s.epoch > cell.epochMark) {
       this.saveCell(cell);
@@ -1182,15 +1304,28 @@ export class Ledger {
       const implicit = unknownTenantTier(this.unknownTenant);
       const tier = implicit === null ? undefined : this.tiers.get(implicit);
       if (tier === undefined) return undefined;
-      return { rate: tier.rate, burst: tier.burst, floorFraction: tier.floorFraction, updatedIndex: Math.max(tier.updatedIndex, this.unknownTenantIndex) };
+      return {
+        rate: tier.rate,
+        burst: tier.burst,
+        floorFraction: tier.floorFraction,
+        updatedIndex: Math.max(tier.updatedIndex, this.unknownTenantIndex),
+      };
     }
     const tier = this.tiers.get(t.tier);
     if (tier === undefined) return undefined;
-    return { rate: t.rate ?? tier.rate, burst: t.burst ?? tier.burst, floorFraction: tier.floorFraction, updatedIndex: Math.max(t.updatedIndex, tier.updatedIndex) };
+    return {
+      rate: t.rate ?? tier.rate,
+      burst: t.burst ?? tier.burst,
+      floorFraction: tier.floorFraction,
+      updatedIndex: Math.max(t.updatedIndex, tier.updatedIndex),
+    };
   }
 
   private slotFloor(q: QuotaRec): Usage {
-    return { rate: (q.floorFraction * q.rate) / this.config.floorCells, burst: (q.floorFraction * q.burst) / this.config.floorCells };
+    return {
+      rate: (q.floorFraction * q.rate) / this.config.floorCells,
+      burst: (q.floorFraction * q.burst) / this.config.floorCells,
+    };
   }
 
   private floorOf(q: QuotaRec, cell: CellRec): Usage {
@@ -1271,7 +1406,10 @@ export class Ledger {
   }
 
   /** Tenants in id order, `limit` at a time (1..MAX_PAGE_LIMIT), after `cursor` (the last id of the previous page). */
-  listTenants(opts: { readonly cursor?: string; readonly limit?: number } = {}): { tenants: TenantView[]; nextCursor: string | null } {
+  listTenants(opts: { readonly cursor?: string; readonly limit?: number } = {}): {
+    tenants: TenantView[];
+    nextCursor: string | null;
+  } {
     const limit = Math.min(MAX_PAGE_LIMIT, Math.max(1, Math.floor(opts.limit ?? DEFAULT_PAGE_LIMIT)));
     this.sortedTenantIds ??= [...this.tenants.keys()].sort(cmp);
     const ids = this.sortedTenantIds;
@@ -1396,7 +1534,20 @@ export class Ledger {
     const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
     const u = this.counted(floor, s, this.leaseLive(cell));
     if (s === undefined) {
-      return { cellId: cell.id, slot: cell.slot, epoch: 0, rate: 0, burst: 0, leaseExpiresAtMs: null, floorRate: floor.rate, floorBurst: floor.burst, acknowledged: true, countedRate: u.rate, countedBurst: u.burst, version: 0 };
+      return {
+        cellId: cell.id,
+        slot: cell.slot,
+        epoch: 0,
+        rate: 0,
+        burst: 0,
+        leaseExpiresAtMs: null,
+        floorRate: floor.rate,
+        floorBurst: floor.burst,
+        acknowledged: true,
+        countedRate: u.rate,
+        countedBurst: u.burst,
+        version: 0,
+      };
     }
     return {
       cellId: cell.id,
@@ -1407,7 +1558,11 @@ export class Ledger {
       leaseExpiresAtMs: cell.leaseExpiresAtMs === null ? null : s.leaseExpiresAtMs,
       floorRate: s.floorRate,
       floorBurst: s.floorBurst,
-      acknowledged: s.heldRate === s.rate && s.heldBurst === s.burst && s.heldFloorRate === s.floorRate && s.heldFloorBurst === s.floorBurst,
+      acknowledged:
+        s.heldRate === s.rate &&
+        s.heldBurst === s.burst &&
+        s.heldFloorRate === s.floorRate &&
+        s.heldFloorBurst === s.floorBurst,
       countedRate: u.rate,
       countedBurst: u.burst,
       version: s.version,
@@ -1416,16 +1571,37 @@ export class Ledger {
 
   private tierView(name: string, t: QuotaRec): TierView {
     const cap = this.tierCaps.get(name);
-    return { name, ...quotaConfig(t), cap: cap === undefined ? null : quotaConfig(cap), tenantCount: this.tierTenantCount.get(name) ?? 0, updatedIndex: t.updatedIndex };
+    return {
+      name,
+      ...quotaConfig(t),
+      cap: cap === undefined ? null : quotaConfig(cap),
+      tenantCount: this.tierTenantCount.get(name) ?? 0,
+      updatedIndex: t.updatedIndex,
+    };
   }
 
   private tenantView(id: string, t: TenantRec): TenantView {
     const q = this.quotaOf(tenantKey(id));
-    return { id, tier: t.tier, rate: t.rate, burst: t.burst, quota: q === undefined ? { rate: 0, burst: 0, floorFraction: 0 } : quotaConfig(q), updatedIndex: t.updatedIndex };
+    return {
+      id,
+      tier: t.tier,
+      rate: t.rate,
+      burst: t.burst,
+      quota: q === undefined ? { rate: 0, burst: 0, floorFraction: 0 } : quotaConfig(q),
+      updatedIndex: t.updatedIndex,
+    };
   }
 
   private cellView(c: CellRec): CellView {
-    return { id: c.id, slot: c.slot, registeredAtMs: c.registeredAtMs, lastReportAtMs: c.lastReportAtMs, leaseExpiresAtMs: c.leaseExpiresAtMs, leaseLive: this.leaseLive(c), removing: c.removing };
+    return {
+      id: c.id,
+      slot: c.slot,
+      registeredAtMs: c.registeredAtMs,
+      lastReportAtMs: c.lastReportAtMs,
+      leaseExpiresAtMs: c.leaseExpiresAtMs,
+      leaseLive: this.leaseLive(c),
+      removing: c.removing,
+    };
   }
 
   // ---- invariants -------------------------------------------------------------------------------
@@ -1436,13 +1612,15 @@ export class Ledger {
       throw new LedgerInvariantError(msg);
     };
     // Cells and floor slots.
-    if (this.cellOrder.length !== this.cells.size || this.cells.size > MAX_CELLS) bad('cell order does not match the cells');
+    if (this.cellOrder.length !== this.cells.size || this.cells.size > MAX_CELLS)
+      bad('cell order does not match the cells');
     let slots = 0;
     const slotSeen = new Set<number>();
     for (const id of this.cellOrder) {
       const c = this.cells.get(id) ?? bad(`cell ${id} in the order is missing`);
       if (c.slot !== null) {
-        if (!Number.isInteger(c.slot) || c.slot < 0 || c.slot >= this.config.floorCells || slotSeen.has(c.slot)) bad(`cell ${id} has floor slot ${c.slot}: out of range or taken twice`);
+        if (!Number.isInteger(c.slot) || c.slot < 0 || c.slot >= this.config.floorCells || slotSeen.has(c.slot))
+          bad(`cell ${id} has floor slot ${c.slot}: out of range or taken twice`);
         slotSeen.add(c.slot);
         slots++;
       }
@@ -1455,7 +1633,8 @@ export class Ledger {
     }
     if (slots !== this.slotsTaken || slots > this.config.floorCells) bad('floor slot count is wrong');
     // Tiers, tenants, caps.
-    if (this.tiers.size > MAX_TIERS || this.tenants.size > MAX_TENANTS || this.domainCaps.size > MAX_DOMAIN_CAPS) bad('a size limit is exceeded');
+    if (this.tiers.size > MAX_TIERS || this.tenants.size > MAX_TENANTS || this.domainCaps.size > MAX_DOMAIN_CAPS)
+      bad('a size limit is exceeded');
     const uses = new Map<string, number>();
     for (const [id, t] of this.tenants) {
       if (!this.tiers.has(t.tier)) bad(`tenant ${id} is on missing tier ${t.tier}`);
@@ -1465,7 +1644,15 @@ export class Ledger {
     for (const [tier, n] of uses) if (this.tierTenantCount.get(tier) !== n) bad(`tier ${tier} use count is wrong`);
     for (const tier of this.tierCaps.keys()) if (!this.tiers.has(tier)) bad(`cap of missing tier ${tier}`);
     for (const [name, q] of [...this.tiers, ...this.tierCaps, ...this.domainCaps]) {
-      if (!(q.rate > 0 && q.rate <= MAX_RATE && q.burst >= 1 && q.burst <= MAX_BURST && q.floorFraction >= 0 && q.floorFraction <= 1)) bad(`quota ${name} is out of range`);
+      if (!(
+        q.rate > 0 &&
+        q.rate <= MAX_RATE &&
+        q.burst >= 1 &&
+        q.burst <= MAX_BURST &&
+        q.floorFraction >= 0 &&
+        q.floorFraction <= 1
+      ))
+        bad(`quota ${name} is out of range`);
       if (!gcraWindowFits(q.rate, q.burst)) bad(`quota ${name}: burst/rate beyond the agents' GCRA window`);
     }
     // Slices.
@@ -1478,9 +1665,25 @@ export class Ledger {
         const cell = this.cells.get(cellId) ?? bad(`slice ${key} on unknown cell ${cellId}`);
         if (this.byCell.get(cellId)?.get(key) !== s) bad(`slice ${key}/${cellId} is not indexed by cell`);
         if (!(Number.isSafeInteger(s.epoch) && s.epoch >= 1)) bad(`slice ${key}/${cellId} has epoch ${s.epoch}`);
-        if (s.heldRate < s.rate || s.heldBurst < s.burst || s.heldFloorRate < s.floorRate || s.heldFloorBurst < s.floorBurst) bad(`slice ${key}/${cellId} holds less than its current grant`);
-        if (cell.leaseExpiresAtMs === null && (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0)) bad(`slice ${key}/${cellId} keeps a grant without a lease`);
-        if (retired && s.rate === 0 && s.burst === 0 && s.heldRate === 0 && s.heldBurst === 0 && s.heldFloorRate === 0 && s.heldFloorBurst === 0) bad(`retired slice ${key}/${cellId} should have been dropped`);
+        if (
+          s.heldRate < s.rate ||
+          s.heldBurst < s.burst ||
+          s.heldFloorRate < s.floorRate ||
+          s.heldFloorBurst < s.floorBurst
+        )
+          bad(`slice ${key}/${cellId} holds less than its current grant`);
+        if (cell.leaseExpiresAtMs === null && (s.rate !== 0 || s.burst !== 0 || s.heldRate !== 0 || s.heldBurst !== 0))
+          bad(`slice ${key}/${cellId} keeps a grant without a lease`);
+        if (
+          retired &&
+          s.rate === 0 &&
+          s.burst === 0 &&
+          s.heldRate === 0 &&
+          s.heldBurst === 0 &&
+          s.heldFloorRate === 0 &&
+          s.heldFloorBurst === 0
+        )
+          bad(`retired slice ${key}/${cellId} should have been dropped`);
       }
     }
     let byCellCount = 0;
@@ -1489,7 +1692,8 @@ export class Ledger {
     // Ceilings exist only above their limits, for existing quotas.
     for (const [key, c] of this.ceilings) {
       const q = this.quotaOf(key) ?? bad(`ceiling for missing quota ${key}`);
-      if (c.rate < q.rate || c.burst < q.burst || (!exceeds(c.rate, q.rate) && !exceeds(c.burst, q.burst))) bad(`ceiling of ${key} is not above its limit`);
+      if (c.rate < q.rate || c.burst < q.burst || (!exceeds(c.rate, q.rate) && !exceeds(c.burst, q.burst)))
+        bad(`ceiling of ${key} is not above its limit`);
     }
     // The bound. Quotas no cell holds a slice of are at Σ floors = φ × quota ≤ quota.
     const checkKey = (key: string, q: QuotaRec): void => {
@@ -1505,7 +1709,8 @@ export class Ledger {
       if (q !== undefined) checkKey(key, q);
     }
     for (const [tier, q] of this.tierCaps) if (!this.byKey.has(tierCapKey(tier))) checkKey(tierCapKey(tier), q);
-    for (const [domain, q] of this.domainCaps) if (!this.byKey.has(domainCapKey(domain))) checkKey(domainCapKey(domain), q);
+    for (const [domain, q] of this.domainCaps)
+      if (!this.byKey.has(domainCapKey(domain))) checkKey(domainCapKey(domain), q);
   }
 
   // ---- snapshots --------------------------------------------------------------------------------
@@ -1521,7 +1726,21 @@ export class Ledger {
       for (const cellId of [...m.keys()].sort(cmp)) {
         const s = m.get(cellId);
         if (s === undefined) continue;
-        slices.push([key, cellId, s.epoch, s.rate, s.burst, s.leaseExpiresAtMs, s.floorRate, s.floorBurst, s.heldRate, s.heldBurst, s.heldFloorRate, s.heldFloorBurst, s.version]);
+        slices.push([
+          key,
+          cellId,
+          s.epoch,
+          s.rate,
+          s.burst,
+          s.leaseExpiresAtMs,
+          s.floorRate,
+          s.floorBurst,
+          s.heldRate,
+          s.heldBurst,
+          s.heldFloorRate,
+          s.heldFloorBurst,
+          s.version,
+        ]);
       }
     }
     const snap: Snapshot = {
@@ -1532,11 +1751,15 @@ export class Ledger {
       tiers: quotaRows(this.tiers),
       tierCaps: quotaRows(this.tierCaps),
       domainCaps: quotaRows(this.domainCaps),
-      tenants: [...this.tenants].sort((a, b) => cmp(a[0], b[0])).map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
+      tenants: [...this.tenants]
+        .sort((a, b) => cmp(a[0], b[0]))
+        .map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
       cells: this.cellOrder.map((id) => {
         const c = this.cells.get(id) as CellRec;
         // The removal mark only when set, so a ledger that never removed a cell snapshots as before.
-        return c.removing ? [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark, true] : [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
+        return c.removing
+          ? [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark, true]
+          : [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
       }),
       slices,
       ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
@@ -1552,23 +1775,32 @@ export class Ledger {
     try {
       doc = snapUnpackr.unpack(bytes);
     } catch (e) {
-      throw new LedgerSnapshotError(`undecodable snapshot: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`, { cause: e });
+      throw new LedgerSnapshotError(
+        `undecodable snapshot: ${String(e instanceof Error ? e.message : e).slice(0, 200)}`,
+        { cause: e },
+      );
     }
     const r = snapshotSchema.safeParse(doc);
-    if (!r.success) throw new LedgerSnapshotError(describeIssues(r.error.issues).replace('invalid command', 'invalid snapshot'));
+    if (!r.success)
+      throw new LedgerSnapshotError(describeIssues(r.error.issues).replace('invalid command', 'invalid snapshot'));
     const s = r.data;
     const [floorCells, skewMarginMs, maxSessions] = s.config;
     let l: Ledger;
     try {
       l = new Ledger({ floorCells, skewMarginMs, maxSessions, assertInvariants: options.assertInvariants ?? false });
     } catch (e) {
-      throw new LedgerSnapshotError(`invalid snapshot configuration: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+      throw new LedgerSnapshotError(`invalid snapshot configuration: ${e instanceof Error ? e.message : String(e)}`, {
+        cause: e,
+      });
     }
     l.now = s.nowMs;
     l.applied = s.appliedIndex;
-    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tiers) l.tiers.set(n, { rate, burst, floorFraction, updatedIndex });
-    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tierCaps) l.tierCaps.set(n, { rate, burst, floorFraction, updatedIndex });
-    for (const [n, rate, burst, floorFraction, updatedIndex] of s.domainCaps) l.domainCaps.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tiers)
+      l.tiers.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.tierCaps)
+      l.tierCaps.set(n, { rate, burst, floorFraction, updatedIndex });
+    for (const [n, rate, burst, floorFraction, updatedIndex] of s.domainCaps)
+      l.domainCaps.set(n, { rate, burst, floorFraction, updatedIndex });
     for (const [id, tier, rate, burst, updatedIndex] of s.tenants) {
       l.tenants.set(id, { tier, rate, burst, updatedIndex });
       l.addTierUse(tier, 1);
@@ -1580,20 +1812,59 @@ export class Ledger {
     }
     for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark, removing] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
-      l.cells.set(id, { id, slot, removing: removing ?? false, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark: epochMark ?? 0 });
+      l.cells.set(id, {
+        id,
+        slot,
+        removing: removing ?? false,
+        registeredAtMs,
+        lastReportAtMs,
+        leaseExpiresAtMs,
+        epochMark: epochMark ?? 0,
+      });
       l.cellOrder.push(id);
       if (slot !== null) l.slotsTaken++;
     }
-    for (const [key, cellId, epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst, version] of s.slices) {
-      l.insertSlice(key, cellId, { epoch, rate, burst, leaseExpiresAtMs, floorRate, floorBurst, heldRate, heldBurst, heldFloorRate, heldFloorBurst, version: version ?? 0 });
+    for (const [
+      key,
+      cellId,
+      epoch,
+      rate,
+      burst,
+      leaseExpiresAtMs,
+      floorRate,
+      floorBurst,
+      heldRate,
+      heldBurst,
+      heldFloorRate,
+      heldFloorBurst,
+      version,
+    ] of s.slices) {
+      l.insertSlice(key, cellId, {
+        epoch,
+        rate,
+        burst,
+        leaseExpiresAtMs,
+        floorRate,
+        floorBurst,
+        heldRate,
+        heldBurst,
+        heldFloorRate,
+        heldFloorBurst,
+        version: version ?? 0,
+      });
     }
     for (const [key, rate, burst] of s.ceilings) l.ceilings.set(key, { rate, burst });
-    const entries: SessionEntry<LedgerResult>[] = s.sessions.map(([clientId, seq, result]) => ({ clientId, seq, result: result as LedgerResult }));
+    const entries: SessionEntry<LedgerResult>[] = s.sessions.map(([clientId, seq, result]) => ({
+      clientId,
+      seq,
+      result: result as LedgerResult,
+    }));
     l.sessions = ClientSessions.fromEntries(maxSessions, entries);
     try {
       l.checkInvariants();
     } catch (e) {
-      if (e instanceof LedgerInvariantError) throw new LedgerSnapshotError(`inconsistent snapshot: ${e.message}`, { cause: e });
+      if (e instanceof LedgerInvariantError)
+        throw new LedgerSnapshotError(`inconsistent snapshot: ${e.message}`, { cause: e });
       throw e;
     }
     return l;
@@ -1631,7 +1902,15 @@ interface Snapshot {
   tierCaps: SnapQuota[];
   domainCaps: SnapQuota[];
   tenants: [id: string, tier: string, rate: number | null, burst: number | null, updatedIndex: number][];
-  cells: [id: string, slot: number | null, registeredAtMs: number, lastReportAtMs: number | null, leaseExpiresAtMs: number | null, epochMark?: number, removing?: boolean][];
+  cells: [
+    id: string,
+    slot: number | null,
+    registeredAtMs: number,
+    lastReportAtMs: number | null,
+    leaseExpiresAtMs: number | null,
+    epochMark?: number,
+    removing?: boolean,
+  ][];
   slices: SnapSlice[];
   ceilings: [key: string, rate: number, burst: number][];
   sessions: [clientId: string, seq: number, result: unknown][];
@@ -1647,7 +1926,13 @@ const sKey = z.string().regex(QUOTA_KEY_PATTERN);
 const sNum = z.number().min(0);
 const sIndex = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
 const sTime = z.number().min(0).max(MAX_TIME_MS);
-const sQuota = z.tuple([sName, z.number().gt(0).max(MAX_RATE), z.number().min(1).max(MAX_BURST), z.number().min(0).max(1), sIndex]);
+const sQuota = z.tuple([
+  sName,
+  z.number().gt(0).max(MAX_RATE),
+  z.number().min(1).max(MAX_BURST),
+  z.number().min(0).max(1),
+  sIndex,
+]);
 const sResult = z.union([
   z.object({ ok: z.literal(true), value: z.object({ kind: z.string() }).loose() }),
   z.object({ ok: z.literal(false), error: z.object({ code: z.enum(LEDGER_ERROR_CODES), message: z.string() }) }),
@@ -1660,16 +1945,45 @@ const snapshotSchema = z.object({
   tiers: z.array(sQuota).max(MAX_TIERS),
   tierCaps: z.array(sQuota).max(MAX_TIERS),
   domainCaps: z.array(sQuota).max(MAX_DOMAIN_CAPS),
-  tenants: z.array(z.tuple([sName, sName, z.number().gt(0).max(MAX_RATE).nullable(), z.number().min(1).max(MAX_BURST).nullable(), sIndex])).max(MAX_TENANTS),
-  cells: z.array(z.tuple([sName, z.number().int().min(0).max(MAX_CELLS).nullable(), sTime, sTime.nullable(), sTime.nullable(), sIndex.optional(), z.boolean().optional()])).max(MAX_CELLS),
-  slices: z.array(z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum, sIndex.optional()])),
+  tenants: z
+    .array(
+      z.tuple([
+        sName,
+        sName,
+        z.number().gt(0).max(MAX_RATE).nullable(),
+        z.number().min(1).max(MAX_BURST).nullable(),
+        sIndex,
+      ]),
+    )
+    .max(MAX_TENANTS),
+  cells: z
+    .array(
+      z.tuple([
+        sName,
+        z.number().int().min(0).max(MAX_CELLS).nullable(),
+        sTime,
+        sTime.nullable(),
+        sTime.nullable(),
+        sIndex.optional(),
+        z.boolean().optional(),
+      ]),
+    )
+    .max(MAX_CELLS),
+  slices: z.array(
+    z.tuple([sKey, sName, sIndex, sNum, sNum, sTime, sNum, sNum, sNum, sNum, sNum, sNum, sIndex.optional()]),
+  ),
   ceilings: z.array(z.tuple([sKey, sNum, sNum])),
   sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),
-  settings: z.union([z.tuple([unknownTenantPolicySchema, sIndex]), z.tuple([unknownTenantPolicySchema, sIndex, sIndex])]).optional(),
+  settings: z
+    .union([z.tuple([unknownTenantPolicySchema, sIndex]), z.tuple([unknownTenantPolicySchema, sIndex, sIndex])])
+    .optional(),
 });
 
 /** A quota whose bucket no agent can represent (burst/rate beyond the GCRA window): refused, naming the limit. */
 function windowError(what: string, rate: number, burst: number): LedgerResult | null {
   if (gcraWindowFits(rate, burst)) return null;
-  return fail('INVALID', `${what}: burst/rate = ${(burst / rate).toPrecision(6)} s is longer than the agents' longest GCRA window, ${MAX_GCRA_WINDOW_S} s (MAX_GCRA_WINDOW_S): lower the burst or raise the rate`);
+  return fail(
+    'INVALID',
+    `${what}: burst/rate = ${(burst / rate).toPrecision(6)} s is longer than the agents' longest GCRA window, ${MAX_GCRA_WINDOW_S} s (MAX_GCRA_WINDOW_S): lower the burst or raise the rate`,
+  );
 }

@@ -34,7 +34,16 @@ export interface PackedRound {
   readonly nowMs: number;
   readonly leases?: readonly { readonly cellId: string; readonly leaseExpiresAtMs: number }[] | undefined;
   readonly acks?: readonly { readonly key: string; readonly cellId: string; readonly epoch: number }[] | undefined;
-  readonly grants?: readonly { readonly key: string; readonly cellId: string; readonly rate: number; readonly burst: number; readonly epoch: number; readonly leaseExpiresAtMs: number }[] | undefined;
+  readonly grants?:
+    | readonly {
+        readonly key: string;
+        readonly cellId: string;
+        readonly rate: number;
+        readonly burst: number;
+        readonly epoch: number;
+        readonly leaseExpiresAtMs: number;
+      }[]
+    | undefined;
   readonly session?: { readonly clientId: string; readonly seq: number } | undefined;
 }
 
@@ -253,7 +262,12 @@ export function packRound(r: PackedRound): Uint8Array {
   }
   const w = new Writer();
   w.f64(r.nowMs + 0);
-  w.byte((r.leases !== undefined ? P_LEASES : 0) | (r.acks !== undefined ? P_ACKS : 0) | (r.grants !== undefined ? P_GRANTS : 0) | (r.session !== undefined ? P_SESSION : 0));
+  w.byte(
+    (r.leases !== undefined ? P_LEASES : 0) |
+      (r.acks !== undefined ? P_ACKS : 0) |
+      (r.grants !== undefined ? P_GRANTS : 0) |
+      (r.session !== undefined ? P_SESSION : 0),
+  );
   if (r.session !== undefined) {
     w.str(r.session.clientId);
     w.uint(r.session.seq);
@@ -323,7 +337,8 @@ export function unpackRound(bytes: Uint8Array, limits: RoundCodecLimits): Packed
   const r = new Reader(bytes);
   const nowMs = r.f64();
   const presence = r.byte();
-  if ((presence & ~(P_LEASES | P_ACKS | P_GRANTS | P_SESSION)) !== 0) throw new RoundCodecError('unknown presence bits in packed round');
+  if ((presence & ~(P_LEASES | P_ACKS | P_GRANTS | P_SESSION)) !== 0)
+    throw new RoundCodecError('unknown presence bits in packed round');
   const nameBytes = limits.maxNameLength;
   let session: { clientId: string; seq: number } | undefined;
   if ((presence & P_SESSION) !== 0) session = { clientId: r.str(nameBytes), seq: r.uint() };
@@ -378,7 +393,14 @@ export function unpackRound(bytes: Uint8Array, limits: RoundCodecLimits): Packed
     const ne = r.count(Math.max(1, n), 'lease expiries');
     const expiries: number[] = [];
     for (let i = 0; i < ne; i++) expiries.push(r.f64());
-    const grants: { key: string; cellId: string; rate: number; burst: number; epoch: number; leaseExpiresAtMs: number }[] = [];
+    const grants: {
+      key: string;
+      cellId: string;
+      rate: number;
+      burst: number;
+      epoch: number;
+      leaseExpiresAtMs: number;
+    }[] = [];
     for (let i = 0; i < n; i++) {
       const key = keyAt();
       const cellId = cellAt();

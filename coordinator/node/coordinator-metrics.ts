@@ -23,7 +23,12 @@ export class CoordinatorMetrics {
   readonly leaseRefused: Counter<'reason'>;
 
   constructor(registry: Registry) {
-    this.proposals = new Counter({ name: 'cellquota_raft_proposals_total', help: 'Proposals by outcome (ok, error: refused, not leader, timeout, dropped)', labelNames: ['result'], registers: [registry] });
+    this.proposals = new Counter({
+      name: 'cellquota_raft_proposals_total',
+      help: 'Proposals by outcome (ok, error: refused, not leader, timeout, dropped)',
+      labelNames: ['result'],
+      registers: [registry],
+    });
     this.proposalSeconds = new Histogram({
       name: 'cellquota_raft_proposal_duration_seconds',
       help: 'Time from proposal to applied on the leader',
@@ -36,15 +41,24 @@ export class CoordinatorMetrics {
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
       registers: [registry],
     });
-    this.leaderChanges = new Counter({ name: 'cellquota_raft_leader_changes_total', help: 'Times this replica saw the leader change', registers: [registry] });
+    this.leaderChanges = new Counter({
+      name: 'cellquota_raft_leader_changes_total',
+      help: 'Times this replica saw the leader change',
+      registers: [registry],
+    });
     this.leaseRefused = new Counter({
       name: 'cellquota_lease_reports_refused_total',
-      help: 'Lease reports refused before any round, by reason: unauthenticated (no identity), permission_denied (an identity, not the cell\'s), cell_removed, too_many_cells',
+      help: "Lease reports refused before any round, by reason: unauthenticated (no identity), permission_denied (an identity, not the cell's), cell_removed, too_many_cells",
       labelNames: ['reason'],
       registers: [registry],
     });
-    for (const reason of ['unauthenticated', 'permission_denied', 'cell_removed', 'too_many_cells']) this.leaseRefused.inc({ reason }, 0);
-    this.snapshotsInstalled = new Counter({ name: 'cellquota_raft_snapshots_installed_total', help: 'Snapshots received from the leader and installed', registers: [registry] });
+    for (const reason of ['unauthenticated', 'permission_denied', 'cell_removed', 'too_many_cells'])
+      this.leaseRefused.inc({ reason }, 0);
+    this.snapshotsInstalled = new Counter({
+      name: 'cellquota_raft_snapshots_installed_total',
+      help: 'Snapshots received from the leader and installed',
+      registers: [registry],
+    });
   }
 
   /** Gauges read from the node at every scrape. */
@@ -64,7 +78,11 @@ export class CoordinatorMetrics {
     gauge('cellquota_raft_commit_index', 'Highest log index known committed', () => src.commitIndex());
     gauge('cellquota_raft_applied_index', 'Highest log index applied to the ledger', () => src.appliedIndex());
     gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => src.reachablePeers());
-    gauge('cellquota_raft_voting_refused', '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log lost entries it may have acknowledged and it has not caught up yet)', () => (src.votingRefused() ? 1 : 0));
+    gauge(
+      'cellquota_raft_voting_refused',
+      '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log lost entries it may have acknowledged and it has not caught up yet)',
+      () => (src.votingRefused() ? 1 : 0),
+    );
     gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
     const dropped = src.demandKeysDropped;
     if (dropped !== undefined) {

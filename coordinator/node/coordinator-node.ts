@@ -25,11 +25,21 @@
 import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
 import { LevelRaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
-import { PeerTransport, peerServerCredentials, peerServerOptions, type PeerTlsOptions } from '../transport/peer-transport.js';
+import {
+  PeerTransport,
+  peerServerCredentials,
+  peerServerOptions,
+  type PeerTlsOptions,
+} from '../transport/peer-transport.js';
 import { LeaseService, type LeaseServiceOptions, type LeaseServiceStats } from '../lease/lease-service.js';
 import { createLeaseAuthenticator, type TokenFile } from '../lease/lease-auth.js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
-import { encodeCommand, NEWEST_COMMAND_FORMAT, ROUND_FORMAT_VERSION, type LedgerCommandInput } from '../ledger/ledger-commands.js';
+import {
+  encodeCommand,
+  NEWEST_COMMAND_FORMAT,
+  ROUND_FORMAT_VERSION,
+  type LedgerCommandInput,
+} from '../ledger/ledger-commands.js';
 import { RaftDriver, RaftPersistError } from './raft-driver.js';
 import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
@@ -170,10 +180,16 @@ export class CoordinatorNode {
     this.addresses = new Map(settings.peers);
   }
 
-  static async start(settings: CoordinatorSettings, logger: Logger, metrics?: CoordinatorMetrics): Promise<CoordinatorNode> {
+  static async start(
+    settings: CoordinatorSettings,
+    logger: Logger,
+    metrics?: CoordinatorMetrics,
+  ): Promise<CoordinatorNode> {
     const log = logger.child({ component: 'coordinator', node: settings.id });
     if (settings.lease?.tokens !== undefined && settings.tls !== undefined && settings.lease.listen === undefined) {
-      throw new Error('coordinator: lease tokens with TLS need the lease service on its own address (--lease-listen): the peer port requires replica certificates');
+      throw new Error(
+        'coordinator: lease tokens with TLS need the lease service on its own address (--lease-listen): the peer port requires replica certificates',
+      );
     }
     const storage = await LevelRaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
@@ -187,16 +203,38 @@ export class CoordinatorNode {
       },
     });
     let loaded = await storage.load();
-    if (!settings.join && loaded.hardState.term === 0 && loaded.entries.length === 0 && loaded.snapshot.meta.index === 0) {
+    if (
+      !settings.join &&
+      loaded.hardState.term === 0 &&
+      loaded.entries.length === 0 &&
+      loaded.snapshot.meta.index === 0
+    ) {
       // A founding member: the identical committed entry 1 lists the initial voters.
-      await storage.save({ hardState: { term: 1, vote: null, commit: 1 }, entries: [bootstrapEntry([...settings.peers.keys()])], snapshot: null, mustSync: true });
+      await storage.save({
+        hardState: { term: 1, vote: null, commit: 1 },
+        entries: [bootstrapEntry([...settings.peers.keys()])],
+        snapshot: null,
+        mustSync: true,
+      });
       loaded = await storage.load();
     }
-    for (const r of loaded.meta.repairs) log.warn({ repair: r, voteBarrier: loaded.meta.voteBarrier }, 'storage truncated a corrupt log tail above the commit index');
+    for (const r of loaded.meta.repairs)
+      log.warn(
+        { repair: r, voteBarrier: loaded.meta.voteBarrier },
+        'storage truncated a corrupt log tail above the commit index',
+      );
     const machine = new CoordinatorState({ floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs });
     const restoreStarted = performance.now();
     machine.restore(loaded.snapshot.data);
-    if (loaded.snapshot.meta.index > 0) log.info({ index: loaded.snapshot.meta.index, bytes: loaded.snapshot.data.byteLength, ms: Math.round(performance.now() - restoreStarted) }, 'restored the snapshot at start');
+    if (loaded.snapshot.meta.index > 0)
+      log.info(
+        {
+          index: loaded.snapshot.meta.index,
+          bytes: loaded.snapshot.data.byteLength,
+          ms: Math.round(performance.now() - restoreStarted),
+        },
+        'restored the snapshot at start',
+      );
 
     let nodeRef: CoordinatorNode | null = null;
     // One gRPC server on the peer address: the Raft peers' service and the agents' lease service.
@@ -256,15 +294,34 @@ export class CoordinatorNode {
         metrics?.leaderChanges.inc();
         log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`);
       },
-      onSnapshotTaken: (index, bytes, ms) => log.info({ index, bytes, ms: Math.round(ms) }, 'snapshot taken, log compacted'),
-      onSnapshotProgress: (index, received, total) => log.info({ index, receivedBytes: received, totalBytes: total, percent: total === 0 ? 100 : Math.floor((received / total) * 100) }, 'receiving a snapshot from the leader'),
+      onSnapshotTaken: (index, bytes, ms) =>
+        log.info({ index, bytes, ms: Math.round(ms) }, 'snapshot taken, log compacted'),
+      onSnapshotProgress: (index, received, total) =>
+        log.info(
+          {
+            index,
+            receivedBytes: received,
+            totalBytes: total,
+            percent: total === 0 ? 100 : Math.floor((received / total) * 100),
+          },
+          'receiving a snapshot from the leader',
+        ),
       onSnapshotInstalled: (index, term, bytes, restoreMs) => {
         metrics?.snapshotsInstalled.inc();
         log.info({ index, term, bytes, ms: Math.round(restoreMs) }, 'installed a snapshot from the leader');
       },
       onError: (err) => nodeRef?.fail(err),
     });
-    const node = new CoordinatorNode(settings, log, storage, transport, driver, machine, loaded.meta.incarnation, metrics ?? null);
+    const node = new CoordinatorNode(
+      settings,
+      log,
+      storage,
+      transport,
+      driver,
+      machine,
+      loaded.meta.incarnation,
+      metrics ?? null,
+    );
     node.votingRefused = refuseToVote;
     if (mustCheck) node.voteHolds.add('identity');
     if (voteBarrier > 0) node.voteHolds.add('log-repair');
@@ -273,8 +330,14 @@ export class CoordinatorNode {
     const leaseOpts = settings.lease;
     // Certificates identify the cells when TLS is on and no tokens are taken (then the lease port
     // requires client certificates, as the peer port does).
-    const auth = createLeaseAuthenticator({ certificates: settings.tls !== undefined && leaseOpts?.tokens === undefined, ...(leaseOpts?.tokens === undefined ? {} : { tokens: leaseOpts.tokens }) });
-    if (auth === null) log.warn('the lease service authenticates no one (no TLS, no --lease-tokens): anyone who reaches it can report for any cell');
+    const auth = createLeaseAuthenticator({
+      certificates: settings.tls !== undefined && leaseOpts?.tokens === undefined,
+      ...(leaseOpts?.tokens === undefined ? {} : { tokens: leaseOpts.tokens }),
+    });
+    if (auth === null)
+      log.warn(
+        'the lease service authenticates no one (no TLS, no --lease-tokens): anyone who reaches it can report for any cell',
+      );
     else log.info({ auth: auth.describe() }, 'the lease service takes a report for a cell only from that cell');
     const lease = new LeaseService({
       backend: node,
@@ -289,13 +352,16 @@ export class CoordinatorNode {
       ...(settings.lease?.expireEveryMs === undefined ? {} : { expireEveryMs: settings.lease.expireEveryMs }),
       ...(settings.lease?.onReport === undefined ? {} : { onReport: settings.lease.onReport }),
     });
-    const leaseServer = leaseOpts?.listen === undefined ? server : new grpc.Server({ 'grpc.max_receive_message_length': 64 << 20 });
+    const leaseServer =
+      leaseOpts?.listen === undefined ? server : new grpc.Server({ 'grpc.max_receive_message_length': 64 << 20 });
     lease.register(leaseServer);
     node.lease = lease;
     let bindingWhat = listen;
     try {
       await new Promise<number>((resolveBind, rejectBind) => {
-        server.bindAsync(listen, peerServerCredentials(settings.tls), (err, p) => (err !== null ? rejectBind(err) : resolveBind(p)));
+        server.bindAsync(listen, peerServerCredentials(settings.tls), (err, p) =>
+          err !== null ? rejectBind(err) : resolveBind(p),
+        );
       });
       if (leaseOpts?.listen !== undefined) {
         bindingWhat = leaseOpts.listen;
@@ -304,7 +370,10 @@ export class CoordinatorNode {
           leaseServer.bindAsync(bindingWhat, creds, (err, p) => (err !== null ? rejectBind(err) : resolveBind(p)));
         });
         node.leaseServer = leaseServer;
-        log.info({ leaseListen: leaseOpts.listen, port: node.leasePort, tls: settings.tls !== undefined }, 'lease service listening on its own address');
+        log.info(
+          { leaseListen: leaseOpts.listen, port: node.leasePort, tls: settings.tls !== undefined },
+          'lease service listening on its own address',
+        );
       }
     } catch (err) {
       lease.stop();
@@ -312,7 +381,10 @@ export class CoordinatorNode {
       server.forceShutdown();
       if (leaseServer !== server) leaseServer.forceShutdown();
       await storage.close();
-      throw new Error(`coordinator: cannot listen on ${bindingWhat}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+      throw new Error(
+        `coordinator: cannot listen on ${bindingWhat}: ${err instanceof Error ? err.message : String(err)}`,
+        { cause: err },
+      );
     }
     driver.start();
     // Background tasks: a storage failure in them (confirmIncarnation) is fatal like one in the
@@ -324,7 +396,15 @@ export class CoordinatorNode {
         if (!node.stopped) node.fail(err instanceof Error ? err : new Error(String(err)));
       });
     }
-    log.info({ peers: Object.fromEntries(settings.peers), dataDir: settings.dataDir, snapshotIndex: loaded.snapshot.meta.index, term: loaded.hardState.term }, 'coordinator started');
+    log.info(
+      {
+        peers: Object.fromEntries(settings.peers),
+        dataDir: settings.dataDir,
+        snapshotIndex: loaded.snapshot.meta.index,
+        term: loaded.hardState.term,
+      },
+      'coordinator started',
+    );
     return node;
   }
 
@@ -335,7 +415,12 @@ export class CoordinatorNode {
    * still at the founding term (1) that no leader, hence no record and no vote of ours that
    * mattered, can ever have existed. Retries until one of the two is had.
    */
-  private static async checkIncarnation(settings: CoordinatorSettings, mine: string, log: Logger, stopped: () => boolean): Promise<{ verdict: 'new' | 'same' | 'wiped'; basis: string }> {
+  private static async checkIncarnation(
+    settings: CoordinatorSettings,
+    mine: string,
+    log: Logger,
+    stopped: () => boolean,
+  ): Promise<{ verdict: 'new' | 'same' | 'wiped'; basis: string }> {
     const others = [...settings.peers.keys()].filter((p) => p !== settings.id && settings.adminUrlOf(p) !== null);
     const voters = settings.peers.size;
     // Peers that never saw an election: with this many, at most a minority (us included) ever had a term above 1.
@@ -376,10 +461,16 @@ export class CoordinatorNode {
         }
       }
       if (others.length === 0 || atFoundingTerm.size >= neededAtFoundingTerm) {
-        return { verdict: 'new', basis: `${atFoundingTerm.size} of ${voters} voters (${[...atFoundingTerm].join(', ') || 'none'}) never saw an election: the cluster never had a leader` };
+        return {
+          verdict: 'new',
+          basis: `${atFoundingTerm.size} of ${voters} voters (${[...atFoundingTerm].join(', ') || 'none'}) never saw an election: the cluster never had a leader`,
+        };
       }
       if (attempt % 25 === 0) {
-        log.info({ atFoundingTerm: [...atFoundingTerm] }, 'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted');
+        log.info(
+          { atFoundingTerm: [...atFoundingTerm] },
+          'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted',
+        );
       }
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -388,12 +479,20 @@ export class CoordinatorNode {
 
   /** Asks the peers whether this data directory is the one they know; votes only if so (or if none is known). */
   private async confirmIdentity(): Promise<void> {
-    const { verdict, basis } = await CoordinatorNode.checkIncarnation(this.settings, this.incarnation, this.logger, () => this.halted());
+    const { verdict, basis } = await CoordinatorNode.checkIncarnation(
+      this.settings,
+      this.incarnation,
+      this.logger,
+      () => this.halted(),
+    );
     if (this.halted() || verdict === 'wiped') return;
     await this.storage.confirmIncarnation().catch((err: unknown) => {
       throw new RaftPersistError('confirm-incarnation', err);
     });
-    this.logger.info({ incarnation: this.incarnation, verdict, basis }, `data directory confirmed (${verdict}, by ${basis})`);
+    this.logger.info(
+      { incarnation: this.incarnation, verdict, basis },
+      `data directory confirmed (${verdict}, by ${basis})`,
+    );
     await this.releaseVoteHold('identity');
     await this.ensureIncarnationRecorded();
   }
@@ -404,14 +503,20 @@ export class CoordinatorNode {
    * may have acknowledged again), lifts the barrier durably, then may vote.
    */
   private async catchUpPastVoteBarrier(barrier: number): Promise<void> {
-    this.logger.warn({ voteBarrier: barrier, commit: this.driver.status().commit }, `log repaired: not voting until the commit index reaches ${barrier} (entries this node may have acknowledged were lost)`);
+    this.logger.warn(
+      { voteBarrier: barrier, commit: this.driver.status().commit },
+      `log repaired: not voting until the commit index reaches ${barrier} (entries this node may have acknowledged were lost)`,
+    );
     while (!this.halted() && this.driver.status().commit < barrier) await new Promise((r) => setTimeout(r, 100));
     if (this.halted()) return;
     const commit = this.driver.status().commit;
     await this.storage.clearVoteBarrier(commit).catch((err: unknown) => {
       throw new RaftPersistError('clear-vote-barrier', err);
     });
-    this.logger.info({ voteBarrier: barrier, commit }, `caught up past the repaired log (commit ${commit} >= ${barrier})`);
+    this.logger.info(
+      { voteBarrier: barrier, commit },
+      `caught up past the repaired log (commit ${commit} >= ${barrier})`,
+    );
     await this.releaseVoteHold('log-repair');
   }
 
@@ -463,7 +568,9 @@ export class CoordinatorNode {
       this.metrics?.proposals.inc({ result: r.ok ? 'ok' : 'error' });
       return r;
     } catch (err) {
-      this.metrics?.proposals.inc({ result: (err as { code?: string }).code === 'NOT_LEADER' ? 'not_leader' : 'failed' });
+      this.metrics?.proposals.inc({
+        result: (err as { code?: string }).code === 'NOT_LEADER' ? 'not_leader' : 'failed',
+      });
       throw err;
     } finally {
       end?.();
@@ -519,7 +626,11 @@ export class CoordinatorNode {
 
   transferLeadership(to: NodeId | null): Promise<NodeId> {
     const st = this.driver.status();
-    const target = to ?? [...st.progress.entries()].filter(([id, p]) => !p.isLearner && st.conf.voters.includes(id)).sort((a, b) => b[1].match - a[1].match)[0]?.[0];
+    const target =
+      to ??
+      [...st.progress.entries()]
+        .filter(([id, p]) => !p.isLearner && st.conf.voters.includes(id))
+        .sort((a, b) => b[1].match - a[1].match)[0]?.[0];
     if (target === undefined) return Promise.reject(new Error('no other voter to transfer leadership to'));
     return this.driver.transferLeadership(target).then(() => target);
   }
@@ -553,7 +664,14 @@ export class CoordinatorNode {
     const members: MemberView[] = [...ids].sort().map((id) => {
       const pr = st.progress.get(id);
       const voter = st.conf.voters.includes(id);
-      const role: MemberView['role'] = id === st.leader ? 'leader' : voter ? (id === st.id && st.role !== 'leader' && st.role !== 'follower' ? 'candidate' : 'follower') : 'learner';
+      const role: MemberView['role'] =
+        id === st.leader
+          ? 'leader'
+          : voter
+            ? id === st.id && st.role !== 'leader' && st.role !== 'follower'
+              ? 'candidate'
+              : 'follower'
+            : 'learner';
       const link = tstats.peers[id];
       return {
         id,
@@ -622,10 +740,18 @@ export class CoordinatorNode {
  * The lease port's credentials: the replica's certificate; client certificates required unless tokens identify the
  * cells.
  */
-function leaseServerCredentials(tls: PeerTlsOptions | undefined, requireClientCertificates: boolean): grpc.ServerCredentials {
+function leaseServerCredentials(
+  tls: PeerTlsOptions | undefined,
+  requireClientCertificates: boolean,
+): grpc.ServerCredentials {
   if (tls === undefined) return grpc.ServerCredentials.createInsecure();
-  const buf = (v: Uint8Array | string): Buffer => (typeof v === 'string' ? Buffer.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength));
-  return grpc.ServerCredentials.createSsl(buf(tls.ca), [{ cert_chain: buf(tls.cert), private_key: buf(tls.key) }], requireClientCertificates);
+  const buf = (v: Uint8Array | string): Buffer =>
+    typeof v === 'string' ? Buffer.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength);
+  return grpc.ServerCredentials.createSsl(
+    buf(tls.ca),
+    [{ cert_chain: buf(tls.cert), private_key: buf(tls.key) }],
+    requireClientCertificates,
+  );
 }
 
 function authHeader(token: string | undefined): Record<string, string> {

@@ -13,7 +13,9 @@ const packr = new Packr({ useRecords: false, moreTypes: false });
 const snapshotVersion = 1;
 const incarnationPattern = /^[0-9a-f]{8,64}$/;
 
-export type CoordinatorResult = LedgerResult | { readonly ok: true; readonly value: { readonly member: string; readonly incarnation: string | null } };
+export type CoordinatorResult =
+  | LedgerResult
+  | { readonly ok: true; readonly value: { readonly member: string; readonly incarnation: string | null } };
 
 /** A member's incarnation; null forgets it (the member was replaced). */
 export function encodeMemberRecord(id: string, incarnation: string | null): Uint8Array {
@@ -57,7 +59,11 @@ export class CoordinatorState implements ReplicatedStateMachine<CoordinatorResul
   }
 
   snapshot(): Uint8Array {
-    return packr.pack([snapshotVersion, this.ledger.snapshot(), [...this.members].sort((a, b) => a[0].localeCompare(b[0]))]);
+    return packr.pack([
+      snapshotVersion,
+      this.ledger.snapshot(),
+      [...this.members].sort((a, b) => a[0].localeCompare(b[0])),
+    ]);
   }
 
   restore(data: Uint8Array): void {

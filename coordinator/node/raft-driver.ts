@@ -7,7 +7,16 @@
 // (many proposals, one fsync). Committed entries are applied while their Ready is persisted (see
 // pump()), so an answer never waits for an fsync that is not its own.
 import type { RaftNode } from '../raft/index.js';
-import { EntryKind, sendBeforePersist, type ConfChange, type Entry, type Message, type NodeId, type Ready, type Snapshot } from '../raft/index.js';
+import {
+  EntryKind,
+  sendBeforePersist,
+  type ConfChange,
+  type Entry,
+  type Message,
+  type NodeId,
+  type Ready,
+  type Snapshot,
+} from '../raft/index.js';
 import { CellquotaError } from '../../shared/errors.js';
 
 export interface RaftPersistence {
@@ -58,7 +67,10 @@ export interface RaftDriverOptions<R> {
 
 export class NotLeaderError extends CellquotaError {
   readonly code = 'NOT_LEADER';
-  constructor(readonly leader: NodeId | null, detail = 'not the leader') {
+  constructor(
+    readonly leader: NodeId | null,
+    detail = 'not the leader',
+  ) {
     super(`${detail}; leader: ${leader ?? 'unknown'}`);
     this.name = 'NotLeaderError';
   }
@@ -86,7 +98,9 @@ export class RaftPersistError extends CellquotaError {
     readonly during: 'save' | 'compact' | 'confirm-incarnation' | 'clear-vote-barrier',
     cause: unknown,
   ) {
-    super(`persisting raft state failed (${during}): ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    super(`persisting raft state failed (${during}): ${cause instanceof Error ? cause.message : String(cause)}`, {
+      cause,
+    });
     this.name = 'RaftPersistError';
   }
 }
@@ -182,7 +196,8 @@ export class RaftDriver<R> {
           return;
         }
         const timer = setTimeout(() => {
-          if (this.proposals.delete(res.index)) reject(new RaftRequestError('TIMEOUT', `not committed within ${this.opts.requestTimeoutMs} ms`));
+          if (this.proposals.delete(res.index))
+            reject(new RaftRequestError('TIMEOUT', `not committed within ${this.opts.requestTimeoutMs} ms`));
         }, this.opts.requestTimeoutMs);
         this.proposals.set(res.index, { term: res.term, resolve, reject, timer });
       });
@@ -218,7 +233,13 @@ export class RaftDriver<R> {
           return;
         }
         const timer = setTimeout(() => {
-          if (this.proposals.delete(res.index)) reject(new RaftRequestError('TIMEOUT', `membership change not committed within ${this.opts.requestTimeoutMs} ms`));
+          if (this.proposals.delete(res.index))
+            reject(
+              new RaftRequestError(
+                'TIMEOUT',
+                `membership change not committed within ${this.opts.requestTimeoutMs} ms`,
+              ),
+            );
         }, this.opts.requestTimeoutMs);
         this.proposals.set(res.index, { term: res.term, resolve: () => resolve(), reject, timer });
       });
@@ -259,7 +280,12 @@ export class RaftDriver<R> {
    */
   private enqueue(refuse: ((e: Error) => void) | null, input: () => void): void {
     if (this.stopped || this.fatal !== null) {
-      refuse?.(new RaftRequestError('STOPPED', this.fatal === null ? 'the node is stopping' : `node stopped: ${this.fatal.message}`));
+      refuse?.(
+        new RaftRequestError(
+          'STOPPED',
+          this.fatal === null ? 'the node is stopping' : `node stopped: ${this.fatal.message}`,
+        ),
+      );
       return;
     }
     this.inputs.push({ refuse, run: input });
@@ -345,7 +371,11 @@ export class RaftDriver<R> {
     const p = this.raft.incomingSnapshotProgress();
     if (p === null) return;
     const now = performance.now();
-    if ((p.index === this.lastSnapshotProgress.index && p.receivedBytes === this.lastSnapshotProgress.bytes) || (now - this.lastSnapshotProgress.at < 1000 && p.receivedBytes < p.totalBytes)) return;
+    if (
+      (p.index === this.lastSnapshotProgress.index && p.receivedBytes === this.lastSnapshotProgress.bytes) ||
+      (now - this.lastSnapshotProgress.at < 1000 && p.receivedBytes < p.totalBytes)
+    )
+      return;
     this.lastSnapshotProgress = { at: now, index: p.index, bytes: p.receivedBytes };
     report(p.index, p.receivedBytes, p.totalBytes);
   }
@@ -356,7 +386,12 @@ export class RaftDriver<R> {
       this.opts.stateMachine.restore(rd.snapshot.data);
       this.applied = rd.snapshot.meta.index;
       this.snapshotIndex = rd.snapshot.meta.index;
-      this.opts.onSnapshotInstalled?.(rd.snapshot.meta.index, rd.snapshot.meta.term, rd.snapshot.data.byteLength, performance.now() - started);
+      this.opts.onSnapshotInstalled?.(
+        rd.snapshot.meta.index,
+        rd.snapshot.meta.term,
+        rd.snapshot.data.byteLength,
+        performance.now() - started,
+      );
       for (const [idx, p] of this.proposals) {
         if (idx <= this.applied) {
           clearTimeout(p.timer);

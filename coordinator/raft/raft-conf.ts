@@ -18,7 +18,8 @@ export function bootstrapEntry(voters: readonly string[]): Entry {
 export function decodeConfEntry(data: Uint8Array): ConfChange | BootstrapConf {
   const v = JSON.parse(decoder.decode(data)) as Partial<BootstrapConf>;
   if (v.op === 'bootstrap') {
-    if (!Array.isArray(v.voters) || v.voters.some((x) => typeof x !== 'string')) throw new Error(`malformed bootstrap entry: ${decoder.decode(data)}`);
+    if (!Array.isArray(v.voters) || v.voters.some((x) => typeof x !== 'string'))
+      throw new Error(`malformed bootstrap entry: ${decoder.decode(data)}`);
     return { op: 'bootstrap', voters: v.voters };
   }
   return decodeConfChange(data);

@@ -88,7 +88,10 @@ export interface RaftStatus {
   readonly snapshotIndex: number;
   readonly conf: ConfState;
   readonly transferee: NodeId | null;
-  readonly progress: ReadonlyMap<NodeId, { match: number; next: number; state: string; recentActive: boolean; isLearner: boolean }>;
+  readonly progress: ReadonlyMap<
+    NodeId,
+    { match: number; next: number; state: string; recentActive: boolean; isLearner: boolean }
+  >;
 }
 
 export class RaftNode {
@@ -124,7 +127,10 @@ export class RaftNode {
   private refuseVotes: boolean;
 
   constructor(cfg: RaftConfig, initial: RaftInitialState) {
-    assert(cfg.heartbeatTicks > 0 && cfg.heartbeatTicks < cfg.electionTicks, 'heartbeatTicks must be in (0, electionTicks)');
+    assert(
+      cfg.heartbeatTicks > 0 && cfg.heartbeatTicks < cfg.electionTicks,
+      'heartbeatTicks must be in (0, electionTicks)',
+    );
     assert(cfg.maxInflightAppends > 0, 'maxInflightAppends must be positive');
     assert(cfg.snapshotChunkBytes > 0, 'snapshotChunkBytes must be positive');
     assert((cfg.maxInflightSnapshotChunks ?? 1) > 0, 'maxInflightSnapshotChunks must be positive');
@@ -181,7 +187,16 @@ export class RaftNode {
     } else if (m.term < this.term) {
       if ((this.cfg.checkQuorum || this.cfg.preVote) && (m.type === 'append' || m.type === 'heartbeat')) {
         // A stale leader (e.g. one that was paused) learns of the newer term and steps down.
-        this.send({ type: 'append-resp', from: this.id, to: m.from, term: this.term, reject: true, index: 0, hintIndex: 0, hintTerm: 0 });
+        this.send({
+          type: 'append-resp',
+          from: this.id,
+          to: m.from,
+          term: this.term,
+          reject: true,
+          index: 0,
+          hintIndex: 0,
+          hintTerm: 0,
+        });
       } else if (m.type === 'pre-vote') {
         this.send({ type: 'pre-vote-resp', from: this.id, to: m.from, term: this.term, reject: true });
       }
@@ -242,11 +257,21 @@ export class RaftNode {
     this.assertNoReadyOutstanding();
     if (this.role !== Role.Leader) return { ok: false, reason: 'not-leader', leader: this.leader };
     if (this.pendingConfIndex > this.log.applied) {
-      return { ok: false, reason: 'conf-change-pending', leader: this.id, detail: `a membership change at index ${this.pendingConfIndex} is not applied yet` };
+      return {
+        ok: false,
+        reason: 'conf-change-pending',
+        leader: this.id,
+        detail: `a membership change at index ${this.pendingConfIndex} is not applied yet`,
+      };
     }
     if (this.log.term(this.log.committed) !== this.term) {
       // The fix for the single-server change bug: commit an entry of this term first.
-      return { ok: false, reason: 'term-not-committed', leader: this.id, detail: 'the leader has not committed an entry of its term yet' };
+      return {
+        ok: false,
+        reason: 'term-not-committed',
+        leader: this.id,
+        detail: 'the leader has not committed an entry of its term yet',
+      };
     }
     const problem = validateConfChange(this.confState(), cc);
     if (problem !== null) return { ok: false, reason: 'invalid-conf-change', leader: this.id, detail: problem };
@@ -259,7 +284,8 @@ export class RaftNode {
   readIndex(ctx: string): void {
     this.assertNoReadyOutstanding();
     if (this.role === Role.Leader) this.handleRead(ctx, this.id);
-    else if (this.leader !== null) this.send({ type: 'read-index', from: this.id, to: this.leader, term: this.term, ctx });
+    else if (this.leader !== null)
+      this.send({ type: 'read-index', from: this.id, to: this.leader, term: this.term, ctx });
     else this.failedReads.push(ctx);
   }
 
@@ -295,7 +321,10 @@ export class RaftNode {
     const firstBefore = this.log.firstIndex();
     const held = this.heldEntriesFrom();
     this.log.compact(snapshot, Math.min(index - keepTrailing + 1, held));
-    assert(held === Number.POSITIVE_INFINITY || this.log.firstIndex() <= Math.max(firstBefore, held), `compaction dropped entries from ${held} that a snapshot transfer holds`);
+    assert(
+      held === Number.POSITIVE_INFINITY || this.log.firstIndex() <= Math.max(firstBefore, held),
+      `compaction dropped entries from ${held} that a snapshot transfer holds`,
+    );
     return snapshot;
   }
 
@@ -349,7 +378,11 @@ export class RaftNode {
       messages: this.msgs,
       readStates: this.readStates,
       failedReads: this.failedReads,
-      mustSync: entries.length > 0 || this.log.pendingSnapshot !== null || hard.term !== this.persistedHard.term || hard.vote !== this.persistedHard.vote,
+      mustSync:
+        entries.length > 0 ||
+        this.log.pendingSnapshot !== null ||
+        hard.term !== this.persistedHard.term ||
+        hard.vote !== this.persistedHard.vote,
     };
     this.msgs = [];
     this.readStates = [];
@@ -377,8 +410,18 @@ export class RaftNode {
   }
 
   status(): RaftStatus {
-    const progress = new Map<NodeId, { match: number; next: number; state: string; recentActive: boolean; isLearner: boolean }>();
-    for (const [id, pr] of this.progress) progress.set(id, { match: pr.match, next: pr.next, state: pr.state, recentActive: pr.recentActive, isLearner: pr.isLearner });
+    const progress = new Map<
+      NodeId,
+      { match: number; next: number; state: string; recentActive: boolean; isLearner: boolean }
+    >();
+    for (const [id, pr] of this.progress)
+      progress.set(id, {
+        match: pr.match,
+        next: pr.next,
+        state: pr.state,
+        recentActive: pr.recentActive,
+        isLearner: pr.isLearner,
+      });
     return {
       id: this.id,
       role: this.role,
@@ -397,7 +440,11 @@ export class RaftNode {
   }
 
   /** How far the latest snapshot from the leader has arrived (complete once received = total; null before any). */
-  incomingSnapshotProgress(): { readonly index: number; readonly receivedBytes: number; readonly totalBytes: number } | null {
+  incomingSnapshotProgress(): {
+    readonly index: number;
+    readonly receivedBytes: number;
+    readonly totalBytes: number;
+  } | null {
     return this.lastSnapshotReceive;
   }
 
@@ -484,16 +531,21 @@ export class RaftNode {
     const lastTerm = this.log.lastTerm();
     for (const id of this.voters) {
       if (id === this.id) continue;
-      if (kind === 'pre-vote') this.send({ type: 'pre-vote', from: this.id, to: id, term: voteTerm, lastIndex, lastTerm });
+      if (kind === 'pre-vote')
+        this.send({ type: 'pre-vote', from: this.id, to: id, term: voteTerm, lastIndex, lastTerm });
       else this.send({ type: 'vote', from: this.id, to: id, term: voteTerm, lastIndex, lastTerm, transfer });
     }
   }
 
-  private handleVoteRequest(kind: 'pre-vote' | 'vote', from: NodeId, term: number, lastIndex: number, lastTerm: number): void {
+  private handleVoteRequest(
+    kind: 'pre-vote' | 'vote',
+    from: NodeId,
+    term: number,
+    lastIndex: number,
+    lastTerm: number,
+  ): void {
     const canVote =
-      this.vote === from ||
-      (this.vote === null && this.leader === null) ||
-      (kind === 'pre-vote' && term > this.term);
+      this.vote === from || (this.vote === null && this.leader === null) || (kind === 'pre-vote' && term > this.term);
     const grant = canVote && !this.refuseVotes && this.log.isUpToDate(lastIndex, lastTerm);
     const respType = kind === 'pre-vote' ? 'pre-vote-resp' : 'vote-resp';
     if (grant) {
@@ -606,7 +658,16 @@ export class RaftNode {
       return;
     }
     if (entries.length === 0 && pr.state === 'replicate' && !allowEmpty) return;
-    const m: AppendMessage = { type: 'append', from: this.id, to, term: this.term, prevIndex, prevTerm, entries, commit: this.log.committed };
+    const m: AppendMessage = {
+      type: 'append',
+      from: this.id,
+      to,
+      term: this.term,
+      prevIndex,
+      prevTerm,
+      entries,
+      commit: this.log.committed,
+    };
     this.send(m);
     const lastSent = entries.at(-1);
     if (pr.state === 'replicate') {
@@ -678,7 +739,8 @@ export class RaftNode {
     this.log.commitTo(candidate);
     for (let i = before + 1; i <= candidate; i++) {
       const e = this.log.entry(i);
-      if (e !== undefined && e.term === this.term) this.uncommittedBytes = Math.max(0, this.uncommittedBytes - entryBytes(e));
+      if (e !== undefined && e.term === this.term)
+        this.uncommittedBytes = Math.max(0, this.uncommittedBytes - entryBytes(e));
     }
     if (!hadTermCommit && this.log.term(this.log.committed) === this.term) {
       const waiting = this.readsAwaitingTermCommit;
@@ -691,7 +753,14 @@ export class RaftNode {
   private broadcastHeartbeat(readSeq: number): void {
     for (const [id, pr] of this.progress) {
       pr.appendAckedSinceHeartbeat = false;
-      const m: HeartbeatMessage = { type: 'heartbeat', from: this.id, to: id, term: this.term, commit: Math.min(pr.match, this.log.committed), readSeq };
+      const m: HeartbeatMessage = {
+        type: 'heartbeat',
+        from: this.id,
+        to: id,
+        term: this.term,
+        commit: Math.min(pr.match, this.log.committed),
+        readSeq,
+      };
       this.send(m);
     }
   }
@@ -744,7 +813,15 @@ export class RaftNode {
     const lastNew = this.log.maybeAppend(m.prevIndex, m.prevTerm, m.entries);
     if (lastNew === undefined) {
       const hint = this.log.conflictHint(m.prevIndex);
-      this.send({ type: 'append-resp', from: this.id, to: m.from, term: this.term, reject: true, index: m.prevIndex, ...hint });
+      this.send({
+        type: 'append-resp',
+        from: this.id,
+        to: m.from,
+        term: this.term,
+        reject: true,
+        index: m.prevIndex,
+        ...hint,
+      });
       return;
     }
     this.log.commitTo(Math.min(m.commit, lastNew));
@@ -780,12 +857,17 @@ export class RaftNode {
 
   /** Sends the held snapshot's next chunks, up to maxInflightSnapshotChunks unconfirmed. */
   private sendSnapshotChunks(to: NodeId, pr: Progress): void {
-    if (this.cfg.plantedBugs?.restartSnapshotOnCompaction === true && this.log.snapshotMeta().index !== pr.snapshotIndex) pr.becomeSnapshot(this.log.snapshot());
+    if (
+      this.cfg.plantedBugs?.restartSnapshotOnCompaction === true &&
+      this.log.snapshotMeta().index !== pr.snapshotIndex
+    )
+      pr.becomeSnapshot(this.log.snapshot());
     const snap = pr.snapshot;
     assert(pr.state === 'snapshot' && snap !== null, `no snapshot held for ${to}`);
     const total = snap.data.byteLength;
     const chunkBytes = this.cfg.snapshotChunkBytes;
-    const windowBytes = chunkBytes * (this.cfg.maxInflightSnapshotChunks ?? defaultRaftTuning.maxInflightSnapshotChunks);
+    const windowBytes =
+      chunkBytes * (this.cfg.maxInflightSnapshotChunks ?? defaultRaftTuning.maxInflightSnapshotChunks);
     if (pr.snapshotSent < pr.snapshotOffset) pr.snapshotSent = pr.snapshotOffset;
     while (!pr.snapshotSentAll && pr.snapshotSent - pr.snapshotOffset < windowBytes) {
       const offset = pr.snapshotSent;
@@ -838,16 +920,36 @@ export class RaftNode {
     if (m.offset === 0) {
       inc = { meta: m.meta, totalBytes: m.totalBytes, parts: [], received: 0 };
       this.incomingSnapshot = inc;
-    } else if (inc === null || inc.meta.index !== m.meta.index || inc.meta.term !== m.meta.term || m.offset !== inc.received) {
-      const nextOffset = inc !== null && inc.meta.index === m.meta.index && inc.meta.term === m.meta.term ? inc.received : 0;
-      this.send({ type: 'snapshot-resp', from: this.id, to: m.from, term: this.term, snapshotIndex: m.meta.index, nextOffset });
+    } else if (
+      inc === null ||
+      inc.meta.index !== m.meta.index ||
+      inc.meta.term !== m.meta.term ||
+      m.offset !== inc.received
+    ) {
+      const nextOffset =
+        inc !== null && inc.meta.index === m.meta.index && inc.meta.term === m.meta.term ? inc.received : 0;
+      this.send({
+        type: 'snapshot-resp',
+        from: this.id,
+        to: m.from,
+        term: this.term,
+        snapshotIndex: m.meta.index,
+        nextOffset,
+      });
       return;
     }
     inc.parts.push(m.chunk);
     inc.received += m.chunk.byteLength;
     this.lastSnapshotReceive = { index: inc.meta.index, receivedBytes: inc.received, totalBytes: inc.totalBytes };
     if (!m.done) {
-      this.send({ type: 'snapshot-resp', from: this.id, to: m.from, term: this.term, snapshotIndex: m.meta.index, nextOffset: inc.received });
+      this.send({
+        type: 'snapshot-resp',
+        from: this.id,
+        to: m.from,
+        term: this.term,
+        snapshotIndex: m.meta.index,
+        nextOffset: inc.received,
+      });
       return;
     }
     this.incomingSnapshot = null;
@@ -978,7 +1080,9 @@ export class RaftNode {
 
   private hardStateChanged(): boolean {
     const h = this.currentHardState();
-    return h.term !== this.persistedHard.term || h.vote !== this.persistedHard.vote || h.commit !== this.persistedHard.commit;
+    return (
+      h.term !== this.persistedHard.term || h.vote !== this.persistedHard.vote || h.commit !== this.persistedHard.commit
+    );
   }
 
   private resetRandomizedElectionTimeout(): void {

@@ -21,7 +21,8 @@ export class ClientSessions<R> {
   private readonly sessions = new Map<string, { seq: number; result: R }>();
 
   constructor(private readonly maxSessions: number) {
-    if (!Number.isInteger(maxSessions) || maxSessions < 1) throw new RangeError('maxSessions must be a positive integer');
+    if (!Number.isInteger(maxSessions) || maxSessions < 1)
+      throw new RangeError('maxSessions must be a positive integer');
   }
 
   check(clientId: string, seq: number): SessionCheck<R> {

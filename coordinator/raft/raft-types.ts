@@ -207,7 +207,12 @@ export type ProposeResult =
   | { readonly ok: false; readonly reason: 'not-leader'; readonly leader: NodeId | null }
   | { readonly ok: false; readonly reason: 'transfer-in-progress'; readonly leader: NodeId }
   | { readonly ok: false; readonly reason: 'too-many-uncommitted'; readonly leader: NodeId }
-  | { readonly ok: false; readonly reason: 'conf-change-pending' | 'invalid-conf-change' | 'term-not-committed'; readonly leader: NodeId; readonly detail: string };
+  | {
+      readonly ok: false;
+      readonly reason: 'conf-change-pending' | 'invalid-conf-change' | 'term-not-committed';
+      readonly leader: NodeId;
+      readonly detail: string;
+    };
 
 /** Test-only switches that plant known bugs, so tests can show the simulator's checkers catch them. */
 export interface PlantedBugs {

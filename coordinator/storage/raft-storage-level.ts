@@ -184,11 +184,18 @@ export class LevelRaftStorage {
    * directory that belongs to another node or cluster.
    */
   static async open(dir: string, opts: LevelRaftStorageOptions): Promise<LevelRaftStorage> {
-    const db: DB = new ClassicLevel<Uint8Array, Uint8Array>(dir, { keyEncoding: 'view', valueEncoding: 'view', createIfMissing: true });
+    const db: DB = new ClassicLevel<Uint8Array, Uint8Array>(dir, {
+      keyEncoding: 'view',
+      valueEncoding: 'view',
+      createIfMissing: true,
+    });
     try {
       await db.open();
     } catch (err) {
-      if (isLevelCorruption(err)) throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, { cause: err });
+      if (isLevelCorruption(err))
+        throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, {
+          cause: err,
+        });
       throw err;
     }
     try {
@@ -248,7 +255,10 @@ export class LevelRaftStorage {
       let { first, last, snapIndex, snapTerm } = this;
       const snap = rd.snapshot;
       if (snap !== null) {
-        if (snap.meta.index < snapIndex) throw new Error(`save: installed snapshot at ${snap.meta.index} is older than the stored one at ${snapIndex}`);
+        if (snap.meta.index < snapIndex)
+          throw new Error(
+            `save: installed snapshot at ${snap.meta.index} is older than the stored one at ${snapIndex}`,
+          );
         ops.push({ type: 'put', key: snapKey, value: encodeSnapshot(snap) });
         for (let i = first; i <= last; i++) ops.push({ type: 'del', key: entryKey(i) });
         snapIndex = snap.meta.index;
@@ -259,8 +269,10 @@ export class LevelRaftStorage {
       const e0 = rd.entries[0];
       if (e0 !== undefined) {
         const lastIndex = Math.max(snapIndex, last);
-        if (e0.index <= snapIndex) throw new Error(`save: entry ${e0.index} is at or below the snapshot index ${snapIndex}`);
-        if (e0.index > lastIndex + 1) throw new Error(`save: entry ${e0.index} would leave a gap after the last index ${lastIndex}`);
+        if (e0.index <= snapIndex)
+          throw new Error(`save: entry ${e0.index} is at or below the snapshot index ${snapIndex}`);
+        if (e0.index > lastIndex + 1)
+          throw new Error(`save: entry ${e0.index} would leave a gap after the last index ${lastIndex}`);
         for (const [i, e] of rd.entries.entries()) {
           if (e.index !== e0.index + i) throw new Error(`save: entries are not contiguous at ${e.index}`);
         }
@@ -277,7 +289,8 @@ export class LevelRaftStorage {
       const hard = rd.hardState;
       if (hard !== null) {
         const lastIndex = Math.max(snapIndex, last);
-        if (hard.commit > lastIndex) throw new Error(`save: hard state commit ${hard.commit} is past the last index ${lastIndex}`);
+        if (hard.commit > lastIndex)
+          throw new Error(`save: hard state commit ${hard.commit} is past the last index ${lastIndex}`);
         ops.push({ type: 'put', key: hardKey, value: encodeHardState(hard) });
       }
       if (ops.length === 0) return;
@@ -299,9 +312,12 @@ export class LevelRaftStorage {
     return this.run(async () => {
       const idx = snapshot.meta.index;
       if (idx < this.snapIndex) return false;
-      if (idx > Math.max(this.snapIndex, this.last)) throw new Error(`compact: snapshot at ${idx} is past the last stored index ${this.last}`);
+      if (idx > Math.max(this.snapIndex, this.last))
+        throw new Error(`compact: snapshot at ${idx} is past the last stored index ${this.last}`);
       if (idx === this.snapIndex && snapshot.meta.term !== this.snapTerm) {
-        throw new Error(`compact: snapshot term ${snapshot.meta.term} at ${idx} does not match the stored snapshot's term ${this.snapTerm}`);
+        throw new Error(
+          `compact: snapshot term ${snapshot.meta.term} at ${idx} does not match the stored snapshot's term ${this.snapTerm}`,
+        );
       }
       if (idx >= this.first && idx <= this.last) {
         const raw = await this.db.get(entryKey(idx));
@@ -344,7 +360,8 @@ export class LevelRaftStorage {
     return this.run(async () => {
       const barrier = this.storedMeta.voteBarrier;
       if (barrier === 0) return;
-      if (commit < barrier) throw new Error(`clearVoteBarrier: commit ${commit} has not reached the vote barrier ${barrier}`);
+      if (commit < barrier)
+        throw new Error(`clearVoteBarrier: commit ${commit} has not reached the vote barrier ${barrier}`);
       const m: StoredMeta = { ...this.storedMeta, voteBarrier: 0 };
       await this.write([{ type: 'put', key: metaKey, value: encodeMeta(m) }], true);
       this.storedMeta = m;
@@ -380,7 +397,10 @@ export class LevelRaftStorage {
   private run<T>(fn: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new Error(`raft storage at ${this.dir} is closed`));
     const next = this.queue.then(() => {
-      if (this.failure !== null) throw new Error(`raft storage at ${this.dir} failed earlier and must be reopened: ${this.failure.message}`, { cause: this.failure });
+      if (this.failure !== null)
+        throw new Error(`raft storage at ${this.dir} failed earlier and must be reopened: ${this.failure.message}`, {
+          cause: this.failure,
+        });
       return fn();
     });
     this.queue = next.catch(() => undefined);
@@ -423,7 +443,10 @@ async function initialise(db: DB, opts: LevelRaftStorageOptions): Promise<void> 
     voteBarrier: 0,
   };
   const boot = opts.bootstrap ?? defaultBootstrap;
-  const snapshot: Snapshot = { meta: { index: 0, term: 0, conf: { voters: [...boot.conf.voters], learners: [...boot.conf.learners] } }, data: boot.data };
+  const snapshot: Snapshot = {
+    meta: { index: 0, term: 0, conf: { voters: [...boot.conf.voters], learners: [...boot.conf.learners] } },
+    data: boot.data,
+  };
   const hard: HardState = { term: 0, vote: null, commit: 0 };
   await db.batch(
     [
@@ -454,7 +477,12 @@ interface Problem {
  * Reads and checks the whole store; repairs a torn tail. Null if the store is empty. The identity is
  * checked before anything is repaired: a directory that is not ours is never written to.
  */
-async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: { readonly nodeId: NodeId; readonly clusterId: string }): Promise<Scan | null> {
+async function scanStore(
+  dir: string,
+  db: DB,
+  logger: StorageLogger,
+  identity: { readonly nodeId: NodeId; readonly clusterId: string },
+): Promise<Scan | null> {
   let metaRaw: Uint8Array | undefined;
   let hardRaw: Uint8Array | undefined;
   let snapRaw: Uint8Array | undefined;
@@ -462,7 +490,8 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
   try {
     for await (const [key, value] of db.iterator()) {
       if (isEntryKey(key)) {
-        if (entryIndexOfKey(key) === undefined) throw new StorageCorruptionError(dir, describeKey(key), 'malformed log key');
+        if (entryIndexOfKey(key) === undefined)
+          throw new StorageCorruptionError(dir, describeKey(key), 'malformed log key');
         entryRecords.push({ key, value });
       } else if (bytesEqual(key, metaKey)) metaRaw = value;
       else if (bytesEqual(key, hardKey)) hardRaw = value;
@@ -471,7 +500,10 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
     }
   } catch (err) {
     if (err instanceof StorageCorruptionError) throw err;
-    if (isLevelCorruption(err)) throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, { cause: err });
+    if (isLevelCorruption(err))
+      throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, {
+        cause: err,
+      });
     throw err;
   }
   if (metaRaw === undefined && hardRaw === undefined && snapRaw === undefined && entryRecords.length === 0) return null;
@@ -484,10 +516,16 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
     throw new StorageFormatError(dir, `on-disk format ${m.format}, this build reads format ${storageFormatVersion}`);
   }
   if (m.nodeId !== identity.nodeId) {
-    throw new StorageIdentityError(dir, `the data directory belongs to node '${m.nodeId}' (incarnation ${m.incarnation}), not '${identity.nodeId}': refusing to open it`);
+    throw new StorageIdentityError(
+      dir,
+      `the data directory belongs to node '${m.nodeId}' (incarnation ${m.incarnation}), not '${identity.nodeId}': refusing to open it`,
+    );
   }
   if (m.clusterId !== identity.clusterId) {
-    throw new StorageIdentityError(dir, `the data directory belongs to cluster '${m.clusterId}', not '${identity.clusterId}': refusing to open it`);
+    throw new StorageIdentityError(
+      dir,
+      `the data directory belongs to cluster '${m.clusterId}', not '${identity.clusterId}': refusing to open it`,
+    );
   }
   if (hardRaw === undefined) throw new StorageCorruptionError(dir, 'hard', 'missing');
   const hardD = decodeHardState(hardRaw);
@@ -516,11 +554,15 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
       else {
         const e = d.value;
         const reason =
-          prev !== undefined && e.term < prev.term ? `term ${e.term} is below the previous entry's term ${prev.term}`
-          : e.index === S && e.term !== snapshot.meta.term ? `term ${e.term} differs from the snapshot's term ${snapshot.meta.term} at the same index`
-          : e.index > S && e.term < snapshot.meta.term ? `term ${e.term} is below the snapshot's term ${snapshot.meta.term}`
-          : e.term > hard.term ? `term ${e.term} is above the hard state's term ${hard.term}`
-          : null;
+          prev !== undefined && e.term < prev.term
+            ? `term ${e.term} is below the previous entry's term ${prev.term}`
+            : e.index === S && e.term !== snapshot.meta.term
+              ? `term ${e.term} differs from the snapshot's term ${snapshot.meta.term} at the same index`
+              : e.index > S && e.term < snapshot.meta.term
+                ? `term ${e.term} is below the snapshot's term ${snapshot.meta.term}`
+                : e.term > hard.term
+                  ? `term ${e.term} is above the hard state's term ${hard.term}`
+                  : null;
         if (reason !== null) problem = { index, key: describeKey(key), reason };
         else good.push(e);
       }
@@ -535,14 +577,30 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
   let storedMeta = m;
   if (problem !== null) {
     if (problem.index <= commit) {
-      throw new StorageCorruptionError(dir, problem.key, `${problem.reason}; it is at or below the commit index ${commit}, so committed data is lost`);
+      throw new StorageCorruptionError(
+        dir,
+        problem.key,
+        `${problem.reason}; it is at or below the commit index ${commit}, so committed data is lost`,
+      );
     }
     const tail = entryRecords.slice(problemAt);
     // The highest index stored: every entry up to it may have been acknowledged to a leader.
     const lastStored = Math.max(problem.index, ...tail.map(({ key }) => entryIndexOfKey(key) ?? 0));
     storedMeta = { ...m, voteBarrier: Math.max(m.voteBarrier, lastStored) };
-    await db.batch([...tail.map(({ key }) => ({ type: 'del' as const, key })), { type: 'put' as const, key: metaKey, value: encodeMeta(storedMeta) }], { sync: true });
-    const repair: StorageRepair = { key: problem.key, reason: problem.reason, truncatedFrom: problem.index, removedRecords: tail.length, commit };
+    await db.batch(
+      [
+        ...tail.map(({ key }) => ({ type: 'del' as const, key })),
+        { type: 'put' as const, key: metaKey, value: encodeMeta(storedMeta) },
+      ],
+      { sync: true },
+    );
+    const repair: StorageRepair = {
+      key: problem.key,
+      reason: problem.reason,
+      truncatedFrom: problem.index,
+      removedRecords: tail.length,
+      commit,
+    };
     logger.warn(
       { dir, ...repair, voteBarrier: storedMeta.voteBarrier },
       'raft storage: corrupt log record above the commit index; tail truncated, and the node must not vote until its commit index reaches the vote barrier',
@@ -553,7 +611,11 @@ async function scanStore(dir: string, db: DB, logger: StorageLogger, identity: {
   const lastEntry = good.at(-1);
   const lastIndex = Math.max(S, lastEntry?.index ?? 0);
   if (hard.commit > lastIndex) {
-    throw new StorageCorruptionError(dir, `log/${lastIndex + 1}`, `missing, but the hard state's commit index is ${hard.commit}: committed entries ${lastIndex + 1}..${hard.commit} are lost`);
+    throw new StorageCorruptionError(
+      dir,
+      `log/${lastIndex + 1}`,
+      `missing, but the hard state's commit index is ${hard.commit}: committed entries ${lastIndex + 1}..${hard.commit} are lost`,
+    );
   }
   const first = good[0]?.index ?? S + 1;
   const last = lastEntry?.index ?? first - 1;
@@ -581,7 +643,11 @@ function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]
 
 /** Whether LevelDB reported corruption (abstract-level may wrap it in `cause`). */
 function isLevelCorruption(err: unknown): boolean {
-  for (let e = err, depth = 0; typeof e === 'object' && e !== null && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+  for (
+    let e = err, depth = 0;
+    typeof e === 'object' && e !== null && depth < 5;
+    e = (e as { cause?: unknown }).cause, depth++
+  ) {
     if ((e as { code?: unknown }).code === 'LEVEL_CORRUPTION') return true;
   }
   return false;

@@ -96,7 +96,8 @@ export function unseal(key: Uint8Array, record: Uint8Array): Decoded<unknown> {
   const stored = new DataView(record.buffer, record.byteOffset, record.byteLength).getUint32(0);
   const payload = record.subarray(4);
   const actual = crc32(payload, crc32(key));
-  if (stored !== actual) return fail(`checksum mismatch (stored ${hex32(stored)}, computed ${hex32(actual)} over ${payload.length} bytes)`);
+  if (stored !== actual)
+    return fail(`checksum mismatch (stored ${hex32(stored)}, computed ${hex32(actual)} over ${payload.length} bytes)`);
   try {
     return { ok: true, value: packr.unpack(payload) as unknown };
   } catch (err) {
@@ -141,7 +142,8 @@ export function decodeHardState(record: Uint8Array): Decoded<HardState> {
   const v = r.value;
   if (!Array.isArray(v) || v.length !== 3) return fail('hard state record is not [term, vote, commit]');
   const [term, vote, commit] = v as unknown[];
-  if (!isIndex(term) || !isIndex(commit) || (vote !== null && typeof vote !== 'string')) return fail('hard state record has fields of the wrong type');
+  if (!isIndex(term) || !isIndex(commit) || (vote !== null && typeof vote !== 'string'))
+    return fail('hard state record has fields of the wrong type');
   return { ok: true, value: { term, vote, commit } };
 }
 
@@ -190,9 +192,18 @@ export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
   const r = unseal(metaKey, record);
   if (!r.ok) return r;
   const v = r.value;
-  if (!Array.isArray(v) || v.length < 6) return fail('meta record is not [format, clusterId, nodeId, incarnation, createdAt, confirmed]');
+  if (!Array.isArray(v) || v.length < 6)
+    return fail('meta record is not [format, clusterId, nodeId, incarnation, createdAt, confirmed]');
   const [format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier = 0] = v as unknown[];
-  if (!isIndex(format) || typeof clusterId !== 'string' || typeof nodeId !== 'string' || typeof incarnation !== 'string' || typeof createdAt !== 'string' || typeof confirmed !== 'boolean' || !isIndex(voteBarrier)) {
+  if (
+    !isIndex(format) ||
+    typeof clusterId !== 'string' ||
+    typeof nodeId !== 'string' ||
+    typeof incarnation !== 'string' ||
+    typeof createdAt !== 'string' ||
+    typeof confirmed !== 'boolean' ||
+    !isIndex(voteBarrier)
+  ) {
     return fail('meta record has fields of the wrong type');
   }
   return { ok: true, value: { format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier } };

@@ -10,15 +10,7 @@
 // buffer), so the core may keep them in its log for as long as it likes.
 
 import { Packr, Unpackr } from 'msgpackr';
-import type {
-  ConfState,
-  Entry,
-  EntryKind,
-  Message,
-  MessageType,
-  NodeId,
-  SnapshotMeta,
-} from '../raft/raft-types.js';
+import type { ConfState, Entry, EntryKind, Message, MessageType, NodeId, SnapshotMeta } from '../raft/raft-types.js';
 import { CellquotaError } from '../../shared/errors.js';
 
 export const PEER_FRAME_VERSION = 1;
@@ -73,8 +65,7 @@ export function encodeFrame(messages: readonly Message[]): Uint8Array {
 }
 
 export type DecodeResult =
-  | { readonly ok: true; readonly messages: Message[] }
-  | { readonly ok: false; readonly error: string };
+  { readonly ok: true; readonly messages: Message[] } | { readonly ok: false; readonly error: string };
 
 class FrameError extends CellquotaError {
   readonly code = 'PEER_FRAME_INVALID';
@@ -117,7 +108,8 @@ function validateFrame(raw: unknown, limits: PeerCodecLimits): Message[] {
   if (version !== PEER_FRAME_VERSION) fail(`unsupported frame version ${String(version)}`);
   if (!Array.isArray(list)) fail('messages is not an array');
   const items = list as unknown[];
-  if (items.length > limits.maxMessagesPerFrame) fail(`${items.length} messages exceed the limit of ${limits.maxMessagesPerFrame}`);
+  if (items.length > limits.maxMessagesPerFrame)
+    fail(`${items.length} messages exceed the limit of ${limits.maxMessagesPerFrame}`);
   const out: Message[] = new Array<Message>(items.length);
   for (let i = 0; i < items.length; i++) {
     try {
@@ -133,7 +125,8 @@ function validateFrame(raw: unknown, limits: PeerCodecLimits): Message[] {
 type Fields = Record<string, unknown>;
 
 function asMap(v: unknown, what: string): Fields {
-  if (typeof v !== 'object' || v === null || Array.isArray(v) || ArrayBuffer.isView(v) || v instanceof Map) fail(`${what} is not a map`);
+  if (typeof v !== 'object' || v === null || Array.isArray(v) || ArrayBuffer.isView(v) || v instanceof Map)
+    fail(`${what} is not a map`);
   return v as Fields;
 }
 
@@ -203,7 +196,8 @@ function entries(v: unknown): Entry[] {
 export function validateMessage(raw: unknown, limits: PeerCodecLimits = defaultPeerCodecLimits): Message {
   const o = asMap(raw, 'message');
   const type = o['type'];
-  if (typeof type !== 'string' || !messageTypeSet.has(type)) fail(`unknown message type ${JSON.stringify(type)?.slice(0, 64)}`);
+  if (typeof type !== 'string' || !messageTypeSet.has(type))
+    fail(`unknown message type ${JSON.stringify(type)?.slice(0, 64)}`);
   const from = nodeId(o['from'], 'from', limits);
   const to = nodeId(o['to'], 'to', limits);
   const term = int(o, 'term');
@@ -212,13 +206,24 @@ export function validateMessage(raw: unknown, limits: PeerCodecLimits = defaultP
     case 'pre-vote':
       return { type: t, from, to, term, lastIndex: int(o, 'lastIndex'), lastTerm: int(o, 'lastTerm') };
     case 'vote':
-      return { type: t, from, to, term, lastIndex: int(o, 'lastIndex'), lastTerm: int(o, 'lastTerm'), transfer: bool(o, 'transfer') };
+      return {
+        type: t,
+        from,
+        to,
+        term,
+        lastIndex: int(o, 'lastIndex'),
+        lastTerm: int(o, 'lastTerm'),
+        transfer: bool(o, 'transfer'),
+      };
     case 'pre-vote-resp':
     case 'vote-resp':
       return { type: t, from, to, term, reject: bool(o, 'reject') };
     case 'append':
       return {
-        type: t, from, to, term,
+        type: t,
+        from,
+        to,
+        term,
         prevIndex: int(o, 'prevIndex'),
         prevTerm: int(o, 'prevTerm'),
         entries: entries(o['entries']),
@@ -226,7 +231,10 @@ export function validateMessage(raw: unknown, limits: PeerCodecLimits = defaultP
       };
     case 'append-resp':
       return {
-        type: t, from, to, term,
+        type: t,
+        from,
+        to,
+        term,
         reject: bool(o, 'reject'),
         index: int(o, 'index'),
         hintIndex: int(o, 'hintIndex'),
@@ -240,8 +248,19 @@ export function validateMessage(raw: unknown, limits: PeerCodecLimits = defaultP
       const offset = int(o, 'offset');
       const totalBytes = int(o, 'totalBytes');
       const chunk = bin(o, 'chunk');
-      if (offset + chunk.byteLength > totalBytes) fail(`chunk [${offset}, ${offset + chunk.byteLength}) lies beyond totalBytes ${totalBytes}`);
-      return { type: t, from, to, term, meta: snapshotMeta(o['meta'], limits), offset, totalBytes, chunk, done: bool(o, 'done') };
+      if (offset + chunk.byteLength > totalBytes)
+        fail(`chunk [${offset}, ${offset + chunk.byteLength}) lies beyond totalBytes ${totalBytes}`);
+      return {
+        type: t,
+        from,
+        to,
+        term,
+        meta: snapshotMeta(o['meta'], limits),
+        offset,
+        totalBytes,
+        chunk,
+        done: bool(o, 'done'),
+      };
     }
     case 'snapshot-resp':
       return { type: t, from, to, term, snapshotIndex: int(o, 'snapshotIndex'), nextOffset: int(o, 'nextOffset') };

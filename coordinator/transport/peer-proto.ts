@@ -68,7 +68,8 @@ export function loadRaftPeerService(protoPath: string = findRaftPeerProto()): Ra
     oneofs: true,
   });
   const def = pkg[RAFT_PEER_SERVICE];
-  if (def === undefined || !('Stream' in def) || !('Probe' in def)) throw new Error(`${protoPath} does not define ${RAFT_PEER_SERVICE}`);
+  if (def === undefined || !('Stream' in def) || !('Probe' in def))
+    throw new Error(`${protoPath} does not define ${RAFT_PEER_SERVICE}`);
   const definition = def as grpc.ServiceDefinition;
   cached = {
     definition,

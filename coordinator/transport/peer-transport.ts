@@ -117,7 +117,13 @@ export interface PeerTransportOptions {
 }
 
 /** gRPC server options the RaftPeer service needs (frame size, keepalive); merge them into a shared server's. */
-export function peerServerOptions(opts: { readonly limits?: Partial<PeerCodecLimits>; readonly keepaliveTimeMs?: number; readonly keepaliveTimeoutMs?: number } = {}): grpc.ServerOptions {
+export function peerServerOptions(
+  opts: {
+    readonly limits?: Partial<PeerCodecLimits>;
+    readonly keepaliveTimeMs?: number;
+    readonly keepaliveTimeoutMs?: number;
+  } = {},
+): grpc.ServerOptions {
   const maxFrameBytes = opts.limits?.maxFrameBytes ?? defaultPeerCodecLimits.maxFrameBytes;
   return {
     'grpc.max_receive_message_length': maxFrameBytes + 1024,
@@ -129,7 +135,11 @@ export function peerServerOptions(opts: { readonly limits?: Partial<PeerCodecLim
 /** Server credentials for the peer port: mutual TLS (client certificates required) or plaintext. */
 export function peerServerCredentials(tls: PeerTlsOptions | undefined): grpc.ServerCredentials {
   return tls !== undefined
-    ? grpc.ServerCredentials.createSsl(toBuffer(tls.ca), [{ cert_chain: toBuffer(tls.cert), private_key: toBuffer(tls.key) }], true)
+    ? grpc.ServerCredentials.createSsl(
+        toBuffer(tls.ca),
+        [{ cert_chain: toBuffer(tls.cert), private_key: toBuffer(tls.key) }],
+        true,
+      )
     : grpc.ServerCredentials.createInsecure();
 }
 
@@ -278,7 +288,11 @@ class PeerLink {
   reconnects = 0;
   refused = 0;
 
-  constructor(readonly id: NodeId, address: string, private readonly ctx: LinkContext) {
+  constructor(
+    readonly id: NodeId,
+    address: string,
+    private readonly ctx: LinkContext,
+  ) {
     this.address = address;
     this.log = ctx.logger.child({ peer: id });
   }
@@ -400,7 +414,12 @@ class PeerLink {
       );
     } catch (err) {
       client?.close();
-      this.ctx.throttle.warn(this.log, `open:${this.id}`, { err: errorText(err), address: this.address }, 'could not open peer stream');
+      this.ctx.throttle.warn(
+        this.log,
+        `open:${this.id}`,
+        { err: errorText(err), address: this.address },
+        'could not open peer stream',
+      );
       this.scheduleReconnect();
       return;
     }
@@ -412,7 +431,10 @@ class PeerLink {
     this.connectTimer = setTimeout(() => {
       this.connectTimer = null;
       if (gen !== this.gen || this.connected) return;
-      this.log.debug({ address: this.address, timeoutMs: this.ctx.connectTimeoutMs }, 'peer stream not accepted in time');
+      this.log.debug(
+        { address: this.address, timeoutMs: this.ctx.connectTimeoutMs },
+        'peer stream not accepted in time',
+      );
       call.cancel();
     }, this.ctx.connectTimeoutMs);
     this.connectTimer.unref();
@@ -424,8 +446,16 @@ class PeerLink {
     const peerId = firstString(headers, NODE_ID_HEADER);
     if (peerCluster !== this.ctx.clusterId || peerId !== this.id) {
       this.refused++;
-      this.ctx.throttle.warn(this.log, `identity:${this.id}`, { address: this.address, expected: { node: this.id, cluster: this.ctx.clusterId }, found: { node: peerId ?? null, cluster: peerCluster ?? null } },
-        'peer at this address is not the expected node of this cluster; retrying');
+      this.ctx.throttle.warn(
+        this.log,
+        `identity:${this.id}`,
+        {
+          address: this.address,
+          expected: { node: this.id, cluster: this.ctx.clusterId },
+          found: { node: peerId ?? null, cluster: peerCluster ?? null },
+        },
+        'peer at this address is not the expected node of this cluster; retrying',
+      );
       this.call.cancel();
       return;
     }
@@ -451,13 +481,29 @@ class PeerLink {
     if (this.closed) return;
     if (err !== null && err.code === grpc.status.PERMISSION_DENIED) {
       this.refused++;
-      this.ctx.throttle.warn(this.log, `refused:${this.id}`, { address: this.address, details: err.details }, 'peer refused our stream');
+      this.ctx.throttle.warn(
+        this.log,
+        `refused:${this.id}`,
+        { address: this.address, details: err.details },
+        'peer refused our stream',
+      );
     } else if (wasConnected) {
-      this.log.warn({ address: this.address, code: err?.code ?? 0, details: err?.details ?? 'ended' }, 'peer stream lost; reconnecting');
+      this.log.warn(
+        { address: this.address, code: err?.code ?? 0, details: err?.details ?? 'ended' },
+        'peer stream lost; reconnecting',
+      );
     } else {
-      this.log.debug({ address: this.address, code: err?.code ?? 0, details: err?.details ?? 'ended' }, 'peer stream attempt failed');
+      this.log.debug(
+        { address: this.address, code: err?.code ?? 0, details: err?.details ?? 'ended' },
+        'peer stream attempt failed',
+      );
       if (this.attempt >= 3) {
-        this.ctx.throttle.warn(this.log, `unreachable:${this.id}`, { address: this.address, attempts: this.attempt, details: err?.details ?? 'ended' }, 'peer unreachable; retrying');
+        this.ctx.throttle.warn(
+          this.log,
+          `unreachable:${this.id}`,
+          { address: this.address, attempts: this.attempt, details: err?.details ?? 'ended' },
+          'peer unreachable; retrying',
+        );
       }
     }
     this.scheduleReconnect();
@@ -570,7 +616,8 @@ export class PeerTransport {
   constructor(opts: PeerTransportOptions) {
     if (opts.selfId.length === 0) throw new Error('PeerTransport: selfId must not be empty');
     if (opts.clusterId.length === 0) throw new Error('PeerTransport: clusterId must not be empty');
-    if (!isHostPort(opts.listen)) throw new TypeError(`PeerTransport: listen must be host:port, got ${JSON.stringify(opts.listen)}`);
+    if (!isHostPort(opts.listen))
+      throw new TypeError(`PeerTransport: listen must be host:port, got ${JSON.stringify(opts.listen)}`);
     this.opts = opts;
     this.selfId = opts.selfId;
     this.clusterId = opts.clusterId;
@@ -592,11 +639,14 @@ export class PeerTransport {
       'grpc.max_reconnect_backoff_ms': backoff.maxMs,
       // Transparent retries would buffer written frames a second time; Raft retransmits instead.
       'grpc.enable_retries': 0,
-      ...(opts.tls?.serverNameOverride !== undefined ? { 'grpc.ssl_target_name_override': opts.tls.serverNameOverride } : {}),
+      ...(opts.tls?.serverNameOverride !== undefined
+        ? { 'grpc.ssl_target_name_override': opts.tls.serverNameOverride }
+        : {}),
     };
-    const credentials = opts.tls !== undefined
-      ? grpc.credentials.createSsl(toBuffer(opts.tls.ca), toBuffer(opts.tls.key), toBuffer(opts.tls.cert))
-      : grpc.credentials.createInsecure();
+    const credentials =
+      opts.tls !== undefined
+        ? grpc.credentials.createSsl(toBuffer(opts.tls.ca), toBuffer(opts.tls.key), toBuffer(opts.tls.cert))
+        : grpc.credentials.createInsecure();
     this.ctx = {
       selfId: opts.selfId,
       clusterId: opts.clusterId,
@@ -637,10 +687,14 @@ export class PeerTransport {
     if (this.stopped) throw new Error('PeerTransport was stopped');
     this.started = true;
     const handlers: grpc.UntypedServiceImplementation = {
-      Stream: ((call: grpc.ServerReadableStream<FrameMessage, StreamSummaryMessage>, callback: grpc.sendUnaryData<StreamSummaryMessage>) =>
-        this.handleStream(call, callback)) as grpc.handleClientStreamingCall<FrameMessage, StreamSummaryMessage>,
-      Probe: ((call: grpc.ServerUnaryCall<ProbeRequestMessage, ProbeResponseMessage>, callback: grpc.sendUnaryData<ProbeResponseMessage>) =>
-        this.handleProbe(call, callback)) as grpc.handleUnaryCall<ProbeRequestMessage, ProbeResponseMessage>,
+      Stream: ((
+        call: grpc.ServerReadableStream<FrameMessage, StreamSummaryMessage>,
+        callback: grpc.sendUnaryData<StreamSummaryMessage>,
+      ) => this.handleStream(call, callback)) as grpc.handleClientStreamingCall<FrameMessage, StreamSummaryMessage>,
+      Probe: ((
+        call: grpc.ServerUnaryCall<ProbeRequestMessage, ProbeResponseMessage>,
+        callback: grpc.sendUnaryData<ProbeResponseMessage>,
+      ) => this.handleProbe(call, callback)) as grpc.handleUnaryCall<ProbeRequestMessage, ProbeResponseMessage>,
     };
     const tls = this.opts.tls;
     let port: number;
@@ -655,7 +709,9 @@ export class PeerTransport {
     server.addService(this.service.definition, handlers);
     try {
       port = await new Promise<number>((resolve, reject) => {
-        server.bindAsync(this.opts.listen, peerServerCredentials(tls), (err, p) => (err !== null ? reject(err) : resolve(p)));
+        server.bindAsync(this.opts.listen, peerServerCredentials(tls), (err, p) =>
+          err !== null ? reject(err) : resolve(p),
+        );
       });
     } catch (err) {
       server.forceShutdown();
@@ -667,7 +723,15 @@ export class PeerTransport {
       return { port };
     }
     this.server = server;
-    this.log.info({ listen: this.opts.listen, port, tls: tls !== undefined, peers: Object.fromEntries([...this.links].map(([id, l]) => [id, l.address])) }, 'peer transport listening');
+    this.log.info(
+      {
+        listen: this.opts.listen,
+        port,
+        tls: tls !== undefined,
+        peers: Object.fromEntries([...this.links].map(([id, l]) => [id, l.address])),
+      },
+      'peer transport listening',
+    );
     for (const link of this.links.values()) link.activate();
     return { port };
   }
@@ -688,7 +752,12 @@ export class PeerTransport {
       const link = this.links.get(to);
       if (link === undefined || this.stopped) {
         this.unroutedMessages += batch.length;
-        this.throttle.warn(this.log, `unrouted:${to}`, { to, messages: batch.length, stopped: this.stopped }, 'messages for an unknown peer dropped');
+        this.throttle.warn(
+          this.log,
+          `unrouted:${to}`,
+          { to, messages: batch.length, stopped: this.stopped },
+          'messages for an unknown peer dropped',
+        );
         continue;
       }
       this.encodeInto(link, batch);
@@ -700,7 +769,9 @@ export class PeerTransport {
     if (this.stopped) return;
     const invalid = [...peers].filter(([id, address]) => id.length === 0 || !isHostPort(address));
     if (invalid.length > 0) {
-      throw new TypeError(`PeerTransport.setPeers: invalid peers ${invalid.map(([id, a]) => `${id}=${a}`).join(', ')} (expected id=host:port)`);
+      throw new TypeError(
+        `PeerTransport.setPeers: invalid peers ${invalid.map(([id, a]) => `${id}=${a}`).join(', ')} (expected id=host:port)`,
+      );
     }
     for (const [id, link] of this.links) {
       if (!peers.has(id) || id === this.selfId) {
@@ -744,7 +815,8 @@ export class PeerTransport {
     if (this.stopped) return;
     this.stopped = true;
     for (const link of this.links.values()) link.close();
-    for (const s of [...this.inbound.values()]) s.finish({ code: grpc.status.UNAVAILABLE, details: 'receiver stopping' });
+    for (const s of [...this.inbound.values()])
+      s.finish({ code: grpc.status.UNAVAILABLE, details: 'receiver stopping' });
     this.inbound.clear();
     const server = this.server;
     this.server = null;
@@ -826,7 +898,10 @@ export class PeerTransport {
       frame = encodeFrame(batch);
     } catch (err) {
       this.unroutedMessages += batch.length;
-      this.log.error({ peer: link.id, err: errorText(err), messages: batch.length }, 'could not encode messages; dropped');
+      this.log.error(
+        { peer: link.id, err: errorText(err), messages: batch.length },
+        'could not encode messages; dropped',
+      );
       return;
     }
     if (frame.byteLength <= this.limits.maxFrameBytes) {
@@ -835,7 +910,10 @@ export class PeerTransport {
     }
     if (batch.length === 1) {
       this.unroutedMessages += 1;
-      this.log.error({ peer: link.id, type: batch[0]?.type, bytes: frame.byteLength, limit: this.limits.maxFrameBytes }, 'message larger than the frame limit; dropped');
+      this.log.error(
+        { peer: link.id, type: batch[0]?.type, bytes: frame.byteLength, limit: this.limits.maxFrameBytes },
+        'message larger than the frame limit; dropped',
+      );
       return;
     }
     const mid = batch.length >> 1;
@@ -843,22 +921,38 @@ export class PeerTransport {
     this.encodeInto(link, batch.slice(mid));
   }
 
-  private handleProbe(_call: grpc.ServerUnaryCall<ProbeRequestMessage, ProbeResponseMessage>, callback: grpc.sendUnaryData<ProbeResponseMessage>): void {
+  private handleProbe(
+    _call: grpc.ServerUnaryCall<ProbeRequestMessage, ProbeResponseMessage>,
+    callback: grpc.sendUnaryData<ProbeResponseMessage>,
+  ): void {
     let hint: PeerStatusHint = { term: 0, leader: null };
     try {
       if (this.opts.status !== undefined) hint = this.opts.status();
     } catch (err) {
       this.log.warn({ err: errorText(err) }, 'status hint failed');
     }
-    callback(null, { nodeId: this.selfId, clusterId: this.clusterId, termHint: hint.term, leaderHint: hint.leader ?? '' });
+    callback(null, {
+      nodeId: this.selfId,
+      clusterId: this.clusterId,
+      termHint: hint.term,
+      leaderHint: hint.leader ?? '',
+    });
   }
 
-  private handleStream(call: grpc.ServerReadableStream<FrameMessage, StreamSummaryMessage>, callback: grpc.sendUnaryData<StreamSummaryMessage>): void {
+  private handleStream(
+    call: grpc.ServerReadableStream<FrameMessage, StreamSummaryMessage>,
+    callback: grpc.sendUnaryData<StreamSummaryMessage>,
+  ): void {
     const cluster = firstString(call.metadata, CLUSTER_ID_HEADER);
     const sender = firstString(call.metadata, NODE_ID_HEADER);
     const refuse = (code: grpc.status, details: string): void => {
       this.refusedStreams++;
-      this.throttle.warn(this.log, `refuse:${sender ?? '?'}:${code}`, { sender: sender ?? null, cluster: cluster ?? null, peer: call.getPeer(), details }, 'peer stream refused');
+      this.throttle.warn(
+        this.log,
+        `refuse:${sender ?? '?'}:${code}`,
+        { sender: sender ?? null, cluster: cluster ?? null, peer: call.getPeer(), details },
+        'peer stream refused',
+      );
       callback({ code, details });
     };
     if (this.stopped) {
@@ -866,7 +960,10 @@ export class PeerTransport {
       return;
     }
     if (cluster !== this.clusterId) {
-      refuse(grpc.status.PERMISSION_DENIED, `cluster id mismatch: receiver ${this.selfId} belongs to cluster ${JSON.stringify(this.clusterId)}, sender sent ${JSON.stringify(cluster ?? null)}`);
+      refuse(
+        grpc.status.PERMISSION_DENIED,
+        `cluster id mismatch: receiver ${this.selfId} belongs to cluster ${JSON.stringify(this.clusterId)}, sender sent ${JSON.stringify(cluster ?? null)}`,
+      );
       return;
     }
     if (sender === undefined || sender.length === 0 || sender.length > this.limits.maxIdLength) {
@@ -880,7 +977,10 @@ export class PeerTransport {
     if (this.opts.tls !== undefined) {
       const names = certNames('replica', call.getAuthContext()?.sslPeerCertificate);
       if (!names.includes(sender)) {
-        refuse(grpc.status.PERMISSION_DENIED, `sender declares id ${sender} but its certificate names ${names.length === 0 ? 'no replica' : names.join(', ')}`);
+        refuse(
+          grpc.status.PERMISSION_DENIED,
+          `sender declares id ${sender} but its certificate names ${names.length === 0 ? 'no replica' : names.join(', ')}`,
+        );
         return;
       }
     }
@@ -940,14 +1040,24 @@ export class PeerTransport {
     const decoded = decodeFrame(data, this.limits);
     if (!decoded.ok) {
       this.malformedFrames++;
-      this.throttle.warn(this.log, `malformed:${sender}`, { sender, bytes: size, error: decoded.error }, 'malformed peer frame dropped');
+      this.throttle.warn(
+        this.log,
+        `malformed:${sender}`,
+        { sender, bytes: size, error: decoded.error },
+        'malformed peer frame dropped',
+      );
       return 0;
     }
     let batch = decoded.messages;
     if (batch.some((m) => m.from !== sender || m.to !== this.selfId)) {
       const kept = batch.filter((m) => m.from === sender && m.to === this.selfId);
       this.misaddressedMessages += batch.length - kept.length;
-      this.throttle.warn(this.log, `misaddressed:${sender}`, { sender, dropped: batch.length - kept.length }, 'peer messages with a wrong from/to dropped');
+      this.throttle.warn(
+        this.log,
+        `misaddressed:${sender}`,
+        { sender, dropped: batch.length - kept.length },
+        'peer messages with a wrong from/to dropped',
+      );
       batch = kept;
     }
     if (batch.length === 0) return 0;
@@ -995,10 +1105,16 @@ export async function probeAddress(address: string, opts: ProbeOptions = {}): Pr
         { clusterId: opts.from?.clusterId ?? '', nodeId: opts.from?.nodeId ?? '' },
         new grpc.Metadata(),
         { deadline: Date.now() + (opts.timeoutMs ?? 2000) },
-        (err, value) => (err !== null || value === undefined ? reject(err ?? new Error('empty probe response')) : resolve(value)),
+        (err, value) =>
+          err !== null || value === undefined ? reject(err ?? new Error('empty probe response')) : resolve(value),
       );
     });
-    return { nodeId: res.nodeId, clusterId: res.clusterId, termHint: Number(res.termHint), leaderHint: res.leaderHint === '' ? null : res.leaderHint };
+    return {
+      nodeId: res.nodeId,
+      clusterId: res.clusterId,
+      termHint: Number(res.termHint),
+      leaderHint: res.leaderHint === '' ? null : res.leaderHint,
+    };
   } finally {
     client.close();
   }

@@ -31,14 +31,33 @@ void describe('bench/load/loadgen: a target with several addresses', () => {
         }
         const both = [join(dir, 's.sock'), join(dir, 's.sock.1')];
         // One session asked for, two addresses: raised to one per address.
-        const job: LoadJob = { targets: [both], sliceMs: 50, domain: 'bench', tenants: 10, mode: 'closed', concurrency: 8, rate: 0, sessions: 1, client, warmupMs: 20, measureMs: 200, drainTimeoutMs: 1000, seed: 3, progressEveryMs: 0 };
+        const job: LoadJob = {
+          targets: [both],
+          sliceMs: 50,
+          domain: 'bench',
+          tenants: 10,
+          mode: 'closed',
+          concurrency: 8,
+          rate: 0,
+          sessions: 1,
+          client,
+          warmupMs: 20,
+          measureMs: 200,
+          drainTimeoutMs: 1000,
+          seed: 3,
+          progressEveryMs: 0,
+        };
         const [r] = await runJob(job, () => undefined);
         assert.notEqual(r, undefined, 'one result for the one target');
         if (r === undefined) return;
         assert.equal(r.sent, r.ok + r.errors);
         assert.equal(r.errors, 0, r.errorSamples.join('; '));
         assert.equal((counts[0] ?? 0) + (counts[1] ?? 0), r.sent, 'every request reached one of the two servers');
-        assert.equal((counts[0] ?? 0) > 0 && (counts[1] ?? 0) > 0, true, `both addresses got requests: ${counts.join(' / ')}`);
+        assert.equal(
+          (counts[0] ?? 0) > 0 && (counts[1] ?? 0) > 0,
+          true,
+          `both addresses got requests: ${counts.join(' / ')}`,
+        );
       } finally {
         await Promise.all(servers.map((s) => stopRlsServer(s, 200)));
         rmSync(dir, { recursive: true, force: true });
@@ -50,7 +69,12 @@ void describe('bench/load/loadgen: a target with several addresses', () => {
 void describe('npm run bench -- agent --smoke, agent and agent-2w', () => {
   void it('measures the agent with 1 and 2 workers and reports their ratio', { timeout: 60_000 }, async () => {
     const messages: string[] = [];
-    const { report, phases, skipped } = await runAgentBenchDetailed({ smoke: true, servers: ['agent', 'agent-2w'], variants: ['unlimited'], progress: (m) => messages.push(m) });
+    const { report, phases, skipped } = await runAgentBenchDetailed({
+      smoke: true,
+      servers: ['agent', 'agent-2w'],
+      variants: ['unlimited'],
+      progress: (m) => messages.push(m),
+    });
     assert.deepEqual(skipped, []);
     assert.deepEqual(
       report.rows.map((r) => [r['variant'], r['server']]),
@@ -64,9 +88,17 @@ void describe('npm run bench -- agent --smoke, agent and agent-2w', () => {
       assert.equal(p.result.sent, p.result.ok + p.result.errors);
       assert.equal(p.result.errors, 0, p.result.errorSamples.join('; '));
     }
-    assert.equal(report.notes.filter((n) => n.startsWith('agent-2w ÷ agent (unlimited, c=16)')).length, 1, report.notes.join('\n'));
+    assert.equal(
+      report.notes.filter((n) => n.startsWith('agent-2w ÷ agent (unlimited, c=16)')).length,
+      1,
+      report.notes.join('\n'),
+    );
     const described = report.notes.find((n) => n.startsWith('agent-2w: '));
     assert.match(described ?? '', /2 workers.*\.sock, .*\.sock\.1/, 'agent-2w serves on two sockets');
-    assert.equal(messages.some((m) => m.startsWith('stopped agent, agent-2w')), true, 'every server stopped');
+    assert.equal(
+      messages.some((m) => m.startsWith('stopped agent, agent-2w')),
+      true,
+      'every server stopped',
+    );
   });
 });

@@ -13,14 +13,32 @@ import { runAgentBenchDetailed } from '../../bench/agent-rls.js';
 import { runJob } from '../../bench/load/loadgen.js';
 import type { LoadJob } from '../../bench/load/loadgen-protocol.js';
 import { rawRlsService, startRlsServer, stopRlsServer } from '../../bench/servers/rls-grpc.js';
-import { CODE_OK, CODE_OVER_LIMIT, DEGRADED_FLAG, DEGRADED_HEADER, decodeOverallCode, decodeResponse, encodeRateLimitRequest, grpcFrame, tenantFrames } from '../../testkit/load/rls-wire.js';
+import {
+  CODE_OK,
+  CODE_OVER_LIMIT,
+  DEGRADED_FLAG,
+  DEGRADED_HEADER,
+  decodeOverallCode,
+  decodeResponse,
+  encodeRateLimitRequest,
+  grpcFrame,
+  tenantFrames,
+} from '../../testkit/load/rls-wire.js';
 import { isLimitedTenant, rulesYaml } from '../../bench/servers/bench-rules.js';
 
 const PROTO_ROOT = fileURLToPath(new URL('../../proto/', import.meta.url));
 
 function rlsMethod(): protoLoader.MethodDefinition<object, object> {
-  const pkg = protoLoader.loadSync('envoy/service/ratelimit/v3/rls.proto', { includeDirs: [PROTO_ROOT], keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
-  const svc = pkg['envoy.service.ratelimit.v3.RateLimitService'] as Record<string, protoLoader.MethodDefinition<object, object>> | undefined;
+  const pkg = protoLoader.loadSync('envoy/service/ratelimit/v3/rls.proto', {
+    includeDirs: [PROTO_ROOT],
+    keepCase: false,
+    longs: Number,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
+  const svc = pkg['envoy.service.ratelimit.v3.RateLimitService'] as
+    Record<string, protoLoader.MethodDefinition<object, object>> | undefined;
   const m = svc?.['ShouldRateLimit'];
   assert.ok(m !== undefined);
   return m;
@@ -30,27 +48,54 @@ void describe('testkit/load/rls-wire', () => {
   void it('encodes the RateLimitRequest a protobuf decoder reads back', () => {
     const m = rlsMethod();
     const bytes = encodeRateLimitRequest('bench', [[{ key: 'tenant', value: 'tenant-42' }]]);
-    assert.deepEqual(m.requestDeserialize(Buffer.from(bytes)), { domain: 'bench', descriptors: [{ entries: [{ key: 'tenant', value: 'tenant-42' }], limit: null, hitsAddend: null }], hitsAddend: 0 });
+    assert.deepEqual(m.requestDeserialize(Buffer.from(bytes)), {
+      domain: 'bench',
+      descriptors: [{ entries: [{ key: 'tenant', value: 'tenant-42' }], limit: null, hitsAddend: null }],
+      hitsAddend: 0,
+    });
     const frames = tenantFrames('bench', 3);
     assert.equal(frames.length, 3);
     const f = frames[2];
     assert.ok(f !== undefined);
     assert.equal(f[0], 0);
     assert.equal(f.readUInt32BE(1), f.length - 5);
-    assert.equal((m.requestDeserialize(f.subarray(5)) as { descriptors: { entries: { value: string }[] }[] }).descriptors[0]?.entries[0]?.value, 'tenant-2');
+    assert.equal(
+      (m.requestDeserialize(f.subarray(5)) as { descriptors: { entries: { value: string }[] }[] }).descriptors[0]
+        ?.entries[0]?.value,
+      'tenant-2',
+    );
   });
 
   void it('reads overall_code from a response, whatever the other fields, and rejects broken bodies', () => {
     const m = rlsMethod();
-    const ok = grpcFrame(m.responseSerialize({ overallCode: 'OK', statuses: [{ code: 'OK', limitRemaining: 300, currentLimit: { requestsPerUnit: 5, unit: 'HOUR', name: 'x' } }] }));
-    const over = grpcFrame(m.responseSerialize({ overallCode: 'OVER_LIMIT', rawBody: Buffer.from('no'), responseHeadersToAdd: [{ key: 'a', value: 'b' }] }));
+    const ok = grpcFrame(
+      m.responseSerialize({
+        overallCode: 'OK',
+        statuses: [{ code: 'OK', limitRemaining: 300, currentLimit: { requestsPerUnit: 5, unit: 'HOUR', name: 'x' } }],
+      }),
+    );
+    const over = grpcFrame(
+      m.responseSerialize({
+        overallCode: 'OVER_LIMIT',
+        rawBody: Buffer.from('no'),
+        responseHeadersToAdd: [{ key: 'a', value: 'b' }],
+      }),
+    );
     assert.equal(decodeOverallCode(ok), CODE_OK);
     assert.equal(decodeOverallCode(over), CODE_OVER_LIMIT);
     assert.equal(decodeOverallCode(grpcFrame(new Uint8Array(0))), 0);
     assert.equal(decodeOverallCode(ok.subarray(0, ok.length - 1)), -1);
     assert.equal(decodeOverallCode(Buffer.from([1, 0, 0, 0, 0])), -1);
     assert.equal(decodeResponse(ok), CODE_OK, 'not degraded');
-    const degraded = grpcFrame(m.responseSerialize({ overallCode: 'OK', responseHeadersToAdd: [{ key: 'x', value: 'y' }, { key: DEGRADED_HEADER, value: 'true' }] }));
+    const degraded = grpcFrame(
+      m.responseSerialize({
+        overallCode: 'OK',
+        responseHeadersToAdd: [
+          { key: 'x', value: 'y' },
+          { key: DEGRADED_HEADER, value: 'true' },
+        ],
+      }),
+    );
     assert.equal(decodeResponse(degraded), CODE_OK | DEGRADED_FLAG);
     assert.equal(decodeOverallCode(degraded), CODE_OK);
   });
@@ -73,7 +118,22 @@ void void describe('bench/load/loadgen', () => {
       };
       const server = await startRlsServer(target, handler, rawRlsService());
       try {
-        const job: LoadJob = { targets: [target], sliceMs: 50, domain: 'bench', tenants: 10, mode: 'closed', concurrency: 16, rate: 0, sessions: 2, client, warmupMs: 20, measureMs: 150, drainTimeoutMs: 300, seed: 7, progressEveryMs: 0 };
+        const job: LoadJob = {
+          targets: [target],
+          sliceMs: 50,
+          domain: 'bench',
+          tenants: 10,
+          mode: 'closed',
+          concurrency: 16,
+          rate: 0,
+          sessions: 2,
+          client,
+          warmupMs: 20,
+          measureMs: 150,
+          drainTimeoutMs: 300,
+          seed: 7,
+          progressEveryMs: 0,
+        };
         const [r] = await runJob(job, () => undefined);
         assert.ok(r !== undefined);
         assert.ok(r.sent > 16);
@@ -81,7 +141,10 @@ void void describe('bench/load/loadgen', () => {
         assert.equal(r.ok, r.allowed + r.overLimit + r.unknownCode);
         assert.equal(r.unknownCode, 0);
         assert.ok(r.allowed > 0 && r.overLimit > 0 && r.errors > 0);
-        assert.ok(r.errorSamples.some((e) => e.includes('unanswered after the 300 ms drain')), r.errorSamples.join('; '));
+        assert.ok(
+          r.errorSamples.some((e) => e.includes('unanswered after the 300 ms drain')),
+          r.errorSamples.join('; '),
+        );
         const [paced] = await runJob({ ...job, mode: 'paced', rate: 400 }, () => undefined);
         assert.ok(paced !== undefined);
         assert.equal(paced.sent, paced.ok + paced.errors);
@@ -109,7 +172,9 @@ void void describe('bench/load/loadgen', () => {
 
 void describe('bench/servers/bench-rules', () => {
   void it('limits half of the tenants in the limited domain only', () => {
-    const limited = Array.from({ length: 1000 }, (_, i) => `tenant-${i}`).filter((t) => isLimitedTenant('bench-limited', t));
+    const limited = Array.from({ length: 1000 }, (_, i) => `tenant-${i}`).filter((t) =>
+      isLimitedTenant('bench-limited', t),
+    );
     assert.equal(limited.length, 500);
     assert.equal(isLimitedTenant('bench', 'tenant-1'), false);
     assert.deepEqual(
@@ -122,7 +187,11 @@ void describe('bench/servers/bench-rules', () => {
 void describe('npm run bench -- agent --smoke, ceiling only', () => {
   void it('reports a row per variant and accounts for every request', async () => {
     const messages: string[] = [];
-    const { report, phases, skipped } = await runAgentBenchDetailed({ smoke: true, servers: ['ceiling'], progress: (m) => messages.push(m) });
+    const { report, phases, skipped } = await runAgentBenchDetailed({
+      smoke: true,
+      servers: ['ceiling'],
+      progress: (m) => messages.push(m),
+    });
 
     assert.equal(report.name, 'agent');
     assert.equal(typeof report.title, 'string');
@@ -138,7 +207,19 @@ void describe('npm run bench -- agent --smoke, ceiling only', () => {
     );
     for (const row of report.rows) {
       for (const v of Object.values(row)) assert.ok(typeof v === 'number' || typeof v === 'string');
-      for (const col of ['c=16 req/s', 'peak ÷ ceiling', 'p50 µs @1000/s', 'p99 µs', 'p99.9 µs', 'p99 ÷ ceiling', 'refused %', 'requests', 'errors', 'degraded']) assert.ok(col in row, `column ${col}`);
+      for (const col of [
+        'c=16 req/s',
+        'peak ÷ ceiling',
+        'p50 µs @1000/s',
+        'p99 µs',
+        'p99.9 µs',
+        'p99 ÷ ceiling',
+        'refused %',
+        'requests',
+        'errors',
+        'degraded',
+      ])
+        assert.ok(col in row, `column ${col}`);
       assert.equal(row['peak ÷ ceiling'], '1.00');
       assert.equal(row['refused %'], 0, 'the ceiling refuses nothing');
     }
@@ -157,7 +238,11 @@ void describe('npm run bench -- agent --smoke, ceiling only', () => {
       assert.ok(r.measuredCompletions <= r.ok + r.errors);
       if (p.mode === 'paced') {
         assert.ok(r.latency !== null && r.latency.samples > 0);
-        assert.ok(r.latency.p50Us <= r.latency.p99Us && r.latency.p99Us <= r.latency.p999Us && r.latency.p999Us <= r.latency.maxUs);
+        assert.ok(
+          r.latency.p50Us <= r.latency.p99Us &&
+            r.latency.p99Us <= r.latency.p999Us &&
+            r.latency.p999Us <= r.latency.maxUs,
+        );
       } else {
         assert.equal(r.latency, null);
       }
@@ -165,6 +250,9 @@ void describe('npm run bench -- agent --smoke, ceiling only', () => {
     }
     const requests = report.rows.reduce((n, row) => n + Number(row['requests']), 0);
     assert.equal(requests, total, 'the table adds up the phases');
-    assert.ok(messages.some((m) => m.startsWith('stopped ceiling')), 'every server stopped');
+    assert.ok(
+      messages.some((m) => m.startsWith('stopped ceiling')),
+      'every server stopped',
+    );
   });
 });

@@ -20,7 +20,11 @@ function assertReport(r: BenchReport, name: string, numericColumns: readonly str
   for (const row of r.rows) {
     for (const col of numericColumns) {
       const v = row[col];
-      assert.equal(typeof v === 'number' && Number.isFinite(v), true, `${name}: ${col} is a finite number in ${JSON.stringify(row)}`);
+      assert.equal(
+        typeof v === 'number' && Number.isFinite(v),
+        true,
+        `${name}: ${col} is a finite number in ${JSON.stringify(row)}`,
+      );
     }
   }
   assert.equal(r.notes.length > 0, true, `${name}: notes`);
@@ -39,10 +43,13 @@ void test('agent-memory smoke: bucket table bytes and in-process decision latenc
 void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', () => {
   const r = runDecisionBench(quiet);
   assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns']);
-  assert.deepEqual(r.rows.map((row) => row.call), ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)']);
+  assert.deepEqual(
+    r.rows.map((row) => row.call),
+    ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)'],
+  );
 });
 
-void test('allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants; incremental rounds send the full round\'s grants in a smaller entry', () => {
+void test("allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants; incremental rounds send the full round's grants in a smaller entry", () => {
   const r = runAllocatorBench(quiet);
   const full = { ...r, rows: r.rows.filter((row) => row.variant === undefined) };
   const inc = r.rows.filter((row) => row.variant === 'incremental vs full');
@@ -56,24 +63,42 @@ void test('allocator smoke: round time and entry size per scale; the moved round
   }
   assert.equal(inc.length, 2);
   for (const row of inc) {
-    assert.equal(row['same grants'], 'yes', 'the incremental round sends exactly the full round\'s grants');
+    assert.equal(row['same grants'], 'yes', "the incremental round sends exactly the full round's grants");
     assert.ok((row['quotas computed'] as number) < (row.tenants as number) / 5, 'only the moved quotas are computed');
     assert.ok((row['grants changed'] as number) > 0);
-    assert.ok((row['entry v2 bytes'] as number) * 3 < (row['entry v1 bytes'] as number), `compact entry ${row['entry v2 bytes']} B vs ${row['entry v1 bytes']} B`);
+    assert.ok(
+      (row['entry v2 bytes'] as number) * 3 < (row['entry v1 bytes'] as number),
+      `compact entry ${row['entry v2 bytes']} B vs ${row['entry v1 bytes']} B`,
+    );
     assert.ok((row['budget grants'] as number) <= 5_000);
   }
 });
 
-void test('accuracy smoke: coordinated slices against the static shares, with real processes', { timeout: 180_000 }, async () => {
-  const r = await runAccuracyBench({ ...quiet, kinds: ['leased', 'static'] });
-  assertReport(r, 'accuracy', ['admitted/s (skew)', 'errors']);
-  assert.deepEqual(r.rows.map((row) => row['variant']), ['coordinated (leased slices)', 'static Q÷3 per cell', 'static Q per cell']);
-  for (const row of r.rows) assert.equal(row['errors'], 0, `no failed checks: ${JSON.stringify(row)}`);
-});
+void test(
+  'accuracy smoke: coordinated slices against the static shares, with real processes',
+  { timeout: 180_000 },
+  async () => {
+    const r = await runAccuracyBench({ ...quiet, kinds: ['leased', 'static'] });
+    assertReport(r, 'accuracy', ['admitted/s (skew)', 'errors']);
+    assert.deepEqual(
+      r.rows.map((row) => row['variant']),
+      ['coordinated (leased slices)', 'static Q÷3 per cell', 'static Q per cell'],
+    );
+    for (const row of r.rows) assert.equal(row['errors'], 0, `no failed checks: ${JSON.stringify(row)}`);
+  },
+);
 
-void test('coordinator-source smoke: PUT to admitted on every agent without a tenants file, lease message bytes', { timeout: 240_000 }, async () => {
-  const { runCoordinatorSourceBench } = await import('../../bench/coordinator-source.js');
-  const r = await runCoordinatorSourceBench(quiet);
-  assert.equal(r.name, 'coordinator-source');
-  for (const row of r.rows) assert.ok(Number.isFinite(row['value']) && (row['value'] as number) > 0, `${String(row['measure'])}: ${String(row['value'])}`);
-});
+void test(
+  'coordinator-source smoke: PUT to admitted on every agent without a tenants file, lease message bytes',
+  { timeout: 240_000 },
+  async () => {
+    const { runCoordinatorSourceBench } = await import('../../bench/coordinator-source.js');
+    const r = await runCoordinatorSourceBench(quiet);
+    assert.equal(r.name, 'coordinator-source');
+    for (const row of r.rows)
+      assert.ok(
+        Number.isFinite(row['value']) && (row['value'] as number) > 0,
+        `${String(row['measure'])}: ${String(row['value'])}`,
+      );
+  },
+);

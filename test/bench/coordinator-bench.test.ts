@@ -27,8 +27,15 @@ void describe('bench/servers/etcd-cluster', { skip: etcdBin === null ? 'etcd is 
       pids.push(...e.pids());
       assert.equal(pids.length, 3, 'three members running');
       const leader = await e.waitForLeader();
-      assert.equal(e.members.some((m) => m.name === leader), true, `leader ${leader} is a member`);
-      const res = await fetch(`${e.member(leader).clientUrl}/v3/kv/put`, { method: 'POST', body: JSON.stringify({ key: Buffer.from('k').toString('base64'), value: Buffer.from('v').toString('base64') }) });
+      assert.equal(
+        e.members.some((m) => m.name === leader),
+        true,
+        `leader ${leader} is a member`,
+      );
+      const res = await fetch(`${e.member(leader).clientUrl}/v3/kv/put`, {
+        method: 'POST',
+        body: JSON.stringify({ key: Buffer.from('k').toString('base64'), value: Buffer.from('v').toString('base64') }),
+      });
       assert.equal(res.status, 200, await res.text());
 
       const follower = e.members.find((m) => m.name !== leader);
@@ -53,14 +60,34 @@ void describe('bench/servers/etcd-cluster', { skip: etcdBin === null ? 'etcd is 
 void describe('npm run bench -- coordinator --smoke', () => {
   void it('reports a row per system and measurement, with ratios and target notes', async () => {
     const messages: string[] = [];
-    const { report, phases, failovers, skipped } = await runCoordinatorBenchDetailed({ smoke: true, progress: (m) => messages.push(m) });
+    const { report, phases, failovers, skipped } = await runCoordinatorBenchDetailed({
+      smoke: true,
+      progress: (m) => messages.push(m),
+    });
 
     assert.equal(report.name, 'coordinator');
     assert.equal(typeof report.title, 'string');
-    assert.equal(report.notes.every((n) => typeof n === 'string'), true, 'notes are strings');
+    assert.equal(
+      report.notes.every((n) => typeof n === 'string'),
+      true,
+      'notes are strings',
+    );
     for (const row of report.rows) {
-      for (const v of Object.values(row)) assert.equal(typeof v === 'number' || typeof v === 'string', true, 'cells are numbers or strings');
-      for (const col of ['system', 'measurement', 'n', 'p50 ms', 'p99 ms', 'max ms', 'writes/s', 'errors', 'cq ÷ etcd writes/s', 'cq ÷ etcd p50']) assert.equal(col in row, true, `column ${col}`);
+      for (const v of Object.values(row))
+        assert.equal(typeof v === 'number' || typeof v === 'string', true, 'cells are numbers or strings');
+      for (const col of [
+        'system',
+        'measurement',
+        'n',
+        'p50 ms',
+        'p99 ms',
+        'max ms',
+        'writes/s',
+        'errors',
+        'cq ÷ etcd writes/s',
+        'cq ÷ etcd p50',
+      ])
+        assert.equal(col in row, true, `column ${col}`);
     }
     const withEtcd = etcdBin !== null;
     const systems = withEtcd ? ['cellquota', 'etcd'] : ['cellquota'];
@@ -91,13 +118,23 @@ void describe('npm run bench -- coordinator --smoke', () => {
     }
 
     // One failover run per system.
-    assert.deepEqual(failovers.map((f) => f.system), failoverSystems);
+    assert.deepEqual(
+      failovers.map((f) => f.system),
+      failoverSystems,
+    );
     for (const f of failovers) {
       assert.equal(f.runs.length, 1, `${f.system}: one run`);
-      assert.equal(f.runs.every((v) => Number.isFinite(v) && v > 0), true, `${f.system}: a positive time`);
+      assert.equal(
+        f.runs.every((v) => Number.isFinite(v) && v > 0),
+        true,
+        `${f.system}: a positive time`,
+      );
     }
     const failoverRows = report.rows.filter((r) => String(r['measurement']).startsWith('failover'));
-    assert.deepEqual(failoverRows.map((r) => r['system']), failoverSystems);
+    assert.deepEqual(
+      failoverRows.map((r) => r['system']),
+      failoverSystems,
+    );
 
     // Target evaluations are in the notes, with a verdict.
     const failoverNote = report.notes.find((n) => n.startsWith('Target "a write acknowledged again'));
@@ -105,14 +142,36 @@ void describe('npm run bench -- coordinator --smoke', () => {
     const writeNote = report.notes.find((n) => n.startsWith('Target "admin write latency'));
     assert.match(writeNote ?? '', withEtcd ? /overall (met|NOT met)/ : /not evaluated/);
     if (withEtcd) assert.deepEqual(skipped, []);
-    else assert.equal(report.notes.some((n) => n.includes('not found on PATH')), true, 'the skip is noted');
-    assert.equal(messages.some((m) => m.startsWith('stopped cellquota')), true, 'every server stopped');
+    else
+      assert.equal(
+        report.notes.some((n) => n.includes('not found on PATH')),
+        true,
+        'the skip is noted',
+      );
+    assert.equal(
+      messages.some((m) => m.startsWith('stopped cellquota')),
+      true,
+      'every server stopped',
+    );
   });
 
   void it('skips the etcd side with a note when asked to (as when etcd is not installed)', async () => {
-    const { report, skipped } = await runCoordinatorBenchDetailed({ smoke: true, etcd: false, clients: [1], failoverRuns: 0, progress: () => undefined });
+    const { report, skipped } = await runCoordinatorBenchDetailed({
+      smoke: true,
+      etcd: false,
+      clients: [1],
+      failoverRuns: 0,
+      progress: () => undefined,
+    });
     assert.equal(skipped.length, 1);
-    assert.deepEqual(report.rows.map((r) => r['system']), ['cellquota']);
-    assert.equal(report.notes.some((n) => n.startsWith('Skipped: ')), true, 'the skip is noted');
+    assert.deepEqual(
+      report.rows.map((r) => r['system']),
+      ['cellquota'],
+    );
+    assert.equal(
+      report.notes.some((n) => n.startsWith('Skipped: ')),
+      true,
+      'the skip is noted',
+    );
   });
 });

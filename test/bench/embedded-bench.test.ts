@@ -7,21 +7,37 @@ import { test } from 'node:test';
 import { runEmbeddedBench } from '../../bench/embedded/embedded.js';
 import { findRedisServer } from '../../testkit/processes/redis-server.js';
 
-void test('embedded bench smoke: fastify and express with no limiter, the libraries, cellquota local and coordinated', { timeout: 300_000 }, async () => {
-  const r = await runEmbeddedBench({ smoke: true, progress: () => undefined });
-  assert.equal(r.name, 'embedded');
-  const served = r.rows.filter((row) => row['framework'] !== 'in-process');
-  const expected = findRedisServer() === null ? 10 : 14;
-  assert.equal(served.length, expected, `one row per framework × variant × condition: ${served.map((x) => `${x['framework']} ${x['variant']} ${x['condition']}`).join('; ')}`);
-  for (const row of served) {
-    for (const col of ['req/s', 'p50 ms', 'p99 ms']) assert.ok(typeof row[col] === 'number' && Number.isFinite(row[col]), `${col} in ${JSON.stringify(row)}`);
-    // With Redis paused the libraries may serve nothing at all (that is the measurement); cellquota
-    // must keep serving with its coordinators paused.
-    if (row['condition'] !== 'Redis paused') assert.ok((row['req/s'] as number) > 0, `served requests: ${JSON.stringify(row)}`);
-    if (row['condition'] === 'normal') assert.equal(row['non2xx'], 0, `nothing refused or failed under limits far above the load: ${JSON.stringify(row)}`);
-  }
-  const decision = r.rows.filter((row) => row['framework'] === 'in-process');
-  assert.equal(decision.length, 2);
-  for (const row of decision) assert.ok(Number.isFinite(row['ns/check median']) && (row['ns/check median'] as number) > 0);
-  assert.ok(r.notes.some((n) => /cellquota local \/ @fastify\/rate-limit in memory/.test(n)));
-});
+void test(
+  'embedded bench smoke: fastify and express with no limiter, the libraries, cellquota local and coordinated',
+  { timeout: 300_000 },
+  async () => {
+    const r = await runEmbeddedBench({ smoke: true, progress: () => undefined });
+    assert.equal(r.name, 'embedded');
+    const served = r.rows.filter((row) => row['framework'] !== 'in-process');
+    const expected = findRedisServer() === null ? 10 : 14;
+    assert.equal(
+      served.length,
+      expected,
+      `one row per framework × variant × condition: ${served.map((x) => `${x['framework']} ${x['variant']} ${x['condition']}`).join('; ')}`,
+    );
+    for (const row of served) {
+      for (const col of ['req/s', 'p50 ms', 'p99 ms'])
+        assert.ok(typeof row[col] === 'number' && Number.isFinite(row[col]), `${col} in ${JSON.stringify(row)}`);
+      // With Redis paused the libraries may serve nothing at all (that is the measurement); cellquota
+      // must keep serving with its coordinators paused.
+      if (row['condition'] !== 'Redis paused')
+        assert.ok((row['req/s'] as number) > 0, `served requests: ${JSON.stringify(row)}`);
+      if (row['condition'] === 'normal')
+        assert.equal(
+          row['non2xx'],
+          0,
+          `nothing refused or failed under limits far above the load: ${JSON.stringify(row)}`,
+        );
+    }
+    const decision = r.rows.filter((row) => row['framework'] === 'in-process');
+    assert.equal(decision.length, 2);
+    for (const row of decision)
+      assert.ok(Number.isFinite(row['ns/check median']) && (row['ns/check median'] as number) > 0);
+    assert.ok(r.notes.some((n) => /cellquota local \/ @fastify\/rate-limit in memory/.test(n)));
+  },
+);

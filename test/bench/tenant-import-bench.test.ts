@@ -7,11 +7,17 @@ import { runTenantImportBench } from '../../bench/tenant-import.js';
 
 void test('npm run bench -- tenant-import --smoke: import, re-import and the PUT baseline side by side', async () => {
   const messages: string[] = [];
-  const r = await runTenantImportBench({ smoke: true, tenants: 3_000, putTenants: 300, progress: (m) => messages.push(m) });
+  const r = await runTenantImportBench({
+    smoke: true,
+    tenants: 3_000,
+    putTenants: 300,
+    progress: (m) => messages.push(m),
+  });
   assert.equal(r.name, 'tenant-import');
   assert.equal(r.rows.length, 3);
   for (const row of r.rows) {
-    for (const col of ['tenants', 's', 'tenants/s']) assert.equal(typeof row[col] === 'number' && Number.isFinite(row[col]), true, `${col} in ${JSON.stringify(row)}`);
+    for (const col of ['tenants', 's', 'tenants/s'])
+      assert.equal(typeof row[col] === 'number' && Number.isFinite(row[col]), true, `${col} in ${JSON.stringify(row)}`);
     assert.equal(row['failed'], 0, JSON.stringify(row));
     assert.match(String(row['÷ one PUT each']), /^\d+\.\d\d$/);
   }

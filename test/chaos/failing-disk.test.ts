@@ -94,11 +94,19 @@ async function drill(mode: FailingDiskMode): Promise<void> {
     const deadline = Date.now() + 15_000;
     while (exit === null && Date.now() < deadline) await writeOne();
     const e = await Promise.race([exited, new Promise<null>((ok) => setTimeout(() => ok(null), 2000))]);
-    assert.notEqual(e, null, `${victim} did not exit after its disk failed (${mode}); output tail:\n${r.output.slice(-2000)}`);
+    assert.notEqual(
+      e,
+      null,
+      `${victim} did not exit after its disk failed (${mode}); output tail:\n${r.output.slice(-2000)}`,
+    );
     assert.equal(e?.signal, null, `${victim} exited on its own, not by a signal`);
     assert.equal(e?.code, exitStorageFailure, `${victim} exits with EX_IOERR; output tail:\n${r.output.slice(-2000)}`);
     const fatal = fatalLines(r).find((l) => l['dataDir'] === r.dataDir && l['errno'] === errnoOf[mode]);
-    assert.notEqual(fatal, undefined, `a fatal line naming ${r.dataDir} and ${errnoOf[mode]}; fatal lines: ${JSON.stringify(fatalLines(r)).slice(0, 2000)}`);
+    assert.notEqual(
+      fatal,
+      undefined,
+      `a fatal line naming ${r.dataDir} and ${errnoOf[mode]}; fatal lines: ${JSON.stringify(fatalLines(r)).slice(0, 2000)}`,
+    );
     assert.match(String(fatal?.['msg']), /stops serving/);
   };
   /** Trigger removed, restarted on the same data directory: its stale read shows the last acknowledged write. */
@@ -106,10 +114,14 @@ async function drill(mode: FailingDiskMode): Promise<void> {
     rmSync(trigger(victim));
     c.start(victim, { env: env(victim) });
     const name = lastAcked();
-    await waitFor(`${victim} to catch up to ${name}`, async () => {
-      const r = await c.http(victim, 'GET', `/v1/tenants/${name}?stale=true`);
-      return r.status === 200 && r.body['tier'] === 'gold';
-    }, { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor(
+      `${victim} to catch up to ${name}`,
+      async () => {
+        const r = await c.http(victim, 'GET', `/v1/tenants/${name}?stale=true`);
+        return r.status === 200 && r.body['tier'] === 'gold';
+      },
+      { timeoutMs: 20_000, everyMs: 100 },
+    );
     assert.equal(fatalLines(c.replica(victim)).length, 0, `${victim} restarted cleanly`);
   };
 
@@ -123,7 +135,8 @@ async function drill(mode: FailingDiskMode): Promise<void> {
     const follower = ids.find((id) => id !== leader) ?? 'n1';
     await failDisk(follower);
     const survivors1 = ids.filter((id) => id !== follower);
-    for (let i = 0; i < 5; i++) assert.equal(await writeOne(), 200, 'the majority keeps taking writes without the failed follower');
+    for (let i = 0; i < 5; i++)
+      assert.equal(await writeOne(), 200, 'the majority keeps taking writes without the failed follower');
     await assertAllAckedReadable(survivors1, `${mode}, follower ${follower} down`);
     await recover(follower);
 
@@ -145,9 +158,17 @@ async function drill(mode: FailingDiskMode): Promise<void> {
   }
 }
 
-void test('failing disk, ENOSPC on write: the replica crash-stops; no acknowledged write is lost; it rejoins after the disk is fixed', { skip }, () => drill('enospc'));
+void test(
+  'failing disk, ENOSPC on write: the replica crash-stops; no acknowledged write is lost; it rejoins after the disk is fixed',
+  { skip },
+  () => drill('enospc'),
+);
 
-void test('failing disk, EIO on fsync: the replica crash-stops; no acknowledged write is lost; it rejoins after the disk is fixed', { skip }, () => drill('eio-fsync'));
+void test(
+  'failing disk, EIO on fsync: the replica crash-stops; no acknowledged write is lost; it rejoins after the disk is fixed',
+  { skip },
+  () => drill('eio-fsync'),
+);
 
 // The shim's build folder goes whichever tests ran (also under --test-name-pattern).
 after(() => rmSync(shimDir, { recursive: true, force: true }));

@@ -51,7 +51,10 @@ class EchoServer {
       else server.listen(listen.port, listen.host, () => resolve());
     });
     const addr = server.address();
-    const endpoint: Endpoint = 'path' in listen ? listen : { host: '127.0.0.1', port: typeof addr === 'object' && addr !== null ? addr.port : 0 };
+    const endpoint: Endpoint =
+      'path' in listen
+        ? listen
+        : { host: '127.0.0.1', port: typeof addr === 'object' && addr !== null ? addr.port : 0 };
     echo = new EchoServer(server, endpoint);
     return echo;
   }
@@ -102,7 +105,11 @@ class Client {
 
   async waitBytes(n: number, what = `${n} bytes`): Promise<void> {
     await waitFor(what, () => this.bytes >= n || this.closed, { timeoutMs: 8000, everyMs: 5 });
-    assert.equal(this.bytes >= n, true, `${what}: connection closed after ${this.bytes} bytes (${this.error?.message ?? 'no error'})`);
+    assert.equal(
+      this.bytes >= n,
+      true,
+      `${what}: connection closed after ${this.bytes} bytes (${this.error?.message ?? 'no error'})`,
+    );
   }
 
   async waitClosed(): Promise<void> {
@@ -151,7 +158,10 @@ void test('fault-proxy: bytes pass through unchanged both ways (4 MiB of random 
     c.socket.end();
     await c.waitClosed();
     assert.equal(c.ended, true, 'FIN forwarded back');
-    await waitFor('the proxied connection to be forgotten', () => proxy.stats().open === 0, { timeoutMs: 8000, everyMs: 5 });
+    await waitFor('the proxied connection to be forgotten', () => proxy.stats().open === 0, {
+      timeoutMs: 8000,
+      everyMs: 5,
+    });
   } finally {
     await proxy.stop();
     await echo.close();
@@ -208,7 +218,11 @@ void test('fault-proxy: a slow reader pauses the source (backpressure), then get
     await sleep(300);
     const s = proxy.stats();
     assert.equal(s.bytesDown < total / 2, true, `the proxy kept pushing to a paused reader: ${s.bytesDown} bytes`);
-    assert.equal(s.heldDown < 4 * 1024 * 1024, true, `the proxy buffered ${s.heldDown} bytes instead of pausing the source`);
+    assert.equal(
+      s.heldDown < 4 * 1024 * 1024,
+      true,
+      `the proxy buffered ${s.heldDown} bytes instead of pausing the source`,
+    );
     c.socket.resume();
     await c.waitBytes(total, 'the whole stream');
     assert.equal(sha256(c.data()), sha256(payload));
@@ -255,8 +269,16 @@ void test('fault-proxy: delayUpMs delays client→server as well', async () => {
     await slow.waitBytes(4);
     await fast.waitBytes(4);
     const at = (text: string): number => echo.arrivals.find((a) => a.text === text)?.at ?? Number.NaN;
-    assert.equal(at('slow') - t0 >= 119, true, `the delayed bytes reached the server ${at('slow') - t0} ms after the write`);
-    assert.equal(at('slow') - at('fast') >= 100, true, `the delayed bytes arrived ${at('slow') - at('fast')} ms after the undelayed ones`);
+    assert.equal(
+      at('slow') - t0 >= 119,
+      true,
+      `the delayed bytes reached the server ${at('slow') - t0} ms after the write`,
+    );
+    assert.equal(
+      at('slow') - at('fast') >= 100,
+      true,
+      `the delayed bytes arrived ${at('slow') - at('fast')} ms after the undelayed ones`,
+    );
     assert.equal(slow.text(), 'slow');
   } finally {
     await delayed.stop();
@@ -455,7 +477,10 @@ void test('fault-proxy: Unix-socket listen (stale socket removed) and Unix-socke
     const echoPath = join(dir, 'echo.sock');
     const proxyPath = join(dir, 'proxy.sock');
     // A socket file left behind by a process that died without closing it.
-    const r = spawnSync(process.execPath, ['-e', `require('net').createServer().listen(${JSON.stringify(proxyPath)}, () => process.exit(0))`]);
+    const r = spawnSync(process.execPath, [
+      '-e',
+      `require('net').createServer().listen(${JSON.stringify(proxyPath)}, () => process.exit(0))`,
+    ]);
     assert.equal(r.status, 0, r.stderr.toString());
     assert.equal(lstatSync(proxyPath).isSocket(), true, 'a stale socket is there');
 
@@ -504,12 +529,15 @@ void test('fault-proxy: HTTP through the proxy, with a delay', async () => {
   try {
     const post = (body: string): Promise<string> =>
       new Promise((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port: proxy.port ?? 0, method: 'POST', path: '/', agent }, (res) => {
-          let out = '';
-          res.on('data', (d: Buffer) => (out += d.toString('utf8')));
-          res.on('end', () => resolve(out));
-          res.on('error', reject);
-        });
+        const req = http.request(
+          { host: '127.0.0.1', port: proxy.port ?? 0, method: 'POST', path: '/', agent },
+          (res) => {
+            let out = '';
+            res.on('data', (d: Buffer) => (out += d.toString('utf8')));
+            res.on('end', () => resolve(out));
+            res.on('error', reject);
+          },
+        );
         req.on('error', reject);
         req.end(body);
       });

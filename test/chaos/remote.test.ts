@@ -22,7 +22,7 @@ async function runChaos(args: readonly string[]): Promise<{ code: number | null;
   return { code, output };
 }
 
-void test('a drill by address: the operator\'s fault command, the same verdicts', { timeout: 180_000 }, async () => {
+void test("a drill by address: the operator's fault command, the same verdicts", { timeout: 180_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'cq-remote-'));
   // The "staging" deployment runs in a process of its own, as a real one would.
   const staging = spawn(process.execPath, ['--import', 'tsx', stagingPath, dir], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -36,15 +36,41 @@ void test('a drill by address: the operator\'s fault command, the same verdicts'
         const line = buf.split('\n').find((l) => l.startsWith('{'));
         if (line !== undefined) ok(JSON.parse(line) as { target: string; leaderPid: number | null });
       });
-      staging.once('exit', (code) => fail(new Error(`staging deployment exited ${code}: ${stagingOutput.slice(-3000)}`)));
+      staging.once('exit', (code) =>
+        fail(new Error(`staging deployment exited ${code}: ${stagingOutput.slice(-3000)}`)),
+      );
     });
     assert.equal(typeof ready.leaderPid, 'number', 'the leader runs');
     const pid = ready.leaderPid as number;
     const out = join(dir, 'out');
-    const r = await runChaos(['--target', ready.target, '--fault', `kill -STOP ${pid}`, '--heal', `kill -CONT ${pid}`, '--fault-seconds', '5', '--recovery-seconds', '6', '--recovery-limit-seconds', '6', '--out', out]);
+    const r = await runChaos([
+      '--target',
+      ready.target,
+      '--fault',
+      `kill -STOP ${pid}`,
+      '--heal',
+      `kill -CONT ${pid}`,
+      '--fault-seconds',
+      '5',
+      '--recovery-seconds',
+      '6',
+      '--recovery-limit-seconds',
+      '6',
+      '--out',
+      out,
+    ]);
     assert.equal(r.code, 0, `exit ${r.code}:\n${r.output.slice(-5000)}`);
-    const verdict = JSON.parse(readFileSync(join(out, 'external', 'verdict.json'), 'utf8')) as { ok: boolean; verdicts: { name: string; ok: boolean }[] };
-    assert.deepEqual(['bound', 'latency', 'errors', 'recovery', 'admin writes', 'fault command', 'heal command'].filter((n) => !verdict.verdicts.some((v) => v.name === n)), [], JSON.stringify(verdict.verdicts));
+    const verdict = JSON.parse(readFileSync(join(out, 'external', 'verdict.json'), 'utf8')) as {
+      ok: boolean;
+      verdicts: { name: string; ok: boolean }[];
+    };
+    assert.deepEqual(
+      ['bound', 'latency', 'errors', 'recovery', 'admin writes', 'fault command', 'heal command'].filter(
+        (n) => !verdict.verdicts.some((v) => v.name === n),
+      ),
+      [],
+      JSON.stringify(verdict.verdicts),
+    );
     assert.match(readFileSync(join(out, 'external', 'timeline.svg'), 'utf8'), /<\/svg>\s*$/);
   } finally {
     if (staging.exitCode === null) {
@@ -62,7 +88,10 @@ void test('a target file with a mistake is refused with the field named, exit 2'
   const dir = mkdtempSync(join(tmpdir(), 'cq-remote-bad-'));
   try {
     const bad = join(dir, 'bad.yaml');
-    writeFileSync(bad, 'tenant: acme\ndomain: api\nquota: -1\nburst: 10\ncells: []\ncoordinators:\n  - {id: n1, admin: not-a-url}\n');
+    writeFileSync(
+      bad,
+      'tenant: acme\ndomain: api\nquota: -1\nburst: 10\ncells: []\ncoordinators:\n  - {id: n1, admin: not-a-url}\n',
+    );
     assert.throws(() => loadTargetFile(bad), /quota: .*; cells: .*; coordinators\.0\.admin: /);
     const r = await runChaos(['--target', bad, '--fault', 'true']);
     assert.equal(r.code, 2, r.output);

@@ -12,7 +12,15 @@ if (dir === undefined) {
 }
 const cells = ['cell-a', 'cell-b', 'cell-c'];
 const offered = [450, 270, 180];
-const d = await LocalDeployment.create({ dir: join(dir, 'staging'), coordinators: ['n1', 'n2', 'n3'], cells, quota: 600, burst: 120, floorFraction: 0.3, offered });
+const d = await LocalDeployment.create({
+  dir: join(dir, 'staging'),
+  coordinators: ['n1', 'n2', 'n3'],
+  cells,
+  quota: 600,
+  burst: 120,
+  floorFraction: 0.3,
+  offered,
+});
 let stopping = false;
 const stop = async (code: number): Promise<never> => {
   if (!stopping) {
@@ -28,11 +36,22 @@ try {
   await d.start(() => undefined);
   const leader = await d.waitForLeader(30_000);
   const target = join(dir, 'target.yaml');
-  writeFileSync(target, [
-    'tenant: acme', 'domain: api', 'quota: 600', 'burst: 120', 'adminTier: gold',
-    'cells:', ...cells.map((c, i) => `  - {id: ${c}, rls: ${d.agent(c).socket}, http: ${d.agentUrl(c)}, rate: ${offered[i] ?? 0}}`),
-    'coordinators:', ...['n1', 'n2', 'n3'].map((id) => `  - {id: ${id}, admin: ${d.adminUrl(id)}}`),
-  ].join('\n'));
+  writeFileSync(
+    target,
+    [
+      'tenant: acme',
+      'domain: api',
+      'quota: 600',
+      'burst: 120',
+      'adminTier: gold',
+      'cells:',
+      ...cells.map(
+        (c, i) => `  - {id: ${c}, rls: ${d.agent(c).socket}, http: ${d.agentUrl(c)}, rate: ${offered[i] ?? 0}}`,
+      ),
+      'coordinators:',
+      ...['n1', 'n2', 'n3'].map((id) => `  - {id: ${id}, admin: ${d.adminUrl(id)}}`),
+    ].join('\n'),
+  );
   console.log(JSON.stringify({ target, leaderPid: d.coordinator(leader).proc?.pid ?? null }));
 } catch (e) {
   console.error(e);

@@ -49,7 +49,8 @@ function parseXml(doc: string): XmlElement[] {
     const lt = doc.indexOf('<', i);
     const textPart = doc.slice(i, lt < 0 ? doc.length : lt);
     checkEntities(textPart, 'text');
-    if (stack.length === 0) assert.equal(textPart.trim(), '', `text outside the root element: ${JSON.stringify(textPart.slice(0, 40))}`);
+    if (stack.length === 0)
+      assert.equal(textPart.trim(), '', `text outside the root element: ${JSON.stringify(textPart.slice(0, 40))}`);
     if (lt < 0) break;
     if (doc.startsWith('<!--', lt)) {
       const end = doc.indexOf('-->', lt + 4);
@@ -103,7 +104,19 @@ function parseXml(doc: string): XmlElement[] {
 const CELLS = ['eu-west-1', 'us-east-2', 'ap-south-1'];
 
 function sample(t: number, over: Partial<TimelineSample> = {}): TimelineSample {
-  return { t, admitted: {}, refused: {}, errors: {}, degraded: {}, global: 0, p99Ms: null, slices: {}, leased: {}, leader: null, ...over };
+  return {
+    t,
+    admitted: {},
+    refused: {},
+    errors: {},
+    degraded: {},
+    global: 0,
+    p99Ms: null,
+    slices: {},
+    leased: {},
+    leader: null,
+    ...over,
+  };
 }
 
 /** 3 cells, 120 samples at 250 ms, a partition of one cell from 10 s to 20 s, leader n1 → none → n2. */
@@ -118,11 +131,15 @@ function drillTimeline(cells: readonly string[] = CELLS): Timeline {
     const perCell = <T>(f: (c: string, k: number, cut: boolean) => T): Record<string, T> =>
       Object.fromEntries(cells.map((c, k) => [c, f(c, k, inFault && k === cells.length - 1)]));
     const base = quota / cells.length;
-    const admitted = perCell((_c, k, cut) => (cut ? 60 + 10 * Math.sin(i) : base * (0.97 + 0.05 * Math.sin(i / 3 + k))));
+    const admitted = perCell((_c, k, cut) =>
+      cut ? 60 + 10 * Math.sin(i) : base * (0.97 + 0.05 * Math.sin(i / 3 + k)),
+    );
     const refused = perCell((_c, k) => 40 + 5 * k);
     const errors = perCell((_c, _k, cut) => (cut && sec < 13 ? 25 : 0));
     const degraded = perCell((_c, _k, cut) => (cut && sec >= 13 ? 40 : 0));
-    const slices = perCell<number | null>((_c, _k, cut) => (cut && sec < 11 ? null : cut ? 60 : inFault ? (quota - 60) / (cells.length - 1) : base));
+    const slices = perCell<number | null>((_c, _k, cut) =>
+      cut && sec < 11 ? null : cut ? 60 : inFault ? (quota - 60) / (cells.length - 1) : base,
+    );
     const leased = perCell<number | null>((_c, _k, cut) => (cut && sec < 11 ? null : cut ? 0 : 1));
     const global = Object.values(admitted).reduce((a, b) => a + b, 0);
     const leader = sec < 12 ? 'n1' : sec < 15 ? null : 'n2';
@@ -191,8 +208,14 @@ void test('a drill timeline renders as well-formed SVG with one series per cell 
   // The slices of the cut cell have a gap (two subpaths), lease states both appear.
   const cut = els.find((e) => e.attrs.get('data-series') === `slices:${CELLS[2] ?? ''}`);
   assert.equal((cut?.attrs.get('d') ?? '').split('M').length - 1, 2, 'a gap where the slice is unknown');
-  assert.equal(els.some((e) => e.attrs.get('data-lease') === 'floors'), true);
-  assert.equal(els.some((e) => e.attrs.get('data-lease') === 'leased'), true);
+  assert.equal(
+    els.some((e) => e.attrs.get('data-lease') === 'floors'),
+    true,
+  );
+  assert.equal(
+    els.some((e) => e.attrs.get('data-lease') === 'leased'),
+    true,
+  );
 });
 
 void test('the fault rect spans 10 s to 20 s on the time axis', () => {
@@ -211,7 +234,11 @@ void test('the fault rect spans 10 s to 20 s on the time axis', () => {
   assert.notEqual(f, undefined, 'a fault rect from 10 s');
   assert.equal(num(f, 'data-t1'), 20);
   assert.equal(Math.abs(num(f, 'x') - xOf(10)) <= 0.1, true, `x ${num(f, 'x')} vs ${xOf(10)}`);
-  assert.equal(Math.abs(num(f, 'width') - (xOf(20) - xOf(10))) <= 0.2, true, `width ${num(f, 'width')} vs ${xOf(20) - xOf(10)}`);
+  assert.equal(
+    Math.abs(num(f, 'width') - (xOf(20) - xOf(10))) <= 0.2,
+    true,
+    `width ${num(f, 'width')} vs ${xOf(20) - xOf(10)}`,
+  );
   // The x axis labels are at the positions of their values.
   const heal = els.find((e) => e.attrs.get('data-event') === 'heal');
   assert.equal(Math.abs(num(heal, 'x1') - xOf(20)) <= 0.1, true);
@@ -246,7 +273,16 @@ void test('niceTicks gives round, evenly spaced numbers covering the range', () 
   assert.deepEqual(niceTicks(0, 100, 5), [0, 20, 40, 60, 80, 100]);
   assert.deepEqual(niceTicks(0, 1, 5), [0, 0.2, 0.4, 0.6, 0.8, 1]);
   assert.deepEqual(niceTicks(0, 30, 6), [0, 5, 10, 15, 20, 25, 30]);
-  const cases: [number, number, number][] = [[0, 29.75, 10], [-3.7, 12.2, 4], [0.001, 0.0137, 5], [1234, 98765, 7], [0, 1100, 6], [-50, -2, 5], [0, 4000, 4], [7, 7.5, 3]];
+  const cases: [number, number, number][] = [
+    [0, 29.75, 10],
+    [-3.7, 12.2, 4],
+    [0.001, 0.0137, 5],
+    [1234, 98765, 7],
+    [0, 1100, 6],
+    [-50, -2, 5],
+    [0, 4000, 4],
+    [7, 7.5, 3],
+  ];
   for (const [lo, hi, n] of cases) {
     const ticks = niceTicks(lo, hi, n);
     const desc = `niceTicks(${lo}, ${hi}, ${n}) = ${JSON.stringify(ticks)}`;
@@ -256,14 +292,22 @@ void test('niceTicks gives round, evenly spaced numbers covering the range', () 
     assert.equal(ticks.length - 1 <= n * 2.5 && ticks.length - 1 >= n / 2.5, true, desc);
     const step = (ticks[1] ?? 0) - (ticks[0] ?? 0);
     const mant = step / 10 ** Math.floor(Math.log10(step) + 1e-9);
-    assert.equal([1, 2, 5, 10].some((m) => Math.abs(mant - m) < 1e-6), true, `step ${step}: ${desc}`);
+    assert.equal(
+      [1, 2, 5, 10].some((m) => Math.abs(mant - m) < 1e-6),
+      true,
+      `step ${step}: ${desc}`,
+    );
     for (let k = 1; k < ticks.length; k++) {
       assert.equal(Math.abs((ticks[k] ?? 0) - (ticks[k - 1] ?? 0) - step) < step * 1e-6, true, desc);
       assert.equal(String(ticks[k]).length <= 12, true, `no floating-point noise: ${desc}`);
     }
   }
   const same = niceTicks(5, 5, 5);
-  assert.equal(same.length >= 2 && (same[0] ?? 9) <= 5 && (same[same.length - 1] ?? 0) >= 5, true, JSON.stringify(same));
+  assert.equal(
+    same.length >= 2 && (same[0] ?? 9) <= 5 && (same[same.length - 1] ?? 0) >= 5,
+    true,
+    JSON.stringify(same),
+  );
   assert.deepEqual(niceTicks(10, 0, 5), niceTicks(0, 10, 5));
   assert.deepEqual(niceTicks(Number.NaN, 1, 5), []);
   assert.deepEqual(niceTicks(0, Infinity, 5), []);
@@ -275,7 +319,17 @@ void test('an empty timeline renders a frame saying "no samples"', () => {
   assert.equal(els[0]?.name, 'svg');
   assert.equal(svg.includes('no samples'), true);
   assert.equal(svg.includes('partition-one-cell'), true);
-  const bare = renderTimelineSvg({ drill: '', title: '', quota: 0, bound: 0, cells: [], coordinators: [], startedAt: '', samples: [], events: [] });
+  const bare = renderTimelineSvg({
+    drill: '',
+    title: '',
+    quota: 0,
+    bound: 0,
+    cells: [],
+    coordinators: [],
+    startedAt: '',
+    samples: [],
+    events: [],
+  });
   parseXml(bare);
   assert.equal(bare.includes('no samples'), true);
 });
@@ -283,7 +337,9 @@ void test('an empty timeline renders a frame saying "no samples"', () => {
 void test('one sample, and NaN/Infinity values, render without NaN in the output', () => {
   const one = renderTimelineSvg({
     ...drillTimeline(),
-    samples: [sample(250, { admitted: { a: 10 }, global: 10, p99Ms: 0.9, slices: { a: 500 }, leased: { a: 1 }, leader: 'n1' })],
+    samples: [
+      sample(250, { admitted: { a: 10 }, global: 10, p99Ms: 0.9, slices: { a: 500 }, leased: { a: 1 }, leader: 'n1' }),
+    ],
     events: [{ t: 0, kind: 'fault', label: 'open-ended fault' }],
     cells: ['a'],
   });
@@ -297,11 +353,22 @@ void test('one sample, and NaN/Infinity values, render without NaN in the output
   const bad = drillTimeline();
   const samples = bad.samples.map((s, i) =>
     i % 7 === 0
-      ? { ...s, global: Number.NaN, p99Ms: Infinity, admitted: { ...s.admitted, [CELLS[0] ?? '']: -Infinity }, slices: { ...s.slices, [CELLS[1] ?? '']: Number.NaN } }
+      ? {
+          ...s,
+          global: Number.NaN,
+          p99Ms: Infinity,
+          admitted: { ...s.admitted, [CELLS[0] ?? '']: -Infinity },
+          slices: { ...s.slices, [CELLS[1] ?? '']: Number.NaN },
+        }
       : s,
   );
   samples.push(sample(Number.NaN), sample(Infinity));
-  const svg = renderTimelineSvg({ ...bad, quota: Number.NaN, samples, events: [...bad.events, { t: Number.NaN, kind: 'note', label: 'lost' }] });
+  const svg = renderTimelineSvg({
+    ...bad,
+    quota: Number.NaN,
+    samples,
+    events: [...bad.events, { t: Number.NaN, kind: 'note', label: 'lost' }],
+  });
   const els2 = parseXml(svg);
   assert.equal(/NaN|Infinity/.test(svg), false, 'non-finite values are skipped');
   assert.equal(seriesCount(els2, `admitted:${CELLS[0] ?? ''}`), 1);

@@ -10,7 +10,19 @@ function bins(perBin: Partial<LoadBin>, count = 20): RecordedBin[] {
   return Array.from({ length: count }, (_, i) => ({
     t: (i + 1) * 100,
     durationMs: 100,
-    cells: [{ sent: 0, admitted: 0, refused: 0, errors: 0, degraded: 0, failOpen: 0, latenciesUs: [], maxAdmittedLatencyUs: 0, ...perBin }],
+    cells: [
+      {
+        sent: 0,
+        admitted: 0,
+        refused: 0,
+        errors: 0,
+        degraded: 0,
+        failOpen: 0,
+        latenciesUs: [],
+        maxAdmittedLatencyUs: 0,
+        ...perBin,
+      },
+    ],
   }));
 }
 

@@ -7,10 +7,18 @@ import type { KvInput, KvOutput, Model, Operation } from '../../testkit/check/li
 type KvOp = Operation<KvInput, KvOutput>;
 
 const put = (clientId: number, key: string, value: string, call: number, ret: number): KvOp => ({
-  clientId, input: { kind: 'put', key, value }, output: {}, call, return: ret,
+  clientId,
+  input: { kind: 'put', key, value },
+  output: {},
+  call,
+  return: ret,
 });
 const get = (clientId: number, key: string, value: string | null, call: number, ret: number): KvOp => ({
-  clientId, input: { kind: 'get', key }, output: { value }, call, return: ret,
+  clientId,
+  input: { kind: 'get', key },
+  output: { value },
+  call,
+  return: ret,
 });
 
 const check = (ops: KvOp[], maxSteps?: number) =>
@@ -25,14 +33,17 @@ function assertRejected(ops: KvOp[]): Extract<ReturnType<typeof check>, { ok: fa
 
 void test('empty and sequential histories are linearizable', () => {
   assert.deepEqual(check([]), { ok: true });
-  assert.deepEqual(check([
-    get(0, 'x', null, 0, 1),
-    put(0, 'x', '1', 2, 3),
-    get(1, 'x', '1', 4, 5),
-    put(1, 'x', '2', 6, 7),
-    get(0, 'x', '2', 8, 9),
-    get(0, 'y', null, 10, 11),
-  ]), { ok: true });
+  assert.deepEqual(
+    check([
+      get(0, 'x', null, 0, 1),
+      put(0, 'x', '1', 2, 3),
+      get(1, 'x', '1', 4, 5),
+      put(1, 'x', '2', 6, 7),
+      get(0, 'x', '2', 8, 9),
+      get(0, 'y', null, 10, 11),
+    ]),
+    { ok: true },
+  );
 });
 
 void test('a get concurrent with a put may see either value', () => {
@@ -40,23 +51,26 @@ void test('a get concurrent with a put may see either value', () => {
     assert.deepEqual(check([put(0, 'x', '1', 0, 10), get(1, 'x', seen, 2, 5)]), { ok: true }, `get saw ${seen}`);
   }
   // Two concurrent gets may each see a different side of the put, in either order of their own.
-  assert.deepEqual(check([
-    put(0, 'x', '1', 0, 10), get(1, 'x', '1', 1, 9), get(2, 'x', null, 2, 8),
-  ]), { ok: true });
+  assert.deepEqual(check([put(0, 'x', '1', 0, 10), get(1, 'x', '1', 1, 9), get(2, 'x', null, 2, 8)]), { ok: true });
 });
 
 void test('a get after a completed put that still sees the old value is rejected', () => {
   const r = assertRejected([put(0, 'x', '1', 0, 1), get(1, 'x', null, 2, 3)]);
   assert.equal(r.partition, 0);
   assert.match(r.reason, /get\("x"\) -> null/);
-  assert.deepEqual(r.longestPrefix.map((o) => o.input.kind), ['put']);
+  assert.deepEqual(
+    r.longestPrefix.map((o) => o.input.kind),
+    ['put'],
+  );
 });
 
 void test('a stale read after a newer write completed is rejected', () => {
   assertRejected([put(0, 'x', '1', 0, 1), put(0, 'x', '2', 2, 3), get(1, 'x', '1', 4, 5)]);
   // New-then-old inversion: once a read saw the new value, a later read cannot see the old one.
   assertRejected([put(0, 'x', '1', 0, 100), get(1, 'x', '1', 10, 20), get(2, 'x', null, 30, 40)]);
-  assert.deepEqual(check([put(0, 'x', '1', 0, 100), get(2, 'x', null, 10, 20), get(1, 'x', '1', 30, 40)]), { ok: true });
+  assert.deepEqual(check([put(0, 'x', '1', 0, 100), get(2, 'x', null, 10, 20), get(1, 'x', '1', 30, 40)]), {
+    ok: true,
+  });
 });
 
 void test('operations touching at the same instant are concurrent (calls sort before returns)', () => {
@@ -78,7 +92,9 @@ void test('unknown-outcome puts (return = Infinity) may take effect later, or ne
   // Applied long after the client gave up on it.
   assert.deepEqual(check([timedOut, get(1, 'x', null, 10, 11), get(1, 'x', '1', 1000, 1001)]), { ok: true });
   // Overwritten by a later put, then nothing else.
-  assert.deepEqual(check([timedOut, put(1, 'x', '2', 5, 6), get(1, 'x', '1', 10, 11), get(1, 'x', '1', 12, 13)]), { ok: true });
+  assert.deepEqual(check([timedOut, put(1, 'x', '2', 5, 6), get(1, 'x', '1', 10, 11), get(1, 'x', '1', 12, 13)]), {
+    ok: true,
+  });
   // But it takes effect at most once, at one point: visible, then gone again, is a violation.
   assertRejected([timedOut, get(1, 'x', '1', 10, 11), get(1, 'x', null, 20, 21)]);
   // And not before it was called.
@@ -141,11 +157,18 @@ void test('a model without partitioning: fetch-and-increment counter', () => {
     step: (s, _i, out) => ({ ok: out === s + 1, state: s + 1 }),
     key: (s) => String(s),
   };
-  const inc = (c: number, out: number, call: number, ret: number): Operation<'inc', number> =>
-    ({ clientId: c, input: 'inc', output: out, call, return: ret });
+  const inc = (c: number, out: number, call: number, ret: number): Operation<'inc', number> => ({
+    clientId: c,
+    input: 'inc',
+    output: out,
+    call,
+    return: ret,
+  });
   assert.deepEqual(checkLinearizable(counter, [inc(0, 2, 0, 10), inc(1, 1, 1, 9), inc(2, 3, 11, 12)]), { ok: true });
   // An unknown-outcome op is never forced into the linearization, whatever output it carries.
-  assert.deepEqual(checkLinearizable(counter, [inc(0, -1, 0, Infinity), inc(1, 1, 5, 6), inc(1, 2, 7, 8)]), { ok: true });
+  assert.deepEqual(checkLinearizable(counter, [inc(0, -1, 0, Infinity), inc(1, 1, 5, 6), inc(1, 2, 7, 8)]), {
+    ok: true,
+  });
   assert.deepEqual(checkLinearizable(counter, [inc(0, 1, 0, Infinity), inc(1, 2, 5, 6)]), { ok: true }); // applied
   assert.equal(checkLinearizable(counter, [inc(0, 1, 0, Infinity), inc(1, 3, 5, 6)]).ok, false);
   const r = checkLinearizable(counter, [inc(0, 1, 0, 10), inc(1, 1, 1, 9)]);
@@ -166,7 +189,10 @@ const arbCommand = fc.record({
 });
 
 /** Runs commands one after the other against a Map; each op gets its own non-overlapping interval. */
-function sequentialHistory(cmds: { client: number; isPut: boolean; key: string; value: string }[], gaps: number[]): KvOp[] {
+function sequentialHistory(
+  cmds: { client: number; isPut: boolean; key: string; value: string }[],
+  gaps: number[],
+): KvOp[] {
   const store = new Map<string, string>();
   let t = 0;
   return cmds.map((c, i) => {
@@ -182,27 +208,39 @@ function sequentialHistory(cmds: { client: number; isPut: boolean; key: string; 
 }
 
 void test('property: sequential histories executed against a real map are linearizable', () => {
-  fc.assert(fc.property(fc.array(arbCommand, { maxLength: 60, size: 'max' }), fc.array(fc.nat(5), { maxLength: 60, size: 'max' }), (cmds, gaps) => {
-    assert.deepEqual(check(sequentialHistory(cmds, gaps)), { ok: true });
-  }), { numRuns: 300 });
+  fc.assert(
+    fc.property(
+      fc.array(arbCommand, { maxLength: 60, size: 'max' }),
+      fc.array(fc.nat(5), { maxLength: 60, size: 'max' }),
+      (cmds, gaps) => {
+        assert.deepEqual(check(sequentialHistory(cmds, gaps)), { ok: true });
+      },
+    ),
+    { numRuns: 300 },
+  );
 });
 
 void test('property: a sequential history with one get answered wrongly is rejected', () => {
-  fc.assert(fc.property(
-    fc.array(arbCommand, { minLength: 1, maxLength: 60, size: 'max' }), fc.nat(), fc.nat(),
-    (cmds, pick, wrongPick) => {
-      const ops = sequentialHistory(cmds, []);
-      const gets = ops.filter((o) => o.input.kind === 'get');
-      fc.pre(gets.length > 0);
-      const victim = gets[pick % gets.length] as KvOp;
-      const truth = victim.output?.value ?? null;
-      const wrong = [...VALUES, 'ghost', null].filter((v) => v !== truth);
-      victim.output = { value: wrong[wrongPick % wrong.length] ?? null };
-      const r = check(ops);
-      assert.equal(r.ok, false);
-      if (r.ok === false) assert.ok(r.longestPrefix.every((o) => o.input.key === victim.input.key));
-    },
-  ), { numRuns: 300 });
+  fc.assert(
+    fc.property(
+      fc.array(arbCommand, { minLength: 1, maxLength: 60, size: 'max' }),
+      fc.nat(),
+      fc.nat(),
+      (cmds, pick, wrongPick) => {
+        const ops = sequentialHistory(cmds, []);
+        const gets = ops.filter((o) => o.input.kind === 'get');
+        fc.pre(gets.length > 0);
+        const victim = gets[pick % gets.length] as KvOp;
+        const truth = victim.output?.value ?? null;
+        const wrong = [...VALUES, 'ghost', null].filter((v) => v !== truth);
+        victim.output = { value: wrong[wrongPick % wrong.length] ?? null };
+        const r = check(ops);
+        assert.equal(r.ok, false);
+        if (r.ok === false) assert.ok(r.longestPrefix.every((o) => o.input.key === victim.input.key));
+      },
+    ),
+    { numRuns: 300 },
+  );
 });
 
 const arbTimedCommand = fc.record({
@@ -214,29 +252,38 @@ const arbTimedCommand = fc.record({
 });
 
 void test('property: concurrent histories executed at points inside their intervals are linearizable', () => {
-  fc.assert(fc.property(fc.array(arbTimedCommand, { maxLength: 40, size: 'max' }), (timed) => {
-    const ops: KvOp[] = [];
-    const points: { at: number; i: number; apply: () => void }[] = [];
-    const store = new Map<string, string>();
-    for (const [i, { cmd, call, duration, at, unknown }] of timed.entries()) {
-      if (cmd.isPut) {
-        const timedOut = unknown !== 'no';
-        const op = put(cmd.client, cmd.key, cmd.value, call, timedOut ? Infinity : call + duration);
-        ops.push(op);
-        // A timed-out put that did take effect may do so any time after its call, even very late.
-        const span = unknown === 'applied' ? 200 : duration;
-        if (unknown !== 'lost') points.push({ at: call + at * span, i, apply: () => store.set(cmd.key, cmd.value) });
-      } else {
-        const op = get(cmd.client, cmd.key, null, call, call + duration);
-        ops.push(op);
-        points.push({ at: call + at * duration, i, apply: () => { op.output = { value: store.get(cmd.key) ?? null }; } });
+  fc.assert(
+    fc.property(fc.array(arbTimedCommand, { maxLength: 40, size: 'max' }), (timed) => {
+      const ops: KvOp[] = [];
+      const points: { at: number; i: number; apply: () => void }[] = [];
+      const store = new Map<string, string>();
+      for (const [i, { cmd, call, duration, at, unknown }] of timed.entries()) {
+        if (cmd.isPut) {
+          const timedOut = unknown !== 'no';
+          const op = put(cmd.client, cmd.key, cmd.value, call, timedOut ? Infinity : call + duration);
+          ops.push(op);
+          // A timed-out put that did take effect may do so any time after its call, even very late.
+          const span = unknown === 'applied' ? 200 : duration;
+          if (unknown !== 'lost') points.push({ at: call + at * span, i, apply: () => store.set(cmd.key, cmd.value) });
+        } else {
+          const op = get(cmd.client, cmd.key, null, call, call + duration);
+          ops.push(op);
+          points.push({
+            at: call + at * duration,
+            i,
+            apply: () => {
+              op.output = { value: store.get(cmd.key) ?? null };
+            },
+          });
+        }
       }
-    }
-    points.sort((a, b) => a.at - b.at || a.i - b.i);
-    for (const p of points) p.apply();
-    const r = check(ops);
-    assert.deepEqual(r, { ok: true }, JSON.stringify(ops));
-  }), { numRuns: 300 });
+      points.sort((a, b) => a.at - b.at || a.i - b.i);
+      for (const p of points) p.apply();
+      const r = check(ops);
+      assert.deepEqual(r, { ok: true }, JSON.stringify(ops));
+    }),
+    { numRuns: 300 },
+  );
 });
 
 /** Brute force: tries every order consistent with real time (touching intervals are concurrent). */
@@ -258,25 +305,32 @@ function bruteForce(ops: KvOp[]): boolean {
 }
 
 void test('property: agrees with a brute-force search on small random histories', () => {
-  const arbOp = fc.record({
-    client: fc.nat(3),
-    isPut: fc.boolean(),
-    key: fc.constantFrom('a', 'b'),
-    value: fc.constantFrom('1', '2', null),
-    call: fc.nat(12),
-    duration: fc.integer({ min: 1, max: 8 }),
-    timedOut: fc.boolean(),
-  }).map((o): KvOp => (o.isPut
-    ? put(o.client, o.key, o.value ?? '3', o.call, o.timedOut ? Infinity : o.call + o.duration)
-    : get(o.client, o.key, o.value, o.call, o.call + o.duration)));
+  const arbOp = fc
+    .record({
+      client: fc.nat(3),
+      isPut: fc.boolean(),
+      key: fc.constantFrom('a', 'b'),
+      value: fc.constantFrom('1', '2', null),
+      call: fc.nat(12),
+      duration: fc.integer({ min: 1, max: 8 }),
+      timedOut: fc.boolean(),
+    })
+    .map((o): KvOp =>
+      o.isPut
+        ? put(o.client, o.key, o.value ?? '3', o.call, o.timedOut ? Infinity : o.call + o.duration)
+        : get(o.client, o.key, o.value, o.call, o.call + o.duration),
+    );
   let accepted = 0;
   let rejected = 0;
-  fc.assert(fc.property(fc.array(arbOp, { maxLength: 7, size: 'max' }), (ops) => {
-    const expected = bruteForce(ops);
-    const r = check(ops);
-    assert.equal(r.ok, expected, JSON.stringify(ops));
-    if (expected) accepted++;
-    else rejected++;
-  }), { numRuns: 1000 });
+  fc.assert(
+    fc.property(fc.array(arbOp, { maxLength: 7, size: 'max' }), (ops) => {
+      const expected = bruteForce(ops);
+      const r = check(ops);
+      assert.equal(r.ok, expected, JSON.stringify(ops));
+      if (expected) accepted++;
+      else rejected++;
+    }),
+    { numRuns: 1000 },
+  );
   assert.ok(accepted > 100 && rejected > 100, `both outcomes exercised (${accepted} / ${rejected})`);
 });

@@ -39,7 +39,10 @@ function shown(v: unknown): string {
 void test('--help of every command lists each declared setting with its default and its variable', () => {
   for (const { name, fields } of commands) {
     const specs = settingSpecs(fields);
-    const r = spawnSync(process.execPath, ['--import', 'tsx', cli, name, '--help'], { encoding: 'utf8', timeout: 60_000 });
+    const r = spawnSync(process.execPath, ['--import', 'tsx', cli, name, '--help'], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
     assert.equal(r.status, 0, `${name} --help: ${r.stderr}`);
     const lines = r.stdout.split('\n');
     for (const s of specs) {
@@ -48,7 +51,11 @@ void test('--help of every command lists each declared setting with its default 
       assert.ok(line.includes(s.description), `${name} --${s.flag}: its help`);
       assert.ok(line.endsWith(`[${settingVariable(s)}]`), `${name} --${s.flag}: its variable ${settingVariable(s)}`);
       if (s.required === true) assert.match(line, /\(required\)/, `${name} --${s.flag} is required`);
-      else if (s.defaultText !== undefined) assert.ok(line.includes(`(default ${s.defaultText})`), `${name} --${s.flag}: (default ${s.defaultText}) in: ${line}`);
+      else if (s.defaultText !== undefined)
+        assert.ok(
+          line.includes(`(default ${s.defaultText})`),
+          `${name} --${s.flag}: (default ${s.defaultText}) in: ${line}`,
+        );
     }
   }
 });
@@ -59,10 +66,15 @@ void test('a setting as a flag, as its variable and in a config file gives the s
     for (const { name, fields } of commands) {
       const specs = settingSpecs(fields);
       const required = specs.filter((s) => s.required === true);
-      const parse = (argv: readonly string[], env: NodeJS.ProcessEnv): Record<string, unknown> => loadSettings<z.ZodType<Record<string, unknown>>>(`cellquota ${name}`, specs, fields, argv, env);
-      const flagOf = (s: SettingSpec): string => (s.boolean === true ? `--${s.flag}` : `--${s.flag}=${s.example ?? ''}`);
+      const parse = (argv: readonly string[], env: NodeJS.ProcessEnv): Record<string, unknown> =>
+        loadSettings<z.ZodType<Record<string, unknown>>>(`cellquota ${name}`, specs, fields, argv, env);
+      const flagOf = (s: SettingSpec): string =>
+        s.boolean === true ? `--${s.flag}` : `--${s.flag}=${s.example ?? ''}`;
       for (const s of specs) {
-        assert.ok(s.example !== undefined && s.example !== s.defaultText, `${name} --${s.flag}: an example other than the default`);
+        assert.ok(
+          s.example !== undefined && s.example !== s.defaultText,
+          `${name} --${s.flag}: an example other than the default`,
+        );
         const base = required.filter((r) => r !== s).map(flagOf);
         const key = Object.keys(fields.shape)[specs.indexOf(s)] ?? '';
         const file = join(dir, `${name}-${s.flag}.yaml`);
@@ -72,7 +84,12 @@ void test('a setting as a flag, as its variable and in a config file gives the s
         const byFile = shown(parse([...base, '--config', file], {})[key]);
         assert.equal(byEnv, byFlag, `${name}: ${settingVariable(s)} and --${s.flag}`);
         assert.equal(byFile, byFlag, `${name}: '${s.flag}:' in a config file and --${s.flag}`);
-        if (s.required !== true) assert.notEqual(byFlag, shown(parse(base, {})[key]), `${name} --${s.flag} ${s.example ?? ''} changes the setting from its default`);
+        if (s.required !== true)
+          assert.notEqual(
+            byFlag,
+            shown(parse(base, {})[key]),
+            `${name} --${s.flag} ${s.example ?? ''} changes the setting from its default`,
+          );
       }
     }
   } finally {

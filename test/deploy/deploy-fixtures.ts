@@ -97,7 +97,10 @@ export interface PodSpec {
   hostAliases?: { ip: string; hostnames: string[] }[];
   affinity?: {
     podAntiAffinity?: {
-      requiredDuringSchedulingIgnoredDuringExecution?: { topologyKey: string; labelSelector?: { matchLabels?: Labels } }[];
+      requiredDuringSchedulingIgnoredDuringExecution?: {
+        topologyKey: string;
+        labelSelector?: { matchLabels?: Labels };
+      }[];
     };
   };
 }
@@ -195,11 +198,24 @@ export interface Kustomization {
   patches?: { path: string; target?: { group?: string; version?: string; kind: string; name: string } }[];
   images?: { name: string; newName?: string; newTag?: string }[];
   labels?: { pairs: Labels; includeSelectors?: boolean }[];
-  configMapGenerator?: { name: string; files: string[]; options?: { disableNameSuffixHash?: boolean; labels?: Labels } }[];
+  configMapGenerator?: {
+    name: string;
+    files: string[];
+    options?: { disableNameSuffixHash?: boolean; labels?: Labels };
+  }[];
 }
 
 /** The Kustomize fields deploy/ uses; the fallback renderer refuses anything else. */
-export const KUSTOMIZATION_FIELDS = ['apiVersion', 'kind', 'namespace', 'resources', 'patches', 'images', 'labels', 'configMapGenerator'];
+export const KUSTOMIZATION_FIELDS = [
+  'apiVersion',
+  'kind',
+  'namespace',
+  'resources',
+  'patches',
+  'images',
+  'labels',
+  'configMapGenerator',
+];
 
 export function kustomizationDirs(): string[] {
   return listFiles(deployDir, (n) => n === 'kustomization.yaml').map((f) => dirname(f));
@@ -209,7 +225,8 @@ export function loadKustomization(dir: string): Kustomization {
   const k: unknown = loadYaml(join(dir, 'kustomization.yaml'));
   if (!isRecord(k)) throw new Error(`${rel(dir)}/kustomization.yaml is not a mapping`);
   for (const key of Object.keys(k)) {
-    if (!KUSTOMIZATION_FIELDS.includes(key)) throw new Error(`${rel(dir)}/kustomization.yaml: field '${key}' is not covered by the test renderer`);
+    if (!KUSTOMIZATION_FIELDS.includes(key))
+      throw new Error(`${rel(dir)}/kustomization.yaml: field '${key}' is not covered by the test renderer`);
   }
   return k;
 }
@@ -233,14 +250,25 @@ export function kubectlAvailable(): boolean {
 
 /** `kubectl kustomize DIR`, parsed. */
 export function kubectlKustomize(dir: string): K8sObject[] {
-  const r = spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8', timeout: 30_000, maxBuffer: 64 * 1024 * 1024 });
+  const r = spawnSync('kubectl', ['kustomize', dir], {
+    encoding: 'utf8',
+    timeout: 30_000,
+    maxBuffer: 64 * 1024 * 1024,
+  });
   if (r.status !== 0) throw new Error(`kubectl kustomize ${rel(dir)} failed: ${r.stderr}`);
   const docs = parseAllDocuments(r.stdout);
   if (!Array.isArray(docs)) return [];
   return docs.map((d) => d.toJS() as unknown).filter((d) => d !== null) as K8sObject[];
 }
 
-const CLUSTER_SCOPED = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition', 'PriorityClass', 'StorageClass']);
+const CLUSTER_SCOPED = new Set([
+  'Namespace',
+  'ClusterRole',
+  'ClusterRoleBinding',
+  'CustomResourceDefinition',
+  'PriorityClass',
+  'StorageClass',
+]);
 
 /**
  * Renders a kustomization the way `kubectl kustomize` does, for the features deploy/ uses:
@@ -259,7 +287,12 @@ export function renderFallback(dir: string): K8sObject[] {
   for (const g of k.configMapGenerator ?? []) {
     const data: Record<string, string> = {};
     for (const f of g.files) data[basename(f)] = readFileSync(resolve(dir, f), 'utf8');
-    objs.push({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: g.name, ...(g.options?.labels === undefined ? {} : { labels: { ...g.options.labels } }) }, data });
+    objs.push({
+      apiVersion: 'v1',
+      kind: 'ConfigMap',
+      metadata: { name: g.name, ...(g.options?.labels === undefined ? {} : { labels: { ...g.options.labels } }) },
+      data,
+    });
   }
   for (const l of k.labels ?? []) {
     for (const o of objs) o.metadata.labels = { ...(o.metadata.labels ?? {}), ...l.pairs };
@@ -294,7 +327,8 @@ export function renderFallback(dir: string): K8sObject[] {
       if (!isWorkload(o)) continue;
       for (const c of [...o.spec.template.spec.containers, ...(o.spec.template.spec.initContainers ?? [])]) {
         const [name, tag] = splitImage(c.image);
-        if (name === img.name) c.image = `${img.newName ?? name}${(img.newTag ?? tag) === undefined ? '' : `:${img.newTag ?? tag}`}`;
+        if (name === img.name)
+          c.image = `${img.newName ?? name}${(img.newTag ?? tag) === undefined ? '' : `:${img.newTag ?? tag}`}`;
       }
     }
   }
@@ -313,7 +347,11 @@ function strategicMerge(base: unknown, patch: unknown): unknown {
     for (const [key, value] of Object.entries(patch)) out[key] = key in base ? strategicMerge(base[key], value) : value;
     return out;
   }
-  if (Array.isArray(base) && Array.isArray(patch) && [...(base as unknown[]), ...(patch as unknown[])].every((e) => isRecord(e) && typeof e['name'] === 'string')) {
+  if (
+    Array.isArray(base) &&
+    Array.isArray(patch) &&
+    [...(base as unknown[]), ...(patch as unknown[])].every((e) => isRecord(e) && typeof e['name'] === 'string')
+  ) {
     const named = (e: unknown): string => (e as { name: string }).name;
     const patched = (patch as unknown[]).map((p) => {
       const b = (base as unknown[]).find((e) => named(e) === named(p));
@@ -326,7 +364,8 @@ function strategicMerge(base: unknown, patch: unknown): unknown {
 }
 
 function applyJsonPatchOp(target: K8sObject, op: unknown): void {
-  if (!isRecord(op) || op['op'] !== 'add' || typeof op['path'] !== 'string') throw new Error(`unsupported JSON patch operation ${JSON.stringify(op)}`);
+  if (!isRecord(op) || op['op'] !== 'add' || typeof op['path'] !== 'string')
+    throw new Error(`unsupported JSON patch operation ${JSON.stringify(op)}`);
   const parts = op['path'].split('/').slice(1);
   const last = parts.pop();
   let cur: unknown = target;
@@ -364,7 +403,9 @@ export interface PodContext {
 
 /** Kubernetes' $(VAR) expansion: defined variables are replaced, $$ is a literal $, the rest stays. */
 export function expandK8s(text: string, vars: ReadonlyMap<string, string>): string {
-  return text.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m: string, name: string | undefined) => (m === '$$' ? '$' : (name !== undefined ? vars.get(name) : undefined) ?? m));
+  return text.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m: string, name: string | undefined) =>
+    m === '$$' ? '$' : ((name !== undefined ? vars.get(name) : undefined) ?? m),
+  );
 }
 
 /**
@@ -381,7 +422,14 @@ export function containerEnv(c: Container, ctx: PodContext): Map<string, string>
     const from = e.valueFrom;
     if (from?.fieldRef !== undefined) {
       const field = from.fieldRef.fieldPath;
-      const v = field === 'metadata.name' ? ctx.podName : field === 'metadata.namespace' ? ctx.namespace : field === 'status.podIP' ? (ctx.podIP ?? '10.0.0.10') : undefined;
+      const v =
+        field === 'metadata.name'
+          ? ctx.podName
+          : field === 'metadata.namespace'
+            ? ctx.namespace
+            : field === 'status.podIP'
+              ? (ctx.podIP ?? '10.0.0.10')
+              : undefined;
       if (v === undefined) throw new Error(`env ${e.name}: fieldRef ${field} is not simulated`);
       env.set(e.name, v);
     } else if (from?.secretKeyRef !== undefined) {
@@ -414,7 +462,17 @@ export function memoryBytes(q: string): number {
   const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(q);
   if (m === null) throw new Error(`not a memory quantity: ${q}`);
   const unit = m[2] ?? '';
-  const mult: Record<string, number> = { '': 1, Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, Ti: 1024 ** 4, k: 1e3, M: 1e6, G: 1e9, T: 1e12 };
+  const mult: Record<string, number> = {
+    '': 1,
+    Ki: 1024,
+    Mi: 1024 ** 2,
+    Gi: 1024 ** 3,
+    Ti: 1024 ** 4,
+    k: 1e3,
+    M: 1e6,
+    G: 1e9,
+    T: 1e12,
+  };
   return Number(m[1]) * (mult[unit] ?? NaN);
 }
 
@@ -427,7 +485,10 @@ export function fileExists(path: string): boolean {
 /** Every HTTP filter of every listener's HTTP connection manager. */
 export function httpFilters(envoy: unknown): unknown[] {
   return asArray(at(envoy, 'static_resources', 'listeners')).flatMap((l) =>
-    asArray(at(l, 'filter_chains')).flatMap((fc) => asArray(at(fc, 'filters')).flatMap((f) => asArray(at(f, 'typed_config', 'http_filters')))));
+    asArray(at(l, 'filter_chains')).flatMap((fc) =>
+      asArray(at(fc, 'filters')).flatMap((f) => asArray(at(f, 'typed_config', 'http_filters'))),
+    ),
+  );
 }
 
 export function findRateLimitFilter(envoy: unknown): unknown {
@@ -439,7 +500,8 @@ export function findRateLimitFilter(envoy: unknown): unknown {
 /** The Unix socket paths of every `pipe` address, in order. */
 export function pipePaths(envoy: unknown): string[] {
   const out: string[] = [];
-  for (const [k, v] of walk(envoy)) if (k === 'pipe' && typeof at(v, 'path') === 'string') out.push(at(v, 'path') as string);
+  for (const [k, v] of walk(envoy))
+    if (k === 'pipe' && typeof at(v, 'path') === 'string') out.push(at(v, 'path') as string);
   return out;
 }
 
@@ -447,7 +509,8 @@ export function pipePaths(envoy: unknown): string[] {
 export function descriptorKeys(envoy: unknown): string[] {
   const keys = new Set<string>();
   for (const [k, v] of walk(at(envoy, 'static_resources', 'listeners'))) {
-    if (k === 'request_headers' && typeof at(v, 'descriptor_key') === 'string') keys.add(at(v, 'descriptor_key') as string);
+    if (k === 'request_headers' && typeof at(v, 'descriptor_key') === 'string')
+      keys.add(at(v, 'descriptor_key') as string);
     if (k === 'remote_address') keys.add('remote_address');
   }
   return [...keys];

@@ -23,7 +23,10 @@ function parseDockerfile(text: string): Stage[] {
   const lines = text.split('\n').filter((l) => !/^\s*#/.test(l));
   const joined = lines.join('\n').replace(/\\\n/g, ' ');
   const stages: Stage[] = [];
-  for (const line of joined.split('\n').map((l) => l.trim()).filter((l) => l.length > 0)) {
+  for (const line of joined
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0)) {
     const m = /^([A-Z]+)\s+(.*)$/.exec(line);
     assert.ok(m !== null, `not a Dockerfile instruction: ${line}`);
     const op = m[1] ?? '';
@@ -50,7 +53,17 @@ function dockerignore(text: string): (path: string) => boolean {
     .map((l) => {
       const negate = l.startsWith('!');
       const pattern = (negate ? l.slice(1) : l).replace(/^\/+|\/+$/g, '');
-      const re = new RegExp(`^${pattern.split('**').map((part) => part.replace(/[.+^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '[^/]*').replace(/\?/g, '[^/]')).join('.*')}$`);
+      const re = new RegExp(
+        `^${pattern
+          .split('**')
+          .map((part) =>
+            part
+              .replace(/[.+^${}()|[\]\\]/g, '\\$&')
+              .replace(/\*/g, '[^/]*')
+              .replace(/\?/g, '[^/]'),
+          )
+          .join('.*')}$`,
+      );
       return { negate, re };
     });
   return (path: string): boolean => {
@@ -78,16 +91,26 @@ const copies = (s: Stage): { from: string | null; src: string[]; dest: string }[
 
 void test('Dockerfile: multi-stage on a pinned Node 20 image; the build stage runs npm ci and npm run build', () => {
   assert.ok(stages.length >= 2, 'multi-stage');
-  for (const s of stages) assert.match(s.from, /^node:20[-.\w]*$/, `${s.from}: Node 20, a pinned tag (package.json engines: >=20)`);
+  for (const s of stages)
+    assert.match(s.from, /^node:20[-.\w]*$/, `${s.from}: Node 20, a pinned tag (package.json engines: >=20)`);
   const build = stages.find((s) => runs(s).some((r) => r.includes('npm run build')));
   assert.ok(build !== undefined && build !== final, 'a build stage');
-  assert.ok(runs(build).some((r) => /\bnpm ci\b/.test(r)), 'npm ci in the build stage');
+  assert.ok(
+    runs(build).some((r) => /\bnpm ci\b/.test(r)),
+    'npm ci in the build stage',
+  );
   const pkg = JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
-  assert.match(pkg.scripts['prepare'] ?? '', /npm run build/, 'prepare builds, hence --ignore-scripts where TypeScript is absent');
+  assert.match(
+    pkg.scripts['prepare'] ?? '',
+    /npm run build/,
+    'prepare builds, hence --ignore-scripts where TypeScript is absent',
+  );
   const tsBuild = JSON.parse(readFileSync(join(repoRoot, 'tsconfig.build.json'), 'utf8')) as { include: string[] };
   const copied = new Set(copies(build).flatMap((c) => c.src));
-  for (const dir of tsBuild.include) assert.ok(copied.has(dir), `the build stage copies ${dir} (tsconfig.build.json include)`);
-  for (const f of ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json']) assert.ok(copied.has(f), `the build stage copies ${f}`);
+  for (const dir of tsBuild.include)
+    assert.ok(copied.has(dir), `the build stage copies ${dir} (tsconfig.build.json include)`);
+  for (const f of ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json'])
+    assert.ok(copied.has(f), `the build stage copies ${f}`);
 });
 
 void test('Dockerfile: the runtime gets production dependencies without package scripts, plus dist/, bin/, proto/ and package.json', () => {
@@ -96,19 +119,32 @@ void test('Dockerfile: the runtime gets production dependencies without package 
   assert.ok(install[0]?.includes('--ignore-scripts'), '`prepare` (npm run build) needs TypeScript, a dev dependency');
   const finalCopies = copies(final);
   const dests = new Map(finalCopies.flatMap((c) => c.src.map((s) => [s.replace(/^\/(src|app)\//, ''), c] as const)));
-  for (const need of ['dist', 'bin', 'proto', 'node_modules', 'package.json']) assert.ok(dests.has(need), `the runtime stage copies ${need}`);
+  for (const need of ['dist', 'bin', 'proto', 'node_modules', 'package.json'])
+    assert.ok(dests.has(need), `the runtime stage copies ${need}`);
   const distFrom = dests.get('dist')?.from;
-  assert.ok(distFrom !== null && distFrom !== undefined && stages.some((s) => s.name === distFrom && runs(s).some((r) => r.includes('npm run build'))), 'dist comes from the build stage');
+  assert.ok(
+    distFrom !== null &&
+      distFrom !== undefined &&
+      stages.some((s) => s.name === distFrom && runs(s).some((r) => r.includes('npm run build'))),
+    'dist comes from the build stage',
+  );
   const modulesFrom = dests.get('node_modules')?.from;
-  assert.ok(modulesFrom !== null && modulesFrom !== undefined && stages.some((s) => s.name === modulesFrom && runs(s).some((r) => r.includes('--omit=dev'))), 'node_modules comes from the production install');
+  assert.ok(
+    modulesFrom !== null &&
+      modulesFrom !== undefined &&
+      stages.some((s) => s.name === modulesFrom && runs(s).some((r) => r.includes('--omit=dev'))),
+    'node_modules comes from the production install',
+  );
   assert.ok(!runs(final).some((r) => /\bnpm (ci|install)\b/.test(r)), 'no install in the runtime stage');
   const bin = readFileSync(join(repoRoot, 'bin/cellquota.mjs'), 'utf8');
   assert.match(bin, /\.\.\/dist\/cli\/main\.js/, 'bin/cellquota.mjs loads dist/');
-  const tsconfig = JSON.parse(readFileSync(join(repoRoot, 'tsconfig.json'), 'utf8')) as { compilerOptions: { outDir: string } };
+  const tsconfig = JSON.parse(readFileSync(join(repoRoot, 'tsconfig.json'), 'utf8')) as {
+    compilerOptions: { outDir: string };
+  };
   assert.equal(tsconfig.compilerOptions.outDir, 'dist');
 });
 
-void test('Dockerfile: ENTRYPOINT node bin/cellquota.mjs, as a numeric non-root user that matches the manifests\' runAsUser/runAsGroup', () => {
+void test("Dockerfile: ENTRYPOINT node bin/cellquota.mjs, as a numeric non-root user that matches the manifests' runAsUser/runAsGroup", () => {
   const entry = final.instructions.filter((i) => i.op === 'ENTRYPOINT');
   assert.equal(entry.length, 1);
   assert.deepEqual(JSON.parse(entry[0]?.args ?? '') as unknown, ['node', 'bin/cellquota.mjs']);
@@ -131,16 +167,32 @@ void test('Dockerfile: ENTRYPOINT node bin/cellquota.mjs, as a numeric non-root 
 
 void test('Dockerfile.dockerignore: every file the Dockerfile copies from the context is sent, and node_modules, dist and test data are not', () => {
   const sent = dockerignore(readFileSync(join(deployDir, 'Dockerfile.dockerignore'), 'utf8'));
-  const sources = stages.flatMap((s) => copies(s).filter((c) => c.from === null).flatMap((c) => c.src));
+  const sources = stages.flatMap((s) =>
+    copies(s)
+      .filter((c) => c.from === null)
+      .flatMap((c) => c.src),
+  );
   assert.ok(sources.length > 0);
   for (const src of sources) {
     const full = join(repoRoot, src);
     assert.ok(statSync(full, { throwIfNoEntry: false }) !== undefined, `COPY ${src}: missing from the repository`);
-    const files = statSync(full).isDirectory() ? listFiles(full, (n) => n.endsWith('.ts') || n.endsWith('.proto') || n.endsWith('.mjs')).map((f) => f.slice(repoRoot.length + 1)) : [src];
+    const files = statSync(full).isDirectory()
+      ? listFiles(full, (n) => n.endsWith('.ts') || n.endsWith('.proto') || n.endsWith('.mjs')).map((f) =>
+          f.slice(repoRoot.length + 1),
+        )
+      : [src];
     assert.ok(files.length > 0, src);
     for (const f of files) assert.ok(sent(f), `${f} (COPY ${src}) is excluded by the .dockerignore`);
   }
-  for (const notSent of ['node_modules/yaml/package.json', 'dist/cli/main.js', 'test/deploy/manifests.test.ts', 'bench/results/x.json', '.git/HEAD', '.cellquota/n1/CURRENT', 'cell-agent/node_modules/x.js']) {
+  for (const notSent of [
+    'node_modules/yaml/package.json',
+    'dist/cli/main.js',
+    'test/deploy/manifests.test.ts',
+    'bench/results/x.json',
+    '.git/HEAD',
+    '.cellquota/n1/CURRENT',
+    'cell-agent/node_modules/x.js',
+  ]) {
     assert.ok(!sent(notSent), `${notSent} must stay out of the build context`);
   }
 });

@@ -5,7 +5,17 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { asArray, at, deployDir, findRateLimitFilter, httpFilters, isRecord, loadYaml, render, type K8sObject } from './deploy-fixtures.js';
+import {
+  asArray,
+  at,
+  deployDir,
+  findRateLimitFilter,
+  httpFilters,
+  isRecord,
+  loadYaml,
+  render,
+  type K8sObject,
+} from './deploy-fixtures.js';
 
 const CONFIGS = {
   sidecar: join(deployDir, 'base/agent/envoy.yaml'),
@@ -13,7 +23,8 @@ const CONFIGS = {
 };
 
 const RATELIMIT_TYPE = 'type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit';
-const HCM_TYPE = 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
+const HCM_TYPE =
+  'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
 
 /** A protobuf Duration in Envoy's YAML form ("0.005s") in seconds. */
@@ -31,13 +42,20 @@ function clusters(envoy: unknown): Map<string, unknown> {
 function speaksHttp2(cluster: unknown): boolean {
   if (isRecord(at(cluster, 'http2_protocol_options'))) return true; // the older cluster-level field
   const opts = at(cluster, 'typed_extension_protocol_options', HTTP_OPTIONS);
-  return at(opts, '@type') === `type.googleapis.com/${HTTP_OPTIONS}` && isRecord(at(opts, 'explicit_http_config', 'http2_protocol_options'));
+  return (
+    at(opts, '@type') === `type.googleapis.com/${HTTP_OPTIONS}` &&
+    isRecord(at(opts, 'explicit_http_config', 'http2_protocol_options'))
+  );
 }
 
 function routes(envoy: unknown): unknown[] {
   return asArray(at(envoy, 'static_resources', 'listeners')).flatMap((l) =>
     asArray(at(l, 'filter_chains')).flatMap((fc) =>
-      asArray(at(fc, 'filters')).flatMap((f) => asArray(at(f, 'typed_config', 'route_config', 'virtual_hosts')).flatMap((vh) => asArray(at(vh, 'routes'))))));
+      asArray(at(fc, 'filters')).flatMap((f) =>
+        asArray(at(f, 'typed_config', 'route_config', 'virtual_hosts')).flatMap((vh) => asArray(at(vh, 'routes'))),
+      ),
+    ),
+  );
 }
 
 for (const [label, file] of Object.entries(CONFIGS)) {
@@ -49,7 +67,10 @@ for (const [label, file] of Object.entries(CONFIGS)) {
     assert.ok(typeof at(cfg, 'domain') === 'string' && (at(cfg, 'domain') as string).length > 0, 'domain');
     assert.equal(at(cfg, 'failure_mode_deny'), false, 'fail open, stated explicitly');
     const timeout = seconds(at(cfg, 'timeout'));
-    assert.ok(timeout > 0 && timeout < 0.02, `timeout ${timeout}s: set, and shorter than Envoy's 20 ms default (0 would mean none)`);
+    assert.ok(
+      timeout > 0 && timeout < 0.02,
+      `timeout ${timeout}s: set, and shorter than Envoy's 20 ms default (0 would mean none)`,
+    );
     assert.equal(at(cfg, 'rate_limit_service', 'transport_api_version'), 'V3', 'Envoy rejects anything but V3');
     const clusterName = at(cfg, 'rate_limit_service', 'grpc_service', 'envoy_grpc', 'cluster_name');
     assert.equal(typeof clusterName, 'string');
@@ -57,7 +78,10 @@ for (const [label, file] of Object.entries(CONFIGS)) {
     assert.ok(cluster !== undefined, `cluster ${String(clusterName)} is defined`);
     assert.ok(speaksHttp2(cluster), `cluster ${String(clusterName)} speaks HTTP/2 (gRPC)`);
     assert.equal(at(cluster, 'load_assignment', 'cluster_name'), clusterName);
-    assert.ok(asArray(at(cluster, 'load_assignment', 'endpoints')).flatMap((e) => asArray(at(e, 'lb_endpoints'))).length > 0, 'endpoints');
+    assert.ok(
+      asArray(at(cluster, 'load_assignment', 'endpoints')).flatMap((e) => asArray(at(e, 'lb_endpoints'))).length > 0,
+      'endpoints',
+    );
   });
 
   void test(`Envoy (${label}): filters in order (rate limit before the router, the router last), HCM typed, routes to defined clusters with tenant and client-address descriptors`, () => {
@@ -72,17 +96,31 @@ for (const [label, file] of Object.entries(CONFIGS)) {
         if (rl >= 0) assert.ok(rl < names.length - 1);
       }
     }
-    assert.ok(httpFilters(envoy).every((h) => typeof at(h, 'typed_config', '@type') === 'string'), 'every HTTP filter has a typed_config');
+    assert.ok(
+      httpFilters(envoy).every((h) => typeof at(h, 'typed_config', '@type') === 'string'),
+      'every HTTP filter has a typed_config',
+    );
     const defined = clusters(envoy);
     const all = routes(envoy);
     for (const r of all) {
       const c = at(r, 'route', 'cluster');
-      if (c !== undefined) assert.ok(typeof c === 'string' && defined.has(c), `route to undefined cluster ${JSON.stringify(c)}`);
+      if (c !== undefined)
+        assert.ok(typeof c === 'string' && defined.has(c), `route to undefined cluster ${JSON.stringify(c)}`);
     }
-    const actionLists = all.flatMap((r) => asArray(at(r, 'route', 'rate_limits'))).map((rl) => asArray(at(rl, 'actions')));
-    const tenantAction = (a: unknown): boolean => at(a, 'request_headers', 'header_name') === 'x-tenant-id' && at(a, 'request_headers', 'descriptor_key') === 'tenant';
-    assert.ok(actionLists.some((acts) => acts.length === 1 && tenantAction(acts[0])), 'a descriptor [tenant] (the global quota)');
-    assert.ok(actionLists.some((acts) => acts.some(tenantAction) && acts.some((a) => isRecord(at(a, 'remote_address')))), 'a descriptor [tenant, remote_address] (the per-client limit)');
+    const actionLists = all
+      .flatMap((r) => asArray(at(r, 'route', 'rate_limits')))
+      .map((rl) => asArray(at(rl, 'actions')));
+    const tenantAction = (a: unknown): boolean =>
+      at(a, 'request_headers', 'header_name') === 'x-tenant-id' &&
+      at(a, 'request_headers', 'descriptor_key') === 'tenant';
+    assert.ok(
+      actionLists.some((acts) => acts.length === 1 && tenantAction(acts[0])),
+      'a descriptor [tenant] (the global quota)',
+    );
+    assert.ok(
+      actionLists.some((acts) => acts.some(tenantAction) && acts.some((a) => isRecord(at(a, 'remote_address')))),
+      'a descriptor [tenant, remote_address] (the per-client limit)',
+    );
   });
 }
 
@@ -98,7 +136,15 @@ void test('Envoy: both configs use the same domain and timeout; the TCP example 
   const host = `${svc.metadata.name}.${String(svc.metadata.namespace)}.svc.cluster.local`;
   const ports = asArray(at(svc, 'spec', 'ports')).map((p) => at(p, 'port'));
   const clusterName = at(tcpCfg, 'rate_limit_service', 'grpc_service', 'envoy_grpc', 'cluster_name') as string;
-  const endpoints = asArray(at(clusters(tcp).get(clusterName), 'load_assignment', 'endpoints')).flatMap((e) => asArray(at(e, 'lb_endpoints'))).map((e) => at(e, 'endpoint', 'address', 'socket_address'));
-  assert.deepEqual(endpoints.map((a) => at(a, 'address')), ports.map(() => host));
-  assert.deepEqual(endpoints.map((a) => at(a, 'port_value')), ports);
+  const endpoints = asArray(at(clusters(tcp).get(clusterName), 'load_assignment', 'endpoints'))
+    .flatMap((e) => asArray(at(e, 'lb_endpoints')))
+    .map((e) => at(e, 'endpoint', 'address', 'socket_address'));
+  assert.deepEqual(
+    endpoints.map((a) => at(a, 'address')),
+    ports.map(() => host),
+  );
+  assert.deepEqual(
+    endpoints.map((a) => at(a, 'port_value')),
+    ports,
+  );
 });

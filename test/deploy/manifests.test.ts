@@ -66,7 +66,13 @@ function podTemplates(objs: K8sObject[]): Workload[] {
 }
 
 function containerPorts(w: Workload): { name?: string; port: number; container: string }[] {
-  return w.spec.template.spec.containers.flatMap((c) => (c.ports ?? []).map((p) => ({ ...(p.name === undefined ? {} : { name: p.name }), port: p.containerPort, container: c.name })));
+  return w.spec.template.spec.containers.flatMap((c) =>
+    (c.ports ?? []).map((p) => ({
+      ...(p.name === undefined ? {} : { name: p.name }),
+      port: p.containerPort,
+      container: c.name,
+    })),
+  );
 }
 
 function cellquotaContainers(w: Workload): Container[] {
@@ -83,10 +89,21 @@ void test('every YAML and JSON file under deploy/ parses, and each has a role: m
     } else {
       assert.ok(loadYamlDocs(file).length > 0, `${rel(file)} holds no YAML document`);
     }
-    const roles = [resources.has(file), patches.has(file), generated.has(file), basename(file) === 'kustomization.yaml', rel(file).startsWith('deploy/examples/')].filter(Boolean).length;
-    assert.equal(roles, 1, `${rel(file)} should have exactly one role (used by a kustomization, or an example), has ${roles}`);
+    const roles = [
+      resources.has(file),
+      patches.has(file),
+      generated.has(file),
+      basename(file) === 'kustomization.yaml',
+      rel(file).startsWith('deploy/examples/'),
+    ].filter(Boolean).length;
+    assert.equal(
+      roles,
+      1,
+      `${rel(file)} should have exactly one role (used by a kustomization, or an example), has ${roles}`,
+    );
   }
-  for (const f of [...resources, ...patches, ...generated]) assert.ok(files.includes(f), `${rel(f)} is referenced by a kustomization but missing`);
+  for (const f of [...resources, ...patches, ...generated])
+    assert.ok(files.includes(f), `${rel(f)} is referenced by a kustomization but missing`);
 });
 
 void test('every manifest has apiVersion, kind and a valid metadata.name; multi-document files included', () => {
@@ -100,14 +117,23 @@ void test('every manifest has apiVersion, kind and a valid metadata.name; multi-
     assert.match(obj.kind, /^[A-Z][A-Za-z]+$/, `${where}: kind`);
     assert.ok(isRecord(obj.metadata), `${where}: metadata`);
     assert.equal(typeof obj.metadata.name, 'string', `${where}: metadata.name`);
-    assert.ok(obj.metadata.name.length <= 63 && DNS1123.test(obj.metadata.name), `${where}: metadata.name must be a DNS-1123 name`);
-    for (const [k, v] of Object.entries(obj.metadata.labels ?? {})) assert.equal(typeof v, 'string', `${where}: label ${k} must be a string`);
+    assert.ok(
+      obj.metadata.name.length <= 63 && DNS1123.test(obj.metadata.name),
+      `${where}: metadata.name must be a DNS-1123 name`,
+    );
+    for (const [k, v] of Object.entries(obj.metadata.labels ?? {}))
+      assert.equal(typeof v, 'string', `${where}: label ${k} must be a string`);
   }
 });
 
 void test('every kustomization renders as part of an overlay, and the test renderer gives exactly what kubectl kustomize gives', () => {
   const overlays = overlayDirs();
-  assert.deepEqual(overlays.map(rel).sort(), ['deploy/overlays/one-cell', 'deploy/overlays/three-cells/ap-south', 'deploy/overlays/three-cells/eu-west', 'deploy/overlays/three-cells/us-east']);
+  assert.deepEqual(overlays.map(rel).sort(), [
+    'deploy/overlays/one-cell',
+    'deploy/overlays/three-cells/ap-south',
+    'deploy/overlays/three-cells/eu-west',
+    'deploy/overlays/three-cells/us-east',
+  ]);
   // Every base kustomization is part of an overlay, so rendering the overlays renders them all.
   const inOverlays = new Set<string>();
   const visit = (dir: string): void => {
@@ -115,19 +141,34 @@ void test('every kustomization renders as part of an overlay, and the test rende
     for (const r of loadKustomization(dir).resources ?? []) if (!basename(r).includes('.')) visit(resolve(dir, r));
   };
   overlays.forEach(visit);
-  assert.deepEqual(kustomizationDirs().filter((d) => !inOverlays.has(d)).map(rel), [], 'kustomizations no overlay uses');
+  assert.deepEqual(
+    kustomizationDirs()
+      .filter((d) => !inOverlays.has(d))
+      .map(rel),
+    [],
+    'kustomizations no overlay uses',
+  );
   for (const dir of overlays) assert.ok(render(dir).length > 0, `${rel(dir)} renders nothing`);
   if (!kubectlAvailable()) return; // the comparison needs kubectl
   // Generated ConfigMaps get a content hash suffix from kustomize (unless disabled); the test
   // renderer leaves it out. Everything else must be identical.
-  const hashed = kustomizationDirs().flatMap((d) => (loadKustomization(d).configMapGenerator ?? []).filter((g) => g.options?.disableNameSuffixHash !== true).map((g) => g.name));
+  const hashed = kustomizationDirs().flatMap((d) =>
+    (loadKustomization(d).configMapGenerator ?? [])
+      .filter((g) => g.options?.disableNameSuffixHash !== true)
+      .map((g) => g.name),
+  );
   const unhash = (objs: K8sObject[]): K8sObject[] => {
     let text = JSON.stringify(objs);
     for (const name of hashed) text = text.replace(new RegExp(`"${name}-[a-z0-9]{10}"`, 'g'), `"${name}"`);
     const out = JSON.parse(text) as K8sObject[];
     return out.sort((a, b) => `${a.kind}/${a.metadata.name}`.localeCompare(`${b.kind}/${b.metadata.name}`));
   };
-  for (const dir of overlays) assert.deepEqual(unhash(render(dir)), unhash(kubectlKustomize(dir)), `${rel(dir)}: the test renderer differs from kubectl kustomize`);
+  for (const dir of overlays)
+    assert.deepEqual(
+      unhash(render(dir)),
+      unhash(kubectlKustomize(dir)),
+      `${rel(dir)}: the test renderer differs from kubectl kustomize`,
+    );
 });
 
 void test('workloads: every container has a name and an image, cellquota containers have args (the image has the ENTRYPOINT), selectors match, mounts and probes point at what exists', () => {
@@ -138,33 +179,57 @@ void test('workloads: every container has a name and an image, cellquota contain
     for (const w of workloads) {
       const where = `${rel(dir)} ${w.kind}/${w.metadata.name}`;
       const pod = w.spec.template.spec;
-      assert.ok(selects(w.spec.selector.matchLabels, w.spec.template.metadata.labels), `${where}: the selector must match the template's labels`);
+      assert.ok(
+        selects(w.spec.selector.matchLabels, w.spec.template.metadata.labels),
+        `${where}: the selector must match the template's labels`,
+      );
       assert.ok(pod.containers.length > 0, `${where}: containers`);
-      const volumes = new Set([...(pod.volumes ?? []).map((v) => v.name), ...(w.spec.volumeClaimTemplates ?? []).map((v) => v.metadata.name)]);
+      const volumes = new Set([
+        ...(pod.volumes ?? []).map((v) => v.name),
+        ...(w.spec.volumeClaimTemplates ?? []).map((v) => v.metadata.name),
+      ]);
       for (const c of pod.containers) {
         assert.match(c.name, PORT_NAME, `${where}: container name`);
         assert.ok(typeof c.image === 'string' && c.image.length > 0, `${where}/${c.name}: image`);
-        assert.ok(!c.image.endsWith(':latest') && c.image.includes(':'), `${where}/${c.name}: pin the image tag (${c.image})`);
+        assert.ok(
+          !c.image.endsWith(':latest') && c.image.includes(':'),
+          `${where}/${c.name}: pin the image tag (${c.image})`,
+        );
         for (const p of c.ports ?? []) {
-          assert.ok(Number.isInteger(p.containerPort) && p.containerPort > 0 && p.containerPort < 65536, `${where}/${c.name}: port ${p.containerPort}`);
-          if (p.name !== undefined) assert.ok(p.name.length <= 15 && PORT_NAME.test(p.name), `${where}/${c.name}: port name ${p.name}`);
+          assert.ok(
+            Number.isInteger(p.containerPort) && p.containerPort > 0 && p.containerPort < 65536,
+            `${where}/${c.name}: port ${p.containerPort}`,
+          );
+          if (p.name !== undefined)
+            assert.ok(p.name.length <= 15 && PORT_NAME.test(p.name), `${where}/${c.name}: port name ${p.name}`);
         }
-        for (const m of c.volumeMounts ?? []) assert.ok(volumes.has(m.name), `${where}/${c.name}: mount of unknown volume ${m.name}`);
+        for (const m of c.volumeMounts ?? [])
+          assert.ok(volumes.has(m.name), `${where}/${c.name}: mount of unknown volume ${m.name}`);
         const names = new Set(pod.containers.flatMap((x) => (x.ports ?? []).map((p) => p.name)));
         const numbers = new Set(pod.containers.flatMap((x) => (x.ports ?? []).map((p) => p.containerPort)));
         for (const probe of [c.livenessProbe, c.readinessProbe, c.startupProbe]) {
           const port = probe?.httpGet?.port ?? probe?.tcpSocket?.port;
           if (port === undefined) continue;
-          assert.ok(typeof port === 'string' ? names.has(port) : numbers.has(port), `${where}/${c.name}: probe port ${String(port)} is not a container port`);
+          assert.ok(
+            typeof port === 'string' ? names.has(port) : numbers.has(port),
+            `${where}/${c.name}: probe port ${String(port)} is not a container port`,
+          );
         }
         for (const v of pod.volumes ?? []) {
-          if (v.configMap !== undefined) assert.ok(objs.some((o) => o.kind === 'ConfigMap' && o.metadata.name === v.configMap?.name), `${where}: volume ${v.name} names ConfigMap ${v.configMap.name}, which the overlay does not create`);
+          if (v.configMap !== undefined)
+            assert.ok(
+              objs.some((o) => o.kind === 'ConfigMap' && o.metadata.name === v.configMap?.name),
+              `${where}: volume ${v.name} names ConfigMap ${v.configMap.name}, which the overlay does not create`,
+            );
         }
       }
       for (const c of cellquotaContainers(w)) {
         assert.equal(c.command, undefined, `${where}/${c.name}: keep the image's ENTRYPOINT (node bin/cellquota.mjs)`);
         assert.ok((c.args ?? []).length > 0, `${where}/${c.name}: args`);
-        assert.ok(['coordinator', 'agent'].includes(c.args?.[0] ?? ''), `${where}/${c.name}: the first arg is the subcommand`);
+        assert.ok(
+          ['coordinator', 'agent'].includes(c.args?.[0] ?? ''),
+          `${where}/${c.name}: the first arg is the subcommand`,
+        );
       }
     }
   }
@@ -204,10 +269,23 @@ void test('memory requests and limits are set, sized from the measured peaks, an
         assert.ok(req !== undefined && lim !== undefined, `${where}: memory request and limit`);
         assert.ok(memoryBytes(req) <= memoryBytes(lim), `${where}: request ≤ limit`);
         assert.ok(c.resources?.requests?.['cpu'] !== undefined, `${where}: a CPU request`);
-        const measured = c.name === 'coordinator' ? MEASURED_PEAK_MIB.coordinator : c.name === 'agent' ? MEASURED_PEAK_MIB.agent : null;
-        if (measured !== null) assert.ok(memoryBytes(lim) >= 1.5 * measured * 1024 ** 2, `${where}: limit ${lim} under 1.5 × the measured ${measured} MiB`);
+        const measured =
+          c.name === 'coordinator'
+            ? MEASURED_PEAK_MIB.coordinator
+            : c.name === 'agent'
+              ? MEASURED_PEAK_MIB.agent
+              : null;
+        if (measured !== null)
+          assert.ok(
+            memoryBytes(lim) >= 1.5 * measured * 1024 ** 2,
+            `${where}: limit ${lim} under 1.5 × the measured ${measured} MiB`,
+          );
         const heap = /--max-old-space-size=(\d+)/.exec(c.env?.find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
-        if (heap !== null) assert.ok(Number(heap[1]) * 1024 ** 2 <= 0.75 * memoryBytes(lim), `${where}: the V8 heap limit leaves room for native memory`);
+        if (heap !== null)
+          assert.ok(
+            Number(heap[1]) * 1024 ** 2 <= 0.75 * memoryBytes(lim),
+            `${where}: the V8 heap limit leaves room for native memory`,
+          );
       }
     }
   }
@@ -222,8 +300,16 @@ void test('Services, NetworkPolicies, PodDisruptionBudgets and PodMonitors selec
       const { ['statefulset.kubernetes.io/pod-name']: podName, ...rest } = sel ?? {};
       return workloads.filter((w) => {
         if (podName === undefined) return selects(sel, w.spec.template.metadata.labels);
-        const ordinal = podName.startsWith(`${w.metadata.name}-`) ? Number(podName.slice(w.metadata.name.length + 1)) : NaN;
-        return w.kind === 'StatefulSet' && Number.isInteger(ordinal) && ordinal >= 0 && ordinal < (w.spec.replicas ?? 1) && Object.entries(rest).every(([k, v]) => w.spec.template.metadata.labels[k] === v);
+        const ordinal = podName.startsWith(`${w.metadata.name}-`)
+          ? Number(podName.slice(w.metadata.name.length + 1))
+          : NaN;
+        return (
+          w.kind === 'StatefulSet' &&
+          Number.isInteger(ordinal) &&
+          ordinal >= 0 &&
+          ordinal < (w.spec.replicas ?? 1) &&
+          Object.entries(rest).every(([k, v]) => w.spec.template.metadata.labels[k] === v)
+        );
       });
     };
     for (const o of objs) {
@@ -231,22 +317,39 @@ void test('Services, NetworkPolicies, PodDisruptionBudgets and PodMonitors selec
       if (o.kind === 'Service') {
         const pods = podsOf(at(o, 'spec', 'selector') as Labels | undefined);
         assert.ok(pods.length > 0, `${where}: selects no pod`);
-        for (const p of (at(o, 'spec', 'ports') as { port: number; targetPort?: string | number }[] | undefined) ?? []) {
+        for (const p of (at(o, 'spec', 'ports') as { port: number; targetPort?: string | number }[] | undefined) ??
+          []) {
           const target = p.targetPort ?? p.port;
-          assert.ok(pods.every((w) => containerPorts(w).some((cp) => (typeof target === 'string' ? cp.name === target : cp.port === target))), `${where}: targetPort ${String(target)} missing on the selected pods`);
+          assert.ok(
+            pods.every((w) =>
+              containerPorts(w).some((cp) => (typeof target === 'string' ? cp.name === target : cp.port === target)),
+            ),
+            `${where}: targetPort ${String(target)} missing on the selected pods`,
+          );
         }
       } else if (o.kind === 'NetworkPolicy' || o.kind === 'PodDisruptionBudget' || o.kind === 'PodMonitor') {
-        const sel = (o.kind === 'NetworkPolicy' ? at(o, 'spec', 'podSelector', 'matchLabels') : at(o, 'spec', 'selector', 'matchLabels')) as Labels | undefined;
+        const sel = (
+          o.kind === 'NetworkPolicy'
+            ? at(o, 'spec', 'podSelector', 'matchLabels')
+            : at(o, 'spec', 'selector', 'matchLabels')
+        ) as Labels | undefined;
         const pods = podsOf(sel);
         assert.ok(pods.length > 0, `${where}: selects no pod`);
         if (o.kind === 'NetworkPolicy') {
           for (const rule of (at(o, 'spec', 'ingress') as { ports?: { port: number }[] }[] | undefined) ?? []) {
-            for (const p of rule.ports ?? []) assert.ok(pods.every((w) => containerPorts(w).some((cp) => cp.port === p.port)), `${where}: port ${p.port} is not a container port`);
+            for (const p of rule.ports ?? [])
+              assert.ok(
+                pods.every((w) => containerPorts(w).some((cp) => cp.port === p.port)),
+                `${where}: port ${p.port} is not a container port`,
+              );
           }
         }
         if (o.kind === 'PodMonitor') {
           for (const e of (at(o, 'spec', 'podMetricsEndpoints') as { port: string }[] | undefined) ?? []) {
-            assert.ok(pods.every((w) => containerPorts(w).some((cp) => cp.name === e.port)), `${where}: port ${e.port} missing`);
+            assert.ok(
+              pods.every((w) => containerPorts(w).some((cp) => cp.name === e.port)),
+              `${where}: port ${e.port} missing`,
+            );
           }
         }
       }
@@ -255,7 +358,9 @@ void test('Services, NetworkPolicies, PodDisruptionBudgets and PodMonitors selec
 });
 
 function coordinatorOf(objs: K8sObject[]): Workload {
-  const sts = objs.filter((o): o is Workload => o.kind === 'StatefulSet' && o.metadata.name === 'cellquota-coordinator');
+  const sts = objs.filter(
+    (o): o is Workload => o.kind === 'StatefulSet' && o.metadata.name === 'cellquota-coordinator',
+  );
   assert.equal(sts.length, 1, 'one coordinator StatefulSet');
   return sts[0] as Workload;
 }
@@ -267,7 +372,11 @@ void test('the coordinator: 3 replicas started in parallel, a headless Service p
     const sts = coordinatorOf(objs);
     const where = `${rel(dir)} StatefulSet/cellquota-coordinator`;
     assert.equal(sts.spec.replicas, 3, where);
-    assert.equal(sts.spec.podManagementPolicy, 'Parallel', `${where}: a replica is Ready only once a quorum elected a leader`);
+    assert.equal(
+      sts.spec.podManagementPolicy,
+      'Parallel',
+      `${where}: a replica is Ready only once a quorum elected a leader`,
+    );
     const svc = objs.find((o) => o.kind === 'Service' && o.metadata.name === sts.spec.serviceName);
     assert.ok(svc !== undefined, `${where}: serviceName ${String(sts.spec.serviceName)} must exist`);
     assert.equal(at(svc, 'spec', 'clusterIP'), 'None', 'headless');
@@ -279,17 +388,35 @@ void test('the coordinator: 3 replicas started in parallel, a headless Service p
     const dataMount = c.volumeMounts?.find((m) => m.name === claim.metadata.name);
     assert.ok(dataMount !== undefined, `${where}: the claim is mounted`);
     assert.ok((c.args ?? []).includes(`--data-dir=${dataMount.mountPath}`), `${where}: --data-dir on the claim`);
-    const pdb = objs.find((o) => o.kind === 'PodDisruptionBudget' && selects(at(o, 'spec', 'selector', 'matchLabels') as Labels, sts.spec.template.metadata.labels));
+    const pdb = objs.find(
+      (o) =>
+        o.kind === 'PodDisruptionBudget' &&
+        selects(at(o, 'spec', 'selector', 'matchLabels') as Labels, sts.spec.template.metadata.labels),
+    );
     assert.ok(pdb !== undefined, `${where}: a PodDisruptionBudget`);
     assert.equal(at(pdb, 'spec', 'minAvailable'), 2);
     const anti = sts.spec.template.spec.affinity?.podAntiAffinity?.requiredDuringSchedulingIgnoredDuringExecution ?? [];
-    assert.ok(anti.some((t) => t.topologyKey === 'kubernetes.io/hostname' && selects(t.labelSelector?.matchLabels, sts.spec.template.metadata.labels)), `${where}: required anti-affinity across nodes`);
+    assert.ok(
+      anti.some(
+        (t) =>
+          t.topologyKey === 'kubernetes.io/hostname' &&
+          selects(t.labelSelector?.matchLabels, sts.spec.template.metadata.labels),
+      ),
+      `${where}: required anti-affinity across nodes`,
+    );
     assert.equal(c.readinessProbe?.httpGet?.path, '/readyz');
     assert.equal(c.livenessProbe?.httpGet?.path, '/healthz');
     const adminPort = c.ports?.find((p) => p.name === 'admin')?.containerPort;
     const preStop = (c.lifecycle?.preStop?.exec?.command ?? []).join(' ');
-    assert.ok(preStop.includes(`ctl --admin http://127.0.0.1:${String(adminPort)} transfer-leadership`), `${where}: preStop transfers leadership through the local admin API`);
-    assert.ok(preStop.includes(`127.0.0.1:${String(adminPort)}/v1/cluster?stale=true`) && preStop.includes('c.leader === c.self'), `${where}: preStop acts only on the leader (ctl follows a follower's 307)`);
+    assert.ok(
+      preStop.includes(`ctl --admin http://127.0.0.1:${String(adminPort)} transfer-leadership`),
+      `${where}: preStop transfers leadership through the local admin API`,
+    );
+    assert.ok(
+      preStop.includes(`127.0.0.1:${String(adminPort)}/v1/cluster?stale=true`) &&
+        preStop.includes('c.leader === c.self'),
+      `${where}: preStop acts only on the leader (ctl follows a follower's 307)`,
+    );
   }
 });
 
@@ -303,14 +430,25 @@ void test('the agent: one replica per cell, never two at once (Recreate), its En
     const agent = d.spec.template.spec.containers.find((c) => c.name === 'agent');
     const envoy = d.spec.template.spec.containers.find((c) => c.name === 'envoy');
     assert.ok(agent !== undefined && envoy !== undefined);
-    const sockets = d.spec.template.spec.volumes?.find((v) => v.emptyDir !== undefined && agent.volumeMounts?.some((m) => m.name === v.name && m.mountPath === '/run/cellquota'));
+    const sockets = d.spec.template.spec.volumes?.find(
+      (v) =>
+        v.emptyDir !== undefined &&
+        agent.volumeMounts?.some((m) => m.name === v.name && m.mountPath === '/run/cellquota'),
+    );
     assert.ok(sockets !== undefined, 'the socket directory is an emptyDir');
-    assert.ok(envoy.volumeMounts?.some((m) => m.name === sockets.name && m.mountPath === '/run/cellquota'), 'Envoy mounts the same directory at the same path');
+    assert.ok(
+      envoy.volumeMounts?.some((m) => m.name === sockets.name && m.mountPath === '/run/cellquota'),
+      'Envoy mounts the same directory at the same path',
+    );
   }
 });
 
 interface IngressRule {
-  from?: { podSelector?: { matchLabels?: Labels }; namespaceSelector?: { matchLabels?: Labels }; ipBlock?: { cidr: string } }[];
+  from?: {
+    podSelector?: { matchLabels?: Labels };
+    namespaceSelector?: { matchLabels?: Labels };
+    ipBlock?: { cidr: string };
+  }[];
   ports?: { port: number; protocol?: string }[];
 }
 
@@ -322,10 +460,25 @@ void test('NetworkPolicies: coordinators admit peers on 7001 (Raft), agents on 7
     assert.deepEqual(at(o, 'spec', 'policyTypes'), ['Ingress']);
     return at(o, 'spec', 'ingress') as IngressRule[];
   };
-  const component = (r: IngressRule): string[] => (r.from ?? []).map((f) => f.podSelector?.matchLabels?.['app.kubernetes.io/component'] ?? f.podSelector?.matchLabels?.['cellquota.io/admin-client'] ?? f.podSelector?.matchLabels?.['app.kubernetes.io/name'] ?? f.podSelector?.matchLabels?.['cellquota.io/envoy'] ?? '?');
-  const admitted = (rules: IngressRule[], port: number): string[] => rules.filter((r) => (r.ports ?? []).some((p) => p.port === port)).flatMap(component).sort();
+  const component = (r: IngressRule): string[] =>
+    (r.from ?? []).map(
+      (f) =>
+        f.podSelector?.matchLabels?.['app.kubernetes.io/component'] ??
+        f.podSelector?.matchLabels?.['cellquota.io/admin-client'] ??
+        f.podSelector?.matchLabels?.['app.kubernetes.io/name'] ??
+        f.podSelector?.matchLabels?.['cellquota.io/envoy'] ??
+        '?',
+    );
+  const admitted = (rules: IngressRule[], port: number): string[] =>
+    rules
+      .filter((r) => (r.ports ?? []).some((p) => p.port === port))
+      .flatMap(component)
+      .sort();
   const coord = np('cellquota-coordinator');
-  assert.ok(coord.every((r) => (r.from ?? []).length > 0), 'every coordinator rule names its sources');
+  assert.ok(
+    coord.every((r) => (r.from ?? []).length > 0),
+    'every coordinator rule names its sources',
+  );
   assert.deepEqual([...new Set(coord.flatMap((r) => (r.ports ?? []).map((p) => p.port)))].sort(), [7001, 7002, 8081]);
   assert.deepEqual(admitted(coord, 7001), ['coordinator'], 'the Raft port is closed to the agents');
   assert.deepEqual(admitted(coord, 7002), ['agent'], 'the agents reach the lease port only');
@@ -335,9 +488,19 @@ void test('NetworkPolicies: coordinators admit peers on 7001 (Raft), agents on 7
   assert.deepEqual(admitted(agent, 8090), ['true']);
   assert.deepEqual(admitted(agent, 9091), ['prometheus']);
   const euWest = renderedOverlay(join(deployDir, 'overlays/three-cells/eu-west'));
-  const remote = (at(euWest.find((x) => x.kind === 'NetworkPolicy' && x.metadata.name === 'cellquota-coordinator'), 'spec', 'ingress') as IngressRule[]).filter((r) => (r.from ?? []).some((f) => f.ipBlock !== undefined));
+  const remote = (
+    at(
+      euWest.find((x) => x.kind === 'NetworkPolicy' && x.metadata.name === 'cellquota-coordinator'),
+      'spec',
+      'ingress',
+    ) as IngressRule[]
+  ).filter((r) => (r.from ?? []).some((f) => f.ipBlock !== undefined));
   assert.equal(remote.length, 1, 'eu-west admits the remote cells');
-  assert.deepEqual(remote[0]?.ports?.map((p) => p.port), [7002], 'remote cells reach only the lease port');
+  assert.deepEqual(
+    remote[0]?.ports?.map((p) => p.port),
+    [7002],
+    'remote cells reach only the lease port',
+  );
 });
 
 void test('kustomizations reference only files inside their own tree or other kustomization directories', () => {
@@ -345,9 +508,19 @@ void test('kustomizations reference only files inside their own tree or other ku
     const k = loadKustomization(dir);
     for (const r of k.resources ?? []) {
       const full = resolve(dir, r);
-      if (!basename(full).includes('.')) assert.ok(kustomizationDirs().includes(full), `${rel(dir)}: resource ${r} is not a kustomization directory`);
-      else assert.ok(full.startsWith(`${dir}/`), `${rel(dir)}: resource file ${r} outside the kustomization root (kustomize's load restrictor)`);
+      if (!basename(full).includes('.'))
+        assert.ok(kustomizationDirs().includes(full), `${rel(dir)}: resource ${r} is not a kustomization directory`);
+      else
+        assert.ok(
+          full.startsWith(`${dir}/`),
+          `${rel(dir)}: resource file ${r} outside the kustomization root (kustomize's load restrictor)`,
+        );
     }
-    for (const g of k.configMapGenerator ?? []) for (const f of g.files) assert.ok(resolve(dir, f).startsWith(`${dir}/`), `${rel(dir)}: generator file ${f} outside the kustomization root`);
+    for (const g of k.configMapGenerator ?? [])
+      for (const f of g.files)
+        assert.ok(
+          resolve(dir, f).startsWith(`${dir}/`),
+          `${rel(dir)}: generator file ${f} outside the kustomization root`,
+        );
   }
 });

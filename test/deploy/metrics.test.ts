@@ -42,11 +42,20 @@ async function scanSources(): Promise<Exported> {
     for (const file of listFiles(join(repoRoot, dir), (n) => n.endsWith('.ts'))) {
       const text = readFileSync(file, 'utf8');
       // name: 'cellquota_…' (prom-client constructors), gauge('cellquota_…', …), new ComputedMetric('cellquota_…', …)
-      for (const m of text.matchAll(/(?:name:\s*|gauge\(\s*|ComputedMetric\(\s*)'(cellquota_[a-z0-9_]+)'/g)) if (m[1] !== undefined && !types.has(m[1])) types.set(m[1], 'untyped');
-      for (const m of text.matchAll(/new\s+(Counter|Gauge|Histogram|Summary)\(\s*\{\s*name:\s*'(cellquota_[a-z0-9_]+)'/g)) if (m[1] !== undefined && m[2] !== undefined) types.set(m[2], m[1].toLowerCase());
-      for (const m of text.matchAll(/ComputedMetric\(\s*'(cellquota_[a-z0-9_]+)',[\s\S]*?,\s*'(counter|gauge|histogram)'\s*,/g)) if (m[1] !== undefined && m[2] !== undefined) types.set(m[1], m[2]);
-      for (const m of text.matchAll(/gauge\(\s*'(cellquota_[a-z0-9_]+)'/g)) if (m[1] !== undefined) types.set(m[1], 'gauge');
-      for (const m of text.matchAll(/collectDefaultMetrics\(\s*\{([^}]*)\}\s*\)/g)) defaultPrefixes.push(/prefix:\s*'([^']*)'/.exec(m[1] ?? '')?.[1] ?? '');
+      for (const m of text.matchAll(/(?:name:\s*|gauge\(\s*|ComputedMetric\(\s*)'(cellquota_[a-z0-9_]+)'/g))
+        if (m[1] !== undefined && !types.has(m[1])) types.set(m[1], 'untyped');
+      for (const m of text.matchAll(
+        /new\s+(Counter|Gauge|Histogram|Summary)\(\s*\{\s*name:\s*'(cellquota_[a-z0-9_]+)'/g,
+      ))
+        if (m[1] !== undefined && m[2] !== undefined) types.set(m[2], m[1].toLowerCase());
+      for (const m of text.matchAll(
+        /ComputedMetric\(\s*'(cellquota_[a-z0-9_]+)',[\s\S]*?,\s*'(counter|gauge|histogram)'\s*,/g,
+      ))
+        if (m[1] !== undefined && m[2] !== undefined) types.set(m[1], m[2]);
+      for (const m of text.matchAll(/gauge\(\s*'(cellquota_[a-z0-9_]+)'/g))
+        if (m[1] !== undefined) types.set(m[1], 'gauge');
+      for (const m of text.matchAll(/collectDefaultMetrics\(\s*\{([^}]*)\}\s*\)/g))
+        defaultPrefixes.push(/prefix:\s*'([^']*)'/.exec(m[1] ?? '')?.[1] ?? '');
     }
   }
   for (const prefix of defaultPrefixes) for (const [name, type] of await defaultMetrics(prefix)) types.set(name, type);
@@ -56,8 +65,23 @@ async function scanSources(): Promise<Exported> {
 /** The leader's live-traffic metrics after one report (their label values are written at scrape time). */
 function leaderTrafficRegistry(): Registry {
   const registry = new Registry();
-  const traffic = new LiveTraffic(() => new Ledger(), () => true);
-  traffic.onReport({ cellId: 'c1', incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [{ key: 'tenant/t1', allowedPerS: 1, refusedPerS: 0 }], failOpenTotal: 1, capsVersion: 0, wantFull: false }, Date.now());
+  const traffic = new LiveTraffic(
+    () => new Ledger(),
+    () => true,
+  );
+  traffic.onReport(
+    {
+      cellId: 'c1',
+      incarnation: 'i1',
+      sentAtMs: 0,
+      acks: [],
+      velocity: [{ key: 'tenant/t1', allowedPerS: 1, refusedPerS: 0 }],
+      failOpenTotal: 1,
+      capsVersion: 0,
+      wantFull: false,
+    },
+    Date.now(),
+  );
   traffic.registerMetrics(registry);
   return registry;
 }
@@ -67,11 +91,27 @@ async function liveRegistries(): Promise<Map<string, string>> {
   const out = new Map<string, string>();
   for (const m of await leaderTrafficRegistry().getMetricsAsJSON()) out.set(m.name, String(m.type));
   const coordinator = new Registry();
-  new CoordinatorMetrics(coordinator).sample(coordinator, { term: () => 1, isLeader: () => true, commitIndex: () => 1, appliedIndex: () => 1, reachablePeers: () => 2, votingRefused: () => false, tenants: () => 0 });
+  new CoordinatorMetrics(coordinator).sample(coordinator, {
+    term: () => 1,
+    isLeader: () => true,
+    commitIndex: () => 1,
+    appliedIndex: () => 1,
+    reachablePeers: () => 2,
+    votingRefused: () => false,
+    tenants: () => 0,
+  });
   for (const m of await coordinator.getMetricsAsJSON()) out.set(m.name, String(m.type));
   const table = new BucketTable({ capacity: 1024 });
   const velocityTable = VelocityTable.create({ capacity: 64, startNs: 0n });
-  const agent = createAgentMetrics({ stats: createStatsShared(1), table, velocityTable, velocityKeys: new VelocityKeys(velocityTable), clock: () => 0n, workersServing: () => 1, rulesFingerprint: () => null });
+  const agent = createAgentMetrics({
+    stats: createStatsShared(1),
+    table,
+    velocityTable,
+    velocityKeys: new VelocityKeys(velocityTable),
+    clock: () => 0n,
+    workersServing: () => 1,
+    rulesFingerprint: () => null,
+  });
   for (const m of await agent.registry.getMetricsAsJSON()) out.set(m.name, String(m.type));
   agent.registry.clear();
   return out;
@@ -83,7 +123,8 @@ function expressions(): { where: string; expr: string }[] {
   for (const file of listFiles(join(deployDir, 'base/monitoring'), (n) => n === 'prometheusrule.yaml')) {
     for (const doc of loadYamlDocs(file)) {
       for (const g of asArray(at(doc, 'spec', 'groups'))) {
-        for (const r of asArray(at(g, 'rules'))) out.push({ where: `${rel(file)} ${String(at(r, 'alert') ?? at(r, 'record'))}`, expr: String(at(r, 'expr')) });
+        for (const r of asArray(at(g, 'rules')))
+          out.push({ where: `${rel(file)} ${String(at(r, 'alert') ?? at(r, 'record'))}`, expr: String(at(r, 'expr')) });
       }
     }
   }
@@ -108,7 +149,10 @@ void test('the source scan finds every metric the real registries export (so the
     if (name.startsWith('cellquota_')) assert.equal(types.get(name), type, `${name}: type`);
   }
   assert.ok(defaultPrefixes.includes('cellquota_coordinator_process_'), 'the coordinator prefixes its process metrics');
-  assert.ok(types.has('cellquota_coordinator_process_process_resident_memory_bytes'), 'prom-client adds its own process_ to the prefix');
+  assert.ok(
+    types.has('cellquota_coordinator_process_process_resident_memory_bytes'),
+    'prom-client adds its own process_ to the prefix',
+  );
   assert.ok(!types.has('cellquota_coordinator_process_resident_memory_bytes'));
 });
 
@@ -128,10 +172,17 @@ void test('the rules and the dashboard use only cellquota_* metrics the code exp
       if (!known(m[0], types)) unknown.push(`${where}: ${m[0]}`);
     }
     // prom-client's unprefixed defaults (the agent registers them without a prefix)
-    for (const m of bare.matchAll(/(?<![a-z0-9_])(?:process|nodejs)_[a-z0-9_]+/g)) if (!known(m[0], types)) unknown.push(`${where}: ${m[0]}`);
+    for (const m of bare.matchAll(/(?<![a-z0-9_])(?:process|nodejs)_[a-z0-9_]+/g))
+      if (!known(m[0], types)) unknown.push(`${where}: ${m[0]}`);
   }
   assert.deepEqual(unknown, [], 'metric names the code does not export');
-  for (const must of ['cellquota_raft_is_leader', 'cellquota_storage_fsync_duration_seconds_bucket', 'cellquota_agent_static_slice_decisions_total', 'cellquota_agent_global_velocity_tokens_per_second', 'cellquota_agent_fail_open_total']) {
+  for (const must of [
+    'cellquota_raft_is_leader',
+    'cellquota_storage_fsync_duration_seconds_bucket',
+    'cellquota_agent_static_slice_decisions_total',
+    'cellquota_agent_global_velocity_tokens_per_second',
+    'cellquota_agent_fail_open_total',
+  ]) {
     assert.ok(used.has(must), `${must} is used`);
   }
 });
@@ -147,14 +198,28 @@ async function labelValues(): Promise<Set<string>> {
   new CoordinatorMetrics(coordinator);
   const table = new BucketTable({ capacity: 1024 });
   const velocityTable = VelocityTable.create({ capacity: 64, startNs: 0n });
-  const agent = createAgentMetrics({ stats: createStatsShared(1), table, velocityTable, velocityKeys: new VelocityKeys(velocityTable), clock: () => 0n, workersServing: () => 1, rulesFingerprint: () => null });
+  const agent = createAgentMetrics({
+    stats: createStatsShared(1),
+    table,
+    velocityTable,
+    velocityKeys: new VelocityKeys(velocityTable),
+    clock: () => 0n,
+    workersServing: () => 1,
+    rulesFingerprint: () => null,
+  });
   for (const r of [coordinator, leaderTrafficRegistry(), agent.registry]) {
-    for (const m of await r.getMetricsAsJSON()) for (const v of m.values) for (const l of Object.values((v.labels as Record<string, string | number> | undefined) ?? {})) out.add(String(l));
+    for (const m of await r.getMetricsAsJSON())
+      for (const v of m.values)
+        for (const l of Object.values((v.labels as Record<string, string | number> | undefined) ?? {}))
+          out.add(String(l));
     r.clear();
   }
   for (const file of SOURCE_DIRS.flatMap((d) => listFiles(join(repoRoot, d), (n) => n.endsWith('.ts')))) {
     const text = readFileSync(file, 'utf8');
-    const writes = [...text.matchAll(/\.(?:inc|dec|set|observe|labels)\((.*)$/gm), ...text.matchAll(/labels:\s*\{([^}]*)\}/g)].map((m) => m[1] ?? '');
+    const writes = [
+      ...text.matchAll(/\.(?:inc|dec|set|observe|labels)\((.*)$/gm),
+      ...text.matchAll(/labels:\s*\{([^}]*)\}/g),
+    ].map((m) => m[1] ?? '');
     for (const w of writes) for (const m of w.matchAll(/'([^'\\\n]*)'/g)) out.add(m[1] ?? '');
   }
   return out;
@@ -180,10 +245,19 @@ void test('the alerts the deploy issue asks for exist, each with a severity and 
     for (const doc of loadYamlDocs(file)) {
       assert.equal(at(doc, 'apiVersion'), 'monitoring.coreos.com/v1');
       assert.equal(at(doc, 'kind'), 'PrometheusRule');
-      for (const g of asArray(at(doc, 'spec', 'groups'))) for (const r of asArray(at(g, 'rules'))) alerts.set(String(at(r, 'alert')), r);
+      for (const g of asArray(at(doc, 'spec', 'groups')))
+        for (const r of asArray(at(g, 'rules'))) alerts.set(String(at(r, 'alert')), r);
     }
   }
-  for (const name of ['CellquotaTenantThrottleSpike', 'CellquotaAgentDegraded', 'CellquotaAgentOnFloors', 'CellquotaCoordinatorNoLeader', 'CellquotaLeaseFailures', 'CellquotaCoordinatorSlowFsync', 'CellquotaQuotaOverBound']) {
+  for (const name of [
+    'CellquotaTenantThrottleSpike',
+    'CellquotaAgentDegraded',
+    'CellquotaAgentOnFloors',
+    'CellquotaCoordinatorNoLeader',
+    'CellquotaLeaseFailures',
+    'CellquotaCoordinatorSlowFsync',
+    'CellquotaQuotaOverBound',
+  ]) {
     assert.ok(alerts.has(name), `alert ${name}`);
   }
   for (const [name, r] of alerts) {
@@ -195,16 +269,23 @@ void test('the alerts the deploy issue asks for exist, each with a severity and 
 });
 
 void test('the dashboard is a Grafana dashboard: uid, title, a Prometheus datasource variable, panels with unique ids and targets', () => {
-  const dash = JSON.parse(readFileSync(join(deployDir, 'base/monitoring/dashboards/cellquota.json'), 'utf8')) as unknown;
+  const dash = JSON.parse(
+    readFileSync(join(deployDir, 'base/monitoring/dashboards/cellquota.json'), 'utf8'),
+  ) as unknown;
   assert.equal(at(dash, 'uid'), 'cellquota');
   assert.equal(typeof at(dash, 'title'), 'string');
-  assert.ok(asArray(at(dash, 'templating', 'list')).some((v) => at(v, 'type') === 'datasource' && at(v, 'query') === 'prometheus'));
+  assert.ok(
+    asArray(at(dash, 'templating', 'list')).some(
+      (v) => at(v, 'type') === 'datasource' && at(v, 'query') === 'prometheus',
+    ),
+  );
   const panels = asArray(at(dash, 'panels'));
   const ids = panels.map((p) => at(p, 'id'));
   assert.equal(new Set(ids).size, ids.length, 'unique panel ids');
   for (const p of panels.filter((x) => at(x, 'type') !== 'row')) {
     assert.ok(asArray(at(p, 'targets')).length > 0, `panel ${String(at(p, 'title'))}: targets`);
     assert.equal(at(p, 'datasource', 'uid'), '${datasource}');
-    for (const k of ['h', 'w', 'x', 'y']) assert.equal(typeof at(p, 'gridPos', k), 'number', `panel ${String(at(p, 'title'))}: gridPos.${k}`);
+    for (const k of ['h', 'w', 'x', 'y'])
+      assert.equal(typeof at(p, 'gridPos', k), 'number', `panel ${String(at(p, 'title'))}: gridPos.${k}`);
   }
 });

@@ -25,8 +25,27 @@ interface Agent {
 
 async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
   const port = await freePort();
-  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli, '--cell', cell, '--rules', join(root, 'rules.yaml'),
-    '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      agentCli,
+      '--cell',
+      cell,
+      '--rules',
+      join(root, 'rules.yaml'),
+      '--http',
+      `127.0.0.1:${port}`,
+      '--coordinators',
+      coordinators,
+      '--workers',
+      '1',
+      '--lag-threshold-ms',
+      '0',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
   proc.stdout?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
   proc.stderr?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
@@ -62,37 +81,56 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
 
     // Every agent admits acme, decided on a leased grant (not degraded), with no file naming it.
     for (const a of agents) {
-      await waitFor(`${a.cell} admits acme on a lease`, async () => {
-        const r = await check(a, 'acme');
-        return r.status === 200 && !r.degraded;
-      }, { timeoutMs: 60_000, everyMs: 100, context: () => a.output });
+      await waitFor(
+        `${a.cell} admits acme on a lease`,
+        async () => {
+          const r = await check(a, 'acme');
+          return r.status === 200 && !r.degraded;
+        },
+        { timeoutMs: 60_000, everyMs: 100, context: () => a.output },
+      );
     }
     // A tenant the coordinators do not hold is refused (the default unknown-tenant policy, deny).
     for (const a of agents) assert.equal((await check(a, 'nobody')).status, 429);
     const epochs = new Map<string, number>();
     const t = await c.http(leader, 'GET', '/v1/tenants/acme');
     for (const s of (t.body['slices'] ?? []) as { cellId: string; epoch: number }[]) epochs.set(s.cellId, s.epoch);
-    assert.ok(['cell-a', 'cell-b'].every((id) => (epochs.get(id) ?? 0) > 0), `both cells hold slices: ${JSON.stringify(t.body['slices'])}`);
+    assert.ok(
+      ['cell-a', 'cell-b'].every((id) => (epochs.get(id) ?? 0) > 0),
+      `both cells hold slices: ${JSON.stringify(t.body['slices'])}`,
+    );
 
     // Finding 7: deleted, the tenant's grants are wound down on every agent while their leases live.
     assert.equal((await c.write('DELETE', '/v1/tenants/acme')).status, 200);
     for (const a of agents) {
-      await waitFor(`${a.cell} refuses the deleted tenant`, async () => {
-        const r = await check(a, 'acme');
-        return r.status === 429;
-      }, { timeoutMs: 10_000, everyMs: 100, context: () => a.output });
+      await waitFor(
+        `${a.cell} refuses the deleted tenant`,
+        async () => {
+          const r = await check(a, 'acme');
+          return r.status === 429;
+        },
+        { timeoutMs: 10_000, everyMs: 100, context: () => a.output },
+      );
     }
     // Finding 6: re-created, every agent admits it again (its new grants' epochs are above the old).
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     for (const a of agents) {
-      await waitFor(`${a.cell} admits the re-created tenant on a lease`, async () => {
-        const r = await check(a, 'acme');
-        return r.status === 200 && !r.degraded;
-      }, { timeoutMs: 30_000, everyMs: 100, context: () => a.output });
+      await waitFor(
+        `${a.cell} admits the re-created tenant on a lease`,
+        async () => {
+          const r = await check(a, 'acme');
+          return r.status === 200 && !r.degraded;
+        },
+        { timeoutMs: 30_000, everyMs: 100, context: () => a.output },
+      );
     }
     const again = await c.http(leader, 'GET', '/v1/tenants/acme');
     for (const s of (again.body['slices'] ?? []) as { cellId: string; epoch: number }[]) {
-      if (s.epoch > 0) assert.ok(s.epoch > (epochs.get(s.cellId) ?? 0), `cell ${s.cellId}: epoch ${s.epoch} above the old ${epochs.get(s.cellId)}`);
+      if (s.epoch > 0)
+        assert.ok(
+          s.epoch > (epochs.get(s.cellId) ?? 0),
+          `cell ${s.cellId}: epoch ${s.epoch} above the old ${epochs.get(s.cellId)}`,
+        );
     }
 
     // The unknown-tenant policy tier:NAME: the tier must exist; unknown tenants then get its quota on
@@ -104,17 +142,25 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
     assert.equal(set.status, 200, JSON.stringify(set.body));
     assert.equal(set.body['unknownTenant'], 'tier:guest');
     for (const a of agents) {
-      await waitFor(`${a.cell} admits an unknown tenant on tier guest's lease`, async () => {
-        const r = await check(a, 'stranger');
-        return r.status === 200 && !r.degraded;
-      }, { timeoutMs: 30_000, everyMs: 100, context: () => a.output });
+      await waitFor(
+        `${a.cell} admits an unknown tenant on tier guest's lease`,
+        async () => {
+          const r = await check(a, 'stranger');
+          return r.status === 200 && !r.degraded;
+        },
+        { timeoutMs: 30_000, everyMs: 100, context: () => a.output },
+      );
     }
     const del = await c.write('DELETE', '/v1/tiers/guest');
     assert.equal(del.status, 409, JSON.stringify(del.body));
     assert.match(String(del.body['message']), /unknown-tenant policy/);
     assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'deny' })).status, 200);
     for (const a of agents) {
-      await waitFor(`${a.cell} refuses the unknown tenant again under deny`, async () => (await check(a, 'stranger')).status === 429, { timeoutMs: 15_000, everyMs: 100, context: () => a.output });
+      await waitFor(
+        `${a.cell} refuses the unknown tenant again under deny`,
+        async () => (await check(a, 'stranger')).status === 429,
+        { timeoutMs: 15_000, everyMs: 100, context: () => a.output },
+      );
     }
   } finally {
     for (const a of agents) a.proc.kill('SIGKILL');

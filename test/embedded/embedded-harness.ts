@@ -82,7 +82,11 @@ export function parseRateLimitHeaders(h: Headers): { policies: ParsedPolicy[]; s
     assert.ok(Number.isInteger(t) && (t as number) >= 0, `t is an sf-integer: ${String(t)}`);
     return { name: name as string, r: r as number, t: t as number };
   });
-  assert.deepEqual(states.map((s) => s.name), policies.map((p) => p.name), 'RateLimit names the same policies as RateLimit-Policy');
+  assert.deepEqual(
+    states.map((s) => s.name),
+    policies.map((p) => p.name),
+    'RateLimit names the same policies as RateLimit-Policy',
+  );
   return { policies, states };
 }
 
@@ -106,11 +110,26 @@ export function assertRefused(a: Answer, refusedPolicy: string): void {
 export async function seedScenario(base: string): Promise<void> {
   // Per IP, shared by /v2 and /auth: 5 a minute.
   const a = '203.0.113.10';
-  const mixed = [await get(`${base}/v2/a/manifests/1`, a), await get(`${base}/auth/token`, a), await get(`${base}/v2/b/blobs/2`, a), await get(`${base}/auth/token`, a), await get(`${base}/v2/c`, a)];
-  assert.deepEqual(mixed.map((r) => r.status), [200, 200, 200, 200, 200]);
+  const mixed = [
+    await get(`${base}/v2/a/manifests/1`, a),
+    await get(`${base}/auth/token`, a),
+    await get(`${base}/v2/b/blobs/2`, a),
+    await get(`${base}/auth/token`, a),
+    await get(`${base}/v2/c`, a),
+  ];
+  assert.deepEqual(
+    mixed.map((r) => r.status),
+    [200, 200, 200, 200, 200],
+  );
   const { policies, states } = parseRateLimitHeaders(mixed[4]?.headers as Headers);
-  assert.deepEqual(policies, [{ name: 'global', q: 20, w: 60 }, { name: 'per-ip', q: 5, w: 60 }]);
-  assert.deepEqual(states.map((s) => s.r), [15, 0]);
+  assert.deepEqual(policies, [
+    { name: 'global', q: 20, w: 60 },
+    { name: 'per-ip', q: 5, w: 60 },
+  ]);
+  assert.deepEqual(
+    states.map((s) => s.r),
+    [15, 0],
+  );
   assertRefused(await get(`${base}/auth/token`, a), 'per-ip');
   // A client cannot spoof its way out by prepending: the proxy's entry is the rightmost.
   assertRefused(await get(`${base}/v2/x`, `198.51.100.1, ${a}`), 'per-ip');
@@ -134,7 +153,11 @@ export async function seedScenario(base: string): Promise<void> {
   const fresh = await get(`${base}/v2/z`, '192.0.2.77');
   assertRefused(fresh, 'global');
   const after = parseRateLimitHeaders(fresh.headers);
-  assert.equal(after.states.find((s) => s.name === 'per-ip')?.r, 5, 'nothing was taken from the per-IP level of a refused request');
+  assert.equal(
+    after.states.find((s) => s.name === 'per-ip')?.r,
+    5,
+    'nothing was taken from the per-IP level of a refused request',
+  );
   // Admin traffic is not affected by the registry's global limit.
   assert.equal((await get(`${base}/admin/users`, '192.0.2.77')).status, 200);
 }

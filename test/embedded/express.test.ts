@@ -6,9 +6,21 @@ import type { Server } from 'node:http';
 import express from 'express';
 import { rateLimit } from '../../embedded/express.js';
 import { createLimiter } from '../../embedded/limiter.js';
-import { ADMIN_RULES, REGISTRY_RULES, assertRefused, bothLevels, get, parseRateLimitHeaders, seedScenario, statuses } from './embedded-harness.js';
+import {
+  ADMIN_RULES,
+  REGISTRY_RULES,
+  assertRefused,
+  bothLevels,
+  get,
+  parseRateLimitHeaders,
+  seedScenario,
+  statuses,
+} from './embedded-harness.js';
 
-const PER_IP = { domain: 'edge', descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: 3 } }] };
+const PER_IP = {
+  domain: 'edge',
+  descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: 3 } }],
+};
 
 function listen(app: express.Express, host = '127.0.0.1'): Promise<{ server: Server; url: string }> {
   return new Promise((resolve, reject) => {
@@ -20,16 +32,26 @@ function listen(app: express.Express, host = '127.0.0.1'): Promise<{ server: Ser
   });
 }
 
-const close = (s: Server): Promise<void> => new Promise((resolve) => {
-  s.closeAllConnections();
-  s.close(() => resolve());
-});
+const close = (s: Server): Promise<void> =>
+  new Promise((resolve) => {
+    s.closeAllConnections();
+    s.close(() => resolve());
+  });
 
 void test('the seed layout on mounted paths: /v2 and /auth share one middleware, /admin has its own', async () => {
   const app = express();
   const trusted = { trustedProxies: ['127.0.0.1', '::1'] };
-  const registry = rateLimit({ rules: REGISTRY_RULES, name: 'registry', descriptors: bothLevels('registry'), ...trusted });
-  const admin = rateLimit({ limiter: await createLimiter({ rules: ADMIN_RULES, name: 'admin' }), descriptors: bothLevels('admin'), ...trusted });
+  const registry = rateLimit({
+    rules: REGISTRY_RULES,
+    name: 'registry',
+    descriptors: bothLevels('registry'),
+    ...trusted,
+  });
+  const admin = rateLimit({
+    limiter: await createLimiter({ rules: ADMIN_RULES, name: 'admin' }),
+    descriptors: bothLevels('admin'),
+    ...trusted,
+  });
   app.use('/v2', registry);
   app.use('/auth', registry);
   app.use('/admin', admin);
@@ -39,7 +61,11 @@ void test('the seed layout on mounted paths: /v2 and /auth share one middleware,
   const { server, url } = await listen(app);
   try {
     await seedScenario(url);
-    assert.deepEqual(await statuses(25, `${url}/`, '203.0.113.10'), new Array<number>(25).fill(200), 'paths without the middleware are not limited');
+    assert.deepEqual(
+      await statuses(25, `${url}/`, '203.0.113.10'),
+      new Array<number>(25).fill(200),
+      'paths without the middleware are not limited',
+    );
   } finally {
     await close(server);
     await registry.close();
@@ -66,7 +92,10 @@ void test('untrusted peers, trusted chains, IPv6 /64 and mapped IPv4, headers', 
     assert.deepEqual(peer, [200, 200, 200, 429]);
     const h = parseRateLimitHeaders((await get(v4, '192.0.2.200')).headers);
     assert.deepEqual(h.policies, [{ name: 'remote_address', q: 3, w: 60 }]);
-    assert.deepEqual(h.states.map((s) => s.r), [2]);
+    assert.deepEqual(
+      h.states.map((s) => s.r),
+      [2],
+    );
   } finally {
     await close(server);
   }

@@ -9,9 +9,21 @@ import { Registry } from 'prom-client';
 import cellquota from '../../embedded/fastify.js';
 import type { CellquotaFastifyOptions } from '../../embedded/fastify.js';
 import { createLimiter } from '../../embedded/limiter.js';
-import { ADMIN_RULES, REGISTRY_RULES, assertRefused, bothLevels, get, parseRateLimitHeaders, seedScenario, statuses } from './embedded-harness.js';
+import {
+  ADMIN_RULES,
+  REGISTRY_RULES,
+  assertRefused,
+  bothLevels,
+  get,
+  parseRateLimitHeaders,
+  seedScenario,
+  statuses,
+} from './embedded-harness.js';
 
-const PER_IP = { domain: 'edge', descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: 3 } }] };
+const PER_IP = {
+  domain: 'edge',
+  descriptors: [{ key: 'remote_address', rate_limit: { unit: 'minute', requests_per_unit: 3 } }],
+};
 
 async function listen(app: FastifyInstance, host = '127.0.0.1'): Promise<string> {
   await app.listen({ host, port: 0 });
@@ -21,7 +33,10 @@ async function listen(app: FastifyInstance, host = '127.0.0.1'): Promise<string>
 }
 
 /** One app, one limiter on the whole app. */
-async function single(opts: Partial<CellquotaFastifyOptions>, host = '127.0.0.1'): Promise<{ app: FastifyInstance; url: string }> {
+async function single(
+  opts: Partial<CellquotaFastifyOptions>,
+  host = '127.0.0.1',
+): Promise<{ app: FastifyInstance; url: string }> {
   const app = Fastify();
   await app.register(cellquota, { rules: PER_IP, ...opts } as CellquotaFastifyOptions);
   app.get('/', (request, reply) => {
@@ -38,26 +53,41 @@ void test('the seed layout: /v2 and /auth share one limiter, /admin has its own;
   const registry = await createLimiter({ rules: REGISTRY_RULES, name: 'registry' });
   const trusted = { trustedProxies: ['127.0.0.1', '::1'] };
   for (const prefix of ['/v2', '/auth']) {
-    await app.register(async (scope) => {
-      await scope.register(cellquota, { limiter: registry, descriptors: bothLevels('registry'), ...trusted });
+    await app.register(
+      async (scope) => {
+        await scope.register(cellquota, { limiter: registry, descriptors: bothLevels('registry'), ...trusted });
+        scope.get('/*', (_request, reply) => {
+          void reply.send('ok');
+        });
+      },
+      { prefix },
+    );
+  }
+  await app.register(
+    async (scope) => {
+      await scope.register(cellquota, {
+        rules: ADMIN_RULES,
+        name: 'admin',
+        descriptors: bothLevels('admin'),
+        ...trusted,
+      });
       scope.get('/*', (_request, reply) => {
         void reply.send('ok');
       });
-    }, { prefix });
-  }
-  await app.register(async (scope) => {
-    await scope.register(cellquota, { rules: ADMIN_RULES, name: 'admin', descriptors: bothLevels('admin'), ...trusted });
-    scope.get('/*', (_request, reply) => {
-        void reply.send('ok');
-      });
-  }, { prefix: '/admin' });
+    },
+    { prefix: '/admin' },
+  );
   app.get('/', (_request, reply) => {
     void reply.send('not limited');
   });
   const url = await listen(app);
   try {
     await seedScenario(url);
-    assert.deepEqual(await statuses(30, `${url}/`, '203.0.113.10'), new Array<number>(30).fill(200), 'routes outside the contexts are not limited');
+    assert.deepEqual(
+      await statuses(30, `${url}/`, '203.0.113.10'),
+      new Array<number>(30).fill(200),
+      'routes outside the contexts are not limited',
+    );
   } finally {
     await app.close();
     await registry.close();
@@ -94,13 +124,25 @@ void test('IPv6 peers are grouped by /64; IPv4-mapped peers are IPv4 (a trusted 
   const port = new URL(url).port;
   const v4 = `http://127.0.0.1:${port}/`;
   try {
-    assert.deepEqual(await statuses(4, v4, '2001:db8:1:2::1'), [200, 200, 200, 429], 'the mapped peer is the trusted 127.0.0.1, so X-Forwarded-For is read');
+    assert.deepEqual(
+      await statuses(4, v4, '2001:db8:1:2::1'),
+      [200, 200, 200, 429],
+      'the mapped peer is the trusted 127.0.0.1, so X-Forwarded-For is read',
+    );
     assert.equal((await get(v4, '2001:db8:1:2:ffff:ffff:ffff:ffff')).status, 429, 'the same /64');
     assert.equal((await get(v4, '2001:db8:1:3::1')).status, 200, 'another /64');
     assert.equal((await get(v4, '::ffff:192.0.2.9')).status, 200);
     assert.deepEqual(await statuses(3, v4, '192.0.2.9'), [200, 200, 429], 'a mapped client address is the IPv4 one');
     // ::1 is not trusted here: its own /64 is the key, whatever it forwards.
-    assert.deepEqual([(await get(url, '203.0.113.1')).status, (await get(url, '203.0.113.2')).status, (await get(url, '203.0.113.3')).status, (await get(url, '203.0.113.4')).status], [200, 200, 200, 429]);
+    assert.deepEqual(
+      [
+        (await get(url, '203.0.113.1')).status,
+        (await get(url, '203.0.113.2')).status,
+        (await get(url, '203.0.113.3')).status,
+        (await get(url, '203.0.113.4')).status,
+      ],
+      [200, 200, 200, 429],
+    );
   } finally {
     await app.close();
   }
@@ -120,10 +162,17 @@ void test('headers: draft-10 fields on admitted and refused answers, the legacy 
     await get(url);
     await get(url);
     assertRefused(await get(url), 'remote_address');
-    assert.equal((await get(`${url}/health`)).headers.get('ratelimit'), null, 'config: { cellquota: false } skips the route');
+    assert.equal(
+      (await get(`${url}/health`)).headers.get('ratelimit'),
+      null,
+      'config: { cellquota: false } skips the route',
+    );
 
     const l = await get(legacy.url);
-    assert.deepEqual([l.headers.get('ratelimit-limit'), l.headers.get('ratelimit-remaining'), l.headers.get('ratelimit-reset')], ['3', '2', '20']);
+    assert.deepEqual(
+      [l.headers.get('ratelimit-limit'), l.headers.get('ratelimit-remaining'), l.headers.get('ratelimit-reset')],
+      ['3', '2', '20'],
+    );
     assert.equal(l.headers.get('ratelimit-policy'), null);
 
     const b = await get(both.url);
@@ -160,8 +209,16 @@ void test('refusals: custom body and status, the onRefused hook, shadow mode, al
     assert.deepEqual(refusedSeen, [`/ ${r.headers.get('retry-after')}`]);
     const listed = await statuses(10, custom.url, '192.0.2.50');
     assert.deepEqual(listed, new Array<number>(10).fill(200), 'allow-listed IPv4');
-    assert.deepEqual(await statuses(10, custom.url, '2001:db8:ffff:1::5'), new Array<number>(10).fill(200), 'allow-listed IPv6 (checked on the address, not its /64)');
-    assert.equal((JSON.parse((await get(custom.url, '192.0.2.50')).body) as { policies: unknown }).policies, null, 'request.cellquota is null when not checked');
+    assert.deepEqual(
+      await statuses(10, custom.url, '2001:db8:ffff:1::5'),
+      new Array<number>(10).fill(200),
+      'allow-listed IPv6 (checked on the address, not its /64)',
+    );
+    assert.equal(
+      (JSON.parse((await get(custom.url, '192.0.2.50')).body) as { policies: unknown }).policies,
+      null,
+      'request.cellquota is null when not checked',
+    );
 
     assert.deepEqual(await statuses(6, shadow.url), [200, 200, 200, 200, 200, 200], 'shadow mode never refuses');
     const text = await registry.metrics();
@@ -192,7 +249,10 @@ void test('an internal error fails open: marked, counted, logged at most once a 
       assert.equal(r.status, 200);
       assert.equal(r.headers.get('x-ratelimit-fail-open'), 'true');
     }
-    assert.ok(lines.length >= 1 && lines.length <= 1 + Math.floor((Date.now() - started) / 1000), `at most one log line a second: ${lines.length}`);
+    assert.ok(
+      lines.length >= 1 && lines.length <= 1 + Math.floor((Date.now() - started) / 1000),
+      `at most one log line a second: ${lines.length}`,
+    );
     assert.match(await registry.metrics(), /cellquota_embedded_fail_open_total\{limiter="edge",reason="error"\} 5/);
     assert.equal((await get(url)).headers.get('x-ratelimit-fail-open'), null);
   } finally {
@@ -207,10 +267,13 @@ void test('bad options are refused at registration with every bad option named',
     await app.ready();
   }, /prefix length must be 0\.\.32/);
   const app2 = Fastify();
-  await assert.rejects(async () => {
-    await app2.register(cellquota, { rules: PER_IP, headers: 'draft-99' as 'none', ipv6Prefix: 200 });
-    await app2.ready();
-  }, (e: Error) => /headers/.test(e.message) && /ipv6Prefix/.test(e.message));
+  await assert.rejects(
+    async () => {
+      await app2.register(cellquota, { rules: PER_IP, headers: 'draft-99' as 'none', ipv6Prefix: 200 });
+      await app2.ready();
+    },
+    (e: Error) => /headers/.test(e.message) && /ipv6Prefix/.test(e.message),
+  );
   await app.close().catch(() => undefined);
   await app2.close().catch(() => undefined);
 });

@@ -9,7 +9,10 @@ import { Registry } from 'prom-client';
 import { LimiterInputError, createLimiter } from '../../embedded/limiter.js';
 import { LimiterOptionsError } from '../../embedded/options.js';
 
-const RULES = { domain: 'api', descriptors: [{ key: 'user', rate_limit: { unit: 'minute', requests_per_unit: 10, burst: 4 } }] };
+const RULES = {
+  domain: 'api',
+  descriptors: [{ key: 'user', rate_limit: { unit: 'minute', requests_per_unit: 10, burst: 4 } }],
+};
 const user = (v: string) => [[{ key: 'user', value: v }]];
 
 void test('check: burst and hits, hits 0 asks without taking, the policy reported, retry-after in whole seconds', async () => {
@@ -23,11 +26,30 @@ void test('check: burst and hits, hits 0 asks without taking, the policy reporte
     assert.equal(d.allowed, false);
     assert.equal(d.overLimit, true);
     assert.equal(d.retryAfterSeconds, 6, 'one more token in 6 s at 10 a minute');
-    assert.deepEqual(d.policies[0] && { ...d.policies[0], ratePerSecond: Math.round(d.policies[0].ratePerSecond * 600) / 600 },
-      { descriptor: 0, name: 'user', limit: 10, windowSeconds: 60, ratePerSecond: 1 / 6, burst: 4, remaining: 0, resetSeconds: 6, overLimit: true });
+    assert.deepEqual(
+      d.policies[0] && { ...d.policies[0], ratePerSecond: Math.round(d.policies[0].ratePerSecond * 600) / 600 },
+      {
+        descriptor: 0,
+        name: 'user',
+        limit: 10,
+        windowSeconds: 60,
+        ratePerSecond: 1 / 6,
+        burst: 4,
+        remaining: 0,
+        resetSeconds: 6,
+        overLimit: true,
+      },
+    );
     assert.equal(l.check({ descriptors: user('a') }).allowed, true, 'the refused 2 took nothing: 1 left');
     assert.equal(l.check({ descriptors: user('b'), hits: 4 }).allowed, true);
-    assert.deepEqual(l.check({ descriptors: [] }), { allowed: true, overLimit: false, retryAfterSeconds: 0, degraded: false, failOpen: false, policies: [] });
+    assert.deepEqual(l.check({ descriptors: [] }), {
+      allowed: true,
+      overLimit: false,
+      retryAfterSeconds: 0,
+      degraded: false,
+      failOpen: false,
+      policies: [],
+    });
     assert.throws(() => l.check({ descriptors: user('x'.repeat(5000)) }), LimiterInputError);
     assert.throws(() => l.check({ descriptors: user('a'), hits: -1 }), LimiterInputError);
     assert.throws(() => l.check({ descriptors: user('a'), hits: 1.5 }), LimiterInputError);
@@ -39,10 +61,23 @@ void test('check: burst and hits, hits 0 asks without taking, the policy reporte
 void test('an exception inside the decision fails open: marked, counted, logged at most once a second', async () => {
   const lines: string[] = [];
   const registry = new Registry();
-  const l = await createLimiter({ rules: RULES, registry, logger: { warn: () => undefined, info: () => undefined, error: (_o, m) => lines.push(m) } });
+  const l = await createLimiter({
+    rules: RULES,
+    registry,
+    logger: { warn: () => undefined, info: () => undefined, error: (_o, m) => lines.push(m) },
+  });
   const started = Date.now();
   try {
-    const poisoned = [[{ key: 'user', get value(): string { throw new Error('boom'); } }]];
+    const poisoned = [
+      [
+        {
+          key: 'user',
+          get value(): string {
+            throw new Error('boom');
+          },
+        },
+      ],
+    ];
     for (let i = 0; i < 4; i++) {
       const d = l.check({ descriptors: poisoned });
       assert.deepEqual([d.allowed, d.failOpen, d.degraded], [true, true, true]);
@@ -54,7 +89,7 @@ void test('an exception inside the decision fails open: marked, counted, logged 
   }
 });
 
-void test('several limiters in the app\'s registry, told apart by name; a name twice is refused; close unregisters', async () => {
+void test("several limiters in the app's registry, told apart by name; a name twice is refused; close unregisters", async () => {
   const registry = new Registry();
   const a = await createLimiter({ rules: RULES, name: 'a', registry });
   const b = await createLimiter({ rules: RULES, name: 'b', registry });
@@ -74,11 +109,20 @@ void test('several limiters in the app\'s registry, told apart by name; a name t
 void test('rules from a file, watched: a changed limit applies without a restart', async () => {
   const dir = await mkdtemp(join(tmpdir(), 'cq-embedded-'));
   const file = join(dir, 'rules.yaml');
-  await writeFile(file, 'domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n');
+  await writeFile(
+    file,
+    'domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n',
+  );
   const l = await createLimiter({ rules: file, watchRules: true });
   try {
-    assert.deepEqual([l.check({ descriptors: user('a') }).allowed, l.check({ descriptors: user('a') }).allowed], [true, false]);
-    await writeFile(file, 'domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n');
+    assert.deepEqual(
+      [l.check({ descriptors: user('a') }).allowed, l.check({ descriptors: user('a') }).allowed],
+      [true, false],
+    );
+    await writeFile(
+      file,
+      'domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n',
+    );
     const deadline = Date.now() + 20_000;
     while (l.check({ descriptors: user('b'), hits: 0 }).policies[0]?.limit !== 100) {
       assert.ok(Date.now() < deadline, 'the new rules applied within 20 s');
@@ -91,14 +135,44 @@ void test('rules from a file, watched: a changed limit applies without a restart
 });
 
 void test('bad options: each one named, nothing started', async () => {
-  await assert.rejects(createLimiter({ rules: RULES, coordinators: '127.0.0.1:1' }), (e: Error) => e instanceof LimiterOptionsError && /cell: required with coordinators/.test(e.message));
+  await assert.rejects(
+    createLimiter({ rules: RULES, coordinators: '127.0.0.1:1' }),
+    (e: Error) => e instanceof LimiterOptionsError && /cell: required with coordinators/.test(e.message),
+  );
   // One source of truth: with coordinators the tiers, tenants, floors and unknown-tenant policy are theirs.
-  await assert.rejects(createLimiter({ rules: RULES, cell: 'c1', coordinators: '127.0.0.1:1', tenants: { tiers: {}, tenants: {} }, staticShare: 0.5, unknownTenant: 'allow' }),
-    (e: Error) => e instanceof LimiterOptionsError && ['tenants', 'staticShare', 'unknownTenant'].every((k) => new RegExp(`${k}: not with coordinators: the coordinators hold every tier`).test(e.message)));
-  await assert.rejects(createLimiter({ rules: RULES, tlsCa: '/nonexistent/ca.pem' }), (e: Error) => e instanceof LimiterOptionsError && /are for the coordinators/.test(e.message));
-  await assert.rejects(createLimiter({ rules: RULES, staticShare: 2, tableCapacity: 0 }), (e: Error) => /staticShare/.test(e.message) && /tableCapacity/.test(e.message));
-  await assert.rejects(createLimiter({ rules: { domain: 'a', descriptors: [{ key: 'k', rate_limit: { unit: 'fortnight', requests_per_unit: 1 } }] } }), /invalid rate limit unit 'fortnight'/);
-  await assert.rejects(createLimiter({ rules: [RULES, { ...RULES, domain: 'other' }] }), /2 domains .* say which with the domain option/);
+  await assert.rejects(
+    createLimiter({
+      rules: RULES,
+      cell: 'c1',
+      coordinators: '127.0.0.1:1',
+      tenants: { tiers: {}, tenants: {} },
+      staticShare: 0.5,
+      unknownTenant: 'allow',
+    }),
+    (e: Error) =>
+      e instanceof LimiterOptionsError &&
+      ['tenants', 'staticShare', 'unknownTenant'].every((k) =>
+        new RegExp(`${k}: not with coordinators: the coordinators hold every tier`).test(e.message),
+      ),
+  );
+  await assert.rejects(
+    createLimiter({ rules: RULES, tlsCa: '/nonexistent/ca.pem' }),
+    (e: Error) => e instanceof LimiterOptionsError && /are for the coordinators/.test(e.message),
+  );
+  await assert.rejects(
+    createLimiter({ rules: RULES, staticShare: 2, tableCapacity: 0 }),
+    (e: Error) => /staticShare/.test(e.message) && /tableCapacity/.test(e.message),
+  );
+  await assert.rejects(
+    createLimiter({
+      rules: { domain: 'a', descriptors: [{ key: 'k', rate_limit: { unit: 'fortnight', requests_per_unit: 1 } }] },
+    }),
+    /invalid rate limit unit 'fortnight'/,
+  );
+  await assert.rejects(
+    createLimiter({ rules: [RULES, { ...RULES, domain: 'other' }] }),
+    /2 domains .* say which with the domain option/,
+  );
   await assert.rejects(createLimiter({ rules: RULES, domain: 'nope' }), /no domain 'nope'/);
   await assert.rejects(createLimiter({ rules: RULES, bogus: 1 } as never), /bogus/);
 });

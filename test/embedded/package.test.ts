@@ -15,7 +15,19 @@ import { promisify } from 'node:util';
 
 const run = promisify(execFile);
 const ROOT = resolve(import.meta.dirname, '../..');
-const SOURCES = ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'bin', 'proto', 'coordinator', 'cell-agent', 'shared', 'embedded', 'cli'];
+const SOURCES = [
+  'package.json',
+  'package-lock.json',
+  'tsconfig.json',
+  'tsconfig.build.json',
+  'bin',
+  'proto',
+  'coordinator',
+  'cell-agent',
+  'shared',
+  'embedded',
+  'cli',
+];
 
 const CONSUMER_JS = `
 import { createLimiter } from 'cellquota';
@@ -59,25 +71,58 @@ void test('npm pack → npm install ./cellquota-*.tgz in a fresh app: the three 
     await mkdir(src);
     for (const name of SOURCES) await cp(join(ROOT, name), join(src, name), { recursive: true });
     await symlink(join(ROOT, 'node_modules'), join(src, 'node_modules'), 'dir');
-    await writeFile(join(src, 'tsconfig.entry.json'), JSON.stringify({ extends: './tsconfig.build.json', include: [], files: ['embedded/index.ts', 'embedded/fastify.ts', 'embedded/express.ts'] }));
-    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.entry.json'], { cwd: src });
-    await run('npm', ['pack', '--ignore-scripts', '--pack-destination', work, '--loglevel', 'error'], { cwd: src, maxBuffer: 16 << 20 });
+    await writeFile(
+      join(src, 'tsconfig.entry.json'),
+      JSON.stringify({
+        extends: './tsconfig.build.json',
+        include: [],
+        files: ['embedded/index.ts', 'embedded/fastify.ts', 'embedded/express.ts'],
+      }),
+    );
+    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.entry.json'], {
+      cwd: src,
+    });
+    await run('npm', ['pack', '--ignore-scripts', '--pack-destination', work, '--loglevel', 'error'], {
+      cwd: src,
+      maxBuffer: 16 << 20,
+    });
     const tarball = (await readdir(work)).find((f) => /^cellquota-.*\.tgz$/.test(f));
     assert.ok(tarball !== undefined, 'npm pack wrote a tarball');
 
     const app = join(work, 'app');
     await mkdir(app);
     await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'fresh-app', private: true, type: 'module' }));
-    await run('npm', ['install', `../${tarball}`, '--prefer-offline', '--no-audit', '--no-fund', '--loglevel', 'error'], { cwd: app, maxBuffer: 16 << 20 });
+    await run(
+      'npm',
+      ['install', `../${tarball}`, '--prefer-offline', '--no-audit', '--no-fund', '--loglevel', 'error'],
+      { cwd: app, maxBuffer: 16 << 20 },
+    );
     await writeFile(join(app, 'main.mjs'), CONSUMER_JS);
     const { stdout } = await run(process.execPath, ['main.mjs'], { cwd: app });
-    assert.deepEqual(JSON.parse(stdout.trim().split('\n').pop() ?? ''), { direct: [true, true, false], codes: [200, 200, 429], express: 'function' });
+    assert.deepEqual(JSON.parse(stdout.trim().split('\n').pop() ?? ''), {
+      direct: [true, true, false],
+      codes: [200, 200, 429],
+      express: 'function',
+    });
 
     await writeFile(join(app, 'consumer.ts'), CONSUMER_TS);
-    await writeFile(join(app, 'tsconfig.json'), JSON.stringify({ compilerOptions: { module: 'NodeNext', moduleResolution: 'NodeNext', target: 'ES2022', strict: true, noEmit: true } }));
-    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', '.'], { cwd: app }).catch((e: { stdout?: string }) => {
-      assert.fail(`the consumer does not type-check against the shipped .d.ts:\n${e.stdout ?? 'no output'}`);
-    });
+    await writeFile(
+      join(app, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: {
+          module: 'NodeNext',
+          moduleResolution: 'NodeNext',
+          target: 'ES2022',
+          strict: true,
+          noEmit: true,
+        },
+      }),
+    );
+    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', '.'], { cwd: app }).catch(
+      (e: { stdout?: string }) => {
+        assert.fail(`the consumer does not type-check against the shipped .d.ts:\n${e.stdout ?? 'no output'}`);
+      },
+    );
   } finally {
     await rm(work, { recursive: true, force: true });
   }

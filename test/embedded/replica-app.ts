@@ -35,5 +35,8 @@ app.get('/lease', (_request, reply) => {
 const url = await app.listen({ host: '127.0.0.1', port: 0 });
 console.log(`listening ${url}`);
 process.on('SIGTERM', () => {
-  void app.close().then(() => limiter.close()).then(() => process.exit(0));
+  void app
+    .close()
+    .then(() => limiter.close())
+    .then(() => process.exit(0));
 });

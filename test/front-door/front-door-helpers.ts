@@ -24,7 +24,9 @@ export function have(command: string): boolean {
 /** Why a test of a real proxy is skipped (the package is missing), or false. */
 export function missing(...commands: string[]): string | false {
   const absent = commands.filter((c) => !have(c));
-  return absent.length === 0 ? false : `${absent.join(', ')} not installed (apt-get install ${absent.join(' ')}; .ci/run installs them)`;
+  return absent.length === 0
+    ? false
+    : `${absent.join(', ')} not installed (apt-get install ${absent.join(' ')}; .ci/run installs them)`;
 }
 
 export interface Upstream {
@@ -80,12 +82,13 @@ export async function startUpstream(): Promise<Upstream> {
     port,
     url: `http://127.0.0.1:${port}`,
     hits,
-    close: () => new Promise<void>((r) => {
-      for (const c of wss.clients) c.terminate();
-      wss.close();
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        for (const c of wss.clients) c.terminate();
+        wss.close();
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }
 
@@ -108,12 +111,24 @@ export interface SendOptions {
 /** One HTTP/1.1 request on a fresh connection. */
 export function send(url: string, opts: SendOptions = {}): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers, localAddress: opts.from, agent: false, timeout: opts.timeoutMs ?? 10_000 }, (res) => {
-      const parts: Buffer[] = [];
-      res.on('data', (c: Buffer) => parts.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(parts).toString('utf8') }));
-      res.on('error', reject);
-    });
+    const req = request(
+      url,
+      {
+        method: opts.method ?? 'GET',
+        headers: opts.headers,
+        localAddress: opts.from,
+        agent: false,
+        timeout: opts.timeoutMs ?? 10_000,
+      },
+      (res) => {
+        const parts: Buffer[] = [];
+        res.on('data', (c: Buffer) => parts.push(c));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(parts).toString('utf8') }),
+        );
+        res.on('error', reject);
+      },
+    );
     req.on('timeout', () => req.destroy(new Error(`timeout: ${url}`)));
     req.on('error', reject);
     if (opts.chunks === undefined) {
@@ -172,7 +187,9 @@ ${http}
 `;
   writeFileSync(join(dir, 'nginx.conf'), conf);
   let out = '';
-  const proc = spawn('nginx', ['-p', dir, '-c', join(dir, 'nginx.conf'), '-g', 'daemon off;'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn('nginx', ['-p', dir, '-c', join(dir, 'nginx.conf'), '-g', 'daemon off;'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   proc.stdout.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr.on('data', (c: Buffer) => (out += c.toString()));
   const output = (): string => {
@@ -195,7 +212,10 @@ export async function startCaddy(dir: string, port: number, caddyfile: string): 
   writeFileSync(file, caddyfile);
   let out = '';
   const env = { ...process.env, HOME: dir, XDG_DATA_HOME: join(dir, 'data'), XDG_CONFIG_HOME: join(dir, 'config') };
-  const proc = spawn('caddy', ['run', '--config', file, '--adapter', 'caddyfile'], { stdio: ['ignore', 'pipe', 'pipe'], env });
+  const proc = spawn('caddy', ['run', '--config', file, '--adapter', 'caddyfile'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env,
+  });
   proc.stdout.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr.on('data', (c: Buffer) => (out += c.toString()));
   await waitListening(port, 'caddy', { proc, context: () => out });
@@ -252,11 +272,17 @@ export async function perVisitorLimits(url: string, visitor: () => string): Prom
   const refused = await send(`${url}/items/x`, { from: a });
   assert.equal(refused.status, 429, refused.body);
   const retry = Number(refused.headers['retry-after']);
-  assert.ok(Number.isInteger(retry) && retry >= 1 && retry <= 60 / PER_MINUTE, `Retry-After ${refused.headers['retry-after']}`);
+  assert.ok(
+    Number.isInteger(retry) && retry >= 1 && retry <= 60 / PER_MINUTE,
+    `Retry-After ${refused.headers['retry-after']}`,
+  );
   assert.equal(refused.headers['ratelimit-remaining'], '0');
   // A forged X-Forwarded-For chain does not make A someone else: the proxy appends A's address.
   for (const forged of ['203.0.113.9', '198.51.100.1, 10.0.0.1', '127.0.0.1', 'garbage, 127.0.0.1']) {
-    const r = await send(`${url}/items/forged`, { from: a, headers: { 'x-forwarded-for': forged, 'x-real-ip': '203.0.113.10' } });
+    const r = await send(`${url}/items/forged`, {
+      from: a,
+      headers: { 'x-forwarded-for': forged, 'x-real-ip': '203.0.113.10' },
+    });
     assert.equal(r.status, 429, `forged X-Forwarded-For ${forged}: ${r.status}`);
   }
   // B is another visitor with its own allowance.
@@ -264,4 +290,3 @@ export async function perVisitorLimits(url: string, visitor: () => string): Prom
   assert.equal(rb.status, 200, rb.body);
   assert.equal(rb.headers['ratelimit-remaining'], String(PER_MINUTE - 1));
 }
-

@@ -7,7 +7,17 @@ import { join } from 'node:path';
 import { parseAgentConfig } from '../../cell-agent/agent-config.js';
 import { startAgent } from '../../cell-agent/agent-main.js';
 import type { AgentHandle } from '../../cell-agent/agent-main.js';
-import { PER_MINUTE, caddyExample, missing, nginxExample, perVisitorLimits, startCaddy, startNginx, startUpstream, visitors } from './front-door-helpers.js';
+import {
+  PER_MINUTE,
+  caddyExample,
+  missing,
+  nginxExample,
+  perVisitorLimits,
+  startCaddy,
+  startNginx,
+  startUpstream,
+  visitors,
+} from './front-door-helpers.js';
 import type { ProxyProcess, Upstream } from './front-door-helpers.js';
 import { captureLogger } from '../../testkit/logs.js';
 import { type TempDir, tempDir } from '../../testkit/temp-dir.js';
@@ -37,10 +47,19 @@ after(async () => {
 
 /** An agent beside the proxy (HTTP only), trusting 127.0.0.1; returns its HTTP port. */
 async function startEdgeAgent(denyStatus: 403 | 429): Promise<number> {
-  const agent = await startAgent(parseAgentConfig({
-    cell: `edge-${agents.length}`, rules: dir.file('rules.yaml', RULES), workers: 0, http: '127.0.0.1:0',
-    trustedProxies: '127.0.0.1', forwardAuthDenyStatus: denyStatus, lagThresholdMs: 0, tableCapacity: 10_000,
-  }), captureLogger().logger);
+  const agent = await startAgent(
+    parseAgentConfig({
+      cell: `edge-${agents.length}`,
+      rules: dir.file('rules.yaml', RULES),
+      workers: 0,
+      http: '127.0.0.1:0',
+      trustedProxies: '127.0.0.1',
+      forwardAuthDenyStatus: denyStatus,
+      lagThresholdMs: 0,
+      tableCapacity: 10_000,
+    }),
+    captureLogger().logger,
+  );
   agents.push(agent);
   return Number(new URL(agent.endpoints.http ?? '').port);
 }

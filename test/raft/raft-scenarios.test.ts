@@ -85,7 +85,10 @@ function deliverOnly(h: Harness, keep: (m: Message) => boolean): void {
   }
 }
 
-function runFigure8(plantedBugs: { commitPriorTermByCount?: boolean }): { n1CommittedA: boolean; conflict: string | null } {
+function runFigure8(plantedBugs: { commitPriorTermByCount?: boolean }): {
+  n1CommittedA: boolean;
+  conflict: string | null;
+} {
   // One entry per append message, so the leader's old entry can reach a majority before its own.
   const h = new Harness(five, { preVote: false, checkQuorum: false, maxAppendBytes: 1, plantedBugs });
   h.elect('n1'); // term 1; index 1 (no-op) everywhere
@@ -140,7 +143,8 @@ function runFigure8(plantedBugs: { commitPriorTermByCount?: boolean }): { n1Comm
     for (const b of all) {
       for (const [idx, term] of a.appliedTerms) {
         const other = b.appliedTerms.get(idx);
-        if (other !== undefined && other !== term) conflict = `${a.id} applied ${idx}/${term}, ${b.id} applied ${idx}/${other}`;
+        if (other !== undefined && other !== term)
+          conflict = `${a.id} applied ${idx}/${term}, ${b.id} applied ${idx}/${other}`;
       }
     }
   }
@@ -247,7 +251,17 @@ void test('a stale snapshot racing with appends is ignored by a follower already
   h.stabilize();
   const snap = h.compact('n1');
   const before = h.node('n2').applied.slice();
-  h.raft('n2').step({ type: 'snapshot', from: 'n1', to: 'n2', term: h.raft('n1').softState().term, meta: snap.meta, offset: 0, totalBytes: snap.data.byteLength, chunk: snap.data, done: true });
+  h.raft('n2').step({
+    type: 'snapshot',
+    from: 'n1',
+    to: 'n2',
+    term: h.raft('n1').softState().term,
+    meta: snap.meta,
+    offset: 0,
+    totalBytes: snap.data.byteLength,
+    chunk: snap.data,
+    done: true,
+  });
   h.process('n2');
   assert.deepEqual(h.node('n2').applied, before, 'nothing re-applied or lost');
   h.stabilize();
@@ -401,7 +415,10 @@ void test('persistence contract: a granted vote is in the Ready hard state, mark
   const rd = n2.ready();
   assert.deepEqual(rd.hardState, { term: 1, vote: 'n1', commit: 0 });
   assert.equal(rd.mustSync, true);
-  assert.deepEqual(rd.messages.map((m) => m.type), ['vote-resp']);
+  assert.deepEqual(
+    rd.messages.map((m) => m.type),
+    ['vote-resp'],
+  );
   n2.advance(rd);
   assert.throws(() => {
     n2.ready();
@@ -421,12 +438,16 @@ void test('a node that must not vote (wiped data directory) neither votes nor ca
   assert.equal(n3.softState().role, Role.Follower);
   n3.step({ type: 'vote', from: 'n1', to: 'n3', term: 5, lastIndex: 0, lastTerm: 0, transfer: false });
   const rd = n3.ready();
-  assert.deepEqual(rd.messages.map((m) => m.type === 'vote-resp' && m.reject), [true]);
+  assert.deepEqual(
+    rd.messages.map((m) => m.type === 'vote-resp' && m.reject),
+    [true],
+  );
 });
 
 void test('bootstrap entry: founders start from an identical committed entry 1; a node joining later learns the whole configuration from the log', () => {
   const h = new Harness(three, { bootstrap: 'entry' });
-  for (const id of three) assert.deepEqual(h.raft(id).confState(), { voters: three, learners: [] }, `${id} applied the bootstrap entry`);
+  for (const id of three)
+    assert.deepEqual(h.raft(id).confState(), { voters: three, learners: [] }, `${id} applied the bootstrap entry`);
   h.elect('n1');
   h.propose('n1', 'a');
   h.stabilize();
@@ -440,6 +461,10 @@ void test('bootstrap entry: founders start from an identical committed entry 1; 
   h.stabilize();
   h.tick('n1');
   h.stabilize();
-  assert.deepEqual(h.raft('n4').confState(), { voters: three, learners: ['n4'] }, 'replaying from index 1 gives the real configuration');
+  assert.deepEqual(
+    h.raft('n4').confState(),
+    { voters: three, learners: ['n4'] },
+    'replaying from index 1 gives the real configuration',
+  );
   assert.deepEqual(h.node('n4').applied, ['a']);
 });

@@ -25,27 +25,31 @@ void test('the table is bounded and evicts the least recently applied client', (
 
 void test('property: applying any sequence of requests with retries applies each (client, seq) exactly once, and snapshots preserve it', () => {
   fc.assert(
-    fc.property(fc.array(fc.tuple(fc.integer({ min: 0, max: 4 }), fc.boolean()), { maxLength: 200 }), fc.integer({ min: 0, max: 200 }), (reqs, snapAt) => {
-      let table = new ClientSessions<number>(100);
-      const nextSeq = new Map<number, number>();
-      let applied = 0;
-      const seen = new Set<string>();
-      for (const [i, [client, retry]] of reqs.entries()) {
-        if (i === snapAt) table = ClientSessions.fromEntries(100, table.entries());
-        const last = nextSeq.get(client) ?? 0;
-        const seq = retry && last > 0 ? last : last + 1;
-        nextSeq.set(client, seq);
-        const c = table.check(`c${client}`, seq);
-        if (c.kind === 'new') {
-          applied++;
-          table.record(`c${client}`, seq, applied);
-          assert.ok(!seen.has(`${client}:${seq}`));
-          seen.add(`${client}:${seq}`);
-        } else {
-          assert.equal(c.kind, 'duplicate');
+    fc.property(
+      fc.array(fc.tuple(fc.integer({ min: 0, max: 4 }), fc.boolean()), { maxLength: 200 }),
+      fc.integer({ min: 0, max: 200 }),
+      (reqs, snapAt) => {
+        let table = new ClientSessions<number>(100);
+        const nextSeq = new Map<number, number>();
+        let applied = 0;
+        const seen = new Set<string>();
+        for (const [i, [client, retry]] of reqs.entries()) {
+          if (i === snapAt) table = ClientSessions.fromEntries(100, table.entries());
+          const last = nextSeq.get(client) ?? 0;
+          const seq = retry && last > 0 ? last : last + 1;
+          nextSeq.set(client, seq);
+          const c = table.check(`c${client}`, seq);
+          if (c.kind === 'new') {
+            applied++;
+            table.record(`c${client}`, seq, applied);
+            assert.ok(!seen.has(`${client}:${seq}`));
+            seen.add(`${client}:${seq}`);
+          } else {
+            assert.equal(c.kind, 'duplicate');
+          }
         }
-      }
-      assert.equal(applied, seen.size);
-    }),
+        assert.equal(applied, seen.size);
+      },
+    ),
   );
 });

@@ -24,7 +24,13 @@ void test('flags beat environment variables, which beat the config file; default
   try {
     const file = join(dir, 'c.yaml');
     writeFileSync(file, 'id: from-file\ndata-dir: /file\ntick-ms: 20\n');
-    const s = loadSettings('cellquota coordinator', specs, schema, ['--config', file, '--id', 'from-flag', '--verbose'], { CELLQUOTA_DATA_DIR: '/env' });
+    const s = loadSettings(
+      'cellquota coordinator',
+      specs,
+      schema,
+      ['--config', file, '--id', 'from-flag', '--verbose'],
+      { CELLQUOTA_DATA_DIR: '/env' },
+    );
     assert.deepEqual(s, { id: 'from-flag', dataDir: '/env', tickMs: 20, verbose: true });
     const d = loadSettings('x', specs, schema, ['--id=n1'], {});
     assert.deepEqual(d, { id: 'n1', dataDir: './data', tickMs: 50, verbose: false });
@@ -34,8 +40,14 @@ void test('flags beat environment variables, which beat the config file; default
 });
 
 void test('a bad value names the setting and where it came from', () => {
-  assert.throws(() => loadSettings('cellquota coordinator', specs, schema, ['--id', 'N1!'], {}), (e: unknown) => e instanceof ConfigError && e.exitCode === 2 && /--id: lowercase letters/.test(e.message));
-  assert.throws(() => loadSettings('cellquota coordinator', specs, schema, ['--id', 'n1'], { CELLQUOTA_TICK_MS: '0' }), (e: unknown) => e instanceof ConfigError && /CELLQUOTA_TICK_MS/.test(e.message));
+  assert.throws(
+    () => loadSettings('cellquota coordinator', specs, schema, ['--id', 'N1!'], {}),
+    (e: unknown) => e instanceof ConfigError && e.exitCode === 2 && /--id: lowercase letters/.test(e.message),
+  );
+  assert.throws(
+    () => loadSettings('cellquota coordinator', specs, schema, ['--id', 'n1'], { CELLQUOTA_TICK_MS: '0' }),
+    (e: unknown) => e instanceof ConfigError && /CELLQUOTA_TICK_MS/.test(e.message),
+  );
   assert.throws(() => loadSettings('c', specs, schema, ['--nope', '1'], {}), /unknown flag --nope/);
   assert.throws(() => loadSettings('c', specs, schema, ['--id'], {}), /--id needs a value/);
   assert.throws(() => loadSettings('c', specs, schema, ['--config', '/does/not/exist'], {}), /cannot read config file/);

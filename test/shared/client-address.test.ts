@@ -1,13 +1,22 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { AddressListError, UNKNOWN_CLIENT, clientAddress, parseAddressList, parseTrustedProxies } from '../../shared/client-address.js';
+import {
+  AddressListError,
+  UNKNOWN_CLIENT,
+  clientAddress,
+  parseAddressList,
+  parseTrustedProxies,
+} from '../../shared/client-address.js';
 
 const trusted = parseTrustedProxies(['10.0.0.0/8', '127.0.0.1', '2001:db8:ffff::/48']);
 const none = parseTrustedProxies([]);
 
 void test('an untrusted peer is the client, whatever the headers say', () => {
-  assert.equal(clientAddress({ peer: '203.0.113.7', forwardedFor: '1.1.1.1', realIp: '2.2.2.2', trusted }), '203.0.113.7');
+  assert.equal(
+    clientAddress({ peer: '203.0.113.7', forwardedFor: '1.1.1.1', realIp: '2.2.2.2', trusted }),
+    '203.0.113.7',
+  );
   assert.equal(clientAddress({ peer: '10.1.2.3', forwardedFor: '1.1.1.1', trusted: none }), '10.1.2.3');
 });
 
@@ -16,16 +25,25 @@ void test('behind a trusted proxy: the rightmost untrusted X-Forwarded-For entry
   // the client prepended a forged entry; the proxy appended the real one
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '1.2.3.4, 198.51.100.9', trusted }), '198.51.100.9');
   // two trusted hops, then the client
-  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: '6.6.6.6,198.51.100.9, 10.9.9.9', trusted }), '198.51.100.9');
+  assert.equal(
+    clientAddress({ peer: '127.0.0.1', forwardedFor: '6.6.6.6,198.51.100.9, 10.9.9.9', trusted }),
+    '198.51.100.9',
+  );
   // several header lines are one list
-  assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: ['6.6.6.6', '198.51.100.9, 10.0.0.1'], trusted }), '198.51.100.9');
+  assert.equal(
+    clientAddress({ peer: '127.0.0.1', forwardedFor: ['6.6.6.6', '198.51.100.9, 10.0.0.1'], trusted }),
+    '198.51.100.9',
+  );
   // every hop trusted: the leftmost
   assert.equal(clientAddress({ peer: '127.0.0.1', forwardedFor: '10.0.0.2, 10.0.0.1', trusted }), '10.0.0.2');
 });
 
 void test('X-Real-IP only when the peer is trusted and there is no X-Forwarded-For', () => {
   assert.equal(clientAddress({ peer: '10.0.0.5', realIp: '198.51.100.1', trusted }), '198.51.100.1');
-  assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.2', realIp: '198.51.100.1', trusted }), '198.51.100.2');
+  assert.equal(
+    clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.2', realIp: '198.51.100.1', trusted }),
+    '198.51.100.2',
+  );
   assert.equal(clientAddress({ peer: '10.0.0.5', realIp: 'evil', trusted }), '10.0.0.5');
   assert.equal(clientAddress({ peer: '10.0.0.5', realIp: '1.1.1.1, 2.2.2.2', trusted }), '10.0.0.5');
   assert.equal(clientAddress({ peer: '10.0.0.5', trusted }), '10.0.0.5');
@@ -33,7 +51,10 @@ void test('X-Real-IP only when the peer is trusted and there is no X-Forwarded-F
 
 void test('malformed entries stop the walk at the last trusted hop, never an attacker-chosen key', () => {
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: 'not-an-ip', trusted }), '10.0.0.5');
-  assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.9, 10.0.0.7, garbage', trusted }), '10.0.0.5');
+  assert.equal(
+    clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.9, 10.0.0.7, garbage', trusted }),
+    '10.0.0.5',
+  );
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: 'garbage, 10.0.0.7', trusted }), '10.0.0.7');
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.9,,', trusted }), '10.0.0.5');
   // non-canonical IPv4 forms would give one address several keys: refused
@@ -45,7 +66,10 @@ void test('malformed entries stop the walk at the last trusted hop, never an att
 
 void test('ports and brackets as some proxies write them', () => {
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.9:4711', trusted }), '198.51.100.9');
-  assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '[2001:db8:1:2::9]:443', trusted }), '2001:db8:1:2::/64');
+  assert.equal(
+    clientAddress({ peer: '10.0.0.5', forwardedFor: '[2001:db8:1:2::9]:443', trusted }),
+    '2001:db8:1:2::/64',
+  );
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '[2001:db8:1:2::9]', trusted }), '2001:db8:1:2::/64');
   assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '198.51.100.9:port', trusted }), '10.0.0.5');
 });
@@ -58,7 +82,10 @@ void test('IPv6 grouped by /64 by default; IPv4-mapped IPv6 is IPv4', () => {
   assert.equal(clientAddress({ peer: '::ffff:203.0.113.7', trusted }), '203.0.113.7');
   // a mapped peer matches an IPv4 trusted range
   assert.equal(clientAddress({ peer: '::ffff:10.0.0.5', forwardedFor: '198.51.100.9', trusted }), '198.51.100.9');
-  assert.equal(clientAddress({ peer: '2001:db8:ffff:1::1', forwardedFor: '::ffff:198.51.100.9', trusted }), '198.51.100.9');
+  assert.equal(
+    clientAddress({ peer: '2001:db8:ffff:1::1', forwardedFor: '::ffff:198.51.100.9', trusted }),
+    '198.51.100.9',
+  );
   assert.equal(clientAddress({ peer: 'fe80::1%eth0', trusted }), 'fe80::/64');
   assert.throws(() => clientAddress({ peer: '1.2.3.4', trusted, ipv6Prefix: 129 }), RangeError);
 });
@@ -75,8 +102,20 @@ void test('address lists: CIDRs, single addresses, names; a bad entry is named',
   assert.deepEqual(set.entries, ['192.168.0.0/16', '::1', 'linklocal', '::ffff:172.16.0.0/108']);
   assert.equal(parseTrustedProxies(['loopback']).has('127.9.9.9'), true);
   assert.equal(parseTrustedProxies(['private']).has('fd00::1'), true);
-  for (const [bad, why] of [['10.0.0.0/33', /prefix length must be 0..32/], ['10.0.0.1/x', /prefix/], ['example.com', /not an IPv4 or IPv6/], ['', /empty/], ['::ffff:1.0.0.0/64', /at least 96/], ['10.0.0.0/8/8', /prefix/]] as const) {
-    assert.throws(() => parseTrustedProxies(['127.0.0.1', bad]), (e: unknown) => e instanceof AddressListError && e.entry === bad && why.test(e.message) && e.message.includes(`"${bad}"`), bad);
+  for (const [bad, why] of [
+    ['10.0.0.0/33', /prefix length must be 0..32/],
+    ['10.0.0.1/x', /prefix/],
+    ['example.com', /not an IPv4 or IPv6/],
+    ['', /empty/],
+    ['::ffff:1.0.0.0/64', /at least 96/],
+    ['10.0.0.0/8/8', /prefix/],
+  ] as const) {
+    assert.throws(
+      () => parseTrustedProxies(['127.0.0.1', bad]),
+      (e: unknown) =>
+        e instanceof AddressListError && e.entry === bad && why.test(e.message) && e.message.includes(`"${bad}"`),
+      bad,
+    );
   }
   assert.throws(() => clientAddress({ peer: '1.2.3.4', trusted: { entries: [], has: () => true } }), TypeError);
 });

@@ -31,7 +31,15 @@ interface ErrorClass {
 /** Every class in the product code whose base chain reaches Error, with its codes. */
 function errorClasses(): ErrorClass[] {
   const files = PRODUCT.flatMap((f) => tsFiles(join(ROOT, f)));
-  const program = ts.createProgram(files, { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext, moduleResolution: ts.ModuleResolutionKind.NodeNext, strict: true, noEmit: true, skipLibCheck: true, types: ['node'] });
+  const program = ts.createProgram(files, {
+    target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.NodeNext,
+    moduleResolution: ts.ModuleResolutionKind.NodeNext,
+    strict: true,
+    noEmit: true,
+    skipLibCheck: true,
+    types: ['node'],
+  });
   const checker = program.getTypeChecker();
   const out: ErrorClass[] = [];
   for (const source of program.getSourceFiles()) {
@@ -74,7 +82,10 @@ function documentedCodes(): Map<string, string[]> {
     if (m === null) continue;
     const [, code, classes] = m as unknown as [string, string, string];
     assert.ok(!rows.has(code), `docs/errors.md lists ${code} twice`);
-    rows.set(code, [...classes.matchAll(/`([^`]+)`/g)].map((c) => c[1] ?? ''));
+    rows.set(
+      code,
+      [...classes.matchAll(/`([^`]+)`/g)].map((c) => c[1] ?? ''),
+    );
   }
   return rows;
 }
@@ -94,6 +105,10 @@ void test('every error class extends CellquotaError with a literal code, and doc
   const stale = [...documented.keys()].filter((code) => !inCode.has(code));
   assert.deepEqual(stale, [], 'every code docs/errors.md lists is one the code has');
   for (const [code, classes] of documented) {
-    assert.deepEqual([...classes].sort(), [...new Set(inCode.get(code))].sort(), `the classes docs/errors.md names for ${code}`);
+    assert.deepEqual(
+      [...classes].sort(),
+      [...new Set(inCode.get(code))].sort(),
+      `the classes docs/errors.md names for ${code}`,
+    );
   }
 });

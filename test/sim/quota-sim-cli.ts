@@ -55,7 +55,12 @@ let decisions = 0;
 let maxRatio = 0;
 let lastReport = began;
 for (let seed = start; seed < start + count; seed++) {
-  const r = await runQuotaSimulation({ seed, ...(durationMs === undefined ? {} : { durationMs }), ...(bug === undefined ? {} : { bug }), ...(values.trace ? { trace: (line: string) => console.log(line) } : {}) });
+  const r = await runQuotaSimulation({
+    seed,
+    ...(durationMs === undefined ? {} : { durationMs }),
+    ...(bug === undefined ? {} : { bug }),
+    ...(values.trace ? { trace: (line: string) => console.log(line) } : {}),
+  });
   ran++;
   events += r.stats.events;
   decisions += r.stats.decisions;
@@ -66,7 +71,9 @@ for (let seed = start; seed < start + count; seed++) {
     console.log(`seed ${seed} FAILED: ${v?.kind ?? '?'}: ${v?.message ?? ''}`);
     console.log(`  at ${v?.atMs.toFixed(3) ?? '?'} ms; faults: ${r.faults.join('; ') || 'none'}`);
     console.log(`  evidence: ${JSON.stringify(v?.evidence ?? {})}`);
-    console.log(`  replay: npm run sim:quota -- --seed ${seed}${values.duration === undefined ? '' : ` --duration ${values.duration}`}${bug === undefined ? '' : ` --bug ${bug}`}`);
+    console.log(
+      `  replay: npm run sim:quota -- --seed ${seed}${values.duration === undefined ? '' : ` --duration ${values.duration}`}${bug === undefined ? '' : ` --bug ${bug}`}`,
+    );
     if (stopAtFirst) break;
   } else if (values.verbose || single) {
     console.log(`seed ${seed} ok ${JSON.stringify(r.stats)}; faults: ${r.faults.join('; ') || 'none'}`);
@@ -75,10 +82,17 @@ for (let seed = start; seed < start + count; seed++) {
   if (now - lastReport > 10_000_000_000n) {
     lastReport = now;
     const s = Number(now - began) / 1e9;
-    console.log(`progress: ${ran}/${count} seeds, ${failed} failed, ${s.toFixed(1)} s (${(ran / s).toFixed(1)} seeds/s)`);
+    console.log(
+      `progress: ${ran}/${count} seeds, ${failed} failed, ${s.toFixed(1)} s (${(ran / s).toFixed(1)} seeds/s)`,
+    );
   }
 }
 const secs = Number(process.hrtime.bigint() - began) / 1e9;
-console.log(`${ran - failed} passed, ${failed} failed (seeds ${start}..${start + ran - 1}${bug === undefined ? '' : `, planted bug ${bug}`}; ${events} events, ${decisions} decisions; tightest window ${(maxRatio * 100).toFixed(1)} % of its bound; ${secs.toFixed(1)} s, ${(ran / secs).toFixed(2)} seeds/s)`);
-if (bug !== undefined) console.log(failed > 0 ? `caught ${bug} at seed ${start + ran - 1} (${ran} seeds)` : `${bug} NOT caught in ${ran} seeds`);
+console.log(
+  `${ran - failed} passed, ${failed} failed (seeds ${start}..${start + ran - 1}${bug === undefined ? '' : `, planted bug ${bug}`}; ${events} events, ${decisions} decisions; tightest window ${(maxRatio * 100).toFixed(1)} % of its bound; ${secs.toFixed(1)} s, ${(ran / secs).toFixed(2)} seeds/s)`,
+);
+if (bug !== undefined)
+  console.log(
+    failed > 0 ? `caught ${bug} at seed ${start + ran - 1} (${ran} seeds)` : `${bug} NOT caught in ${ran} seeds`,
+  );
 process.exit(failed > 0 ? 1 : 0);

@@ -11,11 +11,21 @@ import { PLANTED_BUGS, runQuotaSimulation, type PlantedBug, type QuotaSimResult 
 const cli = resolve(import.meta.dirname, 'quota-sim-cli.ts');
 
 function describe(r: QuotaSimResult): string {
-  return r.ok ? `seed ${r.seed} ok` : `seed ${r.seed}: ${r.violation?.kind ?? '?'}: ${r.violation?.message ?? ''}; faults: ${r.faults.join('; ')}`;
+  return r.ok
+    ? `seed ${r.seed} ok`
+    : `seed ${r.seed}: ${r.violation?.kind ?? '?'}: ${r.violation?.message ?? ''}; faults: ${r.faults.join('; ')}`;
 }
 
 void test('clean: 12 seeds find no violation, and their faults really happen', async (t) => {
-  const totals = { leaderChanges: 0, mainStalls: 0, sigstops: 0, restarts: 0, definitionChanges: 0, evictions: 0, admitted: 0 };
+  const totals = {
+    leaderChanges: 0,
+    mainStalls: 0,
+    sigstops: 0,
+    restarts: 0,
+    definitionChanges: 0,
+    evictions: 0,
+    admitted: 0,
+  };
   let tightest = 0;
   for (let seed = 1; seed <= 12; seed++) {
     const r = await runQuotaSimulation({ seed });
@@ -23,7 +33,9 @@ void test('clean: 12 seeds find no violation, and their faults really happen', a
     for (const k of Object.keys(totals) as (keyof typeof totals)[]) totals[k] += r.stats[k];
     tightest = Math.max(tightest, r.stats.maxWindowRatio);
   }
-  t.diagnostic(`faults over 12 seeds: ${JSON.stringify(totals)}; tightest 1 s window ${(tightest * 100).toFixed(1)} % of its bound`);
+  t.diagnostic(
+    `faults over 12 seeds: ${JSON.stringify(totals)}; tightest 1 s window ${(tightest * 100).toFixed(1)} % of its bound`,
+  );
   for (const [k, v] of Object.entries(totals)) assert.ok(v > 0, `${k} happened in some seed`);
   assert.ok(tightest > 0.5 && tightest <= 1, 'the load presses on the bound');
 });
@@ -57,7 +69,10 @@ for (const bug of PLANTED_BUGS) {
     assert.notEqual(caught, undefined, `${bug} not caught in ${WITHIN[bug]} seeds`);
     const v = caught?.violation;
     t.diagnostic(describe(caught as QuotaSimResult));
-    assert.ok(v !== undefined && (v.kind === 'bound' || v.kind === 'cell-bound' || v.kind === 'cell-tokens'), `caught by a bound: ${v?.kind}`);
+    assert.ok(
+      v !== undefined && (v.kind === 'bound' || v.kind === 'cell-bound' || v.kind === 'cell-tokens'),
+      `caught by a bound: ${v?.kind}`,
+    );
     assert.ok((v.evidence['admitted'] as number) > (v.evidence['bound'] as number), 'the evidence shows the excess');
     // The same seed without the bug is clean: the catch is the bug's, not the simulation's.
     const clean = await runQuotaSimulation({ seed: caught?.seed ?? 0 });

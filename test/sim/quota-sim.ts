@@ -128,15 +128,23 @@ const WALL_BASE_MS = 1_800_000_000_000;
 /** A resumed thread reads its port this long after the socket reads queued while it was stalled. */
 const PORT_AFTER_SOCKETS_MS = 1;
 
-const TIERS = { gold: { rate: 200, burst: 100, floorFraction: 0.15 }, silver: { rate: 120, burst: 40, floorFraction: 0.3 } } as const;
+const TIERS = {
+  gold: { rate: 200, burst: 100, floorFraction: 0.15 },
+  silver: { rate: 120, burst: 40, floorFraction: 0.3 },
+} as const;
 const GOLD_CAP = { rate: 300, burst: 90, floorFraction: 0.3 };
 const WEB_CAP = { rate: 250, burst: 75, floorFraction: 0.3 };
 /** A tenant quota with a 20 s window (some runs). */
 const LONG_WINDOW = { rate: 30, burst: 600 };
-const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [{ id: 'acme', tier: 'gold' }, { id: 'globex', tier: 'gold' }, { id: 'initech', tier: 'silver' }];
+const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [
+  { id: 'acme', tier: 'gold' },
+  { id: 'globex', tier: 'gold' },
+  { id: 'initech', tier: 'silver' },
+];
 
 const RULES: RuleSet = compileRules([
-  parseRulesYaml(`
+  parseRulesYaml(
+    `
 domain: api
 descriptors:
   - key: tenant
@@ -148,17 +156,27 @@ descriptors:
         global: true
   - key: user
     rate_limit: {unit: second, requests_per_unit: 20}
-`, 'api.yaml'),
-  parseRulesYaml(`
+`,
+    'api.yaml',
+  ),
+  parseRulesYaml(
+    `
 domain: web
 descriptors:
   - key: customer
     global: true
-`, 'web.yaml'),
+`,
+    'web.yaml',
+  ),
 ]);
 
-
-const QUOTA_KEYS: readonly string[] = [...TENANTS.map((t) => `tenant/${t.id}`), 'tier/gold', 'tier/silver', 'domain/web', 'domain/api'];
+const QUOTA_KEYS: readonly string[] = [
+  ...TENANTS.map((t) => `tenant/${t.id}`),
+  'tier/gold',
+  'tier/silver',
+  'domain/web',
+  'domain/api',
+];
 const SILENT = pino({ level: 'silent' });
 
 class Stop extends Error {
@@ -210,7 +228,22 @@ class Simulation {
   readonly load: Rng;
   readonly fault: Rng;
   readonly duration: number;
-  readonly stats: QuotaSimStats = { events: 0, decisions: 0, admitted: 0, reports: 0, rounds: 0, commits: 0, leaderChanges: 0, mainStalls: 0, workerStalls: 0, sigstops: 0, restarts: 0, definitionChanges: 0, evictions: 0, maxWindowRatio: 0 };
+  readonly stats: QuotaSimStats = {
+    events: 0,
+    decisions: 0,
+    admitted: 0,
+    reports: 0,
+    rounds: 0,
+    commits: 0,
+    leaderChanges: 0,
+    mainStalls: 0,
+    workerStalls: 0,
+    sigstops: 0,
+    restarts: 0,
+    definitionChanges: 0,
+    evictions: 0,
+    maxWindowRatio: 0,
+  };
   readonly faults: string[] = [];
   /** Something async may be waiting on this event's work: let the microtasks run before the next. */
   drain = false;
@@ -271,7 +304,9 @@ class Simulation {
     const t = this.trace;
     if (t === null) return;
     const now = this.q.now;
-    const parts: string[] = [`${now.toFixed(0).padStart(6)} ms leader ${this.leader?.id ?? '-'} ledger ${this.ledger.nowMs.toFixed(0)}`];
+    const parts: string[] = [
+      `${now.toFixed(0).padStart(6)} ms leader ${this.leader?.id ?? '-'} ledger ${this.ledger.nowMs.toFixed(0)}`,
+    ];
     for (const a of this.agents) {
       const st = a.process?.client.status();
       const bits = [`${a.cell} ${st === undefined ? 'down' : `${st.state} ${Math.round(st.leaseRemainingMs)}`}`];
@@ -281,7 +316,9 @@ class Simulation {
         this.perCell.set(`${a.cell} ${key}`, xs);
         const ti = TENANTS.findIndex((x) => `tenant/${x.id}` === key);
         const want = (this.demand[ti] as number) * ((this.shares[ti] as number[])[a.index] as number);
-        bits.push(`${key.slice(7, 10)} d${want.toFixed(0)} g${sl?.rate.toFixed(0) ?? '-'}/c${sl?.countedRate.toFixed(0) ?? '-'} e${sl?.epoch ?? '-'} a${xs.length}`);
+        bits.push(
+          `${key.slice(7, 10)} d${want.toFixed(0)} g${sl?.rate.toFixed(0) ?? '-'}/c${sl?.countedRate.toFixed(0) ?? '-'} e${sl?.epoch ?? '-'} a${xs.length}`,
+        );
       }
       parts.push(bits.join(' '));
     }
@@ -328,10 +365,19 @@ class Simulation {
     try {
       this.ledger.checkInvariants();
     } catch (e) {
-      throw new Stop({ kind: 'ledger', atMs: this.q.now, message: `ledger invariant: ${e instanceof Error ? e.message : String(e)}`, evidence: { index: this.index, cmd: cmd.type } });
+      throw new Stop({
+        kind: 'ledger',
+        atMs: this.q.now,
+        message: `ledger invariant: ${e instanceof Error ? e.message : String(e)}`,
+        evidence: { index: this.index, cmd: cmd.type },
+      });
     }
     this.recordCounted();
-    if (r.ok && (cmd.type === 'putTier' || cmd.type === 'putTenant' || cmd.type === 'putTierCap' || cmd.type === 'putDomainCap')) this.recordDefinitions();
+    if (
+      r.ok &&
+      (cmd.type === 'putTier' || cmd.type === 'putTenant' || cmd.type === 'putTierCap' || cmd.type === 'putDomainCap')
+    )
+      this.recordDefinitions();
     return r;
   }
 
@@ -472,7 +518,12 @@ class Simulation {
           admitted: w.sum,
           bound,
           definitions: defs,
-          cells: this.agents.map((a) => ({ cell: a.cell, up: a.process !== null, lease: a.process?.client.status().state ?? null, slice: this.ledger.getSlice(key, a.cell) ?? null })),
+          cells: this.agents.map((a) => ({
+            cell: a.cell,
+            up: a.process !== null,
+            lease: a.process?.client.status().state ?? null,
+            slice: this.ledger.getSlice(key, a.cell) ?? null,
+          })),
         },
       });
     }
@@ -508,7 +559,13 @@ class Simulation {
   checkTokens(cell: string, key: string, hits: number): void {
     const k = `${cell} ${key}`;
     const t = this.counters.get(k);
-    if (t === undefined) throw new Stop({ kind: 'cell-tokens', atMs: this.q.now, message: `${cell} admitted ${hits} under ${key} before the ledger counted it at anything`, evidence: { cell, key, admitted: hits, bound: 0 } });
+    if (t === undefined)
+      throw new Stop({
+        kind: 'cell-tokens',
+        atMs: this.q.now,
+        message: `${cell} admitted ${hits} under ${key} before the ledger counted it at anything`,
+        evidence: { cell, key, admitted: hits, bound: 0 },
+      });
     this.refill(t);
     const before = t.level;
     t.level -= hits;
@@ -519,7 +576,16 @@ class Simulation {
         kind: 'cell-tokens',
         atMs: this.q.now,
         message: `${cell} admitted ${hits} under ${key} holding ${before.toFixed(2)} of the tokens the ledger counted it at (refilled at the counted rate, capped at the counted burst)`,
-        evidence: { cell, key, admitted: hits, bound: before + 1, counted: list.filter((d) => d.fromMs >= this.q.now - 3 * LEASE_TTL_MS), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
+        evidence: {
+          cell,
+          key,
+          admitted: hits,
+          bound: before + 1,
+          counted: list.filter((d) => d.fromMs >= this.q.now - 3 * LEASE_TTL_MS),
+          lease: p?.client.status() ?? null,
+          slice: this.ledger.getSlice(key, cell) ?? null,
+          ledgerNowMs: this.ledger.nowMs,
+        },
       });
     }
   }
@@ -561,7 +627,17 @@ class Simulation {
         kind: 'cell-bound',
         atMs: now,
         message: `${cell} admitted ${w.sum} under ${key} in [${(now - WINDOW_MS).toFixed(3)}, ${now.toFixed(3)}] ms, over what the ledger counted it at: rate·W·(1+ρ) + burst = ${bound.toFixed(2)}`,
-        evidence: { cell, key, admitted: w.sum, bound, since, counted: list.filter((d, i) => (list[i + 1]?.fromMs ?? Infinity) >= Math.min(since, from)), lease: p?.client.status() ?? null, slice: this.ledger.getSlice(key, cell) ?? null, ledgerNowMs: this.ledger.nowMs },
+        evidence: {
+          cell,
+          key,
+          admitted: w.sum,
+          bound,
+          since,
+          counted: list.filter((d, i) => (list[i + 1]?.fromMs ?? Infinity) >= Math.min(since, from)),
+          lease: p?.client.status() ?? null,
+          slice: this.ledger.getSlice(key, cell) ?? null,
+          ledgerNowMs: this.ledger.nowMs,
+        },
       });
     }
   }
@@ -602,8 +678,10 @@ class Simulation {
       const rate = rates ? f.range(-MAX_RATE_ERROR, MAX_RATE_ERROR) : f.range(-1e-4, 1e-4);
       this.replicas.push(new Replica(this, `n${i}`, wallOffset, rate));
     }
-    if (offsets) this.faults.push(`replica wall offsets ${this.replicas.map((r) => Math.round(r.wallOffsetMs)).join(', ')} ms`);
-    if (rates) this.faults.push(`replica clock-rate errors ${this.replicas.map((r) => r.rateError.toFixed(3)).join(', ')}`);
+    if (offsets)
+      this.faults.push(`replica wall offsets ${this.replicas.map((r) => Math.round(r.wallOffsetMs)).join(', ')} ms`);
+    if (rates)
+      this.faults.push(`replica clock-rate errors ${this.replicas.map((r) => r.rateError.toFixed(3)).join(', ')}`);
     this.commit({ type: 'putTier', name: 'gold', ...TIERS.gold });
     this.commit({ type: 'putTier', name: 'silver', ...TIERS.silver });
     // Caps in some runs only: a run without them is tight on the tenant quotas alone.
@@ -621,14 +699,27 @@ class Simulation {
     // time past the lease's end refilled at the grant's rate) shows in the cell's tokens.
     const longWindow = f.chance(0.5);
     if (longWindow) {
-      this.commit({ type: 'putTenant', id: 'initech', tier: 'silver', rate: LONG_WINDOW.rate, burst: LONG_WINDOW.burst });
+      this.commit({
+        type: 'putTenant',
+        id: 'initech',
+        tier: 'silver',
+        rate: LONG_WINDOW.rate,
+        burst: LONG_WINDOW.burst,
+      });
       this.faults.push(`initech has its own ${LONG_WINDOW.rate}/s, burst ${LONG_WINDOW.burst} quota`);
     }
     // What an agent running the pre-coordinator static share would use (the planted 'uncounted-static-share' only): the same definitions, its own file.
     const gold = this.ledger.getQuota('tier/gold');
     const web = this.ledger.getQuota('domain/web');
     this.staticFile = {
-      tiers: { gold: { rate: TIERS.gold.rate, burst: TIERS.gold.burst, ...(gold === undefined ? {} : { cap: { rate: gold.rate, burst: gold.burst } }) }, silver: { rate: TIERS.silver.rate, burst: TIERS.silver.burst } },
+      tiers: {
+        gold: {
+          rate: TIERS.gold.rate,
+          burst: TIERS.gold.burst,
+          ...(gold === undefined ? {} : { cap: { rate: gold.rate, burst: gold.burst } }),
+        },
+        silver: { rate: TIERS.silver.rate, burst: TIERS.silver.burst },
+      },
       tenants: Object.fromEntries(TENANTS.map((t) => [t.id, t.tier])),
       ...(web === undefined ? {} : { domainCap: { rate: web.rate, burst: web.burst } }),
     };
@@ -645,7 +736,8 @@ class Simulation {
       this.at(startAt, () => a.boot());
       this.at(f.range(0, 5), () => a.arrive(), false);
     }
-    if (agentRates) this.faults.push(`agent clock-rate errors ${this.agents.map((a) => a.rateError.toFixed(3)).join(', ')}`);
+    if (agentRates)
+      this.faults.push(`agent clock-rate errors ${this.agents.map((a) => a.rateError.toFixed(3)).join(', ')}`);
 
     // Leader changes.
     const crashes = f.int(4);
@@ -656,7 +748,9 @@ class Simulation {
       this.at(t, () => {
         const old = this.leader;
         if (old === null) return;
-        this.faults.push(`${Math.round(t)} ms: leader ${old.id} ${transfer ? 'transfers leadership' : `crashes for ${Math.round(down)} ms`}`);
+        this.faults.push(
+          `${Math.round(t)} ms: leader ${old.id} ${transfer ? 'transfers leadership' : `crashes for ${Math.round(down)} ms`}`,
+        );
         if (!transfer) old.crash(down);
         this.loseLeader();
       });
@@ -687,7 +781,11 @@ class Simulation {
         const rateOf = (a: Agent): number => this.ledger.getSlice('tenant/initech', a.cell)?.rate ?? 0;
         const top = this.agents.reduce((x, y) => (rateOf(y) > rateOf(x) ? y : x));
         // Once some cell holds well above its floor (and while there is time left for the quiet).
-        if (rateOf(top) >= 2 * LONG_WINDOW.rate * TIERS.silver.floorFraction / CELLS && top.process?.client.status().state === 'leased') top.planQuietLeaseEnd(this.q.now, quietMs);
+        if (
+          rateOf(top) >= (2 * LONG_WINDOW.rate * TIERS.silver.floorFraction) / CELLS &&
+          top.process?.client.status().state === 'leased'
+        )
+          top.planQuietLeaseEnd(this.q.now, quietMs);
         else if (this.q.now < this.duration - quietMs - 3_000) this.at(this.q.now + 250, attempt, false);
       };
       this.at(f.range(800, 2_000), attempt, false);
@@ -704,10 +802,44 @@ class Simulation {
       const t = f.range(1_000, this.duration - 1_000);
       const what = f.int(4);
       this.at(t, () => {
-        if (what === 0) this.admin({ type: 'putTier', name: 'gold', rate: this.fault.range(80, 300), burst: Math.round(this.fault.range(10, 60)), floorFraction: TIERS.gold.floorFraction }, 'tier gold changes');
-        else if (what === 1) this.admin({ type: 'putTenant', id: 'globex', tier: this.fault.chance(0.5) ? 'silver' : 'gold' }, 'globex moves tier');
-        else if (what === 2) this.admin({ type: 'putTenant', id: 'acme', tier: 'gold', rate: this.fault.range(50, 300), burst: Math.round(this.fault.range(10, 60)) }, 'acme gets its own quota');
-        else this.admin({ type: 'putTierCap', tier: 'gold', rate: this.fault.range(100, 400), burst: Math.round(this.fault.range(20, 80)), floorFraction: GOLD_CAP.floorFraction }, 'gold cap changes');
+        if (what === 0)
+          this.admin(
+            {
+              type: 'putTier',
+              name: 'gold',
+              rate: this.fault.range(80, 300),
+              burst: Math.round(this.fault.range(10, 60)),
+              floorFraction: TIERS.gold.floorFraction,
+            },
+            'tier gold changes',
+          );
+        else if (what === 1)
+          this.admin(
+            { type: 'putTenant', id: 'globex', tier: this.fault.chance(0.5) ? 'silver' : 'gold' },
+            'globex moves tier',
+          );
+        else if (what === 2)
+          this.admin(
+            {
+              type: 'putTenant',
+              id: 'acme',
+              tier: 'gold',
+              rate: this.fault.range(50, 300),
+              burst: Math.round(this.fault.range(10, 60)),
+            },
+            'acme gets its own quota',
+          );
+        else
+          this.admin(
+            {
+              type: 'putTierCap',
+              tier: 'gold',
+              rate: this.fault.range(100, 400),
+              burst: Math.round(this.fault.range(20, 80)),
+              floorFraction: GOLD_CAP.floorFraction,
+            },
+            'gold cap changes',
+          );
       });
     }
     this.recordDefinitions();
@@ -763,7 +895,11 @@ class Simulation {
           return;
         }
         this.stats.reports++;
-        replica.service.submit(req, (res) => back({ res }), (e) => back({ err: 'code' in e ? leaseCallError(e) : { code: grpc.status.UNKNOWN, details: e.message } }));
+        replica.service.submit(
+          req,
+          (res) => back({ res }),
+          (e) => back({ err: 'code' in e ? leaseCallError(e) : { code: grpc.status.UNKNOWN, details: e.message } }),
+        );
       });
     }
   }
@@ -797,7 +933,12 @@ class Replica {
   private monoBase = 0;
   private generation = 0;
 
-  constructor(readonly sim: Simulation, readonly id: string, readonly wallOffsetMs: number, readonly rateError: number) {
+  constructor(
+    readonly sim: Simulation,
+    readonly id: string,
+    readonly wallOffsetMs: number,
+    readonly rateError: number,
+  ) {
     this.address = `${id}.coordinators:7000`;
   }
 
@@ -820,23 +961,28 @@ class Replica {
       isLeader: () => this.up && sim.leader === this,
       leaderId: () => sim.leader?.id ?? null,
       term: () => sim.term,
-      readBarrier: () => new Promise<void>((resolve, reject) => {
-        const term = sim.term;
-        sim.at(sim.q.now + sim.net.range(1, 30), () => (sim.leader === this && sim.term === term && this.up ? resolve() : reject(new Error('not the leader'))));
-      }),
+      readBarrier: () =>
+        new Promise<void>((resolve, reject) => {
+          const term = sim.term;
+          sim.at(sim.q.now + sim.net.range(1, 30), () =>
+            sim.leader === this && sim.term === term && this.up ? resolve() : reject(new Error('not the leader')),
+          );
+        }),
       peerAddress: (id) => sim.replicas.find((r) => r.id === id)?.address ?? null,
       ledger: () => sim.ledger,
       propose: (cmd) => sim.propose(this, cmd),
     };
-    this.service = this.sim.track(new LeaseService({
-      backend,
-      logger: SILENT,
-      leaseTtlMs: LEASE_TTL_MS,
-      roundMs: ROUND_MS,
-      expireEveryMs: EXPIRE_EVERY_MS,
-      monoMs: () => this.monoMs(),
-      wallMs: () => WALL_BASE_MS + this.wallOffsetMs + sim.q.now * (1 + this.rateError),
-    }));
+    this.service = this.sim.track(
+      new LeaseService({
+        backend,
+        logger: SILENT,
+        leaseTtlMs: LEASE_TTL_MS,
+        roundMs: ROUND_MS,
+        expireEveryMs: EXPIRE_EVERY_MS,
+        monoMs: () => this.monoMs(),
+        wallMs: () => WALL_BASE_MS + this.wallOffsetMs + sim.q.now * (1 + this.rateError),
+      }),
+    );
     // Its timers, on its own clock.
     const service = this.service;
     const every = (ms: number, fn: () => void): void => {
@@ -884,7 +1030,13 @@ class Agent {
   private incarnations = 0;
   private users = 0;
 
-  constructor(readonly sim: Simulation, readonly cell: string, readonly index: number, readonly rateError: number, offsetS: number) {
+  constructor(
+    readonly sim: Simulation,
+    readonly cell: string,
+    readonly index: number,
+    readonly rateError: number,
+    offsetS: number,
+  ) {
     this.offsetNs = offsetS * 1e9;
   }
 
@@ -904,7 +1056,10 @@ class Agent {
   boot(): void {
     const sim = this.sim;
     const main: Thread = { name: `${this.cell}/main`, stalledUntil: 0 };
-    const workers: Thread[] = Array.from({ length: WORKERS }, (_, i) => ({ name: `${this.cell}/worker-${i}`, stalledUntil: 0 }));
+    const workers: Thread[] = Array.from({ length: WORKERS }, (_, i) => ({
+      name: `${this.cell}/worker-${i}`,
+      stalledUntil: 0,
+    }));
     const table = new BucketTable({ capacity: 12 + sim.fault.int(40), startNs: 0n, seed: sim.fault.int(1 << 30) });
     const velocityTable = VelocityTable.create({ capacity: 64, startNs: 0n, seed: sim.fault.int(1 << 30) });
     const velocityKeys = new VelocityKeys(velocityTable);
@@ -925,8 +1080,21 @@ class Agent {
       const overrides = new QuotaOverrides(LeaseDeadline.attach(deadline.shared));
       overridesOf.push(overrides);
       const d = new Decider(
-        { table, quotas: new CoordinatedQuotas(overrides, fallback), clock: () => this.nowNs(), velocity: tap(thread), overrides, deadline: LeaseDeadline.attach(deadline.shared) },
-        { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'closed', staticSlices: false, cell: this.cell },
+        {
+          table,
+          quotas: new CoordinatedQuotas(overrides, fallback),
+          clock: () => this.nowNs(),
+          velocity: tap(thread),
+          overrides,
+          deadline: LeaseDeadline.attach(deadline.shared),
+        },
+        {
+          bounds: DEFAULT_REQUEST_BOUNDS,
+          responseHeaders: false,
+          tableFull: 'closed',
+          staticSlices: false,
+          cell: this.cell,
+        },
       );
       d.setRules(RULES);
       return d;
@@ -955,13 +1123,25 @@ class Agent {
         const lag = sim.net.chance(sim.portLagP) ? sim.net.range(100, 1_500) : sim.net.range(0.01, 3);
         const at = Math.max(portAt[i] as number, sim.q.now + lag);
         portAt[i] = at;
-        sim.on(w, at, () => {
-          applyLeaseEntries(table, overridesOf[i + 1] as QuotaOverrides, entries, this.nowNs());
-          sim.on(main, sim.q.now + sim.net.range(0.01, 3), () => {
-            confirmed[i] = Math.max(confirmed[i] as number, s);
-            settle();
-          }, true, true);
-        }, false, true);
+        sim.on(
+          w,
+          at,
+          () => {
+            applyLeaseEntries(table, overridesOf[i + 1] as QuotaOverrides, entries, this.nowNs());
+            sim.on(
+              main,
+              sim.q.now + sim.net.range(0.01, 3),
+              () => {
+                confirmed[i] = Math.max(confirmed[i] as number, s);
+                settle();
+              },
+              true,
+              true,
+            );
+          },
+          false,
+          true,
+        );
       });
       return new Promise<void>((resolve) => waiters.push({ seq: s, resolve }));
     };
@@ -978,16 +1158,19 @@ class Agent {
       },
     };
     const transport: LeaseTransport = {
-      report: (address, req, deadlineMs) => new Promise<LeaseCallResult>((resolve) => {
-        let done = false;
-        const finish = (r: LeaseCallResult): void => {
-          if (done) return;
-          done = true;
-          resolve(r);
-        };
-        sim.on(main, Math.max(sim.q.now, this.realAt(this.monoMs() + deadlineMs)), () => finish({ err: { code: grpc.status.DEADLINE_EXCEEDED, details: 'deadline exceeded' } }));
-        sim.send(this, address, req, (r) => sim.on(main, sim.q.now, () => finish(r)));
-      }),
+      report: (address, req, deadlineMs) =>
+        new Promise<LeaseCallResult>((resolve) => {
+          let done = false;
+          const finish = (r: LeaseCallResult): void => {
+            if (done) return;
+            done = true;
+            resolve(r);
+          };
+          sim.on(main, Math.max(sim.q.now, this.realAt(this.monoMs() + deadlineMs)), () =>
+            finish({ err: { code: grpc.status.DEADLINE_EXCEEDED, details: 'deadline exceeded' } }),
+          );
+          sim.send(this, address, req, (r) => sim.on(main, sim.q.now, () => finish(r)));
+        }),
       close: () => undefined,
     };
     const random = sim.rng.fork();
@@ -1021,43 +1204,59 @@ class Agent {
    */
   planQuietLeaseEnd(at: number, quietMs: number): void {
     const sim = this.sim;
-    sim.at(at, () => {
-      const p = this.process;
-      if (p === null) return;
-      const st = p.client.status();
-      if (st.state !== 'leased') return;
-      const endsAt = sim.q.now + st.leaseRemainingMs / (1 + this.rateError);
-      const stall = endsAt - sim.q.now + quietMs + 500;
-      sim.faults.push(`${Math.round(at)} ms: ${this.cell} main thread stalled for ${Math.round(stall)} ms, its clients quiet for ${Math.round(quietMs)} ms from its lease's end`);
-      sim.stats.mainStalls++;
-      p.main.stalledUntil = Math.max(p.main.stalledUntil, sim.q.now + stall);
-      sim.at(endsAt, () => {
-        this.quietUntil = Math.max(this.quietUntil, sim.q.now + quietMs);
-      }, false);
-    }, false);
+    sim.at(
+      at,
+      () => {
+        const p = this.process;
+        if (p === null) return;
+        const st = p.client.status();
+        if (st.state !== 'leased') return;
+        const endsAt = sim.q.now + st.leaseRemainingMs / (1 + this.rateError);
+        const stall = endsAt - sim.q.now + quietMs + 500;
+        sim.faults.push(
+          `${Math.round(at)} ms: ${this.cell} main thread stalled for ${Math.round(stall)} ms, its clients quiet for ${Math.round(quietMs)} ms from its lease's end`,
+        );
+        sim.stats.mainStalls++;
+        p.main.stalledUntil = Math.max(p.main.stalledUntil, sim.q.now + stall);
+        sim.at(
+          endsAt,
+          () => {
+            this.quietUntil = Math.max(this.quietUntil, sim.q.now + quietMs);
+          },
+          false,
+        );
+      },
+      false,
+    );
   }
 
   planStall(what: 'main' | 'worker' | 'process', at: number, ms: number): void {
     const sim = this.sim;
-    sim.at(at, () => {
-      const p = this.process;
-      if (p === null) return;
-      sim.faults.push(`${Math.round(at)} ms: ${this.cell} ${what === 'process' ? 'SIGSTOPped' : `${what} thread stalled`} for ${Math.round(ms)} ms`);
-      const until = sim.q.now + ms;
-      if (what === 'main') {
-        sim.stats.mainStalls++;
-        p.main.stalledUntil = Math.max(p.main.stalledUntil, until);
-      } else if (what === 'worker') {
-        sim.stats.workerStalls++;
-        const w = p.workers[sim.fault.int(p.workers.length)] as Thread;
-        w.stalledUntil = Math.max(w.stalledUntil, until);
-      } else {
-        // SIGCONT: the workers read their queued requests before the main thread's timers run.
-        sim.stats.sigstops++;
-        for (const w of p.workers) w.stalledUntil = Math.max(w.stalledUntil, until);
-        p.main.stalledUntil = Math.max(p.main.stalledUntil, until + sim.fault.range(0, 20));
-      }
-    }, false);
+    sim.at(
+      at,
+      () => {
+        const p = this.process;
+        if (p === null) return;
+        sim.faults.push(
+          `${Math.round(at)} ms: ${this.cell} ${what === 'process' ? 'SIGSTOPped' : `${what} thread stalled`} for ${Math.round(ms)} ms`,
+        );
+        const until = sim.q.now + ms;
+        if (what === 'main') {
+          sim.stats.mainStalls++;
+          p.main.stalledUntil = Math.max(p.main.stalledUntil, until);
+        } else if (what === 'worker') {
+          sim.stats.workerStalls++;
+          const w = p.workers[sim.fault.int(p.workers.length)] as Thread;
+          w.stalledUntil = Math.max(w.stalledUntil, until);
+        } else {
+          // SIGCONT: the workers read their queued requests before the main thread's timers run.
+          sim.stats.sigstops++;
+          for (const w of p.workers) w.stalledUntil = Math.max(w.stalledUntil, until);
+          p.main.stalledUntil = Math.max(p.main.stalledUntil, until + sim.fault.range(0, 20));
+        }
+      },
+      false,
+    );
   }
 
   /** When the cell's buckets for `key` began refilling, for a window that may still hold the previous process's admissions. */
@@ -1106,29 +1305,72 @@ class Agent {
     const tenant = (TENANTS[ti] as { id: string }).id;
     const hits = r.chance(0.1) ? 1 + r.int(3) : null;
     const shape = r.int(4);
-    const entries = (pairs: [string, string][]): { key: string; value: string }[] => pairs.map(([key, value]) => ({ key, value }));
+    const entries = (pairs: [string, string][]): { key: string; value: string }[] =>
+      pairs.map(([key, value]) => ({ key, value }));
     let req: RlsRequest;
-    if (shape === 0) req = { domain: 'api', descriptors: [{ entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
-    else if (shape === 1) req = { domain: 'api', descriptors: [{ entries: entries([['route', 'upload'], ['tenant', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
-    else if (shape === 2) req = { domain: 'web', descriptors: [{ entries: entries([['customer', tenant]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
-    else req = { domain: 'api', descriptors: [{ entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits }, { entries: entries([['user', `u${(this.users = (this.users + 1) % 97)}`]]), limit: null, hitsAddend: hits }], hitsAddend: 0 };
+    if (shape === 0)
+      req = {
+        domain: 'api',
+        descriptors: [{ entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits }],
+        hitsAddend: 0,
+      };
+    else if (shape === 1)
+      req = {
+        domain: 'api',
+        descriptors: [
+          {
+            entries: entries([
+              ['route', 'upload'],
+              ['tenant', tenant],
+            ]),
+            limit: null,
+            hitsAddend: hits,
+          },
+        ],
+        hitsAddend: 0,
+      };
+    else if (shape === 2)
+      req = {
+        domain: 'web',
+        descriptors: [{ entries: entries([['customer', tenant]]), limit: null, hitsAddend: hits }],
+        hitsAddend: 0,
+      };
+    else
+      req = {
+        domain: 'api',
+        descriptors: [
+          { entries: entries([['tenant', tenant]]), limit: null, hitsAddend: hits },
+          { entries: entries([['user', `u${(this.users = (this.users + 1) % 97)}`]]), limit: null, hitsAddend: hits },
+        ],
+        hitsAddend: 0,
+      };
     const t = r.float() < 0.1 ? 0 : 1 + r.int(p.workers.length);
     const thread = t === 0 ? p.main : (p.workers[t - 1] as Thread);
     const decider = p.deciders[t] as Decider;
-    sim.on(thread, sim.q.now, () => {
-      if (this.process !== p) return; // the process is gone: nobody decides
-      this.consumed.length = 0;
-      const d = decider.decide(req);
-      sim.stats.decisions++;
-      if (!d.ok) throw new Error(`simulation request refused as malformed: ${d.failure.message}`);
-      if (d.decision.overLimit) return;
-      sim.stats.admitted++;
-      const need = hits ?? 1;
-      const own = this.consumed.find((c) => c.key === `tenant/${tenant}`);
-      if (own === undefined || own.hits < need) {
-        throw new Stop({ kind: 'consumed', atMs: sim.q.now, message: `${this.cell} admitted ${need} for tenant/${tenant} without counting them under its quota`, evidence: { consumed: [...this.consumed], req: JSON.stringify(req) } });
-      }
-      for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits, this.since(p, c.key));
-    }, false);
+    sim.on(
+      thread,
+      sim.q.now,
+      () => {
+        if (this.process !== p) return; // the process is gone: nobody decides
+        this.consumed.length = 0;
+        const d = decider.decide(req);
+        sim.stats.decisions++;
+        if (!d.ok) throw new Error(`simulation request refused as malformed: ${d.failure.message}`);
+        if (d.decision.overLimit) return;
+        sim.stats.admitted++;
+        const need = hits ?? 1;
+        const own = this.consumed.find((c) => c.key === `tenant/${tenant}`);
+        if (own === undefined || own.hits < need) {
+          throw new Stop({
+            kind: 'consumed',
+            atMs: sim.q.now,
+            message: `${this.cell} admitted ${need} for tenant/${tenant} without counting them under its quota`,
+            evidence: { consumed: [...this.consumed], req: JSON.stringify(req) },
+          });
+        }
+        for (const c of this.consumed.splice(0)) sim.admitted(this.cell, c.key, c.hits, this.since(p, c.key));
+      },
+      false,
+    );
   }
 }

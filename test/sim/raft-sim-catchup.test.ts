@@ -16,7 +16,10 @@ function check(opts: CatchUpOptions, boundMs: number): void {
   const what = `seed ${opts.seed}: ${JSON.stringify(r)}`;
   assert.equal(r.caughtUp, true, `not caught up: ${what}`);
   assert.ok(r.catchUpMs <= boundMs, `caught up in ${Math.round(r.catchUpMs)} ms, over ${boundMs} ms: ${what}`);
-  assert.ok(r.compactionsDuringTransfer >= 3, `the leader compacted mid-transfer only ${r.compactionsDuringTransfer} times: ${what}`);
+  assert.ok(
+    r.compactionsDuringTransfer >= 3,
+    `the leader compacted mid-transfer only ${r.compactionsDuringTransfer} times: ${what}`,
+  );
   assert.ok(r.snapshotsInstalled >= 1, what);
 }
 
@@ -33,7 +36,13 @@ void test('catch-up: a follower that restarts mid-transfer starts again and catc
 });
 
 void test('planted bug: restarting the transfer on every compaction never catches up (the test can fail)', () => {
-  const r = runCatchUp({ seed: 1, snapshotBytes, bytesPerMs, boundMs: 20 * wireMs, plantedBugs: { restartSnapshotOnCompaction: true } });
+  const r = runCatchUp({
+    seed: 1,
+    snapshotBytes,
+    bytesPerMs,
+    boundMs: 20 * wireMs,
+    plantedBugs: { restartSnapshotOnCompaction: true },
+  });
   assert.equal(r.caughtUp, false, JSON.stringify(r));
   assert.equal(r.snapshotsInstalled, 0);
   assert.ok(r.snapshotChunkBytesSent > 10 * snapshotBytes, `sent ${r.snapshotChunkBytesSent} bytes of chunks`);
@@ -42,12 +51,24 @@ void test('planted bug: restarting the transfer on every compaction never catche
 void test('catch-up from the log with large entries: a slow follower is not flooded with resent probes and appends', () => {
   const entryBytes = 200_000;
   for (let seed = 301; seed <= 304; seed++) {
-    const r = runCatchUp({ seed, snapshotEvery: 0, entryBytes, writeEveryMs: 100, downMs: 3000, maxAppendBytes: 1 << 20, bytesPerMs, boundMs: 30_000 });
+    const r = runCatchUp({
+      seed,
+      snapshotEvery: 0,
+      entryBytes,
+      writeEveryMs: 100,
+      downMs: 3000,
+      maxAppendBytes: 1 << 20,
+      bytesPerMs,
+      boundMs: 30_000,
+    });
     const what = `seed ${seed}: ${JSON.stringify(r)}`;
     assert.equal(r.caughtUp, true, what);
     assert.equal(r.snapshotsInstalled, 0, what);
     // Every write's entry crosses the link about once (before: ~4×, probes resent every heartbeat).
-    assert.ok(r.appendBytesToLagging <= 3 * r.writes * entryBytes, `${r.appendBytesToLagging} append bytes for ${r.writes} writes: ${what}`);
+    assert.ok(
+      r.appendBytesToLagging <= 3 * r.writes * entryBytes,
+      `${r.appendBytesToLagging} append bytes for ${r.writes} writes: ${what}`,
+    );
     assert.ok(r.catchUpMs <= 3500, what);
   }
 });

@@ -6,7 +6,17 @@
 // long (virtual time) the follower took to hold the leader's state at the index the leader had
 // committed when it came back, and checks on the way that every node's state machine agrees at
 // every index it applied (a rolling hash) and that no term has two leaders.
-import { EntryKind, RaftNode, Role, type Message, type NodeId, type PlantedBugs, type RaftConfig, type Ready, type Snapshot } from '../../coordinator/raft/index.js';
+import {
+  EntryKind,
+  RaftNode,
+  Role,
+  type Message,
+  type NodeId,
+  type PlantedBugs,
+  type RaftConfig,
+  type Ready,
+  type Snapshot,
+} from '../../coordinator/raft/index.js';
 import { sendBeforePersist } from '../../coordinator/raft/index.js';
 import { EventQueue } from './sim-queue.js';
 import { Rng } from '../../testkit/random.js';
@@ -99,7 +109,10 @@ export function runCatchUp(opts: CatchUpOptions): CatchUpResult {
 }
 
 class CatchUpSimulation {
-  private readonly o: Required<Omit<CatchUpOptions, 'plantedBugs' | 'crashMidTransferAtMs'>> & { readonly plantedBugs: PlantedBugs | undefined; readonly crashMidTransferAtMs: number | undefined };
+  private readonly o: Required<Omit<CatchUpOptions, 'plantedBugs' | 'crashMidTransferAtMs'>> & {
+    readonly plantedBugs: PlantedBugs | undefined;
+    readonly crashMidTransferAtMs: number | undefined;
+  };
   private readonly rng: Rng;
   private readonly q = new EventQueue();
   private readonly nodes = new Map<NodeId, Node>();
@@ -141,7 +154,16 @@ class CatchUpSimulation {
         snapshot: { meta: { index: 0, term: 0, conf: { voters, learners: [] } }, data: encodeState(0, 0, headerBytes) },
         entries: [],
       });
-      const node: Node = { id, rng: this.rng.fork(), raft: null, disk, hash: 0, applied: 0, snapshotIndex: 0, incarnation: 0 };
+      const node: Node = {
+        id,
+        rng: this.rng.fork(),
+        raft: null,
+        disk,
+        hash: 0,
+        applied: 0,
+        snapshotIndex: 0,
+        incarnation: 0,
+      };
       this.nodes.set(id, node);
       this.start(node);
     }
@@ -163,7 +185,8 @@ class CatchUpSimulation {
     const current = this.leader();
     if (current === null) throw new Error('no leader while the follower was down');
     const target = current.raft?.status().commit ?? 0;
-    if (this.o.snapshotEvery > 0 && (current.raft?.status().firstIndex ?? 0) <= lagging.applied + 1) throw new Error('the leader did not compact past the stopped follower: raise downMs');
+    if (this.o.snapshotEvery > 0 && (current.raft?.status().firstIndex ?? 0) <= lagging.applied + 1)
+      throw new Error('the leader did not compact past the stopped follower: raise downMs');
     const t0 = this.q.now;
     this.start(lagging);
     const crashAt = this.o.crashMidTransferAtMs;
@@ -272,7 +295,8 @@ class CatchUpSimulation {
       const s = rd.softState;
       if (s.role === Role.Leader) {
         const other = this.leaderOfTerm.get(s.term);
-        if (other !== undefined && other !== node.id) throw new Error(`two leaders in term ${s.term}: ${other} and ${node.id}`);
+        if (other !== undefined && other !== node.id)
+          throw new Error(`two leaders in term ${s.term}: ${other} and ${node.id}`);
         this.leaderOfTerm.set(s.term, node.id);
       }
       const early = s.role === Role.Leader ? rd.messages.filter(sendBeforePersist) : [];
@@ -320,7 +344,12 @@ class CatchUpSimulation {
   private maybeCompact(node: Node): void {
     const raft = node.raft;
     if (raft === null || this.o.snapshotEvery <= 0 || node.applied - node.snapshotIndex < this.o.snapshotEvery) return;
-    if (raft.softState().role === Role.Leader && this.lagging !== null && raft.status().progress.get(this.lagging)?.state === 'snapshot') this.compactionsDuringTransfer++;
+    if (
+      raft.softState().role === Role.Leader &&
+      this.lagging !== null &&
+      raft.status().progress.get(this.lagging)?.state === 'snapshot'
+    )
+      this.compactionsDuringTransfer++;
     const snap: Snapshot = raft.compact(encodeState(node.hash, node.applied, this.o.snapshotBytes), this.o.trailing);
     node.disk.writeSnapshot(snap, raft.firstIndex());
     node.disk.sync();

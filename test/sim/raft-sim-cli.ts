@@ -33,7 +33,9 @@ if (values['catch-up']) {
   for (let seed = first; seed < first + n; seed++) {
     const r = runCatchUp({ seed, dropRate: drop });
     if (!r.caughtUp) failed++;
-    console.log(`seed ${seed}: ${r.caughtUp ? `caught up in ${Math.round(r.catchUpMs)} ms` : 'NOT caught up'} (virtual), target index ${r.targetIndex}, ${r.compactionsDuringTransfer} compactions on the leader mid-transfer, ${r.snapshotChunkBytesSent} snapshot bytes sent`);
+    console.log(
+      `seed ${seed}: ${r.caughtUp ? `caught up in ${Math.round(r.catchUpMs)} ms` : 'NOT caught up'} (virtual), target index ${r.targetIndex}, ${r.compactionsDuringTransfer} compactions on the leader mid-transfer, ${r.snapshotChunkBytesSent} snapshot bytes sent`,
+    );
   }
   console.log(`${n - failed} caught up, ${failed} did not`);
   process.exit(failed > 0 ? 1 : 0);
@@ -49,7 +51,10 @@ function intArg(name: string, v: string | undefined, fallback: number): number {
   return n;
 }
 
-const bugs: Record<string, PlantedBugs> = { 'commit-rule': { commitPriorTermByCount: true }, 'skip-vote': { skipVotePersist: true } };
+const bugs: Record<string, PlantedBugs> = {
+  'commit-rule': { commitPriorTermByCount: true },
+  'skip-vote': { skipVotePersist: true },
+};
 const plantedBugs = values.bug === undefined ? undefined : bugs[values.bug];
 if (values.bug !== undefined && plantedBugs === undefined) {
   console.error(`--bug must be one of ${Object.keys(bugs).join(', ')}`);
@@ -69,12 +74,18 @@ const failures: SimResult[] = [];
 let events = 0;
 let lastReport = began;
 for (let seed = start; seed < start + count; seed++) {
-  const r = runSimulation({ seed, ...(nodeCount === undefined ? {} : { nodeCount }), ...(plantedBugs === undefined ? {} : { plantedBugs }) });
+  const r = runSimulation({
+    seed,
+    ...(nodeCount === undefined ? {} : { nodeCount }),
+    ...(plantedBugs === undefined ? {} : { plantedBugs }),
+  });
   events += r.stats.events;
   if (!r.ok) {
     failures.push(r);
     console.log(`seed ${seed} FAILED: ${r.violation?.message ?? 'unknown'}`);
-    console.log(`  replay: npm run sim -- --seed ${seed}${values.nodes === undefined ? '' : ` --nodes ${values.nodes}`}${values.bug === undefined ? '' : ` --bug ${values.bug}`}`);
+    console.log(
+      `  replay: npm run sim -- --seed ${seed}${values.nodes === undefined ? '' : ` --nodes ${values.nodes}`}${values.bug === undefined ? '' : ` --bug ${values.bug}`}`,
+    );
   } else if (values.verbose || single) {
     console.log(`seed ${seed} ok ${JSON.stringify(r.stats)}`);
   }
@@ -82,9 +93,13 @@ for (let seed = start; seed < start + count; seed++) {
   if (now - lastReport > 5_000_000_000n) {
     lastReport = now;
     const done = seed - start + 1;
-    console.log(`progress: ${done}/${count} seeds, ${failures.length} failed, ${(Number(now - began) / 1e9).toFixed(1)} s`);
+    console.log(
+      `progress: ${done}/${count} seeds, ${failures.length} failed, ${(Number(now - began) / 1e9).toFixed(1)} s`,
+    );
   }
 }
 const secs = Number(process.hrtime.bigint() - began) / 1e9;
-console.log(`${count - failures.length} passed, ${failures.length} failed (seeds ${start}..${start + count - 1}, ${events} events, ${secs.toFixed(1)} s)`);
+console.log(
+  `${count - failures.length} passed, ${failures.length} failed (seeds ${start}..${start + count - 1}, ${events} events, ${secs.toFixed(1)} s)`,
+);
 process.exit(failures.length > 0 ? 1 : 0);

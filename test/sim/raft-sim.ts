@@ -216,9 +216,19 @@ export class RaftSimulation {
       const deadline = end + this.opts.livenessMs;
       while (!this.livenessReached() && this.q.runNext(deadline)) this.stats.events++;
       if (!this.livenessReached()) {
-        const pending = this.history.filter((o) => !o.done).map((o) => `${o.clientId}#${o.seq} ${o.input.kind} attempt ${o.attempt} target ${this.clientOf(o).target}`);
-        pending.push(...[...this.nodes.values()].map((n) => `${n.id}: ${n.raft === null ? 'down' : JSON.stringify({ ...n.raft.status(), progress: [...n.raft.status().progress] })} decom=${n.decommissioned}`));
-        throw new SimViolation('liveness', `${this.opts.livenessMs} ms after healing: leader=${this.currentLeader() ?? 'none'}, pending ops: ${pending.join(', ') || 'none'}`);
+        const pending = this.history
+          .filter((o) => !o.done)
+          .map((o) => `${o.clientId}#${o.seq} ${o.input.kind} attempt ${o.attempt} target ${this.clientOf(o).target}`);
+        pending.push(
+          ...[...this.nodes.values()].map(
+            (n) =>
+              `${n.id}: ${n.raft === null ? 'down' : JSON.stringify({ ...n.raft.status(), progress: [...n.raft.status().progress] })} decom=${n.decommissioned}`,
+          ),
+        );
+        throw new SimViolation(
+          'liveness',
+          `${this.opts.livenessMs} ms after healing: leader=${this.currentLeader() ?? 'none'}, pending ops: ${pending.join(', ') || 'none'}`,
+        );
       }
       this.stats.virtualMs = this.q.now;
       this.finalChecks();
@@ -227,7 +237,12 @@ export class RaftSimulation {
       this.stats.virtualMs = this.q.now;
       if (err instanceof SimViolation) return { seed: this.opts.seed, ok: false, violation: err, stats: this.stats };
       const e = err instanceof Error ? err : new Error(String(err));
-      return { seed: this.opts.seed, ok: false, violation: new SimViolation('crash', `${e.message}\n${e.stack ?? ''}`), stats: this.stats };
+      return {
+        seed: this.opts.seed,
+        ok: false,
+        violation: new SimViolation('crash', `${e.message}\n${e.stack ?? ''}`),
+        stats: this.stats,
+      };
     }
   }
 
@@ -255,7 +270,10 @@ export class RaftSimulation {
     const disk = new SimDisk({
       hard: { term: 0, vote: null, commit: 0 },
       // Every node, including one that joins later, starts from the bootstrap configuration.
-      snapshot: { meta: { index: 0, term: 0, conf: { voters: [...this.bootstrapVoters], learners: [] } }, data: emptyState },
+      snapshot: {
+        meta: { index: 0, term: 0, conf: { voters: [...this.bootstrapVoters], learners: [] } },
+        data: emptyState,
+      },
       entries: [],
     });
     const rng = this.rng.fork();
@@ -349,7 +367,8 @@ export class RaftSimulation {
    */
   private buggifyCrashAfterVote(node: SimNode, rd: Ready): boolean {
     const st = node.raft?.status();
-    if (rd.hardState === null || st === undefined || st.vote === null || st.vote === node.id || !this.faultsOn) return false;
+    if (rd.hardState === null || st === undefined || st.vote === null || st.vote === node.id || !this.faultsOn)
+      return false;
     const voteKey = `${st.term}:${st.vote}`;
     if (node.lastVote === voteKey) return false;
     node.lastVote = voteKey;
@@ -614,8 +633,19 @@ export class RaftSimulation {
     c.seq++;
     c.busy = true;
     const key = this.rng.pick(keys);
-    const input: KvInput = this.rng.chance(0.5) ? { kind: 'put', key, value: `${c.id}-${c.seq}` } : { kind: 'get', key };
-    const op: ClientOp = { clientId: c.id, seq: c.seq, input, call: this.q.now, done: false, attempt: 0, output: null, returnAt: Infinity };
+    const input: KvInput = this.rng.chance(0.5)
+      ? { kind: 'put', key, value: `${c.id}-${c.seq}` }
+      : { kind: 'get', key };
+    const op: ClientOp = {
+      clientId: c.id,
+      seq: c.seq,
+      input,
+      call: this.q.now,
+      done: false,
+      attempt: 0,
+      output: null,
+      returnAt: Infinity,
+    };
     this.history.push(op);
     this.attempt(op);
   }
@@ -627,7 +657,13 @@ export class RaftSimulation {
     const client = this.clientOf(op);
     const node = this.nodes.get(client.target);
     const raft = node?.raft;
-    if (node === undefined || raft === null || raft === undefined || node.decommissioned || this.q.now < node.pausedUntil) {
+    if (
+      node === undefined ||
+      raft === null ||
+      raft === undefined ||
+      node.decommissioned ||
+      this.q.now < node.pausedUntil
+    ) {
       client.target = this.rng.pick(this.liveIds());
       this.q.schedule(this.q.now + 10, () => this.attempt(op));
       return;
@@ -706,7 +742,10 @@ export class RaftSimulation {
       if (index < st.firstIndex) continue;
       const t = raft.termAt(index);
       if (t !== c.term) {
-        throw new SimViolation('leader-completeness', `leader ${node.id} of term ${s.term} has term ${t ?? 'none'} at committed index ${index} (committed term ${c.term})`);
+        throw new SimViolation(
+          'leader-completeness',
+          `leader ${node.id} of term ${s.term} has term ${t ?? 'none'} at committed index ${index} (committed term ${c.term})`,
+        );
       }
     }
   }
@@ -723,9 +762,16 @@ export class RaftSimulation {
         this.logIdentity.set(key, { hash, prevTerm });
         continue;
       }
-      if (seen.hash !== hash) throw new SimViolation('log-matching', `two different entries at index ${e.index} term ${e.term} (node ${node.id})`);
+      if (seen.hash !== hash)
+        throw new SimViolation(
+          'log-matching',
+          `two different entries at index ${e.index} term ${e.term} (node ${node.id})`,
+        );
       if (seen.prevTerm !== undefined && prevTerm !== undefined && seen.prevTerm !== prevTerm) {
-        throw new SimViolation('log-matching', `entry ${e.index}/${e.term} follows term ${prevTerm} on ${node.id} but term ${seen.prevTerm} elsewhere`);
+        throw new SimViolation(
+          'log-matching',
+          `entry ${e.index}/${e.term} follows term ${prevTerm} on ${node.id} but term ${seen.prevTerm} elsewhere`,
+        );
       }
     }
   }
@@ -738,7 +784,10 @@ export class RaftSimulation {
       return;
     }
     if (c.term !== e.term || c.hash !== hash) {
-      throw new SimViolation('state-machine-safety', `node ${node.id} applied ${e.index}/${e.term} but ${e.index}/${c.term} was applied elsewhere`);
+      throw new SimViolation(
+        'state-machine-safety',
+        `node ${node.id} applied ${e.index}/${e.term} but ${e.index}/${c.term} was applied elsewhere`,
+      );
     }
   }
 
@@ -760,17 +809,28 @@ export class RaftSimulation {
   private finalChecks(): void {
     for (const w of this.ackedWrites) {
       const c = this.committed.get(w.index);
-      if (c?.term !== w.term) throw new SimViolation('lost-write', `acknowledged write ${w.index}/${w.term} is not the committed entry there`);
+      if (c?.term !== w.term)
+        throw new SimViolation(
+          'lost-write',
+          `acknowledged write ${w.index}/${w.term} is not the committed entry there`,
+        );
     }
     this.stats.historyOps = this.history.length;
     if (!this.opts.checkHistory) return;
     const ops: Operation<KvInput, KvOutput>[] = [];
     for (const o of this.history) {
       if (o.input.kind === 'get' && !o.done) continue; // a read that never returned has no effect
-      ops.push({ clientId: o.clientId, input: o.input, output: o.output ?? { value: null }, call: o.call, return: o.done ? o.returnAt : Infinity });
+      ops.push({
+        clientId: o.clientId,
+        input: o.input,
+        output: o.output ?? { value: null },
+        call: o.call,
+        return: o.done ? o.returnAt : Infinity,
+      });
     }
     const verdict = checkLinearizable(kvModel, ops);
-    if (verdict.ok === false) throw new SimViolation('linearizability', `client history is not linearizable: ${verdict.reason}`);
+    if (verdict.ok === false)
+      throw new SimViolation('linearizability', `client history is not linearizable: ${verdict.reason}`);
     if (verdict.ok === 'unknown') throw new SimViolation('linearizability', `checker gave up: ${verdict.reason}`);
   }
 }
@@ -780,7 +840,10 @@ function encodeState(kv: Map<string, string>, sessions: ClientSessions<string>):
 }
 
 function decodeState(data: Uint8Array): { kv: Map<string, string>; sessions: ClientSessions<string> } {
-  const v = JSON.parse(textDecoder.decode(data)) as { kv: [string, string][]; sessions: { clientId: string; seq: number; result: string }[] };
+  const v = JSON.parse(textDecoder.decode(data)) as {
+    kv: [string, string][];
+    sessions: { clientId: string; seq: number; result: string }[];
+  };
   return { kv: new Map(v.kv), sessions: ClientSessions.fromEntries(1000, v.sessions) };
 }
 

@@ -16,12 +16,23 @@ export interface Browser {
   close(): Promise<void>;
 }
 
-export async function launchBrowser(opts: { readonly extraHTTPHeaders?: Record<string, string> } = {}): Promise<Browser> {
+export async function launchBrowser(
+  opts: { readonly extraHTTPHeaders?: Record<string, string> } = {},
+): Promise<Browser> {
   const profile = mkdtempSync(join(tmpdir(), 'cq-chromium-'));
   // launchPersistentContext passes the fresh profile as --user-data-dir.
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
     viewport: { width: 1366, height: 768 },
     ...(opts.extraHTTPHeaders === undefined ? {} : { extraHTTPHeaders: opts.extraHTTPHeaders }),
   });

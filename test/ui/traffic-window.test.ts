@@ -13,10 +13,18 @@ const lookup = (rate: number, burst: number, limits: Record<string, number> = {}
 });
 
 /** Each cell reports every `everyMs` (plus its jitter) the rate it admitted over the last 500 ms. */
-function run(w: TrafficWindows, rates: Record<string, number>, untilMs: number, look: QuotaLookup, jitter: (cell: string, i: number) => number = () => 0, everyMs = 500): void {
+function run(
+  w: TrafficWindows,
+  rates: Record<string, number>,
+  untilMs: number,
+  look: QuotaLookup,
+  jitter: (cell: string, i: number) => number = () => 0,
+  everyMs = 500,
+): void {
   const t0 = 1_000_000;
   const events: { at: number; cell: string }[] = [];
-  for (const cell of Object.keys(rates)) for (let i = 1; t0 + i * everyMs < t0 + untilMs; i++) events.push({ at: t0 + i * everyMs + jitter(cell, i), cell });
+  for (const cell of Object.keys(rates))
+    for (let i = 1; t0 + i * everyMs < t0 + untilMs; i++) events.push({ at: t0 + i * everyMs + jitter(cell, i), cell });
   events.sort((a, b) => a.at - b.at);
   for (const e of events) {
     w.record(e.cell, e.at, [{ key: 'tenant/a', allowedPerS: rates[e.cell] ?? 0, refusedPerS: 5 }]);
@@ -59,17 +67,24 @@ void test('jittered and overlapping reports never count an admission twice (prop
         const w = new TrafficWindows();
         // A bound exactly the true admitted count per 1 s window: the ratio must never pass 1.
         const truth = rates.east + rates.west;
-        run(w, rates, 8_000, lookup(Math.max(1, truth), 0), (cell, i) => (jitters[(i * (cell === 'east' ? 1 : 7)) % jitters.length] ?? 0), everyMs);
+        run(
+          w,
+          rates,
+          8_000,
+          lookup(Math.max(1, truth), 0),
+          (cell, i) => jitters[(i * (cell === 'east' ? 1 : 7)) % jitters.length] ?? 0,
+          everyMs,
+        );
         const t = w.traffic('tenant/a', 1_008_000);
         const peak = t?.peakRatio ?? 0;
-        return peak <= 1 + 1e-3 && (w.totals().windowsOver === 0);
+        return peak <= 1 + 1e-3 && w.totals().windowsOver === 0;
       },
     ),
     { seed: 19, numRuns: 200 },
   );
 });
 
-void test('history: each cell\'s admitted rate per second against its slice and the quota', () => {
+void test("history: each cell's admitted rate per second against its slice and the quota", () => {
   const w = new TrafficWindows();
   run(w, { east: 60, west: 20 }, 8_000, lookup(100, 50, { east: 75, west: 25 }));
   const h = w.history('tenant/a', 1_000_000 + 8_000 + SETTLE_MS);
@@ -77,16 +92,25 @@ void test('history: each cell\'s admitted rate per second against its slice and 
   assert.equal(h.times.length, HISTORY_POINTS);
   const east = h.cells.find((c) => c.cellId === 'east');
   assert.ok(east !== undefined);
-  const points = east.admitted.map((a, i) => ({ a, limit: east.limit[i], quota: h.quota[i] })).filter((p) => p.a !== null);
+  const points = east.admitted
+    .map((a, i) => ({ a, limit: east.limit[i], quota: h.quota[i] }))
+    .filter((p) => p.a !== null);
   assert.ok(points.length >= 5, `seconds kept: ${points.length}`);
   // Full seconds inside the load: 60/s against a slice of 75 and the quota of 100.
-  assert.ok(points.some((p) => Math.abs((p.a ?? 0) - 60) < 1e-3 && p.limit === 75 && p.quota === 100), JSON.stringify(points));
+  assert.ok(
+    points.some((p) => Math.abs((p.a ?? 0) - 60) < 1e-3 && p.limit === 75 && p.quota === 100),
+    JSON.stringify(points),
+  );
   assert.equal(w.history('tenant/none', 1_010_000), null);
 });
 
 void test('bounded: past the cap new quotas are not followed, and counted', () => {
   const w = new TrafficWindows({ maxKeys: 2 });
-  w.record('east', 1000, [{ key: 'tenant/a', allowedPerS: 1, refusedPerS: 0 }, { key: 'tenant/b', allowedPerS: 1, refusedPerS: 0 }, { key: 'tenant/c', allowedPerS: 1, refusedPerS: 0 }]);
+  w.record('east', 1000, [
+    { key: 'tenant/a', allowedPerS: 1, refusedPerS: 0 },
+    { key: 'tenant/b', allowedPerS: 1, refusedPerS: 0 },
+    { key: 'tenant/c', allowedPerS: 1, refusedPerS: 0 },
+  ]);
   assert.equal(w.trackedKeys, 2);
   assert.equal(w.totals().untracked, 1);
   assert.equal(w.traffic('tenant/c', 1000), null);

@@ -16,9 +16,14 @@ if (base === undefined) {
 }
 const count = Number(countArg ?? 100_000);
 const auth: Record<string, string> = token === undefined ? {} : { authorization: `Bearer ${token}` };
-const leader = (await (await fetch(`${base}/v1/cluster?stale=true`, { headers: auth })).json()) as { leader: string; members: { id: string; adminUrl: string }[] };
+const leader = (await (await fetch(`${base}/v1/cluster?stale=true`, { headers: auth })).json()) as {
+  leader: string;
+  members: { id: string; adminUrl: string }[];
+};
 const leaderUrl = leader.members.find((m) => m.id === leader.leader)?.adminUrl ?? base;
-const have = (await (await fetch(`${base}/ui/api/state?size=1`, { headers: auth })).json()) as { tenants: { total: number } };
+const have = (await (await fetch(`${base}/ui/api/state?size=1`, { headers: auth })).json()) as {
+  tenants: { total: number };
+};
 if (have.tenants.total < count) {
   // Through `cellquota ctl tenants import` (batched POST /v1/tenants): tenants already there come back unchanged.
   const dir = mkdtempSync(join(tmpdir(), 'cq-ui-load-'));
@@ -26,7 +31,22 @@ if (have.tenants.total < count) {
     const file = join(dir, 'tenants.jsonl');
     writeFileSync(file, Array.from({ length: count }, (_, i) => `{"id":"load-${i}","tier":"demo"}`).join('\n') + '\n');
     const cli = resolve(import.meta.dirname, '../../cli/main.ts');
-    const r = spawnSync(process.execPath, ['--import', 'tsx', cli, 'ctl', '--admin', leaderUrl, ...(token === undefined ? [] : ['--token', token]), 'tenants', 'import', file], { stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf8' });
+    const r = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        cli,
+        'ctl',
+        '--admin',
+        leaderUrl,
+        ...(token === undefined ? [] : ['--token', token]),
+        'tenants',
+        'import',
+        file,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf8' },
+    );
     if (r.status !== 0) throw new Error(`tenants import failed (exit ${String(r.status)}): ${r.stdout}`);
     console.log(r.stdout.trim());
   } finally {
@@ -34,7 +54,9 @@ if (have.tenants.total < count) {
   }
 }
 // Every tenant in the ledger (the load tenants and any others): what the page must show.
-const total = ((await (await fetch(`${base}/ui/api/state?size=1`, { headers: auth })).json()) as { tenants: { total: number } }).tenants.total;
+const total = (
+  (await (await fetch(`${base}/ui/api/state?size=1`, { headers: auth })).json()) as { tenants: { total: number } }
+).tenants.total;
 const browser = await launchBrowser({ extraHTTPHeaders: auth });
 try {
   for (let run = 0; run < 5; run++) {
@@ -44,7 +66,9 @@ try {
     await cdp.send('Network.setCacheDisabled', { cacheDisabled: true });
     let bytes = 0;
     const byUrl = new Map<string, string>();
-    cdp.on('Network.responseReceived', (e: { requestId: string; response: { url: string } }) => byUrl.set(e.requestId, e.response.url));
+    cdp.on('Network.responseReceived', (e: { requestId: string; response: { url: string } }) =>
+      byUrl.set(e.requestId, e.response.url),
+    );
     const sizes: Record<string, number> = {};
     cdp.on('Network.loadingFinished', (e: { requestId: string; encodedDataLength: number }) => {
       bytes += e.encodedDataLength;
@@ -54,14 +78,26 @@ try {
     const t0 = Date.now();
     await page.goto(`${base}/ui/`);
     // Locators, not a function evaluated in the page: the live view's CSP (script-src 'self') forbids eval.
-    await page.locator('#tenant-count', { hasText: `${total.toLocaleString('en-US')} in the ledger` }).waitFor({ timeout: 60_000 });
+    await page
+      .locator('#tenant-count', { hasText: `${total.toLocaleString('en-US')} in the ledger` })
+      .waitFor({ timeout: 60_000 });
     await page.locator('#tenants tr').nth(49).waitFor({ timeout: 60_000 });
     const drawnMs = Date.now() - t0;
     const firstBytes = bytes;
     const firstSizes = { ...sizes };
     // One poll's document, for the steady-state traffic.
-    const stateBytes = (await (await fetch(`${base}/ui/api/state?page=0&size=50&sort=busy`, { headers: auth })).text()).length;
-    console.log(JSON.stringify({ run, tenants: count, drawnMs, bytesUntilDrawn: firstBytes, perResource: firstSizes, stateDocumentBytes: stateBytes }));
+    const stateBytes = (await (await fetch(`${base}/ui/api/state?page=0&size=50&sort=busy`, { headers: auth })).text())
+      .length;
+    console.log(
+      JSON.stringify({
+        run,
+        tenants: count,
+        drawnMs,
+        bytesUntilDrawn: firstBytes,
+        perResource: firstSizes,
+        stateDocumentBytes: stateBytes,
+      }),
+    );
     await page.close();
   }
   // The server side of one poll at this size, measured from outside.
@@ -72,7 +108,9 @@ try {
     times.push(performance.now() - t);
   }
   times.sort((a, b) => a - b);
-  console.log(JSON.stringify({ stateRequestMs: { median: Math.round(times[10] ?? 0), p90: Math.round(times[18] ?? 0) } }));
+  console.log(
+    JSON.stringify({ stateRequestMs: { median: Math.round(times[10] ?? 0), p90: Math.round(times[18] ?? 0) } }),
+  );
 } finally {
   await browser.close();
 }

@@ -8,7 +8,9 @@ if (url === undefined || out === undefined) {
   console.error('usage: ui-screenshot.ts URL OUT.png [TOKEN]');
   process.exit(2);
 }
-const browser = await launchBrowser(token === undefined ? {} : { extraHTTPHeaders: { authorization: `Bearer ${token}` } });
+const browser = await launchBrowser(
+  token === undefined ? {} : { extraHTTPHeaders: { authorization: `Bearer ${token}` } },
+);
 try {
   const page = await browser.context.newPage();
   await page.setViewportSize({ width: 1440, height: 900 });

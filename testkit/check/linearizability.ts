@@ -90,14 +90,17 @@ export function checkLinearizable<State, Input, Output>(
   let unknown: { ok: 'unknown'; reason: string } | undefined;
   for (const [p, part] of parts.entries()) {
     const r = checkPartition(model, part, maxSteps);
-    if (r.ok === false) return { ok: false, partition: p, reason: `partition ${p}: ${r.reason}`, longestPrefix: r.longestPrefix };
+    if (r.ok === false)
+      return { ok: false, partition: p, reason: `partition ${p}: ${r.reason}`, longestPrefix: r.longestPrefix };
     if (r.ok === 'unknown') unknown ??= { ok: 'unknown', reason: `partition ${p}: ${r.reason}` };
   }
   return unknown ?? { ok: true };
 }
 
 function describeOp<State, Input, Output>(model: Model<State, Input, Output>, op: Operation<Input, Output>): string {
-  const what = model.describe ? model.describe(op.input, op.output) : `${JSON.stringify(op.input)} -> ${JSON.stringify(op.output)}`;
+  const what = model.describe
+    ? model.describe(op.input, op.output)
+    : `${JSON.stringify(op.input)} -> ${JSON.stringify(op.output)}`;
   return `client ${op.clientId}: ${what} [${op.call}, ${op.return}]`;
 }
 
@@ -160,7 +163,10 @@ function checkPartition<State, Input, Output>(
   let e = next[head] as number;
   while (e !== NIL) {
     if (++steps > maxSteps) {
-      return { ok: 'unknown', reason: `gave up after ${maxSteps} search steps (${n} operations, ${longestPrefix.length} linearized at best)` };
+      return {
+        ok: 'unknown',
+        reason: `gave up after ${maxSteps} search steps (${n} operations, ${longestPrefix.length} linearized at best)`,
+      };
     }
     if (e < n) {
       const op = ops[e] as Operation<Input, Output>;

@@ -66,10 +66,15 @@ export function grpcRequestHeaderBlock(path: string, authority: string): Buffer 
   return Buffer.concat([
     Buffer.from([0x83]), // :method POST (static 3)
     Buffer.from([0x86]), // :scheme http (static 6)
-    Buffer.from([0x04]), hpackString(path), // :path (static name 4), literal without indexing
-    Buffer.from([0x01]), hpackString(authority), // :authority (static name 1)
-    Buffer.from([0x0f, 0x10]), hpackString('application/grpc'), // content-type (static name 31 = 15 + 16)
-    Buffer.from([0x00]), hpackString('te'), hpackString('trailers'), // new name
+    Buffer.from([0x04]),
+    hpackString(path), // :path (static name 4), literal without indexing
+    Buffer.from([0x01]),
+    hpackString(authority), // :authority (static name 1)
+    Buffer.from([0x0f, 0x10]),
+    hpackString('application/grpc'), // content-type (static name 31 = 15 + 16)
+    Buffer.from([0x00]),
+    hpackString('te'),
+    hpackString('trailers'), // new name
   ]);
 }
 
@@ -145,7 +150,15 @@ export class RawH2Session {
         settings.writeUInt32BE(MAX_WINDOW, 8);
         const windowUpdate = Buffer.alloc(4);
         windowUpdate.writeUInt32BE(MAX_WINDOW - DEFAULT_WINDOW, 0);
-        socket.write(Buffer.concat([PREFACE, frameHeader(12, FRAME_SETTINGS, 0, 0), settings, frameHeader(4, FRAME_WINDOW_UPDATE, 0, 0), windowUpdate]));
+        socket.write(
+          Buffer.concat([
+            PREFACE,
+            frameHeader(12, FRAME_SETTINGS, 0, 0),
+            settings,
+            frameHeader(4, FRAME_WINDOW_UPDATE, 0, 0),
+            windowUpdate,
+          ]),
+        );
         session.settingsReceived = () => {
           socket.off('error', onError);
           resolve(session);
@@ -204,7 +217,11 @@ export class RawH2Session {
 
   private send(t: RequestTemplate, token: unknown): void {
     if (t.dataLength > this.peerStreamWindow) {
-      this.sink.streamDone(token, null, `request of ${t.dataLength} bytes exceeds the server's stream window ${this.peerStreamWindow}`);
+      this.sink.streamDone(
+        token,
+        null,
+        `request of ${t.dataLength} bytes exceeds the server's stream window ${this.peerStreamWindow}`,
+      );
       return;
     }
     const id = this.nextStreamId;
@@ -248,7 +265,12 @@ export class RawH2Session {
     if (s === undefined) return;
     this.streams.delete(id);
     if (error !== null) this.sink.streamDone(s.token, null, error);
-    else if (s.body === null || s.headers < 2) this.sink.streamDone(s.token, null, s.body === null ? 'trailers-only answer (a non-OK grpc-status)' : 'stream ended without trailers');
+    else if (s.body === null || s.headers < 2)
+      this.sink.streamDone(
+        s.token,
+        null,
+        s.body === null ? 'trailers-only answer (a non-OK grpc-status)' : 'stream ended without trailers',
+      );
     else this.sink.streamDone(s.token, s.body, null);
     this.drainQueue();
   }
@@ -345,7 +367,8 @@ export class RawH2Session {
         return;
       }
       case FRAME_PING:
-        if ((flags & FLAG_ACK) === 0) this.write(Buffer.concat([frameHeader(8, FRAME_PING, FLAG_ACK, 0), buf.subarray(from, to)]));
+        if ((flags & FLAG_ACK) === 0)
+          this.write(Buffer.concat([frameHeader(8, FRAME_PING, FLAG_ACK, 0), buf.subarray(from, to)]));
         return;
       case FRAME_GOAWAY: {
         this.lastGoodStream = buf.readUInt32BE(from) & 0x7fffffff;

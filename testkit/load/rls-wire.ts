@@ -59,7 +59,9 @@ const utf8 = new TextEncoder();
 export function encodeRateLimitRequest(domain: string, descriptors: readonly (readonly WireEntry[])[]): Uint8Array {
   const parts: Uint8Array[] = [lenField(1, utf8.encode(domain))];
   for (const entries of descriptors) {
-    const entryBytes = entries.map((e) => lenField(1, concat([lenField(1, utf8.encode(e.key)), lenField(2, utf8.encode(e.value))])));
+    const entryBytes = entries.map((e) =>
+      lenField(1, concat([lenField(1, utf8.encode(e.key)), lenField(2, utf8.encode(e.value))])),
+    );
     parts.push(lenField(2, concat(entryBytes)));
   }
   return concat(parts);
@@ -77,7 +79,8 @@ export function grpcFrame(message: Uint8Array): Buffer {
 /** The benchmark's requests: one gRPC frame per tenant, [{key: 'tenant', value: 'tenant-N'}] in `domain`. */
 export function tenantFrames(domain: string, tenants: number): Buffer[] {
   const frames: Buffer[] = [];
-  for (let i = 0; i < tenants; i++) frames.push(grpcFrame(encodeRateLimitRequest(domain, [[{ key: 'tenant', value: `tenant-${i}` }]])));
+  for (let i = 0; i < tenants; i++)
+    frames.push(grpcFrame(encodeRateLimitRequest(domain, [[{ key: 'tenant', value: `tenant-${i}` }]])));
   return frames;
 }
 

@@ -4,8 +4,13 @@
 import { pathToFileURL } from 'node:url';
 import type { RunningServer, ServerOptions, StartServer } from './server-module.js';
 
-export type ToHost = { readonly type: 'start'; readonly modulePath: string; readonly target: string; readonly options: ServerOptions } | { readonly type: 'stop' };
-export type FromHost = { readonly type: 'ready'; readonly description: string; readonly endpoints: readonly string[] } | { readonly type: 'failed'; readonly message: string } | { readonly type: 'stopped' };
+export type ToHost =
+  | { readonly type: 'start'; readonly modulePath: string; readonly target: string; readonly options: ServerOptions }
+  | { readonly type: 'stop' };
+export type FromHost =
+  | { readonly type: 'ready'; readonly description: string; readonly endpoints: readonly string[] }
+  | { readonly type: 'failed'; readonly message: string }
+  | { readonly type: 'stopped' };
 
 function send(msg: FromHost): void {
   if (process.send !== undefined && process.connected) process.send(msg);

@@ -8,7 +8,13 @@ import { delimiter, join } from 'node:path';
 
 export function findRedisServer(): string | null {
   const explicit = process.env['REDIS_SERVER'];
-  const candidates = explicit !== undefined && explicit !== '' ? [explicit] : (process.env['PATH'] ?? '').split(delimiter).filter((d) => d !== '').map((d) => join(d, 'redis-server'));
+  const candidates =
+    explicit !== undefined && explicit !== ''
+      ? [explicit]
+      : (process.env['PATH'] ?? '')
+          .split(delimiter)
+          .filter((d) => d !== '')
+          .map((d) => join(d, 'redis-server'));
   for (const c of candidates) {
     try {
       accessSync(c, constants.X_OK);
@@ -59,11 +65,33 @@ export class RedisServer {
     const socket = join(dir, 'redis.sock');
     const versionOut = spawnSync(bin, ['--version'], { encoding: 'utf8' }).stdout;
     const version = /v=([\d.]+)/.exec(versionOut)?.[1] ?? 'unknown';
-    const args = ['--port', '0', '--unixsocket', socket, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', dir, '--daemonize', 'no', '--loglevel', 'warning'];
+    const args = [
+      '--port',
+      '0',
+      '--unixsocket',
+      socket,
+      '--unixsocketperm',
+      '700',
+      '--save',
+      '',
+      '--appendonly',
+      'no',
+      '--dir',
+      dir,
+      '--daemonize',
+      'no',
+      '--loglevel',
+      'warning',
+    ];
     const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     const tail: string[] = [];
     const keep = (d: Buffer): void => {
-      tail.push(...d.toString('utf8').split('\n').filter((l) => l.trim() !== ''));
+      tail.push(
+        ...d
+          .toString('utf8')
+          .split('\n')
+          .filter((l) => l.trim() !== ''),
+      );
       tail.splice(0, Math.max(0, tail.length - 10));
     };
     child.stdout?.on('data', keep);

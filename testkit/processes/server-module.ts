@@ -16,7 +16,12 @@ export interface ServerOptions {
    * bench/servers/rlf-quota.ts: one quota, rate-limiter-flexible points per duration, for each
    * value of descriptor entry `key` in `domain` (the accuracy benchmark's central-Redis variant).
    */
-  readonly quota?: { readonly domain: string; readonly key: string; readonly points: number; readonly durationSec: number };
+  readonly quota?: {
+    readonly domain: string;
+    readonly key: string;
+    readonly points: number;
+    readonly durationSec: number;
+  };
   /** The agent's serving workers (bench/servers/agent.ts; default 1), each on a socket of its own. */
   readonly workers?: number;
   /** The agent's RLS server (bench/servers/agent.ts): 'lean' (default) or 'grpc-js'. */

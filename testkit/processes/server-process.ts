@@ -25,8 +25,19 @@ export class ServerProcess {
   }
 
   /** Forks the host, starts `modulePath` at `target`, resolves once it serves. */
-  static async start(name: string, modulePath: string, target: string, options: ServerOptions, log: (line: string) => void, timeoutMs = 30_000): Promise<ServerProcess> {
-    const child = fork(HOST, [], { cwd: REPO_ROOT, execArgv: ['--import', 'tsx'], stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  static async start(
+    name: string,
+    modulePath: string,
+    target: string,
+    options: ServerOptions,
+    log: (line: string) => void,
+    timeoutMs = 30_000,
+  ): Promise<ServerProcess> {
+    const child = fork(HOST, [], {
+      cwd: REPO_ROOT,
+      execArgv: ['--import', 'tsx'],
+      stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+    });
     const tail: string[] = [];
     const onOutput = (chunk: Buffer): void => {
       for (const line of chunk.toString('utf8').split('\n')) {
@@ -40,7 +51,11 @@ export class ServerProcess {
     child.stderr?.on('data', onOutput);
     let rejectEarly: (err: Error) => void = () => undefined;
     const onEarlyExit = (code: number | null, signal: NodeJS.Signals | null): void =>
-      rejectEarly(new Error(`${name}: exited before it was ready (${signal ?? code})${tail.length > 0 ? ':\n' + tail.join('\n') : ''}`));
+      rejectEarly(
+        new Error(
+          `${name}: exited before it was ready (${signal ?? code})${tail.length > 0 ? ':\n' + tail.join('\n') : ''}`,
+        ),
+      );
     child.once('exit', onEarlyExit);
     try {
       const ready = await new Promise<{ description: string; endpoints: readonly string[] }>((resolve, reject) => {

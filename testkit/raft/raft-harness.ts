@@ -74,10 +74,23 @@ export class Harness {
     const byEntry = this.opts.bootstrap === 'entry';
     const disk = new SimDisk({
       hard: byEntry && founder ? { term: 1, vote: null, commit: 1 } : { term: 0, vote: null, commit: 0 },
-      snapshot: { meta: { index: 0, term: 0, conf: { voters: byEntry ? [] : [...this.voters], learners: [] } }, data: encodeApplied([]) },
+      snapshot: {
+        meta: { index: 0, term: 0, conf: { voters: byEntry ? [] : [...this.voters], learners: [] } },
+        data: encodeApplied([]),
+      },
       entries: byEntry && founder ? [bootstrapEntry(this.voters)] : [],
     });
-    const node: HarnessNode = { id, raft: null, disk, applied: [], appliedIndex: 0, appliedTerms: new Map(), readStates: [], failedReads: [], snapshotData: encodeApplied([]) };
+    const node: HarnessNode = {
+      id,
+      raft: null,
+      disk,
+      applied: [],
+      appliedIndex: 0,
+      appliedTerms: new Map(),
+      readStates: [],
+      failedReads: [],
+      snapshotData: encodeApplied([]),
+    };
     this.nodes.set(id, node);
     this.start(id);
     return node;

@@ -69,10 +69,18 @@ before(async () => {
   writeFileSync(join(rules, 'api.yaml'), API);
   writeFileSync(join(rules, 'web.yaml'), WEB);
   startedAtMs = Date.now();
-  agent = await startAgent(parseAgentConfig({
-    cell: 'bound', rules, tenants: dir.file('tenants.yaml', TENANTS), staticShare: 1,
-    rlsSocket: join(dir.path, 'rls.sock'), tableCapacity: 1000, lagThresholdMs: 0,
-  }), captureLogger().logger);
+  agent = await startAgent(
+    parseAgentConfig({
+      cell: 'bound',
+      rules,
+      tenants: dir.file('tenants.yaml', TENANTS),
+      staticShare: 1,
+      rlsSocket: join(dir.path, 'rls.sock'),
+      tableCapacity: 1000,
+      lagThresholdMs: 0,
+    }),
+    captureLogger().logger,
+  );
   client = new RlsClient(unixTarget(agent.endpoints.rlsUnix[0] ?? ''));
   await client.check({ domain: 'none', descriptors: [d(['k', 'v'])] }); // connected before any window opens
 });
@@ -84,7 +92,10 @@ after(async () => {
 });
 
 /** Sends every shape in turn for `ms`; returns how many were admitted and the bound rate·W + burst over that time. */
-async function drive(shapes: readonly RequestIn[], ms: number): Promise<{ admitted: number; bound: number; sent: number }> {
+async function drive(
+  shapes: readonly RequestIn[],
+  ms: number,
+): Promise<{ admitted: number; bound: number; sent: number }> {
   const startMs = Date.now();
   const until = startMs + ms;
   let admitted = 0;
@@ -107,12 +118,18 @@ void test('one bucket per tenant quota: two domains, two rule paths and two desc
     { domain: 'api', descriptors: [d(['tenant', 'acme']), d(['route', 'upload'], ['tenant', 'acme'])] },
   ];
   const { admitted, bound, sent } = await drive(shapes, 1200);
-  assert.ok(admitted <= bound, `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst), ${sent} sent`);
+  assert.ok(
+    admitted <= bound,
+    `admitted ${admitted} for tenant/acme against a bound of ${bound} (rate·W + burst), ${sent} sent`,
+  );
   assert.ok(admitted >= BURST, `the quota is used (${admitted} admitted)`);
   // Velocity is kept per quota key, never per rule path or domain.
   const keys = agent.velocity().map((v) => v.key);
   assert.ok(keys.includes('tenant/acme'), `velocity keys ${JSON.stringify(keys)}`);
-  assert.ok(keys.every((k) => /^(tenant|tier|domain)\//.test(k)), `velocity keys ${JSON.stringify(keys)}`);
+  assert.ok(
+    keys.every((k) => /^(tenant|tier|domain)\//.test(k)),
+    `velocity keys ${JSON.stringify(keys)}`,
+  );
 });
 
 void test('one bucket per tier cap: tenants of one tier through two domains share the cap', async () => {
@@ -131,7 +148,16 @@ void test('a rule set one bucket per quota key cannot enforce is refused at star
   mkdirSync(bad);
   writeFileSync(join(bad, 'api.yaml'), API);
   writeFileSync(join(bad, 'web.yaml'), WEB.replace('global: true', 'global: true\n    shadow_mode: true'));
-  const started = startAgent(parseAgentConfig({ cell: 'bad', rules: bad, rlsSocket: join(dir.path, 'bad.sock'), tableCapacity: 100, lagThresholdMs: 0 }), captureLogger().logger);
+  const started = startAgent(
+    parseAgentConfig({
+      cell: 'bad',
+      rules: bad,
+      rlsSocket: join(dir.path, 'bad.sock'),
+      tableCapacity: 100,
+      lagThresholdMs: 0,
+    }),
+    captureLogger().logger,
+  );
   await assert.rejects(
     started.then(async (a) => {
       await a.stop();
@@ -141,42 +167,65 @@ void test('a rule set one bucket per quota key cannot enforce is refused at star
       assert.ok(error instanceof RulesError, String(error));
       assert.equal(error.code, RULES_ERROR_CODES.GLOBAL_SHADOW_MIXED);
       assert.equal(error.file, join(bad, 'web.yaml'));
-      assert.match(error.message, /rule 'web\.customer' has global: true with shadow_mode true, but the global rule 'api\.tenant'/);
+      assert.match(
+        error.message,
+        /rule 'web\.customer' has global: true with shadow_mode true, but the global rule 'api\.tenant'/,
+      );
       return true;
     },
   );
 });
 
-const remaining = (r: { statuses: { limit_remaining: number }[] }): number | undefined => r.statuses[0]?.limit_remaining;
+const remaining = (r: { statuses: { limit_remaining: number }[] }): number | undefined =>
+  r.statuses[0]?.limit_remaining;
 
 void test('a global bucket first created long after the agent started starts empty, not with a burst it never refilled', async () => {
   // tier fast: 100/s, burst 50 — a bucket refills completely in 0.5 s. Once the agent has run longer
   // than that, a key seen for the first time (a new tenant, or a grant that moved in) must not hold 50.
   await waitFor('the agent to have run 700 ms', () => (Date.now() - startedAtMs > 700 ? true : undefined));
-  const first = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 50 } }] });
+  const first = await client.check({
+    domain: 'api',
+    descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 50 } }],
+  });
   assert.equal(first.overall_code, 'OVER_LIMIT', 'a fresh global bucket is empty');
   // It refills at the slice's rate from its creation on.
   await waitFor('the new bucket to refill to 50', async () => {
-    const r = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 0 } }] });
+    const r = await client.check({
+      domain: 'api',
+      descriptors: [{ ...d(['tenant', 'newcomer']), hits_addend: { value: 0 } }],
+    });
     return remaining(r) === 50 ? true : undefined;
   });
 });
 
 void test('a global bucket evicted and re-created starts empty again', async () => {
-  const small = await startAgent(parseAgentConfig({
-    cell: 'evict', rules: join(dir.path, 'rules'), tenants: join(dir.path, 'tenants.yaml'), staticShare: 1,
-    rlsSocket: join(dir.path, 'evict.sock'), tableCapacity: 1, lagThresholdMs: 0,
-  }), captureLogger().logger);
+  const small = await startAgent(
+    parseAgentConfig({
+      cell: 'evict',
+      rules: join(dir.path, 'rules'),
+      tenants: join(dir.path, 'tenants.yaml'),
+      staticShare: 1,
+      rlsSocket: join(dir.path, 'evict.sock'),
+      tableCapacity: 1,
+      lagThresholdMs: 0,
+    }),
+    captureLogger().logger,
+  );
   const c = new RlsClient(unixTarget(small.endpoints.rlsUnix[0] ?? ''));
   try {
     const probe = async (tenant: string): Promise<number | undefined> =>
-      remaining(await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', tenant]), hits_addend: { value: 0 } }] }));
+      remaining(
+        await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', tenant]), hits_addend: { value: 0 } }] }),
+      );
     // a1's bucket fills up (50 tokens) and goes idle; a2 takes the table's only slot, evicting it.
     await waitFor('a1 to hold 50', async () => ((await probe('a1')) === 50 ? true : undefined));
     await waitFor('a2 to hold 50', async () => ((await probe('a2')) === 50 ? true : undefined));
     assert.match(await small.metricsText(), /cellquota_agent_bucket_evictions_total [1-9]/);
     // a1 comes back: a re-created global bucket holds nothing yet.
-    const back = await c.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'a1']), hits_addend: { value: 50 } }] });
+    const back = await c.check({
+      domain: 'api',
+      descriptors: [{ ...d(['tenant', 'a1']), hits_addend: { value: 50 } }],
+    });
     assert.equal(back.overall_code, 'OVER_LIMIT');
   } finally {
     c.close();
@@ -186,34 +235,73 @@ void test('a global bucket evicted and re-created starts empty again', async () 
 
 void test('hits saturate: summed hits_addend beyond 2^53 is a refusal, never an exception answered fail-open', async () => {
   const max = { value: Number.MAX_SAFE_INTEGER };
-  const local = await client.check({ domain: 'api', descriptors: [{ ...d(['plan', 'p1']), hits_addend: max }, { ...d(['plan', 'p1']), hits_addend: max }] });
+  const local = await client.check({
+    domain: 'api',
+    descriptors: [
+      { ...d(['plan', 'p1']), hits_addend: max },
+      { ...d(['plan', 'p1']), hits_addend: max },
+    ],
+  });
   assert.equal(local.overall_code, 'OVER_LIMIT', 'two descriptors of 2^53 − 1 against a 1/hour rule');
-  const global = await client.check({ domain: 'api', descriptors: [{ ...d(['tenant', 'acme']), hits_addend: max }, { ...d(['tenant', 'acme']), hits_addend: max }] });
+  const global = await client.check({
+    domain: 'api',
+    descriptors: [
+      { ...d(['tenant', 'acme']), hits_addend: max },
+      { ...d(['tenant', 'acme']), hits_addend: max },
+    ],
+  });
   assert.equal(global.overall_code, 'OVER_LIMIT', 'the same for a global quota');
-  const uint64 = await client.check({ domain: 'api', descriptors: [{ ...d(['plan', 'p2']), hits_addend: { value: '18446744073709551615' as unknown as number } }] });
+  const uint64 = await client.check({
+    domain: 'api',
+    descriptors: [{ ...d(['plan', 'p2']), hits_addend: { value: '18446744073709551615' as unknown as number } }],
+  });
   assert.equal(uint64.overall_code, 'OVER_LIMIT', 'hits_addend 2^64 − 1');
   assert.ok(!/x-ratelimit-fail-open/.test(JSON.stringify([local, global, uint64])), 'decided, not given fail-open');
-  assert.equal((await client.check({ domain: 'api', descriptors: [d(['plan', 'p1'])] })).overall_code, 'OK', 'nothing was consumed');
+  assert.equal(
+    (await client.check({ domain: 'api', descriptors: [d(['plan', 'p1'])] })).overall_code,
+    'OK',
+    'nothing was consumed',
+  );
   assert.doesNotMatch(await agent.metricsText(), /cellquota_agent_fail_open_total\{reason="error"\} [1-9]/);
 });
 
 void test('request bounds hold on gRPC and HTTP with the overload guard on (the default 10 ms)', async () => {
-  const guarded = await startAgent(parseAgentConfig({
-    cell: 'guarded', rules: join(dir.path, 'rules'), rlsSocket: join(dir.path, 'guarded.sock'), http: '127.0.0.1:0', tableCapacity: 100,
-  }), captureLogger().logger);
+  const guarded = await startAgent(
+    parseAgentConfig({
+      cell: 'guarded',
+      rules: join(dir.path, 'rules'),
+      rlsSocket: join(dir.path, 'guarded.sock'),
+      http: '127.0.0.1:0',
+      tableCapacity: 100,
+    }),
+    captureLogger().logger,
+  );
   const c = new RlsClient(unixTarget(guarded.endpoints.rlsUnix[0] ?? ''));
   try {
-    const many = await grpcError(c.check({ domain: 'api', descriptors: Array.from({ length: 20_000 }, (_, i) => d(['plan', `p${i}`])) }));
+    const many = await grpcError(
+      c.check({ domain: 'api', descriptors: Array.from({ length: 20_000 }, (_, i) => d(['plan', `p${i}`])) }),
+    );
     assert.equal(many.code, grpc.status.INVALID_ARGUMENT);
     assert.equal(many.details, 'request has 20000 descriptors, more than the maximum of 64');
     const long = await grpcError(c.check({ domain: 'api', descriptors: [d(['plan', 'x'.repeat(200_000)])] }));
     assert.equal(long.code, grpc.status.INVALID_ARGUMENT);
     assert.equal(long.details, 'descriptor 0 entry 0: value is 200000 characters long, more than the maximum of 4096');
-    const post = (body: unknown): Promise<Response> => fetch(`${guarded.endpoints.http ?? ''}/v1/check`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-    const httpMany = await post({ domain: 'api', descriptors: Array.from({ length: 65 }, () => ({ entries: [{ key: 'plan', value: 'p' }] })) });
+    const post = (body: unknown): Promise<Response> =>
+      fetch(`${guarded.endpoints.http ?? ''}/v1/check`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+    const httpMany = await post({
+      domain: 'api',
+      descriptors: Array.from({ length: 65 }, () => ({ entries: [{ key: 'plan', value: 'p' }] })),
+    });
     assert.equal(httpMany.status, 400);
     assert.match(await httpMany.text(), /request has 65 descriptors, more than the maximum of 64/);
-    const httpLong = await post({ domain: 'api', descriptors: [{ entries: [{ key: 'plan', value: 'x'.repeat(4097) }] }] });
+    const httpLong = await post({
+      domain: 'api',
+      descriptors: [{ entries: [{ key: 'plan', value: 'x'.repeat(4097) }] }],
+    });
     assert.equal(httpLong.status, 400);
     assert.match(await httpLong.text(), /value is 4097 characters long, more than the maximum of 4096/);
   } finally {

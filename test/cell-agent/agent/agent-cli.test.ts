@@ -18,14 +18,27 @@ const RULES = 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hou
 function domainFiles(dir: ReturnType<typeof tempDir>, name: string, keys: readonly string[]): string {
   mkdirSync(join(dir.path, name));
   dir.file(`${name}/a.yaml`, RULES);
-  keys.forEach((key, i) => dir.file(`${name}/${String.fromCharCode(98 + i)}.yaml`, `domain: api\ndescriptors:\n  - key: ${key}\n    rate_limit: {unit: hour, requests_per_unit: 2}\n`));
+  keys.forEach((key, i) =>
+    dir.file(
+      `${name}/${String.fromCharCode(98 + i)}.yaml`,
+      `domain: api\ndescriptors:\n  - key: ${key}\n    rate_limit: {unit: hour, requests_per_unit: 2}\n`,
+    ),
+  );
   return join(dir.path, name);
 }
 
 function io(): { out: string[]; err: string[]; io: Parameters<typeof runAgentCommand>[2] } {
   const out: string[] = [];
   const err: string[] = [];
-  return { out, err, io: { stdout: { write: (t: string) => out.push(t) }, stderr: { write: (t: string) => err.push(t) }, signals: process } };
+  return {
+    out,
+    err,
+    io: {
+      stdout: { write: (t: string) => out.push(t) },
+      stderr: { write: (t: string) => err.push(t) },
+      signals: process,
+    },
+  };
 }
 
 void test('bad settings exit 2 with the setting and its source named', async () => {
@@ -37,25 +50,135 @@ void test('bad settings exit 2 with the setting and its source named', async () 
       [['--cell', 'c', '--rules', rules], {}, /nothing to serve/],
       [['--cell', 'c', '--rules', rules, '--http', 'nohost'], {}, /--http: 'nohost' is not HOST:PORT/],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0'], { CELLQUOTA_WORKERS: '-1' }, /CELLQUOTA_WORKERS/],
-      [['--cell', 'c', '--rules', rules, '--rls-socket', '/tmp/x.sock', '--workers', '0'], {}, /--workers 0 serves no RLS/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--trusted-proxies', '10.0.0.0/8,10.1.2.3/40'], {}, /--trusted-proxies: bad trusted proxy "10.1.2.3\/40": prefix length/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--forward-auth-deny-status', '500'], {}, /--forward-auth-deny-status: '500' is not one of 429, 401, 403/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--routes', dir.file('routes.yaml', 'routes: [{rate_limits: [{actions: [{remote_adress: {}}]}]}]\n')], {}, /routes\.yaml:1:\d+: routes\.0\.rate_limits\.0\.actions\.0: unknown action 'remote_adress'/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '10.0.0.1:7001,bad'], {}, /--coordinators: 'bad' is not HOST:PORT/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'maybe'], {}, /--unknown-tenant: 'maybe' is not deny, allow or tier:NAME/],
+      [
+        ['--cell', 'c', '--rules', rules, '--rls-socket', '/tmp/x.sock', '--workers', '0'],
+        {},
+        /--workers 0 serves no RLS/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--trusted-proxies', '10.0.0.0/8,10.1.2.3/40'],
+        {},
+        /--trusted-proxies: bad trusted proxy "10.1.2.3\/40": prefix length/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--forward-auth-deny-status', '500'],
+        {},
+        /--forward-auth-deny-status: '500' is not one of 429, 401, 403/,
+      ],
+      [
+        [
+          '--cell',
+          'c',
+          '--rules',
+          rules,
+          '--http',
+          '127.0.0.1:0',
+          '--routes',
+          dir.file('routes.yaml', 'routes: [{rate_limits: [{actions: [{remote_adress: {}}]}]}]\n'),
+        ],
+        {},
+        /routes\.yaml:1:\d+: routes\.0\.rate_limits\.0\.actions\.0: unknown action 'remote_adress'/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '10.0.0.1:7001,bad'],
+        {},
+        /--coordinators: 'bad' is not HOST:PORT/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'maybe'],
+        {},
+        /--unknown-tenant: 'maybe' is not deny, allow or tier:NAME/,
+      ],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--static-share', '1.5'], {}, /--static-share/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--socket-mode', '999'], {}, /--socket-mode: '999' is not an octal mode/],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--socket-mode', '999'],
+        {},
+        /--socket-mode: '999' is not an octal mode/,
+      ],
       [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--bogus', '1'], {}, /unknown flag --bogus/],
-      [['--cell', 'c', '--rules', dir.file('bad.yaml', 'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n'), '--http', '127.0.0.1:0'], {}, /invalid rate limit unit 'fortnight'/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--tenants', dir.file('t.yaml', 'tenants: {a: gold}\n')], {}, /unknown tier 'gold'/],
+      [
+        [
+          '--cell',
+          'c',
+          '--rules',
+          dir.file(
+            'bad.yaml',
+            'domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n',
+          ),
+          '--http',
+          '127.0.0.1:0',
+        ],
+        {},
+        /invalid rate limit unit 'fortnight'/,
+      ],
+      [
+        [
+          '--cell',
+          'c',
+          '--rules',
+          rules,
+          '--http',
+          '127.0.0.1:0',
+          '--tenants',
+          dir.file('t.yaml', 'tenants: {a: gold}\n'),
+        ],
+        {},
+        /unknown tier 'gold'/,
+      ],
       // Two files of one domain: refused unless --merge-domains; merged, a key in both is still an error.
-      [['--cell', 'c', '--rules', domainFiles(dir, 'split', ['m']), '--http', '127.0.0.1:0'], {}, /b.yaml:1:9: duplicate domain 'api' in config file/],
-      [['--cell', 'c', '--rules', domainFiles(dir, 'clash', ['j', 'j']), '--http', '127.0.0.1:0', '--merge-domains'], {}, /c\.yaml:3:5: duplicate descriptor composite key 'api\.j'/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'tier:gold'], {}, /names tier 'gold'/],
+      [
+        ['--cell', 'c', '--rules', domainFiles(dir, 'split', ['m']), '--http', '127.0.0.1:0'],
+        {},
+        /b.yaml:1:9: duplicate domain 'api' in config file/,
+      ],
+      [
+        ['--cell', 'c', '--rules', domainFiles(dir, 'clash', ['j', 'j']), '--http', '127.0.0.1:0', '--merge-domains'],
+        {},
+        /c\.yaml:3:5: duplicate descriptor composite key 'api\.j'/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--unknown-tenant', 'tier:gold'],
+        {},
+        /names tier 'gold'/,
+      ],
       // With coordinators they hold every quota: a file or share beside them could only disagree.
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001', '--tenants', dir.file('t2.yaml', 'tiers: {gold: {rate: 1, burst: 1}}\n')], {}, /--tenants: not with --coordinators/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001', '--static-share', '0.5'], {}, /--static-share: not with --coordinators/],
-      [['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001'], { CELLQUOTA_UNKNOWN_TENANT: 'allow' }, /CELLQUOTA_UNKNOWN_TENANT|--unknown-tenant: not with --coordinators/],
+      [
+        [
+          '--cell',
+          'c',
+          '--rules',
+          rules,
+          '--http',
+          '127.0.0.1:0',
+          '--coordinators',
+          '127.0.0.1:7001',
+          '--tenants',
+          dir.file('t2.yaml', 'tiers: {gold: {rate: 1, burst: 1}}\n'),
+        ],
+        {},
+        /--tenants: not with --coordinators/,
+      ],
+      [
+        [
+          '--cell',
+          'c',
+          '--rules',
+          rules,
+          '--http',
+          '127.0.0.1:0',
+          '--coordinators',
+          '127.0.0.1:7001',
+          '--static-share',
+          '0.5',
+        ],
+        {},
+        /--static-share: not with --coordinators/,
+      ],
+      [
+        ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--coordinators', '127.0.0.1:7001'],
+        { CELLQUOTA_UNKNOWN_TENANT: 'allow' },
+        /CELLQUOTA_UNKNOWN_TENANT|--unknown-tenant: not with --coordinators/,
+      ],
     ];
     for (const [argv, env, message] of cases) {
       const t = io();
@@ -71,14 +194,63 @@ void test('bad settings exit 2 with the setting and its source named', async () 
 });
 
 void test('settings: defaults, typed values and strings parse alike', () => {
-  const c = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', rlsListen: '127.0.0.1:8089', workers: '3', socketMode: '0640', socketOwner: '1000:1001', unknownTenant: 'tier:bronze', staticShare: '0.34', responseHeaders: 'true' });
+  const c = parseAgentConfig({
+    cell: 'eu-west',
+    rules: 'r.yaml',
+    rlsSocket: '/run/rl.sock',
+    rlsListen: '127.0.0.1:8089',
+    workers: '3',
+    socketMode: '0640',
+    socketOwner: '1000:1001',
+    unknownTenant: 'tier:bronze',
+    staticShare: '0.34',
+    responseHeaders: 'true',
+  });
   assert.deepEqual(c.rlsListen, { host: '127.0.0.1', port: 8089 });
-  const leased = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: '10.0.0.1:7001, 10.0.0.2:7001' });
-  assert.deepEqual(leased.coordinators, [{ host: '10.0.0.1', port: 7001 }, { host: '10.0.0.2', port: 7001 }]);
-  const byId = parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n2=lb-n2.example:443' });
-  assert.deepEqual(byId.coordinators, [{ host: '10.0.0.1', port: 7001, id: 'n1' }, { host: 'lb-n2.example', port: 443, id: 'n2' }], 'ID=HOST:PORT keeps the replica id');
-  assert.throws(() => parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'n1=10.0.0.1:7001,n1=10.0.0.2:7001' }), /replica id 'n1' is listed twice/);
-  assert.throws(() => parseAgentConfig({ cell: 'eu-west', rules: 'r.yaml', rlsSocket: '/run/rl.sock', coordinators: 'N 1=10.0.0.1:7001' }), /replica id before '=' must be lowercase/);
+  const leased = parseAgentConfig({
+    cell: 'eu-west',
+    rules: 'r.yaml',
+    rlsSocket: '/run/rl.sock',
+    coordinators: '10.0.0.1:7001, 10.0.0.2:7001',
+  });
+  assert.deepEqual(leased.coordinators, [
+    { host: '10.0.0.1', port: 7001 },
+    { host: '10.0.0.2', port: 7001 },
+  ]);
+  const byId = parseAgentConfig({
+    cell: 'eu-west',
+    rules: 'r.yaml',
+    rlsSocket: '/run/rl.sock',
+    coordinators: 'n1=10.0.0.1:7001,n2=lb-n2.example:443',
+  });
+  assert.deepEqual(
+    byId.coordinators,
+    [
+      { host: '10.0.0.1', port: 7001, id: 'n1' },
+      { host: 'lb-n2.example', port: 443, id: 'n2' },
+    ],
+    'ID=HOST:PORT keeps the replica id',
+  );
+  assert.throws(
+    () =>
+      parseAgentConfig({
+        cell: 'eu-west',
+        rules: 'r.yaml',
+        rlsSocket: '/run/rl.sock',
+        coordinators: 'n1=10.0.0.1:7001,n1=10.0.0.2:7001',
+      }),
+    /replica id 'n1' is listed twice/,
+  );
+  assert.throws(
+    () =>
+      parseAgentConfig({
+        cell: 'eu-west',
+        rules: 'r.yaml',
+        rlsSocket: '/run/rl.sock',
+        coordinators: 'N 1=10.0.0.1:7001',
+      }),
+    /replica id before '=' must be lowercase/,
+  );
   assert.equal(c.workers, 3);
   assert.equal(c.socketMode, 0o640);
   assert.deepEqual(c.socketOwner, { uid: 1000, gid: 1001 });
@@ -87,31 +259,64 @@ void test('settings: defaults, typed values and strings parse alike', () => {
   assert.equal(c.responseHeaders, true);
   assert.equal(c.logLevel, 'info');
   assert.equal(c.tableFull, 'open');
-  assert.throws(() => parseAgentConfig({ cell: 'x', rules: 'r', rlsListen: '127.0.0.1:65535', workers: 2 }), /exceed 65535/);
+  assert.throws(
+    () => parseAgentConfig({ cell: 'x', rules: 'r', rlsListen: '127.0.0.1:65535', workers: 2 }),
+    /exceed 65535/,
+  );
 });
 
 void test('a real agent process: endpoints printed, serving, static slices logged, clean stop on SIGTERM', async () => {
   const dir = tempDir();
   const socket = join(dir.path, 'rls.sock');
   const cli = fileURLToPath(new URL('../../../cell-agent/agent-cli.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', cli,
-    '--cell', 'proc', '--rules', dir.file('rules.yaml', RULES), '--rls-socket', socket, '--http', '127.0.0.1:0',
-    '--coordinators', '127.0.0.1:7001,127.0.0.1:7002', '--table-capacity', '1000', '--lag-threshold-ms', '0'], {
-    cwd: fileURLToPath(new URL('../../..', import.meta.url)),
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' },
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      cli,
+      '--cell',
+      'proc',
+      '--rules',
+      dir.file('rules.yaml', RULES),
+      '--rls-socket',
+      socket,
+      '--http',
+      '127.0.0.1:0',
+      '--coordinators',
+      '127.0.0.1:7001,127.0.0.1:7002',
+      '--table-capacity',
+      '1000',
+      '--lag-threshold-ms',
+      '0',
+    ],
+    {
+      cwd: fileURLToPath(new URL('../../..', import.meta.url)),
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' },
+    },
+  );
   let stdout = '';
   let stderr = '';
-  child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); });
-  child.stderr.on('data', (b: Buffer) => { stderr += b.toString(); });
+  child.stdout.on('data', (b: Buffer) => {
+    stdout += b.toString();
+  });
+  child.stderr.on('data', (b: Buffer) => {
+    stderr += b.toString();
+  });
   const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
   try {
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no endpoints printed; stdout: ${stdout} stderr: ${stderr}`)), 30_000);
+      const timer = setTimeout(
+        () => reject(new Error(`no endpoints printed; stdout: ${stdout} stderr: ${stderr}`)),
+        30_000,
+      );
       const poll = setInterval(() => {
         // The endpoints and the start-up log line (pino writes asynchronously: either may come first).
-        if ((stdout.includes('http  ') || /http\s+http:\/\//.test(stdout)) && stdout.includes('"msg":"cell agent started')) {
+        if (
+          (stdout.includes('http  ') || /http\s+http:\/\//.test(stdout)) &&
+          stdout.includes('"msg":"cell agent started')
+        ) {
           clearInterval(poll);
           clearTimeout(timer);
           resolve();
@@ -125,7 +330,11 @@ void test('a real agent process: endpoints printed, serving, static slices logge
     });
     assert.match(stdout, new RegExp(`rls unix\\s+${socket.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
     assert.match(stdout, /global quotas run on static slices until the leader grants leased slices/);
-    const started = stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => typeof l['msg'] === 'string' && l['msg'].startsWith('cell agent started'));
+    const started = stdout
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+      .find((l) => typeof l['msg'] === 'string' && l['msg'].startsWith('cell agent started'));
     assert.ok(started !== undefined, 'a start-up log line');
     assert.match(String(started['msg']), /runs on static slices/);
     assert.equal(started['cell'], 'proc');
@@ -150,21 +359,55 @@ void test('--merge-domains (here CELLQUOTA_MERGE_DOMAINS): two files of one doma
   const dir = tempDir();
   const socket = join(dir.path, 'rls.sock');
   const cli = fileURLToPath(new URL('../../../cell-agent/agent-cli.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', cli, '--cell', 'merge', '--rules', domainFiles(dir, 'rules', ['m']), '--rls-socket', socket, '--workers', '1', '--table-capacity', '1000'], {
-    cwd: fileURLToPath(new URL('../../..', import.meta.url)),
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, CELLQUOTA_MERGE_DOMAINS: 'true', CELLQUOTA_LOG_LEVEL: 'warn' },
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      cli,
+      '--cell',
+      'merge',
+      '--rules',
+      domainFiles(dir, 'rules', ['m']),
+      '--rls-socket',
+      socket,
+      '--workers',
+      '1',
+      '--table-capacity',
+      '1000',
+    ],
+    {
+      cwd: fileURLToPath(new URL('../../..', import.meta.url)),
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, CELLQUOTA_MERGE_DOMAINS: 'true', CELLQUOTA_LOG_LEVEL: 'warn' },
+    },
+  );
   let output = '';
-  child.stdout.on('data', (b: Buffer) => { output += b.toString(); });
-  child.stderr.on('data', (b: Buffer) => { output += b.toString(); });
+  child.stdout.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
+  child.stderr.on('data', (b: Buffer) => {
+    output += b.toString();
+  });
   const client = new RlsClient(unixTarget(socket));
   try {
     // Served once the socket answers; a rule from each file: k (1 an hour, a.yaml) and m (2 an hour, b.yaml).
-    await waitFor('the agent to answer on its socket', async () => (existsSync(socket) ? (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code : undefined), { timeoutMs: 30_000 });
-    assert.equal((await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code, 'OVER_LIMIT', `k from a.yaml; ${output}`);
+    await waitFor(
+      'the agent to answer on its socket',
+      async () =>
+        existsSync(socket)
+          ? (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code
+          : undefined,
+      { timeoutMs: 30_000 },
+    );
+    assert.equal(
+      (await client.check({ domain: 'api', descriptors: [d(['k', 'v'])] })).overall_code,
+      'OVER_LIMIT',
+      `k from a.yaml; ${output}`,
+    );
     const m = [];
-    for (let i = 0; i < 3; i++) m.push((await client.check({ domain: 'api', descriptors: [d(['m', 'v'])] })).overall_code);
+    for (let i = 0; i < 3; i++)
+      m.push((await client.check({ domain: 'api', descriptors: [d(['m', 'v'])] })).overall_code);
     assert.deepEqual(m, ['OK', 'OK', 'OVER_LIMIT'], `m from b.yaml; ${output}`);
   } finally {
     client.close();

@@ -33,24 +33,41 @@ before(async () => {
   dir = tempDir();
   const rules = dir.file('rules.yaml', RULES);
   const tenants = dir.file('tenants.yaml', TENANTS);
-  await Promise.all((['deny', 'allow'] as const).map(async (policy) => {
-    const agent = await startAgent(parseAgentConfig({
-      cell: `cell-${policy}`, rules, tenants, unknownTenant: policy, staticShare: 0.5,
-      rlsSocket: join(dir.path, `${policy}.sock`), tableCapacity: 1000, lagThresholdMs: 0,
-    }), captureLogger().logger);
-    agents[policy] = { agent, client: new RlsClient(unixTarget(agent.endpoints.rlsUnix[0] ?? '')) };
-  }));
+  await Promise.all(
+    (['deny', 'allow'] as const).map(async (policy) => {
+      const agent = await startAgent(
+        parseAgentConfig({
+          cell: `cell-${policy}`,
+          rules,
+          tenants,
+          unknownTenant: policy,
+          staticShare: 0.5,
+          rlsSocket: join(dir.path, `${policy}.sock`),
+          tableCapacity: 1000,
+          lagThresholdMs: 0,
+        }),
+        captureLogger().logger,
+      );
+      agents[policy] = { agent, client: new RlsClient(unixTarget(agent.endpoints.rlsUnix[0] ?? '')) };
+    }),
+  );
 });
 
 after(async () => {
-  await Promise.all(Object.values(agents).map(async ({ agent, client }) => {
-    client.close();
-    await agent.stop();
-  }));
+  await Promise.all(
+    Object.values(agents).map(async ({ agent, client }) => {
+      client.close();
+      await agent.stop();
+    }),
+  );
   dir.remove();
 });
 
-const tenantCheck = (client: RlsClient, tenant: string, hits: number): Promise<{ overall_code: string; statuses: { current_limit: { name: string } | null }[] }> =>
+const tenantCheck = (
+  client: RlsClient,
+  tenant: string,
+  hits: number,
+): Promise<{ overall_code: string; statuses: { current_limit: { name: string } | null }[] }> =>
   client.check({ domain: 'api', hits_addend: hits, descriptors: [d(['tenant', tenant])] });
 
 void test('deny: an unknown tenant is always over the limit', async () => {
@@ -64,8 +81,14 @@ void test('allow: an unknown tenant passes its tenant level but still counts aga
   const { client } = agents.allow;
   // Domain cap 90 × 0.5 = 45 at this cell; wait for the empty-started bucket to fill.
   await waitFor('the domain cap to leave 45 to a stranger', async () => {
-    const r = await client.check({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'stranger' }], hits_addend: { value: 0 } }] });
-    return r.statuses[0]?.current_limit?.name === 'domain-cap' && (r as unknown as { statuses: { limit_remaining: number }[] }).statuses[0]?.limit_remaining === 45 ? true : undefined;
+    const r = await client.check({
+      domain: 'api',
+      descriptors: [{ entries: [{ key: 'tenant', value: 'stranger' }], hits_addend: { value: 0 } }],
+    });
+    return r.statuses[0]?.current_limit?.name === 'domain-cap' &&
+      (r as unknown as { statuses: { limit_remaining: number }[] }).statuses[0]?.limit_remaining === 45
+      ? true
+      : undefined;
   });
   assert.equal((await tenantCheck(client, 'stranger', 40)).overall_code, 'OK');
   const over = await tenantCheck(client, 'stranger', 40);
@@ -73,13 +96,21 @@ void test('allow: an unknown tenant passes its tenant level but still counts aga
   assert.equal(over.statuses[0]?.current_limit?.name, 'domain-cap');
 });
 
-void test('tier cap: the tenants of a tier share the cap\'s slice; a refusal consumes nothing elsewhere', async () => {
+void test("tier cap: the tenants of a tier share the cap's slice; a refusal consumes nothing elsewhere", async () => {
   const { client } = agents.deny;
   // gold: tenant 100 × 0.5 = 50 each, gold cap 60 × 0.5 = 30 (refilling at 30/s), domain cap 45.
   // Global buckets start empty when created: ask about both tenants until every level has refilled.
   await waitFor('acme and globex to hold 30 each', async () => {
-    const r = await client.check({ domain: 'api', descriptors: ['acme', 'globex'].map((t) => ({ entries: [{ key: 'tenant', value: t }], hits_addend: { value: 0 } })) });
-    return (r as unknown as { statuses: { limit_remaining: number }[] }).statuses.every((s) => s.limit_remaining === 30) ? true : undefined;
+    const r = await client.check({
+      domain: 'api',
+      descriptors: ['acme', 'globex'].map((t) => ({
+        entries: [{ key: 'tenant', value: t }],
+        hits_addend: { value: 0 },
+      })),
+    });
+    return (r as unknown as { statuses: { limit_remaining: number }[] }).statuses.every((s) => s.limit_remaining === 30)
+      ? true
+      : undefined;
   });
   assert.equal((await tenantCheck(client, 'acme', 25)).overall_code, 'OK');
   const capped = await tenantCheck(client, 'globex', 25);

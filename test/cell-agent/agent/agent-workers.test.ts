@@ -29,16 +29,19 @@ let log: CapturedLogger;
 before(async () => {
   dir = tempDir();
   log = captureLogger();
-  agent = await startAgent(parseAgentConfig({
-    cell: 'multi',
-    rules: dir.file('rules.yaml', RULES),
-    rlsSocket: join(dir.path, 'rls.sock'),
-    rlsListen: '127.0.0.1:0',
-    workers: 2,
-    tableCapacity: 10_000,
-    lagThresholdMs: 0,
-    throttleLogIntervalMs: 300,
-  }), log.logger);
+  agent = await startAgent(
+    parseAgentConfig({
+      cell: 'multi',
+      rules: dir.file('rules.yaml', RULES),
+      rlsSocket: join(dir.path, 'rls.sock'),
+      rlsListen: '127.0.0.1:0',
+      workers: 2,
+      tableCapacity: 10_000,
+      lagThresholdMs: 0,
+      throttleLogIntervalMs: 300,
+    }),
+    log.logger,
+  );
   clients = agent.endpoints.rlsUnix.map((p) => new RlsClient(unixTarget(p)));
 });
 
@@ -57,20 +60,34 @@ void test('one socket and one TCP port per worker: <socket>, <socket>.1', () => 
 
 void test('two workers on two sockets never admit more than the bucket allows in total', async () => {
   const perClient = 80;
-  const rounds = await Promise.all(clients.map(async (client) => {
-    const results: string[] = [];
-    // 8 concurrent streams per socket, so both workers decide at the same time.
-    await Promise.all(Array.from({ length: 8 }, async () => {
-      for (let i = 0; i < perClient / 8; i++) results.push((await client.check({ domain: 'shared', descriptors: [d(['k', 'hot'])] })).overall_code);
-    }));
-    return results;
-  }));
+  const rounds = await Promise.all(
+    clients.map(async (client) => {
+      const results: string[] = [];
+      // 8 concurrent streams per socket, so both workers decide at the same time.
+      await Promise.all(
+        Array.from({ length: 8 }, async () => {
+          for (let i = 0; i < perClient / 8; i++)
+            results.push((await client.check({ domain: 'shared', descriptors: [d(['k', 'hot'])] })).overall_code);
+        }),
+      );
+      return results;
+    }),
+  );
   const admitted = rounds.flat().filter((c) => c === 'OK').length;
   assert.equal(admitted, 50, 'exactly the bucket: 50 per hour, no refill within the test');
   for (const r of rounds) assert.equal(r.length, perClient, 'every request answered');
   // With hits: 1000 per day shared, requests of 7 hits each from both sockets.
-  const heavy = await Promise.all(clients.map((client) => Promise.all(Array.from({ length: 100 }, () =>
-    client.check({ domain: 'shared', hits_addend: 7, descriptors: [d(['heavy', 'x'])] }).then((r): number => (r.overall_code === 'OK' ? 7 : 0))))));
+  const heavy = await Promise.all(
+    clients.map((client) =>
+      Promise.all(
+        Array.from({ length: 100 }, () =>
+          client
+            .check({ domain: 'shared', hits_addend: 7, descriptors: [d(['heavy', 'x'])] })
+            .then((r): number => (r.overall_code === 'OK' ? 7 : 0)),
+        ),
+      ),
+    ),
+  );
   const hits = heavy.flat().reduce((s, n) => s + n, 0);
   assert.ok(hits <= 1000 && hits > 1000 - 7, `admitted ${hits} hits: the most that fits in 1000`);
 });

@@ -20,7 +20,9 @@ process.on('message', (m: unknown) => {
 runAgentCommand(process.argv.slice(2), process.env).then(
   (code) => process.exit(code),
   (error: unknown) => {
-    process.stderr.write(`blockable agent: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+    process.stderr.write(
+      `blockable agent: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`,
+    );
     process.exit(1);
   },
 );

@@ -112,7 +112,10 @@ void test('4 workers on ONE key: never more than rate·t + burst, and close to i
   assert.ok(got <= max, `admitted ${got} > bound ${max}`);
   // Offered ~20x the rate: the bucket must not be starved by the races either (sanity, not exactness).
   assert.ok(got >= max * 0.5, `admitted only ${got} of ${max}`);
-  assert.equal(o.results.every((r) => r.deniedOps > 0), true);
+  assert.equal(
+    o.results.every((r) => r.deniedOps > 0),
+    true,
+  );
 });
 
 void test('4 workers on a few keys, global (empty-start) limit: the bound holds per key', async () => {
@@ -136,8 +139,14 @@ void test('unlimited-ish limit, clock standing still: every hit counted exactly 
   const keys = ['one', 'two'];
   const o = await hammer({ table, keys, limits: [limit], ops: 20_000, maxHits: 5, maxStepNs: 0, startClockNs: now });
   const requested = o.results.reduce((s, r) => s + r.requestedHits, 0);
-  assert.equal(o.admitted.reduce((a, b) => a + b, 0), requested);
-  assert.equal(o.results.every((r) => r.deniedOps === 0 && r.tableFull === 0), true);
+  assert.equal(
+    o.admitted.reduce((a, b) => a + b, 0),
+    requested,
+  );
+  assert.equal(
+    o.results.every((r) => r.deniedOps === 0 && r.tableFull === 0),
+    true,
+  );
   const l = limitFromInterval(limit.intervalNs, limit.burst, limit.start);
   keys.forEach((key, k) => {
     // No lost update: the TAT advanced by exactly the admitted hits.
@@ -164,7 +173,16 @@ void test('churn through a small table (evictions + TableFull): the bound still 
   const table = new BucketTable({ capacity: 32 });
   const limit: LimitSpec = { intervalNs: 2_000n, burst: 3n, start: 'full' };
   const keys = Array.from({ length: 200 }, (_, i) => `k${i}`);
-  const o = await hammer({ table, keys, limits: [limit], ops: 20_000, maxHits: 1, maxStepNs: 60, hotKeys: 4, hotShare: 0.5 });
+  const o = await hammer({
+    table,
+    keys,
+    limits: [limit],
+    ops: 20_000,
+    maxHits: 1,
+    maxStepNs: 60,
+    hotKeys: 4,
+    hotShare: 0.5,
+  });
   const max = bound(o.finalClock - table.startNs, limit);
   keys.forEach((key, k) => {
     const got = o.admitted[k] ?? 0;
@@ -172,7 +190,8 @@ void test('churn through a small table (evictions + TableFull): the bound still 
   });
   assert.ok(table.evictions > 0, 'expected evictions');
   assert.equal(table.size() <= 32, true);
-  for (let k = 0; k < 4; k++) assert.ok((o.admitted[k] ?? 0) >= max * 0.5, `hot key ${k} starved: ${o.admitted[k]} of ${max}`);
+  for (let k = 0; k < 4; k++)
+    assert.ok((o.admitted[k] ?? 0) >= max * 0.5, `hot key ${k} starved: ${o.admitted[k]} of ${max}`);
 });
 
 void test('two limits racing on one key (re-configuration under contention): no over-admission', async () => {

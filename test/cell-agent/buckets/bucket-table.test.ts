@@ -61,8 +61,14 @@ void test('basic decisions, remaining, reset and retry-after through the table',
   const now = 1_000n * S;
   const got: TakeResult[] = [];
   for (let i = 0; i < 6; i++) got.push(t.take('tenant:a', l, 1, now));
-  assert.deepEqual(got.map((r) => r.verdict), ['allow', 'allow', 'allow', 'allow', 'allow', 'deny']);
-  assert.deepEqual(got.map((r) => r.remaining), [4, 3, 2, 1, 0, 0]);
+  assert.deepEqual(
+    got.map((r) => r.verdict),
+    ['allow', 'allow', 'allow', 'allow', 'allow', 'deny'],
+  );
+  assert.deepEqual(
+    got.map((r) => r.remaining),
+    [4, 3, 2, 1, 0, 0],
+  );
   assert.equal(got[0]?.resetNs, 200n * MS);
   assert.equal(got[5]?.retryAfterNs, 200n * MS);
   assert.equal(got[5]?.resetNs, S);
@@ -88,7 +94,8 @@ type Model = Map<string, { tat: bigint; limit: GcraLimit }>;
 function modelTake(m: Model, key: string, limit: GcraLimit, hits: number, now: bigint): TakeResult {
   let b = m.get(key);
   if (b === undefined) {
-    if (limit.intervalNs === 0n) return { verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS };
+    if (limit.intervalNs === 0n)
+      return { verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS };
     const tat = gcraInitialTat(limit, now); // 'empty': empty at creation
     if (hits === 0 && limit.start === 'full') {
       const d = gcraTake(tat, now, limit, 0);
@@ -102,9 +109,16 @@ function modelTake(m: Model, key: string, limit: GcraLimit, hits: number, now: b
     b.limit = limit;
   }
   const d = gcraTake(b.tat, now, limit, hits);
-  if (limit.intervalNs === 0n) return { verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS };
+  if (limit.intervalNs === 0n)
+    return { verdict: 'deny', allowed: false, remaining: 0, resetNs: 0n, retryAfterNs: NEVER_NS };
   if (d.allowed) b.tat = d.tat;
-  return { verdict: d.allowed ? 'allow' : 'deny', allowed: d.allowed, remaining: d.remaining, resetNs: d.resetNs, retryAfterNs: d.retryAfterNs };
+  return {
+    verdict: d.allowed ? 'allow' : 'deny',
+    allowed: d.allowed,
+    remaining: d.remaining,
+    resetNs: d.resetNs,
+    retryAfterNs: d.retryAfterNs,
+  };
 }
 
 void test('property: the table decides exactly as the pure GCRA model (limits change, rate 0, start policies)', () => {
@@ -122,20 +136,24 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
     gap: fc.integer({ min: 0, max: 3_000 }),
   });
   fc.assert(
-    fc.property(fc.bigInt({ min: 0n, max: 10n ** 15n }), fc.array(opArb, { minLength: 1, maxLength: 200 }), (startNs, ops) => {
-      const table = new BucketTable({ capacity: 64, startNs });
-      const model: Model = new Map();
-      let now = startNs;
-      for (const op of ops) {
-        now += BigInt(op.gap);
-        const limit = limits[op.limit] ?? limits[0];
-        if (limit === undefined) return;
-        const key = `k${op.key}`;
-        assert.deepEqual(table.take(key, limit, op.hits, now), modelTake(model, key, limit, op.hits, now));
-      }
-      assert.equal(table.size(), model.size);
-      assert.equal(table.evictions, 0);
-    }),
+    fc.property(
+      fc.bigInt({ min: 0n, max: 10n ** 15n }),
+      fc.array(opArb, { minLength: 1, maxLength: 200 }),
+      (startNs, ops) => {
+        const table = new BucketTable({ capacity: 64, startNs });
+        const model: Model = new Map();
+        let now = startNs;
+        for (const op of ops) {
+          now += BigInt(op.gap);
+          const limit = limits[op.limit] ?? limits[0];
+          if (limit === undefined) return;
+          const key = `k${op.key}`;
+          assert.deepEqual(table.take(key, limit, op.hits, now), modelTake(model, key, limit, op.hits, now));
+        }
+        assert.equal(table.size(), model.size);
+        assert.equal(table.evictions, 0);
+      },
+    ),
     { numRuns: 200 },
   );
 });
@@ -173,7 +191,11 @@ void test('global (empty-start) buckets are empty when created, however long the
   assert.equal(t.take('early', limitFromRate(10, 50), 1, start + 30n * S).verdict, 'deny');
   assert.equal(t.evictions, 2);
   const local = limitPerUnit(5, 'second');
-  assert.equal(new BucketTable({ capacity: 2, startNs: start }).take('local', local, 5, start).verdict, 'allow', 'local rules start full');
+  assert.equal(
+    new BucketTable({ capacity: 2, startNs: start }).take('local', local, 5, start).verdict,
+    'allow',
+    'local rules start full',
+  );
 });
 
 void test('attach: another view of the same shared memory shares every bucket and counter', () => {
@@ -241,7 +263,10 @@ void test('eviction takes only idle (full) buckets, least recently used first; b
   assert.equal(t.take('e', l, 1, 500n * MS).verdict, 'allow');
   assert.equal(t.evictions, 1);
   assert.equal(t.has('c'), false);
-  assert.deepEqual(['a', 'b', 'd', 'e'].map((k) => t.has(k)), [true, true, true, true]);
+  assert.deepEqual(
+    ['a', 'b', 'd', 'e'].map((k) => t.has(k)),
+    [true, true, true, true],
+  );
   // a and b kept their state: at 500 ms they have refilled 5 tokens, not 10.
   assert.equal(t.take('a', l, 0, 500n * MS).remaining, 5);
   // At 5 s all are full; the least recently used (stamp of a/b/e ≈ 0 s, d ≈ 2.5 s) go first.

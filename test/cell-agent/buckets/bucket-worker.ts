@@ -56,7 +56,12 @@ function run(cmd: RunCommand): RunResult {
   parentPort?.postMessage({ kind: 'ready' });
   Atomics.wait(go, 0, 0);
   for (let i = 0; i < cmd.ops; i++) {
-    const k = cmd.order === 'sweep' ? i % cmd.keys.length : cmd.hotKeys > 0 && random() < cmd.hotShare ? Math.floor(random() * cmd.hotKeys) : Math.floor(random() * cmd.keys.length);
+    const k =
+      cmd.order === 'sweep'
+        ? i % cmd.keys.length
+        : cmd.hotKeys > 0 && random() < cmd.hotShare
+          ? Math.floor(random() * cmd.hotKeys)
+          : Math.floor(random() * cmd.keys.length);
     const key = cmd.keys[k] ?? '';
     const limit = limits[limits.length === 1 ? 0 : Math.floor(random() * limits.length)];
     if (limit === undefined) throw new Error('no limit');

@@ -78,7 +78,10 @@ void test('empty vs full start: a global slice releases no burst at start, a loc
 void test('hits = 0 checks without counting; hits > burst is never allowed; rate 0 is always over', () => {
   const l = limitFromInterval(1000n, 4n);
   const r0 = gcraTake(0n, 0n, l, 0);
-  assert.deepEqual({ allowed: r0.allowed, tat: r0.tat, remaining: r0.remaining }, { allowed: true, tat: 0n, remaining: 4 });
+  assert.deepEqual(
+    { allowed: r0.allowed, tat: r0.tat, remaining: r0.remaining },
+    { allowed: true, tat: 0n, remaining: 4 },
+  );
   const r1 = gcraTake(0n, 0n, l, 3);
   assert.deepEqual([r1.allowed, r1.remaining, r1.resetNs, r1.tat], [true, 1, 3000n, 3000n]);
   const r2 = gcraTake(r1.tat, 0n, l, 2);
@@ -102,10 +105,13 @@ const limitArb = fc.record({
 });
 
 /** Arrivals: gap as a fraction (per mille) of T, so sequences probe every regime of the bucket. */
-const arrivalsArb = fc.array(fc.record({ gapPermille: fc.integer({ min: 0, max: 3_000 }), hits: fc.integer({ min: 0, max: 35 }) }), {
-  minLength: 1,
-  maxLength: 150,
-});
+const arrivalsArb = fc.array(
+  fc.record({ gapPermille: fc.integer({ min: 0, max: 3_000 }), hits: fc.integer({ min: 0, max: 35 }) }),
+  {
+    minLength: 1,
+    maxLength: 150,
+  },
+);
 
 interface Admitted {
   readonly t: bigint;
@@ -157,47 +163,58 @@ void test('property: over any window of length W at most r·W + b are admitted (
 
 void test('property: saturating demand is admitted exactly: b + floor(t/T) (full), floor(t/T) (empty)', () => {
   fc.assert(
-    fc.property(fc.bigInt({ min: 1n, max: 40n }), fc.bigInt({ min: 1n, max: 12n }), fc.constantFrom('full' as const, 'empty' as const), (T, b, start) => {
-      const limit = limitFromInterval(T, b, start);
-      let tat = gcraInitialTat(limit, 0n);
-      let count = 0n;
-      for (let t = 0n; t <= 25n * T; t++) {
-        for (;;) {
-          const d = gcraTake(tat, t, limit, 1);
-          if (!d.allowed) break;
-          tat = d.tat;
-          count++;
+    fc.property(
+      fc.bigInt({ min: 1n, max: 40n }),
+      fc.bigInt({ min: 1n, max: 12n }),
+      fc.constantFrom('full' as const, 'empty' as const),
+      (T, b, start) => {
+        const limit = limitFromInterval(T, b, start);
+        let tat = gcraInitialTat(limit, 0n);
+        let count = 0n;
+        for (let t = 0n; t <= 25n * T; t++) {
+          for (;;) {
+            const d = gcraTake(tat, t, limit, 1);
+            if (!d.allowed) break;
+            tat = d.tat;
+            count++;
+          }
+          assert.equal(count, (start === 'full' ? b : 0n) + t / T, `t=${t}`);
         }
-        assert.equal(count, (start === 'full' ? b : 0n) + t / T, `t=${t}`);
-      }
-    }),
+      },
+    ),
     { numRuns: 60 },
   );
 });
 
 void test('property: retryAfter is exact and remaining matches what can be taken', () => {
   fc.assert(
-    fc.property(fc.bigInt({ min: 1n, max: 10_000n }), fc.bigInt({ min: 1n, max: 20n }), arrivalsArb, fc.integer({ min: 1, max: 25 }), (T, b, arrivals, want) => {
-      const limit = limitFromInterval(T, b);
-      let now = 0n;
-      let tat = gcraInitialTat(limit, now);
-      for (const a of arrivals) {
-        now += (T * BigInt(a.gapPermille)) / 1000n;
-        const d = gcraTake(tat, now, limit, a.hits);
-        if (d.allowed) tat = d.tat;
-      }
-      const level = gcraLevel(tat, now, limit);
-      assert.equal(gcraTake(tat, now, limit, 0).remaining, level);
-      assert.equal(gcraTake(tat, now, limit, level).allowed, true);
-      const d = gcraTake(tat, now, limit, want);
-      if (d.allowed) return;
-      if (BigInt(want) > b) {
-        assert.equal(d.retryAfterNs, NEVER_NS);
-        return;
-      }
-      assert.equal(gcraTake(tat, now + d.retryAfterNs, limit, want).allowed, true);
-      assert.equal(gcraTake(tat, now + d.retryAfterNs - 1n, limit, want).allowed, false);
-    }),
+    fc.property(
+      fc.bigInt({ min: 1n, max: 10_000n }),
+      fc.bigInt({ min: 1n, max: 20n }),
+      arrivalsArb,
+      fc.integer({ min: 1, max: 25 }),
+      (T, b, arrivals, want) => {
+        const limit = limitFromInterval(T, b);
+        let now = 0n;
+        let tat = gcraInitialTat(limit, now);
+        for (const a of arrivals) {
+          now += (T * BigInt(a.gapPermille)) / 1000n;
+          const d = gcraTake(tat, now, limit, a.hits);
+          if (d.allowed) tat = d.tat;
+        }
+        const level = gcraLevel(tat, now, limit);
+        assert.equal(gcraTake(tat, now, limit, 0).remaining, level);
+        assert.equal(gcraTake(tat, now, limit, level).allowed, true);
+        const d = gcraTake(tat, now, limit, want);
+        if (d.allowed) return;
+        if (BigInt(want) > b) {
+          assert.equal(d.retryAfterNs, NEVER_NS);
+          return;
+        }
+        assert.equal(gcraTake(tat, now + d.retryAfterNs, limit, want).allowed, true);
+        assert.equal(gcraTake(tat, now + d.retryAfterNs - 1n, limit, want).allowed, false);
+      },
+    ),
     { numRuns: 300 },
   );
 });
@@ -256,17 +273,23 @@ const paramsArb = fc.record({ T: fc.bigInt({ min: 1n, max: 100_000n }), b: fc.bi
 
 void test('property: re-configuration keeps level min(L, b′), rounding only downwards', () => {
   fc.assert(
-    fc.property(paramsArb, paramsArb, fc.integer({ min: 0, max: 1000 }), fc.bigInt({ min: 0n, max: 10n ** 12n }), (p, q, debtPermille, now) => {
-      const from = limitFromInterval(p.T, p.b);
-      const to = limitFromInterval(q.T, q.b);
-      const tat = now + (from.windowNs * BigInt(debtPermille)) / 1000n;
-      const L = gcraLevel(tat, now, from); // floor of the exact level
-      const t2 = gcraReconfigure(tat, now, from, to);
-      const L2 = gcraLevel(t2, now, to);
-      const expect = Math.min(L, Number(q.b));
-      assert.ok(L2 <= expect && L2 >= expect - 1, `L=${L} b'=${q.b} → ${L2}`);
-      assert.equal(t2 - now <= to.windowNs, true);
-    }),
+    fc.property(
+      paramsArb,
+      paramsArb,
+      fc.integer({ min: 0, max: 1000 }),
+      fc.bigInt({ min: 0n, max: 10n ** 12n }),
+      (p, q, debtPermille, now) => {
+        const from = limitFromInterval(p.T, p.b);
+        const to = limitFromInterval(q.T, q.b);
+        const tat = now + (from.windowNs * BigInt(debtPermille)) / 1000n;
+        const L = gcraLevel(tat, now, from); // floor of the exact level
+        const t2 = gcraReconfigure(tat, now, from, to);
+        const L2 = gcraLevel(t2, now, to);
+        const expect = Math.min(L, Number(q.b));
+        assert.ok(L2 <= expect && L2 >= expect - 1, `L=${L} b'=${q.b} → ${L2}`);
+        assert.equal(t2 - now <= to.windowNs, true);
+      },
+    ),
     { numRuns: 500 },
   );
 });
@@ -278,53 +301,57 @@ void test('property: with limits changing at runtime, any window admits ≤ max 
     change: fc.option(fc.integer({ min: 0, max: 2 }), { freq: 8 }),
   });
   fc.assert(
-    fc.property(fc.array(paramsArb, { minLength: 3, maxLength: 3 }), fc.array(eventArb, { minLength: 1, maxLength: 120 }), (ps, events) => {
-      const limits: GcraLimit[] = ps.map((p) => limitFromInterval(p.T, p.b));
-      const first = limits[0];
-      if (first === undefined) return;
-      const bMax = ps.reduce((m, p) => (p.b > m ? p.b : m), 0n);
-      const P = ps.reduce((m, p) => m * p.T, 1n); // common denominator of the refill rates
-      let limit = first;
-      let now = 0n;
-      let tat = gcraInitialTat(limit, now);
-      const segments: { start: bigint; T: bigint }[] = [{ start: 0n, T: limit.intervalNs }];
-      const admitted: Admitted[] = [];
-      for (const e of events) {
-        now += (limit.intervalNs * BigInt(e.gapPermille)) / 1000n;
-        if (e.change !== null) {
-          const next = limits[e.change] ?? limit;
-          tat = gcraReconfigure(tat, now, limit, next);
-          limit = next;
-          segments.push({ start: now, T: limit.intervalNs });
+    fc.property(
+      fc.array(paramsArb, { minLength: 3, maxLength: 3 }),
+      fc.array(eventArb, { minLength: 1, maxLength: 120 }),
+      (ps, events) => {
+        const limits: GcraLimit[] = ps.map((p) => limitFromInterval(p.T, p.b));
+        const first = limits[0];
+        if (first === undefined) return;
+        const bMax = ps.reduce((m, p) => (p.b > m ? p.b : m), 0n);
+        const P = ps.reduce((m, p) => m * p.T, 1n); // common denominator of the refill rates
+        let limit = first;
+        let now = 0n;
+        let tat = gcraInitialTat(limit, now);
+        const segments: { start: bigint; T: bigint }[] = [{ start: 0n, T: limit.intervalNs }];
+        const admitted: Admitted[] = [];
+        for (const e of events) {
+          now += (limit.intervalNs * BigInt(e.gapPermille)) / 1000n;
+          if (e.change !== null) {
+            const next = limits[e.change] ?? limit;
+            tat = gcraReconfigure(tat, now, limit, next);
+            limit = next;
+            segments.push({ start: now, T: limit.intervalNs });
+          }
+          const d = gcraTake(tat, now, limit, e.hits);
+          if (d.allowed) {
+            tat = d.tat;
+            admitted.push({ t: now, hits: BigInt(e.hits) });
+          }
         }
-        const d = gcraTake(tat, now, limit, e.hits);
-        if (d.allowed) {
-          tat = d.tat;
-          admitted.push({ t: now, hits: BigInt(e.hits) });
+        /** P × (tokens refilled in [a, z]) = Σ overlap_k · P / T_k. */
+        const refillTimesP = (a: bigint, z: bigint): bigint => {
+          let acc = 0n;
+          segments.forEach((seg, k) => {
+            const end = segments[k + 1]?.start ?? z;
+            const lo = seg.start > a ? seg.start : a;
+            const hi = end < z ? end : z;
+            if (hi > lo) acc += (hi - lo) * (P / seg.T);
+          });
+          return acc;
+        };
+        for (let i = 0; i < admitted.length; i++) {
+          let sum = 0n;
+          const ti = admitted[i]?.t ?? 0n;
+          for (let j = i; j < admitted.length; j++) {
+            const e = admitted[j];
+            if (e === undefined) break;
+            sum += e.hits;
+            assert.ok((sum - bMax) * P <= refillTimesP(ti, e.t), `window [${ti}, ${e.t}] admitted ${sum}`);
+          }
         }
-      }
-      /** P × (tokens refilled in [a, z]) = Σ overlap_k · P / T_k. */
-      const refillTimesP = (a: bigint, z: bigint): bigint => {
-        let acc = 0n;
-        segments.forEach((seg, k) => {
-          const end = segments[k + 1]?.start ?? z;
-          const lo = seg.start > a ? seg.start : a;
-          const hi = end < z ? end : z;
-          if (hi > lo) acc += (hi - lo) * (P / seg.T);
-        });
-        return acc;
-      };
-      for (let i = 0; i < admitted.length; i++) {
-        let sum = 0n;
-        const ti = admitted[i]?.t ?? 0n;
-        for (let j = i; j < admitted.length; j++) {
-          const e = admitted[j];
-          if (e === undefined) break;
-          sum += e.hits;
-          assert.ok((sum - bMax) * P <= refillTimesP(ti, e.t), `window [${ti}, ${e.t}] admitted ${sum}`);
-        }
-      }
-    }),
+      },
+    ),
     { numRuns: 200 },
   );
 });

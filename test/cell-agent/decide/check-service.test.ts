@@ -19,12 +19,24 @@ import type { RlsRequest } from '../../../cell-agent/messages/rls-messages.js';
 import { encodeRateLimitResponse } from '../../../cell-agent/rls/rls-codec.js';
 import { captureLogger } from '../../../testkit/logs.js';
 
-const REQ: RlsRequest = { domain: 'd', hitsAddend: 0, descriptors: [{ entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null }, { entries: [], limit: null, hitsAddend: null }] };
+const REQ: RlsRequest = {
+  domain: 'd',
+  hitsAddend: 0,
+  descriptors: [
+    { entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null },
+    { entries: [], limit: null, hitsAddend: null },
+  ],
+};
 
 void test('an exception inside the decision is answered fail-open, counted and logged once a second', () => {
   const stats = createStatsShared(1);
   const cap = captureLogger();
-  const throwing = { options: { bounds: DEFAULT_REQUEST_BOUNDS }, decide: () => { throw new Error('boom'); } } as unknown as Decider;
+  const throwing = {
+    options: { bounds: DEFAULT_REQUEST_BOUNDS },
+    decide: () => {
+      throw new Error('boom');
+    },
+  } as unknown as Decider;
   const service = new CheckService(throwing, new StatsWriter(stats, 0), null, cap.logger);
   for (let i = 0; i < 3; i++) {
     const out = service.check(REQ);
@@ -33,24 +45,43 @@ void test('an exception inside the decision is answered fail-open, counted and l
     assert.equal(out.verdict, 'degraded');
     assert.equal(out.response.overallCode, 1);
     assert.equal(out.response.statuses.length, 2);
-    assert.deepEqual(out.response.responseHeadersToAdd, [{ key: 'x-ratelimit-degraded', value: 'true' }, { key: 'x-ratelimit-fail-open', value: 'true' }], 'degraded and marked fail-open (outside the bound)');
+    assert.deepEqual(
+      out.response.responseHeadersToAdd,
+      [
+        { key: 'x-ratelimit-degraded', value: 'true' },
+        { key: 'x-ratelimit-fail-open', value: 'true' },
+      ],
+      'degraded and marked fail-open (outside the bound)',
+    );
   }
   const t = readStats(stats);
   assert.equal(t.failOpen.error, 3);
   assert.equal(t.decisions.degraded.local, 3);
-  assert.equal(cap.lines.filter((l) => l['msg'] === 'check failed inside the agent; answered fail-open').length, 1, 'logged once, the rest suppressed');
+  assert.equal(
+    cap.lines.filter((l) => l['msg'] === 'check failed inside the agent; answered fail-open').length,
+    1,
+    'logged once, the rest suppressed',
+  );
 });
 
 void test('overloaded, open policy: answered OK at once without calling the decider', () => {
   const stats = createStatsShared(1);
   let called = 0;
-  const decider = { options: { bounds: DEFAULT_REQUEST_BOUNDS }, decide: () => { called++; throw new Error('not reached'); } } as unknown as Decider;
+  const decider = {
+    options: { bounds: DEFAULT_REQUEST_BOUNDS },
+    decide: () => {
+      called++;
+      throw new Error('not reached');
+    },
+  } as unknown as Decider;
   const lag = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 });
   const t0 = performance.now();
   lag.start(t0);
   try {
     lag.tick(t0 + 500); // the timer ran 495 ms late: the loop was blocked
-    const service = new CheckService(decider, new StatsWriter(stats, 0), lag, captureLogger().logger, { overload: { policy: 'open', allowance: 1 } });
+    const service = new CheckService(decider, new StatsWriter(stats, 0), lag, captureLogger().logger, {
+      overload: { policy: 'open', allowance: 1 },
+    });
     const out = service.check(REQ);
     assert.equal(out.kind === 'answer' && out.verdict, 'degraded');
   } finally {
@@ -76,7 +107,13 @@ function boundedHarness(allowance: number, tenants: unknown = {}) {
   const clock = { now: 10n * S };
   const table = new BucketTable({ capacity: 1000, startNs: 0n });
   const quotas = new StaticQuotas(parseQuotaFile(tenants), { staticShare: 0.5, unknownTenant: { kind: 'deny' } });
-  const options: DeciderOptions = { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: true, cell: 'c1' };
+  const options: DeciderOptions = {
+    bounds: DEFAULT_REQUEST_BOUNDS,
+    responseHeaders: false,
+    tableFull: 'open',
+    staticSlices: true,
+    cell: 'c1',
+  };
   const decider = new Decider({ table, quotas, clock: () => clock.now }, options);
   decider.setRules(compileRules([parseRulesYaml(RULES, 'rules.yaml')]));
   const stats = createStatsShared(1);
@@ -96,7 +133,11 @@ function boundedHarness(allowance: number, tenants: unknown = {}) {
     lag.tick(performance.now() + 5_000_005); // on time again: caught up
   };
   const check = (...entries: [string, string][]): Answer => {
-    const out = service.check({ domain: 'd', hitsAddend: 0, descriptors: [{ entries: entries.map(([key, value]) => ({ key, value })), limit: null, hitsAddend: null }] });
+    const out = service.check({
+      domain: 'd',
+      hitsAddend: 0,
+      descriptors: [{ entries: entries.map(([key, value]) => ({ key, value })), limit: null, hitsAddend: null }],
+    });
     if (out.kind !== 'answer') throw new Error(out.message);
     return out;
   };
@@ -104,7 +145,8 @@ function boundedHarness(allowance: number, tenants: unknown = {}) {
 }
 
 type Answer = Extract<ReturnType<CheckService['check']>, { kind: 'answer' }>;
-const header = (a: Answer, key: string): string | undefined => a.response.responseHeadersToAdd.find((h) => h.key === key)?.value;
+const header = (a: Answer, key: string): string | undefined =>
+  a.response.responseHeadersToAdd.find((h) => h.key === key)?.value;
 
 void test('bounded: while overloaded a key admits at most its allowance fail-open, the rest is refused with one constant answer, and its buckets are untouched', () => {
   const h = boundedHarness(1);
@@ -112,7 +154,7 @@ void test('bounded: while overloaded a key admits at most its allowance fail-ope
     h.overload();
     const answers = Array.from({ length: 100 }, () => h.check(['k', 'x']));
     const admitted = answers.filter((a) => !a.overLimit);
-    assert.equal(admitted.length, 10, 'the local rule\'s rate (10/s), one second deep, starting full like the rule');
+    assert.equal(admitted.length, 10, "the local rule's rate (10/s), one second deep, starting full like the rule");
     for (const a of admitted) {
       assert.equal(a.verdict, 'degraded');
       assert.equal(header(a, 'x-ratelimit-fail-open'), 'true', 'admitted without a decision: marked fail-open');
@@ -123,7 +165,11 @@ void test('bounded: while overloaded a key admits at most its allowance fail-ope
     assert.equal(refused[0]?.response.overallCode, 2);
     assert.equal(header(refused[0], 'x-ratelimit-refused-by'), 'overload');
     assert.equal(header(refused[0], 'x-ratelimit-cell'), 'c1');
-    assert.ok(refused[0]?.encoded !== undefined && refused[0].encoded.equals(encodeRateLimitResponse(refused[0].response, true)), 'pre-encoded with the transport\'s encoder');
+    assert.ok(
+      refused[0]?.encoded !== undefined &&
+        refused[0].encoded.equals(encodeRateLimitResponse(refused[0].response, true)),
+      "pre-encoded with the transport's encoder",
+    );
     // Half a second later (virtual clock): 5 more allowance tokens.
     h.clock.now += S / 2n;
     assert.equal(Array.from({ length: 20 }, () => h.check(['k', 'x'])).filter((a) => !a.overLimit).length, 5);
@@ -131,7 +177,11 @@ void test('bounded: while overloaded a key admits at most its allowance fail-ope
     h.recover();
     const decided = Array.from({ length: 20 }, () => h.check(['k', 'x']));
     assert.equal(decided.filter((a) => !a.overLimit).length, 10);
-    assert.equal(decided.some((a) => header(a, 'x-ratelimit-fail-open') !== undefined), false, 'decisions are not fail-open');
+    assert.equal(
+      decided.some((a) => header(a, 'x-ratelimit-fail-open') !== undefined),
+      false,
+      'decisions are not fail-open',
+    );
     const t = readStats(h.stats);
     assert.equal(t.failOpen.overload, 15);
     assert.equal(t.overloadRefused.allowance, 105);
@@ -143,15 +193,23 @@ void test('bounded: while overloaded a key admits at most its allowance fail-ope
   }
 });
 
-void test('bounded: a global quota\'s allowance is its floor (here the static share), starting empty; an unknown tenant has none', () => {
+void test("bounded: a global quota's allowance is its floor (here the static share), starting empty; an unknown tenant has none", () => {
   const h = boundedHarness(1, { tiers: { t: { rate: 40, burst: 40 } }, tenants: { acme: 't' } });
   try {
     h.overload();
-    assert.equal(h.check(['tenant', 'acme']).overLimit, true, 'a new global allowance starts empty, like a global bucket');
+    assert.equal(
+      h.check(['tenant', 'acme']).overLimit,
+      true,
+      'a new global allowance starts empty, like a global bucket',
+    );
     h.clock.now += 10n * S;
     const answers = Array.from({ length: 100 }, () => h.check(['tenant', 'acme']));
     assert.equal(answers.filter((a) => !a.overLimit).length, 20, 'share 0.5 of 40/s: 20/s, one second deep');
-    assert.equal(Array.from({ length: 10 }, () => h.check(['tenant', 'nobody'])).filter((a) => !a.overLimit).length, 0, 'a denied tenant gets nothing');
+    assert.equal(
+      Array.from({ length: 10 }, () => h.check(['tenant', 'nobody'])).filter((a) => !a.overLimit).length,
+      0,
+      'a denied tenant gets nothing',
+    );
     assert.deepEqual(h.throttle.drain().failOpen, [['overload', 'tenant/acme', 20]], 'counted under the quota key');
   } finally {
     h.lag.stop();
@@ -164,7 +222,10 @@ void test('bounded with allowance 0: nothing is admitted while overloaded, and s
     assert.equal(h.service.shed(), null, 'not overloaded: decode and decide');
     h.overload();
     const shed = h.service.shed();
-    assert.ok(shed !== null && shed.overLimit && shed.response.statuses.length === 0, 'a constant refusal without statuses');
+    assert.ok(
+      shed !== null && shed.overLimit && shed.response.statuses.length === 0,
+      'a constant refusal without statuses',
+    );
     assert.equal(Array.from({ length: 30 }, () => h.check(['k', 'x'])).filter((a) => !a.overLimit).length, 0);
     const t = readStats(h.stats);
     assert.equal(t.failOpen.overload, 0);

@@ -17,7 +17,9 @@ import { waitFor } from '../../../testkit/wait.js';
 const svc = loadQuotaLeaseService();
 const logger = pino({ level: 'silent' });
 
-type Behaviour = (req: ReportRequestMessage) => { res: ReportResponseMessage } | { code: grpc.status; leaderAddress?: string; leaderId?: string };
+type Behaviour = (
+  req: ReportRequestMessage,
+) => { res: ReportResponseMessage } | { code: grpc.status; leaderAddress?: string; leaderId?: string };
 
 interface Fake {
   readonly address: string;
@@ -31,7 +33,10 @@ async function fakeCoordinator(behaviour: Behaviour): Promise<Fake> {
   const requests: ReportRequestMessage[] = [];
   const fake: { behaviour: Behaviour } = { behaviour };
   server.addService(svc.definition, {
-    Report: ((call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>, cb: grpc.sendUnaryData<ReportResponseMessage>) => {
+    Report: ((
+      call: grpc.ServerUnaryCall<ReportRequestMessage, ReportResponseMessage>,
+      cb: grpc.sendUnaryData<ReportResponseMessage>,
+    ) => {
       requests.push(call.request);
       const out = fake.behaviour(call.request);
       if ('res' in out) {
@@ -44,16 +49,45 @@ async function fakeCoordinator(behaviour: Behaviour): Promise<Fake> {
       cb({ code: out.code, details: 'fake refusal', metadata: md, name: 'Error', message: 'fake refusal' });
     }) as grpc.handleUnaryCall<ReportRequestMessage, ReportResponseMessage>,
   });
-  const port = await new Promise<number>((ok, fail) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))));
+  const port = await new Promise<number>((ok, fail) =>
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))),
+  );
   return Object.assign(fake, { address: `127.0.0.1:${port}`, requests, stop: () => server.forceShutdown() });
 }
 
-const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({ key: 'tenant/acme', rate, burst, epoch, floorRate: 100, floorBurst: 100, version: 1, parent: '', deleted: false });
-const ok = (grants: GrantMessage[], ttl = 3000): { res: ReportResponseMessage } => ({ res: { leaderId: 'n2', leaseTtlMs: ttl, grants, ledgerIndex: 1, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full: false } });
+const grant = (epoch: number, rate = 300, burst = 300): GrantMessage => ({
+  key: 'tenant/acme',
+  rate,
+  burst,
+  epoch,
+  floorRate: 100,
+  floorBurst: 100,
+  version: 1,
+  parent: '',
+  deleted: false,
+});
+const ok = (grants: GrantMessage[], ttl = 3000): { res: ReportResponseMessage } => ({
+  res: {
+    leaderId: 'n2',
+    leaseTtlMs: ttl,
+    grants,
+    ledgerIndex: 1,
+    unknownTenant: 'deny',
+    unknownKeys: [],
+    capsIncluded: false,
+    capsVersion: 0,
+    cappedDomains: [],
+    full: false,
+  },
+});
 
 void test('lease client: follows the leader hint, applies and acknowledges grants, reports velocity', async () => {
   const leader = await fakeCoordinator(() => ok([]));
-  const follower = await fakeCoordinator(() => ({ code: grpc.status.FAILED_PRECONDITION, leaderId: 'n2', leaderAddress: leader.address }));
+  const follower = await fakeCoordinator(() => ({
+    code: grpc.status.FAILED_PRECONDITION,
+    leaderId: 'n2',
+    leaderAddress: leader.address,
+  }));
   const overrides = new QuotaOverrides();
   const applied: OverrideEntry[][] = [];
   const states: LeaseState[] = [];
@@ -88,17 +122,35 @@ void test('lease client: follows the leader hint, applies and acknowledges grant
     assert.ok(follower.requests.length >= 1, 'asked the follower first');
     const first = leader.requests[0] as ReportRequestMessage;
     assert.equal(first.cellId, 'eu');
-    assert.deepEqual(first.velocity, [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 50 }], 'per second, only quota keys');
+    assert.deepEqual(
+      first.velocity,
+      [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 50 }],
+      'per second, only quota keys',
+    );
 
     // The grant is acknowledged at once, so the next one may follow within milliseconds: look at
     // what was applied, not only at what is in force now.
-    const first300 = await waitFor('the grant applied', () => applied.flat().find((e) => e.key === 'tenant/acme' && 'rate' in e && e.rate === 300), { timeoutMs: 5000, everyMs: 20 });
+    const first300 = await waitFor(
+      'the grant applied',
+      () => applied.flat().find((e) => e.key === 'tenant/acme' && 'rate' in e && e.rate === 300),
+      { timeoutMs: 5000, everyMs: 20 },
+    );
     assert.equal('leased' in first300 && first300.leased, true, 'applied as a leased grant');
     assert.equal(states[0], 'leased');
     // Acknowledged in the next report, then the shrink (epoch 2, below the floor: max(grant, floor) = 100).
-    await waitFor('ack of epoch 1', () => leader.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)), { timeoutMs: 5000, everyMs: 20 });
-    await waitFor('epoch 2 applied', () => overrides.get('tenant/acme')?.rate === 100, { timeoutMs: 5000, everyMs: 20 });
-    await waitFor('ack of epoch 2', () => leader.requests.some((r) => r.acks.some((a) => a.epoch === 2)), { timeoutMs: 5000, everyMs: 20 });
+    await waitFor(
+      'ack of epoch 1',
+      () => leader.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)),
+      { timeoutMs: 5000, everyMs: 20 },
+    );
+    await waitFor('epoch 2 applied', () => overrides.get('tenant/acme')?.rate === 100, {
+      timeoutMs: 5000,
+      everyMs: 20,
+    });
+    await waitFor('ack of epoch 2', () => leader.requests.some((r) => r.acks.some((a) => a.epoch === 2)), {
+      timeoutMs: 5000,
+      everyMs: 20,
+    });
     const n = leader.requests.length;
     await waitFor('two more reports', () => leader.requests.length >= n + 2, { timeoutMs: 5000, everyMs: 20 });
     assert.equal(leader.requests[leader.requests.length - 1]?.acks.length, 0, 'acknowledged once, not again');
@@ -108,7 +160,11 @@ void test('lease client: follows the leader hint, applies and acknowledges grant
     const m = leader.requests.length;
     await waitFor('three more reports', () => leader.requests.length >= m + 3, { timeoutMs: 5000, everyMs: 20 });
     const later = leader.requests.slice(m);
-    assert.deepEqual(later[0]?.velocity, [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 0 }], 'quiet key once with 0');
+    assert.deepEqual(
+      later[0]?.velocity,
+      [{ key: 'tenant/acme', allowedPerS: 0, refusedPerS: 0 }],
+      'quiet key once with 0',
+    );
     assert.deepEqual(later[2]?.velocity, [], 'then nothing');
     assert.ok(applied.length >= 2, 'overrides were applied');
   } finally {
@@ -123,11 +179,18 @@ void test('lease client: with ID=HOST:PORT it follows the leader by id to its ow
   // reaches n2 at `leader` (its proxy, its load balancer).
   const leader = await fakeCoordinator(() => ok([]));
   const elsewhere = await fakeCoordinator(() => ok([]));
-  const follower = await fakeCoordinator(() => ({ code: grpc.status.FAILED_PRECONDITION, leaderId: 'n2', leaderAddress: elsewhere.address }));
+  const follower = await fakeCoordinator(() => ({
+    code: grpc.status.FAILED_PRECONDITION,
+    leaderId: 'n2',
+    leaderAddress: elsewhere.address,
+  }));
   const client = new LeaseClient({
     cellId: 'eu',
     coordinators: [follower.address, leader.address],
-    coordinatorById: new Map([['n1', follower.address], ['n2', leader.address]]),
+    coordinatorById: new Map([
+      ['n1', follower.address],
+      ['n2', leader.address],
+    ]),
     logger,
     velocity: () => [],
     onOverrides: () => undefined,
@@ -136,7 +199,10 @@ void test('lease client: with ID=HOST:PORT it follows the leader by id to its ow
   try {
     // Start at the follower whichever configured address the client picks first.
     client.start();
-    await waitFor('reports reaching n2 at this agent\'s address', () => leader.requests.length >= 3, { timeoutMs: 5000, everyMs: 20 });
+    await waitFor("reports reaching n2 at this agent's address", () => leader.requests.length >= 3, {
+      timeoutMs: 5000,
+      everyMs: 20,
+    });
     assert.equal(client.status().target, leader.address, 'the target is the configured address of n2');
     assert.equal(elsewhere.requests.length, 0, 'never dialled the address the replicas know n2 by');
   } finally {
@@ -216,7 +282,14 @@ void test('lease client: fail-static on expiry (counted from the send time), new
 
 void test('lease client: rotates over the configured coordinators when one is unreachable', async () => {
   const coord = await fakeCoordinator(() => ok([]));
-  const client = new LeaseClient({ cellId: 'eu', coordinators: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3', coord.address], logger, velocity: () => [], onOverrides: () => undefined, intervalMs: 100 });
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3', coord.address],
+    logger,
+    velocity: () => [],
+    onOverrides: () => undefined,
+    intervalMs: 100,
+  });
   try {
     client.start();
     await waitFor('a successful report', () => client.status().state === 'leased', { timeoutMs: 8000, everyMs: 20 });
@@ -235,7 +308,10 @@ void test('lease client: a grant is acknowledged only once every serving thread 
     coordinators: [coord.address],
     logger,
     velocity: () => [],
-    onOverrides: () => new Promise<void>((r) => { release = r; }),
+    onOverrides: () =>
+      new Promise<void>((r) => {
+        release = r;
+      }),
     intervalMs: 100,
   });
   try {
@@ -245,7 +321,11 @@ void test('lease client: a grant is acknowledged only once every serving thread 
     release();
     await new Promise((r) => setImmediate(r));
     assert.equal(await client.reportOnce(), true);
-    assert.deepEqual(coord.requests[2]?.acks, [{ key: 'tenant/acme', epoch: 1 }], 'acknowledged after the confirmation');
+    assert.deepEqual(
+      coord.requests[2]?.acks,
+      [{ key: 'tenant/acme', epoch: 1 }],
+      'acknowledged after the confirmation',
+    );
   } finally {
     client.stop();
     coord.stop();
@@ -254,7 +334,17 @@ void test('lease client: a grant is acknowledged only once every serving thread 
 
 void test('finding 4: a grant whose GCRA window the bucket table cannot hold is clamped and acknowledged; an answer that fails to apply leaves the key on its floor, and the client keeps reporting', async () => {
   // rate 1/s, burst 1e8: T·burst = 1e17 ns, beyond the table's 2^56 ns (an older coordinator accepted such tiers).
-  const huge: GrantMessage = { key: 'tenant/acme', rate: 1, burst: 1e8, epoch: 1, floorRate: 0.5, floorBurst: 5e7, version: 1, parent: '', deleted: false };
+  const huge: GrantMessage = {
+    key: 'tenant/acme',
+    rate: 1,
+    burst: 1e8,
+    epoch: 1,
+    floorRate: 0.5,
+    floorBurst: 5e7,
+    version: 1,
+    parent: '',
+    deleted: false,
+  };
   const other: GrantMessage = { ...huge, key: 'tenant/other', rate: 10, burst: 10, floorRate: 2, floorBurst: 2 };
   const coordinator = await fakeCoordinator(() => ok([huge]));
   const overrides = new QuotaOverrides();
@@ -275,14 +365,25 @@ void test('finding 4: a grant whose GCRA window the bucket table cannot hold is 
   });
   try {
     client.start();
-    await waitFor('the huge grant acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)), { timeoutMs: 5000, everyMs: 20 });
+    await waitFor(
+      'the huge grant acknowledged',
+      () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/acme' && a.epoch === 1)),
+      { timeoutMs: 5000, everyMs: 20 },
+    );
     const inForce = overrides.get('tenant/acme');
     assert.ok(inForce !== undefined && inForce.leased && inForce.rate === 1, 'applied as a leased grant');
-    assert.ok(inForce.burst < 1e8 && inForce.burst >= 7e7, `the burst clamped to the deepest bucket that fits (72,057,594 at 1/s): ${inForce.burst}`);
+    assert.ok(
+      inForce.burst < 1e8 && inForce.burst >= 7e7,
+      `the burst clamped to the deepest bucket that fits (72,057,594 at 1/s): ${inForce.burst}`,
+    );
     // An answer whose entries cannot be applied at all: logged, the key runs on its floor, not acknowledged, retried.
     failNext = true;
     coordinator.behaviour = () => ok([other]);
-    await waitFor('the failed grant re-applied from the next answer and acknowledged', () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/other')), { timeoutMs: 10_000, everyMs: 20 });
+    await waitFor(
+      'the failed grant re-applied from the next answer and acknowledged',
+      () => coordinator.requests.some((r) => r.acks.some((a) => a.key === 'tenant/other')),
+      { timeoutMs: 10_000, everyMs: 20 },
+    );
     assert.equal(overrides.get('tenant/other')?.leased, true);
     assert.ok(client.status().reportsOk >= 3, 'the client kept reporting');
   } finally {

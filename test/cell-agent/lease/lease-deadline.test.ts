@@ -19,7 +19,13 @@ const RULES = 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n';
 function thread(table: BucketTable, deadline: LeaseDeadline, now: { ns: bigint }) {
   const overrides = new QuotaOverrides();
   const decider = new Decider(
-    { table, quotas: new CoordinatedQuotas(overrides), clock: () => now.ns, overrides, deadline: LeaseDeadline.attach(deadline.shared) },
+    {
+      table,
+      quotas: new CoordinatedQuotas(overrides),
+      clock: () => now.ns,
+      overrides,
+      deadline: LeaseDeadline.attach(deadline.shared),
+    },
     { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: false },
   );
   decider.setRules(compileRules([parseRulesYaml(RULES, 'rules.yaml')]));
@@ -28,7 +34,11 @@ function thread(table: BucketTable, deadline: LeaseDeadline, now: { ns: bigint }
     let admitted = 0;
     let leased = true;
     for (let i = 0; i < n; i++) {
-      const r = decider.decide({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }], limit: null, hitsAddend: hits }], hitsAddend: 0 });
+      const r = decider.decide({
+        domain: 'api',
+        descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }], limit: null, hitsAddend: hits }],
+        hitsAddend: 0,
+      });
       if (!r.ok) throw new Error(r.failure.message);
       if (!r.decision.overLimit) admitted++;
       if (r.decision.degraded) leased = false;
@@ -48,7 +58,16 @@ void test('a leased grant holds until the deadline, then the floor, on every thr
   const a = thread(table, deadline, now);
   const b = thread(table, deadline, now);
   const gen = writer.currentGeneration();
-  const grant = { key: 'tenant/acme', rate: 100, burst: 100, leased: true, epoch: 3, lease: gen, floorRate: 5, floorBurst: 5 };
+  const grant = {
+    key: 'tenant/acme',
+    rate: 100,
+    burst: 100,
+    leased: true,
+    epoch: 3,
+    lease: gen,
+    floorRate: 5,
+    floorBurst: 5,
+  };
   a.overrides.apply([grant]);
   b.overrides.apply([grant]);
   writer.renew(12_000); // ms on the deciders' clock: the lease ends at 12 s
@@ -68,7 +87,18 @@ void test('a grant of an older lease generation stays on its floor when a newer 
   const writer = deadlineWriter(deadline, 0n);
   const table = new BucketTable({ capacity: 64, startNs: 0n });
   const t = thread(table, deadline, now);
-  t.overrides.apply([{ key: 'tenant/acme', rate: 100, burst: 100, leased: true, epoch: 3, lease: writer.currentGeneration(), floorRate: 5, floorBurst: 5 }]);
+  t.overrides.apply([
+    {
+      key: 'tenant/acme',
+      rate: 100,
+      burst: 100,
+      leased: true,
+      epoch: 3,
+      lease: writer.currentGeneration(),
+      floorRate: 5,
+      floorBurst: 5,
+    },
+  ]);
   writer.renew(10_500);
   t.touch();
   now.ns = 11n * S;
@@ -79,7 +109,18 @@ void test('a grant of an older lease generation stays on its floor when a newer 
   now.ns = 12n * S;
   assert.deepEqual(t.admit(50), { admitted: 5, leased: false });
   // The new lease's grant, once applied, is in force.
-  t.overrides.apply([{ key: 'tenant/acme', rate: 100, burst: 100, leased: true, epoch: 4, lease: writer.currentGeneration(), floorRate: 5, floorBurst: 5 }]);
+  t.overrides.apply([
+    {
+      key: 'tenant/acme',
+      rate: 100,
+      burst: 100,
+      leased: true,
+      epoch: 4,
+      lease: writer.currentGeneration(),
+      floorRate: 5,
+      floorBurst: 5,
+    },
+  ]);
   now.ns = 13n * S;
   assert.equal(t.admit(200).leased, true);
 });

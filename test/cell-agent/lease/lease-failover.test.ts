@@ -9,7 +9,12 @@ import * as grpc from '@grpc/grpc-js';
 import fc from 'fast-check';
 import { pino } from 'pino';
 import { LeaseClient } from '../../../cell-agent/lease/lease-client.js';
-import type { LeaseCallResult, LeaseState, LeaseTimers, LeaseTransport } from '../../../cell-agent/lease/lease-client.js';
+import type {
+  LeaseCallResult,
+  LeaseState,
+  LeaseTimers,
+  LeaseTransport,
+} from '../../../cell-agent/lease/lease-client.js';
 import type { ReportResponseMessage } from '../../../shared/lease-proto.js';
 
 const TTL_MS = 3000;
@@ -34,7 +39,8 @@ class SimTimers implements LeaseTimers {
     for (;;) {
       await new Promise((r) => setImmediate(r));
       let next: [number, { at: number; fn: () => void }] | null = null;
-      for (const e of this.pending) if (next === null || e[1].at < next[1].at || (e[1].at === next[1].at && e[0] < next[0])) next = e;
+      for (const e of this.pending)
+        if (next === null || e[1].at < next[1].at || (e[1].at === next[1].at && e[0] < next[0])) next = e;
       if (next === null || next[1].at > until) break;
       this.pending.delete(next[0]);
       this.now = next[1].at;
@@ -44,7 +50,18 @@ class SimTimers implements LeaseTimers {
   }
 }
 
-const answer = (leaderId: string): ReportResponseMessage => ({ leaderId, leaseTtlMs: TTL_MS, grants: [], ledgerIndex: 1, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full: true });
+const answer = (leaderId: string): ReportResponseMessage => ({
+  leaderId,
+  leaseTtlMs: TTL_MS,
+  grants: [],
+  ledgerIndex: 1,
+  unknownTenant: 'deny',
+  unknownKeys: [],
+  capsIncluded: false,
+  capsVersion: 0,
+  cappedDomains: [],
+  full: true,
+});
 
 interface Outcome {
   readonly expired: boolean;
@@ -61,13 +78,33 @@ async function killLeader(electionMs: number, random: () => number, callMs: numb
       const t = timers.now;
       // Each call takes `callMs` of simulated time.
       await new Promise<void>((r) => timers.setTimeout(r, callMs));
-      if (address === 'n1:7001') return t < KILL_AT ? { res: answer('n1') } : { err: { code: grpc.status.UNAVAILABLE, details: 'connection refused' } };
-      if (t < electedAt) return t < KILL_AT ? { err: { code: grpc.status.FAILED_PRECONDITION, details: 'not the leader', leaderId: 'n1', leaderAddress: 'n1:7001' } } : { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
+      if (address === 'n1:7001')
+        return t < KILL_AT
+          ? { res: answer('n1') }
+          : { err: { code: grpc.status.UNAVAILABLE, details: 'connection refused' } };
+      if (t < electedAt)
+        return t < KILL_AT
+          ? {
+              err: {
+                code: grpc.status.FAILED_PRECONDITION,
+                details: 'not the leader',
+                leaderId: 'n1',
+                leaderAddress: 'n1:7001',
+              },
+            }
+          : { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
       if (address === 'n2:7001') {
         firstAnswerFromNewLeaderAt ??= timers.now;
         return { res: answer('n2') };
       }
-      return { err: { code: grpc.status.FAILED_PRECONDITION, details: 'not the leader', leaderId: 'n2', leaderAddress: 'n2:7001' } };
+      return {
+        err: {
+          code: grpc.status.FAILED_PRECONDITION,
+          details: 'not the leader',
+          leaderId: 'n2',
+          leaderAddress: 'n2:7001',
+        },
+      };
     },
     close: () => undefined,
   };
@@ -97,14 +134,22 @@ async function killLeader(electionMs: number, random: () => number, callMs: numb
 
 void test('a leader kill: the next answer comes from the new leader before the lease runs out', async () => {
   await fc.assert(
-    fc.asyncProperty(fc.integer({ min: 100, max: TTL_MS / 2 }), fc.double({ min: 0, max: 0.999, noNaN: true }), fc.integer({ min: 1, max: 30 }), async (electionMs, r, callMs) => {
-      const o = await killLeader(electionMs, () => r, callMs);
-      assert.equal(o.expired, false, `election ${electionMs} ms: the lease ran out before the new leader answered`);
-      assert.notEqual(o.firstAnswerFromNewLeaderAt, null);
-      // Soon after the election: within a third of what was left of the lease, plus one round of calls.
-      const after = (o.firstAnswerFromNewLeaderAt as number) - (KILL_AT + electionMs);
-      assert.ok(after <= TTL_MS / 3 + 4 * (callMs + 50), `election ${electionMs} ms: the new leader's first answer came ${after} ms after it was elected`);
-    }),
+    fc.asyncProperty(
+      fc.integer({ min: 100, max: TTL_MS / 2 }),
+      fc.double({ min: 0, max: 0.999, noNaN: true }),
+      fc.integer({ min: 1, max: 30 }),
+      async (electionMs, r, callMs) => {
+        const o = await killLeader(electionMs, () => r, callMs);
+        assert.equal(o.expired, false, `election ${electionMs} ms: the lease ran out before the new leader answered`);
+        assert.notEqual(o.firstAnswerFromNewLeaderAt, null);
+        // Soon after the election: within a third of what was left of the lease, plus one round of calls.
+        const after = (o.firstAnswerFromNewLeaderAt as number) - (KILL_AT + electionMs);
+        assert.ok(
+          after <= TTL_MS / 3 + 4 * (callMs + 50),
+          `election ${electionMs} ms: the new leader's first answer came ${after} ms after it was elected`,
+        );
+      },
+    ),
     { numRuns: 150, seed: 20261201 },
   );
 });

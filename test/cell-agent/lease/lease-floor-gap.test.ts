@@ -21,11 +21,34 @@ import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
 
-const RULES = compileRules([parseRulesYaml('domain: api\ndescriptors:\n  - key: tenant\n    global: true\n', 'rules.yaml')]);
+const RULES = compileRules([
+  parseRulesYaml('domain: api\ndescriptors:\n  - key: tenant\n    global: true\n', 'rules.yaml'),
+]);
 const TTL_MS = 1_000;
 // The grant: 100/s, burst 100; its floor: 10/s, burst 20 (a 2 s window: far more than the gap).
-const grant = (epoch: number): GrantMessage => ({ key: 'tenant/acme', rate: 100, burst: 100, epoch, floorRate: 10, floorBurst: 20, version: 1, parent: '', deleted: false });
-const answer = (grants: GrantMessage[]): ReportResponseMessage => ({ leaderId: 'n1', leaseTtlMs: TTL_MS, grants, ledgerIndex: 1, unknownTenant: 'deny', unknownKeys: [], capsIncluded: false, capsVersion: 0, cappedDomains: [], full: true });
+const grant = (epoch: number): GrantMessage => ({
+  key: 'tenant/acme',
+  rate: 100,
+  burst: 100,
+  epoch,
+  floorRate: 10,
+  floorBurst: 20,
+  version: 1,
+  parent: '',
+  deleted: false,
+});
+const answer = (grants: GrantMessage[]): ReportResponseMessage => ({
+  leaderId: 'n1',
+  leaseTtlMs: TTL_MS,
+  grants,
+  ledgerIndex: 1,
+  unknownTenant: 'deny',
+  unknownKeys: [],
+  capsIncluded: false,
+  capsVersion: 0,
+  cappedDomains: [],
+  full: true,
+});
 
 interface Call {
   readonly req: ReportRequestMessage;
@@ -42,7 +65,13 @@ function cell() {
   const thread = () => {
     const overrides = new QuotaOverrides(LeaseDeadline.attach(deadline.shared));
     const decider = new Decider(
-      { table, quotas: new CoordinatedQuotas(overrides), clock, overrides, deadline: LeaseDeadline.attach(deadline.shared) },
+      {
+        table,
+        quotas: new CoordinatedQuotas(overrides),
+        clock,
+        overrides,
+        deadline: LeaseDeadline.attach(deadline.shared),
+      },
       { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'closed', staticSlices: false },
     );
     decider.setRules(RULES);
@@ -106,7 +135,11 @@ function cell() {
     admit(on: { decider: Decider }, n: number, hits: number | null = null): number {
       let admitted = 0;
       for (let i = 0; i < n; i++) {
-        const r = on.decider.decide({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }], limit: null, hitsAddend: hits }], hitsAddend: 0 });
+        const r = on.decider.decide({
+          domain: 'api',
+          descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }], limit: null, hitsAddend: hits }],
+          hitsAddend: 0,
+        });
         if (!r.ok) throw new Error(r.failure.message);
         if (!r.decision.overLimit) admitted++;
       }
@@ -148,7 +181,7 @@ void test('floor gap: the first check under the floor, 500 ms after the deadline
   assert.ok(admitted >= 4, `admitted ${admitted}: the floor refilled since the deadline`);
 });
 
-void test('floor gap: the expiry applied late, then a new lease\'s grant, before any check', async () => {
+void test("floor gap: the expiry applied late, then a new lease's grant, before any check", async () => {
   const c = await drainedAtTheDeadline();
   await c.runTimers(); // the stalled main thread catches up: the expiry's floors, a new incarnation
   assert.equal(c.client.status().state, 'expired');

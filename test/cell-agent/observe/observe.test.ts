@@ -10,7 +10,10 @@ import { captureLogger } from '../../../testkit/logs.js';
 void test('lag guard (backlog 0): overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
   const episodes: number[] = [];
   let started = 0;
-  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
+  const g = new LagGuard(
+    { thresholdMs: 10, intervalMs: 5, backlog: 0 },
+    { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) },
+  );
   assert.equal(g.overloaded(0), false, 'not started: never overloaded');
   g.start(995);
   try {
@@ -36,18 +39,29 @@ void test('lag guard (backlog 0): overloaded from a late tick until the next on-
   assert.equal(new LagGuard({ thresholdMs: 0 }).overloaded(), false, 'threshold 0 disables the guard');
 });
 
-void test('lag guard: behind is overloaded only with a backlog — a descheduled thread decides the few checks that queued, a flood\'s turn sheds beyond them', () => {
+void test("lag guard: behind is overloaded only with a backlog — a descheduled thread decides the few checks that queued, a flood's turn sheds beyond them", () => {
   const episodes: number[] = [];
   let started = 0;
-  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 3 }, { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) });
+  const g = new LagGuard(
+    { thresholdMs: 10, intervalMs: 5, backlog: 3 },
+    { overloadStarted: () => started++, overloadEnded: (ms) => episodes.push(ms) },
+  );
   g.start(995);
   try {
     g.tick(1000);
     g.tick(1040); // 35 ms late: the process was descheduled (a busy machine), three checks queued
-    assert.deepEqual([g.overloaded(1040.1), g.overloaded(1040.2), g.overloaded(1040.3)], [false, false, false], 'decided');
+    assert.deepEqual(
+      [g.overloaded(1040.1), g.overloaded(1040.2), g.overloaded(1040.3)],
+      [false, false, false],
+      'decided',
+    );
     g.tick(1045);
     assert.equal(started, 0, 'no episode: nothing was waved through');
-    assert.deepEqual([g.overloaded(1046), g.overloaded(1046), g.overloaded(1047), g.overloaded(1047)], [false, false, false, false], 'on time: decided whatever the count');
+    assert.deepEqual(
+      [g.overloaded(1046), g.overloaded(1046), g.overloaded(1047), g.overloaded(1047)],
+      [false, false, false, false],
+      'on time: decided whatever the count',
+    );
     g.tick(1050);
     g.tick(1100); // late again, and this turn brings a flood
     const turn = Array.from({ length: 6 }, (_, i) => g.overloaded(1100 + i * 0.1));
@@ -78,7 +92,11 @@ void test('stats: one region per thread, summed at read time', () => {
   b.rejected('invalid');
   b.staticSlice();
   const t = readStats(shared);
-  assert.deepEqual(t.decisions, { ok: { local: 2, global: 0 }, over_limit: { local: 0, global: 1 }, degraded: { local: 1, global: 0 } });
+  assert.deepEqual(t.decisions, {
+    ok: { local: 2, global: 0 },
+    over_limit: { local: 0, global: 1 },
+    degraded: { local: 1, global: 0 },
+  });
   assert.equal(t.latencyCount, 4);
   assert.equal(t.latencyBuckets.length, LATENCY_BUCKETS_S.length + 1);
   assert.equal(t.latencyBuckets[0], 1, '0 s');
@@ -92,7 +110,10 @@ void test('stats: one region per thread, summed at read time', () => {
   a.overloadEnded(250);
   b.overloadRefused('shed');
   const o = readStats(shared);
-  assert.deepEqual([o.overloadedNow, o.overloadMs, o.overloadEpisodes, o.overloadRefused.shed, o.overloadRefused.allowance], [0, 250, 1, 1, 0]);
+  assert.deepEqual(
+    [o.overloadedNow, o.overloadMs, o.overloadEpisodes, o.overloadRefused.shed, o.overloadRefused.allowance],
+    [0, 250, 1, 1, 0],
+  );
   assert.throws(() => new StatsWriter(shared, 3), /out of range/);
 });
 
@@ -108,7 +129,13 @@ void test('throttling log: one line per key per interval, merged across threads,
   log.merge(main.drain());
   log.flush();
   const lines = cap.lines.filter((l) => l['msg'] === 'throttled');
-  assert.deepEqual(lines.map((l) => [l['key'], l['refused'], l['cell']]), [['api|tenant=acme', 540, 'eu-west'], ['api|tenant=globex', 1, 'eu-west']]);
+  assert.deepEqual(
+    lines.map((l) => [l['key'], l['refused'], l['cell']]),
+    [
+      ['api|tenant=acme', 540, 'eu-west'],
+      ['api|tenant=globex', 1, 'eu-west'],
+    ],
+  );
   log.flush();
   assert.equal(cap.lines.length, 2, 'nothing new: nothing logged');
   const many = new ThrottleCounts();
@@ -132,10 +159,29 @@ void test('throttling log: fail-open answers per reason and quota, overload refu
   totals = { overloadMs: 1234, overloadEpisodes: 3, overloadRefused: 3, failOpenOverload: 7 };
   log.flush();
   const by = (msg: string): Record<string, unknown>[] => cap.lines.filter((l) => l['msg'] === msg);
-  assert.deepEqual(by('answered fail-open').map((l) => [l['reason'], l['key'], l['failOpen']]), [['overload', 'tenant/acme', 7], ['error', '(not matched)', 1]]);
-  assert.deepEqual(by('throttled').map((l) => [l['key'], l['refused'], l['refusedBy']]), [['tenant/acme', 3, 'overload']]);
-  assert.deepEqual(by('overloaded').map((l) => [l['overloadedMs'], l['episodes'], l['refused'], l['failOpen']]), [[1234, 3, 3, 7]]);
+  assert.deepEqual(
+    by('answered fail-open').map((l) => [l['reason'], l['key'], l['failOpen']]),
+    [
+      ['overload', 'tenant/acme', 7],
+      ['error', '(not matched)', 1],
+    ],
+  );
+  assert.deepEqual(
+    by('throttled').map((l) => [l['key'], l['refused'], l['refusedBy']]),
+    [['tenant/acme', 3, 'overload']],
+  );
+  assert.deepEqual(
+    by('overloaded').map((l) => [l['overloadedMs'], l['episodes'], l['refused'], l['failOpen']]),
+    [[1234, 3, 3, 7]],
+  );
   log.flush();
   assert.equal(by('overloaded').length, 1, 'nothing new: no line');
-  assert.deepEqual(log.failOpenByQuota(), [{ reason: 'overload', quota: 'tenant/acme', count: 7 }, { reason: 'error', quota: '(not matched)', count: 1 }], 'running totals for the metric');
+  assert.deepEqual(
+    log.failOpenByQuota(),
+    [
+      { reason: 'overload', quota: 'tenant/acme', count: 7 },
+      { reason: 'error', quota: '(not matched)', count: 1 },
+    ],
+    'running totals for the metric',
+  );
 });

@@ -26,7 +26,8 @@ import { captureLogger } from '../../../testkit/logs.js';
 import { type TempDir, tempDir } from '../../../testkit/temp-dir.js';
 
 const RLS = '/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit';
-const RULES = 'domain: lean\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2, name: two}\n  - key: free\n    rate_limit: {unlimited: true}\n';
+const RULES =
+  'domain: lean\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2, name: two}\n  - key: free\n    rate_limit: {unlimited: true}\n';
 const MAX_MESSAGE = 4096;
 const GRPCIO_CLIENT = fileURLToPath(new URL('./grpcio-client.py', import.meta.url));
 
@@ -40,17 +41,29 @@ function decodeHealthCheckResponse(bytes: Buffer): { ok: boolean; value: { statu
   return { ok: bytes.length === 2 && bytes[0] === 0x08, value: { status: bytes[1] ?? -1 } };
 }
 
-const request = (value: string, domain = 'lean'): RlsRequest => ({ domain, descriptors: [{ entries: [{ key: 'k', value }], limit: null, hitsAddend: null }], hitsAddend: 0 });
+const request = (value: string, domain = 'lean'): RlsRequest => ({
+  domain,
+  descriptors: [{ entries: [{ key: 'k', value }], limit: null, hitsAddend: null }],
+  hitsAddend: 0,
+});
 
 before(async () => {
   dir = tempDir('cq-lean-');
   mkdirSync(join(dir.path, 'rules'));
   writeFileSync(join(dir.path, 'rules', 'lean.yaml'), RULES);
   socketPath = join(dir.path, 'rls.sock');
-  agent = await startAgent(parseAgentConfig({
-    cell: 'lean-cell', rules: join(dir.path, 'rules'), rlsSocket: socketPath, rlsListen: '127.0.0.1:0',
-    tableCapacity: 1000, lagThresholdMs: 0, maxMessageBytes: MAX_MESSAGE,
-  }), captureLogger().logger);
+  agent = await startAgent(
+    parseAgentConfig({
+      cell: 'lean-cell',
+      rules: join(dir.path, 'rules'),
+      rlsSocket: socketPath,
+      rlsListen: '127.0.0.1:0',
+      tableCapacity: 1000,
+      lagThresholdMs: 0,
+      maxMessageBytes: MAX_MESSAGE,
+    }),
+    captureLogger().logger,
+  );
 });
 
 after(async () => {
@@ -60,8 +73,18 @@ after(async () => {
 
 // ---- grpcio ---------------------------------------------------------------------------------------
 
-interface PyCall { method: string; request: string; timeout?: number; stream?: boolean; take?: number }
-interface PyResult { code: number; details: string; responses: string[] }
+interface PyCall {
+  method: string;
+  request: string;
+  timeout?: number;
+  stream?: boolean;
+  take?: number;
+}
+interface PyResult {
+  code: number;
+  details: string;
+  responses: string[];
+}
 
 /** A Python 3 that has grpcio (Debian's python3-grpcio installs it for /usr/bin/python3). */
 function pythonWithGrpc(): string | null {
@@ -79,7 +102,11 @@ void test('a grpcio client: decisions over TCP and the Unix socket, request erro
     return;
   }
   const run = (target: string, calls: PyCall[]): PyResult[] => {
-    const r = spawnSync(python, [GRPCIO_CLIENT], { input: JSON.stringify({ target, calls }), encoding: 'utf8', timeout: 30_000 });
+    const r = spawnSync(python, [GRPCIO_CLIENT], {
+      input: JSON.stringify({ target, calls }),
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
     assert.equal(r.status, 0, r.stderr);
     return JSON.parse(r.stdout) as PyResult[];
   };
@@ -87,13 +114,20 @@ void test('a grpcio client: decisions over TCP and the Unix socket, request erro
   const check = (value: string): PyCall => ({ method: RLS, request: hex(encodeRateLimitRequest(request(value))) });
   const tcp = agent.endpoints.rlsTcp[0] ?? '';
   const results = run(tcp, [
-    check('py'), check('py'), check('py'),
+    check('py'),
+    check('py'),
+    check('py'),
     { method: RLS, request: hex(encodeRateLimitRequest({ domain: '', descriptors: [], hitsAddend: 0 })) },
     { method: RLS, request: '0a7f0102' },
     { method: RLS, request: hex(encodeRateLimitRequest(request('x'.repeat(MAX_MESSAGE)))) },
     { method: '/grpc.health.v1.Health/Check', request: hex(encodeHealthCheckRequest({ service: '' })) },
     { method: '/grpc.health.v1.Health/Check', request: hex(encodeHealthCheckRequest({ service: 'nope' })) },
-    { method: '/grpc.health.v1.Health/Watch', request: hex(encodeHealthCheckRequest({ service: '' })), stream: true, take: 1 },
+    {
+      method: '/grpc.health.v1.Health/Watch',
+      request: hex(encodeHealthCheckRequest({ service: '' })),
+      stream: true,
+      take: 1,
+    },
     { method: '/no.Such/Method', request: '' },
   ]);
   const decoded = results.slice(0, 3).map((r) => {
@@ -102,8 +136,20 @@ void test('a grpcio client: decisions over TCP and the Unix socket, request erro
     assert.ok(d.ok);
     return [d.value.overallCode, d.value.statuses[0]?.limitRemaining, d.value.statuses[0]?.currentLimit?.name];
   });
-  assert.deepEqual(decoded, [[1, 1, 'two'], [1, 0, 'two'], [2, 0, 'two']], 'OK, OK, OVER_LIMIT from one bucket of 2');
-  assert.deepEqual(results[3], { code: 2, details: 'rate limit domain must not be empty', responses: [] }, 'UNKNOWN, as envoyproxy/ratelimit');
+  assert.deepEqual(
+    decoded,
+    [
+      [1, 1, 'two'],
+      [1, 0, 'two'],
+      [2, 0, 'two'],
+    ],
+    'OK, OK, OVER_LIMIT from one bucket of 2',
+  );
+  assert.deepEqual(
+    results[3],
+    { code: 2, details: 'rate limit domain must not be empty', responses: [] },
+    'UNKNOWN, as envoyproxy/ratelimit',
+  );
   assert.equal(results[4]?.code, 3);
   assert.match(results[4]?.details ?? '', /^malformed RateLimitRequest: /);
   assert.equal(results[5]?.code, 8, 'RESOURCE_EXHAUSTED over the message bound');
@@ -111,7 +157,11 @@ void test('a grpcio client: decisions over TCP and the Unix socket, request erro
   const health = decodeHealthCheckResponse(Buffer.from(results[6]?.responses[0] ?? '', 'hex'));
   assert.deepEqual(health, { ok: true, value: { status: 1 } }, 'SERVING');
   assert.equal(results[7]?.code, 5, 'NOT_FOUND for an unknown service');
-  assert.deepEqual(decodeHealthCheckResponse(Buffer.from(results[8]?.responses[0] ?? '', 'hex')), { ok: true, value: { status: 1 } }, 'Watch streams SERVING first');
+  assert.deepEqual(
+    decodeHealthCheckResponse(Buffer.from(results[8]?.responses[0] ?? '', 'hex')),
+    { ok: true, value: { status: 1 } },
+    'Watch streams SERVING first',
+  );
   assert.equal(results[9]?.code, 12, 'UNIMPLEMENTED');
 
   const uds = run(`unix://${socketPath}`, [check('py')]);
@@ -132,9 +182,19 @@ interface RawAnswer {
 }
 
 /** One stream: headers, then `send(stream)` writes the body as it likes. */
-function raw(session: http2.ClientHttp2Session, headers: http2.OutgoingHttpHeaders, send: (s: http2.ClientHttp2Stream) => void): Promise<RawAnswer> {
+function raw(
+  session: http2.ClientHttp2Session,
+  headers: http2.OutgoingHttpHeaders,
+  send: (s: http2.ClientHttp2Stream) => void,
+): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
-    const stream = session.request({ ':method': 'POST', ':path': RLS, 'content-type': 'application/grpc', te: 'trailers', ...headers });
+    const stream = session.request({
+      ':method': 'POST',
+      ':path': RLS,
+      'content-type': 'application/grpc',
+      te: 'trailers',
+      ...headers,
+    });
     let head: http2.IncomingHttpHeaders = {};
     let trailers: http2.IncomingHttpHeaders | null = null;
     const chunks: Buffer[] = [];
@@ -153,8 +213,12 @@ function raw(session: http2.ClientHttp2Session, headers: http2.OutgoingHttpHeade
       const code = status['grpc-status'];
       const message = status['grpc-message'];
       resolve({
-        status: Number(head[':status']), headers: head, trailers, body: Buffer.concat(chunks),
-        grpcStatus: code === undefined ? null : Number(code), grpcMessage: typeof message === 'string' ? decodeGrpcMessage(message) : null,
+        status: Number(head[':status']),
+        headers: head,
+        trailers,
+        body: Buffer.concat(chunks),
+        grpcStatus: code === undefined ? null : Number(code),
+        grpcMessage: typeof message === 'string' ? decodeGrpcMessage(message) : null,
       });
     });
     send(stream);
@@ -223,13 +287,46 @@ void test('wire format: deadlines, compression refused, the message bound, one m
     assert.equal(unknown.grpcMessage, 'the server does not implement the method /x.Y/Z');
 
     // A message outside printable ASCII is percent-encoded on the wire and reads back as it was.
-    const bad = await raw(session, {}, (s) => s.end(frameMessage(encodeRateLimitRequest({ domain: 'lean', descriptors: [{ entries: [{ key: 'k', value: 'é'.repeat(5000) }], limit: null, hitsAddend: null }], hitsAddend: 0 }))));
+    const bad = await raw(session, {}, (s) =>
+      s.end(
+        frameMessage(
+          encodeRateLimitRequest({
+            domain: 'lean',
+            descriptors: [{ entries: [{ key: 'k', value: 'é'.repeat(5000) }], limit: null, hitsAddend: null }],
+            hitsAddend: 0,
+          }),
+        ),
+      ),
+    );
     assert.equal(bad.grpcStatus, 8, 'over the bound before anything else');
-    const invalid = await raw(session, {}, (s) => s.end(frameMessage(encodeRateLimitRequest({ domain: 'lean', descriptors: Array.from({ length: 65 }, () => ({ entries: [{ key: 'ü', value: '%' }], limit: null, hitsAddend: null })), hitsAddend: 0 }))));
+    const invalid = await raw(session, {}, (s) =>
+      s.end(
+        frameMessage(
+          encodeRateLimitRequest({
+            domain: 'lean',
+            descriptors: Array.from({ length: 65 }, () => ({
+              entries: [{ key: 'ü', value: '%' }],
+              limit: null,
+              hitsAddend: null,
+            })),
+            hitsAddend: 0,
+          }),
+        ),
+      ),
+    );
     assert.equal(invalid.grpcStatus, 3);
     assert.match(invalid.grpcMessage ?? '', /65 descriptors/);
 
-    const after = await raw(session, {}, (s) => s.end(frameMessage(encodeRateLimitRequest({ ...request('x'), descriptors: [{ entries: [{ key: 'free', value: 'x' }], limit: null, hitsAddend: null }] }))));
+    const after = await raw(session, {}, (s) =>
+      s.end(
+        frameMessage(
+          encodeRateLimitRequest({
+            ...request('x'),
+            descriptors: [{ entries: [{ key: 'free', value: 'x' }], limit: null, hitsAddend: null }],
+          }),
+        ),
+      ),
+    );
     assert.equal(after.grpcStatus, 0, 'the connection still serves after every refusal');
   } finally {
     session.close();
@@ -240,12 +337,20 @@ void test('stop: a call in flight finishes, then the socket is removed', async (
   const d2 = tempDir('cq-lean-stop-');
   const rules = d2.file('r.yaml', RULES);
   const sock = join(d2.path, 'stop.sock');
-  const second = await startAgent(parseAgentConfig({ cell: 'stop', rules, rlsSocket: sock, tableCapacity: 100, lagThresholdMs: 0 }), captureLogger().logger);
+  const second = await startAgent(
+    parseAgentConfig({ cell: 'stop', rules, rlsSocket: sock, tableCapacity: 100, lagThresholdMs: 0 }),
+    captureLogger().logger,
+  );
   const session = http2.connect('http://localhost', { createConnection: () => connect(sock) });
   session.on('error', () => undefined);
   try {
     await new Promise((resolve) => session.once('connect', resolve));
-    const message = frameMessage(encodeRateLimitRequest({ ...request('x'), descriptors: [{ entries: [{ key: 'free', value: 'x' }], limit: null, hitsAddend: null }] }));
+    const message = frameMessage(
+      encodeRateLimitRequest({
+        ...request('x'),
+        descriptors: [{ entries: [{ key: 'free', value: 'x' }], limit: null, hitsAddend: null }],
+      }),
+    );
     let release: () => void = () => undefined;
     const inFlight = raw(session, {}, (s) => {
       s.write(message.subarray(0, 3));
@@ -268,7 +373,17 @@ void test('stop: a call in flight finishes, then the socket is removed', async (
 void test('the grpc-js variant (--rls-server grpc-js) serves the same contract', async () => {
   const d3 = tempDir('cq-grpcjs-');
   const sock = join(d3.path, 'g.sock');
-  const variant = await startAgent(parseAgentConfig({ cell: 'g', rules: d3.file('r.yaml', RULES), rlsSocket: sock, rlsServer: 'grpc-js', tableCapacity: 100, lagThresholdMs: 0 }), captureLogger().logger);
+  const variant = await startAgent(
+    parseAgentConfig({
+      cell: 'g',
+      rules: d3.file('r.yaml', RULES),
+      rlsSocket: sock,
+      rlsServer: 'grpc-js',
+      tableCapacity: 100,
+      lagThresholdMs: 0,
+    }),
+    captureLogger().logger,
+  );
   const client = new RlsClient(unixTarget(sock));
   try {
     const first = await client.check({ domain: 'lean', descriptors: [d(['k', 'g'])] });

@@ -14,15 +14,25 @@ const S = 1_000_000_000n;
 
 function decider(rules: string): { admit(n: number): number; clock: { now: bigint } } {
   const clock = { now: 5n * S };
-  const d = new Decider({ table: new BucketTable({ capacity: 64, startNs: 0n }), quotas: StaticQuotas.empty({ staticShare: 1, unknownTenant: { kind: 'deny' } }), clock: () => clock.now },
-    { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: true });
+  const d = new Decider(
+    {
+      table: new BucketTable({ capacity: 64, startNs: 0n }),
+      quotas: StaticQuotas.empty({ staticShare: 1, unknownTenant: { kind: 'deny' } }),
+      clock: () => clock.now,
+    },
+    { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: true },
+  );
   d.setRules(compileRules([parseRulesYaml(rules, 'rules.yaml')]));
   return {
     clock,
     admit(n) {
       let ok = 0;
       for (let i = 0; i < n; i++) {
-        const r = d.decide({ domain: 'd', descriptors: [{ entries: [{ key: 'ip', value: '203.0.113.9' }], limit: null, hitsAddend: null }], hitsAddend: 0 });
+        const r = d.decide({
+          domain: 'd',
+          descriptors: [{ entries: [{ key: 'ip', value: '203.0.113.9' }], limit: null, hitsAddend: null }],
+          hitsAddend: 0,
+        });
         assert.ok(r.ok);
         if (!r.decision.overLimit) ok++;
       }
@@ -32,7 +42,9 @@ function decider(rules: string): { admit(n: number): number; clock: { now: bigin
 }
 
 void test('burst: 50 per second in a bucket of 100 admits 100 at once, then 50 a second', () => {
-  const h = decider('domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 50, burst: 100}\n');
+  const h = decider(
+    'domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 50, burst: 100}\n',
+  );
   assert.equal(h.admit(150), 100);
   h.clock.now += S;
   assert.equal(h.admit(150), 50);
@@ -41,7 +53,9 @@ void test('burst: 50 per second in a bucket of 100 admits 100 at once, then 50 a
 });
 
 void test('burst below requests_per_unit: a shallower bucket at the same rate', () => {
-  const h = decider('domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 60, burst: 5}\n');
+  const h = decider(
+    'domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 60, burst: 5}\n',
+  );
   assert.equal(h.admit(20), 5);
   h.clock.now += 3n * S;
   assert.equal(h.admit(20), 3);
@@ -62,8 +76,20 @@ void test('burst errors: below 1, not an integer, with unlimited, a refill longe
       return [error.code, error.message];
     }
   };
-  assert.deepEqual(load('{unit: second, requests_per_unit: 5, burst: 0}'), [RULES_ERROR_CODES.INVALID_TYPE, "r.yaml:4:61: config error, 'burst' must be at least 1"]);
-  assert.deepEqual((load('{unit: second, requests_per_unit: 5, burst: 1.5}') as unknown[])[0], RULES_ERROR_CODES.INVALID_TYPE);
-  assert.deepEqual(load('{unlimited: true, burst: 5}'), [RULES_ERROR_CODES.UNLIMITED_WITH_UNIT, 'r.yaml:4:17: should not specify burst when unlimited']);
-  assert.deepEqual((load('{unit: year, requests_per_unit: 1, burst: 4000000000}') as unknown[])[0], RULES_ERROR_CODES.BOUND_EXCEEDED);
+  assert.deepEqual(load('{unit: second, requests_per_unit: 5, burst: 0}'), [
+    RULES_ERROR_CODES.INVALID_TYPE,
+    "r.yaml:4:61: config error, 'burst' must be at least 1",
+  ]);
+  assert.deepEqual(
+    (load('{unit: second, requests_per_unit: 5, burst: 1.5}') as unknown[])[0],
+    RULES_ERROR_CODES.INVALID_TYPE,
+  );
+  assert.deepEqual(load('{unlimited: true, burst: 5}'), [
+    RULES_ERROR_CODES.UNLIMITED_WITH_UNIT,
+    'r.yaml:4:17: should not specify burst when unlimited',
+  ]);
+  assert.deepEqual(
+    (load('{unit: year, requests_per_unit: 1, burst: 4000000000}') as unknown[])[0],
+    RULES_ERROR_CODES.BOUND_EXCEEDED,
+  );
 });

@@ -42,7 +42,10 @@ void test('a directory: *.yaml and *.yml, sorted, dotfiles, other files and subd
   await mkdir(join(dir, 'sub.yaml'));
   await writeFile(join(other, 'target.yaml'), rules('linked', 3));
   await symlink(join(other, 'target.yaml'), join(dir, 'c-link.yaml'));
-  assert.deepEqual(await listRulesFiles(dir), ['a.yaml', 'b.yml', 'c-link.yaml'].map((n) => join(dir, n)));
+  assert.deepEqual(
+    await listRulesFiles(dir),
+    ['a.yaml', 'b.yml', 'c-link.yaml'].map((n) => join(dir, n)),
+  );
   const ruleSet = await loadRules(dir);
   assert.deepEqual([...ruleSet.domains.keys()], ['a', 'b', 'linked']);
   assert.equal(limitOf(ruleSet, 'linked'), 3);
@@ -55,14 +58,29 @@ void test('a directory: *.yaml and *.yml, sorted, dotfiles, other files and subd
 void test('read errors: missing path, empty directory, file over the size bound', async (t) => {
   const dir = await tempDir(t);
   const missing = join(dir, 'missing.yaml');
-  await assert.rejects(loadRules(missing), (e: unknown) => e instanceof RulesError && e.code === RULES_ERROR_CODES.READ_FAILED
-    && e.message === `${missing}: cannot read rules: ENOENT: no such file or directory, stat '${missing}'`);
-  await assert.rejects(loadRules(dir), (e: unknown) => e instanceof RulesError && e.code === RULES_ERROR_CODES.NO_FILES
-    && e.message === `${dir}: no rules files (*.yaml, *.yml) in the directory`);
+  await assert.rejects(
+    loadRules(missing),
+    (e: unknown) =>
+      e instanceof RulesError &&
+      e.code === RULES_ERROR_CODES.READ_FAILED &&
+      e.message === `${missing}: cannot read rules: ENOENT: no such file or directory, stat '${missing}'`,
+  );
+  await assert.rejects(
+    loadRules(dir),
+    (e: unknown) =>
+      e instanceof RulesError &&
+      e.code === RULES_ERROR_CODES.NO_FILES &&
+      e.message === `${dir}: no rules files (*.yaml, *.yml) in the directory`,
+  );
   const big = join(dir, 'big.yaml');
   await writeFile(big, `${rules('api', 1)}# ${'x'.repeat(200)}\n`);
-  await assert.rejects(loadRules(big, { maxFileBytes: 100 }), (e: unknown) => e instanceof RulesError
-    && e.code === RULES_ERROR_CODES.FILE_TOO_LARGE && e.message === `${big}: file is larger than 100 bytes`);
+  await assert.rejects(
+    loadRules(big, { maxFileBytes: 100 }),
+    (e: unknown) =>
+      e instanceof RulesError &&
+      e.code === RULES_ERROR_CODES.FILE_TOO_LARGE &&
+      e.message === `${big}: file is larger than 100 bytes`,
+  );
   assert.equal(limitOf(await loadRules(big)), 1);
 });
 
@@ -167,8 +185,15 @@ void test('watchRules: nothing is reported after close; a path that cannot be wa
   await replaceFile(join(dir, 'api.yaml'), rules('api', 2));
   await new Promise((resolve) => setTimeout(resolve, 150));
   assert.equal(seen.pending(), 0);
-  assert.throws(() => watchRules(join(dir, 'nope', 'x.yaml'), () => undefined, () => undefined),
-    (e: unknown) => e instanceof RulesError && e.code === RULES_ERROR_CODES.WATCH_FAILED);
+  assert.throws(
+    () =>
+      watchRules(
+        join(dir, 'nope', 'x.yaml'),
+        () => undefined,
+        () => undefined,
+      ),
+    (e: unknown) => e instanceof RulesError && e.code === RULES_ERROR_CODES.WATCH_FAILED,
+  );
 });
 
 void test('watchRules: an exception from onChange is reported, and the same sources are offered again', async (t) => {
@@ -177,10 +202,15 @@ void test('watchRules: an exception from onChange is reported, and the same sour
   const initial = await loadRules(dir);
   const seen = recorder();
   let refuse = true;
-  const close = watchRules(dir, (ruleSet) => {
-    if (refuse) throw new Error('caller refused');
-    seen.onChange(ruleSet);
-  }, seen.onError, { initial, debounceMs: 20 });
+  const close = watchRules(
+    dir,
+    (ruleSet) => {
+      if (refuse) throw new Error('caller refused');
+      seen.onChange(ruleSet);
+    },
+    seen.onError,
+    { initial, debounceMs: 20 },
+  );
   t.after(close);
   await replaceFile(join(dir, 'api.yaml'), rules('api', 2));
   const refused = await seen.next();

@@ -4,7 +4,12 @@ import assert from 'node:assert/strict';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../../../cell-agent/rules/rules-compile.js';
-import { applyReplaces, matchDescriptor, matchRequest, matchWithAncestors } from '../../../cell-agent/rules/rules-match.js';
+import {
+  applyReplaces,
+  matchDescriptor,
+  matchRequest,
+  matchWithAncestors,
+} from '../../../cell-agent/rules/rules-match.js';
 import type { DescriptorEntry } from '../../../cell-agent/rules/rules-match.js';
 
 function compile(...texts: string[]): RuleSet {
@@ -70,11 +75,26 @@ descriptors:
   - {key: e, value: "*.example.com", rate_limit: {unit: second, requests_per_unit: 1}}
 `);
   const cases: [string, boolean][] = [
-    ['a=foo', true], ['a=foobar', true], ['a=fo', false], ['a=xfoo', false],
-    ['b=barb', true], ['b=bar-b', true], ['b=barbb', true], ['b=bar', false], ['b=barbx', false], ['b=xbarb', false],
-    ['c=foobarbaz', true], ['c=foo1bar2baz', true], ['c=foobazbarbaz', true], ['c=foobaz', false], ['c=foobarbazx', false],
-    ['d=', true], ['d=anything', true],
-    ['e=api.example.com', true], ['e=example.com', false], ['e=api.example.com.evil', false],
+    ['a=foo', true],
+    ['a=foobar', true],
+    ['a=fo', false],
+    ['a=xfoo', false],
+    ['b=barb', true],
+    ['b=bar-b', true],
+    ['b=barbb', true],
+    ['b=bar', false],
+    ['b=barbx', false],
+    ['b=xbarb', false],
+    ['c=foobarbaz', true],
+    ['c=foo1bar2baz', true],
+    ['c=foobazbarbaz', true],
+    ['c=foobaz', false],
+    ['c=foobarbazx', false],
+    ['d=', true],
+    ['d=anything', true],
+    ['e=api.example.com', true],
+    ['e=example.com', false],
+    ['e=api.example.com.evil', false],
   ];
   for (const [spec, matches] of cases) assert.equal(ruleId(ruleSet, spec) !== null, matches, spec);
   // A regex metacharacter in a pattern is a literal character.
@@ -208,11 +228,17 @@ descriptors:
       - key: user
         rate_limit: {unit: second, requests_per_unit: 1}
 `);
-  assert.equal(matchDescriptor(ruleSet, 'test-domain', entries('route=orders,method=GET'))?.metricKey, 'test-domain.route_orders.method_GET');
-  assert.equal(matchDescriptor(ruleSet, 'test-domain', entries('path=/api/x,user=u1'))?.metricKey, 'test-domain.path_/api/*.user');
+  assert.equal(
+    matchDescriptor(ruleSet, 'test-domain', entries('route=orders,method=GET'))?.metricKey,
+    'test-domain.route_orders.method_GET',
+  );
+  assert.equal(
+    matchDescriptor(ruleSet, 'test-domain', entries('path=/api/x,user=u1'))?.metricKey,
+    'test-domain.path_/api/*.user',
+  );
 });
 
-void test('§3 replaces: a matched limit named in another matched limit\'s replaces is dropped', () => {
+void test("§3 replaces: a matched limit named in another matched limit's replaces is dropped", () => {
   const ruleSet = compile(`
 domain: test-domain
 descriptors:
@@ -224,14 +250,21 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 5}
 `);
   const m = (spec: string) => matchDescriptor(ruleSet, 'test-domain', entries(spec));
-  assert.deepEqual(applyReplaces([m('key1=a'), m('key3=a')]).map((x) => x?.ruleId ?? null), ['test-domain.key1', 'test-domain.key3']);
-  assert.deepEqual(applyReplaces([m('key1=a'), m('key2=a'), m('key3=a'), null]).map((x) => x?.ruleId ?? null),
-    [null, 'test-domain.key2', 'test-domain.key3', null]);
+  assert.deepEqual(
+    applyReplaces([m('key1=a'), m('key3=a')]).map((x) => x?.ruleId ?? null),
+    ['test-domain.key1', 'test-domain.key3'],
+  );
+  assert.deepEqual(
+    applyReplaces([m('key1=a'), m('key2=a'), m('key3=a'), null]).map((x) => x?.ruleId ?? null),
+    [null, 'test-domain.key2', 'test-domain.key3', null],
+  );
   assert.equal(m('key2=a')?.name, 'vip');
   assert.deepEqual(m('key2=a')?.replaces, ['general']);
   // matchRequest applies it too.
-  assert.deepEqual(matchRequest(ruleSet, 'test-domain', [entries('key1=a'), entries('key2=b')]).matches.map((x) => x?.ruleId ?? null),
-    [null, 'test-domain.key2']);
+  assert.deepEqual(
+    matchRequest(ruleSet, 'test-domain', [entries('key1=a'), entries('key2=b')]).matches.map((x) => x?.ruleId ?? null),
+    [null, 'test-domain.key2'],
+  );
 });
 
 void test('counting: key-only and wildcard rules count per distinct value; share_threshold shares one counter', () => {
@@ -280,8 +313,14 @@ descriptors:
   - key: k
     rate_limit: {unit: second, requests_per_unit: 1}
 `);
-  const one = matchDescriptor(ruleSet, 'd', [{ key: 'a', value: 'x|b=y' }, { key: 'b', value: 'z' }])?.bucketKey;
-  const two = matchDescriptor(ruleSet, 'd', [{ key: 'a', value: 'x' }, { key: 'b', value: 'y|b=z' }])?.bucketKey;
+  const one = matchDescriptor(ruleSet, 'd', [
+    { key: 'a', value: 'x|b=y' },
+    { key: 'b', value: 'z' },
+  ])?.bucketKey;
+  const two = matchDescriptor(ruleSet, 'd', [
+    { key: 'a', value: 'x' },
+    { key: 'b', value: 'y|b=z' },
+  ])?.bucketKey;
   assert.equal(one, 'd|a=x\\|b\\=y|b=z');
   assert.equal(two, 'd|a=x|b=y\\|b\\=z');
   assert.equal(matchDescriptor(ruleSet, 'd', [{ key: 'k', value: 'x~y\\' }])?.bucketKey, 'd|k=x\\~y\\\\');
@@ -321,7 +360,7 @@ void test('global: [tenant] matches the global rule, with the entry that selects
   assert.equal(match?.rule.global, true);
 });
 
-void test('global: [tenant, remote_address] matches the nested local rule; matchWithAncestors adds the tenant\'s global rule', () => {
+void test("global: [tenant, remote_address] matches the nested local rule; matchWithAncestors adds the tenant's global rule", () => {
   const deep = entries('tenant=acme,remote_address=1.2.3.4');
   const match = matchDescriptor(DESIGN_EXAMPLE, 'api', deep);
   assert.equal(match?.ruleId, 'api.tenant.remote_address');
@@ -331,28 +370,50 @@ void test('global: [tenant, remote_address] matches the nested local rule; match
 
   const withAncestors = matchWithAncestors(DESIGN_EXAMPLE, 'api', deep);
   assert.equal(withAncestors.match?.ruleId, 'api.tenant.remote_address');
-  assert.deepEqual(withAncestors.ancestors.map((a) => [a.ruleId, a.bucketKey, a.global]),
-    [['api.tenant', 'api|tenant=acme', { entryIndex: 0, key: 'tenant', value: 'acme' }]]);
+  assert.deepEqual(
+    withAncestors.ancestors.map((a) => [a.ruleId, a.bucketKey, a.global]),
+    [['api.tenant', 'api|tenant=acme', { entryIndex: 0, key: 'tenant', value: 'acme' }]],
+  );
   // The deepest match is not repeated among the ancestors.
   assert.deepEqual(matchWithAncestors(DESIGN_EXAMPLE, 'api', entries('tenant=acme')).ancestors, []);
   // The global rule applies even when the deeper entries match nothing.
   const unmatched = matchWithAncestors(DESIGN_EXAMPLE, 'api', entries('tenant=acme,path=/x'));
   assert.equal(unmatched.match, null);
-  assert.deepEqual(unmatched.ancestors.map((a) => a.ruleId), ['api.tenant']);
+  assert.deepEqual(
+    unmatched.ancestors.map((a) => a.ruleId),
+    ['api.tenant'],
+  );
   // Also for a request longer than any rule can be deep.
   const long = entries(['tenant=acme', ...Array.from({ length: 10 }, (_, i) => `k${i}=v`)].join(','));
-  assert.deepEqual(matchWithAncestors(DESIGN_EXAMPLE, 'api', long).ancestors.map((a) => a.bucketKey), ['api|tenant=acme']);
+  assert.deepEqual(
+    matchWithAncestors(DESIGN_EXAMPLE, 'api', long).ancestors.map((a) => a.bucketKey),
+    ['api|tenant=acme'],
+  );
   assert.equal(matchDescriptor(DESIGN_EXAMPLE, 'api', long), null);
 });
 
 void test('global: matchRequest takes one token from the tenant quota per request, not one per descriptor', () => {
-  const both = matchRequest(DESIGN_EXAMPLE, 'api', [entries('tenant=acme'), entries('tenant=acme,remote_address=1.2.3.4')]);
-  assert.deepEqual(both.matches.map((m) => m?.ruleId ?? null), ['api.tenant', 'api.tenant.remote_address']);
+  const both = matchRequest(DESIGN_EXAMPLE, 'api', [
+    entries('tenant=acme'),
+    entries('tenant=acme,remote_address=1.2.3.4'),
+  ]);
+  assert.deepEqual(
+    both.matches.map((m) => m?.ruleId ?? null),
+    ['api.tenant', 'api.tenant.remote_address'],
+  );
   assert.deepEqual(both.extraGlobals, []);
   const deepOnly = matchRequest(DESIGN_EXAMPLE, 'api', [
-    entries('tenant=acme,remote_address=1.2.3.4'), entries('tenant=acme,remote_address=5.6.7.8'), entries('tenant=beta,remote_address=1.2.3.4'),
+    entries('tenant=acme,remote_address=1.2.3.4'),
+    entries('tenant=acme,remote_address=5.6.7.8'),
+    entries('tenant=beta,remote_address=1.2.3.4'),
   ]);
-  assert.deepEqual(deepOnly.extraGlobals.map((g) => [g.descriptorIndex, g.match.bucketKey]), [[0, 'api|tenant=acme'], [2, 'api|tenant=beta']]);
+  assert.deepEqual(
+    deepOnly.extraGlobals.map((g) => [g.descriptorIndex, g.match.bucketKey]),
+    [
+      [0, 'api|tenant=acme'],
+      [2, 'api|tenant=beta'],
+    ],
+  );
 });
 
 void test('global nested under a local branch, and a local limit above a global one keeps the depth rule', () => {
@@ -384,6 +445,11 @@ void test('the compiled RuleSet is immutable', () => {
     assert.ok(Object.isFrozen(rule));
     assert.ok(Object.isFrozen(rule.children));
   }
-  assert.deepEqual(DESIGN_EXAMPLE.rules.map((r) => [r.id, r.depth, r.kind, r.file, r.pos?.line]),
-    [['api.tenant', 0, 'key', 'rules-0.yaml', 4], ['api.tenant.remote_address', 1, 'key', 'rules-0.yaml', 7]]);
+  assert.deepEqual(
+    DESIGN_EXAMPLE.rules.map((r) => [r.id, r.depth, r.kind, r.file, r.pos?.line]),
+    [
+      ['api.tenant', 0, 'key', 'rules-0.yaml', 4],
+      ['api.tenant.remote_address', 1, 'key', 'rules-0.yaml', 7],
+    ],
+  );
 });

@@ -19,12 +19,32 @@ void test('five 100 ms buckets: a sample counts for 500 ms, then leaves the wind
   t.record('a', 3, 1, 1000n * MS);
   t.record('a', 2, 0, 1150n * MS);
   t.record('b', 0, 4, 1420n * MS);
-  assert.deepEqual(keys.snapshot(1450n * MS), [{ key: 'a', allowed: 5, refused: 1 }, { key: 'b', allowed: 0, refused: 4 }]);
-  assert.deepEqual(keys.snapshot(1499n * MS), [{ key: 'a', allowed: 5, refused: 1 }, { key: 'b', allowed: 0, refused: 4 }], 'tick 10 is still in the window at tick 14');
-  assert.deepEqual(keys.snapshot(1500n * MS), [{ key: 'a', allowed: 2, refused: 0 }, { key: 'b', allowed: 0, refused: 4 }], 'tick 10 left at tick 15');
+  assert.deepEqual(keys.snapshot(1450n * MS), [
+    { key: 'a', allowed: 5, refused: 1 },
+    { key: 'b', allowed: 0, refused: 4 },
+  ]);
+  assert.deepEqual(
+    keys.snapshot(1499n * MS),
+    [
+      { key: 'a', allowed: 5, refused: 1 },
+      { key: 'b', allowed: 0, refused: 4 },
+    ],
+    'tick 10 is still in the window at tick 14',
+  );
+  assert.deepEqual(
+    keys.snapshot(1500n * MS),
+    [
+      { key: 'a', allowed: 2, refused: 0 },
+      { key: 'b', allowed: 0, refused: 4 },
+    ],
+    'tick 10 left at tick 15',
+  );
   // The same ring slot one window later starts from zero, not from the stale count.
   t.record('a', 7, 0, 1510n * MS);
-  assert.deepEqual(keys.snapshot(1520n * MS).find((s) => s.key === 'a'), { key: 'a', allowed: 9, refused: 0 });
+  assert.deepEqual(
+    keys.snapshot(1520n * MS).find((s) => s.key === 'a'),
+    { key: 'a', allowed: 9, refused: 0 },
+  );
   assert.deepEqual(keys.snapshot(3000n * MS), [], 'idle keys are not reported');
 });
 
@@ -47,19 +67,27 @@ void test('concurrent writers in worker threads: no sample is lost', async () =>
   const entry = new URL('./velocity-worker.ts', import.meta.url).href;
   const boot = `import(${JSON.stringify(api)}).then((m) => { m.register(); return import(${JSON.stringify(entry)}); });`;
   const nowNs = 5000n * MS;
-  const workers = [0, 1].map(() => new Worker(boot, { eval: true, workerData: { shared: t.shared, keys: keyNames, ops, nowNs, go } }));
-  const ready = workers.map((w) => new Promise<void>((resolve) => {
-    w.on('message', (m: { kind: string }) => {
-      if (m.kind === 'ready') resolve();
-    });
-  }));
-  const done = workers.map((w) => new Promise<number>((resolve, reject) => {
-    w.on('message', (m: { kind: string; slot?: number; gen?: number; key?: string; dropped?: number }) => {
-      if (m.kind === 'vkey') keys.learn(m.slot ?? -1, m.gen ?? 0, m.key ?? '');
-      if (m.kind === 'done') resolve(m.dropped ?? -1);
-    });
-    w.on('error', reject);
-  }));
+  const workers = [0, 1].map(
+    () => new Worker(boot, { eval: true, workerData: { shared: t.shared, keys: keyNames, ops, nowNs, go } }),
+  );
+  const ready = workers.map(
+    (w) =>
+      new Promise<void>((resolve) => {
+        w.on('message', (m: { kind: string }) => {
+          if (m.kind === 'ready') resolve();
+        });
+      }),
+  );
+  const done = workers.map(
+    (w) =>
+      new Promise<number>((resolve, reject) => {
+        w.on('message', (m: { kind: string; slot?: number; gen?: number; key?: string; dropped?: number }) => {
+          if (m.kind === 'vkey') keys.learn(m.slot ?? -1, m.gen ?? 0, m.key ?? '');
+          if (m.kind === 'done') resolve(m.dropped ?? -1);
+        });
+        w.on('error', reject);
+      }),
+  );
   await Promise.all(ready);
   Atomics.store(new Int32Array(go), 0, 1);
   Atomics.notify(new Int32Array(go), 0);
@@ -67,7 +95,10 @@ void test('concurrent writers in worker threads: no sample is lost', async () =>
   await Promise.all(workers.map((w) => w.terminate()));
   assert.deepEqual(dropped, [0, 0]);
   const snap = keys.snapshot(nowNs).sort((a, b) => a.key.localeCompare(b.key));
-  assert.deepEqual(snap.map((s) => s.key), keyNames);
+  assert.deepEqual(
+    snap.map((s) => s.key),
+    keyNames,
+  );
   const total = snap.reduce((s, x) => s + x.allowed, 0);
   const refused = snap.reduce((s, x) => s + x.refused, 0);
   assert.equal(total, 2 * ops, 'every allowed sample counted');

@@ -4,7 +4,13 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { VelocityTable } from '../../../cell-agent/velocity/velocity-table.js';
 import type { VelocityShared } from '../../../cell-agent/velocity/velocity-table.js';
 
-const data = workerData as { shared: VelocityShared; keys: string[]; ops: number; nowNs: bigint; go: SharedArrayBuffer };
+const data = workerData as {
+  shared: VelocityShared;
+  keys: string[];
+  ops: number;
+  nowNs: bigint;
+  go: SharedArrayBuffer;
+};
 const table = VelocityTable.attach(data.shared);
 table.onNewKey = (slot, gen, key) => parentPort?.postMessage({ kind: 'vkey', slot, gen, key });
 parentPort?.postMessage({ kind: 'ready' });

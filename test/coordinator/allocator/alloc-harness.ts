@@ -118,13 +118,22 @@ export class AllocSim {
       b.addQuotaState(st, demand, sameRound ? { parent: q.parent, ackedEpochs } : { parent: q.parent });
     }
     if (o.lateDelivery === true) this.deliver(reporting);
-    const input = b.build({ nowMs, leaseTtlMs: this.opts.leaseTtlMs, skewMarginMs: this.opts.skewMarginMs, ...(this.opts.tuning === undefined ? {} : { tuning: this.opts.tuning }) });
+    const input = b.build({
+      nowMs,
+      leaseTtlMs: this.opts.leaseTtlMs,
+      skewMarginMs: this.opts.skewMarginMs,
+      ...(this.opts.tuning === undefined ? {} : { tuning: this.opts.tuning }),
+    });
     const out = allocateRound(input);
     // The one-pass common case and the general path agree (to floating-point rounding: the two
     // paths add the same shares in a different order).
     const staged = allocateRoundWith(input, { fastPath: false, localDecisions: false });
     const diff = firstDifference(staged, out, '');
-    assert.equal(diff, null, `the shortcuts (one-pass common case, local decisions) and the staged general path differ at ${diff ?? ''}`);
+    assert.equal(
+      diff,
+      null,
+      `the shortcuts (one-pass common case, local decisions) and the staged general path differ at ${diff ?? ''}`,
+    );
     const cmd: LedgerCommandInput = {
       type: 'reportAndGrant',
       nowMs,
@@ -177,7 +186,8 @@ export function firstDifference(a: unknown, b: unknown, path: string): string | 
     if (a === b || Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(a), Math.abs(b))) return null;
     return `${path}: ${a} vs ${b}`;
   }
-  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return a === b ? null : `${path}: ${String(a)} vs ${String(b)}`;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null)
+    return a === b ? null : `${path}: ${String(a)} vs ${String(b)}`;
   if (Array.isArray(a) !== Array.isArray(b)) return `${path}: array vs object`;
   const ka = Object.keys(a);
   const kb = Object.keys(b);

@@ -31,29 +31,36 @@ interface World {
   lateDelivery: boolean;
 }
 
-const world: fc.Arbitrary<World> = fc
-  .record({
-    cells: fc.integer({ min: 2, max: 5 }),
-    floorCells: fc.integer({ min: 1, max: 5 }),
-    goldRate: fc.integer({ min: 20, max: 5000 }),
-    silverRate: fc.integer({ min: 5, max: 500 }),
-    ff: fc.constantFrom(0, 0.1, 0.3, 0.6),
-    tenants: fc.array(fc.record({ tier: fc.constantFrom<'gold' | 'silver'>('gold', 'silver'), rate: fc.option(fc.integer({ min: 3, max: 3000 }), { nil: null }) }), { minLength: 1, maxLength: 5 }),
-    goldCap: fc.option(fc.double({ min: 0.2, max: 1.5, noNaN: true }), { nil: null }),
-    domainCap: fc.option(fc.double({ min: 0.2, max: 1.5, noNaN: true }), { nil: null }),
-    rounds: fc.array(
-      fc.record({
-        dt: fc.constantFrom(500, 500, 500, 500, 250, 1500, 4500),
-        changes: fc.array(fc.record({ q: fc.nat(), c: fc.nat(), frac: fc.double({ min: 0, max: 1.6, noNaN: true }) }), { maxLength: 6 }),
-        down: fc.array(fc.nat({ max: 4 }), { maxLength: 2 }),
-        ackP: fc.array(fc.constantFrom(1, 1, 0.7, 0.3, 0), { minLength: 5, maxLength: 5 }),
-        retier: fc.option(fc.integer({ min: 10, max: 6000 }), { freq: 12, nil: null }),
+const world: fc.Arbitrary<World> = fc.record({
+  cells: fc.integer({ min: 2, max: 5 }),
+  floorCells: fc.integer({ min: 1, max: 5 }),
+  goldRate: fc.integer({ min: 20, max: 5000 }),
+  silverRate: fc.integer({ min: 5, max: 500 }),
+  ff: fc.constantFrom(0, 0.1, 0.3, 0.6),
+  tenants: fc.array(
+    fc.record({
+      tier: fc.constantFrom<'gold' | 'silver'>('gold', 'silver'),
+      rate: fc.option(fc.integer({ min: 3, max: 3000 }), { nil: null }),
+    }),
+    { minLength: 1, maxLength: 5 },
+  ),
+  goldCap: fc.option(fc.double({ min: 0.2, max: 1.5, noNaN: true }), { nil: null }),
+  domainCap: fc.option(fc.double({ min: 0.2, max: 1.5, noNaN: true }), { nil: null }),
+  rounds: fc.array(
+    fc.record({
+      dt: fc.constantFrom(500, 500, 500, 500, 250, 1500, 4500),
+      changes: fc.array(fc.record({ q: fc.nat(), c: fc.nat(), frac: fc.double({ min: 0, max: 1.6, noNaN: true }) }), {
+        maxLength: 6,
       }),
-      { minLength: 15, maxLength: 30 },
-    ),
-    sameRoundAcks: fc.boolean(),
-    lateDelivery: fc.boolean(),
-  });
+      down: fc.array(fc.nat({ max: 4 }), { maxLength: 2 }),
+      ackP: fc.array(fc.constantFrom(1, 1, 0.7, 0.3, 0), { minLength: 5, maxLength: 5 }),
+      retier: fc.option(fc.integer({ min: 10, max: 6000 }), { freq: 12, nil: null }),
+    }),
+    { minLength: 15, maxLength: 30 },
+  ),
+  sameRoundAcks: fc.boolean(),
+  lateDelivery: fc.boolean(),
+});
 
 function run(w: World): void {
   const cells = Array.from({ length: w.cells }, (_, i) => `c${i}`);
@@ -65,18 +72,38 @@ function run(w: World): void {
   let goldSum = 0;
   let allSum = 0;
   w.tenants.forEach((t, i) => {
-    setup.push(t.rate === null ? { type: 'putTenant', id: `t${i}`, tier: t.tier } : { type: 'putTenant', id: `t${i}`, tier: t.tier, rate: t.rate });
+    setup.push(
+      t.rate === null
+        ? { type: 'putTenant', id: `t${i}`, tier: t.tier }
+        : { type: 'putTenant', id: `t${i}`, tier: t.tier, rate: t.rate },
+    );
     const r = t.rate ?? (t.tier === 'gold' ? w.goldRate : w.silverRate);
     allSum += r;
     if (t.tier === 'gold') goldSum += r;
   });
   const hasGoldCap = w.goldCap !== null && goldSum > 0;
-  if (hasGoldCap) setup.push({ type: 'putTierCap', tier: 'gold', rate: Math.max(1, goldSum * (w.goldCap ?? 1)), burst: Math.max(1, goldSum * (w.goldCap ?? 1)), floorFraction: w.ff });
-  if (w.domainCap !== null) setup.push({ type: 'putDomainCap', domain: 'api', rate: Math.max(1, allSum * w.domainCap), burst: Math.max(1, allSum * w.domainCap), floorFraction: w.ff });
+  if (hasGoldCap)
+    setup.push({
+      type: 'putTierCap',
+      tier: 'gold',
+      rate: Math.max(1, goldSum * (w.goldCap ?? 1)),
+      burst: Math.max(1, goldSum * (w.goldCap ?? 1)),
+      floorFraction: w.ff,
+    });
+  if (w.domainCap !== null)
+    setup.push({
+      type: 'putDomainCap',
+      domain: 'api',
+      rate: Math.max(1, allSum * w.domainCap),
+      burst: Math.max(1, allSum * w.domainCap),
+      floorFraction: w.ff,
+    });
   const domain = w.domainCap !== null ? 'domain/api' : null;
   if (domain !== null) quotas.push({ key: domain, parent: null });
   if (hasGoldCap) quotas.push({ key: 'tier/gold', parent: domain });
-  w.tenants.forEach((t, i) => quotas.push({ key: `tenant/t${i}`, parent: t.tier === 'gold' && hasGoldCap ? 'tier/gold' : domain }));
+  w.tenants.forEach((t, i) =>
+    quotas.push({ key: `tenant/t${i}`, parent: t.tier === 'gold' && hasGoldCap ? 'tier/gold' : domain }),
+  );
 
   const sim = new AllocSim({ floorCells: w.floorCells, skewMarginMs: 500, leaseTtlMs: 1500, cells, setup, quotas });
   // Leaf demands; a parent's demand at a cell is the sum of its children's there.
@@ -93,7 +120,8 @@ function run(w: World): void {
       demand.set(`${q.key}|c${ch.c % w.cells}`, ch.frac * rate);
     }
     for (const dn of r.down) downUntil.set(`c${dn % w.cells}`, rnd + 1 + (dn % 4) * 3);
-    if (r.retier !== null) sim.ok({ type: 'putTier', name: 'gold', rate: r.retier, burst: r.retier * 2, floorFraction: w.ff });
+    if (r.retier !== null)
+      sim.ok({ type: 'putTier', name: 'gold', rate: r.retier, burst: r.retier * 2, floorFraction: w.ff });
     const demandOf = (key: string, cellId: string): number => {
       if (key.startsWith('tenant/')) return demand.get(`${key}|${cellId}`) ?? 0;
       return quotas.filter((q) => q.parent === key).reduce((s, q) => s + demandOf(q.key, cellId), 0);
@@ -137,8 +165,16 @@ function run(w: World): void {
         }
         const cap = Math.max(sim.level(parent.key, c), floors);
         const capB = Math.max(sim.levelBurst(parent.key, c), floorsB);
-        assert.equal(sum <= cap * (1 + 1e-9) + 1e-9, true, `round ${rnd}: children of ${parent.key} at ${c} sum to ${sum}, over ${cap}`);
-        assert.equal(sumB <= capB * (1 + 1e-9) + 1e-9, true, `round ${rnd}: children bursts of ${parent.key} at ${c} sum to ${sumB}, over ${capB}`);
+        assert.equal(
+          sum <= cap * (1 + 1e-9) + 1e-9,
+          true,
+          `round ${rnd}: children of ${parent.key} at ${c} sum to ${sum}, over ${cap}`,
+        );
+        assert.equal(
+          sumB <= capB * (1 + 1e-9) + 1e-9,
+          true,
+          `round ${rnd}: children bursts of ${parent.key} at ${c} sum to ${sumB}, over ${capB}`,
+        );
       }
     }
   }

@@ -8,7 +8,18 @@ import type { AllocatorQuota } from '../../../coordinator/allocator/allocator-ty
 import { checkQuotaGrants } from '../../../coordinator/allocator/postconditions.js';
 import { F_EMIT_RATE, Scratch } from '../../../coordinator/allocator/round-context.js';
 
-const quota: AllocatorQuota = { key: 'tenant/a', rate: 100, burst: 100, floorRate: 10, floorBurst: 10, ceilingRate: 100, ceilingBurst: 100, countedRate: 100, countedBurst: 100, parent: null };
+const quota: AllocatorQuota = {
+  key: 'tenant/a',
+  rate: 100,
+  burst: 100,
+  floorRate: 10,
+  floorBurst: 10,
+  ceilingRate: 100,
+  ceilingBurst: 100,
+  countedRate: 100,
+  countedBurst: 100,
+  parent: null,
+};
 
 /** Two reporting cells with floors 10, counted at `u` each, both sent new rates `rates` (bursts unchanged at 10). */
 function decided(u: number, rates: [number, number]): Scratch {

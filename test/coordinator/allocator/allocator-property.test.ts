@@ -23,8 +23,14 @@ void test('waterFill: the max-min fair split with floors, as an independent bise
   fc.assert(
     fc.property(
       fc.oneof(
-        fc.array(fc.tuple(fc.double({ min: 0, max: 1000, noNaN: true }), fc.double({ min: 0, max: 1000, noNaN: true })), { minLength: 1, maxLength: 80 }),
-        fc.array(fc.tuple(fc.constantFrom(0, 0, 1, 5), fc.double({ min: 0, max: 1000, noNaN: true })), { minLength: 65, maxLength: 600 }),
+        fc.array(
+          fc.tuple(fc.double({ min: 0, max: 1000, noNaN: true }), fc.double({ min: 0, max: 1000, noNaN: true })),
+          { minLength: 1, maxLength: 80 },
+        ),
+        fc.array(fc.tuple(fc.constantFrom(0, 0, 1, 5), fc.double({ min: 0, max: 1000, noNaN: true })), {
+          minLength: 65,
+          maxLength: 600,
+        }),
       ),
       fc.double({ min: 0, max: 1, noNaN: true }),
       (pairs, frac) => {
@@ -41,8 +47,16 @@ void test('waterFill: the max-min fair split with floors, as an independent bise
         assert.equal(Math.abs(sum - total) <= 1e-7 * Math.max(1, sHi), true, `sum ${sum} != ${total}`);
         for (let i = 0; i < lo.length; i++) {
           const v = out[i] as number;
-          assert.equal(v >= (lo[i] as number) - tol && v <= (hi[i] as number) + tol, true, `share ${i} = ${v} outside [${lo[i]}, ${hi[i]}]`);
-          assert.equal(Math.abs(v - (ref[i] as number)) <= 1e-6 * Math.max(1, sHi), true, `share ${i}: ${v} vs reference ${ref[i]}`);
+          assert.equal(
+            v >= (lo[i] as number) - tol && v <= (hi[i] as number) + tol,
+            true,
+            `share ${i} = ${v} outside [${lo[i]}, ${hi[i]}]`,
+          );
+          assert.equal(
+            Math.abs(v - (ref[i] as number)) <= 1e-6 * Math.max(1, sHi),
+            true,
+            `share ${i}: ${v} vs reference ${ref[i]}`,
+          );
         }
       },
     ),
@@ -102,7 +116,14 @@ const rawInput = fc.record({
  * transition after the quota was lowered, exceeds it by up to 30%); a cell is counted at
  * max(floor, its grant, an older larger grant it has not acknowledged yet).
  */
-function rawInputValue(v: { n: number; floorCells: number; reported: boolean[]; expired: boolean[]; quotas: RawQuota[]; nested: boolean }): AllocatorInput {
+function rawInputValue(v: {
+  n: number;
+  floorCells: number;
+  reported: boolean[];
+  expired: boolean[];
+  quotas: RawQuota[];
+  nested: boolean;
+}): AllocatorInput {
   const n = v.n;
   const cells: AllocatorCell[] = Array.from({ length: n }, (_, c) => ({
     id: `c${c}`,
@@ -172,13 +193,27 @@ void test('on arbitrary states the round keeps the ledger bound, floors, epochs,
   fc.assert(
     fc.property(rawInput, (raw) => {
       const input = rawInputValue(raw);
-      const before = JSON.stringify({ ...input, slices: Object.fromEntries(Object.entries(input.slices).map(([k, a]) => [k, Array.from(a as ArrayLike<number>)])) });
+      const before = JSON.stringify({
+        ...input,
+        slices: Object.fromEntries(
+          Object.entries(input.slices).map(([k, a]) => [k, Array.from(a as ArrayLike<number>)]),
+        ),
+      });
       const out = allocateRound(input);
       const again = allocateRound(input);
       assert.deepEqual(again, out, 'same input, same output');
       const diff = firstDifference(allocateRoundWith(input, { fastPath: false, localDecisions: false }), out, '');
-      assert.equal(diff, null, `the shortcuts (one-pass common case, local decisions) and the staged general path agree (to rounding): ${diff ?? ''}`);
-      const after = JSON.stringify({ ...input, slices: Object.fromEntries(Object.entries(input.slices).map(([k, a]) => [k, Array.from(a as ArrayLike<number>)])) });
+      assert.equal(
+        diff,
+        null,
+        `the shortcuts (one-pass common case, local decisions) and the staged general path agree (to rounding): ${diff ?? ''}`,
+      );
+      const after = JSON.stringify({
+        ...input,
+        slices: Object.fromEntries(
+          Object.entries(input.slices).map(([k, a]) => [k, Array.from(a as ArrayLike<number>)]),
+        ),
+      });
       assert.equal(after, before, 'the input is not modified');
       const n = input.cells.length;
       input.quotas.forEach((q, qi) => {
@@ -209,15 +244,27 @@ void test('on arbitrary states the round keeps the ledger bound, floors, epochs,
           assert.equal(g.leaseExpiresAtMs, input.nowMs + input.leaseTtlMs);
           const fr = cell.hasFloor ? q.floorRate : 0;
           const fb = cell.hasFloor ? q.floorBurst : 0;
-          assert.equal(g.rate >= fr - 1e-9 && g.burst >= fb - 1e-9, true, `grant ${g.rate}/${g.burst} below floor ${fr}/${fb}`);
+          assert.equal(
+            g.rate >= fr - 1e-9 && g.burst >= fb - 1e-9,
+            true,
+            `grant ${g.rate}/${g.burst} below floor ${fr}/${fb}`,
+          );
           uR[c] = Math.max(uR[c] as number, g.rate);
           uB[c] = Math.max(uB[c] as number, g.burst);
         }
         const afterR = reserved + sum(uR);
         const afterB = reservedB + sum(uB);
         const tol = 1 + 1e-9;
-        assert.equal(afterR <= q.rate * tol || afterR <= beforeR * tol, true, `${q.key}: counted rate ${afterR} after the round, limit ${q.rate}, before ${beforeR}`);
-        assert.equal(afterB <= q.burst * tol || afterB <= beforeB * tol, true, `${q.key}: counted burst ${afterB} after the round, limit ${q.burst}, before ${beforeB}`);
+        assert.equal(
+          afterR <= q.rate * tol || afterR <= beforeR * tol,
+          true,
+          `${q.key}: counted rate ${afterR} after the round, limit ${q.rate}, before ${beforeR}`,
+        );
+        assert.equal(
+          afterB <= q.burst * tol || afterB <= beforeB * tol,
+          true,
+          `${q.key}: counted burst ${afterB} after the round, limit ${q.burst}, before ${beforeB}`,
+        );
       });
     }),
     { numRuns: 500 },
@@ -241,7 +288,14 @@ const steadyWorld = fc.record({
   ff: fc.constantFrom(0, 0.1, 0.3),
   demands: fc.array(demandFrac, { minLength: MAX_SIM_CELLS, maxLength: MAX_SIM_CELLS }),
   /** New demand of a cell: a fresh fraction of the quota, or its old demand scaled by `scale`. */
-  moves: fc.array(fc.record({ cell: fc.nat(), frac: fc.option(demandFrac, { nil: null }), scale: fc.double({ min: 0.5, max: 2, noNaN: true }) }), { minLength: 1, maxLength: 3 }),
+  moves: fc.array(
+    fc.record({
+      cell: fc.nat(),
+      frac: fc.option(demandFrac, { nil: null }),
+      scale: fc.double({ min: 0.5, max: 2, noNaN: true }),
+    }),
+    { minLength: 1, maxLength: 3 },
+  ),
   sameRoundAcks: fc.boolean(),
   lateDelivery: fc.boolean(),
 });
@@ -267,7 +321,11 @@ function makeSim(w: SteadyWorld): { sim: AllocSim; cells: string[] } {
 function settle(sim: AllocSim, demand: (c: string) => number, w: SteadyWorld, maxRounds: number): number {
   let quiet = 0;
   for (let r = 1; r <= maxRounds; r++) {
-    const res = sim.round({ demand: (_k, c) => demand(c), sameRoundAcks: w.sameRoundAcks, lateDelivery: w.lateDelivery });
+    const res = sim.round({
+      demand: (_k, c) => demand(c),
+      sameRoundAcks: w.sameRoundAcks,
+      lateDelivery: w.lateDelivery,
+    });
     quiet = res.grants.length === 0 ? quiet + 1 : 0;
     if (quiet === 3) return r - 3;
   }
@@ -318,10 +376,18 @@ void test('max-min fairness once converged: nobody below min(demand, fair share)
       cells.forEach((c, i) => {
         const lvl = levels[i] as number;
         const want = Math.min(d(c), fair[i] as number);
-        assert.equal(lvl >= (1 - DEFAULT_TUNING.starveTolerance) * want - eps, true, `${c}: level ${lvl} below 95% of min(demand ${d(c)}, fair ${fair[i]})`);
+        assert.equal(
+          lvl >= (1 - DEFAULT_TUNING.starveTolerance) * want - eps,
+          true,
+          `${c}: level ${lvl} below 95% of min(demand ${d(c)}, fair ${fair[i]})`,
+        );
         if (short) {
           const floor = st.cells[i]?.slot === null ? 0 : st.floorRate;
-          assert.equal(lvl <= Math.max(floor, fair[i] as number) + thr + eps, true, `${c}: level ${lvl} above its fair share ${fair[i]} (+ hysteresis ${thr}) while another cell is short`);
+          assert.equal(
+            lvl <= Math.max(floor, fair[i] as number) + thr + eps,
+            true,
+            `${c}: level ${lvl} above its fair share ${fair[i]} (+ hysteresis ${thr}) while another cell is short`,
+          );
         }
       });
     }),
@@ -352,7 +418,12 @@ void test('a cell whose demand moves gets ≥ 90% of min(demand, fair share) wit
           const c = cells[i] as string;
           return sim.level('tenant/t', c) >= 0.9 * Math.min(d(c), fair[i] as number) - step;
         });
-        detail = [...moved].map((i) => `${cells[i]}: level ${sim.level('tenant/t', cells[i] as string)}, demand ${d(cells[i] as string)}, fair ${fair[i]}`).join('; ');
+        detail = [...moved]
+          .map(
+            (i) =>
+              `${cells[i]}: level ${sim.level('tenant/t', cells[i] as string)}, demand ${d(cells[i] as string)}, fair ${fair[i]}`,
+          )
+          .join('; ');
       }
       assert.equal(ok, true, `after 4 rounds: ${detail}`);
     }),

@@ -50,9 +50,17 @@ function ours(demand: number[], rounds: number): number[][] {
     type: 'reportAndGrant',
     nowMs: sim.nowMs,
     leases: cells.map((cellId) => ({ cellId, leaseExpiresAtMs: sim.nowMs + 3000 })),
-    grants: cells.map((cellId) => ({ key: 'tenant/t', cellId, rate: 200, burst: 200, epoch: 1, leaseExpiresAtMs: sim.nowMs + 3000 })),
+    grants: cells.map((cellId) => ({
+      key: 'tenant/t',
+      cellId,
+      rate: 200,
+      burst: 200,
+      epoch: 1,
+      leaseExpiresAtMs: sim.nowMs + 3000,
+    })),
   });
-  for (const c of cells) sim.ok({ type: 'reportAndGrant', nowMs: sim.nowMs, acks: [{ key: 'tenant/t', cellId: c, epoch: 1 }] });
+  for (const c of cells)
+    sim.ok({ type: 'reportAndGrant', nowMs: sim.nowMs, acks: [{ key: 'tenant/t', cellId: c, epoch: 1 }] });
   const out: number[][] = [];
   for (let r = 0; r < rounds; r++) {
     sim.round({ demand: (_k, c) => demand[cells.indexOf(c)] ?? 0 });
@@ -61,7 +69,8 @@ function ours(demand: number[], rounds: number): number[][] {
   return out;
 }
 
-const admitted = (slices: number[], demand: number[]): number => slices.reduce((s, v, i) => s + Math.min(v, demand[i] ?? 0), 0);
+const admitted = (slices: number[], demand: number[]): number =>
+  slices.reduce((s, v, i) => s + Math.min(v, demand[i] ?? 0), 0);
 
 void test('seed example 1: nobody is below 20%, so the seed rule never moves anything; max-min fairness does in two rounds', () => {
   const demand = [450, 100, 50];

@@ -9,19 +9,34 @@ import { AllocSim } from './alloc-harness.js';
 
 const KEY = 'tenant/t';
 
-function sim(opts: { rate?: number; burst?: number; ff?: number; cells?: string[]; floorCells?: number; extra?: LedgerCommandInput[]; quotas?: { key: string; parent: string | null }[] } = {}): AllocSim {
+function sim(
+  opts: {
+    rate?: number;
+    burst?: number;
+    ff?: number;
+    cells?: string[];
+    floorCells?: number;
+    extra?: LedgerCommandInput[];
+    quotas?: { key: string; parent: string | null }[];
+  } = {},
+): AllocSim {
   const rate = opts.rate ?? 1000;
   return new AllocSim({
     floorCells: opts.floorCells ?? 3,
     skewMarginMs: 1000,
     leaseTtlMs: 3000,
     cells: opts.cells ?? ['a', 'b', 'c'],
-    setup: [{ type: 'putTier', name: 'gold', rate, burst: opts.burst ?? rate, floorFraction: opts.ff ?? 0.3 }, { type: 'putTenant', id: 't', tier: 'gold' }, ...(opts.extra ?? [])],
+    setup: [
+      { type: 'putTier', name: 'gold', rate, burst: opts.burst ?? rate, floorFraction: opts.ff ?? 0.3 },
+      { type: 'putTenant', id: 't', tier: 'gold' },
+      ...(opts.extra ?? []),
+    ],
     quotas: opts.quotas ?? [{ key: KEY, parent: null }],
   });
 }
 
-const levels = (s: AllocSim, cells = ['a', 'b', 'c'], key = KEY): number[] => cells.map((c) => Math.round(s.level(key, c) * 1000) / 1000);
+const levels = (s: AllocSim, cells = ['a', 'b', 'c'], key = KEY): number[] =>
+  cells.map((c) => Math.round(s.level(key, c) * 1000) / 1000);
 
 void test('only changed slices get grants, each with the next epoch and a fresh lease; bursts follow rates', () => {
   const s = sim({ rate: 1000, burst: 2000 });
@@ -54,11 +69,7 @@ void test('only changed slices get grants, each with the next epoch and a fresh 
     'a acknowledged: b takes the rest',
   );
   const st = s.state(KEY);
-  assert.equal(
-    st.cells.reduce((x, v) => x + v.burst, 0) <= st.burst,
-    true,
-    'Σ bursts within the quota burst',
-  );
+  assert.equal(st.cells.reduce((x, v) => x + v.burst, 0) <= st.burst, true, 'Σ bursts within the quota burst');
 });
 
 void test('hysteresis: small wobbles change nothing; a refusing cell still gets a small grow', () => {
@@ -92,7 +103,11 @@ void test('a starved cell makes the others give up even excesses below the hyste
   const d = Object.fromEntries(cells.map((c) => [c, 200])) as Record<string, number>;
   d['f'] = 0;
   for (let r = 0; r < 4; r++) s.round({ demand: (_k, c) => d[c] ?? 0 });
-  assert.deepEqual(levels(s, cells), [120, 120, 120, 120, 120, 0], 'demands first: no headroom while the quota is short');
+  assert.deepEqual(
+    levels(s, cells),
+    [120, 120, 120, 120, 120, 0],
+    'demands first: no headroom while the quota is short',
+  );
   // f's demand rises to 100: its fair share is 100, the others must give 18.8 each (< 30, the threshold).
   d['f'] = 100;
   const r1 = s.round({ demand: (_k, c) => d[c] ?? 0 });
@@ -172,7 +187,13 @@ void test('reports spread over rounds (one cell per round, as agents report ever
   for (let r = 0; r < 30; r++) next();
   // Max-min fair with floors 60: c 180, a and b 210 each.
   const lv = levels(s);
-  assert.equal(Math.abs((lv[0] ?? 0) - 210) <= 0.05 * 600 && Math.abs((lv[1] ?? 0) - 210) <= 0.05 * 600 && (lv[2] ?? 0) >= 180 * 0.95, true, `converged to 210 / 210 / 180: ${lv.join(', ')}`);
+  assert.equal(
+    Math.abs((lv[0] ?? 0) - 210) <= 0.05 * 600 &&
+      Math.abs((lv[1] ?? 0) - 210) <= 0.05 * 600 &&
+      (lv[2] ?? 0) >= 180 * 0.95,
+    true,
+    `converged to 210 / 210 / 180: ${lv.join(', ')}`,
+  );
   assert.equal(lv.reduce((x, y) => x + y, 0) <= 600 * (1 + 1e-9), true, `within the quota: ${lv.join(', ')}`);
 });
 
@@ -193,11 +214,7 @@ void test('a lowered quota: no cell grows while the cells may use more than the 
   );
   for (let r = 0; r < 3; r++) s.round({ demand: (_k, c) => d[c] ?? 0 });
   const lv = ['a', 'b', 'c'].map((c) => s.level(KEY, c));
-  assert.equal(
-    lv.reduce((x, y) => x + y, 0) <= 500 * (1 + 1e-9),
-    true,
-    `back within the limit: ${lv.join(', ')}`,
-  );
+  assert.equal(lv.reduce((x, y) => x + y, 0) <= 500 * (1 + 1e-9), true, `back within the limit: ${lv.join(', ')}`);
   assert.equal((lv[2] ?? 0) >= 150, true, `c got its share: ${lv.join(', ')}`);
 });
 
@@ -207,7 +224,10 @@ void test('hierarchy: a tier cap is allocated first, its tenants share its per-c
     ff: 0,
     cells: ['a', 'b'],
     floorCells: 2,
-    extra: [{ type: 'putTenant', id: 'u', tier: 'gold' }, { type: 'putTierCap', tier: 'gold', rate: 600, burst: 600, floorFraction: 0 }],
+    extra: [
+      { type: 'putTenant', id: 'u', tier: 'gold' },
+      { type: 'putTierCap', tier: 'gold', rate: 600, burst: 600, floorFraction: 0 },
+    ],
     quotas: [
       { key: KEY, parent: 'tier/gold' },
       { key: 'tenant/u', parent: 'tier/gold' },
@@ -215,7 +235,8 @@ void test('hierarchy: a tier cap is allocated first, its tenants share its per-c
     ],
   });
   const d: Record<string, Record<string, number>> = { [KEY]: { a: 400, b: 0 }, 'tenant/u': { a: 400, b: 100 } };
-  const demand = (k: string, c: string): number => (k === 'tier/gold' ? (d[KEY]?.[c] ?? 0) + (d['tenant/u']?.[c] ?? 0) : (d[k]?.[c] ?? 0));
+  const demand = (k: string, c: string): number =>
+    k === 'tier/gold' ? (d[KEY]?.[c] ?? 0) + (d['tenant/u']?.[c] ?? 0) : (d[k]?.[c] ?? 0);
   for (let r = 0; r < 3; r++) s.round({ demand });
   // The cap (600): demand 800 at a, 100 at b → demands first, b's 100, a the rest (500). At a, the two
   // tenants (400 each) share 500: 250 each; at b, u's 100 takes all of it.
@@ -225,8 +246,32 @@ void test('hierarchy: a tier cap is allocated first, its tenants share its per-c
 });
 
 void test('input checks: sizes, parents, cycles, tuning', () => {
-  const cells = allocatorCells([{ id: 'a', slot: 0, registeredAtMs: 0, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false, removing: false }], new Set(['a']));
-  const quota = (key: string, parent: string | null): Parameters<AllocatorInputBuilder['addQuota']>[0] => ({ key, rate: 10, burst: 10, floorRate: 0, floorBurst: 0, ceilingRate: 10, ceilingBurst: 10, countedRate: 0, countedBurst: 0, parent });
+  const cells = allocatorCells(
+    [
+      {
+        id: 'a',
+        slot: 0,
+        registeredAtMs: 0,
+        lastReportAtMs: null,
+        leaseExpiresAtMs: null,
+        leaseLive: false,
+        removing: false,
+      },
+    ],
+    new Set(['a']),
+  );
+  const quota = (key: string, parent: string | null): Parameters<AllocatorInputBuilder['addQuota']>[0] => ({
+    key,
+    rate: 10,
+    burst: 10,
+    floorRate: 0,
+    floorBurst: 0,
+    ceilingRate: 10,
+    ceilingBurst: 10,
+    countedRate: 0,
+    countedBurst: 0,
+    parent,
+  });
   const slice = { rate: 0, burst: 0, epoch: 0, acknowledged: true, countedRate: 0, countedBurst: 0 };
   const build = (qs: [string, string | null][], tuning?: Record<string, number>): AllocatorInput => {
     const b = new AllocatorInputBuilder(cells);
@@ -234,15 +279,38 @@ void test('input checks: sizes, parents, cycles, tuning', () => {
     return b.build({ nowMs: 0, leaseTtlMs: 3000, skewMarginMs: 1000, ...(tuning === undefined ? {} : { tuning }) });
   };
   assert.throws(() => allocateRound(build([['tenant/x', 'tier/nope']])), AllocatorInputError);
-  assert.throws(() => allocateRound(build([['tier/a', 'tier/b'], ['tier/b', 'tier/a']])), /cycle/);
-  assert.throws(() => allocateRound(build([['tier/a', null], ['tier/a', null], ['tenant/x', 'tier/a']])), /twice/);
+  assert.throws(
+    () =>
+      allocateRound(
+        build([
+          ['tier/a', 'tier/b'],
+          ['tier/b', 'tier/a'],
+        ]),
+      ),
+    /cycle/,
+  );
+  assert.throws(
+    () =>
+      allocateRound(
+        build([
+          ['tier/a', null],
+          ['tier/a', null],
+          ['tenant/x', 'tier/a'],
+        ]),
+      ),
+    /twice/,
+  );
   assert.throws(() => allocateRound(build([['tenant/x', null]], { headroomFactor: 0.5 })), /headroomFactor/);
   const ok = build([['tenant/x', null]]);
   assert.throws(() => allocateRound({ ...ok, slices: { ...ok.slices, demand: new Float64Array(0) } }), /slices.demand/);
   assert.throws(() => new AllocatorInputBuilder(cells).addQuota(quota('tenant/x', null), [], [1]), AllocatorInputError);
   // A workspace may serve rounds of any size, in any order.
   const ws = new AllocatorWorkspace();
-  const big = build([['tier/a', null], ['tenant/x', 'tier/a'], ['tenant/y', 'tier/a']]);
+  const big = build([
+    ['tier/a', null],
+    ['tenant/x', 'tier/a'],
+    ['tenant/y', 'tier/a'],
+  ]);
   assert.deepEqual(allocateRound(big, ws), allocateRound(big));
   assert.deepEqual(allocateRound(ok, ws), allocateRound(ok));
   assert.deepEqual(allocateRound(big, ws), allocateRound(big));

@@ -8,8 +8,15 @@ import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 
 const cli = resolve(import.meta.dirname, '../../../cli/main.ts');
 
-function run(args: string[], env: Record<string, string> = {}): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 });
+function run(
+  args: string[],
+  env: Record<string, string> = {},
+): { status: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, ...env },
+    timeout: 60_000,
+  });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -20,7 +27,9 @@ void test('cellquota coordinator: a bad value says what and where, and exits 2',
   const notListed = run(['coordinator', '--id', 'n9', '--peers', 'n1=127.0.0.1:1', '--data-dir', '/tmp/x']);
   assert.equal(notListed.status, 2);
   assert.match(notListed.stderr, /--peers: must include this replica's id n9/);
-  const fromEnv = run(['coordinator', '--id', 'n1', '--peers', 'n1=127.0.0.1:1', '--data-dir', '/tmp/x'], { CELLQUOTA_TICK_MS: 'fast' });
+  const fromEnv = run(['coordinator', '--id', 'n1', '--peers', 'n1=127.0.0.1:1', '--data-dir', '/tmp/x'], {
+    CELLQUOTA_TICK_MS: 'fast',
+  });
   assert.equal(fromEnv.status, 2);
   assert.match(fromEnv.stderr, /CELLQUOTA_TICK_MS/);
   const unknown = run(['coordinator', '--bogus']);
@@ -41,20 +50,54 @@ void test('admin token: writes without it get 401, with a wrong one 403, and cha
     const missing = await c.http(leader, 'PUT', '/v1/tiers/gold', { rate: 1, burst: 1 });
     assert.equal(missing.status, 401);
     assert.equal(missing.body['error'], 'UNAUTHORIZED');
-    const wrong = await c.http(leader, 'PUT', '/v1/tiers/gold', { rate: 1, burst: 1 }, { authorization: 'Bearer nope' });
+    const wrong = await c.http(
+      leader,
+      'PUT',
+      '/v1/tiers/gold',
+      { rate: 1, burst: 1 },
+      { authorization: 'Bearer nope' },
+    );
     assert.equal(wrong.status, 403);
-    assert.equal((await c.http(leader, 'GET', '/v1/tiers/gold')).status, 401, 'reads need the token too (--auth-reads)');
-    assert.equal((await c.http(leader, 'GET', '/v1/tiers/gold', undefined, { authorization: `Bearer ${token}` })).status, 404, 'nothing was written');
+    assert.equal(
+      (await c.http(leader, 'GET', '/v1/tiers/gold')).status,
+      401,
+      'reads need the token too (--auth-reads)',
+    );
+    assert.equal(
+      (await c.http(leader, 'GET', '/v1/tiers/gold', undefined, { authorization: `Bearer ${token}` })).status,
+      404,
+      'nothing was written',
+    );
 
     const admin = [...c.replicas.keys()].map((id) => c.adminUrl(id)).join(',');
-    const put = run(['ctl', '--admin', admin, '--token', token, 'tiers', 'put', 'gold', '--rate', '500', '--burst', '1000', '--floor-fraction', '0.5']);
+    const put = run([
+      'ctl',
+      '--admin',
+      admin,
+      '--token',
+      token,
+      'tiers',
+      'put',
+      'gold',
+      '--rate',
+      '500',
+      '--burst',
+      '1000',
+      '--floor-fraction',
+      '0.5',
+    ]);
     assert.equal(put.status, 0, put.stderr);
-    const tenant = run(['ctl', '--admin', admin, 'tenants', 'put', 'acme', '--tier', 'gold'], { CELLQUOTA_ADMIN_TOKEN: token });
+    const tenant = run(['ctl', '--admin', admin, 'tenants', 'put', 'acme', '--tier', 'gold'], {
+      CELLQUOTA_ADMIN_TOKEN: token,
+    });
     assert.equal(tenant.status, 0, tenant.stderr);
     const list = run(['ctl', '--admin', admin, '--token', token, '--json', 'tiers', 'list']);
     assert.equal(list.status, 0, list.stderr);
     const doc = JSON.parse(list.stdout) as { tiers: { name: string; rate: number; tenantCount: number }[] };
-    assert.deepEqual(doc.tiers.map((t) => [t.name, t.rate, t.tenantCount]), [['gold', 500, 1]]);
+    assert.deepEqual(
+      doc.tiers.map((t) => [t.name, t.rate, t.tenantCount]),
+      [['gold', 500, 1]],
+    );
     const table = run(['ctl', '--admin', admin, '--token', token, 'cluster']);
     assert.match(table.stdout, /^leader n\d {2}term \d+/m);
     assert.match(table.stdout, /ID\s+ROLE\s+ADDRESS/);
@@ -62,7 +105,9 @@ void test('admin token: writes without it get 401, with a wrong one 403, and cha
     assert.equal(missingTenant.status, 4);
     assert.match(missingTenant.stderr, /404 NOT_FOUND/);
     // The replicas' own calls to each other's admin APIs carry the token: every data directory got recorded.
-    const inc = await c.http(leader, 'GET', '/v1/internal/incarnations', undefined, { authorization: `Bearer ${token}` });
+    const inc = await c.http(leader, 'GET', '/v1/internal/incarnations', undefined, {
+      authorization: `Bearer ${token}`,
+    });
     assert.equal(Object.keys(inc.body['incarnations'] as object).length, 3, JSON.stringify(inc.body));
     const noAnswer = run(['ctl', '--admin', 'http://127.0.0.1:9', 'cluster']);
     assert.equal(noAnswer.status, 3);

@@ -15,7 +15,10 @@ void test('three processes elect a leader; tiers and tenants written through the
   try {
     c.startAll();
     const leader = await c.waitForLeader();
-    assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 5000, burst: 10000, floorFraction: 0.3 })).status, 200);
+    assert.equal(
+      (await c.write('PUT', '/v1/tiers/gold', { rate: 5000, burst: 10000, floorFraction: 0.3 })).status,
+      200,
+    );
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     for (const id of ids) {
       const tier = await c.http(id, 'GET', '/v1/tiers/gold');
@@ -53,13 +56,20 @@ void test('three processes elect a leader; tiers and tenants written through the
     // A retried write (same client id and sequence) applies once.
     const h = { 'x-client-id': 'script-1', 'x-request-seq': '1' };
     assert.equal((await c.write('PUT', '/v1/tenants/once', { tier: 'gold' }, h)).status, 200);
-    assert.equal((await c.write('DELETE', '/v1/tenants/once', undefined, { 'x-client-id': 'script-1', 'x-request-seq': '2' })).status, 200);
+    assert.equal(
+      (await c.write('DELETE', '/v1/tenants/once', undefined, { 'x-client-id': 'script-1', 'x-request-seq': '2' }))
+        .status,
+      200,
+    );
     const retry = await c.write('PUT', '/v1/tenants/once', { tier: 'gold' }, h);
     assert.equal(retry.status, 409, 'the stale retry of seq 1 is refused, not applied again');
     assert.equal((await c.http(leader, 'GET', '/v1/tenants/once')).status, 404);
 
     const docs = await c.http(leader, 'GET', '/docs/json');
-    assert.ok(typeof docs.body['paths'] === 'object' && docs.body['paths'] !== null && '/v1/tenants/{id}' in docs.body['paths'], 'OpenAPI lists the tenant path');
+    assert.ok(
+      typeof docs.body['paths'] === 'object' && docs.body['paths'] !== null && '/v1/tenants/{id}' in docs.body['paths'],
+      'OpenAPI lists the tenant path',
+    );
     const metrics = await fetch(`${c.adminUrl(leader)}/metrics`).then((r) => r.text());
     assert.match(metrics, /cellquota_raft_is_leader 1/);
   } finally {
@@ -93,7 +103,11 @@ void test('kill -9 of the leader: a new leader takes writes; kill all three and 
     c.startAll();
     await c.waitForLeader();
     for (const id of ids) {
-      await waitFor(`${id} to serve reads`, async () => (await c.http(id, 'GET', '/v1/tenants?limit=1000')).status === 200, { timeoutMs: 20_000, everyMs: 100 });
+      await waitFor(
+        `${id} to serve reads`,
+        async () => (await c.http(id, 'GET', '/v1/tenants?limit=1000')).status === 200,
+        { timeoutMs: 20_000, everyMs: 100 },
+      );
       const list = await c.http(id, 'GET', '/v1/tenants?limit=1000');
       const have = new Set((list.body['tenants'] as { id: string }[]).map((t) => t.id));
       for (const a of acked) assert.ok(have.has(a), `${id} lost acknowledged tenant ${a}`);
@@ -113,7 +127,11 @@ void test('a node that missed many writes catches up through InstallSnapshot aft
     assert.equal((await c.write('PUT', '/v1/tiers/t', { rate: 100, burst: 100 })).status, 200);
     for (let i = 0; i < 80; i++) assert.equal((await c.write('PUT', `/v1/tenants/s${i}`, { tier: 't' })).status, 200);
     c.start(lagger);
-    await waitFor(`${lagger} to catch up`, async () => (await c.http(lagger, 'GET', '/v1/tenants/s79?stale=true')).status === 200, { timeoutMs: 30_000, everyMs: 100 });
+    await waitFor(
+      `${lagger} to catch up`,
+      async () => (await c.http(lagger, 'GET', '/v1/tenants/s79?stale=true')).status === 200,
+      { timeoutMs: 30_000, everyMs: 100 },
+    );
     assert.match(c.replica(lagger).output, /installed a snapshot from the leader/);
   } finally {
     await c.cleanup();
@@ -165,9 +183,15 @@ void test('leadership transfer under write load loses nothing; a node replaced w
     await c.kill(victim);
     rmSync(c.replica(victim).dataDir, { recursive: true, force: true });
     c.start(victim, { join: true });
-    const replaced = await c.write('POST', `/v1/members/${victim}/replace`, { address: `127.0.0.1:${c.replica(victim).peerPort}` });
+    const replaced = await c.write('POST', `/v1/members/${victim}/replace`, {
+      address: `127.0.0.1:${c.replica(victim).peerPort}`,
+    });
     assert.equal(replaced.status, 200, JSON.stringify(replaced.body));
-    await waitFor(`${victim} to hold the data`, async () => (await c.http(victim, 'GET', `/v1/tenants/${acked.at(-1) ?? 'w0'}?stale=true`)).status === 200, { timeoutMs: 30_000, everyMs: 100 });
+    await waitFor(
+      `${victim} to hold the data`,
+      async () => (await c.http(victim, 'GET', `/v1/tenants/${acked.at(-1) ?? 'w0'}?stale=true`)).status === 200,
+      { timeoutMs: 30_000, everyMs: 100 },
+    );
     const cluster = await c.http(await c.waitForLeader(), 'GET', '/v1/cluster');
     const member = (cluster.body['members'] as { id: string; voter: boolean }[]).find((m) => m.id === victim);
     assert.equal(member?.voter, true, `${victim} is a voter again`);
@@ -182,13 +206,25 @@ void test('a wiped data directory is detected: the node refuses to vote and prin
     c.startAll();
     const leader = await c.waitForLeader();
     // Every member's data directory is recorded by the cluster.
-    await waitFor('incarnations recorded', async () => Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object).length === 3, { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor(
+      'incarnations recorded',
+      async () =>
+        Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object)
+          .length === 3,
+      { timeoutMs: 20_000, everyMs: 100 },
+    );
     const victim = ids.find((id) => id !== leader) ?? 'n3';
     await c.kill(victim);
     rmSync(c.replica(victim).dataDir, { recursive: true, force: true });
     c.start(victim); // same flags, empty directory: as after a lost disk
-    await waitFor("the refusal", () => Promise.resolve(/must not vote/.test(c.replica(victim).output)), { timeoutMs: 20_000, everyMs: 100 });
-    assert.match(c.replica(victim).output, new RegExp(`cellquota ctl members replace ${victim} --address 127\\.0\\.0\\.1:\\d+`));
+    await waitFor('the refusal', () => Promise.resolve(/must not vote/.test(c.replica(victim).output)), {
+      timeoutMs: 20_000,
+      everyMs: 100,
+    });
+    assert.match(
+      c.replica(victim).output,
+      new RegExp(`cellquota ctl members replace ${victim} --address 127\\.0\\.0\\.1:\\d+`),
+    );
     const st = await c.http(victim, 'GET', '/v1/cluster?stale=true');
     assert.equal(st.body['votingRefused'], true);
     assert.equal((await c.http(victim, 'GET', '/readyz')).status, 503);

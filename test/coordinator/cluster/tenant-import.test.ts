@@ -42,22 +42,48 @@ void test('ctl tenants import: JSON lines and CSV in batches, bad lines reported
 
     // 1,000 good tenants, and in between: bad JSON, an unknown tier, a bad rate, a repeated id, an array.
     const lines: string[] = [];
-    for (let i = 0; i < 1000; i++) lines.push(JSON.stringify(i % 10 === 0 ? { id: `t-${i}`, tier: 'gold', rate: 50, burst: 60 } : { id: `t-${i}`, tier: 'gold' }));
-    lines.splice(10, 0, '{"id": "broken", ');            // line 11
+    for (let i = 0; i < 1000; i++)
+      lines.push(
+        JSON.stringify(
+          i % 10 === 0 ? { id: `t-${i}`, tier: 'gold', rate: 50, burst: 60 } : { id: `t-${i}`, tier: 'gold' },
+        ),
+      );
+    lines.splice(10, 0, '{"id": "broken", '); // line 11
     lines.splice(20, 0, '{"id":"orphan","tier":"nope"}'); // line 21
     lines.splice(30, 0, '{"id":"neg","tier":"gold","rate":-1}'); // line 31
-    lines.splice(40, 0, '{"id":"t-1","tier":"gold"}');    // line 41: t-1 is on line 2
-    lines.splice(50, 0, '', '["t-x","gold"]');            // line 51 blank (skipped), line 52 not an object
-    lines.push('{"id":"kept","tier":"gold","rate":8}');   // an existing tenant, replaced
+    lines.splice(40, 0, '{"id":"t-1","tier":"gold"}'); // line 41: t-1 is on line 2
+    lines.splice(50, 0, '', '["t-x","gold"]'); // line 51 blank (skipped), line 52 not an object
+    lines.push('{"id":"kept","tier":"gold","rate":8}'); // an existing tenant, replaced
     const jsonl = join(c.root, 'tenants.jsonl');
     writeFileSync(jsonl, lines.join('\n') + '\n');
 
-    const first = await run(['ctl', '--admin', admin, '--json', 'tenants', 'import', jsonl, '--batch', '300', '--parallel', '3']);
+    const first = await run([
+      'ctl',
+      '--admin',
+      admin,
+      '--json',
+      'tenants',
+      'import',
+      jsonl,
+      '--batch',
+      '300',
+      '--parallel',
+      '3',
+    ]);
     assert.equal(first.status, 1, `exit 1 when lines failed: ${first.stderr}`);
     const s1 = JSON.parse(first.stdout) as Summary;
     assert.equal(s1.records, 1006);
     assert.deepEqual([s1.created, s1.updated, s1.unchanged, s1.failedCount], [1000, 1, 0, 5]);
-    assert.deepEqual(s1.failed.map((f) => [f.line, f.error]), [[11, 'INVALID'], [21, 'NOT_FOUND'], [31, 'INVALID'], [41, 'DUPLICATE'], [52, 'INVALID']]);
+    assert.deepEqual(
+      s1.failed.map((f) => [f.line, f.error]),
+      [
+        [11, 'INVALID'],
+        [21, 'NOT_FOUND'],
+        [31, 'INVALID'],
+        [41, 'DUPLICATE'],
+        [52, 'INVALID'],
+      ],
+    );
     assert.match(s1.failed[1]?.message ?? '', /tier nope does not exist/);
     assert.match(s1.failed[2]?.message ?? '', /rate/);
     assert.match(s1.failed[3]?.message ?? '', /line 2/);
@@ -80,22 +106,43 @@ void test('ctl tenants import: JSON lines and CSV in batches, bad lines reported
     const again = await run(['ctl', '--admin', admin, '--json', 'tenants', 'import', jsonl]);
     const s2 = JSON.parse(again.stdout) as Summary;
     assert.deepEqual([s2.created, s2.updated, s2.unchanged, s2.failedCount], [0, 0, 1001, 5]);
-    assert.equal((await c.http(leader, 'GET', '/v1/tenants/t-5')).body['updatedIndex'], before, 'an unchanged tenant keeps its index');
+    assert.equal(
+      (await c.http(leader, 'GET', '/v1/tenants/t-5')).body['updatedIndex'],
+      before,
+      'an unchanged tenant keeps its index',
+    );
     const follower = [...c.replicas.keys()].find((id) => id !== leader) ?? '';
     const onFollower = await c.http(follower, 'GET', '/v1/tiers/gold');
     assert.equal(onFollower.body['tenantCount'], 1001);
 
     // CSV: a header, quoted fields, empty override cells; a short row and a non-number are reported.
     const csv = join(c.root, 'tenants.csv');
-    writeFileSync(csv, ['id,tier,rate,burst', 'c-1,gold,,', '"c-2","gold","30","40"', 'c-3,gold', 'c-4,gold,fast,', 't-0,gold,,', ''].join('\r\n'));
+    writeFileSync(
+      csv,
+      [
+        'id,tier,rate,burst',
+        'c-1,gold,,',
+        '"c-2","gold","30","40"',
+        'c-3,gold',
+        'c-4,gold,fast,',
+        't-0,gold,,',
+        '',
+      ].join('\r\n'),
+    );
     const fromCsv = await run(['ctl', '--admin', admin, '--json', 'tenants', 'import', csv]);
     const s3 = JSON.parse(fromCsv.stdout) as Summary;
     assert.deepEqual([s3.created, s3.updated, s3.unchanged, s3.failedCount], [2, 1, 0, 2], fromCsv.stdout);
-    assert.deepEqual(s3.failed.map((f) => [f.line, f.error]), [[4, 'INVALID'], [5, 'INVALID']]);
+    assert.deepEqual(
+      s3.failed.map((f) => [f.line, f.error]),
+      [
+        [4, 'INVALID'],
+        [5, 'INVALID'],
+      ],
+    );
     const c2 = await c.http(leader, 'GET', '/v1/tenants/c-2');
     assert.deepEqual([c2.body['rate'], c2.body['burst']], [30, 40]);
     const t0b = await c.http(leader, 'GET', '/v1/tenants/t-0');
-    assert.deepEqual([t0b.body['rate'], t0b.body['burst']], [null, null], 'empty cells: the tier\'s quota');
+    assert.deepEqual([t0b.body['rate'], t0b.body['burst']], [null, null], "empty cells: the tier's quota");
 
     // Human output: the summary and the failed lines.
     const human = await run(['ctl', '--admin', admin, 'tenants', 'import', csv]);
@@ -120,19 +167,40 @@ void test('POST /v1/tenants: a bounded batch, each tenant checked on its own, cl
     c.startAll();
     const leader = await c.waitForLeader();
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 200 })).status, 200);
-    const mixed = await c.write('POST', '/v1/tenants', { tenants: [{ id: 'a', tier: 'gold' }, { id: 'b c', tier: 'gold' }, 'x', { id: 'd', tier: 'gold', extra: 1 }, { id: 'e', tier: 'gold', burst: 5 }] });
+    const mixed = await c.write('POST', '/v1/tenants', {
+      tenants: [
+        { id: 'a', tier: 'gold' },
+        { id: 'b c', tier: 'gold' },
+        'x',
+        { id: 'd', tier: 'gold', extra: 1 },
+        { id: 'e', tier: 'gold', burst: 5 },
+      ],
+    });
     assert.equal(mixed.status, 200, JSON.stringify(mixed.body));
     assert.equal(mixed.body['created'], 2);
     const failed = mixed.body['failed'] as { index: number; id: string | null; error: string }[];
-    assert.deepEqual(failed.map((f) => [f.index, f.id, f.error]), [[1, 'b c', 'INVALID'], [2, null, 'INVALID'], [3, 'd', 'INVALID']]);
+    assert.deepEqual(
+      failed.map((f) => [f.index, f.id, f.error]),
+      [
+        [1, 'b c', 'INVALID'],
+        [2, null, 'INVALID'],
+        [3, 'd', 'INVALID'],
+      ],
+    );
 
     const empty = await c.write('POST', '/v1/tenants', { tenants: [] });
     assert.equal(empty.status, 400);
     assert.equal(empty.body['error'], 'INVALID');
-    const tooMany = await c.write('POST', '/v1/tenants', { tenants: Array.from({ length: 5001 }, (_, i) => ({ id: `x${i}`, tier: 'gold' })) });
+    const tooMany = await c.write('POST', '/v1/tenants', {
+      tenants: Array.from({ length: 5001 }, (_, i) => ({ id: `x${i}`, tier: 'gold' })),
+    });
     assert.equal(tooMany.status, 400);
     assert.match(JSON.stringify(tooMany.body['details']), /5000/);
-    const huge = await c.write('POST', '/v1/tenants', JSON.stringify({ tenants: [{ id: 'big', tier: 'gold', pad: 'x'.repeat(3 * 1024 * 1024) }] }));
+    const huge = await c.write(
+      'POST',
+      '/v1/tenants',
+      JSON.stringify({ tenants: [{ id: 'big', tier: 'gold', pad: 'x'.repeat(3 * 1024 * 1024) }] }),
+    );
     assert.equal(huge.status, 413);
     assert.equal(huge.body['error'], 'PAYLOAD_TOO_LARGE');
     assert.equal((await c.http(leader, 'GET', '/v1/tenants/x0')).status, 404, 'refused batches change nothing');

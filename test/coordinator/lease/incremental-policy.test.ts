@@ -24,7 +24,8 @@ function apply(l: Ledger, cmd: LedgerCommandInput): void {
   assert.ok(r.ok, `${cmd.type}: ${r.ok ? '' : r.error.message}`);
 }
 
-const sortGrants = (gs: readonly Grant[]): string[] => gs.map((g) => `${g.key}|${g.cellId}|${g.rate}|${g.burst}|${g.epoch}|${g.leaseExpiresAtMs}`).sort();
+const sortGrants = (gs: readonly Grant[]): string[] =>
+  gs.map((g) => `${g.key}|${g.cellId}|${g.rate}|${g.burst}|${g.epoch}|${g.leaseExpiresAtMs}`).sort();
 
 interface Step {
   readonly reporters: boolean[];
@@ -35,12 +36,19 @@ interface Step {
 
 const step = fc.record({
   reporters: fc.array(fc.boolean(), { minLength: CELLS.length, maxLength: CELLS.length }),
-  moves: fc.array(fc.record({ tenant: fc.nat({ max: 11 }), cell: fc.nat({ max: CELLS.length - 1 }), demand: fc.oneof(fc.constant(0), fc.double({ min: 0.5, max: 900, noNaN: true })) }), { maxLength: 6 }),
+  moves: fc.array(
+    fc.record({
+      tenant: fc.nat({ max: 11 }),
+      cell: fc.nat({ max: CELLS.length - 1 }),
+      demand: fc.oneof(fc.constant(0), fc.double({ min: 0.5, max: 900, noNaN: true })),
+    }),
+    { maxLength: 6 },
+  ),
   ackProb: fc.constantFrom(0, 0.5, 1),
   op: fc.nat({ max: 30 }),
 });
 
-void test('the incremental round sends exactly the full round\'s grants, round after round', () => {
+void test("the incremental round sends exactly the full round's grants, round after round", () => {
   fc.assert(
     fc.property(fc.array(step, { minLength: 10, maxLength: 40 }), fc.boolean(), (steps: Step[], capped) => {
       index = 0;
@@ -59,7 +67,8 @@ void test('the incremental round sends exactly the full round\'s grants, round a
       for (const s of steps) {
         now += 100;
         // Operator changes, now and then.
-        if (s.op === 1) apply(l, { type: 'putTier', name: 'gold', rate: 800 + (now % 400), burst: 2000, floorFraction: 0.3 });
+        if (s.op === 1)
+          apply(l, { type: 'putTier', name: 'gold', rate: 800 + (now % 400), burst: 2000, floorFraction: 0.3 });
         else if (s.op === 2) apply(l, { type: 'putTenant', id: 't10', tier: 'gold' });
         else if (s.op === 3) apply(l, { type: 'putTenant', id: 't1', tier: 'gold', rate: 300 + (now % 7) });
         else if (s.op === 4) silent = silent < 0 ? 2 : -1;
@@ -95,8 +104,21 @@ void test('the incremental round sends exactly the full round\'s grants, round a
         assert.deepEqual(sortGrants(got), sortGrants(full), `round at ${now}`);
         changed = new Set();
         const grants = full.filter((g) => reported.has(g.cellId));
-        apply(l, { type: 'reportAndGrant', nowMs: now, leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })), acks, grants });
-        outstanding = [...keep, ...grants.map((g) => ({ key: g.key, cellId: g.cellId, epoch: l.getSlice(g.key, g.cellId)?.epoch ?? g.epoch }))];
+        apply(l, {
+          type: 'reportAndGrant',
+          nowMs: now,
+          leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })),
+          acks,
+          grants,
+        });
+        outstanding = [
+          ...keep,
+          ...grants.map((g) => ({
+            key: g.key,
+            cellId: g.cellId,
+            epoch: l.getSlice(g.key, g.cellId)?.epoch ?? g.epoch,
+          })),
+        ];
       }
     }),
     { numRuns: 60 },
@@ -111,7 +133,14 @@ void test('steady quotas cost nothing: after convergence a round computes only t
   for (const c of ['a', 'b']) apply(l, { type: 'registerCell', cellId: c, nowMs: 0 });
   const inc = new IncrementalAllocatorPolicy();
   const byKey = new Map<string, Map<string, number>>();
-  for (let t = 0; t < 200; t++) byKey.set(`tenant/t${t}`, new Map([['a', 100 + t], ['b', 300 - t]]));
+  for (let t = 0; t < 200; t++)
+    byKey.set(
+      `tenant/t${t}`,
+      new Map([
+        ['a', 100 + t],
+        ['b', 300 - t],
+      ]),
+    );
   const reported = new Set(['a', 'b']);
   let changed: Set<string> | undefined;
   let now = 1000;
@@ -125,7 +154,13 @@ void test('steady quotas cost nothing: after convergence a round computes only t
     );
     const grants = inc.policy(l, { reported, byKey, acks, leaseTtlMs: TTL, changedKeys: changed }, now);
     changed = new Set();
-    apply(l, { type: 'reportAndGrant', nowMs: now, leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })), acks, grants });
+    apply(l, {
+      type: 'reportAndGrant',
+      nowMs: now,
+      leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })),
+      acks,
+      grants,
+    });
     return grants;
   };
   let rounds = 0;
@@ -152,7 +187,14 @@ void test('the budget sends the most urgent grants first and the rest in later r
   for (const c of ['a', 'b']) apply(l, { type: 'registerCell', cellId: c, nowMs: 0 });
   const reported = new Set(['a', 'b']);
   const byKey = new Map<string, Map<string, number>>();
-  for (let t = 0; t < 50; t++) byKey.set(`tenant/t${t}`, new Map([['a', 10 + t * 3.3], ['b', 7.77 * (t + 1)]]));
+  for (let t = 0; t < 50; t++)
+    byKey.set(
+      `tenant/t${t}`,
+      new Map([
+        ['a', 10 + t * 3.3],
+        ['b', 7.77 * (t + 1)],
+      ]),
+    );
   const unbounded = allocatorPolicy(l, { reported, byKey, acks: [], leaseTtlMs: TTL }, 1000);
   const inc = new IncrementalAllocatorPolicy({ maxGrantsPerRound: 30 });
   let now = 1000;
@@ -164,7 +206,12 @@ void test('the budget sends the most urgent grants first and the rest in later r
     const allocatorGrants = grants.filter((g) => g.rate > 0);
     assert.ok(allocatorGrants.length <= 30, `at most 30 allocator grants in a round: ${allocatorGrants.length}`);
     for (const g of grants) seen.set(`${g.key}|${g.cellId}`, g);
-    apply(l, { type: 'reportAndGrant', nowMs: now, leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })), grants });
+    apply(l, {
+      type: 'reportAndGrant',
+      nowMs: now,
+      leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: now + TTL })),
+      grants,
+    });
     now += 100;
   }
   for (const u of unbounded) {

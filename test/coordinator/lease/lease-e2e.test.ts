@@ -31,9 +31,27 @@ interface Agent {
 
 async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
   const port = await freePort();
-  const proc = spawn(process.execPath, ['--import', 'tsx', agentCli,
-    '--cell', cell, '--rules', join(root, 'rules.yaml'),
-    '--http', `127.0.0.1:${port}`, '--coordinators', coordinators, '--workers', '1', '--lag-threshold-ms', '0'], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' } });
+  const proc = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      agentCli,
+      '--cell',
+      cell,
+      '--rules',
+      join(root, 'rules.yaml'),
+      '--http',
+      `127.0.0.1:${port}`,
+      '--coordinators',
+      coordinators,
+      '--workers',
+      '1',
+      '--lag-threshold-ms',
+      '0',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' } },
+  );
   const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
   proc.stdout?.on('data', (b: Buffer) => (agent.output += b.toString()));
   proc.stderr?.on('data', (b: Buffer) => (agent.output += b.toString()));
@@ -52,7 +70,11 @@ async function check(agent: Agent): Promise<{ status: number; degraded: boolean 
 }
 
 /** Sends checks at about `rps` for `ms`; returns how many were admitted and how many answered at all. */
-async function load(agent: Agent, rps: number, ms: number): Promise<{ admitted: number; answered: number; sent: number; degraded: number }> {
+async function load(
+  agent: Agent,
+  rps: number,
+  ms: number,
+): Promise<{ admitted: number; answered: number; sent: number; degraded: number }> {
   const out = { admitted: 0, answered: 0, sent: 0, degraded: 0 };
   const until = Date.now() + ms;
   const pending: Promise<void>[] = [];
@@ -60,11 +82,16 @@ async function load(agent: Agent, rps: number, ms: number): Promise<{ admitted: 
     const batch = Math.max(1, Math.round(rps / 20));
     for (let i = 0; i < batch; i++) {
       out.sent++;
-      pending.push(check(agent).then((r) => {
-        out.answered++;
-        if (r.status === 200) out.admitted++;
-        if (r.degraded) out.degraded++;
-      }, () => undefined));
+      pending.push(
+        check(agent).then(
+          (r) => {
+            out.answered++;
+            if (r.status === 200) out.admitted++;
+            if (r.degraded) out.degraded++;
+          },
+          () => undefined,
+        ),
+      );
     }
     await new Promise((r) => setTimeout(r, 50));
   }
@@ -90,7 +117,11 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
     agents.push(await startAgent(c.root, 'busy', coordinators), await startAgent(c.root, 'quiet', coordinators));
     const [busy, quiet] = agents as [Agent, Agent];
-    for (const a of agents) await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 30_000, everyMs: 200 });
+    for (const a of agents)
+      await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, {
+        timeoutMs: 30_000,
+        everyMs: 200,
+      });
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 0, 'not on floors while leased');
 
     // Load on one cell: its grant grows above the static share of 10 req/s.
@@ -102,11 +133,17 @@ void test('end to end: a busy cell grows above its static share; agents survive 
       grantRate = slices.find((s) => s.cellId === 'busy')?.rate ?? 0;
     }
     assert.ok(grantRate > 20, `the busy cell's grant grew above its static share: ${grantRate}`);
-    const inForce = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as { source: string; rate: number };
+    const inForce = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as {
+      source: string;
+      rate: number;
+    };
     assert.equal(inForce.source, 'leased', `the agent decides on its leased grant: ${JSON.stringify(inForce)}`);
     assert.ok(inForce.rate > 10, `the grant in force is above the static share: ${JSON.stringify(inForce)}`);
     const measured = await load(busy, 150, 2000);
-    assert.ok(measured.admitted > 40, `the busy cell admits more than its static share would (≤ 10/s + 10): ${JSON.stringify(measured)}`);
+    assert.ok(
+      measured.admitted > 40,
+      `the busy cell admits more than its static share would (≤ 10/s + 10): ${JSON.stringify(measured)}`,
+    );
     assert.ok(measured.admitted <= 2 * 100 + 100, `never above the global quota's bound: ${JSON.stringify(measured)}`);
     assert.ok(measured.degraded < measured.answered, 'leased answers are not marked degraded');
 
@@ -114,34 +151,61 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     const killedAt = Date.now();
     await c.kill(leader);
     const during = await Promise.all([load(busy, 40, 2500), load(quiet, 20, 2500)]);
-    for (const d of during) assert.equal(d.answered, d.sent, `every check answered during the failover: ${JSON.stringify(d)}`);
+    for (const d of during)
+      assert.equal(d.answered, d.sent, `every check answered during the failover: ${JSON.stringify(d)}`);
     const rest = ids.filter((id) => id !== leader);
     const next = await c.waitForLeader(20_000, rest);
-    await waitFor('both agents report to the new leader', async () => {
-      const r = await c.http(next, 'GET', '/v1/cells');
-      const cells = (r.body['cells'] ?? []) as { id: string; lastReportAt: string | null; leaseLive: boolean }[];
-      return ['busy', 'quiet'].every((id) => {
-        const cell = cells.find((x) => x.id === id);
-        return cell?.lastReportAt !== null && cell?.lastReportAt !== undefined && Date.parse(cell.lastReportAt) > killedAt && cell.leaseLive;
-      });
-    }, { timeoutMs: 20_000, everyMs: 200 });
-    for (const a of agents) await waitFor(`agent ${a.cell} leased again`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 20_000, everyMs: 200 });
+    await waitFor(
+      'both agents report to the new leader',
+      async () => {
+        const r = await c.http(next, 'GET', '/v1/cells');
+        const cells = (r.body['cells'] ?? []) as { id: string; lastReportAt: string | null; leaseLive: boolean }[];
+        return ['busy', 'quiet'].every((id) => {
+          const cell = cells.find((x) => x.id === id);
+          return (
+            cell?.lastReportAt !== null &&
+            cell?.lastReportAt !== undefined &&
+            Date.parse(cell.lastReportAt) > killedAt &&
+            cell.leaseLive
+          );
+        });
+      },
+      { timeoutMs: 20_000, everyMs: 200 },
+    );
+    for (const a of agents)
+      await waitFor(
+        `agent ${a.cell} leased again`,
+        async () => (await metric(a, 'cellquota_agent_lease_state')) === 1,
+        { timeoutMs: 20_000, everyMs: 200 },
+      );
     const after = await check(busy);
     assert.ok(after.status === 200 || after.status === 429, 'the busy agent answers after the failover');
 
     // Every coordinator down: the agents keep answering, on their floors, marked degraded; back up:
     // leased again.
     for (const id of rest) await c.kill(id);
-    for (const a of agents) await waitFor(`agent ${a.cell} fail-static`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 2, { timeoutMs: 15_000, everyMs: 200 });
+    for (const a of agents)
+      await waitFor(`agent ${a.cell} fail-static`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 2, {
+        timeoutMs: 15_000,
+        everyMs: 200,
+      });
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 1, 'on floors');
     const floor = (await (await fetch(`${busy.url}/v1/quotas/tenant/acme`)).json()) as { source: string; rate: number };
     assert.equal(floor.source, 'floor', `the agent decides on the grant's floor: ${JSON.stringify(floor)}`);
     const onFloor = await load(busy, 40, 1500);
     assert.equal(onFloor.answered, onFloor.sent, 'every check answered without coordinators');
     assert.equal(onFloor.degraded, onFloor.answered, 'every answer marked x-ratelimit-degraded');
-    assert.ok(onFloor.admitted <= 10 * 1.5 + 10 + 2, `the busy cell is back on its floor of 10/s: ${JSON.stringify(onFloor)}`);
+    assert.ok(
+      onFloor.admitted <= 10 * 1.5 + 10 + 2,
+      `the busy cell is back on its floor of 10/s: ${JSON.stringify(onFloor)}`,
+    );
     c.startAll();
-    for (const a of agents) await waitFor(`agent ${a.cell} leased after the restart`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, { timeoutMs: 40_000, everyMs: 200 });
+    for (const a of agents)
+      await waitFor(
+        `agent ${a.cell} leased after the restart`,
+        async () => (await metric(a, 'cellquota_agent_lease_state')) === 1,
+        { timeoutMs: 40_000, everyMs: 200 },
+      );
     assert.equal(await metric(busy, 'cellquota_agent_on_floor'), 0, 'off the floors again');
   } finally {
     for (const a of agents) a.proc.kill('SIGKILL');

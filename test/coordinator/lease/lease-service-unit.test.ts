@@ -49,24 +49,63 @@ class FakeBackend implements LeaseBackend {
   }
 }
 
-async function setup(policy: GrantPolicy, now: () => number): Promise<{ backend: FakeBackend; service: LeaseService; address: string; stop: () => void }> {
+async function setup(
+  policy: GrantPolicy,
+  now: () => number,
+): Promise<{ backend: FakeBackend; service: LeaseService; address: string; stop: () => void }> {
   const backend = new FakeBackend();
-  const service = new LeaseService({ backend, logger: pino({ level: 'silent' }), roundMs: 1e9, expireEveryMs: 1e9, leaseTtlMs: 3000, policy, monoMs: now, wallMs: now });
+  const service = new LeaseService({
+    backend,
+    logger: pino({ level: 'silent' }),
+    roundMs: 1e9,
+    expireEveryMs: 1e9,
+    leaseTtlMs: 3000,
+    policy,
+    monoMs: now,
+    wallMs: now,
+  });
   const server = new grpc.Server();
   service.register(server);
-  const port = await new Promise<number>((ok, fail) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))));
-  return { backend, service, address: `127.0.0.1:${port}`, stop: () => { service.stop(); server.forceShutdown(); } };
+  const port = await new Promise<number>((ok, fail) =>
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))),
+  );
+  return {
+    backend,
+    service,
+    address: `127.0.0.1:${port}`,
+    stop: () => {
+      service.stop();
+      server.forceShutdown();
+    },
+  };
 }
 
-function report(address: string, req: Partial<ReportRequestMessage> & { cellId: string }): Promise<{ res: ReportResponseMessage | null; err: grpc.ServiceError | null }> {
+function report(
+  address: string,
+  req: Partial<ReportRequestMessage> & { cellId: string },
+): Promise<{ res: ReportResponseMessage | null; err: grpc.ServiceError | null }> {
   const client = new Client(address, grpc.credentials.createInsecure());
-  const full: ReportRequestMessage = { incarnation: 'i1', sentAtMs: 0, acks: [], velocity: [], capsVersion: 0, wantFull: false, ...req };
+  const full: ReportRequestMessage = {
+    incarnation: 'i1',
+    sentAtMs: 0,
+    acks: [],
+    velocity: [],
+    capsVersion: 0,
+    wantFull: false,
+    ...req,
+  };
   return new Promise((resolve) => {
-    client.makeUnaryRequest(svc.report.path, svc.report.requestSerialize, svc.report.responseDeserialize, full, { deadline: Date.now() + 3000 },
+    client.makeUnaryRequest(
+      svc.report.path,
+      svc.report.requestSerialize,
+      svc.report.responseDeserialize,
+      full,
+      { deadline: Date.now() + 3000 },
       (err: grpc.ServiceError | null, res?: ReportResponseMessage) => {
         client.close();
         resolve({ res: res ?? null, err });
-      });
+      },
+    );
   });
 }
 
@@ -79,7 +118,16 @@ void test('lease service: lease expiry = receipt + TTL; refused grants retried w
   let nowMs = 1_000_000;
   let greedy = false;
   const policy: GrantPolicy = (_ledger, demands, t) =>
-    greedy ? [...demands.reported].map((cellId) => ({ key: 'tenant/acme', cellId, rate: 1e6, burst: 1e6, epoch: 1, leaseExpiresAtMs: t + demands.leaseTtlMs })) : [];
+    greedy
+      ? [...demands.reported].map((cellId) => ({
+          key: 'tenant/acme',
+          cellId,
+          rate: 1e6,
+          burst: 1e6,
+          epoch: 1,
+          leaseExpiresAtMs: t + demands.leaseTtlMs,
+        }))
+      : [];
   const h = await setup(policy, () => nowMs);
   try {
     await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.3 });
@@ -93,7 +141,11 @@ void test('lease service: lease expiry = receipt + TTL; refused grants retried w
     const r1 = await first;
     assert.equal(r1.err, null, 'answered after the round');
     assert.equal(r1.res?.leaseTtlMs, 3000);
-    assert.equal(h.backend.ledgerInstance.getCell('eu')?.leaseExpiresAtMs, 1_000_000 + 3000, 'the lease runs from the receipt time');
+    assert.equal(
+      h.backend.ledgerInstance.getCell('eu')?.leaseExpiresAtMs,
+      1_000_000 + 3000,
+      'the lease runs from the receipt time',
+    );
     assert.equal(h.backend.proposed[0]?.type, 'registerCell', 'registered first');
 
     // A policy whose grants break the bound: refused, retried without grants, the lease still renewed.
@@ -134,11 +186,19 @@ void test('lease service: delta reports keep demand between reports; a finished 
   let nowMs = 1_000_000;
   let seen: Map<string, number> = new Map();
   const policy: GrantPolicy = (_ledger, demands) => {
-    seen = new Map([...demands.byKey].flatMap(([k, row]) => [...row].filter(([c]) => c === 'eu').map(([, d]) => [k, d] as [string, number])));
+    seen = new Map(
+      [...demands.byKey].flatMap(([k, row]) =>
+        [...row].filter(([c]) => c === 'eu').map(([, d]) => [k, d] as [string, number]),
+      ),
+    );
     return [];
   };
   const h = await setup(policy, () => nowMs);
-  const v = (key: string, d: number): { key: string; allowedPerS: number; refusedPerS: number } => ({ key, allowedPerS: d, refusedPerS: 0 });
+  const v = (key: string, d: number): { key: string; allowedPerS: number; refusedPerS: number } => ({
+    key,
+    allowedPerS: d,
+    refusedPerS: 0,
+  });
   const send = async (req: Partial<ReportRequestMessage>, n: number): Promise<ReportResponseMessage | null> => {
     const p = report(h.address, { cellId: 'eu', ...req });
     await arrived(h.service, n);
@@ -151,7 +211,10 @@ void test('lease service: delta reports keep demand between reports; a finished 
   try {
     await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
     // A sweep's first page (not done): the leader asks for a complete sweep of this session.
-    let r = await send({ velocity: [v('tenant/a', 10), v('tenant/b', 20)], velocitySweep: 1, velocitySweepStart: true }, 1);
+    let r = await send(
+      { velocity: [v('tenant/a', 10), v('tenant/b', 20)], velocitySweep: 1, velocitySweepStart: true },
+      1,
+    );
     assert.equal(r?.velocityResync, true);
     r = await send({ velocity: [v('tenant/c', 30)], velocitySweep: 1, velocitySweepDone: true }, 2);
     assert.equal(r?.velocityResync, false, 'the session saw the whole sweep (from its first report)');
@@ -164,15 +227,33 @@ void test('lease service: delta reports keep demand between reports; a finished 
     await send({ velocity: [v('tenant/c', 30)], velocitySweep: 2, velocitySweepDone: true }, 5);
     assert.deepEqual(Object.fromEntries(seen), { 'tenant/a': 10, 'tenant/c': 30 });
     // A new incarnation: the old one's demand is gone, only what it reports counts.
-    r = await send({ incarnation: 'i2', velocity: [v('tenant/d', 5)], velocitySweep: 1, velocitySweepStart: true, velocitySweepDone: true }, 6);
+    r = await send(
+      {
+        incarnation: 'i2',
+        velocity: [v('tenant/d', 5)],
+        velocitySweep: 1,
+        velocitySweepStart: true,
+        velocitySweepDone: true,
+      },
+      6,
+    );
     assert.deepEqual(Object.fromEntries(seen), { 'tenant/d': 5 });
     assert.equal(r?.velocityResync, false);
     // A new leader term: no demand held, and the first (late) sweep page it sees is not a whole sweep.
     h.backend.currentTerm++;
     r = await send({ incarnation: 'i2', velocity: [v('tenant/e', 5)], velocitySweep: 2, velocitySweepDone: true }, 7);
     assert.deepEqual(Object.fromEntries(seen), { 'tenant/e': 5 });
-    assert.equal(r?.velocityResync, true, 'the new leader saw only the sweep\'s last page: it asks for a whole one');
-    r = await send({ incarnation: 'i2', velocity: [v('tenant/e', 5), v('tenant/d', 5)], velocitySweep: 3, velocitySweepStart: true, velocitySweepDone: true }, 8);
+    assert.equal(r?.velocityResync, true, "the new leader saw only the sweep's last page: it asks for a whole one");
+    r = await send(
+      {
+        incarnation: 'i2',
+        velocity: [v('tenant/e', 5), v('tenant/d', 5)],
+        velocitySweep: 3,
+        velocitySweepStart: true,
+        velocitySweepDone: true,
+      },
+      8,
+    );
     assert.equal(r?.velocityResync, false, 'a one-page sweep seen whole');
   } finally {
     h.stop();

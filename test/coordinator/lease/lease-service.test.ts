@@ -23,7 +23,15 @@ interface Answer {
 
 function report(address: string, req: Partial<ReportRequestMessage> & { cellId: string }): Promise<Answer> {
   const client = new Client(address, grpc.credentials.createInsecure());
-  const full: ReportRequestMessage = { incarnation: 'inc-1', sentAtMs: Date.now(), acks: [], velocity: [], capsVersion: 0, wantFull: false, ...req };
+  const full: ReportRequestMessage = {
+    incarnation: 'inc-1',
+    sentAtMs: Date.now(),
+    acks: [],
+    velocity: [],
+    capsVersion: 0,
+    wantFull: false,
+    ...req,
+  };
   return new Promise((resolve) => {
     client.makeUnaryRequest(
       svc.report.path,
@@ -36,7 +44,12 @@ function report(address: string, req: Partial<ReportRequestMessage> & { cellId: 
         if (err !== null) {
           const id = err.metadata?.get(LEADER_ID_TRAILER)[0];
           const addr = err.metadata?.get(LEADER_ADDRESS_TRAILER)[0];
-          resolve({ ok: null, code: err.code, leaderId: typeof id === 'string' ? id : '', leaderAddress: typeof addr === 'string' ? addr : '' });
+          resolve({
+            ok: null,
+            code: err.code,
+            leaderId: typeof id === 'string' ? id : '',
+            leaderAddress: typeof addr === 'string' ? addr : '',
+          });
         } else resolve({ ok: res ?? null, code: null, leaderId: '', leaderAddress: '' });
       },
     );
@@ -64,7 +77,10 @@ void test('lease service: leader hint, registration, grants from demand, acks, n
     assert.equal(bad.code, grpc.status.INVALID_ARGUMENT, 'a bad cell id is refused');
 
     // The leader registers the cells and renews their leases; demand on one cell only.
-    const first = await report(addr(leader), { cellId: 'eu', velocity: [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 800 }] });
+    const first = await report(addr(leader), {
+      cellId: 'eu',
+      velocity: [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 800 }],
+    });
     assert.equal(first.code, null, `the leader answers: ${String(first.code)}`);
     assert.equal(first.ok?.leaseTtlMs, 3000);
     assert.equal(first.ok?.leaderId, leader);
@@ -77,7 +93,11 @@ void test('lease service: leader hint, registration, grants from demand, acks, n
     let grant: ReportResponseMessage['grants'][number] | undefined;
     const acked: { key: string; epoch: number }[] = [];
     for (let i = 0; i < 20 && (grant === undefined || grant.rate <= 100); i++) {
-      const r = await report(addr(leader), { cellId: 'eu', acks: acked.splice(0), velocity: [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 800 }] });
+      const r = await report(addr(leader), {
+        cellId: 'eu',
+        acks: acked.splice(0),
+        velocity: [{ key: 'tenant/acme', allowedPerS: 100, refusedPerS: 800 }],
+      });
       assert.equal(r.code, null, 'report answered');
       const g = r.ok?.grants.find((x) => x.key === 'tenant/acme');
       if (g !== undefined) {
@@ -92,7 +112,9 @@ void test('lease service: leader hint, registration, grants from demand, acks, n
     // Acknowledged: not sent again (while it does not change; demand is kept the same).
     const afterAck = await report(addr(leader), { cellId: 'eu', acks: acked.splice(0), velocity: [] });
     const again = await report(addr(leader), { cellId: 'eu' });
-    const resent = [...(afterAck.ok?.grants ?? []), ...(again.ok?.grants ?? [])].filter((g) => g.key === 'tenant/acme' && g.epoch <= grant.epoch);
+    const resent = [...(afterAck.ok?.grants ?? []), ...(again.ok?.grants ?? [])].filter(
+      (g) => g.key === 'tenant/acme' && g.epoch <= grant.epoch,
+    );
     assert.equal(resent.length, 0, 'an acknowledged grant is not sent again');
 
     // A new incarnation gets every grant again.
@@ -124,7 +146,10 @@ void test('lease service: leader hint, registration, grants from demand, acks, n
     }
     assert.equal(after?.code, null, 'the new leader answers');
     const g3 = after?.ok?.grants.find((x) => x.key === 'tenant/acme');
-    assert.ok(g3 !== undefined && g3.epoch >= (g2?.epoch ?? 0), 'the new leader (no memory of the session) sends the replicated grant');
+    assert.ok(
+      g3 !== undefined && g3.epoch >= (g2?.epoch ?? 0),
+      'the new leader (no memory of the session) sends the replicated grant',
+    );
   } finally {
     await c.cleanup();
   }

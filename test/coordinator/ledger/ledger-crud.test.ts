@@ -25,8 +25,19 @@ void test('tiers: create, read, replace, list, delete', () => {
   assert.equal(d.ledger.getTier('bronze')?.floorFraction, 0, 'floorFraction defaults to 0');
   const r = d.ok({ type: 'putTier', name: 'gold', rate: 600, burst: 1200 });
   assert.equal(r.kind === 'tier' && r.created, false);
-  assert.deepEqual(d.ledger.getTier('gold'), { name: 'gold', rate: 600, burst: 1200, floorFraction: 0, cap: null, tenantCount: 0, updatedIndex: 3 });
-  assert.deepEqual(d.ledger.listTiers().map((t) => t.name), ['bronze', 'gold']);
+  assert.deepEqual(d.ledger.getTier('gold'), {
+    name: 'gold',
+    rate: 600,
+    burst: 1200,
+    floorFraction: 0,
+    cap: null,
+    tenantCount: 0,
+    updatedIndex: 3,
+  });
+  assert.deepEqual(
+    d.ledger.listTiers().map((t) => t.name),
+    ['bronze', 'gold'],
+  );
   assert.deepEqual(d.ok({ type: 'deleteTier', name: 'bronze' }), { kind: 'deleted', what: 'tier', id: 'bronze' });
   assert.equal(d.ledger.getTier('bronze'), undefined);
   d.err({ type: 'deleteTier', name: 'bronze' }, 'NOT_FOUND');
@@ -54,7 +65,14 @@ void test('tenants: tier or overrides, slices per cell, errors', () => {
   const v = d.ok({ type: 'putTenant', id: 'acme', tier: 'gold', rate: 800 });
   assert.deepEqual(v, {
     kind: 'tenant',
-    tenant: { id: 'acme', tier: 'gold', rate: 800, burst: null, quota: { rate: 800, burst: 1000, floorFraction: 0.4 }, updatedIndex: 3 },
+    tenant: {
+      id: 'acme',
+      tier: 'gold',
+      rate: 800,
+      burst: null,
+      quota: { rate: 800, burst: 1000, floorFraction: 0.4 },
+      updatedIndex: 3,
+    },
     created: true,
   });
   d.ok({ type: 'registerCell', cellId: 'eu-west', nowMs: 1000 });
@@ -62,11 +80,14 @@ void test('tenants: tier or overrides, slices per cell, errors', () => {
   d.ok({ type: 'registerCell', cellId: 'ap-south', nowMs: 1000 });
   const t = d.ledger.getTenant('acme');
   assert.ok(t);
-  assert.deepEqual(t.slices.map((s) => [s.cellId, s.slot, s.floorRate, s.floorBurst, s.epoch]), [
-    ['eu-west', 0, 160, 200, 0],
-    ['us-east', 1, 160, 200, 0],
-    ['ap-south', null, 0, 0, 0],
-  ]);
+  assert.deepEqual(
+    t.slices.map((s) => [s.cellId, s.slot, s.floorRate, s.floorBurst, s.epoch]),
+    [
+      ['eu-west', 0, 160, 200, 0],
+      ['us-east', 1, 160, 200, 0],
+      ['ap-south', null, 0, 0, 0],
+    ],
+  );
   // Replace semantics: overrides left out go back to the tier's.
   d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
   assert.deepEqual(d.ledger.getTenant('acme')?.quota, { rate: 500, burst: 1000, floorFraction: 0.4 });
@@ -85,7 +106,9 @@ void test('listTenants pages in id order with a cursor', () => {
   let cursor: string | null = null;
   let pages = 0;
   do {
-    const page: { tenants: { id: string }[]; nextCursor: string | null } = d.ledger.listTenants(cursor === null ? { limit: 10 } : { cursor, limit: 10 });
+    const page: { tenants: { id: string }[]; nextCursor: string | null } = d.ledger.listTenants(
+      cursor === null ? { limit: 10 } : { cursor, limit: 10 },
+    );
     seen.push(...page.tenants.map((t) => t.id));
     cursor = page.nextCursor;
     pages++;
@@ -106,7 +129,10 @@ void test('tier and domain caps', () => {
   assert.deepEqual(d.ledger.getQuota('tier/gold'), { rate: 5000, burst: 6000, floorFraction: 0.2 });
   d.ok({ type: 'putDomainCap', domain: 'api', rate: 100000, burst: 100000 });
   assert.equal(d.ledger.getDomainCap('api')?.rate, 100000);
-  assert.deepEqual(d.ledger.listDomainCaps().map((c) => c.domain), ['api']);
+  assert.deepEqual(
+    d.ledger.listDomainCaps().map((c) => c.domain),
+    ['api'],
+  );
   d.ok({ type: 'deleteDomainCap', domain: 'api' });
   d.err({ type: 'deleteDomainCap', domain: 'api' }, 'NOT_FOUND');
   d.ok({ type: 'deleteTierCap', tier: 'gold' });
@@ -119,12 +145,34 @@ void test('tier and domain caps', () => {
 void test('cells: registration is idempotent, floor slots go to the first floorCells cells, at most MAX_CELLS', () => {
   const d = Driver.create({ floorCells: 2 });
   const first = d.ok({ type: 'registerCell', cellId: 'c0', nowMs: 5 });
-  assert.deepEqual(first, { kind: 'cell', cell: { id: 'c0', slot: 0, registeredAtMs: 5, lastReportAtMs: null, leaseExpiresAtMs: null, leaseLive: false, removing: false }, created: true });
+  assert.deepEqual(first, {
+    kind: 'cell',
+    cell: {
+      id: 'c0',
+      slot: 0,
+      registeredAtMs: 5,
+      lastReportAtMs: null,
+      leaseExpiresAtMs: null,
+      leaseLive: false,
+      removing: false,
+    },
+    created: true,
+  });
   const again = d.ok({ type: 'registerCell', cellId: 'c0', nowMs: 9 });
   assert.equal(again.kind === 'cell' && again.created, false);
   assert.equal(d.ledger.nowMs, 9);
   for (let i = 1; i < MAX_CELLS; i++) d.ok({ type: 'registerCell', cellId: `c${i}`, nowMs: 10 });
-  assert.deepEqual(d.ledger.listCells().slice(0, 3).map((c) => [c.id, c.slot]), [['c0', 0], ['c1', 1], ['c2', null]]);
+  assert.deepEqual(
+    d.ledger
+      .listCells()
+      .slice(0, 3)
+      .map((c) => [c.id, c.slot]),
+    [
+      ['c0', 0],
+      ['c1', 1],
+      ['c2', null],
+    ],
+  );
   d.err({ type: 'registerCell', cellId: 'one-too-many', nowMs: 11 }, 'LIMIT_EXCEEDED');
   assert.equal(d.ledger.nowMs, 10, 'a refused command does not advance the clock');
 });
@@ -134,16 +182,40 @@ void test('cells: a removed cell gets no renewal or grant, stays counted while i
   d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.5 });
   d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
   for (const c of ['a', 'b', 'c']) d.ok({ type: 'registerCell', cellId: c, nowMs: 10 });
-  assert.deepEqual(d.ledger.listCells().map((c) => [c.id, c.slot]), [['a', 0], ['b', 1], ['c', null]]);
-  d.ok({ type: 'reportAndGrant', nowMs: 20, leases: [{ cellId: 'b', leaseExpiresAtMs: 1000 }], grants: [{ key: 'tenant/acme', cellId: 'b', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 1000 }] });
+  assert.deepEqual(
+    d.ledger.listCells().map((c) => [c.id, c.slot]),
+    [
+      ['a', 0],
+      ['b', 1],
+      ['c', null],
+    ],
+  );
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 20,
+    leases: [{ cellId: 'b', leaseExpiresAtMs: 1000 }],
+    grants: [{ key: 'tenant/acme', cellId: 'b', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 1000 }],
+  });
   d.err({ type: 'removeCell', cellId: 'nobody', nowMs: 30 }, 'NOT_FOUND');
   const r = d.ok({ type: 'removeCell', cellId: 'b', nowMs: 30 });
-  assert.deepEqual(r, { kind: 'cellRemoved', id: 'b', dropped: false, leaseExpiresAtMs: 1000, freedSlot: null }, 'a live lease: removing, not dropped');
+  assert.deepEqual(
+    r,
+    { kind: 'cellRemoved', id: 'b', dropped: false, leaseExpiresAtMs: 1000, freedSlot: null },
+    'a live lease: removing, not dropped',
+  );
   assert.equal(d.ledger.getCell('b')?.removing, true);
   const counted = d.ledger.getQuotaState('tenant/acme')?.countedRate ?? 0;
   assert.ok(counted >= 40 + 25, `its live grant stays counted: ${counted}`);
   // A round built before the removal: its renewal and grant for b are ignored, the rest applies.
-  d.ok({ type: 'reportAndGrant', nowMs: 40, leases: [{ cellId: 'b', leaseExpiresAtMs: 5000 }, { cellId: 'a', leaseExpiresAtMs: 5000 }], grants: [{ key: 'tenant/acme', cellId: 'b', rate: 50, burst: 50, epoch: 2, leaseExpiresAtMs: 5000 }] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 40,
+    leases: [
+      { cellId: 'b', leaseExpiresAtMs: 5000 },
+      { cellId: 'a', leaseExpiresAtMs: 5000 },
+    ],
+    grants: [{ key: 'tenant/acme', cellId: 'b', rate: 50, burst: 50, epoch: 2, leaseExpiresAtMs: 5000 }],
+  });
   assert.equal(d.ledger.getCell('b')?.leaseExpiresAtMs, 1000, 'no renewal for a removed cell');
   assert.equal(d.ledger.getSlice('tenant/acme', 'b')?.epoch, 1, 'no grant for a removed cell');
   assert.equal(d.ledger.getCell('a')?.leaseExpiresAtMs, 5000);
@@ -152,9 +224,22 @@ void test('cells: a removed cell gets no renewal or grant, stays counted while i
   d.ok({ type: 'expireLeases', nowMs: 1101 });
   assert.equal(d.ledger.getCell('b'), undefined, 'dropped once its lease surely expired');
   assert.equal(d.ledger.getSlice('tenant/acme', 'b'), undefined, 'with its slices');
-  assert.deepEqual(d.ledger.listCells().map((c) => [c.id, c.slot]), [['a', 0], ['c', 1]], 'its floor slot went to the cell that had none');
+  assert.deepEqual(
+    d.ledger.listCells().map((c) => [c.id, c.slot]),
+    [
+      ['a', 0],
+      ['c', 1],
+    ],
+    'its floor slot went to the cell that had none',
+  );
   // Removing a cell without a lease drops it at once; its slot is free for the next registration.
-  assert.deepEqual(d.ok({ type: 'removeCell', cellId: 'c', nowMs: 1101 }), { kind: 'cellRemoved', id: 'c', dropped: true, leaseExpiresAtMs: null, freedSlot: 1 });
+  assert.deepEqual(d.ok({ type: 'removeCell', cellId: 'c', nowMs: 1101 }), {
+    kind: 'cellRemoved',
+    id: 'c',
+    dropped: true,
+    leaseExpiresAtMs: null,
+    freedSlot: 1,
+  });
   d.ok({ type: 'registerCell', cellId: 'new', nowMs: 1200 });
   assert.equal(d.ledger.getCell('new')?.slot, 1, 'a new cell takes the freed floor slot');
   // The removal mark survives a snapshot.
@@ -177,9 +262,21 @@ void test('invalid commands are refused deterministically, with a readable messa
     { type: 'putTier', name: 'x'.repeat(MAX_NAME_LENGTH + 1), rate: 10, burst: 10 },
     { type: 'putTier', name: 'gold', rate: 10, burst: 10, extra: true },
     { type: 'putTenant', id: '', tier: 'gold' },
-    { type: 'reportAndGrant', nowMs: 1, grants: [{ key: 'nokind', cellId: 'c', rate: 1, burst: 1, epoch: 1, leaseExpiresAtMs: 1 }] },
-    { type: 'reportAndGrant', nowMs: 1, grants: [{ key: 'tenant/a', cellId: 'c', rate: -1, burst: 1, epoch: 1, leaseExpiresAtMs: 1 }] },
-    { type: 'reportAndGrant', nowMs: 1, grants: [{ key: 'tenant/a', cellId: 'c', rate: 1, burst: 1, epoch: 0, leaseExpiresAtMs: 1 }] },
+    {
+      type: 'reportAndGrant',
+      nowMs: 1,
+      grants: [{ key: 'nokind', cellId: 'c', rate: 1, burst: 1, epoch: 1, leaseExpiresAtMs: 1 }],
+    },
+    {
+      type: 'reportAndGrant',
+      nowMs: 1,
+      grants: [{ key: 'tenant/a', cellId: 'c', rate: -1, burst: 1, epoch: 1, leaseExpiresAtMs: 1 }],
+    },
+    {
+      type: 'reportAndGrant',
+      nowMs: 1,
+      grants: [{ key: 'tenant/a', cellId: 'c', rate: 1, burst: 1, epoch: 0, leaseExpiresAtMs: 1 }],
+    },
     { type: 'expireLeases', nowMs: -1 },
     { type: 'launchMissiles' },
     null,
@@ -193,7 +290,14 @@ void test('invalid commands are refused deterministically, with a readable messa
 
 void test('commands round-trip through the msgpack encoding; garbage is refused', () => {
   const cmds: LedgerCommandInput[] = [
-    { type: 'putTier', name: 'gold', rate: 500.25, burst: 1000, floorFraction: 0.5, session: { clientId: 'admin-1', seq: 7 } },
+    {
+      type: 'putTier',
+      name: 'gold',
+      rate: 500.25,
+      burst: 1000,
+      floorFraction: 0.5,
+      session: { clientId: 'admin-1', seq: 7 },
+    },
     { type: 'putTenant', id: 'acme', tier: 'gold', burst: 3 },
     { type: 'registerCell', cellId: 'eu', nowMs: 1_700_000_000_000 },
     {
@@ -201,13 +305,20 @@ void test('commands round-trip through the msgpack encoding; garbage is refused'
       nowMs: 1_700_000_000_500,
       leases: [{ cellId: 'eu', leaseExpiresAtMs: 1_700_000_003_500 }],
       acks: [{ key: 'tenant/acme', cellId: 'eu', epoch: 3 }],
-      grants: [{ key: 'tenant/acme', cellId: 'eu', rate: 0.1, burst: 2, epoch: 4, leaseExpiresAtMs: 1_700_000_003_500 }],
+      grants: [
+        { key: 'tenant/acme', cellId: 'eu', rate: 0.1, burst: 2, epoch: 4, leaseExpiresAtMs: 1_700_000_003_500 },
+      ],
     },
     { type: 'expireLeases', nowMs: 12 },
   ];
   for (const c of cmds) assert.deepEqual(decodeCommand(encodeCommand(c)), c);
-  assert.deepEqual(decodeCommand(encodeCommand({ type: 'expireLeases', nowMs: -0 })), { type: 'expireLeases', nowMs: 0 });
-  assert.ok(Object.is((decodeCommand(encodeCommand({ type: 'expireLeases', nowMs: -0 })) as { nowMs: number }).nowMs, 0));
+  assert.deepEqual(decodeCommand(encodeCommand({ type: 'expireLeases', nowMs: -0 })), {
+    type: 'expireLeases',
+    nowMs: 0,
+  });
+  assert.ok(
+    Object.is((decodeCommand(encodeCommand({ type: 'expireLeases', nowMs: -0 })) as { nowMs: number }).nowMs, 0),
+  );
   assert.throws(() => encodeCommand({ type: 'putTier', name: 'gold', rate: -1, burst: 1 }), LedgerCommandError);
   assert.throws(() => decodeCommand(new Uint8Array([0xc1])), LedgerCommandError);
   assert.throws(() => decodeCommand(encodeCommand(cmds[0] as LedgerCommandInput).subarray(0, 5)), LedgerCommandError);
@@ -257,13 +368,17 @@ void test('a retried command (same clientId and seq) is applied once and answere
   const other = d.apply({ type: 'putTier', name: 'silver', rate: 5, burst: 5, session: { clientId: 'cli', seq: 1 } });
   const restored = new Driver(Ledger.restore(d.ledger.snapshot(), { assertInvariants: true }));
   restored.index = d.index;
-  assert.deepEqual(restored.apply({ type: 'putTier', name: 'silver', rate: 6, burst: 6, session: { clientId: 'cli', seq: 1 } }), other);
+  assert.deepEqual(
+    restored.apply({ type: 'putTier', name: 'silver', rate: 6, burst: 6, session: { clientId: 'cli', seq: 1 } }),
+    other,
+  );
   assert.equal(restored.ledger.getTier('silver')?.rate, 5);
 });
 
 void test('the session table is bounded', () => {
   const d = Driver.create({ maxSessions: 2 });
-  for (const c of ['a', 'b', 'c']) d.ok({ type: 'putTier', name: `t${c}`, rate: 1, burst: 1, session: { clientId: c, seq: 1 } });
+  for (const c of ['a', 'b', 'c'])
+    d.ok({ type: 'putTier', name: `t${c}`, rate: 1, burst: 1, session: { clientId: c, seq: 1 } });
   // a was evicted: its retry applies again (documented limit of a bounded table).
   const r = d.apply({ type: 'putTier', name: 'ta', rate: 2, burst: 2, session: { clientId: 'a', seq: 1 } });
   assert.ok(r.ok && r.value.kind === 'tier' && !r.value.created);

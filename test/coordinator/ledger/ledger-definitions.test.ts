@@ -23,11 +23,22 @@ function setup(floorFraction = 0): Driver {
 }
 
 /** One lease round as the lease service runs it: renewals for the reporting cells, their acks, the policy's grants. */
-function round(d: Driver, nowMs: number, demand: Record<string, number>, acks: { key: string; cellId: string; epoch: number }[] = []): Grant[] {
+function round(
+  d: Driver,
+  nowMs: number,
+  demand: Record<string, number>,
+  acks: { key: string; cellId: string; epoch: number }[] = [],
+): Grant[] {
   const reported = new Set(Object.keys(demand));
   const byKey = new Map([[KEY, new Map(Object.entries(demand).filter(([, v]) => v > 0))]]);
   const grants = allocatorPolicy(d.ledger, { reported, byKey, acks, leaseTtlMs: TTL }, nowMs);
-  d.ok({ type: 'reportAndGrant', nowMs, leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: nowMs + TTL })), acks, grants });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs,
+    leases: [...reported].map((cellId) => ({ cellId, leaseExpiresAtMs: nowMs + TTL })),
+    acks,
+    grants,
+  });
   return grants;
 }
 
@@ -37,8 +48,17 @@ function ackAll(grants: readonly Grant[]): { key: string; cellId: string; epoch:
 
 void test('finding 6: epochs only grow for a (key, cell), across a delete and re-create', () => {
   const d = setup();
-  d.ok({ type: 'reportAndGrant', nowMs: 0, leases: [{ cellId: 'a', leaseExpiresAtMs: TTL }], grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: TTL }] });
-  d.ok({ type: 'reportAndGrant', nowMs: 10, grants: [{ key: KEY, cellId: 'a', rate: 0, burst: 0, epoch: 2, leaseExpiresAtMs: TTL }] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 0,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: TTL }],
+    grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: TTL }],
+  });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 10,
+    grants: [{ key: KEY, cellId: 'a', rate: 0, burst: 0, epoch: 2, leaseExpiresAtMs: TTL }],
+  });
   d.ok({ type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }] });
   // The agent holds epoch 2 (a zero grant, acknowledged); the tenant is deleted: nothing on the slice
   // is counted any more, so it is dropped at once.
@@ -46,14 +66,22 @@ void test('finding 6: epochs only grow for a (key, cell), across a delete and re
   assert.equal(d.ledger.activeQuotaKeys().length, 0);
   d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
   // A grant proposed as the slice's first (epoch 1) continues above every epoch the cell held.
-  d.ok({ type: 'reportAndGrant', nowMs: 30, leases: [{ cellId: 'a', leaseExpiresAtMs: 30 + TTL }], grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: 30 + TTL }] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 30,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: 30 + TTL }],
+    grants: [{ key: KEY, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: 30 + TTL }],
+  });
   const s = d.ledger.getSlice(KEY, 'a');
-  assert.ok(s !== undefined && s.epoch > 2, `the re-created tenant's epoch on cell a is above the 2 the agent holds: ${s?.epoch}`);
+  assert.ok(
+    s !== undefined && s.epoch > 2,
+    `the re-created tenant's epoch on cell a is above the 2 the agent holds: ${s?.epoch}`,
+  );
   // And it survives a snapshot.
   assert.equal(Ledger.restore(d.ledger.snapshot()).getSlice(KEY, 'a')?.epoch, s.epoch);
 });
 
-void test('finding 7: a deleted tenant\'s slices get zero grants; once acknowledged they are dropped from the ledger and its snapshot', () => {
+void test("finding 7: a deleted tenant's slices get zero grants; once acknowledged they are dropped from the ledger and its snapshot", () => {
   const d = setup(0.5);
   let grants = round(d, 0, { a: 60, b: 35 });
   grants = round(d, 100, { a: 60, b: 35 }, ackAll(grants));
@@ -62,8 +90,18 @@ void test('finding 7: a deleted tenant\'s slices get zero grants; once acknowled
   d.ok({ type: 'deleteTenant', id: 'acme' });
   assert.deepEqual(d.ledger.activeQuotaKeys(), [KEY], 'still counted: the cells may use the grants');
   const windDown = round(d, 300, { a: 60, b: 35 });
-  assert.deepEqual(windDown.map((g) => [g.cellId, g.rate, g.burst]).sort(), [['a', 0, 0], ['b', 0, 0]], 'a zero grant per cell');
-  assert.ok(windDown.every((g) => d.ledger.getSlice(g.key, g.cellId)?.version === 0), 'stamped as a wind-down grant');
+  assert.deepEqual(
+    windDown.map((g) => [g.cellId, g.rate, g.burst]).sort(),
+    [
+      ['a', 0, 0],
+      ['b', 0, 0],
+    ],
+    'a zero grant per cell',
+  );
+  assert.ok(
+    windDown.every((g) => d.ledger.getSlice(g.key, g.cellId)?.version === 0),
+    'stamped as a wind-down grant',
+  );
   round(d, 400, { a: 60, b: 35 }, ackAll(windDown));
   assert.deepEqual(d.ledger.activeQuotaKeys(), [], 'dropped once every cell acknowledged its zero grant');
   assert.deepEqual(Ledger.restore(d.ledger.snapshot()).activeQuotaKeys(), [], 'and gone from the snapshot');
@@ -79,7 +117,10 @@ void test('finding 2: a changed definition is re-granted at the new version; the
   d.ok({ type: 'putTier', name: 'gold', rate: 40, burst: 40, floorFraction: 0.5 });
   const version = d.ledger.definition(KEY)?.version ?? 0;
   grants = round(d, 200, { a: 10, b: 10 });
-  assert.ok(['a', 'b'].every((c) => (d.ledger.getSlice(KEY, c)?.epoch ?? 0) > 0), 'both cells hold slices');
+  assert.ok(
+    ['a', 'b'].every((c) => (d.ledger.getSlice(KEY, c)?.epoch ?? 0) > 0),
+    'both cells hold slices',
+  );
   for (const cellId of ['a', 'b']) {
     const g = grants.find((x) => x.cellId === cellId);
     assert.ok(g !== undefined, `cell ${cellId} is re-granted`);
@@ -92,7 +133,10 @@ void test('finding 2: a changed definition is re-granted at the new version; the
   round(d, 400, { a: 10, b: 10 }, ackAll(grants));
   for (const cellId of ['a', 'b']) {
     const s = d.ledger.getSlice(KEY, cellId);
-    assert.ok(s !== undefined && s.countedRate <= 20 + 1e-9, `acknowledged: counted at the new numbers: ${s?.countedRate}`);
+    assert.ok(
+      s !== undefined && s.countedRate <= 20 + 1e-9,
+      `acknowledged: counted at the new numbers: ${s?.countedRate}`,
+    );
   }
 });
 
@@ -102,7 +146,10 @@ void test('finding 4: a quota whose GCRA window no agent can represent is refuse
   assert.match(msg, /MAX_GCRA_WINDOW_S/);
   assert.match(msg, new RegExp(String(MAX_GCRA_WINDOW_S)));
   d.ok({ type: 'putTier', name: 'gold', rate: 1, burst: 1000 });
-  assert.match(d.err({ type: 'putTenant', id: 'acme', tier: 'gold', burst: 1e8 }, 'INVALID'), /tenant acme: burst\/rate/);
+  assert.match(
+    d.err({ type: 'putTenant', id: 'acme', tier: 'gold', burst: 1e8 }, 'INVALID'),
+    /tenant acme: burst\/rate/,
+  );
   d.ok({ type: 'putTenant', id: 'acme', tier: 'gold', burst: 1000, rate: 1 });
   d.ok({ type: 'putTenant', id: 'slow', tier: 'gold', burst: 5e7 });
   // Lowering the tier's rate would make a tenant's overrides unrepresentable: refused too.
@@ -114,7 +161,11 @@ void test('unknownTenant tier:NAME: an unknown tenant is granted, floored and co
   const KEY2 = 'tenant/stranger';
   // The tier must exist.
   assert.match(d.err({ type: 'putSettings', unknownTenant: 'tier:nope' }, 'NOT_FOUND'), /tier nope does not exist/);
-  assert.equal(d.apply({ type: 'putSettings', unknownTenant: 'tier:' } as never).ok, false, 'an empty tier name is invalid');
+  assert.equal(
+    d.apply({ type: 'putSettings', unknownTenant: 'tier:' } as never).ok,
+    false,
+    'an empty tier name is invalid',
+  );
   d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
   assert.equal(d.ledger.settings.unknownTenant, 'tier:gold');
   // The tier the policy names cannot be deleted (a 409 at the admin API), even with no tenant on it.
@@ -125,11 +176,19 @@ void test('unknownTenant tier:NAME: an unknown tenant is granted, floored and co
   d.ok({ type: 'deleteTier', name: 'spare' });
   // The stranger has gold's quota; grants beyond it are refused like a tenant's.
   assert.deepEqual(d.ledger.getQuota(KEY2), d.ledger.getQuota(KEY));
-  const over = d.apply({ type: 'reportAndGrant', nowMs: 10, leases: [{ cellId: 'a', leaseExpiresAtMs: 10 + TTL }], grants: [{ key: KEY2, cellId: 'a', rate: 80, burst: 80, epoch: 1, leaseExpiresAtMs: 10 + TTL }] });
-  assert.equal(over.ok ? '' : over.error.code, 'QUOTA_EXCEEDED', 'b\'s floor (25) + 80 > 100');
+  const over = d.apply({
+    type: 'reportAndGrant',
+    nowMs: 10,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: 10 + TTL }],
+    grants: [{ key: KEY2, cellId: 'a', rate: 80, burst: 80, epoch: 1, leaseExpiresAtMs: 10 + TTL }],
+  });
+  assert.equal(over.ok ? '' : over.error.code, 'QUOTA_EXCEEDED', "b's floor (25) + 80 > 100");
   const byKey = new Map([[KEY2, new Map([['a', 500]])]]);
   const grants = allocatorPolicy(d.ledger, { reported: new Set(['a']), byKey, acks: [], leaseTtlMs: TTL }, 20);
-  assert.ok(grants.some((g) => g.key === KEY2 && g.rate > 0), `granted: ${JSON.stringify(grants)}`);
+  assert.ok(
+    grants.some((g) => g.key === KEY2 && g.rate > 0),
+    `granted: ${JSON.stringify(grants)}`,
+  );
   d.ok({ type: 'reportAndGrant', nowMs: 20, leases: [{ cellId: 'a', leaseExpiresAtMs: 20 + TTL }], grants });
   const s = d.ledger.getSlice(KEY2, 'a');
   assert.equal(s?.floorRate, 25, 'the floor of a gold tenant: 0.5 × 100 / 2 cells');

@@ -37,7 +37,10 @@ void test('grants within the quota are applied; a round that would exceed it is 
   d.ok({ type: 'reportAndGrant', nowMs: 0, grants: [g('a', 500, 1), g('b', 300, 1)] });
   assert.deepEqual(counted(d), { a: 500, b: 300, c: 0 });
   assert.equal(state(d).countedRate, 800);
-  const msg = d.err({ type: 'reportAndGrant', nowMs: 10, acks: [{ key: KEY, cellId: 'a', epoch: 1 }], grants: [g('c', 300, 1)] }, 'QUOTA_EXCEEDED');
+  const msg = d.err(
+    { type: 'reportAndGrant', nowMs: 10, acks: [{ key: KEY, cellId: 'a', epoch: 1 }], grants: [g('c', 300, 1)] },
+    'QUOTA_EXCEEDED',
+  );
   assert.match(msg, /tenant\/acme/);
   assert.equal(d.ledger.nowMs, 0, 'the refused round did not advance the clock');
   d.ok({ type: 'reportAndGrant', nowMs: 10, grants: [g('c', 200, 1)] });
@@ -71,9 +74,17 @@ void test('a shrink keeps counting the old grant until the cell acknowledges it'
   assert.equal(state(d).cells[0]?.acknowledged, false);
   d.err({ type: 'reportAndGrant', nowMs: 200, grants: [g('b', 600, 2)] }, 'QUOTA_EXCEEDED');
   // A stale acknowledgement (epoch 1) releases nothing.
-  d.err({ type: 'reportAndGrant', nowMs: 200, acks: [{ key: KEY, cellId: 'a', epoch: 1 }], grants: [g('b', 600, 2)] }, 'QUOTA_EXCEEDED');
+  d.err(
+    { type: 'reportAndGrant', nowMs: 200, acks: [{ key: KEY, cellId: 'a', epoch: 1 }], grants: [g('b', 600, 2)] },
+    'QUOTA_EXCEEDED',
+  );
   // Shrink first: the acknowledgement in the same round frees the capacity the grant uses.
-  const r = d.ok({ type: 'reportAndGrant', nowMs: 200, acks: [{ key: KEY, cellId: 'a', epoch: 2 }], grants: [g('b', 600, 2)] });
+  const r = d.ok({
+    type: 'reportAndGrant',
+    nowMs: 200,
+    acks: [{ key: KEY, cellId: 'a', epoch: 2 }],
+    grants: [g('b', 600, 2)],
+  });
   assert.equal(r.kind === 'round' && r.acked, 1);
   assert.deepEqual(counted(d), { a: 200, b: 600, c: 0 });
 });
@@ -84,7 +95,10 @@ void test('an unacknowledged grant is released only once its lease has surely ex
   d.ok({ type: 'reportAndGrant', nowMs: 100, grants: [g('a', 0, 2)] });
   d.ok({ type: 'expireLeases', nowMs: LEASE + MARGIN - 1 });
   assert.equal(counted(d)['a'], 500);
-  d.err({ type: 'reportAndGrant', nowMs: LEASE + MARGIN - 1, grants: [g('c', 200, 1, { leaseExpiresAtMs: 9000 })] }, 'QUOTA_EXCEEDED');
+  d.err(
+    { type: 'reportAndGrant', nowMs: LEASE + MARGIN - 1, grants: [g('c', 200, 1, { leaseExpiresAtMs: 9000 })] },
+    'QUOTA_EXCEEDED',
+  );
   const r = d.ok({ type: 'expireLeases', nowMs: LEASE + MARGIN });
   assert.deepEqual(r, { kind: 'expired', nowMs: LEASE + MARGIN, expiredCells: ['a', 'b'] });
   assert.deepEqual(counted(d), { a: 100, b: 100, c: 0 }, 'expired cells are on their floors');
@@ -120,9 +134,27 @@ void test('round validation: unknown cells and quotas, stale epochs, duplicates'
   d.err({ type: 'reportAndGrant', nowMs: 0, grants: [g('b', 100, 1, { key: 'tenant/nobody' })] }, 'NOT_FOUND');
   d.err({ type: 'reportAndGrant', nowMs: 0, leases: [{ cellId: 'zz', leaseExpiresAtMs: 1 }] }, 'NOT_FOUND');
   d.err({ type: 'reportAndGrant', nowMs: 0, grants: [g('b', 1, 1), g('b', 2, 2)] }, 'INVALID');
-  d.err({ type: 'reportAndGrant', nowMs: 0, leases: [{ cellId: 'a', leaseExpiresAtMs: 1 }, { cellId: 'a', leaseExpiresAtMs: 2 }] }, 'INVALID');
+  d.err(
+    {
+      type: 'reportAndGrant',
+      nowMs: 0,
+      leases: [
+        { cellId: 'a', leaseExpiresAtMs: 1 },
+        { cellId: 'a', leaseExpiresAtMs: 2 },
+      ],
+    },
+    'INVALID',
+  );
   // Unknown or mismatched acknowledgements are ignored, not errors.
-  const r = d.ok({ type: 'reportAndGrant', nowMs: 0, acks: [{ key: KEY, cellId: 'b', epoch: 1 }, { key: 'tenant/x', cellId: 'a', epoch: 1 }, { key: KEY, cellId: 'a', epoch: 9 }] });
+  const r = d.ok({
+    type: 'reportAndGrant',
+    nowMs: 0,
+    acks: [
+      { key: KEY, cellId: 'b', epoch: 1 },
+      { key: 'tenant/x', cellId: 'a', epoch: 1 },
+      { key: KEY, cellId: 'a', epoch: 9 },
+    ],
+  });
   assert.ok(r.kind === 'round' && r.acked === 0 && r.ignoredAcks === 3);
 });
 
@@ -137,11 +169,21 @@ void test('lowering a quota: nothing is revoked by fiat, only shrinks are accept
   d.ok({ type: 'reportAndGrant', nowMs: 10, grants: [g('a', 250, 2), g('b', 150, 2), g('c', 100, 2)] });
   assert.equal(state(d).ceilingRate, 1000);
   // Acknowledgements and growth in the same round: the freed capacity may not be handed out above the new limit.
-  d.err({ type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }], grants: [g('c', 300, 3)] }, 'QUOTA_EXCEEDED');
+  d.err(
+    { type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }], grants: [g('c', 300, 3)] },
+    'QUOTA_EXCEEDED',
+  );
   d.ok({ type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }] });
   s = state(d);
   assert.equal(s.ceilingRate, 750, 'the ceiling ratchets down as old grants are released');
-  d.ok({ type: 'reportAndGrant', nowMs: 30, acks: [{ key: KEY, cellId: 'b', epoch: 2 }, { key: KEY, cellId: 'c', epoch: 2 }] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 30,
+    acks: [
+      { key: KEY, cellId: 'b', epoch: 2 },
+      { key: KEY, cellId: 'c', epoch: 2 },
+    ],
+  });
   s = state(d);
   assert.equal(s.countedRate, 500);
   assert.equal(s.ceilingRate, 500, 'the transition is over');
@@ -178,7 +220,14 @@ void test('a deleted tenant keeps its counted slices until released; re-creating
   d.ok({ type: 'deleteTenant', id: 'acme' });
   // Zero grants and acknowledgements release them.
   d.ok({ type: 'reportAndGrant', nowMs: 10, grants: [g('a', 0, 2), g('b', 0, 2)] });
-  d.ok({ type: 'reportAndGrant', nowMs: 20, acks: [{ key: KEY, cellId: 'a', epoch: 2 }, { key: KEY, cellId: 'b', epoch: 2 }] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 20,
+    acks: [
+      { key: KEY, cellId: 'a', epoch: 2 },
+      { key: KEY, cellId: 'b', epoch: 2 },
+    ],
+  });
   assert.deepEqual(d.ledger.activeQuotaKeys(), []);
 });
 
@@ -186,7 +235,11 @@ void test('caps are global quotas of their own', () => {
   const d = setup();
   d.ok({ type: 'putTierCap', tier: 'gold', rate: 2000, burst: 2000 });
   d.ok({ type: 'putDomainCap', domain: 'api', rate: 3000, burst: 3000, floorFraction: 0.5 });
-  d.ok({ type: 'reportAndGrant', nowMs: 0, grants: [g('a', 2000, 1, { key: 'tier/gold' }), g('b', 1500, 1, { key: 'domain/api' })] });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 0,
+    grants: [g('a', 2000, 1, { key: 'tier/gold' }), g('b', 1500, 1, { key: 'domain/api' })],
+  });
   d.err({ type: 'reportAndGrant', nowMs: 0, grants: [g('c', 1, 1, { key: 'tier/gold' })] }, 'QUOTA_EXCEEDED');
   assert.deepEqual(counted(d, 'domain/api'), { a: 750, b: 1500, c: 0 });
   d.ok({ type: 'reportAndGrant', nowMs: 0, grants: [g('c', 750, 1, { key: 'domain/api' })] });

@@ -119,12 +119,16 @@ class Model {
       const hs = next.held.get(`${a.key}|${a.cellId}`);
       if (hs !== undefined && hs.at(-1)?.epoch === a.epoch) next.held.set(`${a.key}|${a.cellId}`, hs.slice(-1));
     }
-    for (const l of leases) next.lease.set(l.cellId, Math.max(next.lease.get(l.cellId) ?? -Infinity, l.leaseExpiresAtMs));
+    for (const l of leases)
+      next.lease.set(l.cellId, Math.max(next.lease.get(l.cellId) ?? -Infinity, l.leaseExpiresAtMs));
     for (const g of grants) {
       const q = QUOTAS.find((x) => x.key === g.key) as Quota;
       const [fr, fb] = next.floor(q, g.cellId);
       const id = `${g.key}|${g.cellId}`;
-      next.held.set(id, [...(next.held.get(id) ?? []), { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: fr, floorBurst: fb, alive: true }]);
+      next.held.set(id, [
+        ...(next.held.get(id) ?? []),
+        { epoch: g.epoch, rate: g.rate, burst: g.burst, floorRate: fr, floorBurst: fb, alive: true },
+      ]);
       next.lease.set(g.cellId, Math.max(next.lease.get(g.cellId) ?? -Infinity, g.leaseExpiresAtMs));
     }
     next.advance(next.now);
@@ -147,15 +151,35 @@ const grantArb = fc.record({
   stale: fc.integer({ min: 0, max: 99 }).map((n) => n < 12),
   lease: fc.integer({ min: 0, max: 4000 }),
 });
-const ackArb = fc.record({ q: fc.nat({ max: QUOTAS.length - 1 }), cell: fc.nat({ max: CELLS.length - 1 }), old: fc.boolean() });
+const ackArb = fc.record({
+  q: fc.nat({ max: QUOTAS.length - 1 }),
+  cell: fc.nat({ max: CELLS.length - 1 }),
+  old: fc.boolean(),
+});
 const stepArb = fc.oneof(
-  { weight: 5, arbitrary: fc.record({ kind: fc.constant('round' as const), dt: fc.integer({ min: 0, max: 800 }), grants: fc.array(grantArb, { maxLength: 3 }), acks: fc.array(ackArb, { maxLength: 3 }), renew: fc.array(fc.nat({ max: CELLS.length - 1 }), { maxLength: 2 }) }) },
+  {
+    weight: 5,
+    arbitrary: fc.record({
+      kind: fc.constant('round' as const),
+      dt: fc.integer({ min: 0, max: 800 }),
+      grants: fc.array(grantArb, { maxLength: 3 }),
+      acks: fc.array(ackArb, { maxLength: 3 }),
+      renew: fc.array(fc.nat({ max: CELLS.length - 1 }), { maxLength: 2 }),
+    }),
+  },
   { weight: 2, arbitrary: fc.record({ kind: fc.constant('expire' as const), dt: fc.integer({ min: 0, max: 3000 }) }) },
-  { weight: 1, arbitrary: fc.record({ kind: fc.constant('register' as const), cell: fc.nat({ max: CELLS.length - 1 }) }) },
+  {
+    weight: 1,
+    arbitrary: fc.record({ kind: fc.constant('register' as const), cell: fc.nat({ max: CELLS.length - 1 }) }),
+  },
 );
 type Step = typeof stepArb extends fc.Arbitrary<infer T> ? T : never;
 
-function toRound(step: Extract<Step, { kind: 'round' }>, model: Model, ledger: Ledger): { nowMs: number; leases: LeaseRenewal[]; acks: GrantAck[]; grants: Grant[] } {
+function toRound(
+  step: Extract<Step, { kind: 'round' }>,
+  model: Model,
+  ledger: Ledger,
+): { nowMs: number; leases: LeaseRenewal[]; acks: GrantAck[]; grants: Grant[] } {
   const nowMs = model.now + step.dt;
   const seen = new Set<string>();
   const grants: Grant[] = [];
@@ -165,7 +189,14 @@ function toRound(step: Extract<Step, { kind: 'round' }>, model: Model, ledger: L
     if (seen.has(`${q.key}|${cellId}`)) continue;
     seen.add(`${q.key}|${cellId}`);
     const current = ledger.getSlice(q.key, cellId)?.epoch ?? 0;
-    grants.push({ key: q.key, cellId, rate: Math.round((q.rate * x.rate) / 100), burst: Math.round((q.burst * x.burst) / 100), epoch: x.stale ? Math.max(1, current) : current + 1, leaseExpiresAtMs: nowMs + x.lease });
+    grants.push({
+      key: q.key,
+      cellId,
+      rate: Math.round((q.rate * x.rate) / 100),
+      burst: Math.round((q.burst * x.burst) / 100),
+      epoch: x.stale ? Math.max(1, current) : current + 1,
+      leaseExpiresAtMs: nowMs + x.lease,
+    });
   }
   const acks: GrantAck[] = step.acks.map((a) => {
     const q = QUOTAS[a.q] as Quota;
@@ -211,9 +242,18 @@ void test('property: grants, acknowledgements, expiries and time never break the
           const s = ledger.getQuotaState(q.key);
           assert.ok(s);
           const [r, b] = model.usage(q);
-          assert.ok(Math.abs(s.countedRate - r) <= 1e-9 * q.rate, `${q.key}: ledger counts ${s.countedRate}, model ${r}`);
-          assert.ok(Math.abs(s.countedBurst - b) <= 1e-9 * q.burst, `${q.key}: ledger counts burst ${s.countedBurst}, model ${b}`);
-          assert.ok(r <= q.rate * (1 + BOUND_TOLERANCE) && b <= q.burst * (1 + BOUND_TOLERANCE), `${q.key} over the bound`);
+          assert.ok(
+            Math.abs(s.countedRate - r) <= 1e-9 * q.rate,
+            `${q.key}: ledger counts ${s.countedRate}, model ${r}`,
+          );
+          assert.ok(
+            Math.abs(s.countedBurst - b) <= 1e-9 * q.burst,
+            `${q.key}: ledger counts burst ${s.countedBurst}, model ${b}`,
+          );
+          assert.ok(
+            r <= q.rate * (1 + BOUND_TOLERANCE) && b <= q.burst * (1 + BOUND_TOLERANCE),
+            `${q.key} over the bound`,
+          );
         }
       }
       ledger.checkInvariants();

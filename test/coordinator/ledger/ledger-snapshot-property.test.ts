@@ -27,17 +27,49 @@ const ff = fc.option(fc.constantFrom(0, 0.1, 0.25, 0.5, 1), { nil: undefined });
 const abstractArb = fc.oneof(
   { weight: 2, arbitrary: fc.record({ op: fc.constant('tier' as const), name: pick(TIERS), rate, burst: rate, ff }) },
   { weight: 1, arbitrary: fc.record({ op: fc.constant('delTier' as const), name: pick(TIERS) }) },
-  { weight: 1, arbitrary: fc.record({ op: fc.constant('cap' as const), name: pick(TIERS), rate, burst: rate, ff, del: fc.boolean() }) },
+  {
+    weight: 1,
+    arbitrary: fc.record({
+      op: fc.constant('cap' as const),
+      name: pick(TIERS),
+      rate,
+      burst: rate,
+      ff,
+      del: fc.boolean(),
+    }),
+  },
   { weight: 1, arbitrary: fc.record({ op: fc.constant('domain' as const), rate, burst: rate, ff, del: fc.boolean() }) },
-  { weight: 3, arbitrary: fc.record({ op: fc.constant('tenant' as const), id: pick(TENANTS), tier: pick(TIERS), rate: fc.option(rate, { nil: undefined }), burst: fc.option(rate, { nil: undefined }) }) },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      op: fc.constant('tenant' as const),
+      id: pick(TENANTS),
+      tier: pick(TIERS),
+      rate: fc.option(rate, { nil: undefined }),
+      burst: fc.option(rate, { nil: undefined }),
+    }),
+  },
   { weight: 1, arbitrary: fc.record({ op: fc.constant('delTenant' as const), id: pick(TENANTS) }) },
-  { weight: 2, arbitrary: fc.record({ op: fc.constant('register' as const), cell: pick(CELLS), dt: fc.nat({ max: 500 }) }) },
+  {
+    weight: 2,
+    arbitrary: fc.record({ op: fc.constant('register' as const), cell: pick(CELLS), dt: fc.nat({ max: 500 }) }),
+  },
   {
     weight: 8,
     arbitrary: fc.record({
       op: fc.constant('round' as const),
       dt: fc.nat({ max: 600 }),
-      grants: fc.array(fc.record({ key: pick(KEYS), cell: pick(CELLS), pct: fc.nat({ max: 110 }), bpct: fc.nat({ max: 110 }), bump: fc.integer({ min: 0, max: 2 }), lease: fc.nat({ max: 2000 }) }), { maxLength: 4 }),
+      grants: fc.array(
+        fc.record({
+          key: pick(KEYS),
+          cell: pick(CELLS),
+          pct: fc.nat({ max: 110 }),
+          bpct: fc.nat({ max: 110 }),
+          bump: fc.integer({ min: 0, max: 2 }),
+          lease: fc.nat({ max: 2000 }),
+        }),
+        { maxLength: 4 },
+      ),
       acks: fc.array(fc.record({ key: pick(KEYS), cell: pick(CELLS) }), { maxLength: 3 }),
       renew: fc.array(pick(CELLS), { maxLength: 2 }),
     }),
@@ -46,7 +78,11 @@ const abstractArb = fc.oneof(
   { weight: 1, arbitrary: fc.record({ op: fc.constant('garbage' as const) }) },
 );
 type Abstract = typeof abstractArb extends fc.Arbitrary<infer T> ? T : never;
-const stepArb = fc.record({ cmd: abstractArb, client: fc.option(fc.nat({ max: 3 }), { nil: undefined }), retry: fc.nat({ max: 9 }) });
+const stepArb = fc.record({
+  cmd: abstractArb,
+  client: fc.option(fc.nat({ max: 3 }), { nil: undefined }),
+  retry: fc.nat({ max: 9 }),
+});
 type Step = typeof stepArb extends fc.Arbitrary<infer T> ? T : never;
 
 /** Turns an abstract step into a concrete command against the ledger's current state. */
@@ -72,11 +108,21 @@ class Concretizer {
       case 'delTier':
         return { type: 'deleteTier', name: a.name };
       case 'cap':
-        return a.del ? { type: 'deleteTierCap', tier: a.name } : { type: 'putTierCap', tier: a.name, rate: a.rate * 3, burst: a.burst * 3, ...f(a.ff) };
+        return a.del
+          ? { type: 'deleteTierCap', tier: a.name }
+          : { type: 'putTierCap', tier: a.name, rate: a.rate * 3, burst: a.burst * 3, ...f(a.ff) };
       case 'domain':
-        return a.del ? { type: 'deleteDomainCap', domain: 'api' } : { type: 'putDomainCap', domain: 'api', rate: a.rate * 5, burst: a.burst * 5, ...f(a.ff) };
+        return a.del
+          ? { type: 'deleteDomainCap', domain: 'api' }
+          : { type: 'putDomainCap', domain: 'api', rate: a.rate * 5, burst: a.burst * 5, ...f(a.ff) };
       case 'tenant':
-        return { type: 'putTenant', id: a.id, tier: a.tier, ...(a.rate === undefined ? {} : { rate: a.rate }), ...(a.burst === undefined ? {} : { burst: a.burst }) };
+        return {
+          type: 'putTenant',
+          id: a.id,
+          tier: a.tier,
+          ...(a.rate === undefined ? {} : { rate: a.rate }),
+          ...(a.burst === undefined ? {} : { burst: a.burst }),
+        };
       case 'delTenant':
         return { type: 'deleteTenant', id: a.id };
       case 'register':
@@ -88,7 +134,9 @@ class Concretizer {
       case 'round': {
         const nowMs = l.nowMs + a.dt;
         // Grants to unknown cells or quotas make the whole round fail: keep a few of them only.
-        const wanted = a.grants.filter((g) => g.pct < 5 || (l.getCell(g.cell) !== undefined && l.getSlice(g.key, g.cell) !== undefined));
+        const wanted = a.grants.filter(
+          (g) => g.pct < 5 || (l.getCell(g.cell) !== undefined && l.getSlice(g.key, g.cell) !== undefined),
+        );
         const grants: Grant[] = wanted.map((g) => {
           const q = l.getQuota(g.key);
           const e = l.getSlice(g.key, g.cell)?.epoch ?? 0;
@@ -101,7 +149,11 @@ class Concretizer {
             leaseExpiresAtMs: nowMs + g.lease,
           };
         });
-        const acks = a.acks.map((x) => ({ key: x.key, cellId: x.cell, epoch: Math.max(1, l.getSlice(x.key, x.cell)?.epoch ?? 1) }));
+        const acks = a.acks.map((x) => ({
+          key: x.key,
+          cellId: x.cell,
+          epoch: Math.max(1, l.getSlice(x.key, x.cell)?.epoch ?? 1),
+        }));
         const leases = [...new Set(a.renew)].map((c) => ({ cellId: c, leaseExpiresAtMs: nowMs + 1500 }));
         return { type: 'reportAndGrant', nowMs, leases, acks, grants };
       }
@@ -110,7 +162,12 @@ class Concretizer {
 }
 
 /** Runs the steps on `ledger`, returning the concrete commands and the results. */
-function run(ledger: Ledger, steps: readonly Step[], startIndex: number, conc = new Concretizer()): { cmds: LedgerCommandInput[]; results: LedgerResult[] } {
+function run(
+  ledger: Ledger,
+  steps: readonly Step[],
+  startIndex: number,
+  conc = new Concretizer(),
+): { cmds: LedgerCommandInput[]; results: LedgerResult[] } {
   const cmds: LedgerCommandInput[] = [];
   const results: LedgerResult[] = [];
   let index = startIndex;
@@ -126,7 +183,11 @@ function run(ledger: Ledger, steps: readonly Step[], startIndex: number, conc = 
 const SETUP: Step[] = [
   { cmd: { op: 'tier', name: 'gold', rate: 1000, burst: 1000, ff: 0.5 }, client: undefined, retry: 0 },
   { cmd: { op: 'tier', name: 'silver', rate: 100, burst: 200, ff: undefined }, client: undefined, retry: 0 },
-  ...TENANTS.map((id, i): Step => ({ cmd: { op: 'tenant', id, tier: i % 2 === 0 ? 'gold' : 'silver', rate: undefined, burst: undefined }, client: undefined, retry: 0 })),
+  ...TENANTS.map((id, i): Step => ({
+    cmd: { op: 'tenant', id, tier: i % 2 === 0 ? 'gold' : 'silver', rate: undefined, burst: undefined },
+    client: undefined,
+    retry: 0,
+  })),
   { cmd: { op: 'cap', name: 'gold', rate: 1000, burst: 1000, ff: 0.25, del: false }, client: undefined, retry: 0 },
   { cmd: { op: 'register', cell: 'eu', dt: 0 }, client: undefined, retry: 0 },
   { cmd: { op: 'register', cell: 'us', dt: 0 }, client: undefined, retry: 0 },
@@ -142,7 +203,11 @@ void test('property: snapshot and restore at any point give the same state and t
       const head = run(original, steps.slice(0, split), 0, conc);
       const snap = original.snapshot();
       const restored = Ledger.restore(snap, { assertInvariants: true });
-      assert.deepEqual(Buffer.from(restored.snapshot()), Buffer.from(snap), 'restore(snapshot()) re-snapshots byte-identically');
+      assert.deepEqual(
+        Buffer.from(restored.snapshot()),
+        Buffer.from(snap),
+        'restore(snapshot()) re-snapshots byte-identically',
+      );
       assert.equal(restored.appliedIndex, split);
       assert.deepEqual(restored.listCells(), original.listCells());
       assert.deepEqual(restored.listTiers(), original.listTiers());
@@ -157,7 +222,8 @@ void test('property: snapshot and restore at any point give the same state and t
         tailResults.push(original.apply(c, ++index));
       }
       index = split;
-      for (const [i, c] of tail.entries()) assert.deepEqual(restored.apply(c, ++index), tailResults[i], `command ${split + i}`);
+      for (const [i, c] of tail.entries())
+        assert.deepEqual(restored.apply(c, ++index), tailResults[i], `command ${split + i}`);
       assert.deepEqual(Buffer.from(restored.snapshot()), Buffer.from(original.snapshot()));
       assert.ok(head.results.length === split);
     }),
@@ -201,14 +267,28 @@ void test('random sequences exercise every outcome', () => {
         codes.set(k, (codes.get(k) ?? 0) + 1);
         for (const key of l.activeQuotaKeys()) {
           const q = l.getQuotaState(key);
-          if (q !== undefined && (q.ceilingRate > q.rate || q.ceilingBurst > q.burst)) codes.set('transition', (codes.get('transition') ?? 0) + 1);
+          if (q !== undefined && (q.ceilingRate > q.rate || q.ceilingBurst > q.burst))
+            codes.set('transition', (codes.get('transition') ?? 0) + 1);
         }
       }
     }),
     { numRuns: 100, seed: 42 },
   );
   if (process.env['LEDGER_TEST_VERBOSE'] !== undefined) console.log(JSON.stringify([...codes]));
-  for (const k of ['tier', 'tenant', 'cell', 'round', 'expired', 'deleted', 'INVALID', 'NOT_FOUND', 'CONFLICT', 'QUOTA_EXCEEDED', 'STALE_SESSION', 'transition']) {
+  for (const k of [
+    'tier',
+    'tenant',
+    'cell',
+    'round',
+    'expired',
+    'deleted',
+    'INVALID',
+    'NOT_FOUND',
+    'CONFLICT',
+    'QUOTA_EXCEEDED',
+    'STALE_SESSION',
+    'transition',
+  ]) {
     assert.ok((codes.get(k) ?? 0) > 0, `outcome ${k} never happened: ${JSON.stringify([...codes])}`);
   }
 });

@@ -27,7 +27,10 @@ class KvMachine implements ReplicatedStateMachine<string | null> {
     return enc.encode(JSON.stringify([...this.kv]));
   }
   restore(data: Uint8Array): void {
-    this.kv = data.byteLength === 0 ? new Map<string, string>() : new Map<string, string>(JSON.parse(dec.decode(data)) as [string, string][]);
+    this.kv =
+      data.byteLength === 0
+        ? new Map<string, string>()
+        : new Map<string, string>(JSON.parse(dec.decode(data)) as [string, string][]);
   }
 }
 
@@ -42,7 +45,12 @@ interface Member {
 const ids = ['n1', 'n2', 'n3'];
 
 async function startMember(m: Member, members: Map<NodeId, Member>): Promise<void> {
-  const storage = await LevelRaftStorage.open(m.dir, { nodeId: m.id, clusterId: 'test', bootstrap: { conf: { voters: ids, learners: [] }, data: new Uint8Array(0) }, logger: { warn: () => undefined } });
+  const storage = await LevelRaftStorage.open(m.dir, {
+    nodeId: m.id,
+    clusterId: 'test',
+    bootstrap: { conf: { voters: ids, learners: [] }, data: new Uint8Array(0) },
+    logger: { warn: () => undefined },
+  });
   const loaded = await storage.load();
   m.machine.restore(loaded.snapshot.data);
   let seed = ids.indexOf(m.id) + 1;
@@ -100,20 +108,34 @@ function leaderOf(members: Map<NodeId, Member>): Member | undefined {
 
 void test('driver: three nodes on LevelDB elect, replicate, read linearizably, survive a leader stop and a restart', async () => {
   const root = mkdtempSync(join(tmpdir(), 'cellquota-driver-'));
-  const members = new Map<NodeId, Member>(ids.map((id) => [id, { id, dir: join(root, id), storage: null, driver: null, machine: new KvMachine() }]));
+  const members = new Map<NodeId, Member>(
+    ids.map((id) => [id, { id, dir: join(root, id), storage: null, driver: null, machine: new KvMachine() }]),
+  );
   try {
     for (const m of members.values()) await startMember(m, members);
     const leader = await waitFor('a leader', () => leaderOf(members), { everyMs: 10 });
-    await waitFor('every node to know the leader', () => ([...members.values()].every((m) => m.driver?.status().leader === leader.id) ? true : undefined), { everyMs: 10 });
+    await waitFor(
+      'every node to know the leader',
+      () => ([...members.values()].every((m) => m.driver?.status().leader === leader.id) ? true : undefined),
+      { everyMs: 10 },
+    );
 
     // A follower refuses proposals and names the leader.
     const follower = [...members.values()].find((m) => m !== leader);
-    await assert.rejects(follower?.driver?.propose(enc.encode(JSON.stringify({ k: 'x', v: '1' }))) ?? Promise.reject(new Error('no follower')), (e: unknown) => e instanceof NotLeaderError && e.leader === leader.id);
+    await assert.rejects(
+      follower?.driver?.propose(enc.encode(JSON.stringify({ k: 'x', v: '1' }))) ??
+        Promise.reject(new Error('no follower')),
+      (e: unknown) => e instanceof NotLeaderError && e.leader === leader.id,
+    );
 
     // Many proposals at once: all resolve with the state machine's result, in order.
     const leaderDriver = leader.driver;
     assert.ok(leaderDriver !== null);
-    const results = await Promise.all(Array.from({ length: 120 }, (_, i) => leaderDriver.propose(enc.encode(JSON.stringify({ k: `k${i % 10}`, v: `v${i}` })))));
+    const results = await Promise.all(
+      Array.from({ length: 120 }, (_, i) =>
+        leaderDriver.propose(enc.encode(JSON.stringify({ k: `k${i % 10}`, v: `v${i}` }))),
+      ),
+    );
     assert.equal(results.length, 120);
     assert.equal(results[0], null);
     assert.equal(results[10], 'v0', 'the 11th write to k0 returns the previous value');
@@ -132,7 +154,11 @@ void test('driver: three nodes on LevelDB elect, replicate, read linearizably, s
 
     // Restart the old leader from its disk (it compacted: snapshots every 50 entries): it catches up.
     await startMember(leader, members);
-    await waitFor('the restarted node to catch up', () => (leader.machine.kv.get('after') === 'failover' ? true : undefined), { everyMs: 10 });
+    await waitFor(
+      'the restarted node to catch up',
+      () => (leader.machine.kv.get('after') === 'failover' ? true : undefined),
+      { everyMs: 10 },
+    );
     assert.equal(leader.machine.kv.get('k9'), 'v119');
     const st = leader.driver?.status();
     assert.ok(st !== undefined && st.snapshotIndex > 0, 'the restarted node started from or received a snapshot');

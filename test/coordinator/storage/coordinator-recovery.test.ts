@@ -33,7 +33,10 @@ async function lowerCommit(dataDir: string, id: string, commit: number): Promise
   }
 }
 
-async function clusterView(c: CoordinatorCluster, id: string): Promise<{ leader: string | null; votingRefused: boolean; commitIndex: number }> {
+async function clusterView(
+  c: CoordinatorCluster,
+  id: string,
+): Promise<{ leader: string | null; votingRefused: boolean; commitIndex: number }> {
   const r = await c.http(id, 'GET', '/v1/cluster?stale=true');
   assert.equal(r.status, 200);
   return r.body as { leader: string | null; votingRefused: boolean; commitIndex: number };
@@ -44,10 +47,15 @@ void test('a corrupt log record above the commit index: the replica votes only a
   try {
     c.startAll();
     await c.waitForLeader();
-    for (let i = 0; i < 5; i++) assert.equal((await c.write('PUT', `/v1/tiers/t${i}`, { rate: 10 + i, burst: 10 })).status, 200);
+    for (let i = 0; i < 5; i++)
+      assert.equal((await c.write('PUT', `/v1/tiers/t${i}`, { rate: 10 + i, burst: 10 })).status, 200);
     const leader = await c.waitForLeader();
     const top = (await clusterView(c, leader)).commitIndex;
-    await waitFor('every replica to hold the writes', async () => (await Promise.all(ids.map((id) => clusterView(c, id)))).every((v) => v.commitIndex >= top), { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor(
+      'every replica to hold the writes',
+      async () => (await Promise.all(ids.map((id) => clusterView(c, id)))).every((v) => v.commitIndex >= top),
+      { timeoutMs: 20_000, everyMs: 100 },
+    );
     await c.stopAll();
 
     // n3's disk: entries above its (lowered) commit index, one of them corrupt.
@@ -67,20 +75,32 @@ void test('a corrupt log record above the commit index: the replica votes only a
     // n3 comes back with n2 only: two voters of three, but n3 must not vote, so there is no leader.
     c.start(victim);
     c.start('n2');
-    await waitFor('the repair and the refusal', () => Promise.resolve(new RegExp(`not voting until the commit index reaches ${last}`).test(c.replica(victim).output)), { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor(
+      'the repair and the refusal',
+      () =>
+        Promise.resolve(new RegExp(`not voting until the commit index reaches ${last}`).test(c.replica(victim).output)),
+      { timeoutMs: 20_000, everyMs: 100 },
+    );
     assert.equal((await clusterView(c, victim)).votingRefused, true);
     assert.equal((await c.http(victim, 'GET', '/readyz')).status, 503);
-    await waitFor('n2 to answer', async () => (await clusterView(c, 'n2')).votingRefused === false, { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor('n2 to answer', async () => (await clusterView(c, 'n2')).votingRefused === false, {
+      timeoutMs: 20_000,
+      everyMs: 100,
+    });
     // Several election timeouts (at most 1 s each at the defaults) pass without a leader: n2 cannot win without n3's vote.
-    for (const until = Date.now() + 4000; Date.now() < until; ) {
-      for (const id of [victim, 'n2']) assert.equal((await clusterView(c, id)).leader, null, `${id} sees no leader while n3 refuses to vote`);
+    for (const until = Date.now() + 4000; Date.now() < until;) {
+      for (const id of [victim, 'n2'])
+        assert.equal((await clusterView(c, id)).leader, null, `${id} sees no leader while n3 refuses to vote`);
       await new Promise((r) => setTimeout(r, 200));
     }
 
     // n1 returns: n1 and n2 elect a leader, which brings n3's commit index past the lost entries.
     c.start('n1');
     await c.waitForLeader(30_000, ['n1', 'n2']);
-    await waitFor('n3 to catch up and vote', async () => !(await clusterView(c, victim)).votingRefused, { timeoutMs: 30_000, everyMs: 100 });
+    await waitFor('n3 to catch up and vote', async () => !(await clusterView(c, victim)).votingRefused, {
+      timeoutMs: 30_000,
+      everyMs: 100,
+    });
     assert.match(c.replica(victim).output, new RegExp(`caught up past the repaired log \\(commit \\d+ >= ${last}\\)`));
     assert.ok((await clusterView(c, victim)).commitIndex >= last);
 
@@ -101,7 +121,13 @@ void test('a wiped data directory after a full-cluster restart is found even whe
   try {
     c.startAll();
     const leader = await c.waitForLeader();
-    await waitFor('incarnations recorded', async () => Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object).length === 3, { timeoutMs: 20_000, everyMs: 100 });
+    await waitFor(
+      'incarnations recorded',
+      async () =>
+        Object.keys((await c.http(leader, 'GET', '/v1/internal/incarnations')).body['incarnations'] as object)
+          .length === 3,
+      { timeoutMs: 20_000, everyMs: 100 },
+    );
     await c.stopAll();
 
     const victim = 'n3';
@@ -110,7 +136,10 @@ void test('a wiped data directory after a full-cluster restart is found even whe
     rmSync(c.replica(victim).dataDir, { recursive: true, force: true });
     c.startAll();
 
-    await waitFor('the refusal', () => Promise.resolve(/must not vote/.test(c.replica(victim).output)), { timeoutMs: 30_000, everyMs: 100 });
+    await waitFor('the refusal', () => Promise.resolve(/must not vote/.test(c.replica(victim).output)), {
+      timeoutMs: 30_000,
+      everyMs: 100,
+    });
     const out = c.replica(victim).output;
     assert.match(out, /"basis":"linearizable read on n[12]"/);
     assert.doesNotMatch(out, /data directory confirmed/);

@@ -5,7 +5,12 @@ import { applyOp, crashBootstrap, newWorkloadModel, nextOp } from './crash-workl
 
 const dir = process.argv[2];
 if (dir === undefined) throw new Error('usage: crash-child.ts DIR');
-const storage = await LevelRaftStorage.open(dir, { nodeId: 'n1', clusterId: 'crash', bootstrap: crashBootstrap, logger: { warn: () => undefined } });
+const storage = await LevelRaftStorage.open(dir, {
+  nodeId: 'n1',
+  clusterId: 'crash',
+  bootstrap: crashBootstrap,
+  logger: { warn: () => undefined },
+});
 await storage.load();
 const model = newWorkloadModel();
 for (let k = 1; ; k++) {

@@ -21,7 +21,14 @@ export function nextOp(m: StorageModel, k: number): WorkloadOp {
   const { term, commit } = m.hard;
   if (k % 25 === 0 && commit > S) {
     const t = m.termAt(commit) ?? 0;
-    return { kind: 'compact', snapshot: { meta: { index: commit, term: t, conf: crashBootstrap.conf }, data: new TextEncoder().encode(`snap@${commit}`) }, keepFrom: commit - 3 };
+    return {
+      kind: 'compact',
+      snapshot: {
+        meta: { index: commit, term: t, conf: crashBootstrap.conf },
+        data: new TextEncoder().encode(`snap@${commit}`),
+      },
+      keepFrom: commit - 3,
+    };
   }
   const newTerm = k % 10 === 0 ? term + 1 : Math.max(term, 1);
   // Every tenth batch a new leader overwrites the uncommitted tail.
@@ -30,7 +37,12 @@ export function nextOp(m: StorageModel, k: number): WorkloadOp {
   const newLast = from + count - 1;
   return {
     kind: 'save',
-    rd: { entries: ents(from, newLast, newTerm), hardState: { term: newTerm, vote: 'n1', commit: Math.max(commit, newLast - 3) }, snapshot: null, mustSync: true },
+    rd: {
+      entries: ents(from, newLast, newTerm),
+      hardState: { term: newTerm, vote: 'n1', commit: Math.max(commit, newLast - 3) },
+      snapshot: null,
+      mustSync: true,
+    },
   };
 }
 

@@ -16,12 +16,17 @@ const childScript = fileURLToPath(new URL('./crash-child.ts', import.meta.url));
 
 /** Runs the child until a random moment after it has started saving, kills it, returns the last k it reported. */
 async function runAndKill(dir: string, killAfterMs: number): Promise<number> {
-  const child = spawn(process.execPath, ['--import', 'tsx', childScript, dir], { cwd: repoRoot, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', childScript, dir], {
+    cwd: repoRoot,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   let err = '';
   child.stdout.setEncoding('utf8').on('data', (d: string) => (out += d));
   child.stderr.setEncoding('utf8').on('data', (d: string) => (err += d));
-  const exited = new Promise<NodeJS.Signals | number | null>((resolve) => child.on('exit', (code, signal) => resolve(signal ?? code)));
+  const exited = new Promise<NodeJS.Signals | number | null>((resolve) =>
+    child.on('exit', (code, signal) => resolve(signal ?? code)),
+  );
   // Wait until it has reported its first batch (startup is slow and uninteresting), then a random delay.
   const started = Date.now();
   while (!out.includes('done 1\n')) {
@@ -51,7 +56,12 @@ void test('a child killed with SIGKILL mid-loop loses no batch it reported, and 
       applyOp(model, nextOp(model, reported + 1));
       const afterInFlight = model;
 
-      const s = await LevelRaftStorage.open(dir, { nodeId: 'n1', clusterId: 'crash', bootstrap: crashBootstrap, logger: { warn: () => undefined } });
+      const s = await LevelRaftStorage.open(dir, {
+        nodeId: 'n1',
+        clusterId: 'crash',
+        bootstrap: crashBootstrap,
+        logger: { warn: () => undefined },
+      });
       try {
         const st = await s.load();
         assert.equal(st.meta.fresh, false);
@@ -60,10 +70,16 @@ void test('a child killed with SIGKILL mid-loop loses no batch it reported, and 
         try {
           assertSameState(st, afterReported.load(), `run ${run}: after ${reported} reported batches`);
         } catch {
-          assertSameState(st, afterInFlight.load(), `run ${run}: after ${reported} reported batches plus the one in flight`);
+          assertSameState(
+            st,
+            afterInFlight.load(),
+            `run ${run}: after ${reported} reported batches plus the one in flight`,
+          );
           matched = 'the batch in flight';
         }
-        t.diagnostic(`run ${run}: killed after ${killAfterMs} ms, ${reported} batches reported, disk matches ${matched} (last index ${st.entries.at(-1)?.index ?? st.snapshot.meta.index})`);
+        t.diagnostic(
+          `run ${run}: killed after ${killAfterMs} ms, ${reported} batches reported, disk matches ${matched} (last index ${st.entries.at(-1)?.index ?? st.snapshot.meta.index})`,
+        );
         assert.ok(reported > 1, `run ${run}: child reported ${reported} batches`);
       } finally {
         await s.close();

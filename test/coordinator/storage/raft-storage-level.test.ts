@@ -6,8 +6,26 @@ import fc from 'fast-check';
 import { EntryKind } from '../../../coordinator/raft/index.js';
 import { LevelRaftStorage, StorageCorruptionError, StorageIdentityError } from '../../../coordinator/storage/index.js';
 import { crc32, crc32IsNative, crc32Portable } from '../../../coordinator/storage/crc32.js';
-import { describeKey, entryKey, entryIndexOfKey, hardKey, metaKey, snapKey } from '../../../coordinator/storage/storage-codec.js';
-import { assertSameState, bootstrapData, captureLogger, ent, ents, options, save, snap, withRawDb, withTempDir } from './storage-helpers.js';
+import {
+  describeKey,
+  entryKey,
+  entryIndexOfKey,
+  hardKey,
+  metaKey,
+  snapKey,
+} from '../../../coordinator/storage/storage-codec.js';
+import {
+  assertSameState,
+  bootstrapData,
+  captureLogger,
+  ent,
+  ents,
+  options,
+  save,
+  snap,
+  withRawDb,
+  withTempDir,
+} from './storage-helpers.js';
 
 const rawKeys = async (dir: string): Promise<string[]> => {
   const keys: string[] = [];
@@ -81,7 +99,10 @@ void test('a new directory starts from the bootstrap conf-only snapshot and reco
     await s.close();
 
     // Reopened: not fresh, same incarnation; the bootstrap option is ignored now.
-    const again = await LevelRaftStorage.open(dir, options({ bootstrap: { conf: { voters: ['x'], learners: [] }, data: new Uint8Array(0) } }));
+    const again = await LevelRaftStorage.open(
+      dir,
+      options({ bootstrap: { conf: { voters: ['x'], learners: [] }, data: new Uint8Array(0) } }),
+    );
     const st2 = await again.load();
     assert.equal(st2.meta.fresh, false);
     assert.equal(st2.meta.incarnation, '0102030405060708090a0b0c0d0e0f10');
@@ -111,10 +132,19 @@ void test('hard state and entries round-trip across reopen', async () => {
   await withTempDir(async (dir) => {
     const s = await LevelRaftStorage.open(dir, options());
     await s.load();
-    const entries = [ent(1, 1, EntryKind.Noop, 0), ent(2, 1, EntryKind.Normal, 300), ent(3, 1, EntryKind.Conf), ent(4, 2)];
+    const entries = [
+      ent(1, 1, EntryKind.Noop, 0),
+      ent(2, 1, EntryKind.Normal, 300),
+      ent(3, 1, EntryKind.Conf),
+      ent(4, 2),
+    ];
     await s.save(save({ hardState: { term: 2, vote: 'n2', commit: 2 }, entries }));
     await s.save(save({ hardState: { term: 2, vote: 'n2', commit: 3 }, mustSync: false }));
-    const expected = { hardState: { term: 2, vote: 'n2', commit: 3 }, snapshot: snap(0, 0, ['n1', 'n2', 'n3'], bootstrapData), entries };
+    const expected = {
+      hardState: { term: 2, vote: 'n2', commit: 3 },
+      snapshot: snap(0, 0, ['n1', 'n2', 'n3'], bootstrapData),
+      entries,
+    };
     assertSameState(await s.load(), expected, 'before reopen');
     await s.close();
     await assert.rejects(s.save(save({ entries: [ent(5, 2)] })), /closed/);
@@ -122,7 +152,10 @@ void test('hard state and entries round-trip across reopen', async () => {
     const r = await LevelRaftStorage.open(dir, options());
     const st = await r.load();
     assertSameState(st, expected, 'after reopen');
-    assert.ok(st.entries.every((e) => Object.getPrototypeOf(e.data) === Uint8Array.prototype), 'entry data is a plain Uint8Array');
+    assert.ok(
+      st.entries.every((e) => Object.getPrototypeOf(e.data) === Uint8Array.prototype),
+      'entry data is a plain Uint8Array',
+    );
     await r.save(save({ hardState: { term: 3, vote: null, commit: 3 } }));
     await r.close();
     const r2 = await LevelRaftStorage.open(dir, options());
@@ -137,15 +170,32 @@ void test('entries overwrite from their first index and drop the stored tail abo
     await s.save(save({ hardState: { term: 1, vote: 'n1', commit: 4 }, entries: ents(1, 10, 1) }));
     await s.save(save({ hardState: { term: 2, vote: 'n3', commit: 4 }, entries: ents(6, 7, 2) }));
     const st = await s.load();
-    assert.deepEqual(st.entries.map((e) => [e.index, e.term]), [[1, 1], [2, 1], [3, 1], [4, 1], [5, 1], [6, 2], [7, 2]]);
+    assert.deepEqual(
+      st.entries.map((e) => [e.index, e.term]),
+      [
+        [1, 1],
+        [2, 1],
+        [3, 1],
+        [4, 1],
+        [5, 1],
+        [6, 2],
+        [7, 2],
+      ],
+    );
     assert.deepEqual([...(st.entries[5]?.data ?? [])], [...ent(6, 2).data]);
     await s.close();
     const keys = await rawKeys(dir);
-    assert.deepEqual(keys.filter((k) => k.startsWith('log/')), ['log/1', 'log/2', 'log/3', 'log/4', 'log/5', 'log/6', 'log/7']);
+    assert.deepEqual(
+      keys.filter((k) => k.startsWith('log/')),
+      ['log/1', 'log/2', 'log/3', 'log/4', 'log/5', 'log/6', 'log/7'],
+    );
     // Appending right after the last index, and overwriting the last one only.
     const r = await LevelRaftStorage.open(dir, options());
     await r.save(save({ entries: [ent(7, 3), ent(8, 3)], hardState: { term: 3, vote: null, commit: 4 } }));
-    assert.deepEqual((await r.load()).entries.map((e) => e.term), [1, 1, 1, 1, 1, 2, 3, 3]);
+    assert.deepEqual(
+      (await r.load()).entries.map((e) => e.term),
+      [1, 1, 1, 1, 1, 2, 3, 3],
+    );
     await r.close();
   });
 });
@@ -161,12 +211,20 @@ void test('an installed snapshot replaces every stored entry', async () => {
     assert.deepEqual(st.entries, []);
     assert.deepEqual(s.stats().lastStoredIndex - s.stats().firstStoredIndex + 1, 0);
     // Snapshot and the entries after it in one Ready.
-    await s.save(save({ snapshot: snap(25, 3), entries: ents(26, 27, 3), hardState: { term: 3, vote: null, commit: 26 } }));
+    await s.save(
+      save({ snapshot: snap(25, 3), entries: ents(26, 27, 3), hardState: { term: 3, vote: null, commit: 26 } }),
+    );
     st = await s.load();
     assert.equal(st.snapshot.meta.index, 25);
-    assert.deepEqual(st.entries.map((e) => e.index), [26, 27]);
+    assert.deepEqual(
+      st.entries.map((e) => e.index),
+      [26, 27],
+    );
     await s.close();
-    assert.deepEqual((await rawKeys(dir)).filter((k) => k.startsWith('log/')), ['log/26', 'log/27']);
+    assert.deepEqual(
+      (await rawKeys(dir)).filter((k) => k.startsWith('log/')),
+      ['log/26', 'log/27'],
+    );
     const r = await LevelRaftStorage.open(dir, options());
     assert.equal((await r.load()).snapshot.meta.index, 25);
     await r.close();
@@ -180,11 +238,18 @@ void test('compaction keeps trailing entries, returns only those after the snaps
     assert.equal(await s.compact(snap(8, 1), 6), true);
     let st = await s.load();
     assert.equal(st.snapshot.meta.index, 8);
-    assert.deepEqual(st.entries.map((e) => e.index), [9, 10]);
+    assert.deepEqual(
+      st.entries.map((e) => e.index),
+      [9, 10],
+    );
     assert.deepEqual([s.stats().firstStoredIndex, s.stats().lastStoredIndex], [6, 10]);
     assert.equal(await s.compact(snap(5, 1), 1), false, 'older than the stored snapshot');
     await s.close();
-    assert.deepEqual((await rawKeys(dir)).filter((k) => k.startsWith('log/')), ['log/6', 'log/7', 'log/8', 'log/9', 'log/10'], 'raw keys iterate in index order');
+    assert.deepEqual(
+      (await rawKeys(dir)).filter((k) => k.startsWith('log/')),
+      ['log/6', 'log/7', 'log/8', 'log/9', 'log/10'],
+      'raw keys iterate in index order',
+    );
 
     const r = await LevelRaftStorage.open(dir, options());
     st = await r.load();
@@ -193,7 +258,10 @@ void test('compaction keeps trailing entries, returns only those after the snaps
     assert.equal(await r.compact(snap(10, 1), 100), true);
     assert.deepEqual((await r.load()).entries, []);
     await r.save(save({ entries: ents(11, 12, 2), hardState: { term: 2, vote: null, commit: 11 } }));
-    assert.deepEqual((await r.load()).entries.map((e) => e.index), [11, 12]);
+    assert.deepEqual(
+      (await r.load()).entries.map((e) => e.index),
+      [11, 12],
+    );
     await assert.rejects(r.compact(snap(12, 1), 12), /does not match/, 'snapshot term must match the stored entry');
     await r.close();
   });
@@ -210,7 +278,10 @@ void test('save rejects a Ready that would break the log, without writing anythi
     await assert.rejects(s.save(save({ entries: [ent(2, 1)] })), /at or below the snapshot/);
     // Still usable.
     await s.save(save({ entries: [ent(4, 1)], hardState: { term: 1, vote: 'n1', commit: 4 } }));
-    assert.deepEqual((await s.load()).entries.map((e) => e.index), [3, 4]);
+    assert.deepEqual(
+      (await s.load()).entries.map((e) => e.index),
+      [3, 4],
+    );
     await s.close();
   });
 });
@@ -245,7 +316,10 @@ void test('a directory of another node or cluster is refused, and left untouched
       assert.match(err.message, /belongs to node 'n1'.*not 'n2'/);
       return true;
     });
-    await assert.rejects(LevelRaftStorage.open(dir, options({ clusterId: 'other' })), /belongs to cluster 'test-cluster', not 'other'/);
+    await assert.rejects(
+      LevelRaftStorage.open(dir, options({ clusterId: 'other' })),
+      /belongs to cluster 'test-cluster', not 'other'/,
+    );
     assert.ok((await rawKeys(dir)).includes('log/3'));
     const r = await LevelRaftStorage.open(dir, options());
     assert.equal(r.meta().repairs.length, 1);
@@ -281,7 +355,10 @@ void test('a corrupt last entry above the commit index is truncated and reported
     const logger = captureLogger();
     const s = await LevelRaftStorage.open(dir, options({ logger }));
     const st = await s.load();
-    assert.deepEqual(st.entries.map((e) => e.index), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert.deepEqual(
+      st.entries.map((e) => e.index),
+      [1, 2, 3, 4, 5, 6, 7, 8, 9],
+    );
     assert.equal(st.meta.repairs.length, 1);
     const rep = st.meta.repairs[0];
     assert.equal(rep?.key, 'log/10');
@@ -297,7 +374,10 @@ void test('a corrupt last entry above the commit index is truncated and reported
     const r = await LevelRaftStorage.open(dir, options());
     const st2 = await r.load();
     assert.deepEqual(st2.meta.repairs, []);
-    assert.deepEqual(st2.entries.map((e) => e.term), [1, 1, 1, 1, 1, 1, 1, 1, 1, 2]);
+    assert.deepEqual(
+      st2.entries.map((e) => e.term),
+      [1, 1, 1, 1, 1, 1, 1, 1, 1, 2],
+    );
     await r.close();
   });
 });
@@ -309,7 +389,10 @@ void test('a corrupt record above commit sets a durable vote barrier at the high
     const logger = captureLogger();
     let s = await LevelRaftStorage.open(dir, options({ logger }));
     assert.equal(s.meta().voteBarrier, 10);
-    assert.match(logger.lines.join('\n'), /must not vote until its commit index reaches the vote barrier.*"voteBarrier":10/);
+    assert.match(
+      logger.lines.join('\n'),
+      /must not vote until its commit index reaches the vote barrier.*"voteBarrier":10/,
+    );
     await s.close();
     // A crash before the node caught up: the barrier is still there on the next open (nothing is repaired now).
     s = await LevelRaftStorage.open(dir, options());
@@ -334,8 +417,14 @@ void test('a missing entry above the commit index truncates the log from the gap
     await delKey(dir, entryKey(7));
     const s = await LevelRaftStorage.open(dir, options());
     const st = await s.load();
-    assert.deepEqual(st.entries.map((e) => e.index), [1, 2, 3, 4, 5, 6]);
-    assert.deepEqual(st.meta.repairs.map((r) => [r.key, r.truncatedFrom, r.removedRecords]), [['log/7', 7, 3]]);
+    assert.deepEqual(
+      st.entries.map((e) => e.index),
+      [1, 2, 3, 4, 5, 6],
+    );
+    assert.deepEqual(
+      st.meta.repairs.map((r) => [r.key, r.truncatedFrom, r.removedRecords]),
+      [['log/7', 7, 3]],
+    );
     assert.match(st.meta.repairs[0]?.reason ?? '', /missing \(the next stored entry is 8\)/);
     await s.close();
     assert.deepEqual((await rawKeys(dir)).filter((k) => k.startsWith('log/')).length, 6);
@@ -352,7 +441,10 @@ void test('cut-short, misplaced and semantically impossible records above commit
       await db.put(entryKey(9), v.subarray(0, 7));
     });
     let s = await LevelRaftStorage.open(dir, options());
-    assert.deepEqual(s.meta().repairs.map((r) => r.truncatedFrom), [9]);
+    assert.deepEqual(
+      s.meta().repairs.map((r) => r.truncatedFrom),
+      [9],
+    );
     await s.close();
     // A valid record stored under another key: the checksum covers the key.
     await withRawDb(dir, async (db) => {
@@ -361,7 +453,10 @@ void test('cut-short, misplaced and semantically impossible records above commit
       await db.put(entryKey(8), v);
     });
     s = await LevelRaftStorage.open(dir, options());
-    assert.deepEqual(s.meta().repairs.map((r) => [r.key, r.truncatedFrom]), [['log/8', 8]]);
+    assert.deepEqual(
+      s.meta().repairs.map((r) => [r.key, r.truncatedFrom]),
+      [['log/8', 8]],
+    );
     // An entry whose term is past the hard state's term cannot have been written by Raft.
     await s.save(save({ entries: [ent(8, 1)] }));
     await s.close();
@@ -370,7 +465,10 @@ void test('cut-short, misplaced and semantically impossible records above commit
       await db.put(entryKey(8), encodeEntry(ent(8, 5)));
     });
     s = await LevelRaftStorage.open(dir, options());
-    assert.deepEqual(s.meta().repairs.map((r) => r.truncatedFrom), [8]);
+    assert.deepEqual(
+      s.meta().repairs.map((r) => r.truncatedFrom),
+      [8],
+    );
     assert.match(s.meta().repairs[0]?.reason ?? '', /above the hard state's term/);
     await s.close();
   });
@@ -405,7 +503,11 @@ void test('corruption at or below the commit index is fatal and names the key', 
 });
 
 void test('a damaged hard state, snapshot or identity record is fatal', async () => {
-  for (const [key, name] of [[hardKey, 'hard'], [snapKey, 'snap'], [metaKey, 'meta']] as const) {
+  for (const [key, name] of [
+    [hardKey, 'hard'],
+    [snapKey, 'snap'],
+    [metaKey, 'meta'],
+  ] as const) {
     await withTempDir(async (dir) => {
       await prepared(dir, 2);
       await flipByte(dir, key, 5);
@@ -440,7 +542,10 @@ void test('single-byte damage anywhere is either repaired above commit or refuse
         const st = await s.load();
         await s.close();
         assert.ok(idx !== undefined && idx > 5, `opened although ${describeKey(key)} was damaged`);
-        assert.deepEqual(st.entries.map((e) => e.index), Array.from({ length: idx - 1 }, (_, i) => i + 1));
+        assert.deepEqual(
+          st.entries.map((e) => e.index),
+          Array.from({ length: idx - 1 }, (_, i) => i + 1),
+        );
         assert.equal(st.meta.repairs.length, 1);
       } catch (err) {
         assert.ok(err instanceof StorageCorruptionError, String(err));

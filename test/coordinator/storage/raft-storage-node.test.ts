@@ -48,7 +48,10 @@ void test('a RaftNode runs on the storage, compacts, and restarts from load()', 
     assert.equal(new TextDecoder().decode(loaded.snapshot.data), `state@${before.applied}`);
     node = new RaftNode(cfg, loaded);
     const after = node.status();
-    assert.deepEqual([after.term, after.vote, after.commit, after.lastIndex], [before.term, before.vote, before.commit, before.lastIndex]);
+    assert.deepEqual(
+      [after.term, after.vote, after.commit, after.lastIndex],
+      [before.term, before.vote, before.commit, before.lastIndex],
+    );
     // It elects itself again in a later term and keeps going.
     for (let i = 0; i < 3 * cfg.electionTicks && node.status().role !== Role.Leader; i++) {
       node.tick();

@@ -15,21 +15,49 @@ type OpSeed =
   | { t: 'reopen' };
 
 const opSeed: fc.Arbitrary<OpSeed> = fc.oneof(
-  { weight: 6, arbitrary: fc.record({ t: fc.constant('append' as const), from: fc.nat(), count: fc.nat({ max: 5 }), termBump: fc.boolean(), commitAdv: fc.nat(), vote: fc.boolean(), sync: fc.boolean() }) },
-  { weight: 1, arbitrary: fc.record({ t: fc.constant('install' as const), at: fc.nat({ max: 8 }), count: fc.nat({ max: 3 }), termBump: fc.boolean(), voters: fc.integer({ min: 1, max: 5 }) }) },
-  { weight: 2, arbitrary: fc.record({ t: fc.constant('compact' as const), at: fc.nat(), keepBack: fc.nat({ max: 6 }) }) },
+  {
+    weight: 6,
+    arbitrary: fc.record({
+      t: fc.constant('append' as const),
+      from: fc.nat(),
+      count: fc.nat({ max: 5 }),
+      termBump: fc.boolean(),
+      commitAdv: fc.nat(),
+      vote: fc.boolean(),
+      sync: fc.boolean(),
+    }),
+  },
+  {
+    weight: 1,
+    arbitrary: fc.record({
+      t: fc.constant('install' as const),
+      at: fc.nat({ max: 8 }),
+      count: fc.nat({ max: 3 }),
+      termBump: fc.boolean(),
+      voters: fc.integer({ min: 1, max: 5 }),
+    }),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({ t: fc.constant('compact' as const), at: fc.nat(), keepBack: fc.nat({ max: 6 }) }),
+  },
   { weight: 1, arbitrary: fc.constant({ t: 'reopen' as const }) },
 );
 
 const kinds = [EntryKind.Normal, EntryKind.Noop, EntryKind.Conf] as const;
 const mkEntries = (from: number, count: number, term: number): Entry[] =>
-  Array.from({ length: count }, (_, i) => ent(from + i, term, kinds[(from + i) % 3] ?? EntryKind.Normal, (from + i) % 4 === 0 ? 0 : 24));
+  Array.from({ length: count }, (_, i) =>
+    ent(from + i, term, kinds[(from + i) % 3] ?? EntryKind.Normal, (from + i) % 4 === 0 ? 0 : 24),
+  );
 
 void test('storage matches the in-memory model over random save/compact/reopen sequences', async () => {
   await fc.assert(
     fc.asyncProperty(fc.array(opSeed, { minLength: 1, maxLength: 30 }), async (seeds) => {
       await withTempDir(async (dir) => {
-        const initial: Snapshot = { meta: { index: 0, term: 0, conf: { voters: ['n1', 'n2', 'n3'], learners: [] } }, data: bootstrapData };
+        const initial: Snapshot = {
+          meta: { index: 0, term: 0, conf: { voters: ['n1', 'n2', 'n3'], learners: [] } },
+          data: bootstrapData,
+        };
         const model = new StorageModel(initial);
         let s = await LevelRaftStorage.open(dir, options());
         try {
@@ -45,7 +73,11 @@ void test('storage matches the in-memory model over random save/compact/reopen s
               const newTerm = term + (seed.termBump ? 1 : 0);
               const entries = mkEntries(from, seed.count, newTerm);
               const newLast = seed.count > 0 ? from + seed.count - 1 : model.lastIndex();
-              const hard: HardState = { term: newTerm, vote: seed.vote ? 'n2' : null, commit: commit + (seed.commitAdv % (newLast - commit + 1)) };
+              const hard: HardState = {
+                term: newTerm,
+                vote: seed.vote ? 'n2' : null,
+                commit: commit + (seed.commitAdv % (newLast - commit + 1)),
+              };
               const rd = save({ entries, hardState: hard, mustSync: seed.sync });
               model.save(rd);
               await s.save(rd);
@@ -53,8 +85,15 @@ void test('storage matches the in-memory model over random save/compact/reopen s
               const at = commit + 1 + seed.at;
               const newTerm = term + (seed.termBump ? 1 : 0);
               const voters = ['n1', 'n2', 'n3', 'n4', 'n5'].slice(0, seed.voters);
-              const snapshot: Snapshot = { meta: { index: at, term: newTerm, conf: { voters, learners: ['n9'] } }, data: new Uint8Array([at & 0xff, 1, 2]) };
-              const rd = save({ snapshot, entries: mkEntries(at + 1, seed.count, newTerm), hardState: { term: newTerm, vote: null, commit: at } });
+              const snapshot: Snapshot = {
+                meta: { index: at, term: newTerm, conf: { voters, learners: ['n9'] } },
+                data: new Uint8Array([at & 0xff, 1, 2]),
+              };
+              const rd = save({
+                snapshot,
+                entries: mkEntries(at + 1, seed.count, newTerm),
+                hardState: { term: newTerm, vote: null, commit: at },
+              });
               model.save(rd);
               await s.save(rd);
             } else if (seed.t === 'compact') {
@@ -62,7 +101,10 @@ void test('storage matches the in-memory model over random save/compact/reopen s
               const at = S + 1 + (seed.at % (commit - S));
               const t = model.termAt(at);
               assert.ok(t !== undefined, `${where}: model has no entry at ${at}`);
-              const snapshot: Snapshot = { meta: { index: at, term: t, conf: { voters: ['n1', 'n2'], learners: [] } }, data: new Uint8Array([at & 0xff]) };
+              const snapshot: Snapshot = {
+                meta: { index: at, term: t, conf: { voters: ['n1', 'n2'], learners: [] } },
+                data: new Uint8Array([at & 0xff]),
+              };
               const keepFrom = at + 1 - seed.keepBack;
               assert.equal(await s.compact(snapshot, keepFrom), model.compact(snapshot, keepFrom), where);
             } else {
@@ -76,7 +118,11 @@ void test('storage matches the in-memory model over random save/compact/reopen s
             const st = s.stats();
             assert.deepEqual(st.hardState, model.hard, where);
             assert.equal(st.snapshotIndex, model.snapshot.meta.index, where);
-            assert.equal(Math.max(0, st.lastStoredIndex - st.firstStoredIndex + 1), model.entries.length, `${where}: stored entry count`);
+            assert.equal(
+              Math.max(0, st.lastStoredIndex - st.firstStoredIndex + 1),
+              model.entries.length,
+              `${where}: stored entry count`,
+            );
             if (model.entries.length > 0) assert.equal(st.firstStoredIndex, model.entries[0]?.index, where);
           }
           assertSameState(await s.load(), model.load(), 'end, same handle');

@@ -5,7 +5,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import assert from 'node:assert/strict';
 import { ClassicLevel } from 'classic-level';
-import { EntryKind, type Entry, type HardState, type RaftInitialState, type Snapshot } from '../../../coordinator/raft/index.js';
+import {
+  EntryKind,
+  type Entry,
+  type HardState,
+  type RaftInitialState,
+  type Snapshot,
+} from '../../../coordinator/raft/index.js';
 import type { LevelRaftStorageOptions, ReadyToPersist, StorageLogger } from '../../../coordinator/storage/index.js';
 
 export async function withTempDir<T>(fn: (dir: string) => Promise<T>): Promise<T> {
@@ -58,12 +64,20 @@ export function save(p: Partial<ReadyToPersist>): ReadyToPersist {
   return { hardState: null, entries: [], snapshot: null, mustSync: true, ...p };
 }
 
-export function snap(index: number, term: number, voters: string[] = ['n1', 'n2', 'n3'], data = new Uint8Array([index & 0xff, 7])): Snapshot {
+export function snap(
+  index: number,
+  term: number,
+  voters: string[] = ['n1', 'n2', 'n3'],
+  data = new Uint8Array([index & 0xff, 7]),
+): Snapshot {
   return { meta: { index, term, conf: { voters, learners: [] } }, data };
 }
 
 /** Opens the raw LevelDB under a (closed) storage directory. */
-export async function withRawDb(dir: string, fn: (db: ClassicLevel<Uint8Array, Uint8Array>) => Promise<void>): Promise<void> {
+export async function withRawDb(
+  dir: string,
+  fn: (db: ClassicLevel<Uint8Array, Uint8Array>) => Promise<void>,
+): Promise<void> {
   const db = new ClassicLevel<Uint8Array, Uint8Array>(dir, { keyEncoding: 'view', valueEncoding: 'view' });
   await db.open();
   try {
@@ -132,7 +146,14 @@ export class StorageModel {
 export function assertSameState(actual: RaftInitialState, expected: RaftInitialState, where = ''): void {
   const plain = (s: RaftInitialState) => ({
     hardState: { ...s.hardState },
-    snapshot: { meta: { index: s.snapshot.meta.index, term: s.snapshot.meta.term, conf: { voters: [...s.snapshot.meta.conf.voters], learners: [...s.snapshot.meta.conf.learners] } }, data: [...s.snapshot.data] },
+    snapshot: {
+      meta: {
+        index: s.snapshot.meta.index,
+        term: s.snapshot.meta.term,
+        conf: { voters: [...s.snapshot.meta.conf.voters], learners: [...s.snapshot.meta.conf.learners] },
+      },
+      data: [...s.snapshot.data],
+    },
     entries: s.entries.map((e) => ({ index: e.index, term: e.term, kind: e.kind, data: [...e.data] })),
   });
   assert.deepEqual(plain(actual), plain(expected), where);

@@ -51,7 +51,11 @@ void test('codec: batches of every message type round-trip exactly, binaries as 
       assert.deepStrictEqual(decoded, batch);
       for (const m of decoded) {
         for (const b of binariesOf(m)) {
-          assert.equal(Object.getPrototypeOf(b), Uint8Array.prototype, 'binary must come back as Uint8Array, not Buffer');
+          assert.equal(
+            Object.getPrototypeOf(b),
+            Uint8Array.prototype,
+            'binary must come back as Uint8Array, not Buffer',
+          );
         }
       }
     }),
@@ -63,14 +67,29 @@ void test('codec: decoded binaries own their bytes; subarray views encode only t
   const backing = new Uint8Array(1024).map((_, i) => i & 0xff);
   const chunk = backing.subarray(100, 300);
   const snap: Message = {
-    type: 'snapshot', from: 'n1', to: 'n2', term: 3,
+    type: 'snapshot',
+    from: 'n1',
+    to: 'n2',
+    term: 3,
     meta: { index: 10, term: 2, conf: { voters: ['n1', 'n2', 'n3'], learners: [] } },
-    offset: 100, totalBytes: 1024, chunk, done: false,
+    offset: 100,
+    totalBytes: 1024,
+    chunk,
+    done: false,
   };
   const entryData = backing.subarray(5, 9);
   const app: Message = {
-    type: 'append', from: 'n1', to: 'n2', term: 3, prevIndex: 4, prevTerm: 2, commit: 4,
-    entries: [{ term: 3, index: 5, kind: 0, data: entryData }, { term: 3, index: 6, kind: 2, data: new Uint8Array(0) }],
+    type: 'append',
+    from: 'n1',
+    to: 'n2',
+    term: 3,
+    prevIndex: 4,
+    prevTerm: 2,
+    commit: 4,
+    entries: [
+      { term: 3, index: 5, kind: 0, data: entryData },
+      { term: 3, index: 6, kind: 2, data: new Uint8Array(0) },
+    ],
   };
   const frame = encodeFrame([snap, app]);
   const [s, a] = decodeOk(frame);
@@ -110,18 +129,100 @@ void test('codec: malformed frames are reported, never thrown', () => {
     ['Infinity', rawFrame([{ ...good, commit: Infinity }]), /commit is not an integer/],
     ['unsafe integer', rawFrame([{ ...good, commit: 2 ** 60 }]), /commit is not an integer/],
     ['number as string', rawFrame([{ ...good, term: '1' }]), /term is not an integer/],
-    ['missing field', rawFrame([{ type: 'heartbeat', from: 'n1', to: 'n2', term: 1, commit: 2 }]), /readSeq is not an integer/],
+    [
+      'missing field',
+      rawFrame([{ type: 'heartbeat', from: 'n1', to: 'n2', term: 1, commit: 2 }]),
+      /readSeq is not an integer/,
+    ],
     ['empty id', rawFrame([{ ...good, from: '' }]), /from is not a node id/],
     ['id too long', rawFrame([{ ...good, to: 'x'.repeat(257) }]), /to is not a node id/],
     ['id not a string', rawFrame([{ ...good, from: 1 }]), /from is not a node id/],
-    ['boolean not a boolean', rawFrame([{ type: 'vote-resp', from: 'n1', to: 'n2', term: 1, reject: 0 }]), /reject is not a boolean/],
-    ['entry kind unknown', rawFrame([{ type: 'append', from: 'n1', to: 'n2', term: 1, prevIndex: 0, prevTerm: 0, commit: 0, entries: [{ term: 1, index: 1, kind: 9, data: new Uint8Array(1) }] }]), /kind 9 is unknown/],
-    ['entry data a string', rawFrame([{ type: 'append', from: 'n1', to: 'n2', term: 1, prevIndex: 0, prevTerm: 0, commit: 0, entries: [{ term: 1, index: 1, kind: 0, data: 'abc' }] }]), /data is not binary/],
-    ['entries not an array', rawFrame([{ type: 'append', from: 'n1', to: 'n2', term: 1, prevIndex: 0, prevTerm: 0, commit: 0, entries: {} }]), /entries is not an array/],
-    ['chunk beyond totalBytes', rawFrame([{ type: 'snapshot', from: 'n1', to: 'n2', term: 1, meta: { index: 1, term: 1, conf: { voters: ['n1'], learners: [] } }, offset: 10, totalBytes: 12, chunk: new Uint8Array(5), done: true }]), /lies beyond totalBytes/],
-    ['bad conf', rawFrame([{ type: 'snapshot', from: 'n1', to: 'n2', term: 1, meta: { index: 1, term: 1, conf: { voters: [''], learners: [] } }, offset: 0, totalBytes: 1, chunk: new Uint8Array(1), done: true }]), /voters\[0\] is not a node id/],
-    ['read-index-resp below -1', rawFrame([{ type: 'read-index-resp', from: 'n1', to: 'n2', term: 1, ctx: 'c', index: -2 }]), /index is not an integer >= -1/],
-    ['ctx too long', rawFrame([{ type: 'read-index', from: 'n1', to: 'n2', term: 1, ctx: 'c'.repeat(5000) }]), /ctx is not a string/],
+    [
+      'boolean not a boolean',
+      rawFrame([{ type: 'vote-resp', from: 'n1', to: 'n2', term: 1, reject: 0 }]),
+      /reject is not a boolean/,
+    ],
+    [
+      'entry kind unknown',
+      rawFrame([
+        {
+          type: 'append',
+          from: 'n1',
+          to: 'n2',
+          term: 1,
+          prevIndex: 0,
+          prevTerm: 0,
+          commit: 0,
+          entries: [{ term: 1, index: 1, kind: 9, data: new Uint8Array(1) }],
+        },
+      ]),
+      /kind 9 is unknown/,
+    ],
+    [
+      'entry data a string',
+      rawFrame([
+        {
+          type: 'append',
+          from: 'n1',
+          to: 'n2',
+          term: 1,
+          prevIndex: 0,
+          prevTerm: 0,
+          commit: 0,
+          entries: [{ term: 1, index: 1, kind: 0, data: 'abc' }],
+        },
+      ]),
+      /data is not binary/,
+    ],
+    [
+      'entries not an array',
+      rawFrame([{ type: 'append', from: 'n1', to: 'n2', term: 1, prevIndex: 0, prevTerm: 0, commit: 0, entries: {} }]),
+      /entries is not an array/,
+    ],
+    [
+      'chunk beyond totalBytes',
+      rawFrame([
+        {
+          type: 'snapshot',
+          from: 'n1',
+          to: 'n2',
+          term: 1,
+          meta: { index: 1, term: 1, conf: { voters: ['n1'], learners: [] } },
+          offset: 10,
+          totalBytes: 12,
+          chunk: new Uint8Array(5),
+          done: true,
+        },
+      ]),
+      /lies beyond totalBytes/,
+    ],
+    [
+      'bad conf',
+      rawFrame([
+        {
+          type: 'snapshot',
+          from: 'n1',
+          to: 'n2',
+          term: 1,
+          meta: { index: 1, term: 1, conf: { voters: [''], learners: [] } },
+          offset: 0,
+          totalBytes: 1,
+          chunk: new Uint8Array(1),
+          done: true,
+        },
+      ]),
+      /voters\[0\] is not a node id/,
+    ],
+    [
+      'read-index-resp below -1',
+      rawFrame([{ type: 'read-index-resp', from: 'n1', to: 'n2', term: 1, ctx: 'c', index: -2 }]),
+      /index is not an integer >= -1/,
+    ],
+    [
+      'ctx too long',
+      rawFrame([{ type: 'read-index', from: 'n1', to: 'n2', term: 1, ctx: 'c'.repeat(5000) }]),
+      /ctx is not a string/,
+    ],
     ['one bad message spoils the frame', rawFrame([good, { ...good, term: -3 }]), /message 1: term/],
   ];
   for (const [name, frame, expected] of cases) {
@@ -130,12 +231,21 @@ void test('codec: malformed frames are reported, never thrown', () => {
     assert.ok(error.length <= 300, `${name}: error text is bounded`);
   }
   // read-index-resp may carry -1 (the leader could not serve the read).
-  assert.equal(decodeOk(rawFrame([{ type: 'read-index-resp', from: 'n1', to: 'n2', term: 1, ctx: 'c', index: -1 }])).length, 1);
+  assert.equal(
+    decodeOk(rawFrame([{ type: 'read-index-resp', from: 'n1', to: 'n2', term: 1, ctx: 'c', index: -1 }])).length,
+    1,
+  );
 });
 
 void test('codec: frames over the size limit are refused before decoding', () => {
   const big: Message = {
-    type: 'append', from: 'n1', to: 'n2', term: 1, prevIndex: 0, prevTerm: 0, commit: 0,
+    type: 'append',
+    from: 'n1',
+    to: 'n2',
+    term: 1,
+    prevIndex: 0,
+    prevTerm: 0,
+    commit: 0,
     entries: [{ term: 1, index: 1, kind: 0, data: new Uint8Array(2048) }],
   };
   const frame = encodeFrame([big]);
@@ -145,14 +255,19 @@ void test('codec: frames over the size limit are refused before decoding', () =>
 
 void test('codec: corrupted and arbitrary frames never throw', () => {
   fc.assert(
-    fc.property(fc.array(messageArb, { minLength: 1, maxLength: 4 }), fc.array(fc.tuple(fc.nat(), fc.nat(255)), { minLength: 1, maxLength: 8 }), fc.nat(), (batch, flips, cut) => {
-      const frame = Uint8Array.from(encodeFrame(batch));
-      for (const [pos, value] of flips) frame[pos % frame.length] = value;
-      for (const f of [frame, frame.subarray(0, cut % frame.length)]) {
-        const r = decodeFrame(f);
-        if (r.ok) for (const m of r.messages) validateMessage(m);
-      }
-    }),
+    fc.property(
+      fc.array(messageArb, { minLength: 1, maxLength: 4 }),
+      fc.array(fc.tuple(fc.nat(), fc.nat(255)), { minLength: 1, maxLength: 8 }),
+      fc.nat(),
+      (batch, flips, cut) => {
+        const frame = Uint8Array.from(encodeFrame(batch));
+        for (const [pos, value] of flips) frame[pos % frame.length] = value;
+        for (const f of [frame, frame.subarray(0, cut % frame.length)]) {
+          const r = decodeFrame(f);
+          if (r.ok) for (const m of r.messages) validateMessage(m);
+        }
+      },
+    ),
     { numRuns: 300, seed: 3 },
   );
   fc.assert(

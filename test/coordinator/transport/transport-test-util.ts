@@ -38,25 +38,45 @@ export const messageArb: fc.Arbitrary<Message> = fc.oneof(
   rec({ type: fc.constant('vote' as const), ...base, lastIndex: numArb, lastTerm: numArb, transfer: fc.boolean() }),
   rec({ type: fc.constantFrom('pre-vote-resp' as const, 'vote-resp' as const), ...base, reject: fc.boolean() }),
   rec({
-    type: fc.constant('append' as const), ...base,
-    prevIndex: numArb, prevTerm: numArb, entries: fc.array(entryArb, { maxLength: 8 }), commit: numArb,
+    type: fc.constant('append' as const),
+    ...base,
+    prevIndex: numArb,
+    prevTerm: numArb,
+    entries: fc.array(entryArb, { maxLength: 8 }),
+    commit: numArb,
   }),
   rec({
-    type: fc.constant('append-resp' as const), ...base,
-    reject: fc.boolean(), index: numArb, hintIndex: numArb, hintTerm: numArb,
+    type: fc.constant('append-resp' as const),
+    ...base,
+    reject: fc.boolean(),
+    index: numArb,
+    hintIndex: numArb,
+    hintTerm: numArb,
   }),
   rec({ type: fc.constant('heartbeat' as const), ...base, commit: numArb, readSeq: numArb }),
   rec({ type: fc.constant('heartbeat-resp' as const), ...base, readSeq: numArb }),
-  fc.tuple(rec({ ...base, meta: rec({ index: numArb, term: numArb, conf: confArb }), done: fc.boolean() }), smallNat, bytesArb, smallNat)
+  fc
+    .tuple(
+      rec({ ...base, meta: rec({ index: numArb, term: numArb, conf: confArb }), done: fc.boolean() }),
+      smallNat,
+      bytesArb,
+      smallNat,
+    )
     .map(([b, offset, chunk, extra]) => ({
-      type: 'snapshot' as const, ...b, offset, totalBytes: offset + chunk.byteLength + extra, chunk,
+      type: 'snapshot' as const,
+      ...b,
+      offset,
+      totalBytes: offset + chunk.byteLength + extra,
+      chunk,
     })),
   rec({ type: fc.constant('snapshot-resp' as const), ...base, snapshotIndex: numArb, nextOffset: numArb }),
   rec({ type: fc.constant('timeout-now' as const), ...base }),
   rec({ type: fc.constant('read-index' as const), ...base, ctx: fc.string({ maxLength: 40, unit: 'grapheme' }) }),
   rec({
-    type: fc.constant('read-index-resp' as const), ...base,
-    ctx: fc.string({ maxLength: 40, unit: 'grapheme' }), index: fc.oneof(fc.constant(-1), numArb),
+    type: fc.constant('read-index-resp' as const),
+    ...base,
+    ctx: fc.string({ maxLength: 40, unit: 'grapheme' }),
+    index: fc.oneof(fc.constant(-1), numArb),
   }),
 );
 
@@ -110,7 +130,10 @@ export type NodeOverrides = Partial<Omit<PeerTransportOptions, 'selfId' | 'peers
  * Starts transports for `ids` on 127.0.0.1 port 0, then tells each the others' addresses
  * (exercising setPeers). Returns the nodes and the address map.
  */
-export async function startCluster(ids: readonly NodeId[], overrides: (id: NodeId) => NodeOverrides = () => ({})): Promise<{ nodes: Map<NodeId, TestNode>; addresses: Map<NodeId, string> }> {
+export async function startCluster(
+  ids: readonly NodeId[],
+  overrides: (id: NodeId) => NodeOverrides = () => ({}),
+): Promise<{ nodes: Map<NodeId, TestNode>; addresses: Map<NodeId, string> }> {
   const nodes = new Map<NodeId, TestNode>();
   const addresses = new Map<NodeId, string>();
   let seed = 1;
@@ -146,7 +169,13 @@ export function append(from: NodeId, to: NodeId, seq: number, payloadBytes = 32)
   const data = new Uint8Array(payloadBytes);
   for (let i = 0; i < data.length; i++) data[i] = (seq + i) & 0xff;
   return {
-    type: 'append', from, to, term: 1, prevIndex: seq, prevTerm: 1, commit: seq,
+    type: 'append',
+    from,
+    to,
+    term: 1,
+    prevIndex: seq,
+    prevTerm: 1,
+    commit: seq,
     entries: [{ term: 1, index: seq + 1, kind: 0, data }],
   };
 }
