@@ -222,13 +222,11 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
               ? 'internal'
               : 'error';
     if (status >= 500) logger.error({ err: error }, 'http api error');
-    void reply
-      .code(status)
-      .send({
-        error: name,
-        message: status >= 500 ? 'internal error' : error.message,
-        details: error.code === undefined ? null : { code: error.code },
-      });
+    void reply.code(status).send({
+      error: name,
+      message: status >= 500 ? 'internal error' : error.message,
+      details: error.code === undefined ? null : { code: error.code },
+    });
   });
   app.setNotFoundHandler((request, reply) => {
     void reply

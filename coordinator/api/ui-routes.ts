@@ -161,13 +161,11 @@ export function registerUiRoutes(app: FastifyInstance, opts: UiRoutesOptions): v
       return reply.code(401).send({ error: 'UNAUTHORIZED', message: 'log in at /ui/ or send Authorization: Bearer …' });
     const parsed = liveQuerySchema.safeParse(req.query);
     if (!parsed.success)
-      return reply
-        .code(400)
-        .send({
-          error: 'INVALID',
-          message: 'invalid query',
-          details: parsed.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
-        });
+      return reply.code(400).send({
+        error: 'INVALID',
+        message: 'invalid query',
+        details: parsed.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
+      });
     const backend = opts.backend;
     reply.headers({ 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' });
     const leader = backend.leaderId();
