@@ -137,6 +137,16 @@ export class QuotaOverrides {
     };
   }
 
+  /**
+   * The slice of this table the deciders decide on at `nowNs`: a leased grant's floor once its lease
+   * is no longer live (decide.ts's rule, read from the same shared deadline), else the slice itself.
+   * Off the hot path (applyLeaseEntries).
+   */
+  inForce(o: OverrideSlice, nowNs: bigint): OverrideSlice {
+    const d = this.deadline;
+    return o.lease !== null && o.floor !== null && d !== null && !d.live(o.lease, nowNs) ? o.floor : o;
+  }
+
   /** Every entry, for a (re)started worker. */
   entries(): OverrideEntry[] {
     return [...this.given.values()];
@@ -153,7 +163,9 @@ export class QuotaOverrides {
  * next grant starts from what the floor refilled. Keys without a bucket get none (a 0-hit check on a
  * present key only re-configures it). Returns the entries that had to be clamped (apply()). Every
  * thread applies through here (the workers too: a worker that decided on an older entry meanwhile
- * may have put a bucket back under it, and must not leave it there until its next check).
+ * may have put a bucket back under it, and must not leave it there until its next check). A key
+ * whose new entry is a grant of a lease already over is re-configured to that grant's floor, never
+ * back to the grant: the entry may reach a worker long after the lease ended.
  */
 export function applyLeaseEntries(
   table: BucketTable,
@@ -179,7 +191,11 @@ export function applyLeaseEntries(
     const o = overrides.get(e.key);
     if (o === undefined) continue;
     const key = globalBucketKey(e.key);
-    if (table.has(key)) table.take(key, o.limit, 0, nowNs);
+    // Under the limit the deciders use now: an entry that arrives after its lease ended (a worker
+    // reading its port late, after SIGCONT) must not put a bucket already on the floor back under
+    // the grant, where it would refill at the grant's rate until someone meets it (issue 13: seeds
+    // 1742, 2360, 4308 of the quota simulation).
+    if (table.has(key)) table.take(key, overrides.inForce(o, nowNs).limit, 0, nowNs);
   }
   // Applied all the same (the entries are in force); the caller treats it as a failed apply.
   if (stuck !== null)

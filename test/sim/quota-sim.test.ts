@@ -55,7 +55,7 @@ const WITHIN: Record<PlantedBug, number> = {
   'full-start-moved-grant': 5, // 1
   'deadline-off-hot-path': 10, // 2
   'release-by-wall-clock': 40, // 13
-  'forged-ack': 5, // 1
+  'forged-ack': 15, // 5
   'floor-as-of-now': 10, // 3
 };
 

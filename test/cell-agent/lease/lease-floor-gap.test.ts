@@ -17,6 +17,7 @@ import { LeaseClient } from '../../../cell-agent/lease/lease-client.js';
 import type { LeaseCallResult } from '../../../cell-agent/lease/lease-client.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../../../cell-agent/lease/lease-deadline.js';
 import { QuotaOverrides, applyLeaseEntries } from '../../../cell-agent/lease/quota-overrides.js';
+import type { OverrideEntry } from '../../../cell-agent/lease/quota-overrides.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
 import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
@@ -55,7 +56,8 @@ interface Call {
   readonly resolve: (r: LeaseCallResult) => void;
 }
 
-function cell() {
+/** `port: 'queued'`: the worker applies the entries only when deliver() is called (a worker reading its message port late, as agent-worker.ts applies them). */
+function cell(opts: { port?: 'now' | 'queued' } = {}) {
   let nowMs = 0;
   const clock = (): bigint => BigInt(Math.round(nowMs * 1e6));
   const timers: { at: number; fn: () => void; cancelled: boolean }[] = [];
@@ -79,6 +81,7 @@ function cell() {
   };
   const main = thread();
   const worker = thread();
+  const port: OverrideEntry[][] = [];
   const client = new LeaseClient({
     cellId: 'eu',
     coordinators: ['n1:7000'],
@@ -87,7 +90,8 @@ function cell() {
     // agent-main.ts: the main thread applies and re-configures, then the workers apply.
     onOverrides: (entries) => {
       const clamped = applyLeaseEntries(table, main.overrides, entries, clock());
-      worker.overrides.apply(entries);
+      if (opts.port === 'queued') port.push(entries);
+      else worker.overrides.apply(entries);
       return clamped;
     },
     intervalMs: 500,
@@ -116,6 +120,10 @@ function cell() {
     main,
     at: (ms: number): void => {
       nowMs = ms;
+    },
+    /** The worker reads its port: every queued message, in order, applied as agent-worker.ts does. */
+    deliver(): void {
+      for (const entries of port.splice(0)) applyLeaseEntries(table, worker.overrides, entries, clock());
     },
     /** The main thread runs the timers that are due (in order), late if it was stalled. */
     async runTimers(): Promise<void> {
@@ -201,4 +209,34 @@ void test('floor gap: a late answer whose lease is already over (its grants as f
   await c.reply(c.calls[1] as Call, answer([grant(2)]));
   const admitted = c.admit(c.main, 50);
   assert.ok(admitted <= MOST_AT_1500, `admitted ${admitted}, at most ${MOST_AT_1500}`);
+});
+
+void test('floor gap: a worker that reads a grant of a lease already over (its port read late) leaves the drained bucket on the floor', async () => {
+  const c = cell({ port: 'queued' });
+  c.client.start();
+  await c.runTimers();
+  await c.reply(c.calls[0] as Call, answer([grant(1)]));
+  c.deliver(); // the worker has the first grant
+  c.admit(c.main, 1, 0); // the bucket exists (empty) from 0 ms
+  c.at(10);
+  await c.runTimers(); // the acknowledgement's report, sent at 10 ms
+  assert.equal(c.calls.length, 2);
+  // Its answer at 20 ms, a smaller grant: the main thread applies it; the worker's port has not
+  // delivered it yet. The lease now ends at 1,010 ms.
+  c.at(20);
+  await c.reply(c.calls[1] as Call, answer([{ ...grant(2), rate: 90, burst: 90 }]));
+  // Then the whole process stops until 3,500 ms (SIGSTOP): on SIGCONT the worker reads its sockets
+  // first and decides on the floor (the deadline passed), draining the bucket.
+  c.at(3_500);
+  assert.ok(c.admit(c.worker, 50) >= 19, "the floor's burst");
+  assert.equal(c.admit(c.worker, 1), 0, 'drained');
+  // Then its port: the 90/s grant, of the lease that ended at 1,010 ms.
+  c.at(3_501);
+  c.deliver();
+  // 200 ms later the cell may hold what the floor refilled since the drain: 2 tokens at 10/s, and
+  // one of rounding. Put back under the grant, the bucket refilled 18 at 90/s.
+  c.at(3_700);
+  const admitted = c.admit(c.worker, 50);
+  assert.ok(admitted <= 3, `admitted ${admitted} in the 200 ms after the drain, at most 3 (the floor's rate)`);
+  assert.ok(admitted >= 1, `admitted ${admitted}: the floor refills`);
 });
