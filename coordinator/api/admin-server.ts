@@ -226,12 +226,25 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     return { session: { clientId, seq } };
   }
 
+  /** Goes on only on the leader; elsewhere the request is redirected to it (RepliedAlready). */
+  function onLeader(req: FastifyRequest, reply: FastifyReply): void {
+    if (backend.isLeader()) return;
+    redirectToLeader(req, reply, backend.leaderId());
+    throw new RepliedAlready('redirected to the leader');
+  }
+
+  /** A change of the member named in the path, at the address in the body: authorized, parsed, on the leader. */
+  function memberChange(req: FastifyRequest, reply: FastifyReply): { id: string; address: string } {
+    authorize(req, true);
+    const { id } = parse(idParams, req.params, 'path');
+    const { address } = parse(memberBody, req.body, 'body');
+    onLeader(req, reply);
+    return { id, address };
+  }
+
   async function write(req: FastifyRequest, reply: FastifyReply, cmd: LedgerCommandInput): Promise<LedgerValue> {
     authorize(req, true);
-    if (!backend.isLeader()) {
-      redirectToLeader(req, reply, backend.leaderId());
-      throw new RepliedAlready('redirected to the leader');
-    }
+    onLeader(req, reply);
     const result = await backend.propose(cmd);
     if (!result.ok) throw new ApiError(result.error.code, result.error.message);
     return result.value;
@@ -300,14 +313,11 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   app.put(
     '/v1/members/:id',
     guard(async (req, reply) => {
-      authorize(req, true);
-      const { id } = parse(idParams, req.params, 'path');
-      const body = parse(memberBody, req.body, 'body');
-      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
-      await membership(backend, { op: 'add-learner', node: id, context: body.address });
+      const { id, address } = memberChange(req, reply);
+      await membership(backend, { op: 'add-learner', node: id, context: address });
       await waitCaughtUp(backend, id);
       await membership(backend, { op: 'promote', node: id });
-      return { member: id, address: body.address, voter: true };
+      return { member: id, address, voter: true };
     }),
   );
   app.delete(
@@ -323,10 +333,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   app.post(
     '/v1/members/:id/replace',
     guard(async (req, reply) => {
-      authorize(req, true);
-      const { id } = parse(idParams, req.params, 'path');
-      const body = parse(memberBody, req.body, 'body');
-      if (!backend.isLeader()) return redirectToLeader(req, reply, backend.leaderId());
+      const { id, address } = memberChange(req, reply);
       if (id === backend.leaderId())
         throw new ApiError(
           'CONFLICT',
@@ -335,13 +342,13 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
       await membership(backend, { op: 'remove', node: id });
       // The cluster forgets the old data directory; the new one records itself when it starts.
       await backend.recordIncarnation(id, null);
-      await membership(backend, { op: 'add-learner', node: id, context: body.address });
+      await membership(backend, { op: 'add-learner', node: id, context: address });
       await waitCaughtUp(backend, id);
       await membership(backend, { op: 'promote', node: id });
       // Move to a new term, so no vote the lost data directory may have cast can count again.
       const other = backend.cluster().members.find((m) => m.voter && m.id !== id && m.id !== backend.leaderId());
       if (other !== undefined) await backend.transferLeadership(other.id).catch(() => undefined);
-      return { replaced: id, address: body.address };
+      return { replaced: id, address };
     }),
   );
 
