@@ -9,18 +9,25 @@ import { fileURLToPath } from 'node:url';
 import { loadSettings, settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger } from '../shared/logging.js';
 import { AGENT_SETTING_SPECS, agentConfigSchema } from './agent-config.js';
+import type { CoordinatorAddress } from './agent-config.js';
 import { startAgent } from './agent-main.js';
 import { serveUntilSignal, settingsOrExit, startOrExit } from './serve-command.js';
 import type { ServeCommandIo } from './serve-command.js';
 
 export type AgentCommandIo = ServeCommandIo;
 
-const USAGE = `usage: cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] [options]
+const SYNOPSIS =
+  'cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] [options]';
+const USAGE = `usage: ${SYNOPSIS}
 
 Answers Envoy's rate-limit checks (envoy.service.ratelimit.v3.RateLimitService) from shared memory.
 Every flag can also be given as CELLQUOTA_<FLAG> or in a YAML/JSON file named by --config.
 
 `;
+
+const coordinatorAddress = (c: CoordinatorAddress): string =>
+  `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`;
+const HTTP_REACHABLE_NOTE = 'reachable from the network: no authentication, keep it on a trusted network';
 
 export async function runAgentCommand(
   argv: readonly string[],
@@ -47,12 +54,14 @@ export async function runAgentCommand(
   for (const a of e.rlsTcp) lines.push(`  rls tcp   ${a}`);
   if (e.http !== null)
     lines.push(
-      `  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : 'reachable from the network: no authentication, keep it on a trusted network'})`,
+      `  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ` +
+        `${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : HTTP_REACHABLE_NOTE})`,
     );
   lines.push(
     config.coordinators.length === 0
       ? '  (no coordinators: global quotas run on static slices)'
-      : `  (coordinators ${config.coordinators.map((c) => `${c.id === undefined ? '' : `${c.id}=`}${c.host}:${c.port}`).join(',')}: global quotas run on static slices until the leader grants leased slices)`,
+      : `  (coordinators ${config.coordinators.map(coordinatorAddress).join(',')}: ` +
+          'global quotas run on static slices until the leader grants leased slices)',
   );
   io.stdout.write(`${lines.join('\n')}\n`);
 

@@ -46,7 +46,9 @@ const coordinators = z.union([z.string(), z.array(z.string())]).transform((v, ct
     if (id !== undefined && !COORDINATOR_ID.test(id)) {
       ctx.addIssue({
         code: 'custom',
-        message: `'${item}': the replica id before '=' must be lowercase letters, digits and dashes (as in the coordinators' --peers)`,
+        message:
+          `'${item}': the replica id before '=' must be lowercase letters, ` +
+          "digits and dashes (as in the coordinators' --peers)",
       });
       return z.NEVER;
     }
@@ -181,12 +183,18 @@ export const agentConfigFields = z.object({
       )
       .optional(),
     {
-      help: 'HOST:PORT (or PORT alone: 127.0.0.1, loopback only) for the HTTP API (/v1/check, /v1/forward-auth, /metrics, /healthz); it has no authentication, so give a non-loopback host only on a trusted network',
+      help:
+        'HOST:PORT (or PORT alone: 127.0.0.1, loopback only) for the HTTP API (/v1/check, /v1/forward-auth, ' +
+        '/metrics, /healthz); it has no authentication, so give a non-loopback host only on a trusted network',
       example: '127.0.0.1:9091',
     },
   ),
   coordinators: setting(coordinators, {
-    help: "HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators' gRPC (peer) addresses; any one is enough to find the leader. With ids, the agent reaches the leader at its own address for that id rather than the address the coordinators know each other by (proxies, per-replica load balancers). Without it the agent runs alone on static slices",
+    help:
+      "HOST:PORT,... (or ID=HOST:PORT,...) of the coordinators' gRPC (peer) addresses; any " +
+      'one is enough to find the leader. With ids, the agent reaches the leader at its own ' +
+      'address for that id rather than the address the coordinators know each other by (proxies, ' +
+      'per-replica load balancers). Without it the agent runs alone on static slices',
     default: [],
     example: 'n1=127.0.0.1:7001,n2=127.0.0.1:7002',
   }),
@@ -195,7 +203,9 @@ export const agentConfigFields = z.object({
     example: '/etc/cellquota/ca.pem',
   }),
   tlsCert: setting(z.string().min(1).optional(), {
-    help: "this cell's client certificate (PEM) for mutual TLS; must name --cell (URI urn:cellquota:cell:<id>, or the CN)",
+    help:
+      "this cell's client certificate (PEM) for mutual TLS; must " +
+      'name --cell (URI urn:cellquota:cell:<id>, or the CN)',
     example: '/etc/cellquota/cell.pem',
   }),
   tlsKey: setting(z.string().min(1).optional(), {
@@ -230,16 +240,22 @@ export const agentConfigFields = z.object({
     example: '101:101',
   }),
   tenants: setting(z.string().min(1).optional(), {
-    help: 'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running alone; refused with --coordinators (they hold every quota)',
+    help:
+      'static tiers and tenants (YAML: tiers, tenants, domainCap) for the global quotas of an agent running ' +
+      'alone; refused with --coordinators (they hold every quota)',
     example: '/etc/cellquota/tenants.yaml',
   }),
   unknownTenant: setting(unknownTenant.optional(), {
-    help: 'alone: policy for a tenant not in the table: deny | allow | tier:NAME; refused with --coordinators (PUT /v1/settings sets it there)',
+    help:
+      'alone: policy for a tenant not in the table: deny | allow | tier:NAME; ' +
+      'refused with --coordinators (PUT /v1/settings sets it there)',
     defaultHelp: DEFAULT_UNKNOWN_TENANT,
     example: 'tier:free',
   }),
   staticShare: setting(z.coerce.number().gt(0, 'must be > 0').max(1).optional(), {
-    help: "alone: this cell's share of every global quota, in (0, 1]; refused with --coordinators (the coordinator grants slices and floors)",
+    help:
+      "alone: this cell's share of every global quota, in (0, 1]; refused " +
+      'with --coordinators (the coordinator grants slices and floors)',
     defaultHelp: String(DEFAULT_STATIC_SHARE),
     example: '0.5',
   }),
@@ -249,7 +265,10 @@ export const agentConfigFields = z.object({
     example: 'true',
   }),
   mergeDomains: setting(boolish, {
-    help: 'merge rule files that name the same domain into one (envoyproxy/ratelimit MERGE_DOMAIN_CONFIG); a descriptor defined in two of them is still an error naming both files. Without it two files of one domain are refused',
+    help:
+      'merge rule files that name the same domain into one (envoyproxy/ratelimit ' +
+      'MERGE_DOMAIN_CONFIG); a descriptor defined in two of them is still an error ' +
+      'naming both files. Without it two files of one domain are refused',
     default: false,
     example: 'true',
   }),
@@ -274,17 +293,25 @@ export const agentConfigFields = z.object({
     example: '4096',
   }),
   lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), {
-    help: 'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path (--overload-policy); 0 disables',
+    help:
+      'event-loop lag beyond which a serving thread counts as overloaded and takes the overload path ' +
+      '(--overload-policy); 0 disables',
     default: DEFAULT_LAG_THRESHOLD_MS,
     example: '25',
   }),
   overloadPolicy: setting(z.enum(OVERLOAD_POLICIES), {
-    help: 'what an overloaded serving thread answers: bounded (each quota key admits at most its fail-open allowance, the rest is refused at once) | open (every check OK without deciding, the behaviour before; for comparison)',
+    help:
+      'what an overloaded serving thread answers: bounded (each quota key admits ' +
+      'at most its fail-open allowance, the rest is refused at once) | open (every ' +
+      'check OK without deciding, the behaviour before; for comparison)',
     default: DEFAULT_OVERLOAD.policy,
     example: 'open',
   }),
   overloadAllowance: setting(z.coerce.number().min(0).max(MAX_OVERLOAD_ALLOWANCE), {
-    help: `bounded: each key's fail-open allowance while overloaded, as a multiple of its floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything while overloaded, before decoding (at most ${MAX_OVERLOAD_ALLOWANCE})`,
+    help:
+      "bounded: each key's fail-open allowance while overloaded, as a multiple of its " +
+      "floor (global quota) or its rule's rate (local), one second deep; 0: refuse everything " +
+      `while overloaded, before decoding (at most ${MAX_OVERLOAD_ALLOWANCE})`,
     default: DEFAULT_OVERLOAD.allowance,
     example: '2',
   }),
@@ -339,7 +366,9 @@ export const agentConfigFields = z.object({
     example: '/etc/cellquota/routes.yaml',
   }),
   trustedProxies: setting(addressList, {
-    help: 'addresses and CIDRs (comma-separated, or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP forward-auth believes',
+    help:
+      'addresses and CIDRs (comma-separated, or loopback, private, linklocal) ' +
+      'whose X-Forwarded-For / X-Real-IP forward-auth believes',
     default: ['loopback'],
     example: '10.0.0.0/8,loopback',
   }),

@@ -116,7 +116,9 @@ export const coordinatorFields = z.object({
     example: '200',
   }),
   leaseListen: setting(hostPort.optional(), {
-    help: "host:port of the agents' lease service on its own gRPC server, so the peer port can stay closed to the cells",
+    help:
+      "host:port of the agents' lease service on its own gRPC " +
+      'server, so the peer port can stay closed to the cells',
     defaultHelp: "this replica's --peers address",
     example: '0.0.0.0:7002',
   }),
@@ -126,11 +128,15 @@ export const coordinatorFields = z.object({
     example: 'n1=10.0.0.1:7002',
   }),
   leaseTokens: setting(z.string().min(1).optional(), {
-    help: 'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen',
+    help:
+      'YAML/JSON file mapping each cell id to its bearer token (or sha256:<hex> of it): agents authenticate with ' +
+      'the token instead of a certificate; re-read when it changes. With TLS it needs --lease-listen',
     example: '/etc/cellquota/lease-tokens.yaml',
   }),
   maxCells: setting(z.coerce.number().int().min(1).max(MAX_CELLS), {
-    help: "most cells that may register (at most the ledger's limit, the default); a cell beyond it is refused until one is removed (ctl cells remove)",
+    help:
+      "most cells that may register (at most the ledger's limit, the default); a cell beyond it is refused until " +
+      'one is removed (ctl cells remove)',
     default: MAX_CELLS,
     example: '16',
   }),
@@ -196,7 +202,10 @@ export const exitStorageFailure = 74;
 export const exitInternalFailure = 70;
 
 export function coordinatorHelp(): string {
-  return `cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin 127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}`;
+  return (
+    'cellquota coordinator --id n1 --peers n1=127.0.0.1:7001,n2=...,n3=... --data-dir DIR --admin ' +
+    `127.0.0.1:8081\n\n${settingsHelp(coordinatorSpecs)}`
+  );
 }
 
 export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {

@@ -206,7 +206,8 @@ async function runImport(
       onProgress: (p) => {
         const pct = p.totalBytes > 0 ? ` (${Math.round((100 * p.bytesRead) / p.totalBytes)}% of the file read)` : '';
         console.error(
-          `import: ${fmt(p.done)} of ${fmt(p.read)} records done${pct}, ${fmt(Math.round((p.done * 1000) / Math.max(1, p.elapsedMs)))}/s, ${fmt(p.failed)} failed`,
+          `import: ${fmt(p.done)} of ${fmt(p.read)} records done${pct}, ` +
+            `${fmt(Math.round((p.done * 1000) / Math.max(1, p.elapsedMs)))}/s, ${fmt(p.failed)} failed`,
         );
       },
     });
@@ -214,7 +215,8 @@ async function runImport(
     if (err instanceof ImportFileError) throw new CtlError(err.message, 2);
     if (err instanceof CtlError)
       throw new CtlError(
-        `import stopped: ${err.message} (batches answered before this applied; re-run the import to finish, applied tenants come back unchanged)`,
+        `import stopped: ${err.message} (batches answered before this applied; re-run the import to finish, ` +
+          'applied tenants come back unchanged)',
         err.exitCode,
       );
     throw err;
@@ -223,7 +225,10 @@ async function runImport(
 
 function describeImport(s: ImportSummary): string {
   const fmt = (n: number): string => n.toLocaleString('en-US');
-  const head = `imported ${fmt(s.records)} records from ${s.file} in ${s.seconds.toFixed(1)} s (${fmt(s.perSecond)}/s, ${fmt(s.batches)} batches): ${fmt(s.created)} created, ${fmt(s.updated)} updated, ${fmt(s.unchanged)} unchanged, ${fmt(s.failedCount)} failed`;
+  const head =
+    `imported ${fmt(s.records)} records from ${s.file} in ${s.seconds.toFixed(1)} s (${fmt(s.perSecond)}/s, ` +
+    `${fmt(s.batches)} batches): ${fmt(s.created)} created, ${fmt(s.updated)} updated, ${fmt(s.unchanged)} ` +
+    `unchanged, ${fmt(s.failedCount)} failed`;
   if (s.failedCount === 0) return head;
   const shown = s.failed
     .slice(0, 50)
@@ -393,7 +398,8 @@ async function runCtl(
         out(
           c,
           () =>
-            `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n${renderTable(c.members, memberColumns)}`,
+            `leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}\n\n` +
+            renderTable(c.members, memberColumns),
         );
         return 0;
       }
@@ -444,7 +450,8 @@ async function runCtl(
           out(
             r,
             () =>
-              `${renderTable(r.tenants, tenantColumns)}${r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`}`,
+              renderTable(r.tenants, tenantColumns) +
+              (r.nextCursor === null ? '' : `\n(more: --cursor ${r.nextCursor})`),
           );
         } else if (verb === 'get') {
           const r = (await call(
@@ -455,7 +462,9 @@ async function runCtl(
           out(
             r,
             () =>
-              `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst} (${quotaSource(r) === 'tier' ? "the tier's" : quotaSource(r)})\n\n${r.slices.length === 0 ? '(no cells yet)' : renderTable(r.slices, sliceColumns(Date.now()))}`,
+              `tenant ${r.id}  tier ${r.tier}  quota ${r.quota.rate}/s burst ${r.quota.burst} ` +
+              `(${quotaSource(r) === 'tier' ? "the tier's" : quotaSource(r)})\n\n` +
+              (r.slices.length === 0 ? '(no cells yet)' : renderTable(r.slices, sliceColumns(Date.now()))),
           );
         } else if (verb === 'put') {
           const body = {
@@ -491,7 +500,10 @@ async function runCtl(
           out(r, () =>
             r.dropped
               ? `cell ${id} removed${r.freedSlot === null ? '' : `; floor slot ${r.freedSlot} freed`}`
-              : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed once its lease is over (${r.leaseExpiresAt === null ? 'now' : formatAge(r.leaseExpiresAt, Date.now())}, plus the skew margin)`,
+              : `cell ${id} is being removed: it gets no more leases; it is dropped and its floor slot freed ` +
+                'once its lease is over ' +
+                `(${r.leaseExpiresAt === null ? 'now' : formatAge(r.leaseExpiresAt, Date.now())}, ` +
+                'plus the skew margin)',
           );
         } else
           throw new CtlError(

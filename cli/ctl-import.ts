@@ -288,7 +288,8 @@ async function* readCsv(stream: NodeJS.ReadableStream): AsyncGenerator<Record_> 
       const missing = ['id', 'tier'].filter((n) => !names.includes(n));
       if (unknown.length > 0 || missing.length > 0 || new Set(names).size !== names.length) {
         header.error = new ImportFileError(
-          `the CSV header must name the columns ${CSV_COLUMNS.join(', ')} (id and tier required, each once); got: ${row.join(',')}`,
+          `the CSV header must name the columns ${CSV_COLUMNS.join(', ')} ` +
+            `(id and tier required, each once); got: ${row.join(',')}`,
         );
         throw header.error;
       }

@@ -85,13 +85,17 @@ export function renderTop(byAdmitted: LiveState, byRefused: LiveState, nowMs: nu
   const o = byAdmitted.overshoot;
   const out: string[] = [];
   out.push(
-    `cellquota top   leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}   built by ${byAdmitted.builtBy}   ${new Date(nowMs).toISOString().slice(11, 19)}   q: quit`,
+    `cellquota top   leader ${c.leader ?? '(none)'}  term ${c.term}  commit ${c.commitIndex}   built by ` +
+      `${byAdmitted.builtBy}   ${new Date(nowMs).toISOString().slice(11, 19)}   q: quit`,
   );
   out.push(
     `members  ${c.members.map((m) => `${m.id} ${m.role}${m.reachable === false ? ' (unreachable)' : ''}`).join(' · ')}`,
   );
   out.push(
-    `bound    peak admitted ÷ (rate·1s + burst) over the last minute ${o.peakRatio === null ? '-' : o.peakRatio.toFixed(3)}${o.peakQuota === null ? '' : ` (${o.peakQuota})`}   windows over 1: ${o.windowsOver ?? '-'} of ${o.windows ?? '-'}${byAdmitted.note === null ? '' : `   note: ${byAdmitted.note}`}`,
+    'bound    peak admitted ÷ (rate·1s + burst) over the last minute ' +
+      `${o.peakRatio === null ? '-' : o.peakRatio.toFixed(3)}${o.peakQuota === null ? '' : ` (${o.peakQuota})`}   ` +
+      `windows over 1: ${o.windowsOver ?? '-'} of ${o.windows ?? '-'}` +
+      (byAdmitted.note === null ? '' : `   note: ${byAdmitted.note}`),
   );
   out.push('');
   out.push(

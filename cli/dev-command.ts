@@ -53,7 +53,8 @@ replicas, the lease service on --peer-port+10..+12 taking each agent's report on
 certificate.
 
 --demo: once everything runs, sends checks for tenant 'acme' at ${DEMO_LOAD_FACTOR} × its quota (${DEMO_QUOTA} req/s),
-${DEMO_HOT * 100} % to one cell and ${Math.round((1 - DEMO_HOT) * 100)} % to the other, moving the hot spot every ${DEMO_SHIFT_S} s, and prints each
+${DEMO_HOT * 100} % to one cell and ${Math.round((1 - DEMO_HOT) * 100)} % to the other, \
+moving the hot spot every ${DEMO_SHIFT_S} s, and prints each
 second per cell the offered and admitted rates and the cell's slice (from the coordinators), and the
 global admitted rate against the quota.`;
 
@@ -196,7 +197,8 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
       ...tlsOfReplica(id, i),
     ]);
     console.log(
-      `  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}${pki === null ? '' : `, lease 127.0.0.1:${leasePort(i)} (mutual TLS)`}`,
+      `  starting coordinator ${id}: peer 127.0.0.1:${peerPort + i}, admin ${adminUrls[i] ?? ''}` +
+        (pki === null ? '' : `, lease 127.0.0.1:${leasePort(i)} (mutual TLS)`),
     );
   });
   const interrupted = new Promise<'interrupted'>((r) => {
@@ -246,7 +248,8 @@ export async function runDevCommand(argv: readonly string[], env: NodeJS.Process
         ...tlsOfCell(cell),
       ]);
       console.log(
-        `  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and 127.0.0.1:${agentPort + 10 + i}`,
+        `  starting agent ${cell}: http ${agentHttp[i] ?? ''}, rls ${join(dataDir, `${cell}.sock`)} and ` +
+          `127.0.0.1:${agentPort + 10 + i}`,
       );
     });
     await Promise.race([Promise.all(agentHttp.map((u) => waitForHttp(`${u}/healthz`))), interrupted]);
@@ -269,9 +272,11 @@ cellquota is running (3 coordinators and 2 agents on loopback).
     pki === null
       ? ''
       : `  (mutual TLS; certificates in ${pki.dir})
-  leases (gRPC)  ${ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',')}  (each agent's certificate names its cell)`
+  leases (gRPC)  ${ids.map((id, i) => `${id}=127.0.0.1:${leasePort(i)}`).join(',')}  \
+(each agent's certificate names its cell)`
   }
-  agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  (Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
+  agents         cell-a ${agentHttp[0] ?? ''}  cell-b ${agentHttp[1] ?? ''}  \
+(Envoy RLS on ${join(dataDir, 'cell-a.sock')} / .../cell-b.sock)
   demo           tier 'demo' (100 req/s, burst 200, floors 25/s per cell), tenant 'acme'; the agents lease slices of it
 
 Try:
@@ -405,7 +410,8 @@ function runDemo(
   let reporting = false;
   const pad = (v: number | string, n: number): string => String(v).padStart(n);
   print(
-    `\ndemo: tenant 'acme' (quota ${DEMO_QUOTA} req/s), ${total} req/s offered, ${DEMO_HOT * 100} % on one cell, moving every ${DEMO_SHIFT_S} s; Ctrl-C stops\n`,
+    `\ndemo: tenant 'acme' (quota ${DEMO_QUOTA} req/s), ${total} req/s offered, ${DEMO_HOT * 100} % on one ` +
+      `cell, moving every ${DEMO_SHIFT_S} s; Ctrl-C stops\n`,
   );
   const report = setInterval(() => {
     tick++;
@@ -422,13 +428,18 @@ function runDemo(
         const c = snapshot[i] as DemoCounts;
         const slice = sl.get(cell);
         print(
-          `${i === 0 ? t : ' '.repeat(t.length)} ${cell.padEnd(8)} offered ${pad(c.sent, 4)}/s  admitted ${pad(c.admitted, 4)}/s  refused ${pad(c.refused, 4)}/s  slice ${slice === undefined ? '     —' : pad(slice.rate.toFixed(1), 6)}/s${slice?.onFloor === true ? ' (floor)' : ''}${c.errors > 0 ? `  errors ${c.errors}` : ''}`,
+          `${i === 0 ? t : ' '.repeat(t.length)} ${cell.padEnd(8)} offered ${pad(c.sent, 4)}/s  admitted ` +
+            `${pad(c.admitted, 4)}/s  refused ${pad(c.refused, 4)}/s  slice ` +
+            `${slice === undefined ? '     —' : pad(slice.rate.toFixed(1), 6)}/s` +
+            (slice?.onFloor === true ? ' (floor)' : '') +
+            (c.errors > 0 ? `  errors ${c.errors}` : ''),
         );
       });
       const admitted = snapshot.reduce((a, c) => a + c.admitted, 0);
       const sliceSum = [...sl.values()].reduce((a, b) => a + b.rate, 0);
       print(
-        `${' '.repeat(t.length)} global   admitted ${pad(admitted, 4)}/s of the quota ${DEMO_QUOTA}/s (${Math.round((admitted / DEMO_QUOTA) * 100)} %), slices sum ${sliceSum.toFixed(1)}/s`,
+        `${' '.repeat(t.length)} global   admitted ${pad(admitted, 4)}/s of the quota ${DEMO_QUOTA}/s ` +
+          `(${Math.round((admitted / DEMO_QUOTA) * 100)} %), slices sum ${sliceSum.toFixed(1)}/s`,
       );
     });
   }, 1000);

@@ -10,8 +10,10 @@ const usage = `cellquota — cell-based, multi-cluster quota coordinator
 
 Usage:
   cellquota coordinator --id n1 --peers n1=HOST:PORT,... --data-dir DIR [--admin HOST:PORT]
-  cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] [--coordinators HOST:PORT,...]
-  cellquota gateway --listen HOST:PORT --upstream URL --rules FILE [--routes FILE] [--coordinators HOST:PORT,...] [--trusted-proxies CIDR,...]
+  cellquota agent --cell ID --rules PATH [--rls-socket PATH] [--rls-listen HOST:PORT] [--http HOST:PORT] \
+[--coordinators HOST:PORT,...]
+  cellquota gateway --listen HOST:PORT --upstream URL --rules FILE [--routes FILE] [--coordinators HOST:PORT,...] \
+[--trusted-proxies CIDR,...]
   cellquota dev [--data-dir ./.cellquota]       the whole local deployment on loopback
   cellquota ctl <cluster|tiers|tenants|cells|members|transfer-leadership> ...
 

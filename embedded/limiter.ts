@@ -152,7 +152,8 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   const domain = o.domain ?? (domains.length === 1 ? domains[0] : undefined);
   if (domain === undefined)
     throw new Error(
-      `cellquota createLimiter: the rules have ${domains.length} domains (${domains.join(', ')}); say which with the domain option`,
+      `cellquota createLimiter: the rules have ${domains.length} domains ` +
+        `(${domains.join(', ')}); say which with the domain option`,
     );
   if (!ruleSet.domains.has(domain))
     throw new Error(`cellquota createLimiter: the rules have no domain '${domain}' (they have: ${domains.join(', ')})`);

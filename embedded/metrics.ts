@@ -67,7 +67,8 @@ export function registerLimiterMetrics(registry: Registry, source: LimiterSource
   for (const s of entry.sources)
     if (s.name === source.name)
       throw new Error(
-        `cellquota: a limiter named '${source.name}' is already registered in this registry; give each limiter its own name`,
+        `cellquota: a limiter named '${source.name}' is already registered ` +
+          'in this registry; give each limiter its own name',
       );
   entry.sources.add(source);
   entry.invalidate();
@@ -103,7 +104,8 @@ function metricsOver(sources: ReadonlySet<LimiterSource>): { metrics: ComputedMe
   const metrics = [
     new ComputedMetric(
       'cellquota_embedded_decisions_total',
-      'Checks decided in-process, by verdict (degraded: let through without a decision) and by whether a global quota was involved.',
+      'Checks decided in-process, by verdict (degraded: let through without ' +
+        'a decision) and by whether a global quota was involved.',
       'counter',
       each((s, t) =>
         VERDICTS.flatMap((verdict) =>
@@ -172,7 +174,8 @@ function metricsOver(sources: ReadonlySet<LimiterSource>): { metrics: ComputedMe
     ),
     new ComputedMetric(
       'cellquota_embedded_lease_state',
-      'Lease with the coordinators: 0 none yet (static shares), 1 leased, 2 expired (fail-static on floors); absent without coordinators.',
+      'Lease with the coordinators: 0 none yet (static shares), 1 leased, 2 expired (fail-static on floors); ' +
+        'absent without coordinators.',
       'gauge',
       each((s) =>
         s.counters.leaseState === 'off'

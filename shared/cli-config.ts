@@ -229,7 +229,8 @@ export function settingsHelp(specs: readonly SettingSpec[], opts: { readonly con
       opts.configFile === false
         ? []
         : [
-            `  --${'config FILE'.padEnd(width)}the settings in a YAML or JSON file, keyed by flag name (or camelCase) [CELLQUOTA_CONFIG]`,
+            `  --${'config FILE'.padEnd(width)}the settings in a YAML or JSON file, keyed by flag name (or ` +
+              'camelCase) [CELLQUOTA_CONFIG]',
           ],
     )
     .join('\n');

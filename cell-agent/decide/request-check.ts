@@ -74,12 +74,14 @@ export function checkRequest(req: RlsRequest, bounds: RequestBounds): RequestFai
       if (e === undefined) continue;
       if (e.key.length > bounds.maxKeyLength) {
         return invalid(
-          `descriptor ${i} entry ${j}: key is ${e.key.length} characters long, more than the maximum of ${bounds.maxKeyLength}`,
+          `descriptor ${i} entry ${j}: key is ${e.key.length} characters ` +
+            `long, more than the maximum of ${bounds.maxKeyLength}`,
         );
       }
       if (e.value.length > bounds.maxValueLength) {
         return invalid(
-          `descriptor ${i} entry ${j}: value is ${e.value.length} characters long, more than the maximum of ${bounds.maxValueLength}`,
+          `descriptor ${i} entry ${j}: value is ${e.value.length} characters ` +
+            `long, more than the maximum of ${bounds.maxValueLength}`,
         );
       }
     }

@@ -79,7 +79,9 @@ const headerMatcher = z
     if (kinds.length > 1)
       ctx.addIssue({
         code: 'custom',
-        message: `one of exact_match, prefix_match, suffix_match, contains_match, present_match, safe_regex_match; got ${kinds.join(', ')}`,
+        message:
+          'one of exact_match, prefix_match, suffix_match, contains_match, ' +
+          `present_match, safe_regex_match; got ${kinds.join(', ')}`,
       });
   });
 export type HeaderMatcher = z.output<typeof headerMatcher>;
@@ -109,7 +111,8 @@ const action = z
     {
       error: (iss) =>
         iss.code === 'unrecognized_keys'
-          ? `unknown action ${iss.keys.map((k) => `'${k}'`).join(', ')}: an action is one of ${ACTION_NAMES.join(', ')} (Envoy's rate-limit actions)`
+          ? `unknown action ${iss.keys.map((k) => `'${k}'`).join(', ')}: an action is one of ` +
+            `${ACTION_NAMES.join(', ')} (Envoy's rate-limit actions)`
           : undefined,
     },
   )
@@ -118,7 +121,9 @@ const action = z
     if (given.length !== 1)
       ctx.addIssue({
         code: 'custom',
-        message: `an action is exactly one of ${ACTION_NAMES.join(', ')}; got ${given.length === 0 ? 'none' : given.join(', ')}`,
+        message:
+          `an action is exactly one of ${ACTION_NAMES.join(', ')}; got ` +
+          `${given.length === 0 ? 'none' : given.join(', ')}`,
       });
   });
 export type RouteAction = z.output<typeof action>;
@@ -172,7 +177,8 @@ export function parseRoutesText(text: string, file: string): Routes {
     const e = doc.errors[0];
     const pos = e?.linePos?.[0] ?? (e === undefined ? undefined : lineCounter.linePos(e.pos[0]));
     throw new RoutesError(
-      `${file}${pos === undefined ? '' : `:${pos.line}:${pos.col}`}: invalid YAML: ${e?.message.split('\n')[0] ?? 'unknown error'}`,
+      `${file}${pos === undefined ? '' : `:${pos.line}:${pos.col}`}: invalid YAML: ` +
+        `${e?.message.split('\n')[0] ?? 'unknown error'}`,
     );
   }
   const parsed = routesFileSchema.safeParse(doc.toJS({ maxAliasCount: 1000 }));

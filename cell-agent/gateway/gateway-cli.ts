@@ -10,7 +10,10 @@ import type { ServeCommandIo } from '../serve-command.js';
 
 export type GatewayCommandIo = ServeCommandIo;
 
-const USAGE = `usage: cellquota gateway --listen HOST:PORT --upstream URL --rules FILE [--routes FILE] [--coordinators HOST:PORT,...] [--trusted-proxies CIDR,...] [options]
+const SYNOPSIS =
+  'cellquota gateway --listen HOST:PORT --upstream URL --rules FILE [--routes FILE] ' +
+  '[--coordinators HOST:PORT,...] [--trusted-proxies CIDR,...] [options]';
+const USAGE = `usage: ${SYNOPSIS}
 
 A reverse proxy in front of one upstream: every request is decided like the agent's forward-auth
 (429 with Retry-After when refused), on the embedded agent's buckets and, with --coordinators, its
@@ -38,7 +41,9 @@ export async function runGatewayCommand(
   if (!started.ok) return started.exitCode;
   const gateway = started.value;
   io.stdout.write(
-    `cellquota gateway (cell ${config.cell}) is serving:\n  proxy    ${gateway.url} -> ${config.upstream.href}\n  health   ${gateway.healthUrl}/healthz, ${gateway.healthUrl}/metrics\n`,
+    `cellquota gateway (cell ${config.cell}) is serving:\n` +
+      `  proxy    ${gateway.url} -> ${config.upstream.href}\n` +
+      `  health   ${gateway.healthUrl}/healthz, ${gateway.healthUrl}/metrics\n`,
   );
   return serveUntilSignal(io, logger, 'cellquota gateway', () => gateway.stop());
 }

@@ -84,7 +84,9 @@ export const gatewayConfigFields = z.object({
     example: 'gw-1',
   }),
   trustedProxies: setting(addressList('trusted proxy'), {
-    help: 'addresses and CIDRs (or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP are believed (none: the peer is the client)',
+    help:
+      'addresses and CIDRs (or loopback, private, linklocal) whose X-Forwarded-For / X-Real-IP are believed ' +
+      '(none: the peer is the client)',
     default: [],
     example: 'loopback,10.0.0.0/8',
   }),
@@ -130,10 +132,14 @@ export const gatewayConfigFields = z.object({
     help: 'event-loop lag beyond which the gateway counts as overloaded and takes the overload path; 0 disables',
   }),
   overloadPolicy: reuseSetting(agent.overloadPolicy, {
-    help: 'what the overloaded gateway does: bounded (each key admits at most its fail-open allowance, the rest gets 429 at once) | open (every request passes undecided; for comparison)',
+    help:
+      'what the overloaded gateway does: bounded (each key admits at most its fail-open allowance, the rest gets ' +
+      '429 at once) | open (every request passes undecided; for comparison)',
   }),
   overloadAllowance: reuseSetting(agent.overloadAllowance, {
-    help: "bounded: each key's fail-open allowance while overloaded, as a multiple of its floor or its rule's rate; 0: every request gets 429 while overloaded",
+    help:
+      "bounded: each key's fail-open allowance while overloaded, as a multiple of its floor or its rule's rate; " +
+      '0: every request gets 429 while overloaded',
   }),
   logLevel: reuseSetting(agent.logLevel, {}),
 });

@@ -49,7 +49,8 @@ export interface GatewayHandle {
 
 const NO_PEERS = parseAddressList([]);
 const TOO_MANY_CONNECTIONS =
-  'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\nToo many connections\n';
+  'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n' +
+  'Content-Length: 21\r\nConnection: close\r\n\r\nToo many connections\n';
 
 export async function startGateway(config: GatewayConfig, logger: Logger): Promise<GatewayHandle> {
   const log = componentLogger(logger, 'gateway');
@@ -79,7 +80,9 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
   const registry = new Registry();
   const requests = new Counter({
     name: 'cellquota_gateway_requests_total',
-    help: 'requests decided by the gateway, by verdict (allowed, refused, unlimited: no route applied, invalid: refused as undecidable)',
+    help:
+      'requests decided by the gateway, by verdict (allowed, refused, ' +
+      'unlimited: no route applied, invalid: refused as undecidable)',
     labelNames: ['verdict'],
     registers: [registry],
   });

@@ -459,7 +459,10 @@ export class LeaseClient {
     ) {
       this.opts.logger.error(
         { coordinator: address, code: err.code, error: err.details, cell: this.opts.cellId },
-        `the coordinator refused this cell's identity (${err.code === grpc.status.UNAUTHENTICATED ? 'UNAUTHENTICATED' : 'PERMISSION_DENIED'}): no lease until it is fixed (--tls-cert naming the cell, or --lease-token-file); global quotas stay on their floors`,
+        "the coordinator refused this cell's identity " +
+          `(${err.code === grpc.status.UNAUTHENTICATED ? 'UNAUTHENTICATED' : 'PERMISSION_DENIED'}): ` +
+          'no lease until it is fixed (--tls-cert naming the cell, or --lease-token-file); global quotas stay on ' +
+          'their floors',
       );
     }
     this.nextConfigured = (this.nextConfigured + 1) % this.opts.coordinators.length;
@@ -546,7 +549,8 @@ export class LeaseClient {
       if (clamped !== undefined && clamped.length > 0) {
         this.opts.logger.warn(
           { clamped: clamped.slice(0, 20), count: clamped.length },
-          'grants whose GCRA window the bucket table cannot hold were clamped to the deepest bucket that fits (they admit less than granted)',
+          'grants whose GCRA window the bucket table cannot hold were clamped to the deepest bucket that fits ' +
+            '(they admit less than granted)',
         );
       }
       if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten

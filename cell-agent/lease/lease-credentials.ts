@@ -58,7 +58,8 @@ export function loadLeaseCredentials(s: LeaseCredentialSettings): LeaseCredentia
     }
     if (!names.includes(s.cell)) {
       throw new ConfigError(
-        `--tls-cert ${s.tlsCert ?? ''} names cell ${names.length === 0 ? '(none)' : names.join(', ')}, not --cell ${s.cell}: the coordinators take a cell's reports only from its own certificate`,
+        `--tls-cert ${s.tlsCert ?? ''} names cell ${names.length === 0 ? '(none)' : names.join(', ')}, not ` +
+          `--cell ${s.cell}: the coordinators take a cell's reports only from its own certificate`,
       );
     }
   }
@@ -80,7 +81,8 @@ export function loadLeaseCredentials(s: LeaseCredentialSettings): LeaseCredentia
   const describe = `${ca === null ? 'plaintext' : 'TLS'}; ${how.length === 0 ? 'no identity' : how.join(' and ')}`;
   const noIdentityHint =
     how.length === 0
-      ? 'this agent presents no identity (no --tls-cert, no --lease-token-file): coordinators that authenticate cells refuse it (with TLS the handshake fails, the client certificate being required)'
+      ? 'this agent presents no identity (no --tls-cert, no --lease-token-file): coordinators that authenticate ' +
+        'cells refuse it (with TLS the handshake fails, the client certificate being required)'
       : undefined;
   return { channel, channelOptions, token, describe, noIdentityHint };
 }

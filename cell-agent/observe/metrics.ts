@@ -162,7 +162,8 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
   add(
     new ComputedMetric(
       'cellquota_agent_quota_fail_open_total',
-      'Checks answered OK without a decision, by reason and by quota key (global) or bucket key (local); keys beyond the first 1000 per reason as "(other keys)", unmatched ones as "(not matched)".',
+      'Checks answered OK without a decision, by reason and by quota key (global) or bucket key (local); keys ' +
+        'beyond the first 1000 per reason as "(other keys)", unmatched ones as "(not matched)".',
       'counter',
       () =>
         (src.failOpenByQuota?.() ?? []).map((f) => ({ value: f.count, labels: { reason: f.reason, quota: f.quota } })),
@@ -171,7 +172,8 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
   add(
     new ComputedMetric(
       'cellquota_agent_overload_refused_total',
-      'Checks refused on the overload path: the fail-open allowance of a level was spent (allowance), or refused before decoding (shed).',
+      'Checks refused on the overload path: the fail-open allowance of a level was spent (allowance), or ' +
+        'refused before decoding (shed).',
       'counter',
       () => {
         const t = totals();
@@ -182,7 +184,8 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
   add(
     new ComputedMetric(
       'cellquota_agent_overload_seconds_total',
-      'Time the serving threads were overloaded (event loop behind by more than --lag-threshold-ms), summed over threads, ended episodes.',
+      'Time the serving threads were overloaded (event loop behind by more than --lag-threshold-ms), summed ' +
+        'over threads, ended episodes.',
       'counter',
       () => [{ value: totals().overloadMs / 1000 }],
     ),
@@ -274,7 +277,8 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
   add(
     new ComputedMetric(
       'cellquota_agent_global_velocity_tokens_per_second',
-      `Tokens allowed and refused per global quota over the last ${VELOCITY_WINDOW_MS} ms (the ${VELOCITY_TOP_K} busiest quotas).`,
+      `Tokens allowed and refused per global quota over the last ${VELOCITY_WINDOW_MS} ms (the ` +
+        `${VELOCITY_TOP_K} busiest quotas).`,
       'gauge',
       () =>
         velocity().top.flatMap((s) => [

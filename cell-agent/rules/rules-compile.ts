@@ -296,7 +296,8 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
             throw new RulesError(
               RULES_ERROR_CODES.BOUND_EXCEEDED,
               file,
-              `burst ${rateLimit.burst} at ${rateLimit.requestsPerUnit} per ${unit.toLowerCase()} takes longer than ${MAX_WINDOW_NS / 1_000_000_000n} s to refill`,
+              `burst ${rateLimit.burst} at ${rateLimit.requestsPerUnit} per ${unit.toLowerCase()} takes longer ` +
+                `than ${MAX_WINDOW_NS / 1_000_000_000n} s to refill`,
               rateLimit.pos,
             );
           }
@@ -393,7 +394,8 @@ function checkGlobalRules(rules: readonly RuleNode[]): void {
       throw new RulesError(
         RULES_ERROR_CODES.GLOBAL_QUOTA_MODE,
         node.file,
-        `rule '${node.id}' has global: true and quota_mode: true; a global quota is enforced on every path, and quota_mode would let other descriptors overrule it, so remove quota_mode`,
+        `rule '${node.id}' has global: true and quota_mode: true; a global quota is enforced on every path, ` +
+          'and quota_mode would let other descriptors overrule it, so remove quota_mode',
         node.pos,
       );
     }
@@ -401,7 +403,8 @@ function checkGlobalRules(rules: readonly RuleNode[]): void {
       throw new RulesError(
         RULES_ERROR_CODES.GLOBAL_NESTED,
         child.file,
-        `rule '${child.id}' has global: true under the global ${describeRule(node)}; every global rule's value names a tenant quota, so one descriptor would be charged to two tenants: keep one global rule per path`,
+        `rule '${child.id}' has global: true under the global ${describeRule(node)}; every global rule's value ` +
+          'names a tenant quota, so one descriptor would be charged to two tenants: keep one global rule per path',
         child.pos,
       );
     }
@@ -410,7 +413,10 @@ function checkGlobalRules(rules: readonly RuleNode[]): void {
       throw new RulesError(
         RULES_ERROR_CODES.GLOBAL_SHADOW_MIXED,
         node.file,
-        `rule '${node.id}' has global: true with shadow_mode ${node.shadowMode}, but the global ${describeRule(first)} has shadow_mode ${first.shadowMode}; both can reach the same tenant quota, whose one bucket per cell cannot be enforced on one path and only observed on the other: give every global rule the same shadow_mode`,
+        `rule '${node.id}' has global: true with shadow_mode ${node.shadowMode}, but the global ` +
+          `${describeRule(first)} has shadow_mode ${first.shadowMode}; both can reach the same tenant quota, ` +
+          'whose one bucket per cell cannot be enforced on one path and only observed on the other: give every ' +
+          'global rule the same shadow_mode',
         node.pos,
       );
     }

@@ -211,7 +211,8 @@ export function checkGlobalDescriptor(descriptor: RulesDescriptor, file: string)
     throw new RulesError(
       RULES_ERROR_CODES.GLOBAL_WITH_VALUE,
       file,
-      `descriptor '${descriptor.key}' has global: true and value '${descriptor.value}'; global goes on a key-only descriptor (one global quota per distinct value of the key)`,
+      `descriptor '${descriptor.key}' has global: true and value '${descriptor.value}'; global goes on a ` +
+        'key-only descriptor (one global quota per distinct value of the key)',
       descriptor.pos,
     );
   }
@@ -219,7 +220,8 @@ export function checkGlobalDescriptor(descriptor: RulesDescriptor, file: string)
     throw new RulesError(
       RULES_ERROR_CODES.GLOBAL_WITH_RATE_LIMIT,
       file,
-      `descriptor '${descriptor.key}' has global: true and its own rate_limit; a global descriptor's limit comes from the coordinator (for key 'tenant', the tenant's tier quota), so remove rate_limit`,
+      `descriptor '${descriptor.key}' has global: true and its own rate_limit; a global descriptor's limit ` +
+        `comes from the coordinator (for key 'tenant', the tenant's tier quota), so remove rate_limit`,
       descriptor.rateLimit.pos ?? descriptor.pos,
     );
   }

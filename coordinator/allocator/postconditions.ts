@@ -46,7 +46,8 @@ export function checkQuotaGrants(q: AllocatorQuota, sc: Scratch, k: number, used
   const freeB = q.burst > usedB ? q.burst - usedB : 0;
   if (riseR > freeR + TOL * Math.max(1, q.rate) || riseB > freeB + TOL * Math.max(1, q.burst)) {
     throw new AllocatorInvariantError(
-      `quota ${q.key}: the grants raise the counted use by ${riseR}/${riseB} (rate/burst), more than the free ${freeR}/${freeB}`,
+      `quota ${q.key}: the grants raise the counted use by ${riseR}/${riseB} ` +
+        `(rate/burst), more than the free ${freeR}/${freeB}`,
     );
   }
 }
@@ -81,7 +82,8 @@ export function checkChildren(ctx: Ctx, p: number, children: Int32Array): void {
     const capB = Math.max(levelBurst[p * n + c] as number, floorB);
     if (sumR > capR * (1 + TOL) + TOL || sumB > capB * (1 + TOL) + TOL) {
       throw new AllocatorInvariantError(
-        `cap ${(quotas[p] as AllocatorQuota).key} at cell ${ctx.cells[c]?.id ?? c}: its children hold ${sumR}/${sumB} (rate/burst), above its level ${capR}/${capB}`,
+        `cap ${(quotas[p] as AllocatorQuota).key} at cell ${ctx.cells[c]?.id ?? c}: ` +
+          `its children hold ${sumR}/${sumB} (rate/burst), above its level ${capR}/${capB}`,
       );
     }
   }

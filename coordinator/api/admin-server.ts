@@ -114,7 +114,8 @@ const tenantBatchBody = z.strictObject({
 });
 const settingsBody = z.strictObject({
   unknownTenant: unknownTenantPolicySchema.describe(
-    'what every agent does with a tenant the coordinators do not hold: deny (refuse its checks), allow (no tenant level) or tier:NAME (the quota of tier NAME, granted and counted as a tenant of that tier)',
+    'what every agent does with a tenant the coordinators do not hold: deny (refuse its checks), allow (no ' +
+      'tenant level) or tier:NAME (the quota of tier NAME, granted and counted as a tenant of that tier)',
   ),
 });
 const listQuery = z.strictObject({
@@ -689,7 +690,11 @@ function openApiDocument(): Record<string, unknown> {
           responses,
         },
         post: {
-          description: `creates or replaces up to ${MAX_TENANTS_PER_BATCH} tenants in one Raft entry; each item is checked on its own, a bad one changes nothing and is listed in "failed" with its position; a tenant already stored exactly so is "unchanged". Answers {created, updated, unchanged, failed: [{index, id, error, message}]}`,
+          description:
+            `creates or replaces up to ${MAX_TENANTS_PER_BATCH} tenants in one Raft entry; ` +
+            'each item is checked on its own, a bad one changes nothing and is listed in "failed" ' +
+            'with its position; a tenant already stored exactly so is "unchanged". Answers ' +
+            '{created, updated, unchanged, failed: [{index, id, error, message}]}',
           requestBody: {
             required: true,
             content: {
@@ -723,7 +728,8 @@ function openApiDocument(): Record<string, unknown> {
       '/v1/cells/{id}': {
         delete: {
           description:
-            'deregister a cell: no more leases; dropped with its slices and its floor slot freed once its lease is over',
+            'deregister a cell: no more leases; dropped with its slices ' +
+            'and its floor slot freed once its lease is over',
           parameters: [nameP('id')],
           responses,
         },
@@ -734,7 +740,8 @@ function openApiDocument(): Record<string, unknown> {
       '/ui/': {
         get: {
           description:
-            'the live view (HTML); with a token configured, Authorization: Bearer or the session cookie of POST /ui/login',
+            'the live view (HTML); with a token configured, Authorization: ' +
+            'Bearer or the session cookie of POST /ui/login',
           responses: { 200: { description: 'HTML' }, 401: { description: 'the login page' } },
         },
       },

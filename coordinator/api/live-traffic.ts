@@ -140,7 +140,9 @@ export class LiveTraffic {
     };
     new Gauge({
       name: 'cellquota_quota_overshoot_ratio',
-      help: `Largest admitted ÷ (rate·1s + burst) over the 1 s windows of the last minute reconstructed from the cells' reports (leader only); the ${OVERSHOOT_TOP_N} busiest quotas by name, "${ALL_QUOTAS_LABEL}" over all`,
+      help:
+        'Largest admitted ÷ (rate·1s + burst) over the 1 s windows of the last minute reconstructed from the ' +
+        `cells' reports (leader only); the ${OVERSHOOT_TOP_N} busiest quotas by name, "${ALL_QUOTAS_LABEL}" over all`,
       labelNames: ['quota'],
       registers: [registry],
       collect() {
@@ -177,8 +179,8 @@ export class LiveTraffic {
     );
     windowCounter(
       'cellquota_quota_windows_over_bound_total',
-      'Reconstructed 1 s windows in which the cells together admitted more than rate·1s + burst (leader only): ' +
-        'the bound broken',
+      'Reconstructed 1 s windows in which the cells together admitted ' +
+        'more than rate·1s + burst (leader only): the bound broken',
       (t) => t.windowsOver,
     );
     new Counter({
@@ -192,7 +194,9 @@ export class LiveTraffic {
     });
     new Counter({
       name: 'cellquota_cell_fail_open_answers_total',
-      help: 'Checks answered fail-open (outside the bound by design) per cell, as the agents report them to the leader (leader only)',
+      help:
+        'Checks answered fail-open (outside the bound by design) per ' +
+        'cell, as the agents report them to the leader (leader only)',
       labelNames: ['cell'],
       registers: [registry],
       collect() {

@@ -202,7 +202,9 @@ export function createLeaseAuthenticator(opts: LeaseAuthOptions): LeaseAuthentic
           ok: false,
           code: grpc.status.PERMISSION_DENIED,
           reason: 'permission_denied',
-          details: `the ${how} names cell ${[...new Set(names)].join(', ')}, not ${cellId}: a cell reports only for itself`,
+          details:
+            `the ${how} names cell ${[...new Set(names)].join(', ')}, ` +
+            `not ${cellId}: a cell reports only for itself`,
         };
       }
       return { ok: true, identity: cellId };

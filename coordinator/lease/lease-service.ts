@@ -311,7 +311,8 @@ export class LeaseService {
         reject,
         'cell_removed',
         grpc.status.PERMISSION_DENIED,
-        `cell ${req.cellId} was removed by the operator (cellquota ctl cells remove); it gets no lease until it is dropped and registers again`,
+        `cell ${req.cellId} was removed by the operator (cellquota ctl cells remove); it gets no lease until ` +
+          'it is dropped and registers again',
         req.cellId,
         peer,
       );
@@ -477,7 +478,8 @@ export class LeaseService {
               )
             : statusError(
                 grpc.status.RESOURCE_EXHAUSTED,
-                `cell ${cellId} cannot register: ${this.maxCells} cells are registered, the most this coordinator takes (--max-cells); remove one with cellquota ctl cells remove ID`,
+                `cell ${cellId} cannot register: ${this.maxCells} cells are registered, the most this ` +
+                  'coordinator takes (--max-cells); remove one with cellquota ctl cells remove ID',
               );
         if (known === undefined) {
           this.stats.refused++;
@@ -527,7 +529,8 @@ export class LeaseService {
         if (this.firstIn10s(`demand\u0000${p.req.cellId}`))
           this.log.warn(
             { cellId: p.req.cellId, dropped, maxDemandKeys: this.maxDemandKeys },
-            'demand keys beyond the per-cell bound (--max-demand-keys) are not kept: those keys get no grant until others go quiet',
+            'demand keys beyond the per-cell bound (--max-demand-keys) are ' +
+              'not kept: those keys get no grant until others go quiet',
           );
       }
       for (const a of p.req.acks) {

@@ -231,7 +231,8 @@ export const reportAndGrantSchema = z.strictObject({
  */
 export type UnknownTenantPolicyName = 'deny' | 'allow' | `tier:${string}`;
 export const DEFAULT_UNKNOWN_TENANT_POLICY: UnknownTenantPolicyName = 'deny';
-export const UNKNOWN_TENANT_POLICY_MESSAGE = `deny, allow or tier:NAME (NAME a tier: 1..${MAX_NAME_LENGTH} characters of [a-zA-Z0-9._:-])`;
+export const UNKNOWN_TENANT_POLICY_MESSAGE =
+  `deny, allow or tier:NAME (NAME a tier: 1..${MAX_NAME_LENGTH} ` + 'characters of [a-zA-Z0-9._:-])';
 /** The tier an unknown-tenant policy names, or null (deny, allow). */
 export function unknownTenantTier(p: UnknownTenantPolicyName): string | null {
   return p.startsWith('tier:') ? p.slice(5) : null;

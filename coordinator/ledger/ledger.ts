@@ -549,7 +549,8 @@ export class Ledger {
       if (check.kind === 'stale') {
         return fail(
           'STALE_SESSION',
-          `request ${session.seq} of client ${session.clientId} is older than its last applied request ${check.lastSeq}`,
+          `request ${session.seq} of client ${session.clientId} is ` +
+            `older than its last applied request ${check.lastSeq}`,
         );
       }
     }
@@ -635,7 +636,8 @@ export class Ledger {
     if (unknownTenantTier(this.unknownTenant) === cmd.name)
       return fail(
         'CONFLICT',
-        `tier ${cmd.name} is the unknown-tenant policy's (unknownTenant ${this.unknownTenant}); change the policy first (PUT /v1/settings)`,
+        `tier ${cmd.name} is the unknown-tenant policy's (unknownTenant ${this.unknownTenant}); change the ` +
+          'policy first (PUT /v1/settings)',
       );
     this.tiers.delete(cmd.name);
     if (this.tierCaps.delete(cmd.name)) this.retireKey(tierCapKey(cmd.name));
@@ -1984,6 +1986,7 @@ function windowError(what: string, rate: number, burst: number): LedgerResult | 
   if (gcraWindowFits(rate, burst)) return null;
   return fail(
     'INVALID',
-    `${what}: burst/rate = ${(burst / rate).toPrecision(6)} s is longer than the agents' longest GCRA window, ${MAX_GCRA_WINDOW_S} s (MAX_GCRA_WINDOW_S): lower the burst or raise the rate`,
+    `${what}: burst/rate = ${(burst / rate).toPrecision(6)} s is longer than the agents' longest GCRA window, ` +
+      `${MAX_GCRA_WINDOW_S} s (MAX_GCRA_WINDOW_S): lower the burst or raise the rate`,
   );
 }

@@ -48,7 +48,9 @@ export class CoordinatorMetrics {
     });
     this.leaseRefused = new Counter({
       name: 'cellquota_lease_reports_refused_total',
-      help: "Lease reports refused before any round, by reason: unauthenticated (no identity), permission_denied (an identity, not the cell's), cell_removed, too_many_cells",
+      help:
+        'Lease reports refused before any round, by reason: unauthenticated (no identity), permission_denied (an ' +
+        "identity, not the cell's), cell_removed, too_many_cells",
       labelNames: ['reason'],
       registers: [registry],
     });
@@ -80,7 +82,8 @@ export class CoordinatorMetrics {
     gauge('cellquota_raft_reachable_peers', 'Peers with an open outbound stream', () => src.reachablePeers());
     gauge(
       'cellquota_raft_voting_refused',
-      '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log lost entries it may have acknowledged and it has not caught up yet)',
+      '1 if this replica refuses to vote (its data directory is unconfirmed or was found wiped, or its log ' +
+        'lost entries it may have acknowledged and it has not caught up yet)',
       () => (src.votingRefused() ? 1 : 0),
     );
     gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
@@ -88,7 +91,9 @@ export class CoordinatorMetrics {
     if (dropped !== undefined) {
       new Counter({
         name: 'cellquota_lease_demand_keys_dropped_total',
-        help: 'Reported demand keys the leader did not keep because the cell had --max-demand-keys keys already (those keys get no grant until others go quiet)',
+        help:
+          'Reported demand keys the leader did not keep because the cell had --max-demand-keys keys already ' +
+          '(those keys get no grant until others go quiet)',
         registers: [registry],
         collect() {
           this.reset();

@@ -188,7 +188,8 @@ export class CoordinatorNode {
     const log = logger.child({ component: 'coordinator', node: settings.id });
     if (settings.lease?.tokens !== undefined && settings.tls !== undefined && settings.lease.listen === undefined) {
       throw new Error(
-        'coordinator: lease tokens with TLS need the lease service on its own address (--lease-listen): the peer port requires replica certificates',
+        'coordinator: lease tokens with TLS need the lease service on its own address (--lease-listen): the ' +
+          'peer port requires replica certificates',
       );
     }
     const storage = await LevelRaftStorage.open(settings.dataDir, {
@@ -336,7 +337,8 @@ export class CoordinatorNode {
     });
     if (auth === null)
       log.warn(
-        'the lease service authenticates no one (no TLS, no --lease-tokens): anyone who reaches it can report for any cell',
+        'the lease service authenticates no one (no TLS, no --lease-tokens): ' +
+          'anyone who reaches it can report for any cell',
       );
     else log.info({ auth: auth.describe() }, 'the lease service takes a report for a cell only from that cell');
     const lease = new LeaseService({
@@ -451,8 +453,11 @@ export class CoordinatorNode {
             if (recorded === mine) return { verdict: 'same', basis };
             log.error(
               { recordedIncarnation: recorded, incarnation: mine, peer, basis },
-              `data directory ${settings.dataDir} is not the one the cluster knows for ${settings.id} (it was wiped or replaced): this node must not vote. ` +
-                `Re-add it: cellquota ctl members replace ${settings.id} --address ${settings.peers.get(settings.id) ?? 'HOST:PORT'}, then restart it with --join and an empty data directory`,
+              `data directory ${settings.dataDir} is not the one the cluster knows for ${settings.id} (it was ` +
+                'wiped or replaced): this node must not vote. ' +
+                (`Re-add it: cellquota ctl members replace ${settings.id} --address ` +
+                  `${settings.peers.get(settings.id) ?? 'HOST:PORT'}, then restart it with --join and an empty ` +
+                  'data directory'),
             );
             return { verdict: 'wiped', basis };
           }
@@ -463,13 +468,16 @@ export class CoordinatorNode {
       if (others.length === 0 || atFoundingTerm.size >= neededAtFoundingTerm) {
         return {
           verdict: 'new',
-          basis: `${atFoundingTerm.size} of ${voters} voters (${[...atFoundingTerm].join(', ') || 'none'}) never saw an election: the cluster never had a leader`,
+          basis:
+            `${atFoundingTerm.size} of ${voters} voters (${[...atFoundingTerm].join(', ') || 'none'}) never saw ` +
+            'an election: the cluster never had a leader',
         };
       }
       if (attempt % 25 === 0) {
         log.info(
           { atFoundingTerm: [...atFoundingTerm] },
-          'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; stale answers are not trusted',
+          'unconfirmed data directory: waiting for a linearizable answer from a peer (a leader) before voting; ' +
+            'stale answers are not trusted',
         );
       }
       await new Promise((r) => setTimeout(r, 200));
@@ -505,7 +513,8 @@ export class CoordinatorNode {
   private async catchUpPastVoteBarrier(barrier: number): Promise<void> {
     this.logger.warn(
       { voteBarrier: barrier, commit: this.driver.status().commit },
-      `log repaired: not voting until the commit index reaches ${barrier} (entries this node may have acknowledged were lost)`,
+      `log repaired: not voting until the commit index reaches ${barrier} ` +
+        '(entries this node may have acknowledged were lost)',
     );
     while (!this.halted() && this.driver.status().commit < barrier) await new Promise((r) => setTimeout(r, 100));
     if (this.halted()) return;
@@ -717,7 +726,9 @@ export class CoordinatorNode {
     this.logger.fatal(
       { err, kind, dataDir: failure.dataDir, errno },
       kind === 'storage'
-        ? `storage failed on ${failure.dataDir} (${errno ?? 'unknown errno'}): nothing unpersisted was acknowledged; this replica stops serving and exits — fix the disk and restart it, it recovers from what is durable`
+        ? `storage failed on ${failure.dataDir} (${errno ?? 'unknown errno'}): nothing unpersisted was ` +
+            'acknowledged; this replica stops serving and exits — fix the disk and restart it, it recovers from ' +
+            'what is durable'
         : `raft node failed: ${err.message}; this replica stops serving and exits`,
     );
     this.lease?.stop();

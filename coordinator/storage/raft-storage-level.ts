@@ -316,7 +316,8 @@ export class LevelRaftStorage {
         throw new Error(`compact: snapshot at ${idx} is past the last stored index ${this.last}`);
       if (idx === this.snapIndex && snapshot.meta.term !== this.snapTerm) {
         throw new Error(
-          `compact: snapshot term ${snapshot.meta.term} at ${idx} does not match the stored snapshot's term ${this.snapTerm}`,
+          `compact: snapshot term ${snapshot.meta.term} at ${idx} does ` +
+            `not match the stored snapshot's term ${this.snapTerm}`,
         );
       }
       if (idx >= this.first && idx <= this.last) {
@@ -518,7 +519,8 @@ async function scanStore(
   if (m.nodeId !== identity.nodeId) {
     throw new StorageIdentityError(
       dir,
-      `the data directory belongs to node '${m.nodeId}' (incarnation ${m.incarnation}), not '${identity.nodeId}': refusing to open it`,
+      `the data directory belongs to node '${m.nodeId}' (incarnation ${m.incarnation}), ` +
+        `not '${identity.nodeId}': refusing to open it`,
     );
   }
   if (m.clusterId !== identity.clusterId) {
@@ -603,7 +605,8 @@ async function scanStore(
     };
     logger.warn(
       { dir, ...repair, voteBarrier: storedMeta.voteBarrier },
-      'raft storage: corrupt log record above the commit index; tail truncated, and the node must not vote until its commit index reaches the vote barrier',
+      'raft storage: corrupt log record above the commit index; tail truncated, and the node must not vote ' +
+        'until its commit index reaches the vote barrier',
     );
     repairs.push(repair);
   }
@@ -614,7 +617,8 @@ async function scanStore(
     throw new StorageCorruptionError(
       dir,
       `log/${lastIndex + 1}`,
-      `missing, but the hard state's commit index is ${hard.commit}: committed entries ${lastIndex + 1}..${hard.commit} are lost`,
+      `missing, but the hard state's commit index is ${hard.commit}: ` +
+        `committed entries ${lastIndex + 1}..${hard.commit} are lost`,
     );
   }
   const first = good[0]?.index ?? S + 1;

@@ -770,7 +770,8 @@ export class PeerTransport {
     const invalid = [...peers].filter(([id, address]) => id.length === 0 || !isHostPort(address));
     if (invalid.length > 0) {
       throw new TypeError(
-        `PeerTransport.setPeers: invalid peers ${invalid.map(([id, a]) => `${id}=${a}`).join(', ')} (expected id=host:port)`,
+        `PeerTransport.setPeers: invalid peers ${invalid.map(([id, a]) => `${id}=${a}`).join(', ')} ` +
+          '(expected id=host:port)',
       );
     }
     for (const [id, link] of this.links) {
@@ -962,7 +963,8 @@ export class PeerTransport {
     if (cluster !== this.clusterId) {
       refuse(
         grpc.status.PERMISSION_DENIED,
-        `cluster id mismatch: receiver ${this.selfId} belongs to cluster ${JSON.stringify(this.clusterId)}, sender sent ${JSON.stringify(cluster ?? null)}`,
+        `cluster id mismatch: receiver ${this.selfId} belongs to cluster ${JSON.stringify(this.clusterId)}, ` +
+          `sender sent ${JSON.stringify(cluster ?? null)}`,
       );
       return;
     }
@@ -979,7 +981,8 @@ export class PeerTransport {
       if (!names.includes(sender)) {
         refuse(
           grpc.status.PERMISSION_DENIED,
-          `sender declares id ${sender} but its certificate names ${names.length === 0 ? 'no replica' : names.join(', ')}`,
+          `sender declares id ${sender} but its certificate names ` +
+            `${names.length === 0 ? 'no replica' : names.join(', ')}`,
         );
         return;
       }
