@@ -122,11 +122,23 @@ function answerStatus(stream: ServerHttp2Stream, code: number, message: string):
   );
 }
 
-/** Answers early (before END_STREAM from the client) and stops reading: the rest of the request is reset. */
+/** Resets (RST_STREAM NO_ERROR) the rest of a request that was answered before it was all read. */
+function resetUnread(stream: ServerHttp2Stream): void {
+  if (!stream.destroyed && !stream.readableEnded) stream.close(NGHTTP2_NO_ERROR);
+}
+
+/**
+ * Answers early (before END_STREAM from the client) and stops reading: the rest of the request is reset.
+ * The reset waits for the next turn of the event loop: called from a 'data' handler (inside node's
+ * processing of received frames), Node 22's close() queues the RST_STREAM ahead of the answer's HEADERS,
+ * and nghttp2 then drops the HEADERS of the closed stream: the client sees a reset without a grpc-status
+ * (grpc-js: DEADLINE_EXCEEDED or INTERNAL; grpcio: INTERNAL). Outside that processing, close() first
+ * flushes what is pending, so the HEADERS go out before the reset on Node 20 and 22 alike.
+ */
 function refuse(stream: CallStream, state: CallState, code: number, message: string): void {
   finishCall(state);
   answerStatus(stream, code, message);
-  if (!stream.destroyed && !stream.readableEnded) stream.close(NGHTTP2_NO_ERROR);
+  if (!stream.destroyed && !stream.readableEnded) setImmediate(resetUnread, stream);
 }
 
 function finishCall(state: CallState): void {
