@@ -158,31 +158,31 @@ export class LiveTraffic {
     });
     // The windows checked against the bound, and those over it: all quotas and the busiest by name.
     type Windows = { windows: number; windowsOver: number };
-    const windowCounter = (name: string, help: string, count: (t: Windows) => number): void => {
-      new Counter({
-        name,
-        help: `${help}; "${ALL_QUOTAS_LABEL}" over all quotas`,
-        labelNames: ['quota'],
-        registers: [registry],
-        collect() {
-          this.reset();
-          if (!self.isLeader()) return;
-          this.inc({ quota: ALL_QUOTAS_LABEL }, count(self.windows.totals()));
-          for (const t of self.busiest(OVERSHOOT_TOP_N)) this.inc({ quota: t.key }, count(t));
-        },
-      });
-    };
-    windowCounter(
-      'cellquota_quota_windows_total',
-      "1 s windows reconstructed from the cells' reports and checked against the bound (leader only)",
-      (t) => t.windows,
-    );
-    windowCounter(
-      'cellquota_quota_windows_over_bound_total',
-      'Reconstructed 1 s windows in which the cells together admitted ' +
-        'more than rate·1s + burst (leader only): the bound broken',
-      (t) => t.windowsOver,
-    );
+    const windowsOf = (count: (t: Windows) => number) =>
+      function collect(this: Counter<'quota'>): void {
+        this.reset();
+        if (!self.isLeader()) return;
+        this.inc({ quota: ALL_QUOTAS_LABEL }, count(self.windows.totals()));
+        for (const t of self.busiest(OVERSHOOT_TOP_N)) this.inc({ quota: t.key }, count(t));
+      };
+    const overAll = `; "${ALL_QUOTAS_LABEL}" over all quotas`;
+    new Counter({
+      name: 'cellquota_quota_windows_total',
+      help: "1 s windows reconstructed from the cells' reports and checked against the bound (leader only)" + overAll,
+      labelNames: ['quota'],
+      registers: [registry],
+      collect: windowsOf((t) => t.windows),
+    });
+    new Counter({
+      name: 'cellquota_quota_windows_over_bound_total',
+      help:
+        'Reconstructed 1 s windows in which the cells together admitted ' +
+        'more than rate·1s + burst (leader only): the bound broken' +
+        overAll,
+      labelNames: ['quota'],
+      registers: [registry],
+      collect: windowsOf((t) => t.windowsOver),
+    });
     new Counter({
       name: 'cellquota_quota_untracked_total',
       help: 'Report entries of quotas the leader could not follow for the overshoot (over its cap of followed quotas)',

@@ -217,12 +217,31 @@ async function labelValues(): Promise<Set<string>> {
   for (const file of SOURCE_DIRS.flatMap((d) => listFiles(join(repoRoot, d), (n) => n.endsWith('.ts')))) {
     const text = readFileSync(file, 'utf8');
     const writes = [
-      ...text.matchAll(/\.(?:inc|dec|set|observe|labels)\((.*)$/gm),
-      ...text.matchAll(/labels:\s*\{([^}]*)\}/g),
-    ].map((m) => m[1] ?? '');
+      ...[...text.matchAll(/\.(?:inc|dec|set|observe|labels)\(/g)].map((m) =>
+        callArguments(text, m.index + m[0].length),
+      ),
+      ...[...text.matchAll(/labels:\s*\{([^}]*)\}/g)].map((m) => m[1] ?? ''),
+    ];
     for (const w of writes) for (const m of w.matchAll(/'([^'\\\n]*)'/g)) out.add(m[1] ?? '');
   }
   return out;
+}
+
+/** The text of a call's arguments, from just after its `(` to the matching `)` (over several lines, as
+ * the formatter writes long calls), skipping parentheses inside string literals. */
+function callArguments(text: string, from: number): string {
+  let depth = 1;
+  let quote: string | null = null;
+  for (let i = from; i < text.length; i++) {
+    const c = text[i];
+    if (quote !== null) {
+      if (c === '\\') i++;
+      else if (c === quote) quote = null;
+    } else if (c === "'" || c === '"' || c === '`') quote = c;
+    else if (c === '(') depth++;
+    else if (c === ')' && --depth === 0) return text.slice(from, i);
+  }
+  return text.slice(from);
 }
 
 void test('every label value the rules and the dashboard match on a cellquota_* metric is one the code writes', async () => {
