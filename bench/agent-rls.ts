@@ -25,11 +25,11 @@
 // loop at each concurrency, then open loop at the paced rate — the servers are measured one after
 // the other (the order rotating from phase to phase), so slow drift of a shared machine does not
 // land on one server only. Report only: the targets are evaluated in the notes, nothing is asserted.
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import { join } from 'node:path';
-import { spawnSync } from 'node:child_process';
+import { cpuSeconds } from '../testkit/process-cpu.js';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import type { BenchReport } from './bench-report.js';
@@ -151,31 +151,6 @@ const MODULES: Record<ServerName, string> = {
 const AGENT_MAIN = fileURLToPath(new URL('../cell-agent/agent-main.ts', import.meta.url));
 
 // ---------------------------------------------------------------------------------------------
-// CPU of other processes, from /proc/<pid>/stat (utime + stime, in clock ticks).
-
-let clockTicks: number | undefined;
-function ticksPerSecond(): number {
-  if (clockTicks === undefined) {
-    const out = spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' });
-    const n = Number(out.stdout?.trim());
-    clockTicks = Number.isFinite(n) && n > 0 ? n : 100;
-  }
-  return clockTicks;
-}
-
-function cpuSeconds(pid: number | undefined): number | null {
-  if (pid === undefined) return null;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    // After "pid (comm) ": state is field 3, utime 14, stime 15 → indexes 11 and 12 here.
-    const ticks = Number(fields[11]) + Number(fields[12]);
-    return Number.isFinite(ticks) ? ticks / ticksPerSecond() : null;
-  } catch {
-    return null;
-  }
-}
-
 function freeTcpPort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();

@@ -1,20 +1,25 @@
 // `npm run bench -- frontdoor`: the front doors side by side, in one run, at one fixed concurrency,
-// driven by autocannon (keep-alive connections) from this process:
+// driven by one load client (wrk if installed, else autocannon; load-client.ts), keep-alive:
 //   upstream direct · nginx alone · nginx limit_req · nginx + auth_request to the agent's
 //   /v1/forward-auth · a bare proxy on @fastify/http-proxy · cellquota gateway (the same library)
 // Every limiter is configured so that it decides every request and refuses none (a per-visitor
 // limit far above the offered load): the cost of deciding is measured, not the cost of refusing.
 // Targets (issue 18): forward-auth through nginx ≥ 0.7 × nginx limit_req; gateway ≥ 0.8 × bare proxy.
+// Every process shares this machine's cores, so beside each throughput the CPU each process spent
+// per request is given (/proc): on a small machine that, not the req/s alone, says what a front door
+// costs.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import autocannon from 'autocannon';
 import type { BenchReport } from '../bench-report.js';
 import { armEmergencyStop } from '../emergency-stop.js';
 import { freePort, waitListening } from '../../testkit/ports.js';
+import { treeCpuSeconds } from '../../testkit/process-cpu.js';
+import { autocannonClient, haveWrk, wrkClient } from './load-client.js';
+import type { LoadClient } from './load-client.js';
 
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
 const SERVERS = fileURLToPath(new URL('./frontdoor-servers.ts', import.meta.url));
@@ -28,6 +33,8 @@ export interface FrontDoorRow {
   readonly p99Ms: number;
   readonly errors: number;
   readonly non2xx: number;
+  /** CPU microseconds per request of the load client and of each process that served the row. */
+  readonly cpuUsPerRequest: Readonly<Record<string, number>>;
 }
 
 export interface FrontDoorResult {
@@ -49,9 +56,12 @@ export async function runFrontDoorBenchDetailed(opts: {
   progress: (msg: string) => void;
   seconds?: number;
   connections?: number;
+  /** The load client (default: wrk when installed, else autocannon). */
+  client?: LoadClient;
 }): Promise<FrontDoorResult> {
   const seconds = opts.seconds ?? (opts.smoke ? 1 : 8);
   const connections = opts.connections ?? (opts.smoke ? 8 : 32);
+  const client = opts.client ?? (haveWrk() ? wrkClient : autocannonClient);
   const scratch = mkdtempSync(join(tmpdir(), 'cq-bench-frontdoor-'));
   const procs: ChildProcess[] = [];
   const stop = armEmergencyStop(
@@ -61,9 +71,11 @@ export async function runFrontDoorBenchDetailed(opts: {
     scratch,
     opts.progress,
   );
+  const named = new Map<string, ChildProcess>();
   const start = async (what: string, cmd: string, args: string[], port: number): Promise<void> => {
     let out = '';
     const p = spawn(cmd, args, { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
+    named.set(what, p);
     p.stdout?.on('data', (c: Buffer) => (out = (out + c.toString()).slice(-4000)));
     p.stderr?.on('data', (c: Buffer) => (out = (out + c.toString()).slice(-4000)));
     procs.push(p);
@@ -71,20 +83,31 @@ export async function runFrontDoorBenchDetailed(opts: {
   };
   const rows: FrontDoorRow[] = [];
   const skipped: string[] = [];
-  const measure = async (target: string, url: string): Promise<void> => {
+  const measure = async (target: string, url: string, serving: readonly string[]): Promise<void> => {
     // a short warm-up (JIT, keep-alive pools), then the measured run
-    await autocannon({ url, connections, duration: opts.smoke ? 0.3 : 1 });
-    const r = await autocannon({ url, connections, duration: seconds });
+    await client.run(url, connections, opts.smoke ? 0.3 : 1);
+    const cpu = (): Map<string, number> =>
+      new Map(serving.map((what) => [what, treeCpuSeconds(named.get(what)?.pid) ?? 0] as const));
+    const before = cpu();
+    const r = await client.run(url, connections, seconds);
+    const after = cpu();
+    const perRequest = (cpuS: number): number => (r.requests > 0 ? Math.round((cpuS * 1e7) / r.requests) / 10 : 0);
+    const cpuUsPerRequest: Record<string, number> = { client: perRequest(r.clientCpuSeconds) };
+    for (const [what, t] of after) {
+      cpuUsPerRequest[what] = perRequest(t - (before.get(what) ?? t));
+    }
     rows.push({
       target,
-      reqPerSec: Math.round(r.requests.average),
-      p50Ms: r.latency.p50,
-      p99Ms: r.latency.p99,
-      errors: r.errors + r.timeouts,
+      reqPerSec: Math.round(r.reqPerSec),
+      p50Ms: r.p50Ms,
+      p99Ms: r.p99Ms,
+      errors: r.errors,
       non2xx: r.non2xx,
+      cpuUsPerRequest,
     });
     opts.progress(
-      `${target}: ${Math.round(r.requests.average)} req/s, p50 ${r.latency.p50} ms, p99 ${r.latency.p99} ms`,
+      `${target}: ${Math.round(r.reqPerSec)} req/s, p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms; CPU µs/request ` +
+        cpuText(cpuUsPerRequest),
     );
   };
   try {
@@ -99,7 +122,7 @@ export async function runFrontDoorBenchDetailed(opts: {
       'domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 100000000}\n',
     );
 
-    await measure('upstream direct', `${upstream}/`);
+    await measure('upstream direct', `${upstream}/`, ['upstream']);
 
     if (await haveNginx()) {
       const agentPort = await freePort();
@@ -169,16 +192,20 @@ ${forwardAuth}
         ['-p', dir, '-c', join(dir, 'nginx.conf'), '-g', 'daemon off;'],
         nginxPorts.forwardAuth,
       );
-      await measure('nginx alone', `http://127.0.0.1:${nginxPorts.plain}/`);
-      await measure('nginx limit_req', `http://127.0.0.1:${nginxPorts.limitReq}/`);
-      await measure('nginx + forward-auth (agent)', `http://127.0.0.1:${nginxPorts.forwardAuth}/`);
+      await measure('nginx alone', `http://127.0.0.1:${nginxPorts.plain}/`, ['nginx', 'upstream']);
+      await measure('nginx limit_req', `http://127.0.0.1:${nginxPorts.limitReq}/`, ['nginx', 'upstream']);
+      await measure('nginx + forward-auth (agent)', `http://127.0.0.1:${nginxPorts.forwardAuth}/`, [
+        'nginx',
+        'agent',
+        'upstream',
+      ]);
     } else {
       skipped.push('nginx rows: nginx is not installed (apt-get install nginx)');
     }
 
     const barePort = await freePort();
     await start('bare proxy', tsx[0], [...tsx.slice(1), SERVERS, 'bare-proxy', String(barePort), upstream], barePort);
-    await measure('bare proxy (@fastify/http-proxy)', `http://127.0.0.1:${barePort}/`);
+    await measure('bare proxy (@fastify/http-proxy)', `http://127.0.0.1:${barePort}/`, ['bare proxy', 'upstream']);
     const gwPort = await freePort();
     const gwHealth = await freePort();
     await start(
@@ -201,7 +228,7 @@ ${forwardAuth}
       ],
       gwPort,
     );
-    await measure('cellquota gateway', `http://127.0.0.1:${gwPort}/`);
+    await measure('cellquota gateway', `http://127.0.0.1:${gwPort}/`, ['gateway', 'upstream']);
   } finally {
     stop.signalsOff();
     await Promise.all(
@@ -229,9 +256,21 @@ ${forwardAuth}
   };
   const faVsLimitReq = ratio('nginx + forward-auth (agent)', 'nginx limit_req');
   const gwVsBare = ratio('cellquota gateway', 'bare proxy (@fastify/http-proxy)');
+  const cpuOf = (t: string, ...what: string[]): number =>
+    what.reduce((sum, w) => sum + (by(t)?.cpuUsPerRequest[w] ?? 0), 0);
+  const lrCpu = cpuOf('nginx limit_req', 'nginx');
+  const faCpu = cpuOf('nginx + forward-auth (agent)', 'nginx', 'agent');
   const notes = [
-    `${connections} keep-alive connections, ${seconds} s per target after a warm-up, autocannon in the benchmark process; every process on this machine's loopback.`,
-    `nginx + forward-auth / nginx limit_req = ${faVsLimitReq} (target ≥ 0.7); gateway / bare proxy = ${gwVsBare} (target ≥ 0.8).`,
+    `${connections} keep-alive connections, ${seconds} s per target after a warm-up, load client ${client.name}; ` +
+      "every process on this machine's loopback.",
+    `nginx + forward-auth / nginx limit_req = ${faVsLimitReq} (target ≥ 0.7); ` +
+      `gateway / bare proxy = ${gwVsBare} (target ≥ 0.8).`,
+    'CPU µs/request: per process, from /proc (utime + stime over the measured run / requests answered); ' +
+      'client is the load client. ' +
+      (lrCpu > 0 && faCpu > 0
+        ? `The front door's own CPU per request: nginx limit_req ${lrCpu.toFixed(1)}, nginx + agent ` +
+          `${faCpu.toFixed(1)} (ratio ${(lrCpu / faCpu).toFixed(2)}).`
+        : ''),
     'Limits far above the offered load: every request is decided, none refused. nginx runs one worker; the agent (--workers 0, its HTTP port on the main thread) and the gateway one Node thread each.',
     ...skipped,
   ];
@@ -245,6 +284,7 @@ ${forwardAuth}
       'p99 ms': r.p99Ms,
       errors: r.errors,
       'non-2xx': r.non2xx,
+      'CPU µs/request': cpuText(r.cpuUsPerRequest),
     })),
     notes,
   };
@@ -256,4 +296,10 @@ export async function runFrontDoorBench(opts: {
   progress: (msg: string) => void;
 }): Promise<BenchReport> {
   return (await runFrontDoorBenchDetailed(opts)).report;
+}
+
+function cpuText(cpu: Readonly<Record<string, number>>): string {
+  const parts = Object.entries(cpu).map(([k, v]) => `${k} ${v.toFixed(1)}`);
+  const total = Object.values(cpu).reduce((a, b) => a + b, 0);
+  return `${parts.join(' · ')} = ${total.toFixed(1)}`;
 }

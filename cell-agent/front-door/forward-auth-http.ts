@@ -32,6 +32,8 @@ export function isForwardAuthUrl(url: string | undefined): boolean {
 }
 
 const REFUSED_BODY = 'Too Many Requests\n';
+// shared by every unlimited answer; node:http only reads it
+const NOT_LIMITED_HEADERS = ['content-length', '0'];
 const UNDECIDABLE_BODY = 'refused: the request cannot be rate-limited\n';
 
 export function forwardAuthHandler(
@@ -65,7 +67,7 @@ export function forwardAuthHandler(
       );
       const request = deps.routes().requestFor(fwd);
       if (request.descriptors.length === 0) {
-        res.writeHead(200, { 'content-length': '0' }).end();
+        res.writeHead(200, NOT_LIMITED_HEADERS).end();
         return;
       }
       const out = check.check(request);
@@ -81,13 +83,15 @@ export function forwardAuthHandler(
           .end(UNDECIDABLE_BODY);
         return;
       }
+      // One writeHead with the answer's own flat header array: no header object, no setHeader.
       const answer = answerFor(out, deps.denyStatus);
-      for (const [k, v] of answer.headers) res.setHeader(k, v);
       if (answer.allowed) {
-        res.writeHead(200, { 'content-length': '0' }).end();
+        answer.headers.push('content-length', '0');
+        res.writeHead(200, answer.headers).end();
         return;
       }
-      res.writeHead(answer.status, { 'content-type': 'text/plain' }).end(REFUSED_BODY);
+      answer.headers.push('content-type', 'text/plain');
+      res.writeHead(answer.status, answer.headers).end(REFUSED_BODY);
     } catch (error) {
       const now = Date.now();
       if (now - lastErrorLogMs >= 1000) {

@@ -77,7 +77,11 @@ export function forwardedRequest(
 export interface FrontDoorAnswer {
   readonly allowed: boolean;
   readonly status: number;
-  readonly headers: readonly (readonly [string, string])[];
+  /**
+   * Its headers in node:http's flat form (name, value, name, value, …), this answer's own array:
+   * a caller may push its own (content-length) and hand it to `writeHead` as it is.
+   */
+  readonly headers: string[];
 }
 
 /** Retry-After in whole seconds, at least 1. */
@@ -86,11 +90,12 @@ export function retryAfterSeconds(retryAfterNs: bigint): number {
 }
 
 export function answerFor(out: Extract<CheckOutcome, { kind: 'answer' }>, denyStatus: DenyStatus): FrontDoorAnswer {
-  const headers: [string, string][] = rateLimitHeaders(out.response.statuses).map((h) => [h.key, h.value]);
+  const headers: string[] = [];
+  for (const h of rateLimitHeaders(out.response.statuses)) headers.push(h.key, h.value);
   for (const h of out.response.responseHeadersToAdd) {
-    if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER) headers.push([h.key, h.value]);
+    if (h.key === DEGRADED_HEADER || h.key === FAIL_OPEN_HEADER) headers.push(h.key, h.value);
   }
   if (!out.overLimit) return { allowed: true, status: 200, headers };
-  headers.push(['Retry-After', String(retryAfterSeconds(out.retryAfterNs))]);
+  headers.push('Retry-After', String(retryAfterSeconds(out.retryAfterNs)));
   return { allowed: false, status: denyStatus, headers };
 }

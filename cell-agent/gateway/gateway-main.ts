@@ -123,7 +123,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     keepAliveTimeout: 65_000,
   });
   const keyOptions = { trusted: config.trustedProxies };
-  const allowedHeaders = new WeakMap<object, readonly (readonly [string, string])[]>();
+  const allowedHeaders = new WeakMap<object, readonly string[]>();
 
   app.addHook('onRequest', (request: FastifyRequest, reply: FastifyReply, done) => {
     const fwd = forwardedRequest(
@@ -155,7 +155,8 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
       done();
       return;
     }
-    for (const [k, v] of answer.headers) void reply.header(k, v);
+    for (let i = 0; i < answer.headers.length; i += 2)
+      void reply.header(answer.headers[i] as string, answer.headers[i + 1]);
     void reply.code(429).type('text/plain').send('Too Many Requests\n');
   });
 
@@ -186,7 +187,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
         if (ours === undefined) return headers;
         // The upstream's header object is this response's own (reply-from builds it per response):
         // ours are set on it in place, replacing any the upstream sent under the same names.
-        for (const [k, v] of ours) headers[k.toLowerCase()] = v;
+        for (let i = 0; i < ours.length; i += 2) headers[(ours[i] as string).toLowerCase()] = ours[i + 1];
         return headers;
       },
       onError: (reply, { error }) => {
