@@ -7,7 +7,7 @@ import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { DEFAULT_RULES_WATCH_DEBOUNCE_MS } from './rules/rules-load.js';
 import { DEFAULT_LAG_THRESHOLD_MS } from './observe/lag-guard.js';
-import { parseUnknownTenantPolicy } from './decide/quotas.js';
+import { parseUnknownTenantPolicy } from './decide/quota-file.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
 import type { UnknownTenantPolicy } from './decide/quotas.js';

@@ -7,8 +7,11 @@ import { componentLogger } from '../shared/logging.js';
 import type { AgentConfig } from './agent-config.js';
 import type { RlsWorkers } from './agent-workers.js';
 import type { BucketTable } from './buckets/bucket-table.js';
+import { coordinatorAddress } from './agent-address.js';
 import { LeaseClient } from './lease/lease-client.js';
 import type { LeaseCredentials } from './lease/lease-credentials.js';
+
+export { loadLeaseCredentials } from './lease/lease-credentials.js';
 import { deadlineWriter, monotonicMsOf } from './lease/lease-deadline.js';
 import type { LeaseDeadline } from './lease/lease-deadline.js';
 import { applyLeaseEntries } from './lease/quota-overrides.js';
@@ -71,9 +74,4 @@ export function startAgentLease(
   });
   client.start();
   return client;
-}
-
-/** host:port as gRPC dials it (IPv6 hosts in brackets). */
-export function coordinatorAddress(c: { readonly host: string; readonly port: number }): string {
-  return `${c.host.includes(':') ? `[${c.host}]` : c.host}:${c.port}`;
 }

@@ -14,7 +14,7 @@
 //                 every thread decides from the same buckets, so a key's limit is shared exactly.
 import type { Logger } from '../shared/logging.js';
 import { componentLogger } from '../shared/logging.js';
-import { startAgentLease, coordinatorAddress } from './agent-lease.js';
+import { coordinatorAddress } from './agent-address.js';
 import { RulesChangedError, snapshotOf } from './agent-rules.js';
 import type { RulesSnapshot } from './agent-rules.js';
 import type { AgentConfig } from './agent-config.js';
@@ -25,14 +25,13 @@ import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
 import type { OverloadOptions } from './decide/overload.js';
-import { CoordinatedQuotas, StaticQuotas, formatUnknownTenantPolicy, loadQuotaFile } from './decide/quotas.js';
+import { formatUnknownTenantPolicy, loadQuotaFile } from './decide/quota-file.js';
+import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
 import { DEFAULT_ROUTES, loadRoutes } from './front-door/routes.js';
 import type { Routes } from './front-door/routes.js';
-import { startHttpApi } from './http/http-api.js';
 import type { HttpApiHandle, QuotaInForce } from './http/http-api.js';
 import type { LeaseClient } from './lease/lease-client.js';
-import { loadLeaseCredentials } from './lease/lease-credentials.js';
 import { LeaseDeadline } from './lease/lease-deadline.js';
 import { QuotaOverrides } from './lease/quota-overrides.js';
 import { LagGuard } from './observe/lag-guard.js';
@@ -87,8 +86,11 @@ export interface AgentHandle {
 
 export async function startAgent(config: AgentConfig, logger: Logger): Promise<AgentHandle> {
   const log = componentLogger(logger, 'agent');
-  // The lease credentials first: a certificate for another cell fails the start.
-  const leaseCreds = config.coordinators.length > 0 ? loadLeaseCredentials(config) : null;
+  // The lease credentials first: a certificate for another cell fails the start. The lease client
+  // (grpc-js, proto-loader: ~8 MiB resident) and the HTTP API (fastify) are imported only when
+  // configured, so an agent without them does not hold their code (bench/agent-idle-rss.ts).
+  const lease = config.coordinators.length > 0 ? await import('./agent-lease.js') : null;
+  const leaseCreds = lease === null ? null : lease.loadLeaseCredentials(config);
   const memory = createSharedMemory(config);
   const inputs = await loadInputs(config, log, memory.deadline);
   const inForce = { rules: inputs.ruleSet, snapshot: inputs.snapshot };
@@ -138,8 +140,8 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
   main.lag.start();
   main.throttleLog.start(main.throttle);
   const leaseMetrics = createLeaseMetrics(metrics.registry);
-  if (leaseCreds !== null) {
-    leaseClient = startAgentLease(
+  if (lease !== null && leaseCreds !== null) {
+    leaseClient = lease.startAgentLease(
       config,
       leaseCreds,
       { ...memory, overrides: inputs.overrides, workers, metrics: leaseMetrics },
@@ -447,13 +449,14 @@ interface HttpSources {
 }
 
 /** The HTTP API (--http): checks, forward-auth, the quotas in force, /metrics, /healthz. */
-function startHttp(
+async function startHttp(
   config: AgentConfig,
   at: { readonly host: string; readonly port: number },
   logger: Logger,
   src: HttpSources,
 ): Promise<HttpApiHandle> {
   const { inputs, workers } = src;
+  const { startHttpApi } = await import('./http/http-api.js');
   return startHttpApi(
     { host: at.host, port: at.port, bodyLimit: config.httpBodyLimit },
     {

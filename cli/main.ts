@@ -1,10 +1,7 @@
 // The `cellquota` command: one binary, one subcommand per role.
+// Each subcommand's module is imported only when it runs: an agent does not hold the coordinator's
+// code (Raft, storage, the allocator) in memory, nor a coordinator the agent's.
 import { ConfigError } from '../shared/cli-config.js';
-import { runCoordinatorCommand } from './coordinator-command.js';
-import { runCtlCommand } from './ctl-command.js';
-import { runDevCommand } from './dev-command.js';
-import { runAgentCommand } from '../cell-agent/agent-cli.js';
-import { runGatewayCommand } from '../cell-agent/gateway/gateway-cli.js';
 
 const usage = `cellquota — cell-based, multi-cluster quota coordinator
 
@@ -23,15 +20,15 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv): Pro
   const [cmd, ...rest] = argv;
   switch (cmd) {
     case 'coordinator':
-      return runCoordinatorCommand(rest, env);
+      return (await import('./coordinator-command.js')).runCoordinatorCommand(rest, env);
     case 'agent':
-      return runAgentCommand(rest, env);
+      return (await import('../cell-agent/agent-cli.js')).runAgentCommand(rest, env);
     case 'gateway':
-      return runGatewayCommand(rest, env);
+      return (await import('../cell-agent/gateway/gateway-cli.js')).runGatewayCommand(rest, env);
     case 'ctl':
-      return runCtlCommand(rest, env);
+      return (await import('./ctl-command.js')).runCtlCommand(rest, env);
     case 'dev':
-      return runDevCommand(rest, env);
+      return (await import('./dev-command.js')).runDevCommand(rest, env);
     case undefined:
     case '--help':
     case '-h':

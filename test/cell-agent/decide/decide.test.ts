@@ -6,12 +6,8 @@ import assert from 'node:assert/strict';
 import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
 import { Decider, overrideKey } from '../../../cell-agent/decide/decide.js';
 import type { Decision, DeciderOptions } from '../../../cell-agent/decide/decide.js';
-import {
-  StaticQuotas,
-  parseQuotaFile,
-  parseUnknownTenantPolicy,
-  reportedLimit,
-} from '../../../cell-agent/decide/quotas.js';
+import { parseQuotaFile, parseUnknownTenantPolicy } from '../../../cell-agent/decide/quota-file.js';
+import { StaticQuotas, reportedLimit } from '../../../cell-agent/decide/quotas.js';
 import type { UnknownTenantPolicy } from '../../../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';

@@ -14,7 +14,8 @@ import {
   type Decision,
 } from '../../../cell-agent/decide/decide.js';
 import type { Refusal } from '../../../cell-agent/messages/refusal.js';
-import { StaticQuotas, parseQuotaFile } from '../../../cell-agent/decide/quotas.js';
+import { parseQuotaFile } from '../../../cell-agent/decide/quota-file.js';
+import { StaticQuotas } from '../../../cell-agent/decide/quotas.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { QuotaOverrides } from '../../../cell-agent/lease/quota-overrides.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
