@@ -52,7 +52,7 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
   const ready: Promise<Limiter> = (async () => {
     const { limiter } = await limiterOf(options, logger);
     try {
-      gate = new HttpGate<Req>(limiter, options, logger, 'express middleware');
+      gate = new HttpGate<Req>(limiter, options, logger, 'express middleware', headersOf);
     } catch (error) {
       if (own) await limiter.close();
       throw error;
@@ -65,9 +65,8 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
   const onRefused = options.onRefused;
 
   const handle = (g: HttpGate<Req>, req: Req, res: Res, next: (error?: unknown) => void): void => {
-    const r = g.decide(req, req.socket.remoteAddress, req.headers);
+    const r = g.decide(req, req.socket, res, setResponseHeader);
     if (r.decision !== null) DECISIONS.set(req, r.decision);
-    for (const [name, value] of r.headers) res.setHeader(name, value);
     if (!r.refused) {
       next();
       return;
@@ -109,6 +108,14 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
       return closing;
     },
   });
+}
+
+function setResponseHeader(res: ServerResponse, name: string, value: string): void {
+  res.setHeader(name, value);
+}
+
+function headersOf(request: IncomingMessage): IncomingMessage['headers'] {
+  return request.headers;
 }
 
 export default rateLimit;

@@ -42,7 +42,7 @@ const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (
 ) => {
   const logger = 'logger' in options && options.logger !== undefined ? options.logger : fastify.log;
   const { limiter, own } = await limiterOf(options, logger);
-  const gate = new HttpGate<FastifyRequest>(limiter, options, logger, 'fastify plugin');
+  const gate = new HttpGate<FastifyRequest>(limiter, options, logger, 'fastify plugin', headersOf);
   const body = options.body;
   const onRefused = options.onRefused;
   const statusCode = gate.statusCode;
@@ -51,14 +51,14 @@ const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (
   if (!fastify.hasDecorator('cellquotaLimiter')) fastify.decorate('cellquotaLimiter', limiter);
   if (own) fastify.addHook('onClose', async () => limiter.close());
 
+  const optedOut = optOutCheck();
   fastify.addHook('onRequest', (request, reply, done) => {
-    if (request.routeOptions.config.cellquota === false) {
+    if (optedOut(request)) {
       done();
       return;
     }
-    const r = gate.decide(request, request.raw.socket.remoteAddress, request.headers);
+    const r = gate.decide(request, request.raw.socket, reply, setReplyHeader);
     request.cellquota = r.decision;
-    for (const [name, value] of r.headers) void reply.header(name, value);
     if (!r.refused) {
       done();
       return;
@@ -68,6 +68,40 @@ const plugin: FastifyPluginAsync<CellquotaFastifyOptions> = async (
     void reply.code(statusCode).send(payload);
   });
 };
+
+function setReplyHeader(reply: FastifyReply, name: string, value: string): void {
+  void reply.header(name, value);
+}
+
+function headersOf(request: FastifyRequest): FastifyRequest['headers'] {
+  return request.headers;
+}
+
+// `config: { cellquota: false }`: request.routeOptions builds a fresh object of a dozen route
+// settings on every read (~150 ns measured, against ~7 ns for a property read), so the route's
+// config is read through fastify's own reference to the route context, found on the first request
+// an instance sees and checked there against routeOptions; where it is not found (another fastify
+// version), routeOptions is read on every request.
+type RouteContexts = Record<symbol, { config?: { cellquota?: unknown } } | undefined>;
+
+function optOutCheck(): (request: FastifyRequest) => boolean {
+  let key: symbol | null | undefined;
+  return (request) => {
+    if (key === undefined) key = routeContextKey(request);
+    if (key === null) return request.routeOptions.config.cellquota === false;
+    return (request as unknown as RouteContexts)[key]?.config?.cellquota === false;
+  };
+}
+
+function routeContextKey(request: FastifyRequest): symbol | null {
+  const config = request.routeOptions.config;
+  for (const key of Object.getOwnPropertySymbols(request)) {
+    if (key.description !== 'fastify.context') continue;
+    const context = (request as unknown as RouteContexts)[key];
+    if (typeof context === 'object' && context !== null && context.config === config) return key;
+  }
+  return null;
+}
 
 /** The fastify plugin (default export). */
 const cellquota = fp(plugin, { fastify: '5.x', name: 'cellquota' });

@@ -56,15 +56,16 @@ export const httpOptionsSchema = z.object({
   statusCode: z.number().int().min(400).max(599).default(429),
 });
 
+/** What the gate answers a request. */
 export interface GateResult {
-  readonly client: string;
-  /** null: allow-listed (not checked). */
+  /** null: not checked (allow-listed), or refused before a decision (descriptors over the bounds). */
   readonly decision: LimitDecision | null;
-  /** Refuse the request (status, Retry-After and headers to send). */
+  /** Refuse the request (its status, Retry-After and rate-limit headers are already set). */
   readonly refused: boolean;
-  /** [name, value] to set on the response. */
-  readonly headers: readonly (readonly [string, string])[];
 }
+
+/** Sets one response header on `target` (fastify: reply.header; express: res.setHeader). */
+export type HeaderSetter<T> = (target: T, name: string, value: string) => void;
 
 export const FAIL_OPEN_HEADER = 'x-ratelimit-fail-open';
 
@@ -86,7 +87,30 @@ export class RateLimitedLog {
   }
 }
 
-const NO_HEADERS: readonly (readonly [string, string])[] = Object.freeze([]);
+const NOT_CHECKED: GateResult = Object.freeze({ decision: null, refused: false });
+const REFUSED_UNCHECKED: GateResult = Object.freeze({ decision: null, refused: true });
+
+/**
+ * What the gate knows of a connection's peer. An untrusted peer is the client of every request on
+ * its connection (the headers are not read), so the key, the allow-list answer and the default
+ * descriptors are worked out once per connection; a trusted one speaks for many clients, so its
+ * requests are resolved one by one.
+ */
+interface PeerEntry {
+  readonly peer: string | undefined;
+  /** null: the peer is a trusted proxy (resolve each request from its headers). */
+  readonly client: string | null;
+  readonly allowed: boolean;
+  /** The default descriptors of `client` (null with a `descriptors` option). */
+  readonly descriptors: readonly Descriptor[] | null;
+}
+
+const TRUSTED_PEER = (peer: string | undefined): PeerEntry => ({
+  peer,
+  client: null,
+  allowed: false,
+  descriptors: null,
+});
 
 export class HttpGate<Req> {
   readonly statusCode: number;
@@ -94,42 +118,64 @@ export class HttpGate<Req> {
   private readonly allow: AddressSet | null;
   private readonly ipv6Prefix: number;
   private readonly descriptors: ((request: Req, client: string) => readonly Descriptor[]) | null;
-  private readonly mode: HeaderMode;
   private readonly onAllowed: boolean;
   private readonly errors: RateLimitedLog;
+  private readonly format: RateLimitFormat;
+  /** By connection (the socket object): what its peer resolves to. */
+  private readonly peers = new WeakMap<object, PeerEntry>();
 
   constructor(
     readonly limiter: Limiter,
     options: HttpOptions<Req>,
     logger: LimiterLogger,
     what: string,
+    /** The request's headers, read only when the peer is a trusted proxy. */
+    private readonly headersOf: (request: Req) => IncomingHttpHeaders,
   ) {
     const o = parseWith(httpOptionsSchema, pick(options), what);
     this.trusted = parseTrustedProxies(o.trustedProxies);
     this.allow = o.allowList.length === 0 ? null : parseAddressList(o.allowList, 'allow-list');
     this.ipv6Prefix = o.ipv6Prefix;
     this.descriptors = (o.descriptors as ((request: Req, client: string) => readonly Descriptor[]) | undefined) ?? null;
-    this.mode = o.headers;
-    this.onAllowed = o.headersOnAllowed;
+    this.format = new RateLimitFormat(o.headers);
+    this.onAllowed = o.headersOnAllowed && o.headers !== 'none';
     this.statusCode = o.statusCode;
     this.errors = new RateLimitedLog(logger);
   }
 
-  decide(request: Req, peer: string | undefined, headers: IncomingHttpHeaders): GateResult {
-    const forwardedFor = headers['x-forwarded-for'];
-    const realIp = headers['x-real-ip'];
-    const client = clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: this.ipv6Prefix });
-    if (this.allow !== null) {
-      const exact =
-        this.ipv6Prefix === 128 || !client.includes(':')
-          ? client
-          : clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: 128 });
-      if (this.allow.has(exact)) return { client, decision: null, refused: false, headers: NO_HEADERS };
+  /**
+   * Decides `request`, which arrived on `socket`, and sets the rate-limit headers (Retry-After on a
+   * refusal) on `target` through `set`.
+   */
+  decide<T>(request: Req, socket: object, target: T, set: HeaderSetter<T>): GateResult {
+    const peer = (socket as { remoteAddress?: string }).remoteAddress;
+    let entry = this.peers.get(socket);
+    if (entry === undefined || entry.peer !== peer) {
+      entry = this.peerEntry(peer);
+      // A closed socket has no address any more: its (last) requests are resolved without caching.
+      if (peer !== undefined) this.peers.set(socket, entry);
+    }
+    let client: string;
+    let descriptors: readonly Descriptor[] | null = entry.descriptors;
+    if (entry.client !== null) {
+      if (entry.allowed) return NOT_CHECKED;
+      client = entry.client;
+    } else {
+      const headers = this.headersOf(request);
+      const forwardedFor = headers['x-forwarded-for'];
+      const realIp = headers['x-real-ip'];
+      client = clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: this.ipv6Prefix });
+      if (this.allow !== null) {
+        const exact =
+          this.ipv6Prefix === 128 || !client.includes(':')
+            ? client
+            : clientAddress({ peer, forwardedFor, realIp, trusted: this.trusted, ipv6Prefix: 128 });
+        if (this.allow.has(exact)) return NOT_CHECKED;
+      }
     }
     let decision: LimitDecision;
     try {
-      const descriptors =
-        this.descriptors === null ? [[{ key: 'remote_address', value: client }]] : this.descriptors(request, client);
+      descriptors ??= this.descriptors === null ? defaultDescriptors(client) : this.descriptors(request, client);
       decision = this.limiter.check({ descriptors });
     } catch (error) {
       if (error instanceof LimiterInputError) {
@@ -141,7 +187,8 @@ export class HttpGate<Req> {
           { limiter: this.limiter.name, error: error.message },
           'cellquota: descriptors over the request bounds; request refused',
         );
-        return { client, decision: null, refused: true, headers: [['retry-after', '1']] };
+        set(target, 'retry-after', '1');
+        return REFUSED_UNCHECKED;
       }
       const c = countersOf(this.limiter);
       if (c !== undefined) c.failOpenOutside++;
@@ -149,16 +196,39 @@ export class HttpGate<Req> {
         { limiter: this.limiter.name, err: error },
         'cellquota: building the descriptors failed; request let through (fail-open)',
       );
-      return { client, decision: null, refused: false, headers: [[FAIL_OPEN_HEADER, 'true']] };
+      set(target, FAIL_OPEN_HEADER, 'true');
+      return NOT_CHECKED;
+    }
+    if (decision.failOpen) {
+      set(target, FAIL_OPEN_HEADER, 'true');
+      return { decision, refused: false };
     }
     const refused = !decision.allowed;
-    if (decision.failOpen) return { client, decision, refused: false, headers: [[FAIL_OPEN_HEADER, 'true']] };
-    if (!refused && (!this.onAllowed || this.mode === 'none'))
-      return { client, decision, refused, headers: NO_HEADERS };
-    const out = rateLimitHeaders(decision.policies, this.mode);
-    if (refused) out.push(['retry-after', String(decision.retryAfterSeconds)]);
-    return { client, decision, refused, headers: out };
+    if (refused || this.onAllowed) this.format.write(decision.policies, target, set);
+    if (refused) set(target, 'retry-after', String(decision.retryAfterSeconds));
+    return { decision, refused };
   }
+
+  private peerEntry(peer: string | undefined): PeerEntry {
+    if (peer !== undefined && this.trusted.has(peer)) return TRUSTED_PEER(peer);
+    // Not trusted (or no address): the headers do not count, the peer is the client.
+    const client = clientAddress({ peer, trusted: this.trusted, ipv6Prefix: this.ipv6Prefix });
+    const exact =
+      this.ipv6Prefix === 128 || !client.includes(':')
+        ? client
+        : clientAddress({ peer, trusted: this.trusted, ipv6Prefix: 128 });
+    return {
+      peer,
+      client,
+      allowed: this.allow !== null && this.allow.has(exact),
+      descriptors: this.descriptors === null ? defaultDescriptors(client) : null,
+    };
+  }
+}
+
+/** The default: one descriptor, the client address. */
+function defaultDescriptors(client: string): readonly Descriptor[] {
+  return [[{ key: 'remote_address', value: client }]];
 }
 
 function pick<Req>(o: HttpOptions<Req>): Record<string, unknown> {
@@ -180,38 +250,96 @@ export function sfString(name: string): string {
 /** The headers for the policies a request met, in `mode`. */
 export function rateLimitHeaders(policies: readonly PolicyStatus[], mode: HeaderMode): [string, string][] {
   const out: [string, string][] = [];
-  if (policies.length === 0 || mode === 'none') return out;
-  if (mode === 'draft-10' || mode === 'both') {
-    let policy = '';
-    let state = '';
-    const seen = new Set<string>();
-    for (const p of policies) {
-      let name = p.name;
-      for (let n = 2; seen.has(name); n++) name = `${p.name}#${n}`;
-      seen.add(name);
-      const id = sfString(name);
-      policy += `${policy === '' ? '' : ', '}${id};q=${p.limit};w=${p.windowSeconds}`;
-      state += `${state === '' ? '' : ', '}${id};r=${p.remaining};t=${p.resetSeconds}`;
-    }
-    out.push(['ratelimit-policy', policy], ['ratelimit', state]);
-  }
-  if (mode === 'legacy' || mode === 'both') {
-    // envoyproxy/ratelimit's choice: the first refused policy, else the one with the fewest remaining.
-    let chosen = policies[0] as PolicyStatus;
-    for (const p of policies) {
-      if (p.overLimit) {
-        chosen = p;
-        break;
-      }
-      if (p.remaining < chosen.remaining) chosen = p;
-    }
-    out.push(
-      ['ratelimit-limit', String(chosen.limit)],
-      ['ratelimit-remaining', String(chosen.remaining)],
-      ['ratelimit-reset', String(chosen.resetSeconds)],
-    );
-  }
+  new RateLimitFormat(mode).write(policies, out, pushHeader);
   return out;
+}
+
+function pushHeader(out: [string, string][], name: string, value: string): void {
+  out.push([name, value]);
+}
+
+/** A policy's sf-string and its `RateLimit-Policy` member, kept while its limit and window stay. */
+interface PolicyText {
+  readonly limit: number;
+  readonly windowSeconds: number;
+  readonly id: string;
+  readonly policy: string;
+}
+
+/** Policy names remembered (rule names and tiers: few); past this the memory starts over. */
+const MAX_POLICY_TEXTS = 1024;
+
+/**
+ * Writes the rate-limit headers of a decision. A policy's name and its RateLimit-Policy member
+ * change only with the rules or a new grant, so they are formatted once and kept; per request
+ * only `r` and `t` are written into the RateLimit value.
+ */
+class RateLimitFormat {
+  private readonly texts = new Map<string, PolicyText>();
+  private readonly draft: boolean;
+  private readonly legacy: boolean;
+
+  constructor(mode: HeaderMode) {
+    this.draft = mode === 'draft-10' || mode === 'both';
+    this.legacy = mode === 'legacy' || mode === 'both';
+  }
+
+  write<T>(policies: readonly PolicyStatus[], target: T, set: HeaderSetter<T>): void {
+    const n = policies.length;
+    if (n === 0) return;
+    if (this.draft) {
+      const first = policies[0] as PolicyStatus;
+      if (n === 1) {
+        const t = this.text(first.name, first);
+        set(target, 'ratelimit-policy', t.policy);
+        set(target, 'ratelimit', `${t.id};r=${first.remaining};t=${first.resetSeconds}`);
+      } else {
+        let policy = '';
+        let state = '';
+        const seen = new Set<string>();
+        for (const p of policies) {
+          let name = p.name;
+          for (let k = 2; seen.has(name); k++) name = `${p.name}#${k}`;
+          seen.add(name);
+          const t = this.text(name, p);
+          policy += policy === '' ? t.policy : `, ${t.policy}`;
+          state += `${state === '' ? '' : ', '}${t.id};r=${p.remaining};t=${p.resetSeconds}`;
+        }
+        set(target, 'ratelimit-policy', policy);
+        set(target, 'ratelimit', state);
+      }
+    }
+    if (this.legacy) {
+      // envoyproxy/ratelimit's choice: the first refused policy, else the one with the fewest remaining.
+      let chosen = policies[0] as PolicyStatus;
+      for (const p of policies) {
+        if (p.overLimit) {
+          chosen = p;
+          break;
+        }
+        if (p.remaining < chosen.remaining) chosen = p;
+      }
+      set(target, 'ratelimit-limit', String(chosen.limit));
+      set(target, 'ratelimit-remaining', String(chosen.remaining));
+      set(target, 'ratelimit-reset', String(chosen.resetSeconds));
+    }
+  }
+
+  /** The sf-string of `name` and its policy member for `p`'s limit and window. */
+  private text(name: string, p: PolicyStatus): PolicyText {
+    const known = this.texts.get(name);
+    if (known !== undefined && known.limit === p.limit && known.windowSeconds === p.windowSeconds) return known;
+    const id = known?.id ?? sfString(name);
+    const t: PolicyText = {
+      limit: p.limit,
+      windowSeconds: p.windowSeconds,
+      id,
+      policy: `${id};q=${p.limit};w=${p.windowSeconds}`,
+    };
+    if (known === undefined && this.texts.size >= MAX_POLICY_TEXTS) this.texts.clear();
+    this.texts.set(name, t);
+    return t;
+  }
 }
 
 /** What both middlewares take: the limiter's options (unless `limiter` is given), the HTTP options, the refusal. */

@@ -7,7 +7,7 @@
 // local ≥ 0.95 × the in-memory library, coordinated ≥ 1.3 × the Redis one, decision ≤ 1 µs median.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { createLimiter } from '../../embedded/limiter.js';
@@ -21,6 +21,7 @@ const VARIANTS: readonly Variant[] = ['none', 'lib-memory', 'lib-redis', 'cellqu
 
 interface Run {
   reqPerS: number;
+  /** Latency of every 2xx response of the run, in ms (autocannon's own percentiles are whole ms). */
   p50: number;
   p99: number;
   non2xx: number;
@@ -48,14 +49,53 @@ async function startApp(settings: AppSettings): Promise<{ proc: ChildProcess; ur
   });
 }
 
+const CONNECTIONS = 10;
+
 async function load(url: string, seconds: number): Promise<Run> {
-  const r = await autocannon({ url, connections: 10, duration: seconds, timeout: 2 });
+  const latencies: number[] = [];
+  const r = await new Promise<autocannon.Result>((ok, fail) => {
+    const instance = autocannon({ url, connections: CONNECTIONS, duration: seconds, timeout: 2 }, (error, result) =>
+      error === null || error === undefined ? ok(result) : fail(error as Error),
+    );
+    instance.on('response', (_client, statusCode, _bytes, ms) => {
+      if (statusCode >= 200 && statusCode < 300) latencies.push(ms);
+    });
+  });
+  const sorted = Float64Array.from(latencies).sort();
+  const at = (q: number): number =>
+    sorted.length === 0 ? NaN : round3(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number);
   return {
     reqPerS: Math.round(r.requests.average),
-    p50: r.latency.p50,
-    p99: r.latency.p99,
+    p50: at(0.5),
+    p99: at(0.99),
     non2xx: r.non2xx,
     errors: r.errors + r.timeouts,
+  };
+}
+
+function round3(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}
+
+function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  const m = s.length >> 1;
+  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
+}
+
+/** Rounds of one variant: the median round (by req/s) gives p50/p99; the spread is min..max req/s. */
+function summary(runs: readonly Run[]): Run & { min: number; max: number } {
+  const byRate = [...runs].sort((a, b) => a.reqPerS - b.reqPerS);
+  const mid = byRate[(byRate.length - 1) >> 1] as Run;
+  return {
+    reqPerS: Math.round(median(runs.map((r) => r.reqPerS))),
+    p50: mid.p50,
+    p99: mid.p99,
+    non2xx: runs.reduce((a, r) => a + r.non2xx, 0),
+    errors: runs.reduce((a, r) => a + r.errors, 0),
+    min: byRate[0]?.reqPerS ?? NaN,
+    max: byRate[byRate.length - 1]?.reqPerS ?? NaN,
   };
 }
 
@@ -90,103 +130,146 @@ async function decisionNs(levels: 1 | 2, iterations: number): Promise<number> {
   return batches[Math.floor(batches.length / 2)] ?? NaN;
 }
 
+type Framework = AppSettings['framework'];
+const LIBRARY: Readonly<Record<Framework, string>> = {
+  fastify: '@fastify/rate-limit',
+  express: 'express-rate-limit',
+};
+
+/** Run sizes; CELLQUOTA_BENCH_FRAMEWORKS (fastify,express), CELLQUOTA_BENCH_ROUNDS and
+ * CELLQUOTA_BENCH_SECONDS narrow or lengthen a full run while working on one side. */
+function sizes(smoke: boolean): {
+  frameworks: Framework[];
+  rounds: number;
+  seconds: number;
+  warmUp: number;
+  rewarm: number;
+} {
+  const env = (k: string): string | undefined => process.env[k]?.trim() || undefined;
+  const frameworks = (env('CELLQUOTA_BENCH_FRAMEWORKS') ?? 'fastify,express')
+    .split(',')
+    .map((f) => f.trim())
+    .filter((f): f is Framework => f === 'fastify' || f === 'express');
+  if (frameworks.length === 0) throw new Error('CELLQUOTA_BENCH_FRAMEWORKS: fastify, express or both');
+  const rounds = Number(env('CELLQUOTA_BENCH_ROUNDS') ?? (smoke ? 1 : 5));
+  const seconds = Number(env('CELLQUOTA_BENCH_SECONDS') ?? (smoke ? 0.5 : 3));
+  if (!Number.isInteger(rounds) || rounds < 1 || rounds > 50) throw new Error('CELLQUOTA_BENCH_ROUNDS: 1..50');
+  if (!(seconds > 0 && seconds <= 60)) throw new Error('CELLQUOTA_BENCH_SECONDS: (0, 60]');
+  return { frameworks, rounds, seconds, warmUp: smoke ? 0.3 : 2, rewarm: smoke ? 0.1 : 0.5 };
+}
+
 export async function runEmbeddedBench(opts: {
   smoke: boolean;
   progress: (msg: string) => void;
 }): Promise<BenchReport> {
-  const seconds = opts.smoke ? 1 : 5;
+  const { frameworks, rounds, seconds, warmUp, rewarm } = sizes(opts.smoke);
   const scratch = mkdtempSync(join(tmpdir(), 'cq-embedded-bench-'));
   const redisBin = findRedisServer();
   const redis = redisBin === null ? null : await RedisServer.start(redisBin, scratch);
   const cluster = await CoordinatorCluster.create(['n1', 'n2', 'n3']);
   const rows: Record<string, number | string>[] = [];
-  const notes: string[] = [machineLine()];
+  const notes: string[] = [
+    machineLine(),
+    `load average at the start: ${loadavg()
+      .map((x) => x.toFixed(2))
+      .join(' ')}`,
+  ];
   const apps: ChildProcess[] = [];
+  const row = (framework: string, variant: string, condition: string, r: Run, spread?: string): void => {
+    rows.push({
+      framework,
+      variant,
+      condition,
+      'req/s': r.reqPerS,
+      ...(spread === undefined ? {} : { 'req/s min–max': spread }),
+      'p50 ms': r.p50,
+      'p99 ms': r.p99,
+      non2xx: r.non2xx,
+      errors: r.errors,
+    });
+  };
   try {
     cluster.startAll();
     await cluster.waitForLeader(60_000);
     await cluster.write('PUT', '/v1/tiers/big', { rate: 1_000_000, burst: 1_000_000, floorFraction: 0.5 });
     await cluster.write('PUT', '/v1/tenants/acme', { tier: 'big' });
     const coordinators = [...cluster.replicas.values()].map((r) => `127.0.0.1:${r.peerPort}`).join(',');
-    const byKey = new Map<string, Run>();
-    for (const framework of ['fastify', 'express'] as const) {
-      for (const variant of VARIANTS) {
-        if (variant === 'lib-redis' && redis === null) continue;
-        const settings: AppSettings = {
-          framework,
-          variant,
-          ...(redis === null ? {} : { redisSocket: redis.socket }),
-          coordinators,
-          cell: `bench-${framework}`,
-        };
-        const app = await startApp(settings);
-        apps.push(app.proc);
-        // warm-up (JIT, connections, the first lease; a global bucket is created empty, so the very
-        // first check of a new quota key on a replica is refused by design: cell-agent/README.md)
-        await load(app.url, opts.smoke ? 0.2 : 1);
-        opts.progress(`${framework} ${variant}: ${seconds} s`);
-        const run = await load(app.url, seconds);
-        byKey.set(`${framework} ${variant}`, run);
-        rows.push({
-          framework,
-          variant,
-          condition: 'normal',
-          'req/s': run.reqPerS,
-          'p50 ms': run.p50,
-          'p99 ms': run.p99,
-          non2xx: run.non2xx,
-          errors: run.errors,
-        });
-        if (variant === 'lib-redis' && redis?.pid !== undefined) {
-          process.kill(redis.pid, 'SIGSTOP');
-          const paused = await load(app.url, seconds).finally(() => process.kill(redis.pid as number, 'SIGCONT'));
-          rows.push({
+    for (const framework of frameworks) {
+      const variants = VARIANTS.filter((v) => v !== 'lib-redis' || redis !== null);
+      // Every variant's app is up (in its own process) before the first measurement, and each one is
+      // warmed up (JIT, connections, the first lease: a global bucket is created empty, so the very
+      // first check of a new quota key on a replica is refused by design, cell-agent/README.md).
+      const urls = new Map<Variant, string>();
+      const procs = new Map<Variant, ChildProcess>();
+      await Promise.all(
+        variants.map(async (variant) => {
+          const app = await startApp({
             framework,
             variant,
-            condition: 'Redis paused',
-            'req/s': paused.reqPerS,
-            'p50 ms': paused.p50,
-            'p99 ms': paused.p99,
-            non2xx: paused.non2xx,
-            errors: paused.errors,
+            ...(redis === null ? {} : { redisSocket: redis.socket }),
+            coordinators,
+            cell: `bench-${framework}`,
           });
+          apps.push(app.proc);
+          urls.set(variant, app.url);
+          procs.set(variant, app.proc);
+        }),
+      );
+      const url = (v: Variant): string => urls.get(v) as string;
+      for (const v of variants) await load(url(v), warmUp);
+      // Interleaved rounds: round i starts at variant i (so none is always first or last after
+      // another's load), each run after a short re-warm of its own connections.
+      const runs = new Map<Variant, Run[]>(variants.map((v) => [v, []]));
+      for (let round = 0; round < rounds; round++) {
+        for (let k = 0; k < variants.length; k++) {
+          const v = variants[(round + k) % variants.length] as Variant;
+          opts.progress(`${framework} round ${round + 1}/${rounds}: ${v}, ${seconds} s`);
+          await load(url(v), rewarm);
+          runs.get(v)?.push(await load(url(v), seconds));
         }
-        if (variant === 'cellquota-coordinated') {
-          const pids = [...cluster.replicas.values()]
-            .map((r) => r.proc?.pid)
-            .filter((p): p is number => p !== undefined);
-          for (const p of pids) process.kill(p, 'SIGSTOP');
-          const paused = await load(app.url, seconds).finally(() => {
-            for (const p of pids) process.kill(p, 'SIGCONT');
-          });
-          rows.push({
-            framework,
-            variant,
-            condition: 'coordinators paused',
-            'req/s': paused.reqPerS,
-            'p50 ms': paused.p50,
-            'p99 ms': paused.p99,
-            non2xx: paused.non2xx,
-            errors: paused.errors,
-          });
-        }
-        app.proc.kill('SIGTERM');
       }
-      const none = byKey.get(`${framework} none`);
-      const mem = byKey.get(`${framework} lib-memory`);
-      const red = byKey.get(`${framework} lib-redis`);
-      const loc = byKey.get(`${framework} cellquota-local`);
-      const coo = byKey.get(`${framework} cellquota-coordinated`);
-      const lib = framework === 'fastify' ? '@fastify/rate-limit' : 'express-rate-limit';
-      if (loc !== undefined && mem !== undefined)
+      const got = new Map<Variant, ReturnType<typeof summary>>();
+      for (const v of variants) {
+        const s = summary(runs.get(v) ?? []);
+        got.set(v, s);
+        row(framework, v, 'normal', s, `${s.min}–${s.max}`);
+      }
+      if (redis?.pid !== undefined && urls.has('lib-redis')) {
+        const pid = redis.pid;
+        process.kill(pid, 'SIGSTOP');
+        const paused = await load(url('lib-redis'), seconds).finally(() => process.kill(pid, 'SIGCONT'));
+        row(framework, 'lib-redis', 'Redis paused', paused);
+      }
+      const pids = [...cluster.replicas.values()].map((r) => r.proc?.pid).filter((p): p is number => p !== undefined);
+      for (const p of pids) process.kill(p, 'SIGSTOP');
+      const paused = await load(url('cellquota-coordinated'), seconds).finally(() => {
+        for (const p of pids) process.kill(p, 'SIGCONT');
+      });
+      row(framework, 'cellquota-coordinated', 'coordinators paused', paused);
+      for (const p of procs.values()) p.kill('SIGTERM');
+
+      const lib = LIBRARY[framework];
+      const ratio = (a: Variant, b: Variant): string => {
+        const x = got.get(a);
+        const y = got.get(b);
+        if (x === undefined || y === undefined) return 'n/a';
+        // Also the ratio within each round (the two ran a few seconds apart): its range.
+        const pairs = (runs.get(a) ?? []).map((r, i) => r.reqPerS / ((runs.get(b) ?? [])[i]?.reqPerS ?? NaN));
+        const lo = Math.min(...pairs).toFixed(2);
+        const hi = Math.max(...pairs).toFixed(2);
+        return `${(x.reqPerS / y.reqPerS).toFixed(3)} (per round ${lo}–${hi})`;
+      };
+      notes.push(
+        `${framework}: cellquota local / ${lib} in memory = ${ratio('cellquota-local', 'lib-memory')} ` +
+          `(target ≥ 0.95); cellquota local / no limiter = ${ratio('cellquota-local', 'none')}; ` +
+          `${lib} in memory / no limiter = ${ratio('lib-memory', 'none')}`,
+      );
+      if (urls.has('lib-redis'))
         notes.push(
-          `${framework}: cellquota local / ${lib} in memory = ${(loc.reqPerS / mem.reqPerS).toFixed(3)} (target ≥ 0.95)${none === undefined ? '' : `; no limiter ${none.reqPerS} req/s, cellquota local ${(loc.reqPerS / none.reqPerS).toFixed(3)} of it`}`,
+          `${framework}: cellquota coordinated / ${lib} on Redis = ` +
+            `${ratio('cellquota-coordinated', 'lib-redis')} (target ≥ 1.3)`,
         );
-      if (coo !== undefined && red !== undefined)
-        notes.push(
-          `${framework}: cellquota coordinated / ${lib} on Redis = ${(coo.reqPerS / red.reqPerS).toFixed(3)} (target ≥ 1.3)`,
-        );
-      if (red === undefined) notes.push(`${framework}: redis-server not installed: the Redis rows are missing`);
+      else notes.push(`${framework}: redis-server not installed: the Redis rows are missing`);
     }
     const one = await decisionNs(1, opts.smoke ? 100_000 : 1_000_000);
     const two = await decisionNs(2, opts.smoke ? 100_000 : 1_000_000);
@@ -203,10 +286,21 @@ export async function runEmbeddedBench(opts: {
       'ns/check median': Math.round(two),
     });
     notes.push(
-      `in-process decision: ${Math.round(one)} ns median with one level, ${Math.round(two)} ns with two (target ≤ 1,000 ns)`,
+      `in-process decision: ${Math.round(one)} ns median with one level, ` +
+        `${Math.round(two)} ns with two (target ≤ 1,000 ns)`,
     );
     notes.push(
-      'Redis paused: the libraries wait on each request until the client gives up (skipOnError / passOnStoreError then let it through); cellquota never waits on the coordinators (the paused rows): it keeps its grants until the lease runs out, then its floors.',
+      `${rounds} interleaved round(s) of ${seconds} s per variant after a ${warmUp} s warm-up each ` +
+        `(and ${rewarm} s before every run); req/s is the median round, min–max the spread; p50/p99 ` +
+        `are of the median round, over every 2xx response; ${CONNECTIONS} connections; load average at ` +
+        `the end: ${loadavg()
+          .map((x) => x.toFixed(2))
+          .join(' ')}.`,
+    );
+    notes.push(
+      'Redis paused (SIGSTOP): the libraries wait on each request until the Redis client gives up ' +
+        '(commandTimeout 1 s; skipOnError / passOnStoreError then let it through); cellquota never waits ' +
+        'on the coordinators (the paused rows): it keeps its grants until the lease runs out, then its floors.',
     );
   } finally {
     for (const p of apps) if (p.exitCode === null) p.kill('SIGKILL');
@@ -216,7 +310,9 @@ export async function runEmbeddedBench(opts: {
   }
   return {
     name: 'embedded',
-    title: 'Embedded limiter: hello-world throughput and latency, side by side (autocannon, 10 connections, loopback)',
+    title:
+      'Embedded limiter: hello-world throughput and latency, side by side ' +
+      `(autocannon, ${CONNECTIONS} connections, loopback)`,
     rows,
     notes,
   };
