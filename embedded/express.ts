@@ -38,10 +38,13 @@ export interface RateLimitMiddleware<
 
 /** The decision of a request the middleware checked (null: not checked, e.g. allow-listed). */
 export function decisionOf(request: IncomingMessage): LimitDecision | null {
-  return DECISIONS.get(request) ?? null;
+  return (request as Decided)[DECISION] ?? null;
 }
 
-const DECISIONS = new WeakMap<IncomingMessage, LimitDecision>();
+// Kept on the request itself: a WeakMap entry per request costs a set and the collector's
+// ephemeron work for every request; a symbol-keyed property gives every request object one shape.
+const DECISION = Symbol('cellquota.decision');
+type Decided = IncomingMessage & { [DECISION]?: LimitDecision };
 
 export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
   options: CellquotaExpressOptions<Req, Res>,
@@ -66,7 +69,7 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage, Res ext
 
   const handle = (g: HttpGate<Req>, req: Req, res: Res, next: (error?: unknown) => void): void => {
     const r = g.decide(req, req.socket, res, setResponseHeader);
-    if (r.decision !== null) DECISIONS.set(req, r.decision);
+    if (r.decision !== null) (req as Decided)[DECISION] = r.decision;
     if (!r.refused) {
       next();
       return;

@@ -50,6 +50,9 @@ async function startApp(settings: AppSettings): Promise<{ proc: ChildProcess; ur
 }
 
 const CONNECTIONS = 10;
+const NO_ANSWER = 'no 2xx answer';
+/** A paused run lasts at least this long: past the Redis client's 1 s command timeout. */
+const PAUSED_MIN_S = 2;
 
 async function load(url: string, seconds: number): Promise<Run> {
   const latencies: number[] = [];
@@ -182,8 +185,9 @@ export async function runEmbeddedBench(opts: {
       condition,
       'req/s': r.reqPerS,
       ...(spread === undefined ? {} : { 'req/s min–max': spread }),
-      'p50 ms': r.p50,
-      'p99 ms': r.p99,
+      // No 2xx answer in the whole run (a library waiting on a paused Redis): no latency to give.
+      'p50 ms': Number.isFinite(r.p50) ? r.p50 : NO_ANSWER,
+      'p99 ms': Number.isFinite(r.p99) ? r.p99 : NO_ANSWER,
       non2xx: r.non2xx,
       errors: r.errors,
     });
@@ -237,12 +241,14 @@ export async function runEmbeddedBench(opts: {
       if (redis?.pid !== undefined && urls.has('lib-redis')) {
         const pid = redis.pid;
         process.kill(pid, 'SIGSTOP');
-        const paused = await load(url('lib-redis'), seconds).finally(() => process.kill(pid, 'SIGCONT'));
+        const paused = await load(url('lib-redis'), Math.max(seconds, PAUSED_MIN_S)).finally(() =>
+          process.kill(pid, 'SIGCONT'),
+        );
         row(framework, 'lib-redis', 'Redis paused', paused);
       }
       const pids = [...cluster.replicas.values()].map((r) => r.proc?.pid).filter((p): p is number => p !== undefined);
       for (const p of pids) process.kill(p, 'SIGSTOP');
-      const paused = await load(url('cellquota-coordinated'), seconds).finally(() => {
+      const paused = await load(url('cellquota-coordinated'), Math.max(seconds, PAUSED_MIN_S)).finally(() => {
         for (const p of pids) process.kill(p, 'SIGCONT');
       });
       row(framework, 'cellquota-coordinated', 'coordinators paused', paused);

@@ -21,8 +21,13 @@ void test(
       `one row per framework × variant × condition: ${served.map((x) => `${x['framework']} ${x['variant']} ${x['condition']}`).join('; ')}`,
     );
     for (const row of served) {
+      // With Redis paused a library may answer nothing at all in the run: then no latency is given.
+      const noAnswer = row['condition'] === 'Redis paused' && row['req/s'] === 0;
       for (const col of ['req/s', 'p50 ms', 'p99 ms'])
-        assert.ok(typeof row[col] === 'number' && Number.isFinite(row[col]), `${col} in ${JSON.stringify(row)}`);
+        assert.ok(
+          (typeof row[col] === 'number' && Number.isFinite(row[col])) || (noAnswer && col !== 'req/s'),
+          `${col} in ${JSON.stringify(row)}`,
+        );
       // With Redis paused the libraries may serve nothing at all (that is the measurement); cellquota
       // must keep serving with its coordinators paused.
       if (row['condition'] !== 'Redis paused')
