@@ -6,22 +6,40 @@
 //                 count, size, seed, sleep word (Int32)
 //   keys    Int32[2S]: per slot k0 (key hash word 0; 0 = EMPTY, 1 = CLAIMING) and k2 (check word),
 //                 interleaved so that a group's 8 (k0, k2) pairs fill exactly one 64-byte cache line
-//   records 32 B per slot (one aligned half cache line):
-//     state    BigInt64  gen·2^58 + (TAT − startNs): the bucket; −1 = LOCKED (being re-configured
-//                        or evicted by one thread)
-//     interval BigInt64  T in ns (0 = rate 0) ...
-//     window   BigInt64  ... and D = T·b: the limit the TAT is kept under. These two words ARE the
-//                        slot's limit-config id: re-interpreting the TAT needs the old parameters,
-//                        and storing them avoids a shared id registry that would need its own garbage
-//                        collection as slices change every round.
-//     k1       Int32     key hash word 1
-//     access   Int32     last-access stamp, units of 2^30 ns (~1.07 s) since startNs (LRU choice)
+//   records 32 B per slot (one aligned half cache line), eight Int32 words:
+//     ver      the slot's sequence word (a seqlock): even = stable, odd = one thread is writing the
+//              slot (a decision storing its TAT, a re-configuration, an eviction); +2 per write
+//     tatHi    the TAT − startNs, a 64-bit integer (< 2^58) in two words
+//     tatLo
+//     dHi      D = T·b, the window of the limit the TAT is kept under (≤ 2^56) ...
+//     dLo
+//     x        ... and b when b < 2^31, else −T (T·b ≤ 2^56, so one of them is below 2^28); 0 for
+//              rate 0. (D, x) determine (T, b), so these three words ARE the slot's limit-config id:
+//              re-interpreting the TAT needs the old parameters, and storing them avoids a shared
+//              id registry that would need its own garbage collection as slices change every round.
+//     k1       key hash word 1
+//     access   last-access stamp, units of 2^30 ns (~1.07 s) since startNs (LRU choice)
 //   locks   Int32[L]: insert stripes (futex-style mutexes), picked by key hash
 //   = 40 B per slot, S ≈ 1.25 × capacity: ≈ 50 B per key (bytesFor()). A decision touches two cache
 //   lines when the key is in its first home group.
 //
-// Decisions are lock-free: read the state word, check the key is still the slot's, compute the GCRA
-// step, Atomics.compareExchange the new TAT; on a lost race, retry. A refused take writes nothing.
+// Decisions (seqlock): read ver (odd: wait), check the key is still the slot's, read the config and
+// the TAT, compute the GCRA step; a refused take (or a 0-hit report) then re-reads ver and retries if
+// it moved, an admitted one claims the slot with Atomics.compareExchange(ver, v, v + 1), stores the
+// new TAT and publishes ver = v + 2. Every access to a slot's words is an Atomics operation on an
+// Int32Array: sequentially consistent, and free of the BigInt values V8 allocates for every 64-bit
+// Atomics result (the table's earlier layout, a BigInt64 state word with a CAS, cost about a dozen
+// BigInt allocations per decision). Why it is exact across threads: a thread's decision uses values
+// it read between two reads of the same even ver (the re-read, or the CAS that succeeds only if ver
+// is still v); a writer makes ver odd BEFORE it changes any word of the slot and even again only
+// after, so every such read saw no write in progress and no write in between: the decision is on a
+// consistent, current state, and a successful CAS makes it the only write since. Admissions on one
+// bucket are therefore serialized exactly as a 64-bit CAS would serialize them. ver wraps only after
+// 2^31 writes of ONE slot while a thread sits between its two reads (minutes of a bucket taken at
+// full speed by other threads while this thread is descheduled): the old 5-bit generation tag's ABA
+// margin (32 changes) was far smaller. The cost of the lock word: a thread that stops between its
+// CAS and its publish (three stores later) makes the others wait for it (backoff(): spin, then
+// Atomics.wait in 50 µs steps); it never blocks a thread working on another slot.
 //
 // Placement: a key has two home groups (two-choice hashing) and, only when both homes hold no EMPTY
 // slot, 4 overflow groups next to them: at most 48 slots are ever probed. Slots are never emptied
@@ -30,9 +48,9 @@
 //
 // Inserts of the SAME key are serialized by a stripe lock picked by the key's hash (misses only; hits
 // never lock), so a key can never get two buckets (two buckets would double its limit). A slot is
-// claimed race-free: an EMPTY slot by CAS k0 EMPTY → CLAIMING, a live slot to evict by CAS of its
-// state word → LOCKED. The state word is published before k0, so a key is only ever found with a
-// valid state.
+// claimed race-free: an EMPTY slot by CAS k0 EMPTY → CLAIMING (then filled and published with k0
+// last, so a key is only ever found with a valid state), a live slot to evict by CAS of its ver to
+// odd (then rewritten whole, key words included, before ver is even again).
 //
 // Eviction (only when a key needs a slot): a bucket may be evicted only when it is FULL at the
 // evicting thread's now (TAT ≤ now: idle at least as long as it needs to refill completely) or its
@@ -48,15 +66,10 @@
 // re-created under a DIFFERENT limit than it was evicted with starts as a new bucket of that limit,
 // as a key first seen then would.)
 //
-// gen: 5 high bits of the state word (bits 58..62), bumped on every re-configuration and every
-// eviction. A thread that read the word, then lost the CPU while the slot was re-configured or handed
-// to another key, fails its CAS even if the new TAT happened to equal the old one (it would need
-// exactly 32 such changes of that slot, and an identical TAT to the nanosecond, in between).
-//
 // Threads: every thread attaches its own BucketTable object (it keeps per-thread scratch) over the
 // same buffer. A thread must not be terminated in the middle of a take() (worker.terminate() at
-// shutdown, with the table discarded, is fine): a slot it held LOCKED, or an insert stripe, would
-// stay held.
+// shutdown, with the table discarded, is fine): a slot whose ver it held odd, or an insert stripe,
+// would stay held.
 //
 // Succession: a limit may name the limit it replaced and the instant it did (gcra.ts's
 // LimitSuccession: a lease's floor replaces the grant at the lease's end). A bucket still kept under
@@ -75,17 +88,26 @@
 //
 // Time: callers pass nowNs on their own clock (e.g. process.hrtime.bigint(), shared by all threads);
 // startNs (default 0n) is the table's origin on that clock. nowNs must lie in [startNs, startNs + 2^57 ns
-// ≈ 4.5 years] (a TAT is at most now + D ≤ now + 2^56 < 2^58, so it never reaches the gen bits).
+// ≈ 4.5 years] (a TAT is at most now + D ≤ now + 2^56 < 2^58: tatHi < 2^26).
+//
+// Arithmetic: the decision runs on doubles (gcra.ts's gcraStepNumber) whenever every value is an
+// integer below 2^53 — the limit's D ≤ 2^52 (≈ 52 days), the debt ≤ 2^52, nowNs below 2^53 or the
+// time since startNs below it (104 days) — and on bigint (gcraStepInto) otherwise: the same answers
+// either way, only slower. Times are split into the two 32-bit words they are stored as.
 
 import {
   gcraInitialTat,
   gcraReconfigure,
   gcraStepInto,
+  gcraStepNumber,
   MAX_WINDOW_NS,
   NEVER_NS,
+  NUMBER_STEP_MAX_NS,
+  newGcraNumberScratch,
   newGcraScratch,
   type GcraDecisionScratch,
   type GcraLimit,
+  type GcraNumberDecision,
   type GcraParams,
 } from './gcra.js';
 import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
@@ -105,6 +127,19 @@ export interface TakeResult {
   readonly resetNs: bigint;
   /** 0n when allowed; the wait until the same hits would pass; NEVER_NS if never; 0n for 'table-full'. */
   readonly retryAfterNs: bigint;
+}
+
+/**
+ * takeKey()'s answer: TakeResult with the times as numbers of ns, exact for a limit whose D is at
+ * most NUMBER_STEP_MAX_NS (the only ones the hot path hands it, see takeKey); retryAfterNs is
+ * Infinity for "never".
+ */
+export interface KeyTakeResult {
+  readonly verdict: TakeVerdict;
+  readonly allowed: boolean;
+  readonly remaining: number;
+  readonly resetNs: number;
+  readonly retryAfterNs: number;
 }
 
 export interface BucketTableOptions {
@@ -130,13 +165,14 @@ export interface AttachOptions {
 }
 
 const MAGIC = 0x43514254; // "CQBT"
-const VERSION = 1;
+const VERSION = 2;
 const GROUP = 8;
 const OVERFLOW_STEPS = 2; // overflow groups ga+1, gb+1, ga+2, gb+2
 const SLOTS_PER_KEY = 1.25;
 const HEADER_BYTES = 64;
 const KEY_BYTES = 8;
 const RECORD_BYTES = 32;
+const RECORD_WORDS = RECORD_BYTES / 4;
 
 // header: BigInt64 indexes
 const H_START = 0;
@@ -152,36 +188,86 @@ const H_SIZE = 13;
 const H_SEED = 14;
 const H_SLEEP = 15;
 
-// record: BigInt64 offsets within a slot's 4 words, Int32 offsets within its 8 words
-const R_STATE = 0;
-const R_INTERVAL = 1;
-const R_WINDOW = 2;
+// record: Int32 offsets within a slot's 8 words
+const R_VER = 0;
+const R_TAT_HI = 1;
+const R_TAT_LO = 2;
+const R_D_HI = 3;
+const R_D_LO = 4;
+const R_X = 5;
 const R_K1 = 6;
 const R_ACCESS = 7;
 
 const EMPTY = 0;
 const CLAIMING = 1;
-const LOCKED = -1n;
-const GEN_SHIFT = 58n;
-const GEN_ONE = 1n << GEN_SHIFT;
-const TAT_MASK = GEN_ONE - 1n;
-const GEN_MASK = 31n << GEN_SHIFT;
-const STAMP_SHIFT = 30n;
+const TWO_32 = 4294967296;
+const TWO_53 = 2 ** 53;
+const LOW_32 = 0xffff_ffffn;
 const MAX_REL_NOW = 1n << 57n;
 const SPINS_BEFORE_SLEEP = 64;
+/** The largest b kept in the x word (larger bursts keep −T there). */
+const X_BURST_MAX = 0x7fff_ffffn;
 
-type MutableTakeResult = { -readonly [K in keyof TakeResult]: TakeResult[K] };
+type MutableTakeResult = { -readonly [K in keyof KeyTakeResult]: KeyTakeResult[K] };
 
-function copyResult(to: MutableTakeResult, from: TakeResult): void {
-  to.verdict = from.verdict;
-  to.allowed = from.allowed;
-  to.remaining = from.remaining;
-  to.resetNs = from.resetNs;
-  to.retryAfterNs = from.retryAfterNs;
+/** A limit as the slot words hold it, and as numbers for the hot path's arithmetic. */
+interface LimitWords {
+  readonly dHi: number;
+  readonly dLo: number;
+  readonly x: number;
+  /** D ≤ NUMBER_STEP_MAX_NS: T, D and b below are exact and gcraStepNumber applies. */
+  readonly narrow: boolean;
+  readonly intervalNs: number;
+  readonly windowNs: number;
+  readonly burst: number;
+}
+
+/** Every limit a thread has met (frozen ones: their fields cannot change), as words; weakly held. */
+const wordsOfLimit = new WeakMap<GcraLimit, LimitWords>();
+
+/** Validates a limit and gives its words (computed once per frozen limit object). */
+function limitWords(limit: GcraLimit): LimitWords {
+  const known = wordsOfLimit.get(limit);
+  if (known !== undefined) return known;
+  const T = limit.intervalNs;
+  const D = limit.windowNs;
+  const b = limit.burst;
+  if (
+    typeof T !== 'bigint' ||
+    typeof D !== 'bigint' ||
+    typeof b !== 'bigint' ||
+    T < 0n ||
+    D < 0n ||
+    D > MAX_WINDOW_NS ||
+    (T === 0n) !== (D === 0n) ||
+    (T === 0n ? b !== 0n : T * b !== D)
+  ) {
+    throw new TypeError('limit: not a GcraLimit (use limitPerUnit / limitFromRate / limitFromInterval)');
+  }
+  const words: LimitWords = Object.freeze({
+    dHi: Number(D >> 32n),
+    dLo: Number(D & LOW_32) | 0,
+    x: T === 0n ? 0 : b <= X_BURST_MAX ? Number(b) : -Number(T),
+    narrow: D <= BigInt(NUMBER_STEP_MAX_NS),
+    intervalNs: Number(T),
+    windowNs: Number(D),
+    burst: Number(b),
+  });
+  if (Object.isFrozen(limit)) wordsOfLimit.set(limit, words);
+  return words;
+}
+
+/** The limit parameters of a slot's config words (off the hot path: re-configuration, eviction, keptUnder). */
+function paramsOfWords(dHi: number, dLo: number, x: number): GcraParams {
+  const D = (BigInt(dHi) << 32n) | BigInt(dLo >>> 0);
+  if (x === 0) return { intervalNs: 0n, windowNs: 0n, burst: 0n };
+  if (x > 0) return { intervalNs: D / BigInt(x), windowNs: D, burst: BigInt(x) };
+  return { intervalNs: BigInt(-x), windowNs: D, burst: D / BigInt(-x) };
 }
 
 /** gcraStepInto's output, reused (one decision at a time per thread; it never calls out). */
 const stepScratch: GcraDecisionScratch = newGcraScratch();
+const numberScratch: GcraNumberDecision = newGcraNumberScratch();
 
 const TABLE_FULL: TakeResult = Object.freeze({
   verdict: 'table-full',
@@ -196,6 +282,20 @@ const BLOCKED: TakeResult = Object.freeze({
   remaining: 0,
   resetNs: 0n,
   retryAfterNs: NEVER_NS,
+});
+const KEY_TABLE_FULL: KeyTakeResult = Object.freeze({
+  verdict: 'table-full',
+  allowed: false,
+  remaining: 0,
+  resetNs: 0,
+  retryAfterNs: 0,
+});
+const KEY_BLOCKED: KeyTakeResult = Object.freeze({
+  verdict: 'deny',
+  allowed: false,
+  remaining: 0,
+  resetNs: 0,
+  retryAfterNs: Infinity,
 });
 
 interface Layout {
@@ -222,9 +322,8 @@ function randomSeed(): number {
   return a[0] ?? 0;
 }
 
-/** The next generation tag of a state word (in place, i.e. already shifted). */
-function nextGen(w: bigint): bigint {
-  return (w + GEN_ONE) & GEN_MASK;
+function newKeyResult(): MutableTakeResult {
+  return { verdict: 'allow', allowed: true, remaining: 0, resetNs: 0, retryAfterNs: 0 };
 }
 
 export class BucketTable {
@@ -241,28 +340,22 @@ export class BucketTable {
   private readonly h64: BigInt64Array;
   private readonly h32: Int32Array;
   private readonly keys: Int32Array;
-  private readonly rec64: BigInt64Array;
-  private readonly rec32: Int32Array;
+  private readonly rec: Int32Array;
   private readonly locks: Int32Array;
   private readonly hashOut = new Int32Array(3);
+  /** startNs as a number when below 2^53 (else -1: every now goes through bigint). */
+  private readonly startNumber: number;
+  /** The current call's now − startNs in two words (one decision at a time per thread). */
+  private nowHi = 0;
+  private nowLo = 0;
   /** The key of the next takeKey(), hashed as it is written (null with a custom hasher). */
   private readonly keyStream: KeyHashStream | null;
   /** takeKey()'s answer, reused: valid until this object's next takeKey(). */
-  private readonly keyResult: MutableTakeResult = {
-    verdict: 'allow',
-    allowed: true,
-    remaining: 0,
-    resetNs: 0n,
-    retryAfterNs: 0n,
-  };
-  /** take()'s working answer (copied before it is returned). */
-  private readonly plainResult: MutableTakeResult = {
-    verdict: 'allow',
-    allowed: true,
-    remaining: 0,
-    resetNs: 0n,
-    retryAfterNs: 0n,
-  };
+  private readonly keyResult: MutableTakeResult = newKeyResult();
+  /** take()'s working answer (converted before it is returned). */
+  private readonly plainResult: MutableTakeResult = newKeyResult();
+  /** The exact times of the last decision that ran on bigint (resetNs, retryAfterNs), else null. */
+  private bigTimes: GcraDecisionScratch | null = null;
 
   /** Bytes of shared memory a table of this capacity takes (the memory cap it is built to). */
   static bytesFor(capacity: number): number {
@@ -312,8 +405,7 @@ export class BucketTable {
     const S = layout.slots;
     const recOff = HEADER_BYTES + S * KEY_BYTES;
     this.keys = new Int32Array(buffer, HEADER_BYTES, 2 * S);
-    this.rec64 = new BigInt64Array(buffer, recOff, 4 * S);
-    this.rec32 = new Int32Array(buffer, recOff, 8 * S);
+    this.rec = new Int32Array(buffer, recOff, RECORD_WORDS * S);
     this.locks = new Int32Array(buffer, recOff + S * RECORD_BYTES, layout.locks);
     this.h64 = h64;
     this.h32 = h32;
@@ -324,6 +416,7 @@ export class BucketTable {
     this.lockMask = layout.locks - 1;
     this.seed = h32[H_SEED] ?? 0;
     this.startNs = h64[H_START] ?? 0n;
+    this.startNumber = this.startNs < BigInt(TWO_53) ? Number(this.startNs) : -1;
     this.keyStream = this.hasher === hashKey ? new KeyHashStream() : null;
   }
 
@@ -349,10 +442,14 @@ export class BucketTable {
     if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
     const s = this.find(h0, out[1] ?? 0, out[2] ?? 0);
     if (s < 0) return false;
-    return (
-      Atomics.load(this.rec64, 4 * s + R_INTERVAL) === params.intervalNs &&
-      Atomics.load(this.rec64, 4 * s + R_WINDOW) === params.windowNs
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
+    const kept = paramsOfWords(
+      Atomics.load(rec, at + R_D_HI),
+      Atomics.load(rec, at + R_D_LO),
+      Atomics.load(rec, at + R_X),
     );
+    return kept.intervalNs === params.intervalNs && kept.windowNs === params.windowNs;
   }
 
   /** Live keys. */
@@ -379,8 +476,18 @@ export class BucketTable {
   take(key: string, limit: GcraLimit, hits: number, nowNs: bigint): TakeResult {
     const out = this.hashOut;
     this.hasher(key, this.seed, out);
+    this.bigTimes = null;
     const r = this.takeHashed(out, limit, hits, nowNs, this.plainResult);
-    return r === TABLE_FULL || r === BLOCKED ? r : { ...r };
+    if (r === KEY_TABLE_FULL) return TABLE_FULL;
+    if (r === KEY_BLOCKED) return BLOCKED;
+    const big = this.bigTimes as GcraDecisionScratch | null;
+    return {
+      verdict: r.verdict,
+      allowed: r.allowed,
+      remaining: r.remaining,
+      resetNs: big !== null ? big.resetNs : BigInt(r.resetNs),
+      retryAfterNs: big !== null ? big.retryAfterNs : r.retryAfterNs === Infinity ? NEVER_NS : BigInt(r.retryAfterNs),
+    };
   }
 
   /**
@@ -396,14 +503,25 @@ export class BucketTable {
     return k;
   }
 
-  /** take() for the key written since beginKey(). The answer object is reused: it is valid until
-   * this table object's next takeKey() (read it, do not keep it). */
-  takeKey(limit: GcraLimit, hits: number, nowNs: bigint): Readonly<TakeResult> {
+  /**
+   * take() for the key written since beginKey(), with the times as numbers: exact for a limit
+   * whose windowNs is at most NUMBER_STEP_MAX_NS (2^52 ns, ≈ 52 days; a wider one is refused with a
+   * RangeError before anything is taken: use take()). Allocates nothing. The answer object is
+   * reused: it is valid until this table object's next takeKey() (read it, do not keep it).
+   */
+  takeKey(limit: GcraLimit, hits: number, nowNs: bigint): Readonly<KeyTakeResult> {
     const k = this.keyStream;
     if (k === null) throw new Error('takeKey: this table has a custom hasher; use take()');
+    if (!limitWords(limit).narrow)
+      throw new RangeError(`takeKey: a limit window over ${NUMBER_STEP_MAX_NS} ns needs take()`);
     const out = this.hashOut;
     k.end(out);
     return this.takeHashed(out, limit, hits, nowNs, this.keyResult);
+  }
+
+  /** Whether takeKey() takes this limit (its window fits the numeric step). Validates the limit. */
+  static keyTakes(limit: GcraLimit): boolean {
+    return limitWords(limit).narrow;
   }
 
   private takeHashed(
@@ -412,43 +530,55 @@ export class BucketTable {
     hits: number,
     nowNs: bigint,
     res: MutableTakeResult,
-  ): TakeResult {
+  ): KeyTakeResult {
     if (!Number.isSafeInteger(hits) || hits < 0)
       throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
-    const nowRel = nowNs - this.startNs;
-    if (nowRel < 0n || nowRel > MAX_REL_NOW)
-      throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
-    // A malformed limit must fail here, never while this thread holds a slot LOCKED or CLAIMING.
-    const T = limit.intervalNs;
-    const D = limit.windowNs;
-    if (
-      typeof T !== 'bigint' ||
-      typeof D !== 'bigint' ||
-      T < 0n ||
-      D < 0n ||
-      D > MAX_WINDOW_NS ||
-      (T === 0n) !== (D === 0n)
-    ) {
-      throw new TypeError('limit: not a GcraLimit (use limitPerUnit / limitFromRate / limitFromInterval)');
-    }
+    this.setNow(nowNs);
+    // A malformed limit must fail here, never while this thread holds a slot's ver odd or CLAIMING.
+    const words = limitWords(limit);
     let h0 = hash[0] ?? 0;
     if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
     const h1 = hash[1] ?? 0;
     const h2 = hash[2] ?? 0;
-    const n = hits === 1 ? 1n : BigInt(hits);
     for (;;) {
       let s = this.find(h0, h1, h2);
       if (s < 0) {
-        if (limit.intervalNs === 0n) return BLOCKED;
+        if (words.x === 0) return KEY_BLOCKED;
         // A 0-hit report creates no 'full' bucket (it would report the same fresh one); an 'empty'
         // bucket is created by it, since it refills from its creation on: a key that is only ever
         // checked (a request refused at another level) must still start refilling.
-        if (n === 0n && limit.start === 'full') return this.reportFresh(limit, nowRel, res);
-        s = this.insert(h0, h1, h2, limit, nowRel);
-        if (s < 0) return TABLE_FULL;
+        if (hits === 0 && limit.start === 'full') return this.reportFresh(limit, res);
+        s = this.insert(h0, h1, h2, limit, words);
+        if (s < 0) return KEY_TABLE_FULL;
       }
-      if (this.takeAt(s, h0, h1, h2, limit, n, nowRel, res)) return res;
+      if (this.takeAt(s, h0, h1, h2, limit, words, hits, res)) return res;
     }
+  }
+
+  /** Splits nowNs − startNs into this.nowHi / this.nowLo (range-checked). */
+  private setNow(nowNs: bigint): void {
+    const start = this.startNumber;
+    const abs = Number(nowNs);
+    if (start >= 0 && abs < TWO_53) {
+      // Both exact as doubles: so is their difference.
+      const rel = abs - start;
+      if (rel < 0)
+        throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} ..)`);
+      const hi = Math.floor(rel / TWO_32);
+      this.nowHi = hi;
+      this.nowLo = rel - hi * TWO_32;
+      return;
+    }
+    const rel = nowNs - this.startNs;
+    if (rel < 0n || rel > MAX_REL_NOW)
+      throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
+    this.nowHi = Number(rel >> 32n);
+    this.nowLo = Number(rel & LOW_32);
+  }
+
+  /** now − startNs as a bigint (off the hot path). */
+  private nowRel(): bigint {
+    return (BigInt(this.nowHi) << 32n) | BigInt(this.nowLo);
   }
 
   // ---- lookup -------------------------------------------------------------------------------
@@ -469,7 +599,7 @@ export class BucketTable {
     for (let s = g * GROUP, end = s + GROUP; s < end; s++) {
       const k = Atomics.load(keys, 2 * s);
       if (k === h0) {
-        if (Atomics.load(keys, 2 * s + 1) === h2 && Atomics.load(this.rec32, 8 * s + R_K1) === h1) return s;
+        if (Atomics.load(keys, 2 * s + 1) === h2 && Atomics.load(this.rec, RECORD_WORDS * s + R_K1) === h1) return s;
       } else if (k === EMPTY) {
         sawEmpty = true;
       }
@@ -499,7 +629,7 @@ export class BucketTable {
     return (
       Atomics.load(this.keys, 2 * s) === h0 &&
       Atomics.load(this.keys, 2 * s + 1) === h2 &&
-      Atomics.load(this.rec32, 8 * s + R_K1) === h1
+      Atomics.load(this.rec, RECORD_WORDS * s + R_K1) === h1
     );
   }
 
@@ -512,36 +642,64 @@ export class BucketTable {
     h1: number,
     h2: number,
     limit: GcraLimit,
-    n: bigint,
-    nowRel: bigint,
+    words: LimitWords,
+    hits: number,
     res: MutableTakeResult,
   ): boolean {
-    const rec = this.rec64;
-    const at = 4 * s;
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
     let spins = 0;
     for (;;) {
-      const w = Atomics.load(rec, at + R_STATE);
-      if (w === LOCKED) {
+      const v = Atomics.load(rec, at + R_VER);
+      if ((v & 1) !== 0) {
         spins = this.backoff(spins);
         continue;
       }
-      // The key check follows the state read: a slot handed to another key publishes its new state
-      // only after its new key words, so a stale key shows here (or the CAS below fails on gen).
+      // A slot handed to another key changes its key words only while ver is odd: a stale key shows
+      // here, or ver has moved when this read is validated (a mismatch is final either way: look again).
       if (!this.keyIs(s, h0, h1, h2)) return false;
-      const T = Atomics.load(rec, at + R_INTERVAL);
-      const D = Atomics.load(rec, at + R_WINDOW);
-      if (T !== limit.intervalNs || D !== limit.windowNs) {
-        this.reconfigure(s, w, T, D, limit, nowRel);
+      const dHi = Atomics.load(rec, at + R_D_HI);
+      const dLo = Atomics.load(rec, at + R_D_LO);
+      const x = Atomics.load(rec, at + R_X);
+      if (dHi !== words.dHi || dLo !== words.dLo || x !== words.x) {
+        this.reconfigure(s, v, dHi, dLo, x, limit);
         continue;
       }
-      this.touch(s, nowRel);
-      if (T === 0n) {
-        copyResult(res, BLOCKED);
+      this.touch(s);
+      if (x === 0) {
+        if (Atomics.load(rec, at + R_VER) !== v) continue;
+        copyInto(res, KEY_BLOCKED);
         return true;
       }
-      // Shift now by the word's gen tag: differences (all the decision uses) are plain ns.
-      const d = gcraStepInto(stepScratch, w, nowRel + (w & GEN_MASK), T, D, n);
-      if (d.allowed && n !== 0n && Atomics.compareExchange(rec, at + R_STATE, w, d.tat) !== w) continue;
+      const tatHi = Atomics.load(rec, at + R_TAT_HI);
+      const tatLo = Atomics.load(rec, at + R_TAT_LO) >>> 0;
+      const nowHi = this.nowHi;
+      const nowLo = this.nowLo;
+      // TAT − now: exact below 2^53 in magnitude; beyond, its sign is still right.
+      const diff = (tatHi - nowHi) * TWO_32 + (tatLo - nowLo);
+      if (!words.narrow || diff > NUMBER_STEP_MAX_NS) {
+        const r = this.takeAtBig(at, v, tatHi, tatLo, limit, hits, res);
+        if (r) return true;
+        continue;
+      }
+      const d = gcraStepNumber(numberScratch, diff > 0 ? diff : 0, words.intervalNs, words.windowNs, words.burst, hits);
+      if (d.allowed && hits !== 0) {
+        if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) continue;
+        // TAT' = now + nextDebt (nextDebt ≤ D ≤ 2^52): add in 32-bit words with the carry.
+        const add = d.nextDebt;
+        const addHi = Math.floor(add / TWO_32);
+        let lo = nowLo + (add - addHi * TWO_32);
+        let hi = nowHi + addHi;
+        if (lo >= TWO_32) {
+          lo -= TWO_32;
+          hi += 1;
+        }
+        Atomics.store(rec, at + R_TAT_HI, hi);
+        Atomics.store(rec, at + R_TAT_LO, lo | 0);
+        Atomics.store(rec, at + R_VER, (v + 2) | 0);
+      } else if (Atomics.load(rec, at + R_VER) !== v) {
+        continue;
+      }
       res.verdict = d.allowed ? 'allow' : 'deny';
       res.allowed = d.allowed;
       res.remaining = d.remaining;
@@ -551,15 +709,52 @@ export class BucketTable {
     }
   }
 
+  /**
+   * takeAt's step on bigint, for what the numeric step cannot hold exactly (a window over 2^52 ns, a
+   * clock reading more than 2^52 ns behind the TAT): the same protocol, the exact times kept in
+   * this.bigTimes for take(). false: ver moved, read again.
+   */
+  private takeAtBig(
+    at: number,
+    v: number,
+    tatHi: number,
+    tatLo: number,
+    limit: GcraLimit,
+    hits: number,
+    res: MutableTakeResult,
+  ): boolean {
+    const rec = this.rec;
+    const tat = (BigInt(tatHi) << 32n) | BigInt(tatLo);
+    const n = BigInt(hits);
+    const d = gcraStepInto(stepScratch, tat, this.nowRel(), limit.intervalNs, limit.windowNs, n);
+    if (d.allowed && n !== 0n) {
+      if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) return false;
+      Atomics.store(rec, at + R_TAT_HI, Number(d.tat >> 32n));
+      Atomics.store(rec, at + R_TAT_LO, Number(d.tat & LOW_32) | 0);
+      Atomics.store(rec, at + R_VER, (v + 2) | 0);
+    } else if (Atomics.load(rec, at + R_VER) !== v) {
+      return false;
+    }
+    res.verdict = d.allowed ? 'allow' : 'deny';
+    res.allowed = d.allowed;
+    res.remaining = d.remaining;
+    res.resetNs = Number(d.resetNs);
+    res.retryAfterNs = d.retryAfterNs === NEVER_NS ? Infinity : Number(d.retryAfterNs);
+    this.bigTimes = d;
+    return true;
+  }
+
   /** hits = 0 on an absent key: what a new bucket would report, without creating one. */
-  private reportFresh(limit: GcraLimit, nowRel: bigint, res: MutableTakeResult): TakeResult {
+  private reportFresh(limit: GcraLimit, res: MutableTakeResult): KeyTakeResult {
+    const nowRel = this.nowRel();
     const tat = this.initialTat(limit, nowRel);
     const d = gcraStepInto(stepScratch, tat, nowRel, limit.intervalNs, limit.windowNs, 0n);
     res.verdict = 'allow';
     res.allowed = true;
     res.remaining = d.remaining;
-    res.resetNs = d.resetNs;
-    res.retryAfterNs = 0n;
+    res.resetNs = Number(d.resetNs);
+    res.retryAfterNs = 0;
+    this.bigTimes = d;
     return res;
   }
 
@@ -577,25 +772,27 @@ export class BucketTable {
     return tat > floor ? tat : floor;
   }
 
-  /** Re-interpret slot s's TAT (state word w) for `limit`. A lost race just returns (caller retries). */
-  private reconfigure(s: number, w: bigint, T: bigint, D: bigint, limit: GcraLimit, nowRel: bigint): void {
-    const rec = this.rec64;
-    const at = 4 * s;
-    // Computed before locking, so nothing can throw while the slot is LOCKED. T and D were read
-    // after w; they only change under LOCKED, so if they are stale the CAS below fails.
-    const from = { intervalNs: T, windowNs: D, burst: T === 0n ? 0n : D / T };
-    const tat = w & TAT_MASK;
+  /** Re-interpret slot s's TAT (read under ver v) for `limit`. A lost race just returns (caller retries). */
+  private reconfigure(s: number, v: number, dHi: number, dLo: number, x: number, limit: GcraLimit): void {
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
+    // Computed before locking, so nothing can throw while the slot's ver is odd. The words were read
+    // under ver v; if they are stale the CAS below fails.
+    const from = paramsOfWords(dHi, dLo, x);
+    const tat = (BigInt(Atomics.load(rec, at + R_TAT_HI)) << 32n) | BigInt(Atomics.load(rec, at + R_TAT_LO) >>> 0);
+    const nowRel = this.nowRel();
     const asOfNow = gcraReconfigure(tat, nowRel, from, limit);
-    const since = this.reconfigureAt(T, D, limit, nowRel);
+    const since = this.reconfigureAt(from.intervalNs, from.windowNs, limit, nowRel);
     // As of a past instant, but never more tokens than as of now (the larger TAT): should the bucket
     // have been taken from under `from` after that instant (another grant with the same numbers),
     // going back would forget that debt.
     const asOfThen = since < nowRel ? gcraReconfigure(tat, since, from, limit) : asOfNow;
-    const next = (asOfThen > asOfNow ? asOfThen : asOfNow) | nextGen(w);
-    if (Atomics.compareExchange(rec, at + R_STATE, w, LOCKED) !== w) return;
-    Atomics.store(rec, at + R_INTERVAL, limit.intervalNs);
-    Atomics.store(rec, at + R_WINDOW, limit.windowNs);
-    Atomics.store(rec, at + R_STATE, next);
+    const next = asOfThen > asOfNow ? asOfThen : asOfNow;
+    const words = limitWords(limit);
+    if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) return;
+    this.writeLimit(at, words);
+    this.writeTat(at, next);
+    Atomics.store(rec, at + R_VER, (v + 2) | 0);
   }
 
   /**
@@ -616,10 +813,27 @@ export class BucketTable {
     return rel > 0n ? rel : 0n;
   }
 
-  private touch(s: number, nowRel: bigint): void {
-    const stamp = Number(nowRel >> STAMP_SHIFT);
-    const i = 8 * s + R_ACCESS;
-    if (Atomics.load(this.rec32, i) !== stamp) Atomics.store(this.rec32, i, stamp);
+  private writeLimit(at: number, words: LimitWords): void {
+    const rec = this.rec;
+    Atomics.store(rec, at + R_D_HI, words.dHi);
+    Atomics.store(rec, at + R_D_LO, words.dLo);
+    Atomics.store(rec, at + R_X, words.x);
+  }
+
+  private writeTat(at: number, tat: bigint): void {
+    Atomics.store(this.rec, at + R_TAT_HI, Number(tat >> 32n));
+    Atomics.store(this.rec, at + R_TAT_LO, Number(tat & LOW_32) | 0);
+  }
+
+  /** The access stamp of now: (now − startNs) / 2^30, from its two words. */
+  private stamp(): number {
+    return this.nowHi * 4 + (this.nowLo >>> 30);
+  }
+
+  private touch(s: number): void {
+    const stamp = this.stamp();
+    const i = RECORD_WORDS * s + R_ACCESS;
+    if (Atomics.load(this.rec, i) !== stamp) Atomics.store(this.rec, i, stamp);
   }
 
   private backoff(spins: number): number {
@@ -672,7 +886,7 @@ export class BucketTable {
   }
 
   /** Find or create the key's slot; -1 if no slot can be had (table full of busy buckets). */
-  private insert(h0: number, h1: number, h2: number, limit: GcraLimit, nowRel: bigint): number {
+  private insert(h0: number, h1: number, h2: number, limit: GcraLimit, words: LimitWords): number {
     const li = (h1 ^ h2) & this.lockMask;
     this.lock(li);
     try {
@@ -685,6 +899,7 @@ export class BucketTable {
       const overflow: number[] = [];
       for (let j = 1; j <= OVERFLOW_STEPS; j++) overflow.push((ga + j) % G, (gb + j) % G);
       let homesHaveEmpty = this.countEmpty(ga) + this.countEmpty(gb) > 0;
+      const nowRel = this.nowRel();
       if (this.reserveSize()) {
         let s = -1;
         if (homesHaveEmpty) {
@@ -701,12 +916,13 @@ export class BucketTable {
           }
         }
         if (s >= 0) {
-          this.publish(s, h0, h1, h2, limit, nowRel, 0n);
+          // A slot never used: its ver is even (0) and no reader finds it before k0 is published.
+          this.publish(s, h0, h1, h2, limit, words, nowRel);
           return s;
         }
         Atomics.sub(this.h32, H_SIZE, 1);
       }
-      return this.evictInto(homesHaveEmpty ? homes : homes.concat(overflow), h0, h1, h2, limit, nowRel);
+      return this.evictInto(homesHaveEmpty ? homes : homes.concat(overflow), h0, h1, h2, limit, words, nowRel);
     } finally {
       this.unlock(li);
     }
@@ -719,37 +935,48 @@ export class BucketTable {
     h1: number,
     h2: number,
     limit: GcraLimit,
+    words: LimitWords,
     nowRel: bigint,
   ): number {
-    const rec = this.rec64;
+    const rec = this.rec;
+    const nowHi = this.nowHi;
+    const nowLo = this.nowLo;
     for (let attempt = 0; attempt < 4; attempt++) {
       let best = -1;
-      let bestW = 0n;
+      let bestV = 0;
       let bestStamp = 0;
       for (const g of groups) {
         for (let s = g * GROUP, end = s + GROUP; s < end; s++) {
           const k = Atomics.load(this.keys, 2 * s);
           if (k === EMPTY || k === CLAIMING) continue;
-          const w = Atomics.load(rec, 4 * s + R_STATE);
-          if (w === LOCKED) continue;
-          // Only a full bucket (TAT ≤ now) or a rate-0 one (no tokens) may go.
-          if (Atomics.load(rec, 4 * s + R_INTERVAL) !== 0n && (w & TAT_MASK) > nowRel) continue;
-          const stamp = Atomics.load(this.rec32, 8 * s + R_ACCESS);
+          const at = RECORD_WORDS * s;
+          const v = Atomics.load(rec, at + R_VER);
+          if ((v & 1) !== 0) continue;
+          // Only a full bucket (TAT ≤ now) or a rate-0 one (no tokens) may go; the CAS below checks
+          // that nothing changed since these reads.
+          if (Atomics.load(rec, at + R_X) !== 0) {
+            const tatHi = Atomics.load(rec, at + R_TAT_HI);
+            const tatLo = Atomics.load(rec, at + R_TAT_LO) >>> 0;
+            if (tatHi > nowHi || (tatHi === nowHi && tatLo > nowLo)) continue;
+          }
+          const stamp = Atomics.load(rec, at + R_ACCESS);
           if (best < 0 || stamp < bestStamp) {
             best = s;
-            bestW = w;
+            bestV = v;
             bestStamp = stamp;
           }
         }
       }
       if (best < 0) return -1;
       this.raiseFloor(nowRel);
-      if (Atomics.compareExchange(rec, 4 * best + R_STATE, bestW, LOCKED) !== bestW) continue;
-      // The slot is ours: a thread still holding the old word fails its CAS; readers spin on LOCKED
-      // and then see the key change.
+      const at = RECORD_WORDS * best;
+      if (Atomics.compareExchange(rec, at + R_VER, bestV, (bestV + 1) | 0) !== bestV) continue;
+      // The slot is ours: a thread that read it before fails its CAS or its re-read of ver; readers
+      // wait while ver is odd and then see the key change.
       Atomics.add(this.h64, H_EVICTIONS, 1n);
       Atomics.store(this.keys, 2 * best, CLAIMING);
-      this.publish(best, h0, h1, h2, limit, nowRel, nextGen(bestW));
+      this.publish(best, h0, h1, h2, limit, words, nowRel);
+      Atomics.store(rec, at + R_VER, (bestV + 2) | 0);
       return best;
     }
     return -1;
@@ -763,15 +990,31 @@ export class BucketTable {
     }
   }
 
-  /** Fill a slot we own (k0 = CLAIMING): key words and limit, then the state, then k0 last. */
-  private publish(s: number, h0: number, h1: number, h2: number, limit: GcraLimit, nowRel: bigint, gen: bigint): void {
-    const rec = this.rec64;
+  /** Fill a slot we own (k0 = CLAIMING): key words, limit and state, then k0 last. */
+  private publish(
+    s: number,
+    h0: number,
+    h1: number,
+    h2: number,
+    limit: GcraLimit,
+    words: LimitWords,
+    nowRel: bigint,
+  ): void {
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
     Atomics.store(this.keys, 2 * s + 1, h2);
-    Atomics.store(this.rec32, 8 * s + R_K1, h1);
-    Atomics.store(this.rec32, 8 * s + R_ACCESS, Number(nowRel >> STAMP_SHIFT));
-    Atomics.store(rec, 4 * s + R_INTERVAL, limit.intervalNs);
-    Atomics.store(rec, 4 * s + R_WINDOW, limit.windowNs);
-    Atomics.store(rec, 4 * s + R_STATE, this.initialTat(limit, nowRel) | gen);
+    Atomics.store(rec, at + R_K1, h1);
+    Atomics.store(rec, at + R_ACCESS, this.stamp());
+    this.writeLimit(at, words);
+    this.writeTat(at, this.initialTat(limit, nowRel));
     Atomics.store(this.keys, 2 * s, h0);
   }
+}
+
+function copyInto(to: MutableTakeResult, from: KeyTakeResult): void {
+  to.verdict = from.verdict;
+  to.allowed = from.allowed;
+  to.remaining = from.remaining;
+  to.resetNs = from.resetNs;
+  to.retryAfterNs = from.retryAfterNs;
 }

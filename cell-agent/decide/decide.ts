@@ -44,7 +44,8 @@
 // continuously at requests_per_unit per unit, so `limit_remaining` is the bucket's whole tokens and
 // `duration_until_reset` is the time until it is full again (for a refused status: until the
 // refused hits would pass), rounded up to whole seconds.
-import type { BucketTable, TakeResult } from '../buckets/bucket-table.js';
+import { BucketTable } from '../buckets/bucket-table.js';
+import type { TakeResult } from '../buckets/bucket-table.js';
 import { NEVER_NS, limitPerUnit } from '../buckets/gcra.js';
 import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
 import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
@@ -199,6 +200,16 @@ interface Level extends PlannedLevel {
   tableFull: boolean;
 }
 
+/** A rate rule's bucket limit, built once per rule node. */
+interface RuleLimit {
+  readonly limit: GcraLimit;
+  readonly currentLimit: RlsRateLimit;
+  /** [limit]: the fast path's Decision.statusLimits. */
+  readonly statusLimits: readonly GcraLimit[];
+  /** The hot path's takeKey() decides under it (its window fits the numeric step). */
+  readonly keyTakes: boolean;
+}
+
 interface DescriptorPlan {
   readonly levels: Level[];
   unlimited: boolean;
@@ -222,7 +233,7 @@ const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [
 
 export class Decider {
   private rules: RuleSet | null = null;
-  private readonly ruleLimits = new WeakMap<object, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
+  private readonly ruleLimits = new WeakMap<object, RuleLimit>();
   private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
   /** The current decision's clock reading (the lease deadline is compared with it while planning). */
   private nowNs = 0n;
@@ -279,7 +290,9 @@ export class Decider {
     if (sink === null) return null;
     const node = matchLocalRate(rules, req.domain, d.entries, sink);
     if (node === null) return null;
-    const { limit, currentLimit } = this.ruleLimitOf(node);
+    const { limit, currentLimit, statusLimits, keyTakes } = this.ruleLimitOf(node);
+    // A window over 2^52 ns (≈ 52 days) is decided on bigint: the general path's take().
+    if (!keyTakes) return null;
     const r = table.takeKey(limit, hits, nowNs);
     if (r.verdict === 'table-full') return null; // rare: the general path applies the policy and marks it
     if (r.verdict === 'allow') {
@@ -287,7 +300,7 @@ export class Decider {
         code: OK,
         currentLimit,
         limitRemaining: Math.min(r.remaining, MAX_UINT32),
-        durationUntilReset: seconds(r.resetNs),
+        durationUntilReset: secondsOfNumber(r.resetNs),
       };
       const statuses = [status];
       return {
@@ -305,7 +318,7 @@ export class Decider {
         tableFull: false,
         tableFullKey: null,
         retryAfterNs: 0n,
-        statusLimits: [limit],
+        statusLimits,
         refusal: null,
       };
     }
@@ -323,7 +336,7 @@ export class Decider {
       code: OVER_LIMIT,
       currentLimit,
       limitRemaining: 0,
-      durationUntilReset: seconds(retryNs === NEVER_NS ? r.resetNs : retryNs),
+      durationUntilReset: secondsOfNumber(retryNs === Infinity ? r.resetNs : retryNs),
     };
     const statuses = [status];
     const headers: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
@@ -342,8 +355,8 @@ export class Decider {
       staticSlice: false,
       tableFull: false,
       tableFullKey: null,
-      retryAfterNs: retryNs === NEVER_NS ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : retryNs,
-      statusLimits: [limit],
+      retryAfterNs: retryNs === Infinity ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : BigInt(retryNs),
+      statusLimits,
       refusal,
     };
   }
@@ -596,19 +609,22 @@ export class Decider {
     return this.ruleLimitOf(m.rule);
   }
 
-  private ruleLimitOf(rule: RuleNode): { limit: GcraLimit; currentLimit: RlsRateLimit } {
+  private ruleLimitOf(rule: RuleNode): RuleLimit {
     let cached = this.ruleLimits.get(rule);
     if (cached === undefined) {
       const l = rule.limit;
       if (l === null || l.kind !== 'rate') throw new Error('ruleLimit: not a rate rule');
       const unit = l.unit;
+      const limit = limitPerUnit(
+        l.requestsPerUnit,
+        unit.toLowerCase() as TimeUnit,
+        l.burst === undefined ? { start: 'full' } : { start: 'full', burst: l.burst },
+      );
       cached = {
-        limit: limitPerUnit(
-          l.requestsPerUnit,
-          unit.toLowerCase() as TimeUnit,
-          l.burst === undefined ? { start: 'full' } : { start: 'full', burst: l.burst },
-        ),
+        limit,
         currentLimit: { requestsPerUnit: l.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: rule.name ?? '' },
+        statusLimits: Object.freeze([limit]),
+        keyTakes: BucketTable.keyTakes(limit),
       };
       this.ruleLimits.set(rule, cached);
     }
@@ -907,6 +923,22 @@ const NO_LIMIT_STATUS: RlsDescriptorStatus = Object.freeze({
   limitRemaining: 0,
   durationUntilReset: null,
 });
+
+/** The Durations of 0 .. DURATIONS - 1 whole seconds, shared (frozen): the fast path's answers allocate none. */
+const DURATIONS = 3600;
+const durations: ({ readonly seconds: number; readonly nanos: number } | undefined)[] = [];
+
+/** seconds() for ns as a number (exact below 2^53: Math.ceil of the quotient of two such integers is exact). */
+function secondsOfNumber(ns: number): { seconds: number; nanos: number } {
+  const s = ns <= 0 ? 0 : Math.ceil(ns / 1e9);
+  if (s >= DURATIONS) return { seconds: s, nanos: 0 };
+  let d = durations[s];
+  if (d === undefined) {
+    d = Object.freeze({ seconds: s, nanos: 0 });
+    durations[s] = d;
+  }
+  return d;
+}
 
 /** ns → a Duration of whole seconds, rounded up. */
 function seconds(ns: bigint): { seconds: number; nanos: number } {

@@ -155,6 +155,32 @@ void test('unlimited-ish limit, clock standing still: every hit counted exactly 
   });
 });
 
+void test('every hit counted exactly once on both arithmetic paths: a clock past 2^53 ns, a window past 2^52', async () => {
+  // The decision runs on doubles where every value is below 2^53, on bigint elsewhere (bucket-table.ts):
+  // both serialize their writes through the same slot sequence word.
+  const startNs = 2n ** 53n - 500n;
+  const now = startNs + 1_000_000n;
+  const limits: LimitSpec[] = [
+    { intervalNs: 1n, burst: 1_000_000_000_000n, start: 'full' }, // numbers (the clock split on bigint)
+    { intervalNs: 2n ** 20n, burst: 2n ** 35n, start: 'full' }, // D = 2^55: bigint
+  ];
+  for (const limit of limits) {
+    const table = new BucketTable({ capacity: 16, startNs });
+    const keys = ['one', 'two'];
+    const o = await hammer({ table, keys, limits: [limit], ops: 10_000, maxHits: 5, maxStepNs: 0, startClockNs: now });
+    const requested = o.results.reduce((sum, r) => sum + r.requestedHits, 0);
+    assert.equal(
+      o.admitted.reduce((a, b) => a + b, 0),
+      requested,
+    );
+    const l = limitFromInterval(limit.intervalNs, limit.burst, limit.start);
+    keys.forEach((key, k) => {
+      const r = table.take(key, l, 0, now);
+      assert.equal(BigInt(r.remaining), limit.burst - BigInt(o.admitted[k] ?? 0));
+    });
+  }
+});
+
 void test('concurrent first inserts of the same keys: one bucket per key (exactly b admitted)', async () => {
   const limit: LimitSpec = { intervalNs: 1_000_000_000_000n, burst: 3n, start: 'full' };
   for (let round = 0; round < 6; round++) {

@@ -128,33 +128,64 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
     limitFromInterval(700n, 8n, 'empty'),
     limitFromRate(0, 10),
     limitFromInterval(1n, 1_000_000n, 'full'),
+    // Windows over 2^52 ns (decided on bigint), and one at exactly 2^52 (the numeric step's edge).
+    limitFromInterval(2n ** 50n, 8n, 'full'),
+    limitFromInterval(2n ** 49n + 1n, 3n, 'empty'),
+    limitFromInterval(2n ** 40n, 2n ** 12n, 'full'),
+    // A burst kept as −T in the slot's x word (b ≥ 2^31).
+    limitFromInterval(3n, 2n ** 33n, 'full'),
   ];
   const opArb = fc.record({
     key: fc.integer({ min: 0, max: 5 }),
     limit: fc.integer({ min: 0, max: limits.length - 1 }),
-    hits: fc.integer({ min: 0, max: 6 }),
-    gap: fc.integer({ min: 0, max: 3_000 }),
-  });
-  fc.assert(
-    fc.property(
-      fc.bigInt({ min: 0n, max: 10n ** 15n }),
-      fc.array(opArb, { minLength: 1, maxLength: 200 }),
-      (startNs, ops) => {
-        const table = new BucketTable({ capacity: 64, startNs });
-        const model: Model = new Map();
-        let now = startNs;
-        for (const op of ops) {
-          now += BigInt(op.gap);
-          const limit = limits[op.limit] ?? limits[0];
-          if (limit === undefined) return;
-          const key = `k${op.key}`;
-          assert.deepEqual(table.take(key, limit, op.hits, now), modelTake(model, key, limit, op.hits, now));
-        }
-        assert.equal(table.size(), model.size);
-        assert.equal(table.evictions, 0);
-      },
+    hits: fc.oneof(fc.integer({ min: 0, max: 6 }), fc.constant(2 ** 33 + 1)),
+    gap: fc.oneof(
+      { weight: 8, arbitrary: fc.integer({ min: 0, max: 3_000 }) },
+      { weight: 1, arbitrary: fc.integer({ min: 0, max: 2 ** 50 }) },
     ),
-    { numRuns: 200 },
+    // The hot path's takeKey() (numbers) instead of take(), where it decides.
+    byKey: fc.boolean(),
+  });
+  // Table origins and clocks on both sides of 2^53 ns (numbers, then bigint for the time).
+  const startArb = fc.oneof(
+    fc.bigInt({ min: 0n, max: 10n ** 15n }),
+    fc.bigInt({ min: 2n ** 53n - 10n ** 4n, max: 2n ** 53n + 10n ** 4n }),
+    fc.bigInt({ min: 0n, max: 2n ** 56n }),
+  );
+  fc.assert(
+    fc.property(startArb, fc.array(opArb, { minLength: 1, maxLength: 200 }), (startNs, ops) => {
+      const table = new BucketTable({ capacity: 64, startNs });
+      const model: Model = new Map();
+      let now = startNs;
+      for (const op of ops) {
+        now += BigInt(op.gap);
+        const limit = limits[op.limit] ?? limits[0];
+        if (limit === undefined) return;
+        const key = `k${op.key}`;
+        const want = modelTake(model, key, limit, op.hits, now);
+        if (op.byKey && BucketTable.keyTakes(limit)) {
+          const k = table.beginKey();
+          assert.ok(k !== null);
+          k.raw(key);
+          const r = table.takeKey(limit, op.hits, now);
+          assert.deepEqual(
+            {
+              verdict: r.verdict,
+              allowed: r.allowed,
+              remaining: r.remaining,
+              resetNs: BigInt(r.resetNs),
+              retryAfterNs: r.retryAfterNs === Infinity ? NEVER_NS : BigInt(r.retryAfterNs),
+            },
+            want,
+          );
+        } else {
+          assert.deepEqual(table.take(key, limit, op.hits, now), want);
+        }
+      }
+      assert.equal(table.size(), model.size);
+      assert.equal(table.evictions, 0);
+    }),
+    { numRuns: 300 },
   );
 });
 

@@ -6,6 +6,8 @@ import {
   gcraInitialTat,
   gcraLevel,
   gcraReconfigure,
+  gcraStepInto,
+  gcraStepNumber,
   gcraTake,
   isBlocked,
   limitFromInterval,
@@ -13,6 +15,9 @@ import {
   limitPerUnit,
   MAX_WINDOW_NS,
   NEVER_NS,
+  NUMBER_STEP_MAX_NS,
+  newGcraNumberScratch,
+  newGcraScratch,
   UNIT_NS,
   type GcraLimit,
   type TimeUnit,
@@ -216,6 +221,46 @@ void test('property: retryAfter is exact and remaining matches what can be taken
       },
     ),
     { numRuns: 300 },
+  );
+});
+
+void test("property: the hot path's step on numbers answers exactly as the bigint step, up to 2^52 ns", () => {
+  const MAX = BigInt(NUMBER_STEP_MAX_NS);
+  // Limits and debts spread over the whole domain, its edges included (T = 1, D = 2^52, debt = 2^52).
+  const edge = (max: bigint): fc.Arbitrary<bigint> =>
+    fc.oneof(
+      fc.bigInt({ min: 1n, max }),
+      fc.bigInt({ min: 1n, max: 1000n }),
+      fc.bigInt({ min: max - 1000n > 1n ? max - 1000n : 1n, max }),
+    );
+  const caseArb = edge(MAX).chain((D) =>
+    fc.record({
+      D: fc.constant(D),
+      T: fc.oneof(fc.constant(1n), fc.constant(D), fc.bigInt({ min: 1n, max: D })),
+      debt: fc.oneof(fc.constant(0n), edge(MAX), fc.bigInt({ min: 0n, max: D + 10n })),
+      hits: fc.oneof(fc.integer({ min: 0, max: 3 }), fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER })),
+    }),
+  );
+  const big = newGcraScratch();
+  const num = newGcraNumberScratch();
+  fc.assert(
+    fc.property(caseArb, ({ D: window, T: t, debt }) => {
+      // Make D an exact multiple of T, as every GcraLimit's D = T·b is.
+      const burst = window / t;
+      const D = t * burst;
+      const debtIn = debt > MAX ? MAX : debt;
+      for (const hits of [0, 1, 2, Number(burst), Number(burst) + 1, Number.MAX_SAFE_INTEGER]) {
+        const now = 10n ** 12n;
+        const b = gcraStepInto(big, now + debtIn, now, t, D, BigInt(hits));
+        const n = gcraStepNumber(num, Number(debtIn), Number(t), Number(D), Number(burst), hits);
+        assert.equal(n.allowed, b.allowed);
+        assert.equal(n.remaining, b.remaining);
+        assert.equal(BigInt(n.resetNs), b.resetNs);
+        assert.equal(n.retryAfterNs === Infinity ? NEVER_NS : BigInt(n.retryAfterNs), b.retryAfterNs);
+        if (b.allowed && hits > 0) assert.equal(now + BigInt(n.nextDebt), b.tat);
+      }
+    }),
+    { numRuns: 2000 },
   );
 });
 
