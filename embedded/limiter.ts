@@ -7,7 +7,9 @@
 //
 // check({ descriptors, hits }) is synchronous and allocation-light: the descriptors go to
 // Decider.decide through the agent's CheckService, which answers fail-open (marked, counted, logged
-// at most once a second) if the decision throws.
+// at most once a second) if the decision throws. One descriptor (the common case) travels in a
+// request object reused by every check, so it reaches the Decider's fast path with nothing
+// allocated on the way; what is allocated is the answer the caller keeps.
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { BucketTable } from '../cell-agent/buckets/bucket-table.js';
@@ -24,7 +26,7 @@ import { QuotaOverrides, applyLeaseEntries } from '../cell-agent/lease/quota-ove
 import { loadLeaseCredentials } from '../cell-agent/lease/lease-credentials.js';
 import { LeaseDeadline, deadlineWriter, monotonicMsOf } from '../cell-agent/lease/lease-deadline.js';
 import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
-import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry } from '../cell-agent/messages/rls-messages.js';
+import type { RlsDescriptor, RlsDescriptorStatus, RlsEntry, RlsRequest } from '../cell-agent/messages/rls-messages.js';
 import { RLS_CODE } from '../cell-agent/messages/rls-messages.js';
 import { compileRules } from '../cell-agent/rules/rules-compile.js';
 import type { RuleSet } from '../cell-agent/rules/rules-compile.js';
@@ -124,6 +126,7 @@ const UNIT_SECONDS: Readonly<Record<number, number>> = {
   7: 604_800,
 };
 const NO_POLICIES: readonly PolicyStatus[] = Object.freeze([]);
+const NO_ENTRIES: Descriptor = Object.freeze([]);
 const ALLOW_NOTHING_MET: LimitDecision = Object.freeze({
   allowed: true,
   overLimit: false,
@@ -275,6 +278,13 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   const shadow = o.shadow;
   let closed = false;
 
+  const single: { entries: Descriptor; limit: null; hitsAddend: number | null } = {
+    entries: NO_ENTRIES,
+    limit: null,
+    hitsAddend: null,
+  };
+  const singleRequest: RlsRequest = { domain, descriptors: [single], hitsAddend: 0 };
+
   const check = (input: CheckInput): LimitDecision => {
     const descriptors = input.descriptors;
     if (descriptors.length === 0) return ALLOW_NOTHING_MET;
@@ -282,10 +292,21 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     if (hits !== undefined && !(Number.isSafeInteger(hits) && hits >= 0 && hits <= MAX_HITS))
       throw new LimiterInputError(`hits must be an integer in 0..${MAX_HITS}, got ${String(hits)}`);
     const hitsAddend = hits ?? null;
-    const rls: RlsDescriptor[] = new Array<RlsDescriptor>(descriptors.length);
-    for (let i = 0; i < descriptors.length; i++)
-      rls[i] = { entries: descriptors[i] as Descriptor, limit: null, hitsAddend };
-    const outcome = service.check({ domain, descriptors: rls, hitsAddend: 0 });
+    let request: RlsRequest;
+    if (descriptors.length === 1) {
+      // The common case: one descriptor, in a request object reused call after call (the decision
+      // is synchronous and keeps nothing of it), so the wrapper adds no allocation to the decision.
+      single.entries = descriptors[0] as Descriptor;
+      single.hitsAddend = hitsAddend;
+      request = singleRequest;
+    } else {
+      const rls: RlsDescriptor[] = new Array<RlsDescriptor>(descriptors.length);
+      for (let i = 0; i < descriptors.length; i++)
+        rls[i] = { entries: descriptors[i] as Descriptor, limit: null, hitsAddend };
+      request = { domain, descriptors: rls, hitsAddend: 0 };
+    }
+    const outcome = service.check(request);
+    single.entries = NO_ENTRIES; // hold no reference to the caller's descriptor
     if (outcome.kind === 'error') throw new LimiterInputError(outcome.message);
     const response = outcome.response;
     // 'degraded' is CheckService's fail-open answer (an exception inside the decision; no lag guard here).
