@@ -12,17 +12,20 @@
 // round (no demand moved) is timed too. The entry is `reportAndGrant` with that round's grants,
 // encoded by ledger-commands' `encodeCommand` (validation included in its time). One more row adds
 // the hierarchy: three tier caps under one domain cap, split at every cell.
-import { allocateRound, AllocatorWorkspace } from '../coordinator/allocator/allocator.js';
+import { allocateRound, allocateRoundColumns, AllocatorWorkspace } from '../coordinator/allocator/allocator.js';
 import type {
   AllocatorCell,
   AllocatorInput,
   AllocatorQuota,
   AllocatorSlices,
 } from '../coordinator/allocator/allocator.js';
-import { roundTowards } from '../coordinator/allocator/grant-rounding.js';
 import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-commands.js';
-import type { Grant } from '../coordinator/ledger/ledger-commands.js';
-import { DEFAULT_MAX_GRANTS_PER_ROUND, grantPriority } from '../coordinator/lease/incremental-policy.js';
+import type { Grant, LedgerCommandInput } from '../coordinator/ledger/ledger-commands.js';
+import { DEFAULT_MAX_GRANTS_PER_ROUND, IncrementalAllocatorPolicy } from '../coordinator/lease/incremental-policy.js';
+import { buildRoundInput } from '../coordinator/lease/grant-policy.js';
+import type { RoundDemands } from '../coordinator/lease/grant-policy.js';
+import { Ledger } from '../coordinator/ledger/ledger.js';
+import { selectGrants } from '../coordinator/lease/grant-selection.js';
 import type { BenchReport } from './bench-report.js';
 import { Rng } from '../testkit/random.js';
 
@@ -445,56 +448,42 @@ export function measureIncremental(
   const rows = moveTenants(w, tenants, fraction, 0x5eed + tenants);
   progress(`incremental round over ${rows.length} quotas, then the full round over ${tenants}`);
   // The incremental round first: the full round's garbage would otherwise be collected during it.
+  // Timed as the lease round does it: gather the rows, allocate them into grant columns, select the
+  // grants it sends (float32 towards the current grant, unchanged ones dropped, the budget), with
+  // `Grant` objects only for those.
   const ws2 = new AllocatorWorkspace();
   const times: number[] = [];
   const cpu: number[] = [];
-  let inc: Grant[] = [];
+  let incInput = subInput(w, rows, now);
+  let sel = selectGrants(incInput, allocateRoundColumns(incInput, ws2).changes, DEFAULT_MAX_GRANTS_PER_ROUND, true);
   for (let r = 0; r < runs; r++) {
     const c0 = process.cpuUsage();
     const t0 = performance.now();
-    inc = allocateRound(subInput(w, rows, now), ws2).grants;
+    incInput = subInput(w, rows, now);
+    sel = selectGrants(incInput, allocateRoundColumns(incInput, ws2).changes, DEFAULT_MAX_GRANTS_PER_ROUND, true);
     times.push(performance.now() - t0);
     const c = process.cpuUsage(c0);
     cpu.push((c.user + c.system) / 1000);
   }
+  // Every grant of the incremental round (unrounded, no budget), for the comparison with the full one.
+  const inc = allocateRoundColumns(incInput, ws2).changes.grants(incInput);
+  const unbudgeted = selectGrants(incInput, allocateRoundColumns(incInput, ws2).changes, Infinity, true).grants;
   const full = timeRound(input(w, now), runs, ws);
   const a = full.grants.map(grantId).sort();
   const b = inc.map(grantId).sort();
   const same = a.length === b.length && a.every((x, i) => x === b[i]);
-  // What the lease round sends: float32 towards the current grant, unchanged ones dropped.
   const n = w.cells.length;
   const cellIdx = new Map(w.cells.map((c, i) => [c.id, i]));
-  const sent: { g: Grant; i: number; qi: number }[] = [];
-  for (const g of inc) {
-    const qi = w.index.get(g.key) as number;
-    const i = qi * n + (cellIdx.get(g.cellId) as number);
-    const rate = roundTowards(g.rate, w.slices.grantRate[i] as number);
-    const burst = roundTowards(g.burst, w.slices.grantBurst[i] as number);
-    if (rate === w.slices.grantRate[i] && burst === w.slices.grantBurst[i]) continue;
-    sent.push({ g: { ...g, rate, burst }, i, qi });
-  }
   const entryV1Bytes = encodeCommandV1({ type: 'reportAndGrant', nowMs: now, grants: full.grants }).length;
-  const entryV2Bytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: sent.map((x) => x.g) }).length;
-  const ranked = sent
-    .map((x) => ({
-      ...x,
-      p: grantPriority(
-        x.g,
-        (w.quotas[x.qi] as AllocatorQuota).rate,
-        w.slices.grantRate[x.i] as number,
-        (w.quotas[x.qi] as AllocatorQuota).floorRate,
-        w.slices.demand[x.i] as number,
-      ),
-    }))
-    .map((x, order) => ({ ...x, order }))
-    .sort((x, y) => y.p - x.p)
-    .slice(0, DEFAULT_MAX_GRANTS_PER_ROUND)
-    .sort((x, y) => x.order - y.order); // sent in the round's order (as the policy does)
-  const budget = ranked.map((x) => x.g);
+  const entryV2Bytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: unbudgeted }).length;
+  const budget = sel.grants;
   const budgetEntryBytes = encodeCommand({ type: 'reportAndGrant', nowMs: now, grants: budget }).length;
-  const shrinkAcks = ranked
-    .filter((x) => x.g.rate < (w.slices.grantRate[x.i] as number) || x.g.burst < (w.slices.grantBurst[x.i] as number))
-    .map((x) => ({ key: x.g.key, cellId: x.g.cellId, epoch: x.g.epoch }));
+  const shrinkAcks = budget
+    .filter((g) => {
+      const i = (w.index.get(g.key) as number) * n + (cellIdx.get(g.cellId) as number);
+      return g.rate < (w.slices.grantRate[i] as number) || g.burst < (w.slices.grantBurst[i] as number);
+    })
+    .map((g) => ({ key: g.key, cellId: g.cellId, epoch: g.epoch }));
   const budgetAckBytes =
     shrinkAcks.length > 0 ? encodeCommand({ type: 'reportAndGrant', nowMs: now, acks: shrinkAcks }).length : 0;
   return {
@@ -514,6 +503,97 @@ export function measureIncremental(
     budgetEntryBytes,
     budgetAckBytes,
   };
+}
+
+// ---- the lease round's policy on a real ledger -------------------------------------------------
+
+export interface PolicyBenchRow {
+  readonly quotas: number;
+  readonly cells: number;
+  readonly gatherMs: number;
+  readonly gatherCpuMs: number;
+  readonly roundMs: number;
+  readonly roundCpuMs: number;
+  readonly sent: number;
+}
+
+/**
+ * The lease round as the coordinator runs it, on a real Ledger: `quotas` tenants with a slice at
+ * every one of `nCells` cells, every one with a new demand at every cell (so every quota is in the
+ * round, as the quotas that moved are in an incremental round: the round's work follows the quotas
+ * it computes, not the ledger's size). Timed: one IncrementalAllocatorPolicy round (a fresh policy
+ * each run, whose first round takes every quota): the gather from the ledger (buildRoundInput), the
+ * allocator, the selection within the budget, the definition grants; and the gather alone.
+ */
+export function measurePolicyRound(quotas: number, nCells: number, runs: number): PolicyBenchRow {
+  const l = new Ledger({ floorCells: nCells });
+  let index = 0;
+  const apply = (cmd: LedgerCommandInput): void => {
+    const r = l.apply(cmd, ++index);
+    if (!r.ok) throw new Error(`${cmd.type}: ${r.error.message}`);
+  };
+  apply({ type: 'putTier', name: 'gold', rate: 5_000, burst: 10_000, floorFraction: FLOOR_FRACTION });
+  for (let b = 0; b < quotas; b += 1_000)
+    apply({
+      type: 'putTenants',
+      tenants: Array.from({ length: Math.min(1_000, quotas - b) }, (_, i) => ({ id: `t${b + i}`, tier: 'gold' })),
+    });
+  const cellIds = Array.from({ length: nCells }, (_, c) => `cell-${c}`);
+  for (const c of cellIds) apply({ type: 'registerCell', cellId: c, nowMs: 0 });
+  const now = 10_000;
+  const ttl = 3_000;
+  const grants: Grant[] = [];
+  for (let t = 0; t < quotas; t++)
+    for (const c of cellIds)
+      grants.push({ key: `tenant/t${t}`, cellId: c, rate: 100, burst: 200, epoch: 1, leaseExpiresAtMs: now + ttl });
+  apply({
+    type: 'reportAndGrant',
+    nowMs: now,
+    leases: cellIds.map((cellId) => ({ cellId, leaseExpiresAtMs: now + ttl })),
+    grants,
+  });
+  const rand = new Rng(0x90 + quotas).asRandom();
+  const byKey = new Map<string, Map<string, number>>();
+  for (let t = 0; t < quotas; t++)
+    byKey.set(`tenant/t${t}`, new Map(cellIds.map((c) => [c, 20 + rand() * 500] as [string, number])));
+  const demands: RoundDemands = {
+    reported: new Set(cellIds),
+    byKey,
+    acks: [],
+    leaseTtlMs: ttl,
+    changedKeys: new Set(byKey.keys()),
+  };
+  const keys = [...byKey.keys()];
+  const gather = timed(runs, () => buildRoundInput(l, demands, now + 100, keys));
+  let sent = 0;
+  const round = timed(runs, () => {
+    sent = new IncrementalAllocatorPolicy().policy(l, demands, now + 100).length;
+  });
+  return {
+    quotas,
+    cells: nCells,
+    gatherMs: ms(gather.ms),
+    gatherCpuMs: ms(gather.cpuMs),
+    roundMs: ms(round.ms),
+    roundCpuMs: ms(round.cpuMs),
+    sent,
+  };
+}
+
+/** Median wall and CPU time of `runs` calls of `f`, after one untimed call. */
+function timed(runs: number, f: () => void): { ms: number; cpuMs: number } {
+  f();
+  const times: number[] = [];
+  const cpu: number[] = [];
+  for (let r = 0; r < runs; r++) {
+    const c0 = process.cpuUsage();
+    const t0 = performance.now();
+    f();
+    times.push(performance.now() - t0);
+    const c = process.cpuUsage(c0);
+    cpu.push((c.user + c.system) / 1000);
+  }
+  return { ms: median(times), cpuMs: median(cpu) };
 }
 
 export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string) => void }): BenchReport {
@@ -593,13 +673,31 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       'budget MB/s @10 rounds/s': perS(r.budgetEntryBytes + r.budgetAckBytes),
     });
   }
+  const policySizes: [number, number][] = opts.smoke ? [[1_000, 16]] : [[10_000, 16]];
+  for (const [quotas, cells] of policySizes) {
+    opts.progress(`allocator: the lease round's policy on a real ledger, ${quotas} quotas × ${cells} cells`);
+    const r = measurePolicyRound(quotas, cells, runs);
+    rows.push({
+      tenants: r.quotas,
+      cells: r.cells,
+      caps: 'none',
+      variant: 'policy round on a ledger',
+      'quotas computed': r.quotas,
+      'policy round ms': r.roundMs,
+      'policy round cpu ms': r.roundCpuMs,
+      'gather ms': r.gatherMs,
+      'gather cpu ms': r.gatherCpuMs,
+      'budget grants': r.sent,
+    });
+  }
   return {
     name: 'allocator',
     title:
       'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry; incremental rounds and the log',
     rows,
     notes: [
-      "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows and allocate only them, as IncrementalAllocatorPolicy does from the ledger (the ledger reads are not in this figure); 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
+      "Row 'policy round on a ledger': the lease round as the coordinator runs it (IncrementalAllocatorPolicy on a real Ledger): the gather from the ledger (buildRoundInput: slices read into columns by Ledger.readQuotaColumns), the allocator, the selection within the budget (Grant objects only for the grants sent), the definition grants. The ledger holds exactly the quotas the round computes — 10,000 × 16, the quotas a 1,000,000 × 16 round at 1% (or 100,000 × 16 at 10%) computes: a round's work follows the quotas it computes, and a ledger of 1,000,000 tenants with a slice at each of 16 cells (16 M slices) does not fit this machine's memory beside the rest. Every quota's demand is new at every cell (all slices change, more than the ~108,000 of the converged 1 % row). 'gather': buildRoundInput alone.",
+      "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows (from the benchmark's columns: the ledger's gather is in the 'policy round on a ledger' row), allocate only them into grant columns and select the grants sent (float32, the budget; Grant objects only for those), as IncrementalAllocatorPolicy does; 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
       `Log: 'entry v1' is the object form of the full round's grants (format 1, the log before); 'entry v2' the compact form (format 2, coordinator/ledger/round-codec.ts) of the grants as the lease round sends them (float32 towards the current grant, unchanged ones dropped); 'budget': the round within DEFAULT_MAX_GRANTS_PER_ROUND (${DEFAULT_MAX_GRANTS_PER_ROUND}) grants by grantPriority, plus the compact acknowledgements its shrinks will need; MB/s per replica at ${ROUNDS_PER_S} rounds/s if every round changed this much. Target: ≤ 1 MB/s at 100,000 × 16 with 10% changing (docs/quota-model.md, "Log volume").`,
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included.`,
       "'round': the round after demands moved so that about 10% of the slices get a new grant (the grants are the output, so creating them is included); 'quiet round': the converged state, steady demands, no grant changes.",

@@ -162,6 +162,38 @@ export class AllocatorInputBuilder {
     this.addQuota(quota, slices, demand);
   }
 
+  /**
+   * Adds quota `key` by having `read` write its slice columns for the builder's cells, in order, at
+   * row offset `at` (Ledger.readQuotaColumns does) and return the quota's figures; `read` returning
+   * undefined adds nothing. The same row as addQuotaState without acknowledgements, and no object
+   * per slice.
+   */
+  addQuotaColumns(
+    key: string,
+    demand: ArrayLike<number>,
+    parent: string | null,
+    read: (cols: AllocatorSlices, at: number) => Omit<AllocatorQuota, 'key' | 'parent'> | undefined,
+  ): boolean {
+    if (demand.length !== this.n) throw new AllocatorInputError(`quota ${key}: expected ${this.n} demands`);
+    const base = this.row();
+    const f = read(this.cols, base);
+    if (f === undefined) return false;
+    for (let i = 0; i < this.n; i++) this.cols.demand[base + i] = demand[i] as number;
+    this.quotas.push({
+      key,
+      rate: f.rate,
+      burst: f.burst,
+      floorRate: f.floorRate,
+      floorBurst: f.floorBurst,
+      ceilingRate: f.ceilingRate,
+      ceilingBurst: f.ceilingBurst,
+      countedRate: Math.max(0, f.countedRate),
+      countedBurst: Math.max(0, f.countedBurst),
+      parent,
+    });
+    return true;
+  }
+
   build(round: RoundParams): AllocatorInput {
     const size = this.quotas.length * this.n;
     const c = this.cols;

@@ -6,7 +6,7 @@
 // safety.
 import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
 import type { AllocatorInput } from '../allocator/index.js';
-import type { Ledger } from '../ledger/ledger.js';
+import type { Ledger, QuotaColumns } from '../ledger/ledger.js';
 import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
 
 /** What the round knows besides the ledger. */
@@ -67,9 +67,8 @@ export function buildRoundInput(
   }
   const builder = new AllocatorInputBuilder(cells, wanted.size);
   const demand = new Float64Array(cells.length);
+  const read = (key: string) => (cols: QuotaColumns, at: number) => ledger.readQuotaColumns(key, cols, at);
   for (const [key, parent] of wanted) {
-    const state = ledger.getQuotaState(key);
-    if (state === undefined) continue;
     demand.fill(0);
     const d = demands.byKey.get(key);
     if (d !== undefined)
@@ -78,7 +77,13 @@ export function buildRoundInput(
         if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
       }
     const acked = ackedBy.get(key);
-    builder.addQuotaState(state, demand, { parent, ...(acked === undefined ? {} : { ackedEpochs: acked }) });
+    // Read into the columns (no object per slice); a key with acknowledgements in this entry
+    // through its QuotaState, which the builder counts as after them.
+    if (acked === undefined) builder.addQuotaColumns(key, demand, parent, read(key));
+    else {
+      const state = ledger.getQuotaState(key);
+      if (state !== undefined) builder.addQuotaState(state, demand, { parent, ackedEpochs: acked });
+    }
   }
   return builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
 }
@@ -137,8 +142,8 @@ export function definitionGrants(
     const byCell = demands.byKey.get(key);
     if (byCell === undefined || ledger.getQuota(key) === undefined) continue;
     for (const [cellId, d] of byCell) {
-      if (!(d > 0) || !demands.reported.has(cellId) || taken.has(`${cellId}\u0000${key}`)) continue;
-      if ((ledger.getSlice(key, cellId)?.epoch ?? 0) !== 0) continue;
+      if (!(d > 0) || !demands.reported.has(cellId) || ledger.sliceEpoch(key, cellId) !== 0) continue;
+      if (taken.has(`${cellId}\u0000${key}`)) continue;
       if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return { grants, complete: false };
       grants.push({ key, cellId, rate: 0, burst: 0, epoch: 1, leaseExpiresAtMs });
       taken.add(`${cellId}\u0000${key}`);

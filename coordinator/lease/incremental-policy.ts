@@ -40,12 +40,15 @@
 //     rebalancing speed, never the bound. Definition grants (a cell's first grant of a quota, new
 //     definitions, wind-downs) are outside the budget: they have their own limit,
 //     MAX_DEFINITION_GRANTS_PER_ROUND.
-import { allocateRound, AllocatorWorkspace, roundTowards } from '../allocator/index.js';
-import type { AllocatorInput } from '../allocator/index.js';
+import { allocateRoundColumns, AllocatorWorkspace } from '../allocator/index.js';
+import type { AllocatorInput, AllocatorQuota, GrantColumns } from '../allocator/index.js';
 import type { Ledger } from '../ledger/ledger.js';
 import type { Grant } from '../ledger/ledger-commands.js';
 import { buildRoundInput, definitionGrants } from './grant-policy.js';
 import type { GrantPolicy, RoundDemands } from './grant-policy.js';
+import { selectGrants } from './grant-selection.js';
+
+export { grantPriority } from './grant-selection.js';
 
 /** Default most allocator grants per round (≈ 100 KB of compact entry at ~20 B a grant). */
 export const DEFAULT_MAX_GRANTS_PER_ROUND = 5_000;
@@ -96,6 +99,13 @@ export class IncrementalAllocatorPolicy {
   /** The definition grants stopped at their limit: look at every demand again next round. */
   private definitionBacklog = true;
   private readonly workspace = new AllocatorWorkspace();
+  /**
+   * Parent cap key → the keys last seen with it as parent (a superset of its family: every key is
+   * re-read when it enters the working set, the whole index at a full round; members are checked
+   * against the ledger when used). Replaces a walk over every key of the ledger each round.
+   */
+  private readonly childrenOf = new Map<string, Set<string>>();
+  private readonly parentOf = new Map<string, string>();
 
   constructor(opts: IncrementalPolicyOptions = {}) {
     const max = opts.maxGrantsPerRound ?? DEFAULT_MAX_GRANTS_PER_ROUND;
@@ -129,12 +139,14 @@ export class IncrementalAllocatorPolicy {
     if (full) {
       this.stats.fullRounds++;
       this.working.clear();
-      for (const k of ledger.activeQuotaKeys()) this.working.set(k, r);
-      for (const k of demands.byKey.keys()) this.working.set(k, r);
+      this.childrenOf.clear();
+      this.parentOf.clear();
+      for (const k of ledger.activeQuotaKeys()) this.enter(ledger, k, r);
+      for (const k of demands.byKey.keys()) this.enter(ledger, k, r);
     } else {
-      for (const k of touched ?? []) this.working.set(k, r);
-      for (const k of demands.changedKeys ?? []) this.working.set(k, r);
-      for (const a of demands.acks) this.working.set(a.key, r);
+      for (const k of touched ?? []) this.enter(ledger, k, r);
+      for (const k of demands.changedKeys ?? []) this.enter(ledger, k, r);
+      for (const a of demands.acks) this.enter(ledger, a.key, r);
     }
     if (cells.length === 0 || demands.reported.size === 0) return [];
 
@@ -153,24 +165,22 @@ export class IncrementalAllocatorPolicy {
       if (k.startsWith('tier/')) parents.add(k);
     }
     if (parents.size > 0 && !full) {
-      const family = (k: string): void => {
-        if (keys.has(k)) return;
-        const p = ledger.definition(k)?.parent;
-        if (p !== undefined && p !== null && parents.has(p)) {
+      // The families: the keys indexed under each parent that still have it and something to allocate.
+      for (const p of parents)
+        for (const k of this.childrenOf.get(p) ?? []) {
+          if (keys.has(k) || ledger.definition(k)?.parent !== p) continue;
+          if (!ledger.hasSlices(k) && !demands.byKey.has(k)) continue;
           keys.add(k);
           if (!this.working.has(k)) this.working.set(k, r);
         }
-      };
-      for (const k of ledger.activeQuotaKeys()) family(k);
-      for (const k of demands.byKey.keys()) family(k);
     }
     const input = buildRoundInput(ledger, demands, nowMs, keys);
     let grants: Grant[] = [];
     if (input !== null) {
-      const out = allocateRound(input, this.workspace);
+      const out = allocateRoundColumns(input, this.workspace);
       this.stats.lastQuotas = input.quotas.length;
       this.stats.quotas += input.quotas.length;
-      grants = this.finish(input, out.grants, r);
+      grants = this.finish(input, out.changes, r);
       this.settle(input, out.unsettled, cells, demands, r);
     } else this.stats.lastQuotas = 0;
     // First grants: a (key, cell) pair gets demand only through that cell's report, and a quota
@@ -183,54 +193,30 @@ export class IncrementalAllocatorPolicy {
     return d.grants;
   }
 
-  /** Float32 rounding, unchanged grants dropped, the budget applied; deferred keys stay in the working set. */
-  private finish(input: AllocatorInput, grants: Grant[], r: number): Grant[] {
-    const n = input.cells.length;
-    const row = new Map<string, number>();
-    input.quotas.forEach((q, i) => row.set(q.key, i));
-    const cellIdx = new Map(input.cells.map((c, i) => [c.id, i]));
-    const s = input.slices;
-    const kept: Grant[] = [];
-    const at: number[] = [];
-    for (const g of grants) {
-      const i = (row.get(g.key) as number) * n + (cellIdx.get(g.cellId) as number);
-      const curRate = s.grantRate[i] as number;
-      const curBurst = s.grantBurst[i] as number;
-      let out = g;
-      if (this.float32) {
-        const rate = roundTowards(g.rate, curRate);
-        const burst = roundTowards(g.burst, curBurst);
-        if ((s.epoch[i] as number) > 0 && rate === curRate && burst === curBurst) {
-          this.stats.unchangedGrants++;
-          continue;
-        }
-        if (rate !== g.rate || burst !== g.burst) out = { ...g, rate, burst };
-      }
-      kept.push(out);
-      at.push(i);
+  /** A key enters the working set (since round r); its parent is indexed. */
+  private enter(ledger: Ledger, key: string, r: number): void {
+    this.working.set(key, r);
+    const parent = ledger.definition(key)?.parent ?? null;
+    const before = this.parentOf.get(key);
+    if (before === parent) return;
+    if (before !== undefined) this.childrenOf.get(before)?.delete(key);
+    if (parent === null) {
+      this.parentOf.delete(key);
+      return;
     }
-    if (kept.length <= this.maxGrants) return kept;
-    // Over the budget: by priority (see the header), the rest wait.
-    const score = new Float64Array(kept.length);
-    kept.forEach((g, j) => {
-      const q = input.quotas[row.get(g.key) as number];
-      const i = at[j] as number;
-      const cell = input.cells[cellIdx.get(g.cellId) as number];
-      const floor = cell?.hasFloor === true ? (q?.floorRate ?? 0) : 0;
-      score[j] = grantPriority(g, q?.rate ?? 1, s.grantRate[i] as number, floor, s.demand[i] as number);
-    });
-    const order = Array.from(kept.keys()).sort((a, b) => (score[b] as number) - (score[a] as number) || a - b);
-    const take = new Uint8Array(kept.length);
-    for (let j = 0; j < this.maxGrants; j++) take[order[j] as number] = 1;
-    const sent: Grant[] = [];
-    kept.forEach((g, j) => {
-      if (take[j] === 1) sent.push(g);
-      else {
-        this.stats.deferredGrants++;
-        this.working.set(g.key, r);
-      }
-    });
-    return sent;
+    this.parentOf.set(key, parent);
+    let set = this.childrenOf.get(parent);
+    if (set === undefined) this.childrenOf.set(parent, (set = new Set()));
+    set.add(key);
+  }
+
+  /** Float32 rounding, unchanged grants dropped, the budget applied; deferred keys stay in the working set. */
+  private finish(input: AllocatorInput, cols: GrantColumns, r: number): Grant[] {
+    const sel = selectGrants(input, cols, this.maxGrants, this.float32);
+    this.stats.unchangedGrants += sel.unchanged;
+    this.stats.deferredGrants += sel.deferred;
+    for (const q of sel.deferredRows) this.working.set((input.quotas[q] as AllocatorQuota).key, r);
+    return sel.grants;
   }
 
   /** Keys the round left unsettled stay (since = now); settled ones leave once every live cell reported since. */
@@ -258,26 +244,6 @@ export class IncrementalAllocatorPolicy {
       if (since !== undefined && since <= minReport) this.working.delete(q.key);
     });
   }
-}
-
-/**
- * The order in which a round over its budget sends grants (higher first): caps (tier and domain
- * keys), then grows for cells refusing traffic (largest shortfall, relative to the quota, first),
- * then shrinks (they free capacity once acknowledged), then the rest by the size of the move.
- */
-export function grantPriority(
-  g: Grant,
-  quotaRate: number,
-  currentRate: number,
-  floorRate: number,
-  demand: number,
-): number {
-  const move = Math.abs(g.rate - currentRate) / quotaRate;
-  const level = Math.max(currentRate, floorRate);
-  if (!g.key.startsWith('tenant/')) return 10 + move;
-  if (g.rate > currentRate && demand > level) return 4 + Math.min(1, (demand - level) / quotaRate);
-  if (g.rate < currentRate) return 2 + Math.min(1, move);
-  return Math.min(1, move);
 }
 
 /** A fresh incremental allocator policy (state per lease service: one per coordinator). */

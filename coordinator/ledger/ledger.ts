@@ -281,6 +281,20 @@ export interface QuotaState extends QuotaConfig {
   readonly cells: SliceView[];
 }
 
+/** Per-cell columns a quota's slices are read into (`Ledger.readQuotaColumns`), as its SliceViews say them. */
+export interface QuotaColumns {
+  readonly grantRate: Float64Array;
+  readonly grantBurst: Float64Array;
+  readonly epoch: Float64Array;
+  /** 1: acknowledged (also: no slice). */
+  readonly acknowledged: Uint8Array;
+  readonly countedRate: Float64Array;
+  readonly countedBurst: Float64Array;
+}
+
+/** A QuotaState without its cells (`Ledger.readQuotaColumns`). */
+export type QuotaFigures = Omit<QuotaState, 'cells' | 'key'>;
+
 export type LedgerValue =
   | { readonly kind: 'tier'; readonly tier: TierView; readonly created: boolean }
   | { readonly kind: 'tierCap'; readonly tier: string; readonly cap: QuotaConfig; readonly created: boolean }
@@ -1520,6 +1534,71 @@ export class Ledger {
       unregisteredSlots: this.config.floorCells - this.slotsTaken,
       cells,
     };
+  }
+
+  /**
+   * getQuotaState(key) with its cells written into `cols` at [at, at + cells), in listCells order,
+   * instead of one SliceView object each (the lease round reads thousands of quotas a round: the
+   * objects cost more than the allocator). Undefined (cols untouched) when `key` has no quota.
+   */
+  readQuotaColumns(key: string, cols: QuotaColumns, at: number): QuotaFigures | undefined {
+    const q = this.quotaOf(key);
+    if (q === undefined) return undefined;
+    const slot = this.slotFloor(q);
+    const slices = this.byKey.get(key);
+    let sumR = 0;
+    let sumB = 0;
+    for (let c = 0; c < this.cellOrder.length; c++) {
+      const id = this.cellOrder[c] as string;
+      const cell = this.cells.get(id) as CellRec;
+      const s = slices?.get(id);
+      let r = cell.slot === null ? 0 : slot.rate;
+      let b = cell.slot === null ? 0 : slot.burst;
+      const i = at + c;
+      if (s === undefined) {
+        cols.grantRate[i] = 0;
+        cols.grantBurst[i] = 0;
+        cols.epoch[i] = 0;
+        cols.acknowledged[i] = 1;
+      } else {
+        const live = this.leaseLive(cell);
+        r = Math.max(r, s.heldFloorRate, live ? s.heldRate : 0);
+        b = Math.max(b, s.heldFloorBurst, live ? s.heldBurst : 0);
+        cols.grantRate[i] = s.rate;
+        cols.grantBurst[i] = s.burst;
+        cols.epoch[i] = s.epoch;
+        const acked =
+          s.heldRate === s.rate &&
+          s.heldBurst === s.burst &&
+          s.heldFloorRate === s.floorRate &&
+          s.heldFloorBurst === s.floorBurst;
+        cols.acknowledged[i] = acked ? 1 : 0;
+      }
+      cols.countedRate[i] = r;
+      cols.countedBurst[i] = b;
+      sumR += r;
+      sumB += b;
+    }
+    const free = this.config.floorCells - this.slotsTaken;
+    const ceiling = this.ceilings.get(key);
+    return {
+      rate: q.rate,
+      burst: q.burst,
+      floorFraction: q.floorFraction,
+      floorRate: slot.rate,
+      floorBurst: slot.burst,
+      ceilingRate: ceiling?.rate ?? q.rate,
+      ceilingBurst: ceiling?.burst ?? q.burst,
+      countedRate: sumR + free * slot.rate,
+      countedBurst: sumB + free * slot.burst,
+      unregisteredSlots: free,
+    };
+  }
+
+  /** getSlice(key, cellId)?.epoch ?? 0, without making the view. */
+  sliceEpoch(key: string, cellId: string): number {
+    if (!this.cells.has(cellId)) return 0;
+    return this.byKey.get(key)?.get(cellId)?.epoch ?? 0;
   }
 
   /** One cell's slice of one quota (also of a deleted quota while its retired slice is still counted). */

@@ -11,7 +11,8 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { Grant, GrantAck, LedgerCommandInput } from '../../../coordinator/ledger/ledger-commands.js';
-import { allocatorPolicy } from '../../../coordinator/lease/grant-policy.js';
+import { AllocatorInputBuilder, allocatorCells } from '../../../coordinator/allocator/index.js';
+import { allocatorPolicy, buildRoundInput } from '../../../coordinator/lease/grant-policy.js';
 import type { RoundDemands } from '../../../coordinator/lease/grant-policy.js';
 import { IncrementalAllocatorPolicy } from '../../../coordinator/lease/incremental-policy.js';
 
@@ -47,6 +48,38 @@ const step = fc.record({
   ackProb: fc.constantFrom(0, 0.5, 1),
   op: fc.nat({ max: 30 }),
 });
+
+/**
+ * The round's input as buildRoundInput reads it (slices into columns, Ledger.readQuotaColumns) is
+ * the input made from the ledger's QuotaState objects (getQuotaState, addQuotaState).
+ */
+function assertColumnsRead(l: Ledger, demands: RoundDemands, now: number): void {
+  const keys = [...new Set([...l.activeQuotaKeys(), ...demands.byKey.keys()])];
+  const got = buildRoundInput(l, demands, now, keys);
+  const cells = allocatorCells(l.listCells(), demands.reported);
+  const acked = new Map<string, Float64Array>();
+  for (const a of demands.acks) {
+    const i = cells.findIndex((c) => c.id === a.cellId);
+    let row = acked.get(a.key);
+    if (row === undefined) acked.set(a.key, (row = new Float64Array(cells.length)));
+    row[i] = a.epoch;
+  }
+  const b = new AllocatorInputBuilder(cells);
+  for (const q of got?.quotas ?? []) {
+    const state = l.getQuotaState(q.key);
+    assert.ok(state !== undefined);
+    const d = demands.byKey.get(q.key);
+    const demand = cells.map((c) => {
+      const v = d?.get(c.id) ?? 0;
+      return v > 0 ? v : 0;
+    });
+    const ackedEpochs = acked.get(q.key);
+    b.addQuotaState(state, demand, { parent: q.parent, ...(ackedEpochs === undefined ? {} : { ackedEpochs }) });
+  }
+  const want = b.build({ nowMs: now, leaseTtlMs: TTL, skewMarginMs: l.config.skewMarginMs });
+  if (got === null) assert.equal(want.quotas.length, 0);
+  else assert.deepEqual(got, want);
+}
 
 void test("the incremental round sends exactly the full round's grants, round after round", () => {
   fc.assert(
@@ -99,6 +132,7 @@ void test("the incremental round sends exactly the full round's grants, round af
           } else keep.push(a);
         }
         const demands: RoundDemands = { reported, byKey, acks, leaseTtlMs: TTL, changedKeys: changed };
+        assertColumnsRead(l, demands, now);
         const full = allocatorPolicy(l, demands, now);
         const got = inc.policy(l, demands, now);
         assert.deepEqual(sortGrants(got), sortGrants(full), `round at ${now}`);
