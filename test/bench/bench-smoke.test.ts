@@ -53,7 +53,13 @@ void test("allocator smoke: round time and entry size per scale; the moved round
   const r = runAllocatorBench(quiet);
   const full = { ...r, rows: r.rows.filter((row) => row.variant === undefined) };
   const inc = r.rows.filter((row) => row.variant === 'incremental vs full');
-  assert.equal(full.rows.length + inc.length, r.rows.length);
+  const policy = r.rows.filter((row) => row.variant === 'policy round on a ledger');
+  assert.equal(full.rows.length + inc.length + policy.length, r.rows.length);
+  assert.equal(policy.length, 1);
+  for (const row of policy) {
+    assert.ok((row['policy round ms'] as number) > 0 && (row['gather ms'] as number) > 0);
+    assert.ok((row['budget grants'] as number) > 0 && (row['budget grants'] as number) <= 5_000);
+  }
   assertReport(full, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes', 'changed %']);
   for (const row of full.rows) {
     const pct = row['changed %'] as number;
