@@ -17,12 +17,11 @@
 //             until every cell acknowledged, as the model says), and the transition against the old;
 //          3. full start: rate 10, burst 50; cell-a drains, cell-b starts 0.6 s later (a grant moved
 //             in, a new bucket), then the tenant is deleted and re-created under load.
-import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
-import { freePort } from '../testkit/ports.js';
+import { AgentProcess } from '../testkit/agent-process.js';
 import { sleep, waitFor } from '../testkit/wait.js';
 import {
   RawH2Session,
@@ -42,67 +41,19 @@ import {
 } from '../testkit/load/rls-wire.js';
 import { machineLine, type BenchReport } from './bench-report.js';
 
-const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
 const IDS = ['n1', 'n2', 'n3'];
 const BIN_MS = 100;
 
-interface Agent {
-  readonly cell: string;
-  readonly socket: string;
-  readonly url: string;
-  readonly proc: ChildProcess;
-  output: string;
+function startAgent(root: string, cell: string, rules: string, coordinators: string): Promise<AgentProcess> {
+  return AgentProcess.start({ cell, rules, coordinators, rlsSocket: join(root, `${cell}.sock`), logLevel: 'warn' });
 }
 
-async function startAgent(
-  root: string,
-  cell: string,
-  rules: string,
-  coordinators: string,
-  extra: readonly string[] = [],
-): Promise<Agent> {
-  const port = await freePort();
-  const socket = join(root, `${cell}.sock`);
-  const proc = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      agentCli,
-      '--cell',
-      cell,
-      '--rules',
-      rules,
-      '--rls-socket',
-      socket,
-      '--http',
-      `127.0.0.1:${port}`,
-      '--coordinators',
-      coordinators,
-      '--workers',
-      '1',
-      '--lag-threshold-ms',
-      '0',
-      ...extra,
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'warn' } },
-  );
-  const a: Agent = { cell, socket, url: `http://127.0.0.1:${port}`, proc, output: '' };
-  const keep = (b: Buffer): void => {
-    a.output = (a.output + b.toString()).slice(-20_000);
-  };
-  proc.stdout.on('data', keep);
-  proc.stderr.on('data', keep);
-  return a;
+function socketOf(a: AgentProcess): string {
+  if (a.rlsSocket === undefined) throw new Error(`agent ${a.cell} has no RLS socket`);
+  return a.rlsSocket;
 }
 
-async function metric(a: Agent, name: string): Promise<number> {
-  const text = await (await fetch(`${a.url}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
-  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(text);
-  return m === null ? NaN : Number(m[1]);
-}
-
-async function leaseGrants(a: Agent): Promise<number> {
+async function leaseGrants(a: AgentProcess): Promise<number> {
   const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as {
     lease?: { grants?: number } | null;
   };
@@ -114,17 +65,13 @@ function rssMiB(pid: number): number {
   return m === null ? NaN : Number(m[1]) / 1024;
 }
 
-async function waitServing(agents: readonly Agent[]): Promise<void> {
+async function waitServing(agents: readonly AgentProcess[]): Promise<void> {
   for (const a of agents) {
-    await waitFor(`agent ${a.cell} serving`, async () => existsSync(a.socket) && (await fetch(`${a.url}/healthz`)).ok, {
+    await a.waitHealthy(90_000);
+    await waitFor(`agent ${a.cell} leased`, async () => (await a.metric('cellquota_agent_lease_state')) === 1, {
       timeoutMs: 90_000,
       everyMs: 200,
-      context: () => a.output,
-    });
-    await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, {
-      timeoutMs: 90_000,
-      everyMs: 200,
-      context: () => a.output,
+      context: () => a.describe(),
     });
   }
 }
@@ -162,7 +109,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
   const rounds = 2; // each tenant checked twice: refused first (nothing held), then on what the round granted
   const loadBefore = os.loadavg()[0] ?? 0;
   const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '2']);
-  let agent: Agent | null = null;
+  let agent: AgentProcess | null = null;
   let session: RawH2Session | null = null;
   try {
     writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
@@ -190,16 +137,16 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     await waitServing([agent]);
     const pid = agent.proc.pid ?? 0;
     const baseline = rssMiB(pid);
-    const capacity = await metric(agent, 'cellquota_agent_bucket_table_capacity');
+    const capacity = await agent.metric('cellquota_agent_bucket_table_capacity');
     const sink = new Counter();
-    session = await RawH2Session.connect(agent.socket, sink);
+    session = await RawH2Session.connect(socketOf(agent), sink);
     const samples: { seen: number; rss: number; keys: number; grants: number }[] = [];
     const sample = async (seen: number): Promise<void> => {
       if (agent === null) return;
       samples.push({
         seen,
         rss: rssMiB(pid),
-        keys: await metric(agent, 'cellquota_agent_bucket_table_keys'),
+        keys: await agent.metric('cellquota_agent_bucket_table_keys'),
         grants: await leaseGrants(agent),
       });
       const s = samples[samples.length - 1];
@@ -228,8 +175,8 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     await new Promise((r) => setTimeout(r, 5000));
     await sample(n);
     const last = samples[samples.length - 1];
-    const evictions = await metric(agent, 'cellquota_agent_bucket_evictions_total');
-    const droppedVelocity = await metric(agent, 'cellquota_agent_velocity_dropped_total');
+    const evictions = await agent.metric('cellquota_agent_bucket_evictions_total');
+    const droppedVelocity = await agent.metric('cellquota_agent_velocity_dropped_total');
     let demandDropped = NaN;
     for (const id of IDS) {
       const text = await (await fetch(`${c.adminUrl(id)}/metrics`)).text().catch(() => '');
@@ -260,7 +207,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     };
   } finally {
     await session?.close();
-    if (agent !== null) agent.proc.kill('SIGKILL');
+    if (agent !== null) await agent.kill();
     await c.cleanup();
   }
 }
@@ -288,9 +235,9 @@ class Paced implements StreamSink {
   private last = 0;
   private inFlight = 0;
 
-  static async connect(agents: readonly Agent[]): Promise<Paced> {
+  static async connect(agents: readonly AgentProcess[]): Promise<Paced> {
     const p = new Paced();
-    for (const a of agents) p.sessions.push(await RawH2Session.connect(a.socket, p));
+    for (const a of agents) p.sessions.push(await RawH2Session.connect(socketOf(a), p));
     p.rates = agents.map(() => 0);
     p.credit = agents.map(() => 0);
     p.next = agents.map(() => 0);
@@ -415,7 +362,7 @@ export async function runCoordinatorBoundBench(opts: {
   const scale = opts.smoke ? 0.5 : 1;
   const loadBefore = os.loadavg()[0] ?? 0;
   const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '2']);
-  const agents: Agent[] = [];
+  const agents: AgentProcess[] = [];
   let load: Paced | null = null;
   try {
     const rules = join(c.root, 'rules');
@@ -539,7 +486,7 @@ export async function runCoordinatorBoundBench(opts: {
     };
   } finally {
     await load?.stop();
-    for (const a of agents) a.proc.kill('SIGKILL');
+    await Promise.all(agents.map((a) => a.kill()));
     await c.cleanup();
   }
 }

@@ -12,8 +12,6 @@
 //                    a steady answer where 1% of the grants changed (what one round costs).
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { resolve } from 'node:path';
 import { Ledger } from '../coordinator/ledger/ledger.js';
 import { loadQuotaLeaseService } from '../shared/lease-proto.js';
 import type {
@@ -25,9 +23,9 @@ import type {
 import { REPORT_BUDGET_BYTES, VelocityReporter, type ReportPage } from '../cell-agent/lease/velocity-report.js';
 import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from './bench-report.js';
-import { freePort } from '../testkit/ports.js';
+import { AgentProcess } from '../testkit/agent-process.js';
+import { waitFor } from '../testkit/wait.js';
 
-const agentCli = resolve(import.meta.dirname, '../cell-agent/agent-cli.ts');
 const ids = ['n1', 'n2', 'n3'];
 
 function quantile(xs: readonly number[], q: number): number {
@@ -50,68 +48,71 @@ async function admitted(url: string, tenant: string): Promise<boolean> {
   }
 }
 
-async function putToAdmitted(n: number, progress: (msg: string) => void): Promise<{ median: number; max: number }> {
+interface PutToAdmitted {
+  /** Per agent (cell-a, cell-b) and for both together (the later of the two): median and max in ms. */
+  readonly perAgent: readonly { readonly cell: string; readonly median: number; readonly max: number }[];
+  readonly median: number;
+  readonly max: number;
+}
+
+async function putToAdmitted(n: number, progress: (msg: string) => void): Promise<PutToAdmitted> {
   const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
-  const procs: ChildProcess[] = [];
+  const agents: AgentProcess[] = [];
   try {
     writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
     c.startAll();
     await c.waitForLeader(60_000);
     await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100, floorFraction: 0.5 });
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
-    const urls: string[] = [];
-    for (const cell of ['cell-a', 'cell-b']) {
-      const port = await freePort();
-      procs.push(
-        spawn(
-          process.execPath,
-          [
-            '--import',
-            'tsx',
-            agentCli,
-            '--cell',
-            cell,
-            '--rules',
-            join(c.root, 'rules.yaml'),
-            '--http',
-            `127.0.0.1:${port}`,
-            '--coordinators',
-            coordinators,
-            '--workers',
-            '1',
-            '--log-level',
-            'warn',
-          ],
-          { stdio: 'ignore' },
-        ),
+    for (const cell of ['cell-a', 'cell-b'])
+      agents.push(
+        await AgentProcess.start({ cell, rules: join(c.root, 'rules.yaml'), coordinators, logLevel: 'warn' }),
       );
-      urls.push(`http://127.0.0.1:${port}`);
-    }
+    for (const a of agents) await a.waitHealthy(90_000);
     // Warm up: a first tenant, admitted on both agents (they are serving and leased).
     await c.write('PUT', '/v1/tenants/warm', { tier: 'gold' });
-    for (const u of urls)
-      for (let i = 0; i < 600 && !(await admitted(u, 'warm')); i++) await new Promise((r) => setTimeout(r, 100));
-    const times: number[] = [];
+    for (const a of agents)
+      await waitFor(`${a.cell} admits the first tenant`, () => admitted(a.url, 'warm'), {
+        timeoutMs: 60_000,
+        everyMs: 100,
+        context: () => a.describe(),
+      });
+    const times = agents.map((): number[] => []);
+    const both: number[] = [];
     for (let i = 0; i < n; i++) {
       const id = `t-${i}`;
       const r = await c.write('PUT', `/v1/tenants/${id}`, { tier: 'gold' });
       if (r.status !== 200) throw new Error(`PUT ${id}: ${r.status}`);
       const t0 = performance.now();
       const done = await Promise.all(
-        urls.map(async (u) => {
-          while (performance.now() - t0 < 30_000) {
-            if (await admitted(u, id)) return performance.now() - t0;
-            await new Promise((res) => setTimeout(res, 20));
-          }
-          return NaN;
+        agents.map(async (a) => {
+          await waitFor(`${a.cell} admits ${id} on a lease`, () => admitted(a.url, id), {
+            timeoutMs: 30_000,
+            everyMs: 20,
+            context: () => a.describe(),
+          });
+          return performance.now() - t0;
         }),
       );
-      times.push(Math.max(...done));
-      progress(`tenant ${id}: admitted on every agent after ${Math.max(...done).toFixed(0)} ms`);
+      done.forEach((ms, j) => times[j]?.push(ms));
+      both.push(Math.max(...done));
+      progress(`tenant ${id}: ${agents.map((a, j) => `${a.cell} ${done[j]?.toFixed(0)} ms`).join(', ')}`);
     }
-    return { median: quantile(times, 0.5), max: Math.max(...times) };
+    return {
+      perAgent: agents.map((a, j) => ({
+        cell: a.cell,
+        median: quantile(times[j] ?? [], 0.5),
+        max: Math.max(...(times[j] ?? [])),
+      })),
+      median: quantile(both, 0.5),
+      max: Math.max(...both),
+    };
+  } catch (err) {
+    // Why it failed: each agent's state and the end of its output (an agent that died says how).
+    for (const a of agents) progress(a.describe());
+    throw err;
   } finally {
-    for (const p of procs) p.kill('SIGKILL');
+    await Promise.all(agents.map((a) => a.kill()));
     await c.cleanup();
   }
 }
@@ -260,6 +261,10 @@ export async function runCoordinatorSourceBench(opts: {
     rows: [
       { measure: `PUT → first leased admit on every agent, median (ms, n=${n})`, value: Math.round(put.median) },
       { measure: `PUT → first leased admit on every agent, max (ms, n=${n})`, value: Math.round(put.max) },
+      ...put.perAgent.flatMap((a) => [
+        { measure: `PUT → first leased admit on ${a.cell}, median (ms, n=${n})`, value: Math.round(a.median) },
+        { measure: `PUT → first leased admit on ${a.cell}, max (ms, n=${n})`, value: Math.round(a.max) },
+      ]),
       {
         measure: `report bytes if one message carried every velocity (${tenants} active tenants; before delta reports)`,
         value: bytes.oneMessage,

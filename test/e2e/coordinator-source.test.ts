@@ -6,53 +6,15 @@
 // tier:NAME an unknown tenant is admitted on every agent on tier NAME's lease.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
-import { freePort } from '../../testkit/ports.js';
+import { AgentProcess } from '../../testkit/agent-process.js';
 import { waitFor } from '../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
-const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
 
-interface Agent {
-  readonly cell: string;
-  readonly url: string;
-  readonly proc: ChildProcess;
-  output: string;
-}
-
-async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
-  const port = await freePort();
-  const proc = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      agentCli,
-      '--cell',
-      cell,
-      '--rules',
-      join(root, 'rules.yaml'),
-      '--http',
-      `127.0.0.1:${port}`,
-      '--coordinators',
-      coordinators,
-      '--workers',
-      '1',
-      '--lag-threshold-ms',
-      '0',
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
-  proc.stdout?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
-  proc.stderr?.on('data', (b: Buffer) => (agent.output = (agent.output + b.toString()).slice(-20_000)));
-  return agent;
-}
-
-async function check(agent: Agent, tenant: string): Promise<{ status: number; degraded: boolean }> {
+async function check(agent: AgentProcess, tenant: string): Promise<{ status: number; degraded: boolean }> {
   const r = await fetch(`${agent.url}/v1/check`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
@@ -65,7 +27,7 @@ async function check(agent: Agent, tenant: string): Promise<{ status: number; de
 
 void test('no tenants file: a tenant from the admin API is enforced on every agent on a lease; deleted, it is refused; re-created, admitted again', async () => {
   const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
-  const agents: Agent[] = [];
+  const agents: AgentProcess[] = [];
   try {
     writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
     c.startAll();
@@ -77,8 +39,12 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 200, burst: 200, floorFraction: 0.5 })).status, 200);
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
-    agents.push(await startAgent(c.root, 'cell-a', coordinators), await startAgent(c.root, 'cell-b', coordinators));
+    agents.push(
+      await AgentProcess.start({ cell: 'cell-a', rules: join(c.root, 'rules.yaml'), coordinators }),
+      await AgentProcess.start({ cell: 'cell-b', rules: join(c.root, 'rules.yaml'), coordinators }),
+    );
 
+    for (const a of agents) await a.waitHealthy(90_000);
     // Every agent admits acme, decided on a leased grant (not degraded), with no file naming it.
     for (const a of agents) {
       await waitFor(

@@ -6,18 +6,16 @@
 // killed with SIGKILL and the new one on the page within 3 s.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import type { Page } from 'playwright-core';
 import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
 import { chromiumPath, launchBrowser } from './browser.js';
-import { freePort } from '../../testkit/ports.js';
+import { AgentProcess } from '../../testkit/agent-process.js';
 import { waitFor } from '../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const TOKEN = 'live-view-test-token';
-const agentCli = resolve(import.meta.dirname, '../../cell-agent/agent-cli.ts');
 const RULES = `domain: api
 descriptors:
   - key: tenant
@@ -25,45 +23,13 @@ descriptors:
 `;
 const QUOTA = 100;
 
-interface Agent {
-  readonly cell: string;
-  readonly url: string;
-  readonly proc: ChildProcess;
-}
-
-async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
-  const port = await freePort();
-  const proc = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      agentCli,
-      '--cell',
-      cell,
-      '--rules',
-      join(root, 'rules.yaml'),
-      '--http',
-      `127.0.0.1:${port}`,
-      '--coordinators',
-      coordinators,
-      '--workers',
-      '1',
-      '--lag-threshold-ms',
-      '0',
-    ],
-    { stdio: 'ignore' },
-  );
-  return { cell, url: `http://127.0.0.1:${port}`, proc };
-}
-
 /** Paced checks (open loop, a 20 ms timer sends what is due) until stopped. */
-function skewedLoad(hot: Agent, cold: Agent, totalPerS: number): { stop(): Promise<void>; sent: number } {
+function skewedLoad(hot: AgentProcess, cold: AgentProcess, totalPerS: number): { stop(): Promise<void>; sent: number } {
   const body = JSON.stringify({ domain: 'api', descriptors: [{ entries: [{ key: 'tenant', value: 'acme' }] }] });
   const pending = new Set<Promise<void>>();
   const state = { sent: 0, stopped: false };
   const started = Date.now();
-  const send = (a: Agent): void => {
+  const send = (a: AgentProcess): void => {
     state.sent++;
     const p = fetch(`${a.url}/v1/check`, {
       method: 'POST',
@@ -110,7 +76,7 @@ void test(
   async () => {
     const c = await CoordinatorCluster.create(ids, ['--admin-token', TOKEN]);
     c.authToken = TOKEN;
-    const agents: Agent[] = [];
+    const agents: AgentProcess[] = [];
     let load: ReturnType<typeof skewedLoad> | null = null;
     const browser = await launchBrowser();
     try {
@@ -123,16 +89,12 @@ void test(
       );
       assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
       const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
-      agents.push(await startAgent(c.root, 'east', coordinators), await startAgent(c.root, 'west', coordinators));
-      const [east, west] = agents as [Agent, Agent];
-      await waitFor(
-        'both agents answer',
-        async () =>
-          (await Promise.all(agents.map((a) => fetch(`${a.url}/healthz`).then((r) => r.ok)))).every(Boolean)
-            ? true
-            : undefined,
-        { timeoutMs: 90_000, everyMs: 200 },
+      agents.push(
+        await AgentProcess.start({ cell: 'east', rules: join(c.root, 'rules.yaml'), coordinators }),
+        await AgentProcess.start({ cell: 'west', rules: join(c.root, 'rules.yaml'), coordinators }),
       );
+      const [east, west] = agents as [AgentProcess, AgentProcess];
+      for (const a of agents) await a.waitHealthy(90_000);
       load = skewedLoad(east, west, 3 * QUOTA);
 
       // The state document is guarded by the admin token.

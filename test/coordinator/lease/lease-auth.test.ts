@@ -3,7 +3,7 @@
 // then per-cell tokens on a one-replica cluster. Skipped, with a note, when openssl is missing.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { createHash, randomUUID } from 'node:crypto';
@@ -17,10 +17,10 @@ import {
 } from '../../../shared/lease-proto.js';
 import { PeerTransport } from '../../../coordinator/transport/peer-transport.js';
 import { freePort } from '../../../testkit/ports.js';
+import { AgentProcess } from '../../../testkit/agent-process.js';
 import { waitFor } from '../../../testkit/wait.js';
 
 const repo = resolve(import.meta.dirname, '../../..');
-const agentCli = join(repo, 'cell-agent/agent-cli.ts');
 const cli = join(repo, 'cli/main.ts');
 const ids = ['n1', 'n2', 'n3'];
 
@@ -38,49 +38,7 @@ const skip = hasOpenssl()
 
 const RULES = 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n';
 
-interface Agent {
-  readonly proc: ChildProcess;
-  readonly url: string;
-  output: string;
-  exit: Promise<number | null>;
-}
-
-async function startAgent(root: string, cell: string, coordinators: string, extra: readonly string[]): Promise<Agent> {
-  const port = await freePort();
-  const proc = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      agentCli,
-      '--cell',
-      cell,
-      '--rules',
-      join(root, 'rules.yaml'),
-      '--http',
-      `127.0.0.1:${port}`,
-      '--coordinators',
-      coordinators,
-      '--workers',
-      '0',
-      '--lag-threshold-ms',
-      '0',
-      ...extra,
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  const a: Agent = {
-    proc,
-    url: `http://127.0.0.1:${port}`,
-    output: '',
-    exit: new Promise((ok) => proc.once('exit', (code) => ok(code))),
-  };
-  proc.stdout?.on('data', (b: Buffer) => (a.output += b.toString()));
-  proc.stderr?.on('data', (b: Buffer) => (a.output += b.toString()));
-  return a;
-}
-
-async function leaseState(a: Agent): Promise<number | null> {
+async function leaseState(a: AgentProcess): Promise<number | null> {
   const text = await (await fetch(`${a.url}/metrics`, { signal: AbortSignal.timeout(2000) })).text();
   const m = /^cellquota_agent_lease_state (\S+)$/m.exec(text);
   return m === null ? null : Number(m[1]);
@@ -160,7 +118,7 @@ void test(
       '--lease-listen',
       `127.0.0.1:${leasePorts.get(r.id) ?? 0}`,
     ]);
-    const agents: Agent[] = [];
+    const agents: AgentProcess[] = [];
     let impostor: PeerTransport | null = null;
     try {
       const pki = join(c.root, 'pki');
@@ -267,9 +225,27 @@ void test(
         '--tls-key',
         join(pki, `cell-${cell}.key`),
       ];
-      const good = await startAgent(c.root, 'c1', coordinators, tlsFor('c1'));
-      const wrong = await startAgent(c.root, 'c1', coordinators, tlsFor('c2'));
-      const bare = await startAgent(c.root, 'c3', coordinators, ['--tls-ca', join(pki, 'ca.pem')]);
+      const good = await AgentProcess.start({
+        cell: 'c1',
+        rules: join(c.root, 'rules.yaml'),
+        coordinators,
+        workers: 0,
+        args: tlsFor('c1'),
+      });
+      const wrong = await AgentProcess.start({
+        cell: 'c1',
+        rules: join(c.root, 'rules.yaml'),
+        coordinators,
+        workers: 0,
+        args: tlsFor('c2'),
+      });
+      const bare = await AgentProcess.start({
+        cell: 'c3',
+        rules: join(c.root, 'rules.yaml'),
+        coordinators,
+        workers: 0,
+        args: ['--tls-ca', join(pki, 'ca.pem')],
+      });
       agents.push(good, wrong, bare);
       await waitFor('agent c1 leased over mutual TLS', async () => (await leaseState(good)) === 1, {
         timeoutMs: 90_000,
@@ -366,7 +342,7 @@ void test(
       (r) => ['--lease-tokens', join(r.dataDir, '..', 'tokens.yaml')],
     );
     const tokens = { c1: randomUUID(), c2: randomUUID() };
-    const agents: Agent[] = [];
+    const agents: AgentProcess[] = [];
     try {
       // The token file: c1's token in the clear, c2's only as its sha256.
       const tokenFile = join(c.root, 'tokens.yaml');
@@ -391,7 +367,13 @@ void test(
 
       const tokenPath = join(c.root, 'c1.token');
       writeFileSync(tokenPath, `${tokens.c1}\n`);
-      const agent = await startAgent(c.root, 'c1', addr, ['--lease-token-file', tokenPath]);
+      const agent = await AgentProcess.start({
+        cell: 'c1',
+        rules: join(c.root, 'rules.yaml'),
+        coordinators: addr,
+        workers: 0,
+        args: ['--lease-token-file', tokenPath],
+      });
       agents.push(agent);
       await waitFor('agent c1 leased with its token', async () => (await leaseState(agent)) === 1, {
         timeoutMs: 90_000,

@@ -6,15 +6,13 @@
 // are back.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
-import { freePort } from '../../../testkit/ports.js';
+import { AgentProcess } from '../../../testkit/agent-process.js';
 import { waitFor } from '../../../testkit/wait.js';
 
 const ids = ['n1', 'n2', 'n3'];
-const agentCli = resolve(import.meta.dirname, '../../../cell-agent/agent-cli.ts');
 
 const RULES = `domain: api
 descriptors:
@@ -22,43 +20,7 @@ descriptors:
     global: true
 `;
 
-interface Agent {
-  readonly cell: string;
-  readonly url: string;
-  readonly proc: ChildProcess;
-  output: string;
-}
-
-async function startAgent(root: string, cell: string, coordinators: string): Promise<Agent> {
-  const port = await freePort();
-  const proc = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      agentCli,
-      '--cell',
-      cell,
-      '--rules',
-      join(root, 'rules.yaml'),
-      '--http',
-      `127.0.0.1:${port}`,
-      '--coordinators',
-      coordinators,
-      '--workers',
-      '1',
-      '--lag-threshold-ms',
-      '0',
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, CELLQUOTA_LOG_LEVEL: 'info' } },
-  );
-  const agent: Agent = { cell, url: `http://127.0.0.1:${port}`, proc, output: '' };
-  proc.stdout?.on('data', (b: Buffer) => (agent.output += b.toString()));
-  proc.stderr?.on('data', (b: Buffer) => (agent.output += b.toString()));
-  return agent;
-}
-
-async function check(agent: Agent): Promise<{ status: number; degraded: boolean }> {
+async function check(agent: AgentProcess): Promise<{ status: number; degraded: boolean }> {
   const r = await fetch(`${agent.url}/v1/check`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
@@ -71,7 +33,7 @@ async function check(agent: Agent): Promise<{ status: number; degraded: boolean 
 
 /** Sends checks at about `rps` for `ms`; returns how many were admitted and how many answered at all. */
 async function load(
-  agent: Agent,
+  agent: AgentProcess,
   rps: number,
   ms: number,
 ): Promise<{ admitted: number; answered: number; sent: number; degraded: number }> {
@@ -99,7 +61,7 @@ async function load(
   return out;
 }
 
-async function metric(agent: Agent, name: string): Promise<number | null> {
+async function metric(agent: AgentProcess, name: string): Promise<number | null> {
   const text = await (await fetch(`${agent.url}/metrics`)).text();
   const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
   return m === null ? null : Number(m[1]);
@@ -107,7 +69,7 @@ async function metric(agent: Agent, name: string): Promise<number | null> {
 
 void test('end to end: a busy cell grows above its static share; agents survive kill -9 of the leader and follow the new one; fail-static with every coordinator down, leased again after', async () => {
   const c = await CoordinatorCluster.create(ids);
-  const agents: Agent[] = [];
+  const agents: AgentProcess[] = [];
   try {
     writeFileSync(join(c.root, 'rules.yaml'), RULES);
     c.startAll();
@@ -115,8 +77,12 @@ void test('end to end: a busy cell grows above its static share; agents survive 
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100, floorFraction: 0.3 })).status, 200);
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     const coordinators = ids.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
-    agents.push(await startAgent(c.root, 'busy', coordinators), await startAgent(c.root, 'quiet', coordinators));
-    const [busy, quiet] = agents as [Agent, Agent];
+    agents.push(
+      await AgentProcess.start({ cell: 'busy', rules: join(c.root, 'rules.yaml'), coordinators }),
+      await AgentProcess.start({ cell: 'quiet', rules: join(c.root, 'rules.yaml'), coordinators }),
+    );
+    const [busy, quiet] = agents as [AgentProcess, AgentProcess];
+    for (const a of agents) await a.waitHealthy(90_000);
     for (const a of agents)
       await waitFor(`agent ${a.cell} leased`, async () => (await metric(a, 'cellquota_agent_lease_state')) === 1, {
         timeoutMs: 30_000,
