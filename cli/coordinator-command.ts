@@ -17,7 +17,12 @@ import {
   DEFAULT_ROUND_MS,
   MAX_REPORT_ITEMS,
 } from '../coordinator/lease/lease-service.js';
-import { MAX_CELLS } from '../coordinator/ledger/ledger-commands.js';
+import { MAX_CELLS, MAX_TENANTS } from '../coordinator/ledger/ledger-commands.js';
+import {
+  DEFAULT_IMPLICIT_TENANT_IDLE_MS,
+  DEFAULT_MAX_IMPLICIT_TENANTS,
+  MAX_IMPLICIT_TENANT_IDLE_MS,
+} from '../coordinator/lease/implicit-tenants.js';
 import { DEFAULT_FLOOR_CELLS, DEFAULT_SKEW_MARGIN_MS } from '../coordinator/ledger/ledger.js';
 import { defaultRaftTuning } from '../coordinator/raft/raft-types.js';
 
@@ -152,6 +157,21 @@ export const coordinatorFields = z.object({
       example: '20000',
     },
   ),
+  maxImplicitTenants: setting(z.coerce.number().int().min(0).max(MAX_TENANTS), {
+    help:
+      'most implicit tenants (unknown-tenant policy tier:NAME) the ledger holds, winding-down ones included; ' +
+      'beyond it an unknown tenant is refused as under the policy deny ' +
+      '(cellquota_lease_implicit_tenants_refused_total)',
+    default: DEFAULT_MAX_IMPLICIT_TENANTS,
+    example: '20000',
+  }),
+  implicitTenantIdleMs: setting(z.coerce.number().int().min(1000).max(MAX_IMPLICIT_TENANT_IDLE_MS), {
+    help:
+      'an implicit tenant no cell reported demand for this long is wound down as a deletion (zero grants ' +
+      'acknowledged or leases expired, then dropped from the ledger)',
+    default: DEFAULT_IMPLICIT_TENANT_IDLE_MS,
+    example: '60000',
+  }),
   tlsCa: setting(z.string().optional(), {
     help: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed',
     example: '/etc/cellquota/ca.pem',
@@ -307,6 +327,8 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
           onReport: (req, receiptMs) => traffic.onReport(req, receiptMs),
           maxCells: s.maxCells,
           maxDemandKeys: s.maxDemandKeys,
+          maxImplicitTenants: s.maxImplicitTenants,
+          implicitTenantIdleMs: s.implicitTenantIdleMs,
           onRefused: (reason) => metrics.leaseRefused.inc({ reason }),
           ...(leaseListen === undefined ? {} : { listen: leaseListen, addressOf: leaseAddressOf }),
           ...(tokens === undefined ? {} : { tokens }),
@@ -340,6 +362,8 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     votingRefused: () => node.cluster().votingRefused,
     tenants: () => node.ledger().tenantCount,
     demandKeysDropped: () => node.leaseStats()?.demandKeysDropped ?? 0,
+    implicitTenantsRefused: () => node.leaseStats()?.implicitTenantsRefused ?? 0,
+    implicitTenants: () => node.ledger().implicitTenantCount,
   });
   const app = await buildAdminServer({
     backend: node,

@@ -38,10 +38,11 @@
 import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
-import { isName, MAX_CELLS, QUOTA_KEY_PATTERN } from '../ledger/ledger-commands.js';
+import { isName, MAX_CELLS, QUOTA_KEY_PATTERN, RETIRE_IMPLICIT_FORMAT } from '../ledger/ledger-commands.js';
 import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { createAllocatorPolicy } from './incremental-policy.js';
+import { DEFAULT_IMPLICIT_TENANT_IDLE_MS, DEFAULT_MAX_IMPLICIT_TENANTS, ImplicitTenants } from './implicit-tenants.js';
 import type { GrantPolicy } from './grant-policy.js';
 import { LeaderClock } from './leader-clock.js';
 import { planted } from '../../shared/planted-bugs.js';
@@ -79,6 +80,8 @@ export interface LeaseBackend {
   peerAddress(id: string): string | null;
   ledger(): Ledger;
   propose(cmd: LedgerCommandInput): Promise<LedgerResult>;
+  /** Whether every other member reads command format `format` (absent: all do). */
+  everyMemberReads?(format: number): boolean;
 }
 
 export interface LeaseServiceOptions {
@@ -107,6 +110,10 @@ export interface LeaseServiceOptions {
   readonly maxCells?: number;
   /** Most demand keys kept per cell (default DEFAULT_MAX_DEMAND_KEYS). */
   readonly maxDemandKeys?: number;
+  /** Most implicit tenants (policy tier:NAME) the ledger holds (default DEFAULT_MAX_IMPLICIT_TENANTS). */
+  readonly maxImplicitTenants?: number;
+  /** An implicit tenant without demand this long is wound down (default DEFAULT_IMPLICIT_TENANT_IDLE_MS). */
+  readonly implicitTenantIdleMs?: number;
 }
 
 interface PendingReport {
@@ -146,6 +153,10 @@ export interface LeaseServiceStats {
   refused: number;
   /** Demand entries not kept because the cell had --max-demand-keys already. */
   demandKeysDropped: number;
+  /** Demand entries of new implicit tenants not taken: --max-implicit-tenants were held (treated as deny). */
+  implicitTenantsRefused: number;
+  /** Idle implicit tenants proposed for winding down. */
+  implicitTenantsRetired: number;
 }
 
 function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
@@ -166,6 +177,8 @@ export class LeaseService {
     grantsProposed: 0,
     refused: 0,
     demandKeysDropped: 0,
+    implicitTenantsRefused: 0,
+    implicitTenantsRetired: 0,
   };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
@@ -198,6 +211,7 @@ export class LeaseService {
   private readonly leaseAddressOf: (id: string) => string | null;
   private readonly maxCells: number;
   private readonly maxDemandKeys: number;
+  private readonly implicit: ImplicitTenants;
   /** Refusal log lines: at most one per cell and reason every 10 s. */
   private readonly refusalLogged = new Map<string, number>();
 
@@ -214,6 +228,10 @@ export class LeaseService {
     this.leaseAddressOf = opts.leaseAddressOf ?? ((id) => this.backend.peerAddress(id));
     this.maxCells = opts.maxCells ?? MAX_CELLS;
     this.maxDemandKeys = opts.maxDemandKeys ?? DEFAULT_MAX_DEMAND_KEYS;
+    this.implicit = new ImplicitTenants(
+      opts.maxImplicitTenants ?? DEFAULT_MAX_IMPLICIT_TENANTS,
+      opts.implicitTenantIdleMs ?? DEFAULT_IMPLICIT_TENANT_IDLE_MS,
+    );
     this.clock = new LeaderClock({ monoMs: opts.monoMs ?? (() => performance.now()), wallMs: opts.wallMs ?? Date.now });
   }
 
@@ -355,6 +373,8 @@ export class LeaseService {
   /** One expiry check (run every expireEveryMs once started): releases the leases that surely expired. */
   async expire(): Promise<void> {
     if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term() || !this.clock.synced) return;
+    await this.retireIdleImplicitTenants();
+    if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term()) return;
     const nowMs = this.clock.stamp(this.backend.ledger().nowMs);
     // Only when some lease has surely expired (an entry per second forever would only grow the log).
     const skew = this.backend.ledger().config.skewMarginMs;
@@ -377,6 +397,35 @@ export class LeaseService {
     }
   }
 
+  /** Winds down the implicit tenants no cell reported demand for within implicitTenantIdleMs (one command). */
+  private async retireIdleImplicitTenants(): Promise<void> {
+    const keys = this.implicit.idle(this.backend.ledger(), this.clock.time(), (key) => this.byKey.has(key));
+    if (keys.length === 0) return;
+    if (this.backend.everyMemberReads?.(RETIRE_IMPLICIT_FORMAT) === false) {
+      if (this.firstIn10s('implicit\u0000format'))
+        this.log.warn(
+          { idle: keys.length },
+          `idle implicit tenants are not wound down until every replica reads command format ${RETIRE_IMPLICIT_FORMAT}`,
+        );
+      return;
+    }
+    try {
+      const r = await this.backend.propose({ type: 'retireImplicitTenants', keys });
+      if (!r.ok) {
+        this.log.warn({ error: r.error }, 'winding down idle implicit tenants refused');
+        return;
+      }
+      this.implicit.noteRetired(keys);
+      this.stats.implicitTenantsRetired = this.implicit.retired;
+      this.log.info(
+        { retired: r.value.kind === 'implicitRetired' ? r.value.retired : keys.length },
+        'idle implicit tenants wound down (--implicit-tenant-idle-ms)',
+      );
+    } catch (err) {
+      this.log.debug({ err }, 'retireImplicitTenants not committed');
+    }
+  }
+
   /** One round: registers new cells, proposes one reportAndGrant entry, answers the held reports. */
   async round(): Promise<void> {
     if (this.inRound) return;
@@ -387,6 +436,7 @@ export class LeaseService {
         this.byKey.clear();
         this.demandKeysOfCell.clear();
         this.changedKeys = null;
+        this.implicit.reset();
       }
       this.wasLeader = false;
       if (this.pending.length > 0) this.failPending(this.notLeaderError());
@@ -399,6 +449,7 @@ export class LeaseService {
       this.byKey.clear();
       this.demandKeysOfCell.clear();
       this.changedKeys = null;
+      this.implicit.reset();
       this.wasLeader = true;
       this.term = term;
       this.clock.beginTerm(this.ttl + this.backend.ledger().config.skewMarginMs);
@@ -515,8 +566,26 @@ export class LeaseService {
       const sweep = p.req.velocitySweep ?? 0;
       if (p.req.velocitySweepStart === true) session.sweepStarted = sweep;
       let dropped = 0;
-      for (const v of p.req.velocity)
-        if (!this.noteDemand(ledger, v.key, p.req.cellId, v.allowedPerS + v.refusedPerS, sweep)) dropped++;
+      const refusedBefore = this.implicit.refused;
+      for (const v of p.req.velocity) {
+        const d = v.allowedPerS + v.refusedPerS;
+        // A new implicit tenant beyond --max-implicit-tenants: not taken (no grant: refused as under deny).
+        if (d > 0 && !this.byKey.has(v.key) && !this.implicit.admit(ledger, v.key)) continue;
+        if (!this.noteDemand(ledger, v.key, p.req.cellId, d, sweep)) dropped++;
+      }
+      if (this.implicit.refused > refusedBefore) {
+        this.stats.implicitTenantsRefused = this.implicit.refused;
+        if (this.firstIn10s(`implicit\u0000${p.req.cellId}`))
+          this.log.warn(
+            {
+              cellId: p.req.cellId,
+              refused: this.implicit.refused - refusedBefore,
+              maxImplicitTenants: this.implicit.max,
+            },
+            'unknown tenants beyond --max-implicit-tenants are refused (as under the policy deny) until ' +
+              'idle implicit tenants are wound down',
+          );
+      }
       if (p.req.velocitySweepDone === true && sweep > 0) {
         // The sweep sent every key with demand: what it did not restamp is no longer reported.
         for (const [key, stamp] of [...(this.demandKeysOfCell.get(p.req.cellId) ?? [])])

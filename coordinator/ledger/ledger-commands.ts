@@ -54,8 +54,13 @@ export const DEFAULT_FLOOR_FRACTION = 0;
 export const COMMAND_FORMAT_VERSION = 1;
 /** Version tag of a reportAndGrant round in the compact form (round-codec.ts). Decoding refuses any other tag. */
 export const ROUND_FORMAT_VERSION = 2;
+/**
+ * The command format that adds retireImplicitTenants (encoded as format 1 objects; an older replica would apply it as
+ * INVALID and diverge, so a leader proposes it only while every member declared this format).
+ */
+export const RETIRE_IMPLICIT_FORMAT = 3;
 /** The newest command format this build reads (what a replica declares to its peers). */
-export const NEWEST_COMMAND_FORMAT = ROUND_FORMAT_VERSION;
+export const NEWEST_COMMAND_FORMAT = RETIRE_IMPLICIT_FORMAT;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -250,6 +255,22 @@ export const putSettingsSchema = z.strictObject({
   unknownTenant: unknownTenantPolicySchema,
   ...session,
 });
+/** Most implicit tenants one retireImplicitTenants command winds down. */
+export const MAX_RETIRE_PER_COMMAND = 10_000;
+/**
+ * Winds down implicit tenants (unknown-tenant policy tier:NAME) that no cell reported demand for within the
+ * coordinator's --implicit-tenant-idle-ms, as a deletion: their slices take zero grants and are dropped once nothing
+ * on them is counted. Keys that are not implicit tenants when it applies are left alone. Format 3
+ * (RETIRE_IMPLICIT_FORMAT): a leader proposes it only while every member reads it.
+ */
+export const retireImplicitTenantsSchema = z.strictObject({
+  type: z.literal('retireImplicitTenants'),
+  keys: z
+    .array(quotaKeySchema.refine((k) => k.startsWith('tenant/'), 'a tenant key (tenant/ID)'))
+    .min(1)
+    .max(MAX_RETIRE_PER_COMMAND),
+  ...session,
+});
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
 export const expireLeasesSchema = z.strictObject({ type: z.literal('expireLeases'), nowMs: timeSchema, ...session });
 
@@ -268,6 +289,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   reportAndGrantSchema,
   expireLeasesSchema,
   putSettingsSchema,
+  retireImplicitTenantsSchema,
 ]);
 
 // ---- types --------------------------------------------------------------------------------------
@@ -292,6 +314,7 @@ export type RemoveCellCommand = z.output<typeof removeCellSchema>;
 export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;
 export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
 export type PutSettingsCommand = z.output<typeof putSettingsSchema>;
+export type RetireImplicitTenantsCommand = z.output<typeof retireImplicitTenantsSchema>;
 export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
 export type GrantAck = z.output<typeof grantAckSchema>;
 export type Grant = z.output<typeof grantSchema>;

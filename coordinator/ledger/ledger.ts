@@ -81,6 +81,17 @@
 // retired slice disappears once its grant and held floors are all zero; rounds may send it a zero
 // grant (the only grant a key without a quota accepts) to get there.
 //
+// ## Implicit tenants (unknown-tenant policy tier:NAME)
+//
+// A `tenant/<id>` key without a tenant record is an implicit tenant of NAME while the policy names it:
+// quotaOf gives it NAME's quota, and it holds slices like any tenant. `implicitKeys` (derived) lists
+// every tenant key some cell holds a slice of with no tenant record, so the lease leader can bound how
+// many there are (--max-implicit-tenants): a key counts from its first slice until its last is dropped.
+// retireImplicitTenants winds idle ones down as a deletion: the key joins `retiringImplicit`
+// (replicated, in the snapshot), where quotaOf has no quota for it, so its slices take zero grants and
+// are dropped once nothing on them is counted; then it leaves the set and may come back as a new
+// implicit tenant (epochs above the cell's mark, as a re-created tenant's).
+//
 // ## Errors and sessions
 //
 // Every error is deterministic and changes no domain state. A command carrying a session tag
@@ -132,6 +143,7 @@ import type {
   RegisterCellCommand,
   RemoveCellCommand,
   ReportAndGrantCommand,
+  RetireImplicitTenantsCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
 import { CellquotaError } from '../../shared/errors.js';
@@ -329,7 +341,8 @@ export type LedgerValue =
       readonly leaseExpiresAtMs: number | null;
       readonly freedSlot: number | null;
     }
-  | { readonly kind: 'settings'; readonly settings: LedgerSettings };
+  | { readonly kind: 'settings'; readonly settings: LedgerSettings }
+  | { readonly kind: 'implicitRetired'; readonly retired: number; readonly ignored: number };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
 export interface TenantBatchFailure {
@@ -475,6 +488,12 @@ export class Ledger {
   private unknownTenantIndex = 0;
   /** Log index of the last domain cap change (agents learn the capped domains when it moves). */
   private domainCapsIndex = 0;
+  /** Implicit tenants being wound down (retireImplicitTenants): no quota until their last slice is dropped. */
+  private readonly retiringImplicit = new Set<string>();
+  /** Derived: tenant keys some cell holds a slice of and no tenant record defines (implicit or retired). */
+  private readonly implicitKeys = new Set<string>();
+  /** Derived, per command: retiring keys whose last slice was dropped (leave retiringImplicit once committed). */
+  private emptiedRetiring: string[] = [];
   /**
    * Derived, not replicated (rebuilt by restore): per cell, quota keys whose slice there may hold a
    * grant stamped with an older definition (or a deleted quota's live grant), so the lease rounds
@@ -569,6 +588,7 @@ export class Ledger {
       }
     }
     const result = this.dispatch(cmd, index);
+    this.settleRetiring();
     if (result.ok) this.ratchetCeilings();
     if (session !== undefined) this.sessions.record(session.clientId, session.seq, result);
     return result;
@@ -604,6 +624,8 @@ export class Ledger {
         return this.expireLeases(cmd);
       case 'putSettings':
         return this.putSettings(cmd, index);
+      case 'retireImplicitTenants':
+        return this.retireImplicitTenants(cmd);
     }
   }
 
@@ -768,6 +790,9 @@ export class Ledger {
     else this.sortedTenantIds = null;
     const rec: TenantRec = { tier: tierName, rate, burst, updatedIndex: index };
     this.tenants.set(id, rec);
+    // An implicit tenant defined now (winding down or not): its slices count under its own quota.
+    this.implicitKeys.delete(tenantKey(id));
+    this.retiringImplicit.delete(tenantKey(id));
     this.addTierUse(tierName, 1);
     this.rebaseCeiling(tenantKey(id));
     this.markStale(tenantKey(id));
@@ -780,8 +805,32 @@ export class Ledger {
     this.tenants.delete(cmd.id);
     this.sortedTenantIds = null;
     this.addTierUse(existing.tier, -1);
+    if (this.byKey.has(tenantKey(cmd.id))) this.implicitKeys.add(tenantKey(cmd.id));
     this.retireKey(tenantKey(cmd.id));
     return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
+  }
+
+  /**
+   * Winds down idle implicit tenants as a deletion (the lease leader proposes it for implicit tenants no cell reported
+   * demand for within --implicit-tenant-idle-ms). Keys that are not implicit tenants now (defined since, already
+   * winding down, the policy changed) are left alone; the result counts those retired.
+   */
+  private retireImplicitTenants(cmd: RetireImplicitTenantsCommand): LedgerResult {
+    let retired = 0;
+    for (const key of cmd.keys) {
+      if (!this.isImplicitTenant(key) || !this.byKey.has(key)) continue;
+      this.retiringImplicit.add(key);
+      this.retireKey(key);
+      retired++;
+    }
+    return ok({ kind: 'implicitRetired', retired, ignored: cmd.keys.length - retired });
+  }
+
+  /** After each command: retiring implicit tenants whose last slice is gone leave the set. */
+  private settleRetiring(): void {
+    if (this.emptiedRetiring.length === 0) return;
+    for (const key of this.emptiedRetiring) if (!this.byKey.has(key)) this.retiringImplicit.delete(key);
+    this.emptiedRetiring = [];
   }
 
   private putSettings(cmd: PutSettingsCommand, index: number): LedgerResult {
@@ -1125,7 +1174,10 @@ export class Ledger {
 
   private insertSlice(key: string, cellId: string, s: SliceRec): void {
     let k = this.byKey.get(key);
-    if (k === undefined) this.byKey.set(key, (k = new Map<string, SliceRec>()));
+    if (k === undefined) {
+      this.byKey.set(key, (k = new Map<string, SliceRec>()));
+      if (key.startsWith('tenant/') && !this.tenants.has(key.slice(7))) this.implicitKeys.add(key);
+    }
     k.set(cellId, s);
     let c = this.byCell.get(cellId);
     if (c === undefined) this.byCell.set(cellId, (c = new Map<string, SliceRec>()));
@@ -1136,7 +1188,11 @@ export class Ledger {
   private removeSlice(key: string, cellId: string): void {
     const k = this.byKey.get(key);
     k?.delete(cellId);
-    if (k?.size === 0) this.byKey.delete(key);
+    if (k?.size === 0) {
+      this.byKey.delete(key);
+      this.implicitKeys.delete(key);
+      if (this.retiringImplicit.has(key)) this.emptiedRetiring.push(key);
+    }
     const c = this.byCell.get(cellId);
     c?.delete(key);
     if (c?.size === 0) this.byCell.delete(cellId);
@@ -1305,6 +1361,29 @@ export class Ledger {
     return q === undefined ? undefined : quotaConfig(q);
   }
 
+  /** True if `key` is an implicit tenant now: no tenant record, the policy tier:NAME, not being wound down. */
+  isImplicitTenant(key: string): boolean {
+    return key.startsWith('tenant/') && !this.tenants.has(key.slice(7)) && this.quotaOf(key) !== undefined;
+  }
+
+  /**
+   * How many tenant keys some cell holds a slice of with no tenant record: implicit tenants, those winding down and
+   * deleted tenants' slices not yet dropped (each counts until its last slice is gone).
+   */
+  get implicitTenantCount(): number {
+    return this.implicitKeys.size;
+  }
+
+  /** The implicit tenants holding slices now (not those winding down), in no particular order. */
+  *implicitTenantKeys(): IterableIterator<string> {
+    for (const key of this.implicitKeys) if (this.isImplicitTenant(key)) yield key;
+  }
+
+  /** True if some cell holds a slice of `key`. */
+  holdsSlices(key: string): boolean {
+    return this.byKey.has(key);
+  }
+
   private quotaOf(key: string): QuotaRec | undefined {
     // No pattern check needed: only valid names are ever stored, so anything else is simply not found.
     const slash = key.indexOf('/');
@@ -1316,7 +1395,8 @@ export class Ledger {
     const t = this.tenants.get(name);
     if (t === undefined) {
       // An implicit tenant (unknownTenant tier:NAME): the tier's quota, versioned by the later of
-      // the tier's change and the policy's.
+      // the tier's change and the policy's; none while it is wound down.
+      if (this.retiringImplicit.size > 0 && this.retiringImplicit.has(key)) return undefined;
       const implicit = unknownTenantTier(this.unknownTenant);
       const tier = implicit === null ? undefined : this.tiers.get(implicit);
       if (tier === undefined) return undefined;
@@ -1713,6 +1793,14 @@ export class Ledger {
       if (!Number.isSafeInteger(c.epochMark) || c.epochMark < 0) bad(`cell ${id}: bad epoch mark ${c.epochMark}`);
     }
     if (slots !== this.slotsTaken || slots > this.config.floorCells) bad('floor slot count is wrong');
+    // Implicit tenants: the derived set matches the slices; a winding-down key still has slices and no record.
+    for (const key of this.byKey.keys())
+      if (key.startsWith('tenant/') && !this.tenants.has(key.slice(7)) && !this.implicitKeys.has(key))
+        bad(`implicit tenant ${key} holds slices but is not counted`);
+    for (const key of this.implicitKeys)
+      if (!this.byKey.has(key) || this.tenants.has(key.slice(7))) bad(`${key} is counted implicit but is not`);
+    for (const key of this.retiringImplicit)
+      if (!this.byKey.has(key) || this.tenants.has(key.slice(7))) bad(`${key} is winding down but holds no slice`);
     // Tiers, tenants, caps.
     if (this.tiers.size > MAX_TIERS || this.tenants.size > MAX_TENANTS || this.domainCaps.size > MAX_DOMAIN_CAPS)
       bad('a size limit is exceeded');
@@ -1847,6 +1935,8 @@ export class Ledger {
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
       settings: [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
     };
+    // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
+    if (this.retiringImplicit.size > 0) snap.retiringImplicit = [...this.retiringImplicit].sort(cmp);
     return snapPackr.pack(snap);
   }
 
@@ -1891,6 +1981,8 @@ export class Ledger {
       l.domainCapsIndex = s.settings[1];
       l.unknownTenantIndex = s.settings[2] ?? 0;
     }
+    // Before the slices: a winding-down key has no quota, so its slices are hinted stale as they go in.
+    for (const key of s.retiringImplicit ?? []) l.retiringImplicit.add(key);
     for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark, removing] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
       l.cells.set(id, {
@@ -1997,6 +2089,8 @@ interface Snapshot {
   sessions: [clientId: string, seq: number, result: unknown][];
   /** v2: [unknownTenant, domainCapsIndex]. */
   settings?: [unknownTenant: UnknownTenantPolicyName, domainCapsIndex: number, unknownTenantIndex?: number];
+  /** Implicit tenants winding down (absent: none). */
+  retiringImplicit?: string[];
 }
 
 const snapPackr = new Packr({ useRecords: false, moreTypes: false });
@@ -2058,6 +2152,7 @@ const snapshotSchema = z.object({
   settings: z
     .union([z.tuple([unknownTenantPolicySchema, sIndex]), z.tuple([unknownTenantPolicySchema, sIndex, sIndex])])
     .optional(),
+  retiringImplicit: z.array(sKey).max(MAX_TENANTS).optional(),
 });
 
 /** A quota whose bucket no agent can represent (burst/rate beyond the GCRA window): refused, naming the limit. */

@@ -12,6 +12,10 @@ export interface CoordinatorMetricsSource {
   tenants(): number;
   /** Demand entries the lease service did not keep (--max-demand-keys), since this process started. */
   readonly demandKeysDropped?: () => number;
+  /** Demand entries of new implicit tenants refused (--max-implicit-tenants), since this process started. */
+  readonly implicitTenantsRefused?: () => number;
+  /** Tenant keys the ledger holds slices of with no tenant record (what --max-implicit-tenants bounds). */
+  readonly implicitTenants?: () => number;
 }
 
 export class CoordinatorMetrics {
@@ -87,6 +91,27 @@ export class CoordinatorMetrics {
       () => (src.votingRefused() ? 1 : 0),
     );
     gauge('cellquota_ledger_tenants', 'Tenants in the ledger', () => src.tenants());
+    const implicit = src.implicitTenants;
+    if (implicit !== undefined)
+      gauge(
+        'cellquota_ledger_implicit_tenants',
+        'Implicit tenants (unknown-tenant policy tier:NAME) the ledger holds slices of, winding-down ones included',
+        () => implicit(),
+      );
+    const refused = src.implicitTenantsRefused;
+    if (refused !== undefined) {
+      new Counter({
+        name: 'cellquota_lease_implicit_tenants_refused_total',
+        help:
+          'Reported demand of new unknown tenants the leader did not take because --max-implicit-tenants implicit ' +
+          'tenants were held (refused as under the unknown-tenant policy deny)',
+        registers: [registry],
+        collect() {
+          this.reset();
+          this.inc(refused());
+        },
+      });
+    }
     const dropped = src.demandKeysDropped;
     if (dropped !== undefined) {
       new Counter({

@@ -81,6 +81,8 @@ export interface CoordinatorSettings {
     readonly tokens?: TokenFile;
     readonly maxCells?: number;
     readonly maxDemandKeys?: number;
+    readonly maxImplicitTenants?: number;
+    readonly implicitTenantIdleMs?: number;
     readonly onRefused?: LeaseServiceOptions['onRefused'];
   };
   /**
@@ -348,6 +350,10 @@ export class CoordinatorNode {
       ...(leaseOpts?.addressOf === undefined ? {} : { leaseAddressOf: leaseOpts.addressOf }),
       ...(leaseOpts?.maxCells === undefined ? {} : { maxCells: leaseOpts.maxCells }),
       ...(leaseOpts?.maxDemandKeys === undefined ? {} : { maxDemandKeys: leaseOpts.maxDemandKeys }),
+      ...(leaseOpts?.maxImplicitTenants === undefined ? {} : { maxImplicitTenants: leaseOpts.maxImplicitTenants }),
+      ...(leaseOpts?.implicitTenantIdleMs === undefined
+        ? {}
+        : { implicitTenantIdleMs: leaseOpts.implicitTenantIdleMs }),
       ...(leaseOpts?.onRefused === undefined ? {} : { onRefused: leaseOpts.onRefused }),
       ...(settings.lease?.ttlMs === undefined ? {} : { leaseTtlMs: settings.lease.ttlMs }),
       ...(settings.lease?.roundMs === undefined ? {} : { roundMs: settings.lease.roundMs }),

@@ -5,7 +5,7 @@
 // works on every agent (epochs continue above the old ones); under the unknown-tenant policy
 // tier:NAME an unknown tenant is admitted on every agent on tier NAME's lease.
 import { test } from 'node:test';
-import assert from 'node:assert/strict';
+import assert, { AssertionError } from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
@@ -26,7 +26,15 @@ async function check(agent: AgentProcess, tenant: string): Promise<{ status: num
 }
 
 void test('no tenants file: a tenant from the admin API is enforced on every agent on a lease; deleted, it is refused; re-created, admitted again', async () => {
-  const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
+  // At most one implicit tenant (unknown-tenant policy tier:NAME), wound down after 3 s without demand.
+  const c = await CoordinatorCluster.create(ids, [
+    '--floor-cells',
+    '2',
+    '--max-implicit-tenants',
+    '1',
+    '--implicit-tenant-idle-ms',
+    '3000',
+  ]);
   const agents: AgentProcess[] = [];
   try {
     writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
@@ -117,6 +125,36 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
         { timeoutMs: 30_000, everyMs: 100, context: () => a.output },
       );
     }
+    // The bound on implicit tenants (--max-implicit-tenants 1): a second unknown tenant is refused as
+    // under deny (counted) while the first is held; once the first has had no demand for 3 s it is
+    // wound down (zero grants acknowledged, dropped), and the second is granted.
+    const coordinatorMetric = async (name: string): Promise<number> => {
+      let most = 0;
+      for (const id of ids) {
+        const text = await (await fetch(`${c.adminUrl(id)}/metrics`)).text().catch(() => '');
+        const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+        if (m !== null) most = Math.max(most, Number(m[1]));
+      }
+      return most;
+    };
+    const [first] = agents as [AgentProcess];
+    await waitFor(
+      'the leader refuses a second implicit tenant',
+      async () => {
+        assert.equal((await check(first, 'second')).status, 429, 'refused while the first is held');
+        return (await coordinatorMetric('cellquota_lease_implicit_tenants_refused_total')) > 0;
+      },
+      { timeoutMs: 15_000, everyMs: 100, context: () => first.output, fatal: (e) => e instanceof AssertionError },
+    );
+    await waitFor(
+      'the second implicit tenant admitted once the idle first is wound down',
+      async () => {
+        assert.ok((await coordinatorMetric('cellquota_ledger_implicit_tenants')) <= 1, 'the bound holds throughout');
+        const r = await check(first, 'second');
+        return r.status === 200 && !r.degraded;
+      },
+      { timeoutMs: 30_000, everyMs: 100, context: () => first.output, fatal: (e) => e instanceof AssertionError },
+    );
     const del = await c.write('DELETE', '/v1/tiers/guest');
     assert.equal(del.status, 409, JSON.stringify(del.body));
     assert.match(String(del.body['message']), /unknown-tenant policy/);

@@ -10,7 +10,8 @@ import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerResult } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerCommandInput } from '../../../coordinator/ledger/ledger-commands.js';
 import { LeaseService } from '../../../coordinator/lease/lease-service.js';
-import type { LeaseBackend } from '../../../coordinator/lease/lease-service.js';
+import type { LeaseBackend, LeaseServiceOptions } from '../../../coordinator/lease/lease-service.js';
+import { createAllocatorPolicy } from '../../../coordinator/lease/incremental-policy.js';
 import type { GrantPolicy } from '../../../coordinator/lease/grant-policy.js';
 import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../../shared/lease-proto.js';
 import type { ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
@@ -52,6 +53,7 @@ class FakeBackend implements LeaseBackend {
 async function setup(
   policy: GrantPolicy,
   now: () => number,
+  options: Partial<LeaseServiceOptions> = {},
 ): Promise<{ backend: FakeBackend; service: LeaseService; address: string; stop: () => void }> {
   const backend = new FakeBackend();
   const service = new LeaseService({
@@ -63,6 +65,7 @@ async function setup(
     policy,
     monoMs: now,
     wallMs: now,
+    ...options,
   });
   const server = new grpc.Server();
   service.register(server);
@@ -255,6 +258,78 @@ void test('lease service: delta reports keep demand between reports; a finished 
       8,
     );
     assert.equal(r?.velocityResync, false, 'a one-page sweep seen whole');
+  } finally {
+    h.stop();
+  }
+});
+
+void test('implicit tenants (tier:NAME) are bounded: beyond --max-implicit-tenants refused as under deny; idle ones wound down as a deletion, counted until their last slice is dropped', async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs, { maxImplicitTenants: 2, implicitTenantIdleMs: 5000 });
+  const ledger = h.backend.ledgerInstance;
+  const demand = (key: string, perS: number): { key: string; allowedPerS: number; refusedPerS: number } => ({
+    key,
+    allowedPerS: 0,
+    refusedPerS: perS,
+  });
+  const acked = new Map<string, number>();
+  /** One report of cell a (acknowledging every grant it got) and the round after it; returns the answer. */
+  const cycle = async (velocity: ReturnType<typeof demand>[]): Promise<ReportResponseMessage> => {
+    const n = h.service.stats.reports;
+    const pending = report(h.address, {
+      cellId: 'a',
+      velocity,
+      acks: [...acked].map(([key, epoch]) => ({ key, epoch })),
+    });
+    await arrived(h.service, n + 1);
+    nowMs += 50;
+    await h.service.round();
+    const r = await pending;
+    assert.equal(r.err, null);
+    for (const g of r.res?.grants ?? []) acked.set(g.key, g.epoch);
+    return r.res as ReportResponseMessage;
+  };
+  const S1 = 'tenant/s1';
+  const S2 = 'tenant/s2';
+  const S3 = 'tenant/s3';
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
+    await h.backend.propose({ type: 'putSettings', unknownTenant: 'tier:gold' });
+    // Three unknown tenants asked for; the bound is 2: the third gets no grant (refused, counted).
+    await cycle([demand(S1, 5), demand(S2, 5), demand(S3, 5)]);
+    assert.ok(ledger.holdsSlices(S1) && ledger.holdsSlices(S2), 'two implicit tenants granted');
+    assert.equal(ledger.holdsSlices(S3), false, 'the third is beyond the bound');
+    assert.equal(ledger.implicitTenantCount, 2);
+    assert.ok(h.service.stats.implicitTenantsRefused >= 1);
+    // s1 stays busy, s2 goes quiet: after the idle time s2 is wound down; s3 is still refused meanwhile.
+    for (let i = 0; i < 8; i++) {
+      nowMs += 1000;
+      await cycle(i === 0 ? [demand(S2, 0), demand(S3, 5)] : [demand(S1, 6 + (i % 2)), demand(S3, 5 + (i % 2))]);
+      await h.service.expire();
+      assert.ok(ledger.implicitTenantCount <= 2, 'the bound holds throughout');
+      if (ledger.getQuota(S2) === undefined) break;
+    }
+    assert.equal(ledger.getQuota(S2), undefined, 'the idle implicit tenant is winding down: no quota');
+    assert.notEqual(ledger.getQuota(S1), undefined, 'the busy one stays');
+    assert.equal(h.backend.proposed.filter((c) => c.type === 'retireImplicitTenants').length, 1);
+    assert.equal(ledger.implicitTenantCount, 2, 'counted until its last slice is dropped');
+    assert.equal(ledger.holdsSlices(S3), false);
+    // A snapshot taken now keeps the wind-down.
+    const restored = Ledger.restore(ledger.snapshot(), { assertInvariants: true });
+    assert.equal(restored.getQuota(S2), undefined);
+    assert.equal(restored.implicitTenantCount, 2);
+    // The next answer carries s2's zero grant marked deleted; once acknowledged the slice is dropped,
+    // and then s3 fits under the bound and is granted.
+    const wind = await cycle([demand(S1, 6), demand(S3, 5)]);
+    const zero = wind.grants.find((g) => g.key === S2);
+    assert.ok(zero !== undefined && zero.deleted && zero.rate === 0, `wind-down grant: ${JSON.stringify(zero)}`);
+    await cycle([demand(S1, 6), demand(S3, 5)]);
+    assert.equal(ledger.holdsSlices(S2), false, 'dropped from the ledger once acknowledged');
+    assert.equal(ledger.getQuota(S2)?.rate, 100, 'no longer winding down: an implicit tenant again if asked for');
+    for (let i = 0; i < 3 && !ledger.holdsSlices(S3); i++) await cycle([demand(S1, 6), demand(S3, 5 + i)]);
+    assert.ok(ledger.holdsSlices(S3), 'the refused tenant is granted once there is room');
+    assert.equal(ledger.implicitTenantCount, 2);
+    assert.equal(Ledger.restore(ledger.snapshot(), { assertInvariants: true }).implicitTenantCount, 2);
   } finally {
     h.stop();
   }

@@ -208,3 +208,59 @@ void test('unknownTenant tier:NAME: an unknown tenant is granted, floored and co
   assert.deepEqual(restored.getQuota(KEY2), d.ledger.getQuota(KEY2));
   assert.equal(restored.settings.unknownTenant, 'tier:gold');
 });
+
+void test('retireImplicitTenants winds an implicit tenant down as a deletion: counted until its last slice is dropped, then an implicit tenant again; a defined tenant is left alone', () => {
+  const d = setup(0.5);
+  const S = 'tenant/stranger';
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  const grant = (nowMs: number, key: string, cellId: string, rate: number, epoch: number): void => {
+    d.ok({
+      type: 'reportAndGrant',
+      nowMs,
+      leases: [{ cellId, leaseExpiresAtMs: nowMs + TTL }],
+      grants: [{ key, cellId, rate, burst: rate, epoch, leaseExpiresAtMs: nowMs + TTL }],
+    });
+  };
+  grant(10, S, 'a', 30, 1);
+  grant(10, S, 'b', 20, 1);
+  assert.equal(d.ledger.implicitTenantCount, 1);
+  // A defined tenant and a key nobody holds are not implicit tenants: left alone.
+  assert.deepEqual(d.ok({ type: 'retireImplicitTenants', keys: [KEY, 'tenant/nobody'] }), {
+    kind: 'implicitRetired',
+    retired: 0,
+    ignored: 2,
+  });
+  assert.notEqual(d.ledger.getQuota(KEY), undefined);
+  d.ok({ type: 'retireImplicitTenants', keys: [S] });
+  assert.equal(d.ledger.getQuota(S), undefined, 'no quota while winding down');
+  assert.equal(d.ledger.isImplicitTenant(S), false);
+  assert.equal(d.ledger.implicitTenantCount, 1, 'still counted: both cells may use their grants');
+  // Only zero grants are accepted for it now.
+  d.err(
+    {
+      type: 'reportAndGrant',
+      nowMs: 20,
+      grants: [{ key: S, cellId: 'a', rate: 10, burst: 10, epoch: 2, leaseExpiresAtMs: 20 + TTL }],
+    },
+    'NOT_FOUND',
+  );
+  // Cell a acknowledges its zero grant: its slice goes. Cell b goes silent past its lease (TTL + margin): its grant is
+  // released but the floor stamped on it stays counted until b acknowledges its zero grant, as for a deletion.
+  grant(20, S, 'a', 0, 2);
+  d.ok({ type: 'reportAndGrant', nowMs: 30, acks: [{ key: S, cellId: 'a', epoch: 2 }] });
+  assert.equal(d.ledger.getSlice(S, 'a'), undefined);
+  assert.equal(d.ledger.implicitTenantCount, 1, "b's grant is still counted");
+  const mid = Ledger.restore(d.ledger.snapshot(), { assertInvariants: true });
+  assert.equal(mid.getQuota(S), undefined, 'the snapshot keeps the wind-down');
+  const expired = 10 + TTL + 1000 + 1;
+  d.ok({ type: 'expireLeases', nowMs: expired });
+  assert.equal(d.ledger.implicitTenantCount, 1, "b's floor is still counted");
+  grant(expired + 10, S, 'b', 0, 2);
+  d.ok({ type: 'reportAndGrant', nowMs: expired + 20, acks: [{ key: S, cellId: 'b', epoch: 2 }] });
+  assert.equal(d.ledger.holdsSlices(S), false);
+  assert.equal(d.ledger.implicitTenantCount, 0);
+  // Gone: asked for again it is a new implicit tenant, its epochs above every old one.
+  assert.equal(d.ledger.getQuota(S)?.rate, 100);
+  grant(expired + 30, S, 'a', 10, 1);
+  assert.ok((d.ledger.getSlice(S, 'a')?.epoch ?? 0) > 2);
+});
