@@ -1,6 +1,7 @@
 // cellquota/fastify in a real fastify app listening on loopback: the seed's layout (two limiter
 // instances on prefixes, global and per-IP levels), the client address behind trusted proxies, IPv6
 // and IPv4-mapped peers, the draft-10 headers, and the options users of @fastify/rate-limit expect.
+import http from 'node:http';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import Fastify from 'fastify';
@@ -115,6 +116,37 @@ void test('a chain of trusted proxies: the rightmost untrusted entry is the clie
     assert.deepEqual(await statuses(4, url, '10.5.5.5, 10.1.2.3'), [200, 200, 200, 429]);
   } finally {
     await app.close();
+  }
+});
+
+void test('one keep-alive connection: from a trusted proxy each request is its own client; from anyone else the peer', async () => {
+  const { app, url } = await single({ trustedProxies: ['127.0.0.1'] });
+  const { app: open, url: openUrl } = await single({});
+  let connections = 0;
+  for (const a of [app, open]) a.server.on('connection', () => connections++);
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const status = (u: string, xff: string): Promise<number> =>
+    new Promise((resolve, reject) => {
+      http
+        .get(u, { agent, headers: { 'x-forwarded-for': xff } }, (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        })
+        .on('error', reject);
+    });
+  try {
+    const proxied = [];
+    for (const client of ['198.51.100.1', '198.51.100.2', '198.51.100.1', '198.51.100.2', '198.51.100.1'])
+      proxied.push(await status(url, client));
+    proxied.push(await status(url, '198.51.100.1'), await status(url, '198.51.100.2'));
+    assert.deepEqual(proxied, [200, 200, 200, 200, 200, 429, 200], 'two clients behind one proxy connection');
+    const spoofed = [];
+    for (let i = 0; i < 4; i++) spoofed.push(await status(openUrl, `203.0.113.${i}`));
+    assert.deepEqual(spoofed, [200, 200, 200, 429], 'an untrusted peer rotating X-Forwarded-For is one client');
+    assert.equal(connections, 2, 'one connection to each app');
+  } finally {
+    agent.destroy();
+    await Promise.all([app.close(), open.close()]);
   }
 });
 
