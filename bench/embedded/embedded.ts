@@ -6,7 +6,7 @@
 // in-process decision (createLimiter().check) timed in a loop. Targets (docs/targets.md): cellquota
 // local ≥ 0.95 × the in-memory library, coordinated ≥ 1.3 × the Redis one, decision ≤ 1 µs median.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
@@ -26,6 +26,8 @@ interface Run {
   p99: number;
   non2xx: number;
   errors: number;
+  /** The app's main thread on the CPU per request, µs (NaN where /proc is not there). */
+  cpuUs: number;
 }
 
 async function startApp(settings: AppSettings): Promise<{ proc: ChildProcess; url: string }> {
@@ -54,8 +56,20 @@ const NO_ANSWER = 'no 2xx answer';
 /** A paused run lasts at least this long: past the Redis client's 1 s command timeout. */
 const PAUSED_MIN_S = 2;
 
-async function load(url: string, seconds: number): Promise<Run> {
+/** ns the main thread of `pid` has run (Linux /proc/PID/schedstat), or NaN. */
+function onCpuNs(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    return Number(readFileSync(`/proc/${pid}/schedstat`, 'utf8').split(' ')[0]);
+  } catch {
+    return NaN;
+  }
+}
+
+/** autocannon against `url` for `seconds`; `pid`: the app's process, whose CPU time is read around the run. */
+async function load(url: string, seconds: number, pid?: number): Promise<Run> {
   const latencies: number[] = [];
+  const cpu0 = onCpuNs(pid);
   const r = await new Promise<autocannon.Result>((ok, fail) => {
     const instance = autocannon({ url, connections: CONNECTIONS, duration: seconds, timeout: 2 }, (error, result) =>
       error === null || error === undefined ? ok(result) : fail(error as Error),
@@ -69,6 +83,7 @@ async function load(url: string, seconds: number): Promise<Run> {
     sorted.length === 0 ? NaN : round3(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number);
   return {
     reqPerS: Math.round(r.requests.average),
+    cpuUs: round3((onCpuNs(pid) - cpu0) / 1000 / Math.max(1, r.requests.total)),
     p50: at(0.5),
     p99: at(0.99),
     non2xx: r.non2xx,
@@ -93,6 +108,7 @@ function summary(runs: readonly Run[]): Run & { min: number; max: number } {
   const mid = byRate[(byRate.length - 1) >> 1] as Run;
   return {
     reqPerS: Math.round(median(runs.map((r) => r.reqPerS))),
+    cpuUs: round3(median(runs.map((r) => r.cpuUs))),
     p50: mid.p50,
     p99: mid.p99,
     non2xx: runs.reduce((a, r) => a + r.non2xx, 0),
@@ -186,6 +202,7 @@ export async function runEmbeddedBench(opts: {
       'req/s': r.reqPerS,
       ...(spread === undefined ? {} : { 'req/s min–max': spread }),
       // No 2xx answer in the whole run (a library waiting on a paused Redis): no latency to give.
+      'app CPU µs/req': Number.isFinite(r.cpuUs) ? Math.round(r.cpuUs * 10) / 10 : 'n/a',
       'p50 ms': Number.isFinite(r.p50) ? r.p50 : NO_ANSWER,
       'p99 ms': Number.isFinite(r.p99) ? r.p99 : NO_ANSWER,
       non2xx: r.non2xx,
@@ -229,7 +246,7 @@ export async function runEmbeddedBench(opts: {
           const v = variants[(round + k) % variants.length] as Variant;
           opts.progress(`${framework} round ${round + 1}/${rounds}: ${v}, ${seconds} s`);
           await load(url(v), rewarm);
-          runs.get(v)?.push(await load(url(v), seconds));
+          runs.get(v)?.push(await load(url(v), seconds, procs.get(v)?.pid));
         }
       }
       const got = new Map<Variant, ReturnType<typeof summary>>();
@@ -241,14 +258,20 @@ export async function runEmbeddedBench(opts: {
       if (redis?.pid !== undefined && urls.has('lib-redis')) {
         const pid = redis.pid;
         process.kill(pid, 'SIGSTOP');
-        const paused = await load(url('lib-redis'), Math.max(seconds, PAUSED_MIN_S)).finally(() =>
-          process.kill(pid, 'SIGCONT'),
-        );
+        const paused = await load(
+          url('lib-redis'),
+          Math.max(seconds, PAUSED_MIN_S),
+          procs.get('lib-redis')?.pid,
+        ).finally(() => process.kill(pid, 'SIGCONT'));
         row(framework, 'lib-redis', 'Redis paused', paused);
       }
       const pids = [...cluster.replicas.values()].map((r) => r.proc?.pid).filter((p): p is number => p !== undefined);
       for (const p of pids) process.kill(p, 'SIGSTOP');
-      const paused = await load(url('cellquota-coordinated'), Math.max(seconds, PAUSED_MIN_S)).finally(() => {
+      const paused = await load(
+        url('cellquota-coordinated'),
+        Math.max(seconds, PAUSED_MIN_S),
+        procs.get('cellquota-coordinated')?.pid,
+      ).finally(() => {
         for (const p of pids) process.kill(p, 'SIGCONT');
       });
       row(framework, 'cellquota-coordinated', 'coordinators paused', paused);
@@ -270,6 +293,17 @@ export async function runEmbeddedBench(opts: {
           `(target ≥ 0.95); cellquota local / no limiter = ${ratio('cellquota-local', 'none')}; ` +
           `${lib} in memory / no limiter = ${ratio('lib-memory', 'none')}`,
       );
+      const base = got.get('none')?.cpuUs ?? NaN;
+      if (Number.isFinite(base))
+        notes.push(
+          `${framework}: the app's main thread on the CPU per request (median; less sensitive to other ` +
+            `processes than req/s): ${variants
+              .map((v) => {
+                const c = got.get(v)?.cpuUs ?? NaN;
+                return v === 'none' ? `none ${c.toFixed(1)} µs` : `${v} ${c.toFixed(1)} µs (+${(c - base).toFixed(1)})`;
+              })
+              .join(', ')}`,
+        );
       if (urls.has('lib-redis'))
         notes.push(
           `${framework}: cellquota coordinated / ${lib} on Redis = ` +
