@@ -57,6 +57,8 @@ export async function runAgentCommand(
       `  http      ${e.http}  (forward-auth: ${e.http}/v1/forward-auth; ` +
         `${isLoopbackHost(config.http?.host ?? '') ? 'loopback only' : HTTP_REACHABLE_NOTE})`,
     );
+  if (e.http !== null && config.forwardAuthSocket !== undefined)
+    lines.push(`  forward-auth unix  ${config.forwardAuthSocket}  (/v1/forward-auth only)`);
   lines.push(
     config.coordinators.length === 0
       ? '  (no coordinators: global quotas run on static slices)'

@@ -230,6 +230,12 @@ export const agentConfigFields = z.object({
     default: 'lean',
     example: 'grpc-js',
   }),
+  forwardAuthSocket: setting(z.string().min(1).optional(), {
+    help:
+      'a Unix socket answering /v1/forward-auth only, beside --http (nginx: upstream { server unix:PATH; }): ' +
+      'a subrequest over it costs nginx and the agent less CPU than over TCP loopback; mode --socket-mode',
+    example: '/run/cellquota/forward-auth.sock',
+  }),
   socketMode: setting(socketMode, {
     help: 'permission bits of the Unix sockets, octal',
     default: '0660',
@@ -439,6 +445,13 @@ export const agentConfigSchema = agentConfigFields
         code: 'custom',
         path: ['rlsSocket'],
         message: 'nothing to serve: give --rls-socket, --rls-listen or --http',
+      });
+    }
+    if (c.forwardAuthSocket !== undefined && c.http === undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['forwardAuthSocket'],
+        message: '--forward-auth-socket serves beside the HTTP API: give --http too (its /metrics and /healthz)',
       });
     }
     if (c.workers === 0 && (c.rlsSocket !== undefined || c.rlsListen !== undefined)) {

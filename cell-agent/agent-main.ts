@@ -458,7 +458,21 @@ async function startHttp(
   const { inputs, workers } = src;
   const { startHttpApi } = await import('./http/http-api.js');
   return startHttpApi(
-    { host: at.host, port: at.port, bodyLimit: config.httpBodyLimit },
+    {
+      host: at.host,
+      port: at.port,
+      bodyLimit: config.httpBodyLimit,
+      ...(config.forwardAuthSocket === undefined
+        ? {}
+        : {
+            forwardAuthSocket: {
+              path: config.forwardAuthSocket,
+              mode: config.socketMode,
+              uid: config.socketOwner?.uid,
+              gid: config.socketOwner?.gid,
+            },
+          }),
+    },
     {
       check: src.check,
       metrics: async () => ({

@@ -40,6 +40,9 @@ if (role === 'upstream') {
   });
   await app.listen({ host: '127.0.0.1', port });
   console.log(`bare proxy on ${port}`);
+  // an orderly exit on a signal, so that `node --cpu-prof` writes its profile
+  for (const signal of ['SIGINT', 'SIGTERM'] as const)
+    process.once(signal, () => void app.close().then(() => process.exit(0)));
 } else {
   console.error('usage: frontdoor-servers.ts upstream PORT | bare-proxy PORT UPSTREAM_URL');
   process.exit(2);

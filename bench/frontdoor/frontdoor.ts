@@ -10,7 +10,7 @@
 // costs.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -126,6 +126,9 @@ export async function runFrontDoorBenchDetailed(opts: {
 
     if (await haveNginx()) {
       const agentPort = await freePort();
+      // the scratch folder searchable by nginx's workers, which connect to the agent's socket in it
+      chmodSync(scratch, 0o755);
+      const agentSocket = join(scratch, 'forward-auth.sock');
       await start(
         'agent',
         tsx[0],
@@ -141,6 +144,10 @@ export async function runFrontDoorBenchDetailed(opts: {
           '0',
           '--http',
           `127.0.0.1:${agentPort}`,
+          '--forward-auth-socket',
+          agentSocket,
+          '--socket-mode',
+          '0666', // nginx's workers run as another user
           '--trusted-proxies',
           '127.0.0.1',
           '--forward-auth-deny-status',
@@ -152,17 +159,28 @@ export async function runFrontDoorBenchDetailed(opts: {
         ],
         agentPort,
       );
-      const { readFileSync } = await import('node:fs');
       const example = readFileSync(NGINX_EXAMPLE, 'utf8');
-      const nginxPorts = { plain: await freePort(), limitReq: await freePort(), forwardAuth: await freePort() };
+      const nginxPorts = {
+        plain: await freePort(),
+        limitReq: await freePort(),
+        forwardAuth: await freePort(),
+        forwardAuthUnix: await freePort(),
+      };
       const dir = join(scratch, 'nginx');
       mkdirSync(join(dir, 'logs'), { recursive: true });
-      const forwardAuth = example
-        .replace('listen 80;', `listen 127.0.0.1:${nginxPorts.forwardAuth};`)
-        .split('127.0.0.1:8080')
-        .join(`127.0.0.1:${upPort}`)
-        .split('127.0.0.1:9091')
-        .join(`127.0.0.1:${agentPort}`);
+      const forwardAuth = swapAll(example, [
+        ['listen 80;', `listen 127.0.0.1:${nginxPorts.forwardAuth};`],
+        ['127.0.0.1:8080', `127.0.0.1:${upPort}`],
+        ['127.0.0.1:9091', `127.0.0.1:${agentPort}`],
+      ]);
+      // the same example over the agent's Unix socket: its own agent upstream, the app's declared once
+      const forwardAuthUnix = swapAll(example, [
+        ['listen 80;', `listen 127.0.0.1:${nginxPorts.forwardAuthUnix};`],
+        ['upstream app { server 127.0.0.1:8080; keepalive 32; }', ''],
+        ['upstream cellquota {', 'upstream cellquota_unix {'],
+        ['http://cellquota/', 'http://cellquota_unix/'],
+        ['127.0.0.1:9091', `unix:${agentSocket}`],
+      ]);
       const conf = `worker_processes 1;
 error_log ${join(dir, 'logs/error.log')} warn;
 pid ${join(dir, 'nginx.pid')};
@@ -175,6 +193,7 @@ http {
   client_body_temp_path ${join(dir, 'body')}; proxy_temp_path ${join(dir, 'proxy')}; fastcgi_temp_path ${join(dir, 'fastcgi')}; uwsgi_temp_path ${join(dir, 'uwsgi')}; scgi_temp_path ${join(dir, 'scgi')};
   limit_req_zone $binary_remote_addr zone=visitors:10m rate=100000000r/s;
 ${forwardAuth}
+${forwardAuthUnix}
   server {
     listen 127.0.0.1:${nginxPorts.plain};
     location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; }
@@ -195,6 +214,11 @@ ${forwardAuth}
       await measure('nginx alone', `http://127.0.0.1:${nginxPorts.plain}/`, ['nginx', 'upstream']);
       await measure('nginx limit_req', `http://127.0.0.1:${nginxPorts.limitReq}/`, ['nginx', 'upstream']);
       await measure('nginx + forward-auth (agent)', `http://127.0.0.1:${nginxPorts.forwardAuth}/`, [
+        'nginx',
+        'agent',
+        'upstream',
+      ]);
+      await measure('nginx + forward-auth (agent, unix socket)', `http://127.0.0.1:${nginxPorts.forwardAuthUnix}/`, [
         'nginx',
         'agent',
         'upstream',
@@ -260,16 +284,20 @@ ${forwardAuth}
     what.reduce((sum, w) => sum + (by(t)?.cpuUsPerRequest[w] ?? 0), 0);
   const lrCpu = cpuOf('nginx limit_req', 'nginx');
   const faCpu = cpuOf('nginx + forward-auth (agent)', 'nginx', 'agent');
+  const faUnixCpu = cpuOf('nginx + forward-auth (agent, unix socket)', 'nginx', 'agent');
+  const faUnixVsLimitReq = ratio('nginx + forward-auth (agent, unix socket)', 'nginx limit_req');
   const notes = [
     `${connections} keep-alive connections, ${seconds} s per target after a warm-up, load client ${client.name}; ` +
       "every process on this machine's loopback.",
-    `nginx + forward-auth / nginx limit_req = ${faVsLimitReq} (target ≥ 0.7); ` +
+    `nginx + forward-auth / nginx limit_req = ${faVsLimitReq} (target ≥ 0.7), over the agent's Unix socket ` +
+      `${faUnixVsLimitReq}; ` +
       `gateway / bare proxy = ${gwVsBare} (target ≥ 0.8).`,
     'CPU µs/request: per process, from /proc (utime + stime over the measured run / requests answered); ' +
       'client is the load client. ' +
       (lrCpu > 0 && faCpu > 0
         ? `The front door's own CPU per request: nginx limit_req ${lrCpu.toFixed(1)}, nginx + agent ` +
-          `${faCpu.toFixed(1)} (ratio ${(lrCpu / faCpu).toFixed(2)}).`
+          `${faCpu.toFixed(1)} (ratio ${(lrCpu / faCpu).toFixed(2)}), over the Unix socket ${faUnixCpu.toFixed(1)}` +
+          (faUnixCpu > 0 ? ` (ratio ${(lrCpu / faUnixCpu).toFixed(2)}).` : '.')
         : ''),
     'Limits far above the offered load: every request is decided, none refused. nginx runs one worker; the agent (--workers 0, its HTTP port on the main thread) and the gateway one Node thread each.',
     ...skipped,
@@ -302,4 +330,14 @@ function cpuText(cpu: Readonly<Record<string, number>>): string {
   const parts = Object.entries(cpu).map(([k, v]) => `${k} ${v.toFixed(1)}`);
   const total = Object.values(cpu).reduce((a, b) => a + b, 0);
   return `${parts.join(' · ')} = ${total.toFixed(1)}`;
+}
+
+/** `text` with every `from` replaced by its `to`; each `from` must occur (the example changed otherwise). */
+function swapAll(text: string, pairs: readonly (readonly [string, string])[]): string {
+  let out = text;
+  for (const [from, to] of pairs) {
+    if (!out.includes(from)) throw new Error(`the nginx example no longer contains ${from}`);
+    out = out.split(from).join(to);
+  }
+  return out;
 }

@@ -41,6 +41,8 @@ export function forwardAuthHandler(
   check: CheckService,
   bodyLimit: number,
   logger: Logger,
+  /** The peer of every request, in place of the socket's (a Unix socket has no address). */
+  fixedPeer?: string,
 ): (req: IncomingMessage, res: ServerResponse) => void {
   const keyOptions = {
     trusted: deps.trusted,
@@ -60,7 +62,7 @@ export function forwardAuthHandler(
       }
       const fwd = forwardedRequest(
         req.headers,
-        req.socket.remoteAddress,
+        fixedPeer ?? req.socket.remoteAddress,
         req.method ?? 'GET',
         req.url ?? FORWARD_AUTH_PATH,
         keyOptions,

@@ -39,6 +39,8 @@ import { REQUEST_UNIT } from '../messages/rls-messages.js';
 import type { RlsDescriptorStatus, RlsRequest, RlsResponse } from '../messages/rls-messages.js';
 import { forwardAuthHandler, isForwardAuthUrl } from '../front-door/forward-auth-http.js';
 import type { ForwardAuthDeps } from '../front-door/forward-auth-http.js';
+import { UNIX_PEER, startForwardAuthSocket } from '../front-door/forward-auth-socket.js';
+import type { UnixListen } from '../rls/rls-common.js';
 import { MAX_UINT32 } from '../rules/rules-schema.js';
 import { CellquotaError } from '../../shared/errors.js';
 
@@ -103,6 +105,8 @@ export interface HttpApiOptions {
   readonly host: string;
   readonly port: number;
   readonly bodyLimit: number;
+  /** --forward-auth-socket: /v1/forward-auth also on this Unix socket (front-door/forward-auth-socket.ts). */
+  readonly forwardAuthSocket?: UnixListen;
 }
 
 export interface HttpApiHandle {
@@ -298,5 +302,22 @@ export async function startHttpApi(opts: HttpApiOptions, deps: HttpApiDeps, logg
   const address = app.server.address();
   const port = typeof address === 'object' && address !== null ? address.port : opts.port;
   const host = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
-  return { url: `http://${host}:${port}`, app, close: () => app.close() };
+  let socket = null;
+  if (opts.forwardAuthSocket !== undefined && fa !== undefined) {
+    try {
+      const overSocket = forwardAuthHandler(fa, deps.check, opts.bodyLimit, logger, UNIX_PEER);
+      socket = await startForwardAuthSocket(opts.forwardAuthSocket, overSocket);
+    } catch (error) {
+      await app.close();
+      throw error;
+    }
+  }
+  const faSocket = socket;
+  return {
+    url: `http://${host}:${port}`,
+    app,
+    close: async () => {
+      await Promise.all([app.close(), faSocket?.close()]);
+    },
+  };
 }

@@ -5,13 +5,20 @@ import { test } from 'node:test';
 import { runFrontDoorBenchDetailed } from '../../bench/frontdoor/frontdoor.js';
 
 void test(
-  'frontdoor: upstream, nginx (alone, limit_req, forward-auth), bare proxy and gateway each measured',
+  'frontdoor: upstream, nginx (alone, limit_req, forward-auth over TCP and a Unix socket), bare proxy, gateway',
   { timeout: 120_000 },
   async () => {
     const r = await runFrontDoorBenchDetailed({ smoke: true, seconds: 0.5, connections: 4, progress: () => undefined });
     const expected = [
       'upstream direct',
-      ...(r.skipped.length > 0 ? [] : ['nginx alone', 'nginx limit_req', 'nginx + forward-auth (agent)']),
+      ...(r.skipped.length > 0
+        ? []
+        : [
+            'nginx alone',
+            'nginx limit_req',
+            'nginx + forward-auth (agent)',
+            'nginx + forward-auth (agent, unix socket)',
+          ]),
       'bare proxy (@fastify/http-proxy)',
       'cellquota gateway',
     ];

@@ -231,11 +231,11 @@ function swap(text: string, from: string, to: string): string {
 }
 
 /** deploy/examples/front-door/nginx/cellquota.conf with this test's ports. */
-export function nginxExample(port: number, upstreamPort: number, agentPort: number): string {
+export function nginxExample(port: number, upstreamPort: number, agent: number | { unix: string }): string {
   let conf = readFileSync(join(EXAMPLES, 'nginx/cellquota.conf'), 'utf8');
   conf = swap(conf, 'listen 80;', `listen 127.0.0.1:${port};`);
   conf = swap(conf, '127.0.0.1:8080', `127.0.0.1:${upstreamPort}`);
-  return swap(conf, '127.0.0.1:9091', `127.0.0.1:${agentPort}`);
+  return swap(conf, '127.0.0.1:9091', typeof agent === 'number' ? `127.0.0.1:${agent}` : `unix:${agent.unix}`);
 }
 
 /** deploy/examples/front-door/caddy/Caddyfile with this test's ports, bound to 127.0.0.1. */

@@ -3,6 +3,7 @@
 // connects from its own loopback address; the agent trusts only 127.0.0.1 (where the proxies connect
 // from), so the visitor is the address the proxy appended to X-Forwarded-For.
 import { after, before, describe, test } from 'node:test';
+import { chmodSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseAgentConfig } from '../../cell-agent/agent-config.js';
 import { startAgent } from '../../cell-agent/agent-main.js';
@@ -46,7 +47,7 @@ after(async () => {
 });
 
 /** An agent beside the proxy (HTTP only), trusting 127.0.0.1; returns its HTTP port. */
-async function startEdgeAgent(denyStatus: 403 | 429): Promise<number> {
+async function startEdgeAgent(denyStatus: 403 | 429, forwardAuthSocket?: string): Promise<number> {
   const agent = await startAgent(
     parseAgentConfig({
       cell: `edge-${agents.length}`,
@@ -57,6 +58,8 @@ async function startEdgeAgent(denyStatus: 403 | 429): Promise<number> {
       forwardAuthDenyStatus: denyStatus,
       lagThresholdMs: 0,
       tableCapacity: 10_000,
+      // nginx's workers run as another user: the socket open to every local user, as loopback TCP is
+      ...(forwardAuthSocket === undefined ? {} : { forwardAuthSocket, socketMode: '0666' }),
     }),
     captureLogger().logger,
   );
@@ -78,6 +81,25 @@ void describe('nginx auth_request → /v1/forward-auth', { skip: missing('nginx'
   after(() => nginx.stop());
 
   void test('per-visitor limits, a spoofed X-Forwarded-For chain, 429 with Retry-After at the client', async () => {
+    await perVisitorLimits(nginx.url, visitor);
+  });
+});
+
+void describe('nginx auth_request → /v1/forward-auth over --forward-auth-socket', { skip: missing('nginx') }, () => {
+  let nginx: ProxyProcess;
+  before(async () => {
+    // nginx's workers must reach the socket: its folder searchable by them
+    const sockets = join(dir.path, 'sockets');
+    mkdirSync(sockets, { mode: 0o755 });
+    chmodSync(dir.path, 0o755);
+    const socket = join(sockets, 'forward-auth.sock');
+    await startEdgeAgent(403, socket);
+    const port = await freePort();
+    nginx = await startNginx(join(dir.path, 'nginx-unix'), port, nginxExample(port, upstream.port, { unix: socket }));
+  });
+  after(() => nginx.stop());
+
+  void test('the same per-visitor limits: the socket peer counts as 127.0.0.1, X-Forwarded-For read', async () => {
     await perVisitorLimits(nginx.url, visitor);
   });
 });
