@@ -11,6 +11,9 @@
 // measurement and all stopped at the end, also on failure or Ctrl-C):
 //   ceiling     grpc-js answering ShouldRateLimit with a constant OK (bench/servers/ceiling.ts)
 //   agent       cell-agent/agent-main.ts startAgent, alone, on local rules (bench/servers/agent.ts)
+//   agent-semi1 agent in a process started with --max-semi-space-size=1 (every isolate's young
+//               generation at 1 MiB semi-spaces): what that setting, which brings the idle RSS under
+//               96 MiB (bench/agent-idle-rss.ts), costs in throughput and p99
 //   agent-2w    the same with 2 serving workers, each on a socket of its own (<socket>, <socket>.1;
 //               over TCP port, port + 1): the generator spreads its connections over both, as
 //               Envoy does over the cluster's endpoints ("throughput grows with cores")
@@ -47,6 +50,7 @@ export const SERVER_NAMES = [
   'agent',
   'agent-grpcjs',
   'agent-2w',
+  'agent-semi1',
   'rlf-memory',
   'rlf-redis',
   'ceiling-pbjs',
@@ -59,6 +63,7 @@ export const DEFAULT_SERVERS: readonly ServerName[] = [
   'agent',
   'agent-grpcjs',
   'agent-2w',
+  'agent-semi1',
   'rlf-memory',
   'rlf-redis',
 ];
@@ -143,10 +148,14 @@ const MODULES: Record<ServerName, string> = {
   agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-grpcjs': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
+  'agent-semi1': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'rlf-memory': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'rlf-redis': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'ceiling-pbjs': fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
 };
+
+/** agent-semi1's V8 flag: the setting bench/agent-idle-rss.ts measures the idle RSS with. */
+const SEMI1_FLAG = '--max-semi-space-size=1';
 
 const AGENT_MAIN = fileURLToPath(new URL('../cell-agent/agent-main.ts', import.meta.url));
 
@@ -216,7 +225,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     const toStart: { name: ServerName; options: ServerOptions }[] = [];
     for (const name of wanted) {
       const dir = mkdtempSync(join(scratch, `${name}-`));
-      if (name === 'agent' || name === 'agent-2w' || name === 'agent-grpcjs') {
+      if (name === 'agent' || name === 'agent-2w' || name === 'agent-grpcjs' || name === 'agent-semi1') {
         if (!existsSync(AGENT_MAIN)) {
           skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
           continue;
@@ -227,6 +236,8 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
             scratchDir: dir,
             workers: name === 'agent-2w' ? 2 : 1,
             rlsServer: name === 'agent-grpcjs' ? 'grpc-js' : 'lean',
+            // The young generation's cost (issue 21: idle RSS ≤ 96 MiB): 1 MiB semi-spaces in every isolate.
+            ...(name === 'agent-semi1' ? { nodeFlags: [SEMI1_FLAG] } : {}),
           },
         });
       } else if (name === 'ceiling-pbjs') {
@@ -542,6 +553,21 @@ function buildReport(
     notes.push(
       `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (target ≥ 1.4${verdict(r >= 1.4)}; 2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
         `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
+        (opts.smoke ? ' — smoke run: no verdict' : ''),
+    );
+  }
+  // The young generation's cost: the same agent with 1 MiB semi-spaces (SEMI1_FLAG), at its peak and
+  // paced p99, against the default (the idle RSS each gives: npm run bench -- agent-idle-rss).
+  for (const variant of variants) {
+    const base = peak('agent', variant);
+    const small = peak('agent-semi1', variant);
+    if (base === undefined || small === undefined || !(base.result.throughput > 0)) continue;
+    const bp = find('agent', variant, 'paced')?.result.latency?.p99Us;
+    const sp = find('agent-semi1', variant, 'paced')?.result.latency?.p99Us;
+    notes.push(
+      `agent-semi1 (${SEMI1_FLAG}) ÷ agent (${variant}): throughput ${(small.result.throughput / base.result.throughput).toFixed(2)} ` +
+        `(${fmtInt(small.result.throughput)} vs ${fmtInt(base.result.throughput)} req/s at their peaks)` +
+        (bp !== undefined && sp !== undefined ? `, paced p99 ${sp} vs ${bp} µs` : '') +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
   }

@@ -20,6 +20,7 @@ const benches: Record<string, BenchFn> = {
   allocator: runAllocatorBench,
   accuracy: runAccuracyBench,
   agent: runAgentBench,
+  'agent-idle-rss': async (o) => (await import('./agent-idle-rss.js')).runAgentIdleRssBench(o),
   cascade: async (o) => (await import('./cascade.js')).runCascadeBench(o),
   'coordinator-memory': runCoordinatorMemoryBench,
   'coordinator-million': async (o) => (await import('./coordinator-memory.js')).runCoordinatorMillionBench(o),

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { runAccuracyBench } from '../../bench/accuracy.js';
+import { runAgentIdleRssBench } from '../../bench/agent-idle-rss.js';
 import { runAgentMemoryBench } from '../../bench/agent-memory.js';
 import { runAllocatorBench } from '../../bench/allocator.js';
 import type { BenchReport } from '../../bench/bench-report.js';
@@ -38,6 +39,15 @@ void test('raft-core smoke: commits per second in memory', () => {
 void test('agent-memory smoke: bucket table bytes and in-process decision latency', () => {
   const r = runAgentMemoryBench(quiet);
   assertReport(r, 'agent-memory', ['buckets', 'SAB MiB', 'RSS MiB']);
+});
+
+void test('agent-idle-rss smoke: the agent command started, answering, then its RSS while idle', async () => {
+  const r = await runAgentIdleRssBench(quiet);
+  assertReport(r, 'agent-idle-rss', ['workers', 'RSS MiB', 'max RSS MiB', 'checks before idle']);
+  assert.deepEqual(
+    r.rows.map((row) => row.variant),
+    ['rls'],
+  );
 });
 
 void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', () => {

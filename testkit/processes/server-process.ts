@@ -35,7 +35,7 @@ export class ServerProcess {
   ): Promise<ServerProcess> {
     const child = fork(HOST, [], {
       cwd: REPO_ROOT,
-      execArgv: ['--import', 'tsx'],
+      execArgv: [...(options.nodeFlags ?? []), '--import', 'tsx'],
       stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     });
     const tail: string[] = [];
