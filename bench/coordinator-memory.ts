@@ -52,6 +52,10 @@ export interface SnapshotEvent {
   readonly index: number;
   readonly bytes: number;
   readonly ms: number;
+  /** The synchronous encoding of the state machine (the event loop serves nothing meanwhile). */
+  readonly encodeMs: number;
+  /** The longest event-loop delay on that replica while the snapshot was taken and written. */
+  readonly loopMaxMs: number;
 }
 
 export interface CoordinatorMemoryResult {
@@ -131,9 +135,22 @@ function snapshotsOf(c: CoordinatorCluster, id: string): SnapshotEvent[] {
   for (const line of c.replica(id).output.split('\n')) {
     if (!line.includes('snapshot taken')) continue;
     try {
-      const j = JSON.parse(line) as { index?: number; bytes?: number; ms?: number };
+      const j = JSON.parse(line) as {
+        index?: number;
+        bytes?: number;
+        ms?: number;
+        encodeMs?: number;
+        loopMaxMs?: number;
+      };
       if (typeof j.index === 'number')
-        out.push({ replica: id, index: j.index, bytes: j.bytes ?? Number.NaN, ms: j.ms ?? Number.NaN });
+        out.push({
+          replica: id,
+          index: j.index,
+          bytes: j.bytes ?? Number.NaN,
+          ms: j.ms ?? Number.NaN,
+          encodeMs: j.encodeMs ?? Number.NaN,
+          loopMaxMs: j.loopMaxMs ?? Number.NaN,
+        });
     } catch {
       // not a JSON line
     }
@@ -360,6 +377,13 @@ export async function runCoordinatorMemoryBench(opts: {
 }
 
 // ---- a million tenants: bulk load, memory, snapshots, catching a replica up under load ---------
+
+/** The longest event-loop stall the leader's log reports for one of its snapshots. */
+function leaderStall(snapshots: readonly SnapshotEvent[], leaderId: string | null): string {
+  const own = snapshots.filter((e) => e.replica === leaderId && Number.isFinite(e.loopMaxMs));
+  if (own.length === 0) return 'none taken on the leader';
+  return `${fmtInt(Math.max(...own.map((e) => e.loopMaxMs)))} ms (${leaderId})`;
+}
 
 export interface MillionOptions {
   readonly smoke: boolean;
@@ -604,12 +628,24 @@ export async function runCoordinatorMillionDetailed(opts: MillionOptions): Promi
         });
       }
     }
+    // Per replica its last three snapshots (the largest state).
+    const lastThree = all.flatMap((id) => snapshots.filter((e) => e.replica === id).slice(-3));
+    for (const e of lastThree)
+      rows.push({
+        phase: 'snapshot stall',
+        replica: `${e.replica}${e.replica === leader ? ' (leader)' : ''}`,
+        'applied index': e.index,
+        'snapshot MB': Math.round(e.bytes / 1e5) / 10,
+        'snapshot ms': e.ms,
+        'encode ms': e.encodeMs,
+        'longest loop stall ms': e.loopMaxMs,
+      });
     const lastSnap = snapshots.reduce<SnapshotEvent | null>((a, e) => (a === null || e.index > a.index ? e : a), null);
     const notes = [
       `3 coordinators on loopback (LevelDB with fsync), --snapshot-every ${snapshotEvery}. ${fmtInt(tenants)} tenants loaded through the leader's bulk admin API (POST /v1/tenants, ${fmtInt(batch)} a request, 4 in flight) in ${loadSeconds.toFixed(1)} s: ${fmtInt(loadPerSec)} tenants/s, while ${lagging} was stopped.`,
       `Target: at most 1 GiB resident per replica with 1,000,000 tenants ('RSS / 1 GiB' ≤ 1). RSS and heap from each replica's /metrics, sampled after each phase settled (no GC forced).`,
       lastSnap !== null
-        ? `Snapshots: ${snapshots.length} taken in all; the largest index: ${lastSnap.replica} at ${fmtInt(lastSnap.index)}, ${fmtInt(lastSnap.bytes)} bytes in ${Math.round(lastSnap.ms)} ms (encode + write, from its log).`
+        ? `Snapshots: ${snapshots.length} taken in all; the largest index: ${lastSnap.replica} at ${fmtInt(lastSnap.index)}, ${fmtInt(lastSnap.bytes)} bytes in ${Math.round(lastSnap.ms)} ms (encode + write, from its log), of which ${Math.round(lastSnap.encodeMs)} ms synchronous encoding; the longest event-loop stall on the leader during a snapshot: ${leaderStall(snapshots, leader)}. 'snapshot stall' rows (each replica's last three): 'encode ms' the snapshot's synchronous step (the state machine encoded, the event loop serving nothing), 'longest loop stall ms' the longest event-loop delay (perf_hooks monitorEventLoopDelay, any cause) while the snapshot was taken and written, from the replica's "snapshot taken" log line.`
         : 'Snapshots: none taken.',
       `Catch-up under load: ${lagging} started while 8 clients wrote (PUT of existing tenants); it held all ${fmtInt(tenants)} tenants and the leader's index at its start after ${fmtInt(catchUpMs)} ms${installed !== null ? `, through a snapshot from the leader (${fmtInt(installed.bytes)} bytes, restored in ${fmtInt(installed.ms)} ms)` : ' (no snapshot installed: it caught up from the log)'}; ${fmtInt(writesBefore)} writes were acknowledged meanwhile. The 'catch-up under load' row splits that time, from the replica's own log lines, ms after its process started: the first snapshot bytes received (process start, peer connection, the leader finding the follower behind its log), all bytes received, restored; 'transfers started' counts transfers that began again at byte 0 (1: the leader kept its snapshot to the end though it compacted meanwhile).`,
       restartRestore !== null

@@ -297,8 +297,17 @@ export class CoordinatorNode {
         metrics?.leaderChanges.inc();
         log.info({ leader, term }, leader === null ? 'no leader' : `leader is ${leader}`);
       },
-      onSnapshotTaken: (index, bytes, ms) =>
-        log.info({ index, bytes, ms: Math.round(ms) }, 'snapshot taken, log compacted'),
+      onSnapshotTaken: (index, bytes, ms, stall) =>
+        log.info(
+          {
+            index,
+            bytes,
+            ms: Math.round(ms),
+            encodeMs: Math.round(stall.encodeMs),
+            loopMaxMs: Math.round(stall.loopMaxMs),
+          },
+          'snapshot taken, log compacted',
+        ),
       onSnapshotProgress: (index, received, total) =>
         log.info(
           {

@@ -6,6 +6,7 @@
 // persisted, new inputs pile up and are handled together afterwards: that is the group commit
 // (many proposals, one fsync). Committed entries are applied while their Ready is persisted (see
 // pump()), so an answer never waits for an fsync that is not its own.
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import type { RaftNode } from '../raft/index.js';
 import {
   EntryKind,
@@ -52,7 +53,17 @@ export interface RaftDriverOptions<R> {
   readonly onLeaderChange?: (leader: NodeId | null, term: number) => void;
   /** After restoring the state machine from a leader's snapshot; `restoreMs`: the restore's time. */
   readonly onSnapshotInstalled?: (index: number, term: number, bytes: number, restoreMs: number) => void;
-  readonly onSnapshotTaken?: (index: number, bytes: number, ms: number) => void;
+  /**
+   * After a snapshot was taken and stored: `ms` in all (encode and write); `encodeMs` the
+   * synchronous encoding of the state machine (the event loop serves nothing meanwhile);
+   * `loopMaxMs` the longest event-loop delay while it was taken and written.
+   */
+  readonly onSnapshotTaken?: (
+    index: number,
+    bytes: number,
+    ms: number,
+    stall: { readonly encodeMs: number; readonly loopMaxMs: number },
+  ) => void;
   /** While a snapshot from the leader arrives in chunks: at most once a second, and when it is complete. */
   readonly onSnapshotProgress?: (index: number, receivedBytes: number, totalBytes: number) => void;
   /**
@@ -454,13 +465,25 @@ export class RaftDriver<R> {
   private async maybeSnapshot(): Promise<void> {
     const every = this.opts.snapshotEveryEntries;
     if (every <= 0 || this.applied - this.snapshotIndex < every) return;
+    // The longest event-loop delay while the snapshot is taken and written (any cause), beside the
+    // snapshot's own synchronous step (encoding the state machine: the loop serves nothing then).
+    const loop = monitorEventLoopDelay({ resolution: 10 });
+    loop.enable();
     const started = performance.now();
     const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
+    const encodeMs = performance.now() - started;
     // The core may keep more than the trailing entries (for a snapshot transfer in progress).
-    await this.opts.storage.compact(snap, this.raft.firstIndex()).catch((err: unknown) => {
-      throw new RaftPersistError('compact', err);
-    });
+    try {
+      await this.opts.storage.compact(snap, this.raft.firstIndex()).catch((err: unknown) => {
+        throw new RaftPersistError('compact', err);
+      });
+    } finally {
+      loop.disable();
+    }
     this.snapshotIndex = snap.meta.index;
-    this.opts.onSnapshotTaken?.(snap.meta.index, snap.data.byteLength, performance.now() - started);
+    const ms = performance.now() - started;
+    // The histogram's max is in ns; it misses a stall that starts before it is enabled, hence the max with encodeMs.
+    const loopMaxMs = Math.max(encodeMs, Number.isFinite(loop.max) ? loop.max / 1e6 : 0);
+    this.opts.onSnapshotTaken?.(snap.meta.index, snap.data.byteLength, ms, { encodeMs, loopMaxMs });
   }
 }

@@ -47,6 +47,12 @@ void test(
     assert.ok(
       r.report.rows.some((row) => row['phase'] === 'catch-up under load' && row['caught up ms'] === r.catchUpMs),
     );
+    const stalls = r.report.rows.filter((row) => row['phase'] === 'snapshot stall');
+    assert.ok(stalls.length > 0, 'snapshot stalls reported');
+    for (const row of stalls) {
+      const enc = row['encode ms'] as number;
+      assert.ok(enc >= 0 && (row['longest loop stall ms'] as number) >= enc, JSON.stringify(row));
+    }
     assert.equal(r.report.name, 'coordinator-million');
     for (const row of r.report.rows)
       for (const v of Object.values(row)) assert.equal(typeof v === 'number' || typeof v === 'string', true);
