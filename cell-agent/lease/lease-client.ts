@@ -478,7 +478,7 @@ export class LeaseClient {
         error: err.details,
         failures: this.failures,
         next: this.target,
-        ...(this.opts.failureHint === undefined ? {} : { hint: this.opts.failureHint }),
+        ...(this.opts.failureHint === undefined || !mayBeAuthFailure(err) ? {} : { hint: this.opts.failureHint }),
       },
       'lease report failed',
     );
@@ -717,4 +717,14 @@ function leasedEntry(key: string, g: HeldGrant, generation: number | null): Over
 /** Without a live lease a cell uses the floor stamped on its latest grant (the ledger holds it counted). */
 function floorEntry(key: string, g: HeldGrant): OverrideEntry {
   return { key, rate: g.floorRate, burst: g.floorBurst, leased: false, parent: g.parent, epoch: g.epoch };
+}
+
+/**
+ * Whether a failed report may be an authentication failure (what the failure hint is about): the coordinator refused
+ * the identity, or a TLS handshake failed. A reset connection (a killed leader), a deadline or a refused connection
+ * is not, and gets no hint.
+ */
+function mayBeAuthFailure(err: LeaseCallError): boolean {
+  if (err.code === grpc.status.UNAUTHENTICATED || err.code === grpc.status.PERMISSION_DENIED) return true;
+  return err.code === grpc.status.UNAVAILABLE && /certificate|handshake|ssl|alert/i.test(err.details);
 }

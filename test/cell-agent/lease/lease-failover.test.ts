@@ -153,3 +153,45 @@ void test('a leader kill: the next answer comes from the new leader before the l
     { numRuns: 150, seed: 20261201 },
   );
 });
+
+void test('the no-identity hint is given for authentication failures only, not for a leader that reset the connection', async () => {
+  const failures: grpc.status[] = [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.UNAUTHENTICATED];
+  const details = ['read ECONNRESET', 'Deadline exceeded after 0.400s', 'no identity for cell cell-a'];
+  const lines: Record<string, unknown>[] = [];
+  const { captureLogger } = await import('../../../testkit/logs.js');
+  const captured = captureLogger('debug');
+  const timers = new SimTimers();
+  let call = 0;
+  const transport: LeaseTransport = {
+    report: (): Promise<LeaseCallResult> => {
+      const i = call++ % failures.length;
+      return Promise.resolve({ err: { code: failures[i] as grpc.status, details: details[i] as string } });
+    },
+    close: () => undefined,
+  };
+  const client = new LeaseClient({
+    cellId: 'cell-a',
+    coordinators: ['n1:7001'],
+    logger: captured.logger,
+    velocity: () => [],
+    onOverrides: () => undefined,
+    intervalMs: INTERVAL_MS,
+    transport,
+    timers,
+    monotonicMs: () => timers.now,
+    wallMs: () => timers.now,
+    random: () => 0.5,
+    newIncarnation: () => 'inc',
+    failureHint: 'this agent presents no identity',
+  });
+  client.start();
+  await timers.run(20_000);
+  client.stop();
+  lines.push(...captured.lines.filter((l) => l['msg'] === 'lease report failed'));
+  const byDetails = (d: string): Record<string, unknown>[] => lines.filter((l) => l['error'] === d);
+  assert.ok(byDetails('read ECONNRESET').length > 0 && byDetails('no identity for cell cell-a').length > 0);
+  for (const l of byDetails('read ECONNRESET')) assert.equal(l['hint'], undefined, 'a reset connection: no hint');
+  for (const l of byDetails('Deadline exceeded after 0.400s'))
+    assert.equal(l['hint'], undefined, 'a deadline: no hint');
+  for (const l of byDetails('no identity for cell cell-a')) assert.equal(l['hint'], 'this agent presents no identity');
+});
