@@ -210,17 +210,21 @@ export class HttpGate<Req> {
   }
 
   private peerEntry(peer: string | undefined): PeerEntry {
-    if (peer !== undefined && this.trusted.has(peer)) return TRUSTED_PEER(peer);
+    if (peer !== undefined && this.trusted.entries.length > 0 && this.trusted.has(peer)) return TRUSTED_PEER(peer);
     // Not trusted (or no address): the headers do not count, the peer is the client.
     const client = clientAddress({ peer, trusted: this.trusted, ipv6Prefix: this.ipv6Prefix });
-    const exact =
-      this.ipv6Prefix === 128 || !client.includes(':')
-        ? client
-        : clientAddress({ peer, trusted: this.trusted, ipv6Prefix: 128 });
+    let allowed = false;
+    if (this.allow !== null) {
+      const exact =
+        this.ipv6Prefix === 128 || !client.includes(':')
+          ? client
+          : clientAddress({ peer, trusted: this.trusted, ipv6Prefix: 128 });
+      allowed = this.allow.has(exact);
+    }
     return {
       peer,
       client,
-      allowed: this.allow !== null && this.allow.has(exact),
+      allowed,
       descriptors: this.descriptors === null ? defaultDescriptors(client) : null,
     };
   }

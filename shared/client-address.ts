@@ -124,10 +124,14 @@ export function clientAddress(input: ClientAddressInput): string {
   const prefix = input.ipv6Prefix ?? 64;
   if (!Number.isInteger(prefix) || prefix < 0 || prefix > 128)
     throw new RangeError(`ipv6Prefix must be an integer in 0..128, got ${prefix}`);
-  const peer = input.peer === undefined ? null : parseIp(input.peer);
-  if (peer === null) return UNKNOWN_CLIENT;
   const ranges = PARSED.get(input.trusted);
   if (ranges === undefined) throw new TypeError('trusted must come from parseTrustedProxies or parseAddressList');
+  // The common case without objects: nobody trusted and a dotted-quad peer. node:net's isIPv4
+  // accepts only the canonical form (no leading zeros, four decimal parts), which is its own key.
+  if (ranges.v4.length === 0 && ranges.v6.length === 0 && input.peer !== undefined && isIPv4(input.peer))
+    return input.peer;
+  const peer = input.peer === undefined ? null : parseIp(input.peer);
+  if (peer === null) return UNKNOWN_CLIENT;
   if (!inRanges(peer, ranges.v4, ranges.v6)) return keyOf(peer, prefix);
 
   const xff = joinHeader(input.forwardedFor);
