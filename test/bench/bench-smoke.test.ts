@@ -50,12 +50,21 @@ void test('agent-idle-rss smoke: the agent command started, answering, then its 
   );
 });
 
-void test('decision smoke: take, takeKey and the decision, fast and general path, one call at a time', () => {
-  const r = runDecisionBench(quiet);
-  assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns']);
+void test('decision smoke: take and takeKey before and after, the decision on both paths, the embedded check', async () => {
+  const r = await runDecisionBench(quiet);
+  assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns', 'alloc B/call']);
   assert.deepEqual(
     r.rows.map((row) => row.call),
-    ['take()', 'takeKey()', 'decide (fast)', 'decide (general)', 'decide (global)'],
+    [
+      'take() [before]',
+      'take()',
+      'takeKey() [before]',
+      'takeKey()',
+      'decide (fast)',
+      'decide (general)',
+      'decide (global)',
+      'limiter.check()',
+    ],
   );
 });
 
