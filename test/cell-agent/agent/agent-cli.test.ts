@@ -56,6 +56,11 @@ void test('bad settings exit 2 with the setting and its source named', async () 
         /--workers 0 serves no RLS/,
       ],
       [
+        ['--cell', 'c', '--rules', rules, '--rls-socket', '/tmp/x.sock', '--forward-auth-socket', '/tmp/fa.sock'],
+        {},
+        /--forward-auth-socket serves beside the HTTP API: give --http too/,
+      ],
+      [
         ['--cell', 'c', '--rules', rules, '--http', '127.0.0.1:0', '--trusted-proxies', '10.0.0.0/8,10.1.2.3/40'],
         {},
         /--trusted-proxies: bad trusted proxy "10.1.2.3\/40": prefix length/,
