@@ -8,7 +8,7 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AdminWorkload } from './admin-workload.js';
 import { ChaosLoad, type RecordedBin } from './load.js';
-import type { DrillTarget } from './drill-target.js';
+import { runningTargets, type DrillTarget } from './drill-target.js';
 import { LocalDeployment } from './local-deployment.js';
 import { sleep } from '../testkit/wait.js';
 import { renderTimelineSvg } from './timeline-chart.js';
@@ -138,6 +138,7 @@ export async function runDrillOn<D extends DrillTarget>(
   }
 
   const d = await makeTarget(dir, env);
+  runningTargets.add(d);
   const { cells, coordinators, tenant, domain, quota, burst, offered } = d.spec;
   const events: TimelineEvent[] = [];
   const points: SamplerPoint[] = [];
@@ -264,6 +265,7 @@ export async function runDrillOn<D extends DrillTarget>(
     });
   }
   await d.stop();
+  runningTargets.delete(d);
 
   const bins = load?.bins ?? [];
   const endAt = now();

@@ -23,6 +23,17 @@ export interface DrillSpec {
   readonly adminToken: string | null;
 }
 
+/**
+ * The deployments started and not yet stopped (a deployment adds itself when it starts processes and removes itself
+ * in stop()): what the drill runner stops when it is interrupted (SIGINT, SIGTERM).
+ */
+export const runningTargets = new Set<{ stop(): Promise<void> }>();
+
+/** Stops every running deployment (each at most once at a time); resolves when all stopped, whatever failed. */
+export async function stopRunningTargets(): Promise<void> {
+  await Promise.allSettled([...runningTargets].map((t) => t.stop()));
+}
+
 /** The deployment under a drill: the local one (local-deployment.ts) or one reached by address
  * (remote-deployment.ts). */
 export interface DrillTarget {

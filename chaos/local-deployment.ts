@@ -33,7 +33,7 @@ import { agentLeaseStatus, type AgentLeaseStatus } from './agent-lease-probe.js'
 import { FaultProxy } from './fault-proxy.js';
 import { freePort } from '../testkit/ports.js';
 import { sleep, waitFor } from '../testkit/wait.js';
-import type { DrillSpec, DrillTarget } from './drill-target.js';
+import { runningTargets, type DrillSpec, type DrillTarget } from './drill-target.js';
 import { makeLocalPki, type LocalPki } from '../shared/make-certs.js';
 
 const cliPath = resolve(import.meta.dirname, '../cli/main.ts');
@@ -106,6 +106,7 @@ export class LocalDeployment implements DrillTarget {
     this.logDir = join(opts.dir, 'logs');
     this.socketDir = mkdtempSync(join(tmpdir(), 'cq-'));
     for (const [id, env] of Object.entries(opts.coordinatorEnv ?? {})) this.coordinatorEnv.set(id, env);
+    runningTargets.add(this); // from before its first process starts, so an interrupted start is stopped too
   }
 
   get spec(): DrillSpec {
@@ -494,6 +495,7 @@ export class LocalDeployment implements DrillTarget {
 
   /** Heals every proxy, resumes what is paused, kills every process, stops the proxies. */
   async stop(): Promise<void> {
+    runningTargets.delete(this);
     const all: Proc[] = [...this.agents.values(), ...this.coordinators.values()];
     for (const p of all) {
       if (p.paused && p.proc !== null) p.proc.kill('SIGCONT');

@@ -13,6 +13,7 @@ import { runDrill, runDrillOn, type DrillResult } from './drill-runner.js';
 import { externalDrill } from './drills/external.js';
 import { DRILLS } from './drills/index.js';
 import { RemoteDeployment, loadTargetFile, type TargetFile } from './remote-deployment.js';
+import { stopRunningTargets } from './drill-target.js';
 
 const usage = `usage: npm run chaos -- [--drill NAME[,NAME...]] [--out DIR] [--p99-ms N] [--keep-data] [--tls] [--list]
        npm run chaos -- --target FILE --fault CMD [--heal CMD] [--fault-seconds 30] [--recovery-seconds 15] [--recovery-limit-seconds 10] [--out DIR]
@@ -64,6 +65,21 @@ if (values.list) {
   for (const d of DRILLS) console.log(`${d.name.padEnd(24)} ${d.title}`);
   process.exit(0);
 }
+let interrupted = false;
+// SIGINT (Ctrl-C) or SIGTERM: the running deployment's coordinators, agents and proxies are stopped, then the runner
+// exits (130 / 143); the same signal again leaves at once.
+for (const [signal, code] of [
+  ['SIGINT', 130],
+  ['SIGTERM', 143],
+] as const) {
+  process.on(signal, () => {
+    if (interrupted) process.exit(code);
+    interrupted = true;
+    console.log(`\n${signal}: stopping the deployment (its coordinators and agents); ${signal} again to leave now`);
+    void stopRunningTargets().finally(() => process.exit(code));
+  });
+}
+
 if (values.target !== undefined) {
   const seconds = (flag: 'fault-seconds' | 'recovery-seconds' | 'recovery-limit-seconds'): number => {
     const n = Number(values[flag]);
@@ -128,14 +144,6 @@ if (unknown.length > 0 || names.length === 0 || !(p99 > 0)) {
 const out = resolve(values.out);
 mkdirSync(out, { recursive: true });
 const results: DrillResult[] = [];
-let interrupted = false;
-process.on('SIGINT', () => {
-  if (interrupted) process.exit(130);
-  interrupted = true;
-  console.log(
-    '\ninterrupted: finishing the current drill (its processes are stopped at its end); Ctrl-C again to leave now',
-  );
-});
 const started = Date.now();
 for (const name of names) {
   if (interrupted) break;
