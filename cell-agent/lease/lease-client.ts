@@ -1,8 +1,9 @@
 // The agent's lease client: every sync interval (default 500 ms) one Report call to the coordinator
-// leader, with a deadline below the interval. It carries the acknowledgements of the grants applied
-// since the last successful report and the demand that moved since the last answered one, within a
-// byte budget, with periodic full sweeps (velocity-report.ts); the answer carries the lease TTL and
-// the grants newer than what was acknowledged.
+// leader, with a deadline below the interval (grown while calls run out of time: deadlineFor()). It
+// carries the acknowledgements of the grants applied since the last successful report and the demand
+// that moved since the last answered one, within a byte budget, with periodic full sweeps
+// (velocity-report.ts); the answer carries the lease TTL and the grants newer than what was
+// acknowledged.
 //
 // Finding the leader: start at any of the configured addresses; a FAILED_PRECONDITION answer names
 // the leader (id and address, in trailers) and the next call goes there — to this agent's own address
@@ -62,6 +63,8 @@ const ACK_REPORT_DELAY_MS = 10;
  * round over every coordinator comes before any backoff, so a killed leader costs one round trip
  * and not a backoff per dead address (a follower that knows the new leader hints it at once). */
 const NEXT_COORDINATOR_DELAY_MS = 50;
+/** How far a report's deadline may grow past the configured one after calls ran out of time. */
+const MAX_DEADLINE_FACTOR = 8;
 /**
  * gRPC reconnects with exponential backoff up to 120 s by default, failing calls at once meanwhile:
  * after a 30 s outage of every coordinator an agent stayed on its floors for 20 s and more after they
@@ -257,7 +260,11 @@ export class LeaseClient {
   private readonly random: () => number;
   private readonly newIncarnation: () => string;
   private readonly interval: number;
+  /** The configured per-call deadline ... */
   private readonly deadline: number;
+  /** ... and the one in force: doubled after a call ran out of time (a leader whose rounds commit late,
+   * a busy machine), halved back after answers that came quickly (deadlineFor()). */
+  private grownDeadline: number;
   private readonly windowMs: number;
   private readonly mono: () => number;
   private incarnation: string;
@@ -293,6 +300,7 @@ export class LeaseClient {
     if (opts.coordinators.length === 0) throw new Error('LeaseClient: no coordinator address');
     this.interval = opts.intervalMs ?? DEFAULT_SYNC_INTERVAL_MS;
     this.deadline = opts.deadlineMs ?? Math.max(50, Math.floor(this.interval * 0.8));
+    this.grownDeadline = this.deadline;
     this.windowMs = opts.velocityWindowMs ?? 500;
     this.mono = opts.monotonicMs ?? (() => performance.now());
     this.transport =
@@ -397,6 +405,22 @@ export class LeaseClient {
     return backoff * jitter;
   }
 
+  /**
+   * The deadline of the next call. A call that runs out of time is lost work on both sides: the leader
+   * still commits its round, and the next report carries the same acknowledgements and demand again.
+   * When every answer takes longer than the configured deadline (a leader whose rounds commit late
+   * under load), a fixed deadline means no answer ever arrives and the cell never leaves its floors;
+   * so each DEADLINE_EXCEEDED doubles it, up to MAX_DEADLINE_FACTOR × the configured one. This is safe
+   * for the bound: a lease is counted from when its report was sent, however late the answer. While a
+   * lease is live, the deadline is at most half of what is left of it (never below the configured
+   * one), so a leader that stops answering is still left in time for as long a try elsewhere.
+   */
+  private deadlineFor(): number {
+    if (this.state !== 'leased') return this.grownDeadline;
+    const room = (this.leaseExpiresAt - this.mono()) / 2;
+    return Math.max(this.deadline, Math.min(this.grownDeadline, room));
+  }
+
   /** One report to the current target. Exposed for tests. */
   async reportOnce(): Promise<boolean> {
     const incarnation = this.incarnation;
@@ -418,12 +442,16 @@ export class LeaseClient {
     };
     const address = this.target;
     const sentAt = this.mono();
-    const result = await this.transport.report(address, req, this.deadline);
+    const result = await this.transport.report(address, req, this.deadlineFor());
     if (this.stopped) return false;
     if ('err' in result) {
+      if (result.err.code === grpc.status.DEADLINE_EXCEEDED)
+        this.grownDeadline = Math.min(this.deadline * MAX_DEADLINE_FACTOR, this.grownDeadline * 2);
       this.onFailure(address, result.err);
       return false;
     }
+    if (this.mono() - sentAt < this.grownDeadline / 4)
+      this.grownDeadline = Math.max(this.deadline, this.grownDeadline / 2);
     if (incarnation !== this.incarnation) return false; // the lease expired while the call was in flight
     this.reportsOk++;
     this.failures = 0;
@@ -478,6 +506,7 @@ export class LeaseClient {
         error: err.details,
         failures: this.failures,
         next: this.target,
+        deadlineMs: this.grownDeadline,
         ...(this.opts.failureHint === undefined || !mayBeAuthFailure(err) ? {} : { hint: this.opts.failureHint }),
       },
       'lease report failed',

@@ -195,3 +195,69 @@ void test('the no-identity hint is given for authentication failures only, not f
     assert.equal(l['hint'], undefined, 'a deadline: no hint');
   for (const l of byDetails('no identity for cell cell-a')) assert.equal(l['hint'], 'this agent presents no identity');
 });
+
+void test('a leader whose answers take longer than the configured deadline: the deadline grows, the cell is leased and stays so', async () => {
+  // The leader answers after `serviceMs` (its round commits late: a busy machine, a report bringing
+  // thousands of new keys); a call whose deadline is shorter ends DEADLINE_EXCEEDED at its deadline,
+  // as gRPC ends it. The followers answer at once, naming the leader. With a fixed deadline of 80 % of
+  // the interval (400 ms) no answer of a leader slower than that ever arrived: the cell stayed on its
+  // floors for good.
+  await fc.assert(
+    fc.asyncProperty(
+      fc.integer({ min: 50, max: TTL_MS / 4 }),
+      fc.double({ min: 0, max: 0.999, noNaN: true }),
+      async (serviceMs, r) => {
+        const timers = new SimTimers();
+        const transport: LeaseTransport = {
+          report: async (address, _req, deadlineMs): Promise<LeaseCallResult> => {
+            if (address !== 'n1:7001')
+              return {
+                err: {
+                  code: grpc.status.FAILED_PRECONDITION,
+                  details: 'not the leader',
+                  leaderId: 'n1',
+                  leaderAddress: 'n1:7001',
+                },
+              };
+            const late = serviceMs > deadlineMs;
+            await new Promise<void>((done) => timers.setTimeout(done, late ? deadlineMs : serviceMs));
+            return late
+              ? { err: { code: grpc.status.DEADLINE_EXCEEDED, details: `Deadline exceeded after ${deadlineMs} ms` } }
+              : { res: answer('n1') };
+          },
+          close: () => undefined,
+        };
+        const states: [number, LeaseState][] = [];
+        const client = new LeaseClient({
+          cellId: 'cell-a',
+          coordinators: ADDRESSES,
+          coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
+          logger: pino({ level: 'silent' }),
+          velocity: () => [],
+          onOverrides: () => undefined,
+          onStateChange: (s) => states.push([timers.now, s]),
+          intervalMs: INTERVAL_MS,
+          transport,
+          timers,
+          monotonicMs: () => timers.now,
+          wallMs: () => timers.now,
+          random: () => r,
+          newIncarnation: () => 'inc',
+        });
+        client.start();
+        await timers.run(20_000);
+        const status = client.status();
+        client.stop();
+        const leasedAt = states.find(([, s]) => s === 'leased')?.[0];
+        assert.ok(leasedAt !== undefined && leasedAt <= 6_000, `answers taking ${serviceMs} ms: leased at ${leasedAt}`);
+        assert.deepEqual(
+          states.filter(([, s]) => s === 'expired'),
+          [],
+          `answers taking ${serviceMs} ms: the lease ran out once held`,
+        );
+        assert.equal(status.state, 'leased');
+      },
+    ),
+    { numRuns: 100, seed: 20261202 },
+  );
+});
