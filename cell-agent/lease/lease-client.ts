@@ -260,11 +260,16 @@ export class LeaseClient {
   private readonly random: () => number;
   private readonly newIncarnation: () => string;
   private readonly interval: number;
-  /** The configured per-call deadline ... */
+  /** The configured per-call deadline. */
   private readonly deadline: number;
-  /** ... and the one in force: doubled after a call ran out of time (a leader whose rounds commit late,
-   * a busy machine), halved back after answers that came quickly (deadlineFor()). */
+  /** The deadline grown for the leader's address after its calls ran out of time (a leader whose rounds
+   * commit late, a busy machine), halved back after answers that came quickly (deadlineFor()). */
   private grownDeadline: number;
+  /** The address the cluster names as leader: the last one that answered, or that a follower named;
+   * null once a follower knows no leader or the address failed otherwise. Only it gets the grown deadline. */
+  private leaderAddress: string | null = null;
+  /** The last lease TTL an answer gave (the grown deadline stays under half of it). */
+  private lastTtlMs = Infinity;
   private readonly windowMs: number;
   private readonly mono: () => number;
   private incarnation: string;
@@ -410,12 +415,16 @@ export class LeaseClient {
    * still commits its round, and the next report carries the same acknowledgements and demand again.
    * When every answer takes longer than the configured deadline (a leader whose rounds commit late
    * under load), a fixed deadline means no answer ever arrives and the cell never leaves its floors;
-   * so each DEADLINE_EXCEEDED doubles it, up to MAX_DEADLINE_FACTOR × the configured one. This is safe
-   * for the bound: a lease is counted from when its report was sent, however late the answer. While a
-   * lease is live, the deadline is at most half of what is left of it (never below the configured
-   * one), so a leader that stops answering is still left in time for as long a try elsewhere.
+   * so each DEADLINE_EXCEEDED doubles the deadline that call had, up to MAX_DEADLINE_FACTOR × the
+   * configured one and half the lease TTL. Only the address the cluster names as leader gets it (the
+   * last one that answered, or that a follower named): any other address, and every address once a
+   * follower says it knows no leader, has the configured deadline, so a leader gone silent costs what it
+   * did before as soon as the followers notice. While a lease is live the deadline is at most half of
+   * what is left of it (never below the configured one), leaving as long a try elsewhere. This is safe
+   * for the bound: a lease is counted from when its report was sent, however late the answer.
    */
-  private deadlineFor(): number {
+  private deadlineFor(address: string): number {
+    if (address !== this.leaderAddress) return this.deadline;
     if (this.state !== 'leased') return this.grownDeadline;
     const room = (this.leaseExpiresAt - this.mono()) / 2;
     return Math.max(this.deadline, Math.min(this.grownDeadline, room));
@@ -442,14 +451,22 @@ export class LeaseClient {
     };
     const address = this.target;
     const sentAt = this.mono();
-    const result = await this.transport.report(address, req, this.deadlineFor());
+    const used = this.deadlineFor(address);
+    const result = await this.transport.report(address, req, used);
     if (this.stopped) return false;
     if ('err' in result) {
-      if (result.err.code === grpc.status.DEADLINE_EXCEEDED)
-        this.grownDeadline = Math.min(this.deadline * MAX_DEADLINE_FACTOR, this.grownDeadline * 2);
+      if (result.err.code === grpc.status.DEADLINE_EXCEEDED) {
+        // Grown from the deadline this call had; the leader keeps its address until a follower says otherwise.
+        const cap = Math.max(this.deadline, Math.min(this.deadline * MAX_DEADLINE_FACTOR, this.lastTtlMs / 2));
+        this.grownDeadline = Math.min(cap, Math.max(this.grownDeadline, used * 2));
+      } else if (address === this.leaderAddress) {
+        this.leaderAddress = null;
+      }
       this.onFailure(address, result.err);
       return false;
     }
+    this.leaderAddress = address;
+    if (Number.isFinite(result.res.leaseTtlMs) && result.res.leaseTtlMs > 0) this.lastTtlMs = result.res.leaseTtlMs;
     if (this.mono() - sentAt < this.grownDeadline / 4)
       this.grownDeadline = Math.max(this.deadline, this.grownDeadline / 2);
     if (incarnation !== this.incarnation) return false; // the lease expired while the call was in flight
@@ -474,12 +491,15 @@ export class LeaseClient {
       const hinted = own ?? err.leaderAddress;
       if (typeof hinted === 'string' && hinted !== '' && hinted !== address) {
         this.opts.logger.info({ from: address, to: hinted }, 'following the coordinator leader');
+        this.leaderAddress = hinted;
         this.target = hinted;
         this.failures = 0;
         this.schedule(0);
         return;
       }
     }
+    // A follower that knows no leader: no address keeps the grown deadline.
+    if (err.code === grpc.status.FAILED_PRECONDITION) this.leaderAddress = null;
     this.failures++;
     if (
       (err.code === grpc.status.UNAUTHENTICATED || err.code === grpc.status.PERMISSION_DENIED) &&
@@ -506,7 +526,7 @@ export class LeaseClient {
         error: err.details,
         failures: this.failures,
         next: this.target,
-        deadlineMs: this.grownDeadline,
+        nextDeadlineMs: this.deadlineFor(this.target),
         ...(this.opts.failureHint === undefined || !mayBeAuthFailure(err) ? {} : { hint: this.opts.failureHint }),
       },
       'lease report failed',

@@ -261,3 +261,90 @@ void test('a leader whose answers take longer than the configured deadline: the 
     { numRuns: 100, seed: 20261202 },
   );
 });
+
+void test('a leader gone silent (its calls hang to their deadline): the grown deadline does not hold the cell on it', async () => {
+  // n1 answers slowly at first (600 ms: the deadline grows for it), then goes silent at KILL_AT; the
+  // followers keep naming n1 for `detectMs`, then know no leader until n2 is elected. Calls to n1 hang
+  // until their deadline. Once the followers know no leader, n1 gets only the configured deadline, so
+  // the first answer from n2 comes soon after its election, as with a leader that resets connections,
+  // whether or not the cell's lease ran out meanwhile.
+  await fc.assert(
+    fc.asyncProperty(
+      fc.integer({ min: 100, max: 1000 }),
+      fc.integer({ min: 100, max: 4000 }),
+      fc.double({ min: 0, max: 0.999, noNaN: true }),
+      async (detectMs, electionAfterDetectMs, r) => {
+        const timers = new SimTimers();
+        const electedAt = KILL_AT + detectMs + electionAfterDetectMs;
+        let firstFromNew = null as number | null;
+        const wait = (ms: number): Promise<void> => new Promise<void>((done) => timers.setTimeout(done, ms));
+        const late = async (deadlineMs: number): Promise<LeaseCallResult> => {
+          await wait(deadlineMs);
+          return { err: { code: grpc.status.DEADLINE_EXCEEDED, details: `Deadline exceeded after ${deadlineMs} ms` } };
+        };
+        const transport: LeaseTransport = {
+          report: async (address, _req, deadlineMs): Promise<LeaseCallResult> => {
+            const t = timers.now;
+            if (address === 'n1:7001') {
+              if (t >= KILL_AT || 600 > deadlineMs) return late(deadlineMs);
+              await wait(600);
+              return { res: answer('n1') };
+            }
+            await wait(5);
+            if (t < KILL_AT + detectMs)
+              return {
+                err: {
+                  code: grpc.status.FAILED_PRECONDITION,
+                  details: 'not the leader',
+                  leaderId: 'n1',
+                  leaderAddress: 'n1:7001',
+                },
+              };
+            if (t < electedAt) return { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
+            if (address === 'n2:7001') {
+              await wait(25);
+              firstFromNew ??= timers.now;
+              return { res: answer('n2') };
+            }
+            return {
+              err: {
+                code: grpc.status.FAILED_PRECONDITION,
+                details: 'not the leader',
+                leaderId: 'n2',
+                leaderAddress: 'n2:7001',
+              },
+            };
+          },
+          close: () => undefined,
+        };
+        const client = new LeaseClient({
+          cellId: 'cell-a',
+          coordinators: ADDRESSES,
+          coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
+          logger: pino({ level: 'silent' }),
+          velocity: () => [],
+          onOverrides: () => undefined,
+          intervalMs: INTERVAL_MS,
+          transport,
+          timers,
+          monotonicMs: () => timers.now,
+          wallMs: () => timers.now,
+          random: () => r,
+          newIncarnation: () => 'inc',
+        });
+        client.start();
+        await timers.run(electedAt + 10_000);
+        client.stop();
+        assert.notEqual(firstFromNew, null, 'the new leader answered');
+        const after = (firstFromNew as number) - electedAt;
+        // At most: a call to the silent leader at the configured deadline, a round over the followers,
+        // and the longest backoff (4 intervals, once the lease ran out).
+        assert.ok(
+          after <= 4 * INTERVAL_MS + 400 + 4 * 55,
+          `detect ${detectMs}: n2 first answered ${after} ms after its election`,
+        );
+      },
+    ),
+    { numRuns: 150, seed: 20261203 },
+  );
+});
