@@ -805,8 +805,17 @@ export class Ledger {
     this.tenants.delete(cmd.id);
     this.sortedTenantIds = null;
     this.addTierUse(existing.tier, -1);
-    if (this.byKey.has(tenantKey(cmd.id))) this.implicitKeys.add(tenantKey(cmd.id));
-    this.retireKey(tenantKey(cmd.id));
+    const key = tenantKey(cmd.id);
+    if (this.byKey.has(key)) this.implicitKeys.add(key);
+    this.retireKey(key);
+    // Under a tier:NAME policy the key is at once an implicit tenant of that tier, as if it had moved
+    // there: what its cells may still use under the old quota is counted at the ceiling until they
+    // acknowledge the new grants or their leases surely end (without this the ledger counted 800/s
+    // against a ceiling of 100/s, refused every shrink, and its snapshot did not restore).
+    if (this.quotaOf(key) !== undefined) {
+      this.rebaseCeiling(key);
+      this.markStale(key);
+    }
     return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
   }
 

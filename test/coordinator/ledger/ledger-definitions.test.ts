@@ -264,3 +264,32 @@ void test('retireImplicitTenants winds an implicit tenant down as a deletion: co
   grant(expired + 30, S, 'a', 10, 1);
   assert.ok((d.ledger.getSlice(S, 'a')?.epoch ?? 0) > 2);
 });
+
+void test('unknownTenant tier:NAME: deleting a tenant of another tier makes it an implicit tenant of NAME, its old grants counted at the ceiling until acknowledged', () => {
+  const d = Driver.create({ floorCells: 2 });
+  d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0 });
+  d.ok({ type: 'putTier', name: 'platinum', rate: 1000, burst: 1000, floorFraction: 0 });
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'platinum' });
+  for (const cellId of ['a', 'b']) d.ok({ type: 'registerCell', cellId, nowMs: 0 });
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 10,
+    leases: ['a', 'b'].map((cellId) => ({ cellId, leaseExpiresAtMs: 10 + TTL })),
+    grants: ['a', 'b'].map((cellId) => ({ key: KEY, cellId, rate: 400, burst: 400, epoch: 1, leaseExpiresAtMs: TTL })),
+  });
+  // The ledger asserts its invariants on every command (Driver): the delete is accepted and consistent.
+  d.ok({ type: 'deleteTenant', id: 'acme' });
+  assert.equal(d.ledger.isImplicitTenant(KEY), true);
+  const after = d.ledger.getQuotaState(KEY);
+  assert.equal(after?.rate, 100, 'the tier of the policy');
+  assert.ok((after?.ceilingRate ?? 0) >= 800, 'the old grants are counted until acknowledged');
+  Ledger.restore(d.ledger.snapshot()); // its snapshot restores
+  // The lease rounds shrink the old grants; once the cells acknowledge, the tier's quota holds.
+  let grants = round(d, 20, { a: 500, b: 500 });
+  assert.ok(grants.length > 0, 'the rounds are not refused');
+  for (let t = 30; t < 200; t += 10) grants = round(d, t, { a: 500, b: 500 }, ackAll(grants));
+  const settled = d.ledger.getQuotaState(KEY);
+  assert.ok((settled?.countedRate ?? Infinity) <= 100 + 1e-9, `counted ${settled?.countedRate} against 100`);
+  assert.equal(settled?.ceilingRate ?? 100, 100, 'the ceiling is back at the quota');
+});
