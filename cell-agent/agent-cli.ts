@@ -6,12 +6,12 @@
 // Runnable directly: `tsx cell-agent/agent-cli.ts --cell eu-west --rules rules.yaml --rls-socket /run/ratelimit.sock`.
 import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { loadSettings, settingsHelp } from '../shared/cli-config.js';
+import { settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger } from '../shared/logging.js';
-import { AGENT_SETTING_SPECS, agentConfigSchema } from './agent-config.js';
 import type { CoordinatorAddress } from './agent-config.js';
 import { startAgent } from './agent-main.js';
-import { serveUntilSignal, settingsOrExit, startOrExit } from './serve-command.js';
+import { loadAgentSettings } from './agent-settings.js';
+import { serveUntilSignal, settingsOrExitAsync, startOrExit } from './serve-command.js';
 import type { ServeCommandIo } from './serve-command.js';
 
 export type AgentCommandIo = ServeCommandIo;
@@ -35,12 +35,12 @@ export async function runAgentCommand(
   io: AgentCommandIo = { stdout: process.stdout, stderr: process.stderr, signals: process },
 ): Promise<number> {
   if (argv.includes('--help') || argv.includes('-h')) {
+    const { AGENT_SETTING_SPECS } = await import('./agent-config.js');
     io.stdout.write(`${USAGE}${settingsHelp(AGENT_SETTING_SPECS)}\n`);
     return 0;
   }
-  const settings = settingsOrExit(io, () =>
-    loadSettings('cellquota agent', AGENT_SETTING_SPECS, agentConfigSchema, argv, env),
-  );
+  // Validated in a thread of their own, so this one never holds zod (agent-settings.ts).
+  const settings = await settingsOrExitAsync(io, () => loadAgentSettings('cellquota agent', argv, env));
   if (!settings.ok) return settings.exitCode;
   const config = settings.value;
   const logger = createRootLogger({ level: config.logLevel, name: 'cellquota-agent', base: { cell: config.cell } });

@@ -25,10 +25,8 @@ import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
 import type { DeciderOptions } from './decide/decide.js';
 import type { OverloadOptions } from './decide/overload.js';
-import { formatUnknownTenantPolicy, loadQuotaFile } from './decide/quota-file.js';
-import { CoordinatedQuotas, StaticQuotas } from './decide/quotas.js';
+import { CoordinatedQuotas, StaticQuotas, formatUnknownTenantPolicy } from './decide/quotas.js';
 import type { QuotaFile, QuotaSlice } from './decide/quotas.js';
-import { DEFAULT_ROUTES, loadRoutes } from './front-door/routes.js';
 import type { Routes } from './front-door/routes.js';
 import type { HttpApiHandle, QuotaInForce } from './http/http-api.js';
 import type { LeaseClient } from './lease/lease-client.js';
@@ -213,7 +211,8 @@ function agentHandle(
 interface AgentInputs {
   readonly ruleSet: RuleSet;
   readonly snapshot: RulesSnapshot;
-  readonly routes: Routes;
+  /** The --routes file's routes; null: the default routes (without --http nothing uses them). */
+  readonly routes: Routes | null;
   /** Started with --coordinators: every quota comes from the coordinator's entries. */
   readonly coordinated: boolean;
   readonly quotaFile: QuotaFile;
@@ -224,12 +223,17 @@ interface AgentInputs {
 
 async function loadInputs(config: AgentConfig, log: Logger, deadline: LeaseDeadline): Promise<AgentInputs> {
   const { ruleSet, snapshot } = await loadRulesWithSnapshot(config.rules, { mergeDomains: config.mergeDomains });
-  const routes: Routes = config.routes === undefined ? DEFAULT_ROUTES : await loadRoutes(config.routes);
+  // The routes and tenants files are validated with zod: their modules are imported only when the
+  // file is given, so an agent without them does not hold zod (bench/agent-idle-rss.ts).
+  const routes =
+    config.routes === undefined ? null : await (await import('./front-door/routes.js')).loadRoutes(config.routes);
   // With coordinators every quota comes from them (CoordinatedQuotas over the lease client's
   // entries); alone, from the --tenants file at --static-share (the config refuses mixing the two).
   const coordinated = config.coordinators.length > 0;
   const quotaFile: QuotaFile =
-    config.tenants === undefined ? { tiers: {}, tenants: {} } : await loadQuotaFile(config.tenants);
+    config.tenants === undefined
+      ? { tiers: {}, tenants: {} }
+      : await (await import('./decide/quota-file.js')).loadQuotaFile(config.tenants);
   const quotaOptions = { staticShare: config.staticShare, unknownTenant: config.unknownTenant };
   // A leased grant's floor takes over at the lease's end (quota-overrides.ts).
   const overrides = new QuotaOverrides(deadline);
@@ -457,6 +461,7 @@ async function startHttp(
 ): Promise<HttpApiHandle> {
   const { inputs, workers } = src;
   const { startHttpApi } = await import('./http/http-api.js');
+  const routes = inputs.routes ?? (await import('./front-door/routes.js')).DEFAULT_ROUTES;
   return startHttpApi(
     {
       host: at.host,
@@ -494,7 +499,7 @@ async function startHttp(
         };
       },
       forwardAuth: {
-        routes: () => inputs.routes,
+        routes: () => routes,
         trusted: config.trustedProxies,
         denyStatus: config.forwardAuthDenyStatus,
       },

@@ -7,7 +7,8 @@
 // has confirmed it (a worker that dies is restarted with the full table in its init), and only then
 // does postOverrides resolve, so the lease client acknowledges a grant only once every thread
 // decides with it.
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
+import { moduleWorker } from '../shared/module-worker.js';
 import type { Logger } from '../shared/logging.js';
 import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
 import type { RulesSnapshot } from './agent-rules.js';
@@ -308,14 +309,7 @@ export class RlsWorkers {
 
 /** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
 function spawnWorker(init: WorkerInit): Worker {
-  const fromSource = import.meta.url.endsWith('.ts');
-  const entry = new URL(fromSource ? './agent-worker.ts' : './agent-worker.js', import.meta.url);
-  if (!fromSource) return new Worker(entry, { workerData: init });
-  // Node 20 does not apply the parent's --import tsx loader to a worker's .ts entry: register it first.
-  const api = import.meta.resolve('tsx/esm/api');
-  const boot =
-    `import(${JSON.stringify(api)})` + `.then((m) => { m.register(); return import(${JSON.stringify(entry.href)}); });`;
-  return new Worker(boot, { eval: true, workerData: init });
+  return moduleWorker(import.meta.url, './agent-worker', { workerData: init });
 }
 
 const PINO_KEYS = new Set(['level', 'time', 'pid', 'hostname', 'msg']);

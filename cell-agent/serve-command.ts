@@ -4,9 +4,9 @@
 // Exit statuses: 0 after a clean stop, 2 for what the user must fix (settings, rules, the tenants
 // file, the routes file), 1 when the server cannot start otherwise or fails while stopping.
 import { ConfigError } from '../shared/cli-config.js';
+import { CellquotaError } from '../shared/errors.js';
 import type { Logger } from '../shared/logging.js';
 import { QuotaConfigError } from './decide/quotas.js';
-import { RoutesError } from './front-door/routes.js';
 import { isRulesError } from './rules/rules-errors.js';
 
 export interface ServeCommandIo {
@@ -23,10 +23,30 @@ export function settingsOrExit<T>(io: ServeCommandIo, load: () => T): Started<T>
   try {
     return { ok: true, value: load() };
   } catch (error) {
-    if (!(error instanceof ConfigError)) throw error;
-    io.stderr.write(`${error.message}\n`);
-    return { ok: false, exitCode: error.exitCode };
+    return configErrorExit(io, error);
   }
+}
+
+/** settingsOrExit for settings read asynchronously (the agent's, in a thread of their own). */
+export async function settingsOrExitAsync<T>(io: ServeCommandIo, load: () => Promise<T>): Promise<Started<T>> {
+  try {
+    return { ok: true, value: await load() };
+  } catch (error) {
+    return configErrorExit(io, error);
+  }
+}
+
+function configErrorExit(io: ServeCommandIo, error: unknown): Started<never> {
+  if (!(error instanceof ConfigError)) throw error;
+  io.stderr.write(`${error.message}\n`);
+  return { ok: false, exitCode: error.exitCode };
+}
+
+/** A bad routes file? routes.ts (zod) is imported only here, on the error path, not by every start. */
+async function isRoutesError(error: unknown): Promise<boolean> {
+  if (!(error instanceof CellquotaError)) return false;
+  const { RoutesError } = await import('./front-door/routes.js');
+  return error instanceof RoutesError;
 }
 
 /** Starts the server, or the exit status of why it cannot start (the message on stderr). */
@@ -43,7 +63,7 @@ export async function startOrExit<T>(
       error instanceof ConfigError ||
       isRulesError(error) ||
       error instanceof QuotaConfigError ||
-      error instanceof RoutesError;
+      (await isRoutesError(error));
     io.stderr.write(usersToFix ? `${command}: ${message}\n` : `${command}: cannot start: ${message}\n`);
     return { ok: false, exitCode: usersToFix ? 2 : 1 };
   }

@@ -68,9 +68,8 @@ export function parseUnknownTenantPolicy(text: string): UnknownTenantPolicy | nu
   return null;
 }
 
-export function formatUnknownTenantPolicy(p: UnknownTenantPolicy): string {
-  return p.kind === 'tier' ? `tier:${p.tier}` : p.kind;
-}
+// Here for its callers; in quotas.ts, so that the agent's main thread formats it without zod.
+export { formatUnknownTenantPolicy } from './quotas.js';
 
 /** Reads and validates a tenants file (YAML or JSON). Throws QuotaConfigError. */
 export async function loadQuotaFile(path: string): Promise<QuotaFile> {

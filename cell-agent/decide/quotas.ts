@@ -38,6 +38,11 @@ const UNIT_MINUTE = 2;
 const UNIT_HOUR = 3;
 const UNIT_DAY = 4;
 
+/** The --unknown-tenant policy's text form (parseUnknownTenantPolicy in quota-file.ts reads it). */
+export function formatUnknownTenantPolicy(p: UnknownTenantPolicy): string {
+  return p.kind === 'tier' ? `tier:${p.tier}` : p.kind;
+}
+
 /** An error in the tenants file or in how the policy refers to it. */
 export class QuotaConfigError extends CellquotaError {
   readonly code = 'QUOTA_CONFIG_INVALID';
