@@ -124,22 +124,25 @@ function selectByPriority(
   const n = input.cells.length;
   const s = input.slices;
   const score = new Float64Array(kept);
+  // The grants come grouped by quota row: its key, rate and floor are read once per row.
+  let row = -1;
+  let tenant = false;
+  let quotaRate = 1;
+  let floorRate = 0;
   for (let j = 0; j < kept; j++) {
     const g = at[j] as number;
     const qi = cols.row[g] as number;
+    if (qi !== row) {
+      row = qi;
+      const q = input.quotas[qi];
+      tenant = q?.key.startsWith('tenant/') === true;
+      quotaRate = q?.rate ?? 1;
+      floorRate = q?.floorRate ?? 0;
+    }
     const c = cols.cell[g] as number;
-    const q = input.quotas[qi];
     const i = qi * n + c;
-    const floor = input.cells[c]?.hasFloor === true ? (q?.floorRate ?? 0) : 0;
-    const tenant = q?.key.startsWith('tenant/') === true;
-    const p = priorityOf(
-      tenant,
-      rates[j] as number,
-      q?.rate ?? 1,
-      s.grantRate[i] as number,
-      floor,
-      s.demand[i] as number,
-    );
+    const floor = input.cells[c]?.hasFloor === true ? floorRate : 0;
+    const p = priorityOf(tenant, rates[j] as number, quotaRate, s.grantRate[i] as number, floor, s.demand[i] as number);
     score[j] = Number.isNaN(p) ? 0 : p; // a zero quota's move is 0 / 0
   }
   const threshold = kthLargest(score.slice(), max);
