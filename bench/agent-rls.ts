@@ -14,6 +14,8 @@
 //   agent-semi1 agent in a process started with --max-semi-space-size=1 (every isolate's young
 //               generation at 1 MiB semi-spaces): what that setting, which brings the idle RSS under
 //               96 MiB (bench/agent-idle-rss.ts), costs in throughput and p99
+//   agent-young6 agent with --worker-young-generation-mb 6 (the serving thread's semi-spaces at 2 MiB,
+//               the main thread's as V8 grows them): the same question for the serving thread only
 //   agent-2w    the same with 2 serving workers, each on a socket of its own (<socket>, <socket>.1;
 //               over TCP port, port + 1): the generator spreads its connections over both, as
 //               Envoy does over the cluster's endpoints ("throughput grows with cores")
@@ -51,6 +53,7 @@ export const SERVER_NAMES = [
   'agent-grpcjs',
   'agent-2w',
   'agent-semi1',
+  'agent-young6',
   'rlf-memory',
   'rlf-redis',
   'ceiling-pbjs',
@@ -64,6 +67,7 @@ export const DEFAULT_SERVERS: readonly ServerName[] = [
   'agent-grpcjs',
   'agent-2w',
   'agent-semi1',
+  'agent-young6',
   'rlf-memory',
   'rlf-redis',
 ];
@@ -149,6 +153,7 @@ const MODULES: Record<ServerName, string> = {
   'agent-grpcjs': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-semi1': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
+  'agent-young6': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'rlf-memory': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'rlf-redis': fileURLToPath(new URL('./servers/rlf.ts', import.meta.url)),
   'ceiling-pbjs': fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
@@ -225,7 +230,13 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
     const toStart: { name: ServerName; options: ServerOptions }[] = [];
     for (const name of wanted) {
       const dir = mkdtempSync(join(scratch, `${name}-`));
-      if (name === 'agent' || name === 'agent-2w' || name === 'agent-grpcjs' || name === 'agent-semi1') {
+      if (
+        name === 'agent' ||
+        name === 'agent-2w' ||
+        name === 'agent-grpcjs' ||
+        name === 'agent-semi1' ||
+        name === 'agent-young6'
+      ) {
         if (!existsSync(AGENT_MAIN)) {
           skipped.push({ server: name, reason: 'cell-agent/agent-main.ts does not exist' });
           continue;
@@ -238,6 +249,7 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
             rlsServer: name === 'agent-grpcjs' ? 'grpc-js' : 'lean',
             // The young generation's cost (issue 21: idle RSS ≤ 96 MiB): 1 MiB semi-spaces in every isolate.
             ...(name === 'agent-semi1' ? { nodeFlags: [SEMI1_FLAG] } : {}),
+            ...(name === 'agent-young6' ? { workerYoungGenerationMb: 6 } : {}),
           },
         });
       } else if (name === 'ceiling-pbjs') {
@@ -556,20 +568,27 @@ function buildReport(
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
   }
-  // The young generation's cost: the same agent with 1 MiB semi-spaces (SEMI1_FLAG), at its peak and
-  // paced p99, against the default (the idle RSS each gives: npm run bench -- agent-idle-rss).
+  // The young generation's cost: the same agent with 1 MiB semi-spaces in every isolate (SEMI1_FLAG),
+  // and with the serving thread's young generation at 6 MiB, at its peak and paced p99, against the
+  // default (the idle RSS each gives: npm run bench -- agent-idle-rss).
+  const smaller: readonly [ServerName, string][] = [
+    ['agent-semi1', SEMI1_FLAG],
+    ['agent-young6', '--worker-young-generation-mb 6'],
+  ];
   for (const variant of variants) {
     const base = peak('agent', variant);
-    const small = peak('agent-semi1', variant);
-    if (base === undefined || small === undefined || !(base.result.throughput > 0)) continue;
     const bp = find('agent', variant, 'paced')?.result.latency?.p99Us;
-    const sp = find('agent-semi1', variant, 'paced')?.result.latency?.p99Us;
-    notes.push(
-      `agent-semi1 (${SEMI1_FLAG}) ÷ agent (${variant}): throughput ${(small.result.throughput / base.result.throughput).toFixed(2)} ` +
-        `(${fmtInt(small.result.throughput)} vs ${fmtInt(base.result.throughput)} req/s at their peaks)` +
-        (bp !== undefined && sp !== undefined ? `, paced p99 ${sp} vs ${bp} µs` : '') +
-        (opts.smoke ? ' — smoke run: no verdict' : ''),
-    );
+    for (const [name, how] of smaller) {
+      const small = peak(name, variant);
+      if (base === undefined || small === undefined || !(base.result.throughput > 0)) continue;
+      const sp = find(name, variant, 'paced')?.result.latency?.p99Us;
+      notes.push(
+        `${name} (${how}) ÷ agent (${variant}): throughput ${(small.result.throughput / base.result.throughput).toFixed(2)} ` +
+          `(${fmtInt(small.result.throughput)} vs ${fmtInt(base.result.throughput)} req/s at their peaks)` +
+          (bp !== undefined && sp !== undefined ? `, paced p99 ${sp} vs ${bp} µs` : '') +
+          (opts.smoke ? ' — smoke run: no verdict' : ''),
+      );
+    }
   }
   if (!phases.some((p) => p.server === 'agent') && (opts.servers ?? DEFAULT_SERVERS).includes('agent'))
     notes.push('agent ÷ ceiling: not computed, the agent row was skipped (see below).');

@@ -141,6 +141,8 @@ const defaultUnknownTenant = ((): UnknownTenantPolicy => {
   if (p === null) throw new Error(`DEFAULT_UNKNOWN_TENANT '${DEFAULT_UNKNOWN_TENANT}' is not a policy`);
   return p;
 })();
+/** A serving thread's young generation by default (cell-agent/README.md, "Memory of an idle agent"). */
+export const DEFAULT_WORKER_YOUNG_GENERATION_MB = 0;
 /** Largest gRPC request message and HTTP request body by default, in bytes. */
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
 export const DEFAULT_HTTP_BODY_LIMIT = 64 * 1024;
@@ -224,6 +226,13 @@ export const agentConfigFields = z.object({
     help: 'gRPC serving threads, all sharing one bucket table (0: no RLS server, the HTTP API only)',
     default: 1,
     example: '4',
+  }),
+  workerYoungGenerationMb: setting(int(0, 1024), {
+    help:
+      "each serving thread's V8 young generation in MiB (three semi-spaces: 6 is 2 MiB ones; " +
+      "0: V8's default, up to 48): what an idle agent keeps resident against how often the thread scavenges",
+    default: DEFAULT_WORKER_YOUNG_GENERATION_MB,
+    example: '12',
   }),
   rlsServer: setting(z.enum(RLS_SERVER_KINDS), {
     help: 'the RLS gRPC server: lean (gRPC framing on node:http2) | grpc-js (the previous server, kept for comparison)',

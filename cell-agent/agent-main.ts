@@ -102,6 +102,9 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     onThrottle: (m) => main.throttleLog.merge(m),
     onVelocityKey: (slot, gen, key) => memory.velocityKeys.learn(slot, gen, key),
     onRestart: () => metrics.workerRestarts.inc(),
+    ...(config.workerYoungGenerationMb === 0
+      ? {}
+      : { resourceLimits: { maxYoungGenerationSizeMb: config.workerYoungGenerationMb } }),
   });
   const metrics = createAgentMetrics({
     ...memory,

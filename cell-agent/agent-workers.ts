@@ -7,7 +7,7 @@
 // has confirmed it (a worker that dies is restarted with the full table in its init), and only then
 // does postOverrides resolve, so the lease client acknowledges a grant only once every thread
 // decides with it.
-import type { Worker } from 'node:worker_threads';
+import type { ResourceLimits, Worker } from 'node:worker_threads';
 import { moduleWorker } from '../shared/module-worker.js';
 import type { Logger } from '../shared/logging.js';
 import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
@@ -34,6 +34,8 @@ export interface RlsWorkersOptions {
   readonly onVelocityKey: (slot: number, gen: number, key: string) => void;
   /** Called at each restart of a crashed worker (the restarts metric). */
   readonly onRestart: () => void;
+  /** Each worker's V8 heap limits (--worker-young-generation-mb); V8's defaults when absent. */
+  readonly resourceLimits?: ResourceLimits;
 }
 
 interface WorkerSlot {
@@ -207,7 +209,7 @@ export class RlsWorkers {
     return new Promise((resolveStart, rejectStart) => {
       const init = this.options.initFor(slot.index);
       slot.overridesSeq = this.overrideSeq; // init.overrides is the table as of this batch
-      const worker = spawnWorker(init);
+      const worker = spawnWorker(init, this.options.resourceLimits);
       slot.worker = worker;
       let started = false;
       const timer = setTimeout(() => {
@@ -308,8 +310,11 @@ export class RlsWorkers {
 }
 
 /** Starts agent-worker: the compiled .js next to this file, or the .ts source through tsx. */
-function spawnWorker(init: WorkerInit): Worker {
-  return moduleWorker(import.meta.url, './agent-worker', { workerData: init });
+function spawnWorker(init: WorkerInit, resourceLimits: ResourceLimits | undefined): Worker {
+  return moduleWorker(import.meta.url, './agent-worker', {
+    workerData: init,
+    ...(resourceLimits === undefined ? {} : { resourceLimits }),
+  });
 }
 
 const PINO_KEYS = new Set(['level', 'time', 'pid', 'hostname', 'msg']);

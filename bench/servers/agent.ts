@@ -39,6 +39,9 @@ export async function start(target: string, options: ServerOptions): Promise<Run
           ...(options.lagThresholdMs === undefined ? {} : { lagThresholdMs: options.lagThresholdMs }),
         }),
     rlsServer: options.rlsServer ?? 'lean',
+    ...(options.workerYoungGenerationMb === undefined
+      ? {}
+      : { workerYoungGenerationMb: options.workerYoungGenerationMb }),
     ...(target.startsWith('/') ? { rlsSocket: target } : { rlsListen: target }),
   };
   const config = parseAgentConfig(input);

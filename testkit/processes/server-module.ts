@@ -30,6 +30,8 @@ export interface ServerOptions {
    * default threshold (unless lagThresholdMs says otherwise) with this policy; absent, it is off. */
   readonly overloadPolicy?: 'bounded' | 'open';
   readonly lagThresholdMs?: number;
+  /** The agent's --worker-young-generation-mb (bench/servers/agent.ts); the agent's default when absent. */
+  readonly workerYoungGenerationMb?: number;
   /** Node/V8 flags for the server's process (ServerProcess puts them before tsx's), e.g. --max-semi-space-size=1. */
   readonly nodeFlags?: readonly string[];
 }
