@@ -1,8 +1,10 @@
 // The processes of the front-door benchmark that are not cellquota itself. Run as
 // `node --import tsx bench/frontdoor/frontdoor-servers.ts upstream PORT` (a keep-alive node:http app
-// answering 200 with a small JSON body) or `... bare-proxy PORT UPSTREAM_URL` (fastify +
+// answering 200 with a small JSON body), `... bare-proxy PORT UPSTREAM_URL` (fastify +
 // @fastify/http-proxy configured like `cellquota gateway`, without the limiter: the ceiling the
-// gateway is compared with).
+// gateway is compared with) or `... empty-auth SOCKET_PATH` (node:http on a Unix socket answering
+// every request 200 with no body and no decision: the floor of a forward-auth service on node:http).
+import { chmodSync } from 'node:fs';
 import { createServer } from 'node:http';
 import Fastify from 'fastify';
 import httpProxy from '@fastify/http-proxy';
@@ -17,6 +19,14 @@ if (role === 'upstream') {
   });
   server.keepAliveTimeout = 60_000;
   server.listen(port, '127.0.0.1', () => console.log(`upstream on ${port}`));
+} else if (role === 'empty-auth' && portText !== undefined) {
+  const empty = ['content-length', '0'];
+  const server = createServer((_req, res) => void res.writeHead(200, empty).end());
+  server.keepAliveTimeout = 72_000; // as the agent's
+  server.listen(portText, () => {
+    chmodSync(portText, 0o666); // nginx's workers run as another user
+    console.log(`empty auth on ${portText}`);
+  });
 } else if (role === 'bare-proxy' && upstream !== undefined) {
   const app = Fastify({ logger: false, requestTimeout: 0, keepAliveTimeout: 65_000 });
   await app.register(httpProxy, {
@@ -44,6 +54,6 @@ if (role === 'upstream') {
   for (const signal of ['SIGINT', 'SIGTERM'] as const)
     process.once(signal, () => void app.close().then(() => process.exit(0)));
 } else {
-  console.error('usage: frontdoor-servers.ts upstream PORT | bare-proxy PORT UPSTREAM_URL');
+  console.error('usage: frontdoor-servers.ts upstream PORT | bare-proxy PORT UPSTREAM_URL | empty-auth SOCKET_PATH');
   process.exit(2);
 }
