@@ -42,10 +42,11 @@ if (role === 'upstream') {
       connect: { rejectUnauthorized: true },
     },
     replyOptions: {
-      rewriteRequestHeaders: (request, headers) => ({
-        ...headers,
-        'x-forwarded-for': request.socket.remoteAddress ?? 'unknown',
-      }),
+      // in place, as the gateway does: `headers` is reply-from's own copy for this request
+      rewriteRequestHeaders: (request, headers) => {
+        headers['x-forwarded-for'] = request.socket.remoteAddress ?? 'unknown';
+        return headers;
+      },
     },
   });
   await app.listen({ host: '127.0.0.1', port });

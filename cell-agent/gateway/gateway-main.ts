@@ -48,6 +48,8 @@ export interface GatewayHandle {
 }
 
 const NO_PEERS = parseAddressList([]);
+const RATE_LIMIT_HEADERS = 'cellquotaRateLimitHeaders';
+type RequestWithHeaders = FastifyRequest & { [RATE_LIMIT_HEADERS]: readonly string[] | null };
 const TOO_MANY_CONNECTIONS =
   'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n' +
   'Content-Length: 21\r\nConnection: close\r\n\r\nToo many connections\n';
@@ -123,7 +125,10 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     keepAliveTimeout: 65_000,
   });
   const keyOptions = { trusted: config.trustedProxies };
-  const allowedHeaders = new WeakMap<object, readonly string[]>();
+  // An allowed request's RateLimit headers, for its response (rewriteHeaders below): a property
+  // every request has from its creation (decorateRequest), so that setting it keeps the object's
+  // shape — a WeakMap keyed by the request cost an ephemeron entry per request for the GC to trace.
+  app.decorateRequest(RATE_LIMIT_HEADERS, null);
 
   app.addHook('onRequest', (request: FastifyRequest, reply: FastifyReply, done) => {
     const fwd = forwardedRequest(
@@ -151,7 +156,7 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
     if (upgrade) (answer.allowed ? upgradeVerdicts.allowed : upgradeVerdicts.refused).inc();
     if (answer.allowed) {
       // reply-from sets the upstream's headers itself; ours are added in rewriteHeaders below.
-      if (answer.headers.length > 0) allowedHeaders.set(request.raw, answer.headers);
+      if (answer.headers.length > 0) (request as RequestWithHeaders)[RATE_LIMIT_HEADERS] = answer.headers;
       done();
       return;
     }
@@ -176,15 +181,17 @@ export async function startGateway(config: GatewayConfig, logger: Logger): Promi
       connect: { rejectUnauthorized: true },
     },
     replyOptions: {
-      rewriteRequestHeaders: (request, headers) => ({
-        ...headers,
-        'x-forwarded-for': appendForwardedFor(headers['x-forwarded-for'], request.socket.remoteAddress),
-        'x-forwarded-proto': 'http',
-        'x-forwarded-host': typeof headers.host === 'string' ? headers.host : '',
-      }),
+      // `headers` is reply-from's own copy of this request's headers (`{ ...req.headers }`, made per
+      // request): set in place, not spread into another object (a second copy per request).
+      rewriteRequestHeaders: (request, headers) => {
+        headers['x-forwarded-host'] = typeof headers.host === 'string' ? headers.host : '';
+        headers['x-forwarded-for'] = appendForwardedFor(headers['x-forwarded-for'], request.socket.remoteAddress);
+        headers['x-forwarded-proto'] = 'http';
+        return headers;
+      },
       rewriteHeaders: (headers, request) => {
-        const ours = request === undefined ? undefined : allowedHeaders.get(request.raw);
-        if (ours === undefined) return headers;
+        const ours = request === undefined ? null : (request as RequestWithHeaders)[RATE_LIMIT_HEADERS];
+        if (ours === null) return headers;
         // The upstream's header object is this response's own (reply-from builds it per response):
         // ours are set on it in place, replacing any the upstream sent under the same names.
         for (let i = 0; i < ours.length; i += 2) headers[(ours[i] as string).toLowerCase()] = ours[i + 1];
