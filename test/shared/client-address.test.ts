@@ -143,3 +143,23 @@ void test('property: the key is the peer, a trusted hop, or a well-formed untrus
     }),
   );
 });
+
+void test('property: a dotted-quad peer and hops give the key their IPv4-mapped IPv6 forms give', () => {
+  // The dotted quads take a numeric path, the mapped forms the general one: both must agree.
+  const hop = fc.oneof(v4, fc.constant('10.1.2.3'), fc.constant('127.0.0.1'), fc.constant('10.255.0.1'));
+  fc.assert(
+    fc.property(
+      fc.oneof(v4, fc.constant('127.0.0.1'), fc.constant('10.0.0.7')),
+      fc.array(hop, { maxLength: 6 }),
+      (peer, hops) => {
+        const plain = clientAddress({ peer, forwardedFor: hops.join(', '), trusted });
+        const mapped = clientAddress({
+          peer: `::ffff:${peer}`,
+          forwardedFor: hops.map((h) => `[::ffff:${h}]`).join(', '),
+          trusted,
+        });
+        return plain === mapped;
+      },
+    ),
+  );
+});
