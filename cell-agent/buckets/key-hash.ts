@@ -39,12 +39,23 @@ export function hashKey(key: string, seed: number, out: Int32Array): void {
  * into a bucket key (`\`, `|`, `=` and `~` preceded by a backslash). The result is exactly
  * hashKey(the concatenated key): the hot path hashes a rule's bucket key from the request's values,
  * and every other path (the string key) finds the same bucket.
+ *
+ * head(part) is raw(part) for a part that starts the key and recurs (a rule's `domain|key=`, 21 of
+ * the 29 characters of `bench|remote_address=10.0.1.2`): the state after it is kept per part (a few
+ * at a time, by identity of the string and the seed) and restored instead of hashed again.
+ * save()/restore() keep a key's state while others are hashed (a decision over several descriptors
+ * takes from each bucket twice: once to check, once to take).
  */
 export class KeyHashStream {
   private hi = 0;
   private lo = 0;
   private c = 0;
   private len = 0;
+  private seed = 0;
+  /** head()'s memo: HEADS parts, their seeds and the state after each (hi, lo, c, len). */
+  private readonly headParts: (string | null)[] = new Array<string | null>(HEADS).fill(null);
+  private readonly headStates = new Int32Array(HEADS * STATE_WORDS);
+  private headNext = 0;
 
   begin(seed: number): void {
     // FNV-1a 64: offset basis 0xcbf29ce4_84222325, prime 2^40 + 0x1b3.
@@ -52,20 +63,65 @@ export class KeyHashStream {
     this.lo = (0x84222325 ^ seed) | 0;
     this.c = (0x9747b28c ^ Math.imul(seed, 0x27d4eb2d)) | 0;
     this.len = 0;
+    this.seed = seed | 0;
   }
 
   raw(part: string): void {
-    const n = part.length;
-    for (let i = 0; i < n; i++) this.unit(part.charCodeAt(i));
+    this.mix(part, 0, part.length);
   }
 
   escaped(part: string): void {
     const n = part.length;
+    let from = 0;
     for (let i = 0; i < n; i++) {
       const ch = part.charCodeAt(i);
-      if (ch === BACKSLASH || ch === BAR || ch === EQUALS || ch === TILDE) this.unit(BACKSLASH);
-      this.unit(ch);
+      if (ch === BACKSLASH || ch === BAR || ch === EQUALS || ch === TILDE) {
+        this.mix(part, from, i);
+        this.mix(BACKSLASH_TEXT, 0, 1);
+        from = i;
+      }
     }
+    this.mix(part, from, n);
+  }
+
+  /** raw(part) as the first part of the key (right after begin); memoized (see the class comment). */
+  head(part: string): void {
+    if (this.len !== 0) {
+      this.raw(part);
+      return;
+    }
+    const parts = this.headParts;
+    const states = this.headStates;
+    for (let i = 0; i < HEADS; i++) {
+      if (parts[i] === part && states[i * STATE_WORDS + 4] === this.seed) {
+        this.restore(states, i * STATE_WORDS);
+        return;
+      }
+    }
+    this.raw(part);
+    const i = this.headNext;
+    this.headNext = (i + 1) % HEADS;
+    parts[i] = part;
+    this.save(states, i * STATE_WORDS);
+    states[i * STATE_WORDS + 4] = this.seed;
+  }
+
+  /** Writes the state (STATE_WORDS words, the last the seed) at into[at..]. */
+  save(into: Int32Array, at: number): void {
+    into[at] = this.hi;
+    into[at + 1] = this.lo;
+    into[at + 2] = this.c;
+    into[at + 3] = this.len;
+    into[at + 4] = this.seed;
+  }
+
+  /** Puts back a state save() wrote: the stream goes on (or ends) as it would have then. */
+  restore(from: Int32Array, at: number): void {
+    this.hi = from[at] ?? 0;
+    this.lo = from[at + 1] ?? 0;
+    this.c = from[at + 2] ?? 0;
+    this.len = from[at + 3] ?? 0;
+    this.seed = from[at + 4] ?? 0;
   }
 
   end(out: Int32Array): void {
@@ -74,25 +130,38 @@ export class KeyHashStream {
     out[2] = fmix32(this.c ^ this.len);
   }
 
-  private unit(ch: number): void {
-    // The FNV multiply on 32-bit halves:
-    // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32.
-    let lo = this.lo ^ ch;
-    const t = (lo >>> 0) * 0x1b3; // < 2^41: exact in a double
-    const carry = (t / TWO_32) | 0;
-    this.hi = (Math.imul(this.hi, 0x1b3) + (lo << 8) + carry) | 0;
-    lo = t | 0;
+  /** Hashes part[from .. to) on locals (the per-unit step of both hashes). */
+  private mix(part: string, from: number, to: number): void {
+    let hi = this.hi;
+    let lo = this.lo;
+    let c = this.c;
+    for (let i = from; i < to; i++) {
+      const ch = part.charCodeAt(i);
+      // The FNV multiply on 32-bit halves:
+      // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32.
+      lo ^= ch;
+      const t = (lo >>> 0) * 0x1b3; // < 2^41: exact in a double
+      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + ((t / TWO_32) | 0)) | 0;
+      lo = t | 0;
+      let k = Math.imul(ch, 0xcc9e2d51);
+      k = (k << 15) | (k >>> 17);
+      k = Math.imul(k, 0x1b873593);
+      c ^= k;
+      c = (c << 13) | (c >>> 19);
+      c = (Math.imul(c, 5) + 0xe6546b64) | 0;
+    }
+    this.hi = hi;
     this.lo = lo;
-    let k = Math.imul(ch, 0xcc9e2d51);
-    k = (k << 15) | (k >>> 17);
-    k = Math.imul(k, 0x1b873593);
-    let c = this.c ^ k;
-    c = (c << 13) | (c >>> 19);
-    this.c = (Math.imul(c, 5) + 0xe6546b64) | 0;
-    this.len++;
+    this.c = c;
+    this.len += to - from;
   }
 }
 
+/** Words of a saved stream state: hi, lo, c, len, seed. */
+export const STATE_WORDS = 5;
+/** Parts head() keeps the state after (a request's descriptors start with a few distinct heads). */
+const HEADS = 4;
+const BACKSLASH_TEXT = '\\';
 const BACKSLASH = 0x5c;
 const BAR = 0x7c;
 const EQUALS = 0x3d;

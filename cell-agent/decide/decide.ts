@@ -45,11 +45,19 @@
 // `duration_until_reset` is the time until it is full again (for a refused status: until the
 // refused hits would pass), rounded up to whole seconds.
 import { BucketTable } from '../buckets/bucket-table.js';
-import type { TakeResult } from '../buckets/bucket-table.js';
+import type { KeyTakeResult, TakeResult } from '../buckets/bucket-table.js';
+import { STATE_WORDS } from '../buckets/key-hash.js';
+import type { KeyHashStream } from '../buckets/key-hash.js';
 import { NEVER_NS, limitPerUnit } from '../buckets/gcra.js';
 import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
 import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
-import { applyReplaces, lastLocalBucketKey, matchLocalRate, matchWithAncestors } from '../rules/rules-match.js';
+import {
+  applyReplaces,
+  lastLocalBucketKey,
+  localBucketKey,
+  matchLocalRate,
+  matchWithAncestors,
+} from '../rules/rules-match.js';
 import type { RuleMatch } from '../rules/rules-match.js';
 import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import { decidedOnText } from '../messages/refusal.js';
@@ -208,6 +216,10 @@ interface RuleLimit {
   readonly statusLimits: readonly GcraLimit[];
   /** The hot path's takeKey() decides under it (its window fits the numeric step). */
   readonly keyTakes: boolean;
+  /** T, D and b as numbers (exact when keyTakes): the fast paths' retry arithmetic. */
+  readonly intervalNs: number;
+  readonly windowNs: number;
+  readonly burst: number;
 }
 
 interface DescriptorPlan {
@@ -239,6 +251,9 @@ export class Decider {
   private nowNs = 0n;
   /** The planted bug 'rule-path-buckets' only: the domain and rule path of the global match being planned. */
   private path = '';
+  /** decideLocals' working state, one slot per descriptor (one decision at a time, and it never calls out
+   * before it is done with them): each bucket key's hash state, its rule, hits and what its bucket said. */
+  private readonly fast = newFastScratch();
 
   constructor(
     private readonly deps: DeciderDeps,
@@ -263,8 +278,9 @@ export class Decider {
     if (rules === null) return { ok: false, failure: { code: GRPC_STATUS.UNKNOWN, message: NO_CONFIG_MESSAGE } };
     const nowNs = this.deps.clock();
     this.nowNs = nowNs;
-    if (req.descriptors.length === 1 && this.options.fastPath !== false) {
-      const fast = this.decideOneLocal(rules, req, nowNs);
+    const n = req.descriptors.length;
+    if (n <= FAST_DESCRIPTORS && this.options.fastPath !== false) {
+      const fast = n === 1 ? this.decideOneLocal(rules, req, nowNs) : this.decideLocals(rules, req, nowNs);
       if (fast !== null) return { ok: true, decision: fast };
     }
     const { plans, levels } = this.plan(rules, req);
@@ -356,6 +372,181 @@ export class Decider {
       tableFull: false,
       tableFullKey: null,
       retryAfterNs: retryNs === Infinity ? (limit.windowNs > 0n ? limit.windowNs : NS_PER_S) : BigInt(retryNs),
+      statusLimits,
+      refusal,
+    };
+  }
+
+  /**
+   * The common case of several descriptors (2 ≤ n ≤ FAST_DESCRIPTORS), each counted in one local bucket
+   * of its own (Envoy's two-descriptor check, the embedded limiter's global + per-IP limiters): what
+   * evaluate() does for the same request's levels — every bucket checked first without consuming, then,
+   * only if all pass, taken from, tightest margin first — without a plan, a level or a key string. Each
+   * bucket key is hashed once from the request's parts; its hash state is kept and restored for the
+   * second take. null before any bucket is touched when the request is not such a case (a descriptor
+   * not counted in exactly one local bucket, hits 0, a long window, two descriptors in one bucket).
+   */
+  private decideLocals(rules: RuleSet, req: RlsRequest, nowNs: bigint): Decision | null {
+    const table = this.deps.table;
+    const f = this.fast;
+    const n = req.descriptors.length;
+    const defaultHits = req.hitsAddend > 1 ? req.hitsAddend : 1;
+    for (let i = 0; i < n; i++) {
+      const d = req.descriptors[i];
+      if (d === undefined || d.limit !== null) return null;
+      const hits = d.hitsAddend ?? defaultHits;
+      if (hits === 0) return null;
+      const sink = table.beginKey();
+      if (sink === null) return null;
+      const node = matchLocalRate(rules, req.domain, d.entries, sink);
+      if (node === null) return null;
+      const rule = this.ruleLimitOf(node);
+      if (!rule.keyTakes) return null;
+      sink.save(f.states, i * STATE_WORDS);
+      // Two descriptors counted in one bucket are one level with the hits summed: the general path.
+      for (let j = 0; j < i; j++) if (sameState(f.states, i, j)) return null;
+      f.rules[i] = rule;
+      f.nodes[i] = node;
+      f.hits[i] = hits;
+    }
+    // Check: every bucket's whole tokens now (a 0-hit take creates no bucket for a local rule).
+    let over = false;
+    for (let i = 0; i < n; i++) {
+      const rule = f.rules[i] as RuleLimit;
+      const r = this.takeSaved(i, rule.limit, 0, nowNs);
+      if (r.verdict === 'table-full') return null; // not for a 0-hit take of a 'full' limit; never guess
+      const need = f.hits[i] as number;
+      f.remaining[i] = r.remaining;
+      f.reset[i] = r.resetNs;
+      f.tableFull[i] = 0;
+      const passed = r.verdict !== 'deny' && r.remaining >= need;
+      f.passed[i] = passed ? 1 : 0;
+      if (!passed) {
+        f.retry[i] = retryForNumber(rule, r.resetNs, need);
+        over = true;
+      }
+    }
+    let tableFull = false;
+    if (!over) {
+      // Take, tightest margin first (a stable order: ties in descriptor order, as evaluate() sorts).
+      const order = f.order;
+      for (let i = 0; i < n; i++) {
+        let j = i;
+        const margin = (f.remaining[i] as number) - (f.hits[i] as number);
+        while (j > 0 && (f.remaining[order[j - 1] as number] as number) - (f.hits[order[j - 1] as number] as number) > margin) {
+          order[j] = order[j - 1] as number;
+          j--;
+        }
+        order[j] = i;
+      }
+      for (let k = 0; k < n; k++) {
+        const i = order[k] as number;
+        const rule = f.rules[i] as RuleLimit;
+        const hits = f.hits[i] as number;
+        const r = this.takeSaved(i, rule.limit, hits, nowNs);
+        if (r.verdict === 'allow') {
+          f.remaining[i] = r.remaining;
+          f.reset[i] = r.resetNs;
+        } else if (r.verdict === 'table-full') {
+          tableFull = true;
+          f.tableFull[i] = 1;
+          if (this.options.tableFull === 'closed') {
+            f.passed[i] = 0;
+            f.remaining[i] = 0;
+            f.retry[i] = 1e9;
+            over = true;
+            break;
+          }
+        } else {
+          // Lost a race to another worker between check and take (see the header).
+          f.passed[i] = 0;
+          f.remaining[i] = r.remaining;
+          f.reset[i] = r.resetNs;
+          f.retry[i] = retryForNumber(rule, r.resetNs, hits);
+          over = true;
+          break;
+        }
+      }
+    }
+    return this.localsDecision(rules, req, n, over, tableFull);
+  }
+
+  /** takeKey() for descriptor i's bucket key, from its saved hash state. */
+  private takeSaved(i: number, limit: GcraLimit, hits: number, nowNs: bigint): Readonly<KeyTakeResult> {
+    const table = this.deps.table;
+    (table.beginKey() as KeyHashStream).restore(this.fast.states, i * STATE_WORDS);
+    return table.takeKey(limit, hits, nowNs);
+  }
+
+  /** decideLocals' answer from its scratch: evaluate()'s statuses, refusal, Retry-After and headers. */
+  private localsDecision(rules: RuleSet, req: RlsRequest, n: number, over: boolean, tableFull: boolean): Decision {
+    const f = this.fast;
+    const statuses: RlsDescriptorStatus[] = new Array<RlsDescriptorStatus>(n);
+    const statusLimits: GcraLimit[] = new Array<GcraLimit>(n);
+    let tableFullKey: string | null = null;
+    let refusal: Refusal | null = null;
+    let retryAfterNs = 0;
+    for (let i = 0; i < n; i++) {
+      const rule = f.rules[i] as RuleLimit;
+      statusLimits[i] = rule.limit;
+      const entries = (req.descriptors[i] as RlsRequest['descriptors'][number]).entries;
+      if (f.tableFull[i] === 1 && tableFullKey === null) tableFullKey = localBucketKey(rules, req.domain, entries);
+      if (f.passed[i] === 1) {
+        statuses[i] = {
+          code: OK,
+          currentLimit: rule.currentLimit,
+          limitRemaining: Math.min(f.remaining[i] as number, MAX_UINT32),
+          durationUntilReset: secondsOfNumber(f.reset[i] as number),
+        };
+        continue;
+      }
+      const retry = f.retry[i] as number;
+      statuses[i] = {
+        code: OVER_LIMIT,
+        currentLimit: rule.currentLimit,
+        limitRemaining: 0,
+        durationUntilReset: secondsOfNumber(retry === Infinity ? (f.reset[i] as number) : retry),
+      };
+      const wait = retry === Infinity ? (rule.windowNs > 0 ? rule.windowNs : 1e9) : retry;
+      if (wait > retryAfterNs) retryAfterNs = wait;
+      const key = localBucketKey(rules, req.domain, entries);
+      const why: Refusal = {
+        level: 'local-rule',
+        limit: (f.nodes[i] as RuleNode).name ?? key,
+        decidedOn: null,
+        epoch: null,
+        cell: this.options.cell ?? null,
+      };
+      refusal ??= why;
+      this.deps.onRefused?.(key, f.hits[i] as number, why);
+    }
+    for (let i = 0; i < n; i++) {
+      f.rules[i] = null;
+      f.nodes[i] = null;
+    }
+    let headers: readonly RlsHeader[] = NO_HEADERS;
+    if (this.options.responseHeaders || tableFull || refusal !== null) {
+      const list: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
+      if (tableFull) list.push({ key: DEGRADED_HEADER, value: 'true' });
+      if (refusal !== null) list.push(...provenanceHeaders(refusal));
+      headers = list;
+    }
+    return {
+      response: {
+        overallCode: over ? OVER_LIMIT : OK,
+        statuses,
+        responseHeadersToAdd: headers,
+        requestHeadersToAdd: NO_HEADERS,
+        rawBody: null,
+      },
+      overLimit: over,
+      scope: 'local',
+      degraded: tableFull,
+      staticSlice: false,
+      tableFull,
+      tableFullKey,
+      // Exact: every wait is an integer below 2^53 (a narrow limit's window and debt).
+      retryAfterNs: over ? BigInt(retryAfterNs) : 0n,
       statusLimits,
       refusal,
     };
@@ -625,6 +816,9 @@ export class Decider {
         currentLimit: { requestsPerUnit: l.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: rule.name ?? '' },
         statusLimits: Object.freeze([limit]),
         keyTakes: BucketTable.keyTakes(limit),
+        intervalNs: Number(limit.intervalNs),
+        windowNs: Number(limit.windowNs),
+        burst: Number(limit.burst),
       };
       this.ruleLimits.set(rule, cached);
     }
@@ -840,6 +1034,51 @@ function retryFor(limit: GcraLimit, resetNs: bigint, hits: number): bigint {
   // Allowed once debt + hits·T ≤ D, debt = resetNs shrinking 1:1 with time.
   const wait = resetNs + BigInt(hits) * limit.intervalNs - limit.windowNs;
   return wait > 0n ? wait : 0n;
+}
+
+/** retryFor() on numbers, for a rule whose window fits the numeric step (every value below 2^53). */
+function retryForNumber(rule: RuleLimit, resetNs: number, hits: number): number {
+  if (rule.intervalNs === 0 || hits > rule.burst) return Infinity;
+  const wait = resetNs + hits * rule.intervalNs - rule.windowNs;
+  return wait > 0 ? wait : 0;
+}
+
+/** Descriptors decideLocals takes (more: the general path). */
+const FAST_DESCRIPTORS = 4;
+
+interface FastScratch {
+  readonly states: Int32Array;
+  readonly rules: (RuleLimit | null)[];
+  readonly nodes: (RuleNode | null)[];
+  readonly hits: Float64Array;
+  readonly remaining: Float64Array;
+  readonly reset: Float64Array;
+  /** The wait until the refused hits would pass; Infinity: never. */
+  readonly retry: Float64Array;
+  readonly passed: Uint8Array;
+  readonly tableFull: Uint8Array;
+  readonly order: Int32Array;
+}
+
+function newFastScratch(): FastScratch {
+  return {
+    states: new Int32Array(FAST_DESCRIPTORS * STATE_WORDS),
+    rules: new Array<RuleLimit | null>(FAST_DESCRIPTORS).fill(null),
+    nodes: new Array<RuleNode | null>(FAST_DESCRIPTORS).fill(null),
+    hits: new Float64Array(FAST_DESCRIPTORS),
+    remaining: new Float64Array(FAST_DESCRIPTORS),
+    reset: new Float64Array(FAST_DESCRIPTORS),
+    retry: new Float64Array(FAST_DESCRIPTORS),
+    passed: new Uint8Array(FAST_DESCRIPTORS),
+    tableFull: new Uint8Array(FAST_DESCRIPTORS),
+    order: new Int32Array(FAST_DESCRIPTORS),
+  };
+}
+
+/** Whether the hash states saved for descriptors i and j are the same key's. */
+function sameState(states: Int32Array, i: number, j: number): boolean {
+  for (let w = 0; w < STATE_WORDS; w++) if (states[i * STATE_WORDS + w] !== states[j * STATE_WORDS + w]) return false;
+  return true;
 }
 
 function descriptorRefused(plan: DescriptorPlan): boolean {

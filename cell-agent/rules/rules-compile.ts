@@ -28,6 +28,7 @@
 import { RULES_ERROR_CODES, RulesError } from './rules-errors.js';
 import type { SourcePos } from './rules-errors.js';
 import { compileGlob, isGlobPattern } from './rules-glob.js';
+import { escapeKeyPart } from './rules-match.js';
 import type { GlobMatcher } from './rules-glob.js';
 import { MAX_WINDOW_NS } from '../buckets/gcra.js';
 import { RATE_LIMIT_UNITS, MAX_RULES_DEPTH, checkGlobalDescriptor, parseRateLimitUnit } from './rules-schema.js';
@@ -93,6 +94,12 @@ export interface RuleNode {
    * path.
    */
   readonly metricKeyFromRequest: boolean;
+  /**
+   * This node's part of a bucket key before the request's value (rules-match.ts's format): at depth 0
+   * `domain|key=` (`~` for a share_threshold wildcard), deeper `|key=`, escaped. The same for every
+   * request: the key hash of the hot path keeps its state after a depth-0 head.
+   */
+  readonly keyHead: string;
   readonly children: RuleLevel;
   readonly file: string;
   readonly pos: SourcePos | undefined;
@@ -358,6 +365,9 @@ function loadDescriptors(level: LevelBuilder, descriptors: readonly RulesDescrip
       global: descriptor.global,
       metadata: descriptor.metadata,
       metricKeyFromRequest: descriptor.detailedMetric || pathValueToMetric,
+      keyHead:
+        (ctx.depth === 0 ? escapeKeyPart(ctx.domain) : '') +
+        `|${escapeKeyPart(key)}${kind === 'wildcard' && descriptor.shareThreshold ? '~' : '='}`,
       children: EMPTY_LEVEL, // replaced by the sealed level once every file is loaded
       file,
       pos: descriptor.pos,

@@ -164,6 +164,8 @@ export function applyReplaces(matches: readonly (RuleMatch | null)[]): (RuleMatc
 export interface KeySink {
   raw(part: string): void;
   escaped(part: string): void;
+  /** raw(part) for the first part of a key, a rule's constant head (RuleNode.keyHead): a hash may memoize it. */
+  head(part: string): void;
 }
 
 class StringKeySink implements KeySink {
@@ -174,26 +176,24 @@ class StringKeySink implements KeySink {
   escaped(part: string): void {
     this.text += escapeKeyPart(part);
   }
+  head(part: string): void {
+    this.text += part;
+  }
 }
 
 /** One buildMatch at a time (it never calls out): one builder serves every call. */
 const stringSink = new StringKeySink();
 
 /** The bucket key of the walk in scratch over entries[0 .. levels - 1] (format: the header comment). */
-function writeBucketKey(sink: KeySink, domain: string, entries: readonly DescriptorEntry[], levels: number): void {
-  sink.escaped(domain);
+function writeBucketKey(sink: KeySink, entries: readonly DescriptorEntry[], levels: number): void {
+  // The walk matched each entry on its key (node.key === entry.key) in `domain`: a node's keyHead is
+  // `domain|key=` at depth 0, `|key=` deeper (`~` for a share_threshold wildcard), escaped.
   for (let i = 0; i < levels; i += 1) {
     const entry = entries[i] as DescriptorEntry;
     const at = scratch[i] as RuleNode;
-    sink.raw('|');
-    sink.escaped(entry.key);
-    if (at.kind === 'wildcard' && at.shareThreshold) {
-      sink.raw('~');
-      sink.escaped(at.value ?? '');
-    } else {
-      sink.raw('=');
-      sink.escaped(entry.value);
-    }
+    if (i === 0) sink.head(at.keyHead);
+    else sink.raw(at.keyHead);
+    sink.escaped(at.kind === 'wildcard' && at.shareThreshold ? (at.value ?? '') : entry.value);
   }
 }
 
@@ -217,14 +217,22 @@ export function matchLocalRate(
   if (limit === null || limit.kind !== 'rate' || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
     return null;
   for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
-  writeBucketKey(sink, domain, entries, reached);
+  writeBucketKey(sink, entries, reached);
   return node;
 }
 
 /** RuleMatch.bucketKey of the descriptor matchLocalRate last accepted (valid until the next match). */
 export function lastLocalBucketKey(domain: string, entries: readonly DescriptorEntry[]): string {
   stringSink.text = '';
-  writeBucketKey(stringSink, domain, entries, entries.length);
+  writeBucketKey(stringSink, entries, entries.length);
+  return stringSink.text;
+}
+
+/** RuleMatch.bucketKey of a descriptor matchLocalRate accepts (walked again: for refusals, off the hot path). */
+export function localBucketKey(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[]): string {
+  const reached = walk(ruleSet, domain, entries);
+  stringSink.text = '';
+  writeBucketKey(stringSink, entries, reached);
   return stringSink.text;
 }
 
@@ -277,7 +285,7 @@ function buildMatch(domain: string, entries: readonly DescriptorEntry[], levels:
   const node = scratch[levels - 1] as RuleNode;
   const limit = node.limit as RuleLimit;
   stringSink.text = '';
-  writeBucketKey(stringSink, domain, entries, levels);
+  writeBucketKey(stringSink, entries, levels);
   const bucketKey = stringSink.text;
   const last = entries[levels - 1] as DescriptorEntry;
   return {
@@ -316,6 +324,7 @@ function metricKey(domain: string, entries: readonly DescriptorEntry[], levels: 
 const KEY_SPECIAL = /[\\|=~]/;
 const KEY_SPECIAL_ALL = /[\\|=~]/g;
 
-function escapeKeyPart(text: string): string {
+/** The key format's escaping of a part (`\\`, `|`, `=`, `~` get a backslash). */
+export function escapeKeyPart(text: string): string {
   return KEY_SPECIAL.test(text) ? text.replace(KEY_SPECIAL_ALL, '\\$&') : text;
 }
