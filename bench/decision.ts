@@ -5,14 +5,24 @@
 //   takeKey() [before]  the hot path's take on the table before issue 21: the same key written in
 //                       parts into the table's hash stream
 //   takeKey()           the same on today's table
+//   takeKey() head      the same with the rule's constant head (`bench|remote_address=`) written by
+//                       head(): its hash state memoized (what the decision's fast paths do)
 //   decide (fast)       Decider.decide, one descriptor [{remote_address: <ip>}] counted in one local
 //                       bucket: the fast path (decideOneLocal)
 //   decide (general)    the same requests with `fastPath: false`: plan, levels, evaluate (the path
 //                       before the fast path, kept for this comparison)
 //   decide (global)     one descriptor [{tenant: <id>}] on a `global: true` rule with static slices (a
 //                       tenant quota and its tier cap: the general path)
+//   decide 2 (fast)     two descriptors [{limiter: all}], [{remote_address: <ip>}], each counted in a
+//                       local bucket (Envoy's two-descriptor check, the embedded registry example):
+//                       decideLocals, all or nothing
+//   decide 2 (general)  the same requests with `fastPath: false` (the path they took before)
 //   limiter.check()     the embedded limiter (createLimiter, embedded/limiter.ts) with the same local
 //                       rule: its wrapper, CheckService and the fast path (issue 17: ≤ 1 µs median)
+//   limiter.check() 256 the same over 256 client addresses (the embedded benchmark's count)
+//   limiter.check() 2   the two descriptors above through the limiter
+// Then the embedded benchmark's own measurement (bench/check-cost.ts: CPU time over batches of 10,000
+// checks, median batch) over 256 and over 10,000 addresses, in a note: the two benchmarks side by side.
 // 10,000 client addresses / 1,000 tenants over tables of 100,000 buckets, every limit far above the
 // offered rate (every call admitted: the cost of deciding). The request (or key) of a call is set up
 // before its timer starts, as a decoder hands one over: in cache, its strings flat; the buckets are
@@ -35,6 +45,7 @@ import { compileRules } from '../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../cell-agent/rules/rules-schema.js';
 import type { RlsRequest } from '../cell-agent/messages/rls-messages.js';
 import { createLimiter } from '../embedded/limiter.js';
+import { CHECK_COST_RULES, checkCostNs } from './check-cost.js';
 import { BigIntBucketTable } from './baseline/bucket-table-bigint.js';
 import { percentiles } from './agent-memory.js';
 import type { Percentiles } from './agent-memory.js';
@@ -47,6 +58,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
   - key: tenant
     global: true
+  - key: limiter
+    value: all
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
 `;
 const TENANTS = {
   tiers: { big: { rate: 1e9, burst: 1e9 } },
@@ -115,7 +129,10 @@ export async function runDecisionBench(opts: {
   const limiter = await createLimiter({
     rules: {
       domain: 'bench',
-      descriptors: [{ key: 'remote_address', rate_limit: { unit: 'second', requests_per_unit: 1e9 } }],
+      descriptors: [
+        { key: 'remote_address', rate_limit: { unit: 'second', requests_per_unit: 1e9 } },
+        { key: 'limiter', value: 'all', rate_limit: { unit: 'second', requests_per_unit: 1e9 } },
+      ],
     },
     tableCapacity: 100_000,
   });
@@ -134,6 +151,17 @@ export async function runDecisionBench(opts: {
   const tenantReq = oneEntryRequest('tenant');
   const checkEntry = { key: 'remote_address', value: '' };
   const checkInput = { descriptors: [[checkEntry]] };
+  const pairEntry = { key: 'remote_address', value: '' };
+  const pairReq: RlsRequest = {
+    domain: 'bench',
+    hitsAddend: 0,
+    descriptors: [
+      { entries: [{ key: 'limiter', value: 'all' }], limit: null, hitsAddend: null },
+      { entries: [pairEntry], limit: null, hitsAddend: null },
+    ],
+  };
+  const pairInput = { descriptors: [[{ key: 'limiter', value: 'all' }], [checkEntry]] };
+  const ips256 = ips.slice(0, 256);
   const variant = (name: string, prepare: (i: number) => void, call: () => void): Variant => ({
     name,
     prepare,
@@ -169,6 +197,13 @@ export async function runDecisionBench(opts: {
       k.escaped(ip);
       if (table.takeKey(limit, 1, now).allowed) admitted++;
     }),
+    variant('takeKey() head', byIp, () => {
+      const k = table.beginKey();
+      if (k === null) throw new Error('the table has a custom hasher');
+      k.head('bench|remote_address=');
+      k.escaped(ip);
+      if (table.takeKey(limit, 1, now).allowed) admitted++;
+    }),
     variant(
       'decide (fast)',
       (i) => {
@@ -200,12 +235,50 @@ export async function runDecisionBench(opts: {
       },
     ),
     variant(
+      'decide 2 (fast)',
+      (i) => {
+        pairEntry.value = ips[at(i, ips.length)] ?? '';
+      },
+      () => {
+        const r = fast.decide(pairReq);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+    ),
+    variant(
+      'decide 2 (general)',
+      (i) => {
+        pairEntry.value = ips[at(i, ips.length)] ?? '';
+      },
+      () => {
+        const r = general.decide(pairReq);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+    ),
+    variant(
       'limiter.check()',
       (i) => {
         checkEntry.value = ips[at(i, ips.length)] ?? '';
       },
       () => {
         if (limiter.check(checkInput).allowed) admitted++;
+      },
+    ),
+    variant(
+      'limiter.check() 256',
+      (i) => {
+        checkEntry.value = ips256[at(i, ips256.length)] ?? '';
+      },
+      () => {
+        if (limiter.check(checkInput).allowed) admitted++;
+      },
+    ),
+    variant(
+      'limiter.check() 2',
+      (i) => {
+        checkEntry.value = ips[at(i, ips.length)] ?? '';
+      },
+      () => {
+        if (limiter.check(pairInput).allowed) admitted++;
       },
     ),
   ];
@@ -265,6 +338,19 @@ export async function runDecisionBench(opts: {
     if (round % 5 === 4 || round === rounds - 1) opts.progress(`round ${round + 1}/${rounds}`);
   }
   await limiter.close();
+  // The embedded benchmark's measurement, in this run (its own limiter: a fresh table, as there).
+  const costs: string[] = [];
+  for (const addresses of [256, 10_000]) {
+    for (const levels of [1, 2] as const) {
+      const l = await createLimiter({ rules: CHECK_COST_RULES, tableCapacity: 100_000 });
+      checkCostNs(l, { levels, addresses, iterations: opts.smoke ? 20_000 : 100_000 }); // warm-up
+      const ns = checkCostNs(l, { levels, addresses, iterations: opts.smoke ? 50_000 : 500_000 });
+      costs.push(
+        `${levels} level${levels === 1 ? '' : 's'} over ${addresses.toLocaleString('en')} addresses ${Math.round(ns)} ns`,
+      );
+      await l.close();
+    }
+  }
   if (admitted !== calls) throw new Error(`expected every measured call admitted, ${calls - admitted} refused`);
   const stats = variants.map((v) => ({
     v,
@@ -282,6 +368,7 @@ export async function runDecisionBench(opts: {
   };
   const fastP = byName('decide (fast)');
   const generalP = byName('decide (general)');
+  const cpuLine = `the embedded benchmark's measurement of check() (bench/check-cost.ts: CPU time per call, median of batches of 10,000 back-to-back calls) in this run: ${costs.join('; ')}.`;
   return {
     name: 'decision',
     title: 'In-process decision: one call at a time',
@@ -297,7 +384,9 @@ export async function runDecisionBench(opts: {
     notes: [
       machineLine(),
       `${rounds} rounds × ${perRound.toLocaleString('en')} single calls + ${perRound.toLocaleString('en')} in batches of 100 per variant, interleaved; timer cost ${timerNs} ns subtracted from single calls; load average ${os.loadavg()[0]?.toFixed(2)} at the end.`,
-      `after / before: take() p50 ${ratio('take()', 'take() [before]', 'p50')}, p99 ${ratio('take()', 'take() [before]', 'p99')}; takeKey() p50 ${ratio('takeKey()', 'takeKey() [before]', 'p50')}, p99 ${ratio('takeKey()', 'takeKey() [before]', 'p99')}.`,
+      `after / before: take() p50 ${ratio('take()', 'take() [before]', 'p50')}, p99 ${ratio('take()', 'take() [before]', 'p99')}; takeKey() p50 ${ratio('takeKey()', 'takeKey() [before]', 'p50')}, p99 ${ratio('takeKey()', 'takeKey() [before]', 'p99')}; takeKey() head / [before] p50 ${ratio('takeKey() head', 'takeKey() [before]', 'p50')}, p99 ${ratio('takeKey() head', 'takeKey() [before]', 'p99')}.`,
+      `two descriptors, fast / general path: p50 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p50')}, p99 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p99')}; limiter.check() 256 / 10,000 addresses: p50 ${ratio('limiter.check() 256', 'limiter.check()', 'p50')}.`,
+      cpuLine,
       fastP !== undefined && generalP !== undefined
         ? `decide fast / general path: p50 ${(fastP.single.p50 / generalP.single.p50).toFixed(2)}, p99 ${(fastP.single.p99 / generalP.single.p99).toFixed(2)}; target take() and decision ≤ 1,000 ns p99, limiter.check() ≤ 1,000 ns median.`
         : '',

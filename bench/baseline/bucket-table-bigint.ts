@@ -92,9 +92,9 @@ import {
   type GcraLimit,
   type GcraParams,
 } from '../../cell-agent/buckets/gcra.js';
-import { fmix32, hashKey, KeyHashStream, type KeyHasher } from '../../cell-agent/buckets/key-hash.js';
+import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash-before.js';
 
-export type { KeyHasher } from '../../cell-agent/buckets/key-hash.js';
+export type { KeyHasher } from './key-hash-before.js';
 
 /** 'allow' / 'deny': a decision. 'table-full': no slot could be found for a new key (see above). */
 export type TakeVerdict = 'allow' | 'deny' | 'table-full';

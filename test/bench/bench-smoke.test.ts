@@ -60,12 +60,18 @@ void test('decision smoke: take and takeKey before and after, the decision on bo
       'take()',
       'takeKey() [before]',
       'takeKey()',
+      'takeKey() head',
       'decide (fast)',
       'decide (general)',
       'decide (global)',
+      'decide 2 (fast)',
+      'decide 2 (general)',
       'limiter.check()',
+      'limiter.check() 256',
+      'limiter.check() 2',
     ],
   );
+  assert.ok(r.notes.some((n) => /embedded benchmark's measurement of check\(\)/.test(n)));
 });
 
 void test("allocator smoke: round time and entry size per scale; the moved round changes ~10 % of the grants; incremental rounds send the full round's grants in a smaller entry", () => {

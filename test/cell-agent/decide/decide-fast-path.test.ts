@@ -197,25 +197,23 @@ void test('the fast path answers exactly as the general path', () => {
 
 /** Rules where most descriptors are counted in one local bucket: a plain key-only rule for every key,
  * after a few generated ones (which come first, so some keys get a value, a mode or a child). */
-const localRulesArb: fc.Arbitrary<RuleSpec[]> = fc
-  .array(ruleArb, { maxLength: 3 })
-  .chain((extra) =>
-    fc
-      .tuple(
-        ...['ip', 'user', 'path'].map((key) =>
-          fc.record({
-            key: fc.constant(key),
-            value: fc.constant(null),
-            rpu: fc.integer({ min: 0, max: 4 }),
-            name: fc.boolean(),
-            burst: fc.option(fc.integer({ min: 1, max: 4 }), { nil: null }),
-            mode: fc.constant<RuleSpec['mode']>('plain'),
-            child: fc.boolean(),
-          }),
-        ),
-      )
-      .map((base) => [...extra, ...base]),
-  );
+const localRulesArb: fc.Arbitrary<RuleSpec[]> = fc.array(ruleArb, { maxLength: 3 }).chain((extra) =>
+  fc
+    .tuple(
+      ...['ip', 'user', 'path'].map((key) =>
+        fc.record({
+          key: fc.constant(key),
+          value: fc.constant(null),
+          rpu: fc.integer({ min: 0, max: 4 }),
+          name: fc.boolean(),
+          burst: fc.option(fc.integer({ min: 1, max: 4 }), { nil: null }),
+          mode: fc.constant<RuleSpec['mode']>('plain'),
+          child: fc.boolean(),
+        }),
+      ),
+    )
+    .map((base) => [...extra, ...base]),
+);
 
 const localsStepArb = fc.record({
   descriptors: fc.array(descriptorArb, { minLength: 2, maxLength: 5 }),
