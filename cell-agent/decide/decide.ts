@@ -432,8 +432,8 @@ export class Decider {
       const order = f.order;
       for (let i = 0; i < n; i++) {
         let j = i;
-        const margin = (f.remaining[i] as number) - (f.hits[i] as number);
-        while (j > 0 && (f.remaining[order[j - 1] as number] as number) - (f.hits[order[j - 1] as number] as number) > margin) {
+        const margin = marginOf(f, i);
+        while (j > 0 && marginOf(f, order[j - 1] as number) > margin) {
           order[j] = order[j - 1] as number;
           j--;
         }
@@ -1073,6 +1073,11 @@ function newFastScratch(): FastScratch {
     tableFull: new Uint8Array(FAST_DESCRIPTORS),
     order: new Int32Array(FAST_DESCRIPTORS),
   };
+}
+
+/** Tokens descriptor i's bucket would keep after its hits (evaluate() takes the smallest first). */
+function marginOf(f: FastScratch, i: number): number {
+  return (f.remaining[i] as number) - (f.hits[i] as number);
 }
 
 /** Whether the hash states saved for descriptors i and j are the same key's. */
