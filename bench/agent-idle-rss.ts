@@ -2,8 +2,9 @@
 // (`node bin/cellquota.mjs agent ...`, so `npm run build` first), one process per variant, one after
 // the other (never two at once: the figures must not share the machine's memory pressure).
 //
-//   npm run bench -- agent-idle-rss            # idle 10 s per variant
-//   npx tsx bench/agent-idle-rss.ts [--idle-s N] [--workers N] [--node-flags="--flag ..."] [--variants a,b]
+//   npm run bench -- agent-idle-rss            # idle 10 s per variant, and 60 s for the settled figure
+//   npx tsx bench/agent-idle-rss.ts [--idle-s N] [--settle-s N] [--workers N] [--node-flags="--flag ..."]
+//        [--variants a,b]
 //
 // Variants (each with --workers 1 unless --workers says otherwise, the bench rules of
 // bench/servers/bench-rules.ts, --log-level warn, the RLS on a Unix socket):
@@ -39,12 +40,17 @@ const MiB = 1024 * 1024;
 const SAMPLE_MS = 250;
 const LOAD_MS = 3_000;
 const LOAD_IN_FLIGHT = 16;
+/** How long the full run keeps each variant idle for its settled figure. */
+const SETTLE_S = 60;
 
 export const IDLE_RSS_VARIANTS = ['rls', 'rls+http', 'rls+http+coord', 'after-load'] as const;
 export type IdleRssVariant = (typeof IDLE_RSS_VARIANTS)[number];
 
 export interface IdleRssOptions {
   readonly idleS: number;
+  /** Keep sampling until this long idle (≥ idleS; 0: not at all) for the settled figure: V8's memory
+   * reducer returns each thread's start-up young generation on its own after ~20-60 s idle. */
+  readonly settleS: number;
   readonly workers: number;
   /** Node/V8 flags for the agent process (e.g. --max-semi-space-size=1). */
   readonly nodeFlags: readonly string[];
@@ -59,6 +65,8 @@ export interface IdleRssResult {
   readonly workers: number;
   readonly rssMiB: number;
   readonly maxRssMiB: number;
+  /** RSS after settleS idle (null when settleS is 0). */
+  readonly settledRssMiB: number | null;
   readonly samples: number;
   readonly checksBeforeIdle: number;
 }
@@ -165,7 +173,10 @@ async function measureVariant(variant: IdleRssVariant, opts: IdleRssOptions): Pr
     let last = 0;
     let max = 0;
     let samples = 0;
-    const until = Date.now() + opts.idleS * 1000;
+    const start = Date.now();
+    const until = start + opts.idleS * 1000;
+    const settleUntil = start + Math.max(opts.idleS, opts.settleS) * 1000;
+    let settled: number | null = null;
     while (Date.now() < until) {
       await sleep(SAMPLE_MS);
       const rss = rssBytes(pid);
@@ -174,12 +185,22 @@ async function measureVariant(variant: IdleRssVariant, opts: IdleRssOptions): Pr
       max = Math.max(max, rss);
       samples++;
     }
-    opts.progress(`${variant}: ${mib(last)} MiB after ${opts.idleS} s idle (max ${mib(max)})`);
+    while (opts.settleS > 0 && Date.now() < settleUntil) {
+      await sleep(SAMPLE_MS);
+      const rss = rssBytes(pid);
+      if (rss === null) throw new Error('the agent exited while idle');
+      settled = rss;
+    }
+    opts.progress(
+      `${variant}: ${mib(last)} MiB after ${opts.idleS} s idle (max ${mib(max)})` +
+        (settled === null ? '' : `, ${mib(settled)} MiB after ${opts.settleS} s`),
+    );
     return {
       variant,
       workers: opts.workers,
       rssMiB: mib(last),
       maxRssMiB: mib(max),
+      settledRssMiB: settled === null ? null : mib(settled),
       samples,
       checksBeforeIdle: checks,
     };
@@ -208,6 +229,7 @@ export async function runAgentIdleRssBench(opts: {
   progress: (msg: string) => void;
 }): Promise<BenchReport> {
   const idleS = opts.smoke ? 1 : 10;
+  const settleS = opts.smoke ? 0 : SETTLE_S;
   const variants = opts.smoke ? (['rls'] as const) : IDLE_RSS_VARIANTS;
   // In a run of every benchmark, a missing or stale build is reported, not thrown: the others still run.
   const problem = opts.smoke ? null : buildProblem();
@@ -222,6 +244,7 @@ export async function runAgentIdleRssBench(opts: {
   }
   const results = await measureIdleRss({
     idleS,
+    settleS,
     workers: 1,
     nodeFlags: [],
     variants,
@@ -236,10 +259,13 @@ export async function runAgentIdleRssBench(opts: {
       workers: r.workers,
       'RSS MiB': r.rssMiB,
       'max RSS MiB': r.maxRssMiB,
+      [`RSS MiB after ${settleS} s`]: r.settledRssMiB ?? '',
       'checks before idle': r.checksBeforeIdle,
     })),
     notes: [
       `RSS after ${idleS} s idle, sampled every ${SAMPLE_MS} ms (the last sample; max over the window)`,
+      `RSS after ${settleS} s idle: once V8's memory reducer has run in each thread (it returns the young generation ` +
+        'that start-up and load grew, ~20-60 s into an idle period; see cell-agent/README.md)',
       opts.smoke
         ? 'smoke: run from source through tsx (its loader adds memory): figures not meaningful'
         : 'the built agent (npm run build); target ≤ 96 MiB with one worker (issue 21)',
@@ -252,6 +278,7 @@ async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
       'idle-s': { type: 'string', default: '10' },
+      'settle-s': { type: 'string', default: '0' },
       workers: { type: 'string', default: '1' },
       'node-flags': { type: 'string', default: '' },
       variants: { type: 'string', default: IDLE_RSS_VARIANTS.join(',') },
@@ -259,6 +286,8 @@ async function main(): Promise<void> {
   });
   const idleS = Number(values['idle-s']);
   const workers = Number(values.workers);
+  const settleS = Number(values['settle-s']);
+  if (!Number.isFinite(settleS) || settleS < 0) throw new RangeError('--settle-s takes a number ≥ 0');
   if (!Number.isFinite(idleS) || idleS <= 0) throw new RangeError('--idle-s takes a positive number');
   if (!Number.isSafeInteger(workers) || workers < 1) throw new RangeError('--workers takes a positive integer');
   const variants = values.variants.split(',').map((v) => {
@@ -269,6 +298,7 @@ async function main(): Promise<void> {
   const nodeFlags = values['node-flags'].split(/\s+/).filter((f) => f !== '');
   const results = await measureIdleRss({
     idleS,
+    settleS,
     workers,
     nodeFlags,
     variants,
