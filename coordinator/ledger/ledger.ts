@@ -101,7 +101,9 @@
 
 import { ClientSessions } from '../raft/raft-sessions.js';
 import type { SessionEntry } from '../raft/raft-sessions.js';
-import { Packr, Unpackr } from 'msgpackr';
+import { Unpackr } from 'msgpackr';
+import { SLICE_FIELDS, encodeSnapshotNow } from './snapshot-encoder.js';
+import type { LedgerSnapshotCopy, SnapQuotaRow } from './snapshot-encoder.js';
 import { z } from 'zod';
 import { MAX_GCRA_WINDOW_S, gcraWindowFits } from '../../shared/gcra-window.js';
 import {
@@ -1895,33 +1897,83 @@ export class Ledger {
 
   /** The whole ledger (configuration, clock, applied index, state, client sessions), canonically ordered. */
   snapshot(): Uint8Array {
-    const quotaRows = (m: Map<string, QuotaRec>): SnapQuota[] =>
-      [...m].sort((a, b) => cmp(a[0], b[0])).map(([n, q]) => [n, q.rate, q.burst, q.floorFraction, q.updatedIndex]);
-    const slices: SnapSlice[] = [];
-    for (const key of [...this.byKey.keys()].sort(cmp)) {
-      const m = this.byKey.get(key);
-      if (m === undefined) continue;
-      for (const cellId of [...m.keys()].sort(cmp)) {
-        const s = m.get(cellId);
-        if (s === undefined) continue;
-        slices.push([
-          key,
-          cellId,
-          s.epoch,
-          s.rate,
-          s.burst,
-          s.leaseExpiresAtMs,
-          s.floorRate,
-          s.floorBurst,
-          s.heldRate,
-          s.heldBurst,
-          s.heldFloorRate,
-          s.heldFloorBurst,
-          s.version,
-        ]);
+    return encodeSnapshotNow(this.snapshotCopy());
+  }
+
+  /**
+   * Every value of the snapshot at the applied index, copied into flat columns (no object per
+   * tenant or slice), for encodeSnapshotSteps (snapshot-encoder.ts) to sort and pack later, in
+   * steps, while this ledger goes on applying entries: the encoded bytes are those snapshot() gives now.
+   */
+  snapshotCopy(): LedgerSnapshotCopy {
+    const quotaRows = (m: Map<string, QuotaRec>): SnapQuotaRow[] =>
+      [...m].map(([n, q]) => [n, q.rate, q.burst, q.floorFraction, q.updatedIndex]);
+    const nt = this.tenants.size;
+    const tenants = {
+      id: new Array<string>(nt),
+      tier: new Array<string>(nt),
+      rate: new Float64Array(nt),
+      burst: new Float64Array(nt),
+      updatedIndex: new Float64Array(nt),
+    };
+    let i = 0;
+    for (const [id, t] of this.tenants) {
+      tenants.id[i] = id;
+      tenants.tier[i] = t.tier;
+      tenants.rate[i] = t.rate ?? NaN;
+      tenants.burst[i] = t.burst ?? NaN;
+      tenants.updatedIndex[i] = t.updatedIndex;
+      i++;
+    }
+    let ns = 0;
+    for (const m of this.byKey.values()) ns += m.size;
+    const keys: string[] = [];
+    const start = new Int32Array(this.byKey.size + 1);
+    const cellId = new Array<string>(ns);
+    const num = SLICE_FIELDS.map(() => new Float64Array(ns));
+    const col = (f: (typeof SLICE_FIELDS)[number]): Float64Array => num[SLICE_FIELDS.indexOf(f)] as Float64Array;
+    const epoch = col('epoch');
+    const rate = col('rate');
+    const burst = col('burst');
+    const lease = col('leaseExpiresAtMs');
+    const floorRate = col('floorRate');
+    const floorBurst = col('floorBurst');
+    const heldRate = col('heldRate');
+    const heldBurst = col('heldBurst');
+    const heldFloorRate = col('heldFloorRate');
+    const heldFloorBurst = col('heldFloorBurst');
+    const version = col('version');
+    let x = 0;
+    for (const [key, m] of this.byKey) {
+      start[keys.length] = x;
+      keys.push(key);
+      for (const [id, sl] of m) {
+        cellId[x] = id;
+        epoch[x] = sl.epoch;
+        rate[x] = sl.rate;
+        burst[x] = sl.burst;
+        lease[x] = sl.leaseExpiresAtMs;
+        floorRate[x] = sl.floorRate;
+        floorBurst[x] = sl.floorBurst;
+        heldRate[x] = sl.heldRate;
+        heldBurst[x] = sl.heldBurst;
+        heldFloorRate[x] = sl.heldFloorRate;
+        heldFloorBurst[x] = sl.heldFloorBurst;
+        version[x] = sl.version;
+        x++;
       }
     }
-    const snap: Snapshot = {
+    start[keys.length] = x;
+    const nc = this.ceilings.size;
+    const ceilings = { key: new Array<string>(nc), rate: new Float64Array(nc), burst: new Float64Array(nc) };
+    i = 0;
+    for (const [k, c] of this.ceilings) {
+      ceilings.key[i] = k;
+      ceilings.rate[i] = c.rate;
+      ceilings.burst[i] = c.burst;
+      i++;
+    }
+    return {
       v: SNAPSHOT_FORMAT_VERSION,
       config: [this.config.floorCells, this.config.skewMarginMs, this.config.maxSessions],
       nowMs: this.now,
@@ -1929,9 +1981,7 @@ export class Ledger {
       tiers: quotaRows(this.tiers),
       tierCaps: quotaRows(this.tierCaps),
       domainCaps: quotaRows(this.domainCaps),
-      tenants: [...this.tenants]
-        .sort((a, b) => cmp(a[0], b[0]))
-        .map(([id, t]) => [id, t.tier, t.rate, t.burst, t.updatedIndex]),
+      tenants,
       cells: this.cellOrder.map((id) => {
         const c = this.cells.get(id) as CellRec;
         // The removal mark only when set, so a ledger that never removed a cell snapshots as before.
@@ -1939,14 +1989,13 @@ export class Ledger {
           ? [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark, true]
           : [id, c.slot, c.registeredAtMs, c.lastReportAtMs, c.leaseExpiresAtMs, c.epochMark];
       }),
-      slices,
-      ceilings: [...this.ceilings].sort((a, b) => cmp(a[0], b[0])).map(([k, c]) => [k, c.rate, c.burst]),
+      slices: { key: keys, start, cellId, num },
+      ceilings,
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
       settings: [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
+      // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
+      retiringImplicit: this.retiringImplicit.size > 0 ? [...this.retiringImplicit] : null,
     };
-    // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
-    if (this.retiringImplicit.size > 0) snap.retiringImplicit = [...this.retiringImplicit].sort(cmp);
-    return snapPackr.pack(snap);
   }
 
   /** Rebuilds a ledger from `snapshot()` bytes; throws LedgerSnapshotError if they are not a valid ledger. */
@@ -2059,50 +2108,6 @@ export class LedgerSnapshotError extends CellquotaError {
 
 // ---- snapshot format ----------------------------------------------------------------------------
 
-type SnapQuota = [name: string, rate: number, burst: number, floorFraction: number, updatedIndex: number];
-type SnapSlice = [
-  key: string,
-  cellId: string,
-  epoch: number,
-  rate: number,
-  burst: number,
-  leaseExpiresAtMs: number,
-  floorRate: number,
-  floorBurst: number,
-  heldRate: number,
-  heldBurst: number,
-  heldFloorRate: number,
-  heldFloorBurst: number,
-  version?: number,
-];
-interface Snapshot {
-  v: number;
-  config: [floorCells: number, skewMarginMs: number, maxSessions: number];
-  nowMs: number;
-  appliedIndex: number;
-  tiers: SnapQuota[];
-  tierCaps: SnapQuota[];
-  domainCaps: SnapQuota[];
-  tenants: [id: string, tier: string, rate: number | null, burst: number | null, updatedIndex: number][];
-  cells: [
-    id: string,
-    slot: number | null,
-    registeredAtMs: number,
-    lastReportAtMs: number | null,
-    leaseExpiresAtMs: number | null,
-    epochMark?: number,
-    removing?: boolean,
-  ][];
-  slices: SnapSlice[];
-  ceilings: [key: string, rate: number, burst: number][];
-  sessions: [clientId: string, seq: number, result: unknown][];
-  /** v2: [unknownTenant, domainCapsIndex]. */
-  settings?: [unknownTenant: UnknownTenantPolicyName, domainCapsIndex: number, unknownTenantIndex?: number];
-  /** Implicit tenants winding down (absent: none). */
-  retiringImplicit?: string[];
-}
-
-const snapPackr = new Packr({ useRecords: false, moreTypes: false });
 const snapUnpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, moreTypes: false });
 
 const sName = z.string().min(1).max(MAX_NAME_LENGTH);

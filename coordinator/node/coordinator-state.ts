@@ -7,6 +7,7 @@
 import { Packr } from 'msgpackr';
 import { Ledger, type LedgerOptions, type LedgerResult } from '../ledger/ledger.js';
 import type { ReplicatedStateMachine } from './raft-driver.js';
+import { encodeSnapshotSteps } from '../ledger/snapshot-encoder.js';
 
 export const memberRecordTag = 0xc1; // a byte msgpack never starts a value with ("never used")
 const packr = new Packr({ useRecords: false, moreTypes: false });
@@ -64,6 +65,16 @@ export class CoordinatorState implements ReplicatedStateMachine<CoordinatorResul
       this.ledger.snapshot(),
       [...this.members].sort((a, b) => a[0].localeCompare(b[0])),
     ]);
+  }
+
+  /** snapshot()'s bytes as of now, encoded by the returned steps (the state may change meanwhile). */
+  snapshotSteps(): Generator<void, Uint8Array, void> {
+    const ledger = encodeSnapshotSteps(this.ledger.snapshotCopy());
+    const members = [...this.members].sort((a, b) => a[0].localeCompare(b[0]));
+    return (function* () {
+      const bytes = yield* ledger;
+      return packr.pack([snapshotVersion, bytes, members]);
+    })();
   }
 
   restore(data: Uint8Array): void {

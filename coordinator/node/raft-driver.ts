@@ -33,7 +33,26 @@ export interface RaftOutbox {
 export interface ReplicatedStateMachine<R> {
   apply(data: Uint8Array, index: number): R;
   snapshot(): Uint8Array;
+  /**
+   * Optional: copies the state as applied now (synchronously, cheaply) and returns steps that
+   * encode that copy into the bytes snapshot() would give now, one bounded step per `yield`. The
+   * driver runs them between other work, so the state machine goes on applying entries meanwhile.
+   */
+  snapshotSteps?(): Generator<void, Uint8Array, void>;
   restore(data: Uint8Array): void;
+}
+
+/** The longest the driver runs a snapshot's encoding steps before it lets the event loop go on. */
+const SNAPSHOT_STEP_BUDGET_MS = 8;
+
+/** A snapshot being encoded off the driver's path (see maybeSnapshot). */
+interface SnapshotJob {
+  readonly point: ReturnType<RaftNode['snapshotPoint']>;
+  readonly started: number;
+  readonly loop: ReturnType<typeof monitorEventLoopDelay>;
+  /** The longest synchronous piece so far: the copy, or one run of steps. */
+  longestSyncMs: number;
+  data: Uint8Array | null;
 }
 
 export interface RaftDriverOptions<R> {
@@ -54,9 +73,10 @@ export interface RaftDriverOptions<R> {
   /** After restoring the state machine from a leader's snapshot; `restoreMs`: the restore's time. */
   readonly onSnapshotInstalled?: (index: number, term: number, bytes: number, restoreMs: number) => void;
   /**
-   * After a snapshot was taken and stored: `ms` in all (encode and write); `encodeMs` the
-   * synchronous encoding of the state machine (the event loop serves nothing meanwhile);
-   * `loopMaxMs` the longest event-loop delay while it was taken and written.
+   * After a snapshot was taken and stored: `ms` in all (encode and write); `encodeMs` the longest
+   * synchronous piece of it (the state machine's copy or one run of encoding steps; all of the
+   * encoding for a state machine without snapshotSteps), during which the event loop serves
+   * nothing; `loopMaxMs` the longest event-loop delay while it was taken and written.
    */
   readonly onSnapshotTaken?: (
     index: number,
@@ -153,6 +173,7 @@ export class RaftDriver<R> {
   private lastTerm = 0;
   private fatal: Error | null = null;
   private lastSnapshotProgress = { at: 0, index: -1, bytes: -1 };
+  private snapshotJob: SnapshotJob | null = null;
 
   constructor(opts: RaftDriverOptions<R>) {
     this.opts = opts;
@@ -319,7 +340,10 @@ export class RaftDriver<R> {
           }
         }
         this.reportSnapshotProgress();
-        if (!this.raft.hasReady()) continue;
+        if (!this.raft.hasReady()) {
+          await this.maybeSnapshot(); // a snapshot encoded meanwhile is stored now
+          continue;
+        }
         const rd = this.raft.ready();
         // A leader's replication goes out while its own write is in flight (thesis §10.2.1).
         const early = rd.softState.role === 'leader' ? rd.messages.filter(sendBeforePersist) : [];
@@ -462,28 +486,91 @@ export class RaftDriver<R> {
     if (changed) this.opts.onLeaderChange?.(s.leader, s.term);
   }
 
+  /**
+   * Takes a snapshot once `snapshotEveryEntries` entries were applied since the last one. With a
+   * state machine that has snapshotSteps, in three parts: the state is copied at the applied index
+   * (synchronously), the copy is encoded in steps between other work (runSnapshotSteps: the node
+   * goes on applying, answering and sending heartbeats), and the next time the pump comes here
+   * the log is compacted to that index and the snapshot stored — unless a snapshot from the leader
+   * installed meanwhile is at or past it. The snapshot is exactly the state at its index.
+   */
   private async maybeSnapshot(): Promise<void> {
+    const job = this.snapshotJob;
+    if (job !== null) {
+      if (job.data === null) return; // still encoding
+      this.snapshotJob = null;
+      await this.storeSnapshot(job, job.data);
+      return;
+    }
     const every = this.opts.snapshotEveryEntries;
     if (every <= 0 || this.applied - this.snapshotIndex < every) return;
     // The longest event-loop delay while the snapshot is taken and written (any cause), beside the
-    // snapshot's own synchronous step (encoding the state machine: the loop serves nothing then).
+    // snapshot's own synchronous steps (the event loop serves nothing during them).
     const loop = monitorEventLoopDelay({ resolution: 10 });
     loop.enable();
     const started = performance.now();
-    const snap = this.raft.compact(this.opts.stateMachine.snapshot(), this.opts.snapshotTrailingEntries);
-    const encodeMs = performance.now() - started;
+    const point = this.raft.snapshotPoint();
+    const sm = this.opts.stateMachine;
+    if (sm.snapshotSteps === undefined) {
+      const data = sm.snapshot();
+      await this.storeSnapshot({ point, started, loop, longestSyncMs: performance.now() - started, data }, data);
+      return;
+    }
+    const steps = sm.snapshotSteps();
+    const next: SnapshotJob = { point, started, loop, longestSyncMs: performance.now() - started, data: null };
+    this.snapshotJob = next;
+    void this.runSnapshotSteps(next, steps);
+  }
+
+  /** Runs the encoding steps, SNAPSHOT_STEP_BUDGET_MS at a time, then wakes the pump to store it. */
+  private async runSnapshotSteps(job: SnapshotJob, steps: Generator<void, Uint8Array, void>): Promise<void> {
+    try {
+      for (;;) {
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        if (this.stopped || this.fatal !== null) {
+          job.loop.disable();
+          return;
+        }
+        const t0 = performance.now();
+        let r = steps.next();
+        while (r.done !== true && performance.now() - t0 < SNAPSHOT_STEP_BUDGET_MS) r = steps.next();
+        job.longestSyncMs = Math.max(job.longestSyncMs, performance.now() - t0);
+        if (r.done === true) {
+          job.data = r.value;
+          break;
+        }
+      }
+    } catch (err) {
+      // Encoding a copy of the state failed: a bug; stop as when stepping or applying throws.
+      job.loop.disable();
+      this.enqueue(null, () => {
+        throw err;
+      });
+      return;
+    }
+    this.enqueue(null, () => undefined); // the pump stores it (maybeSnapshot)
+  }
+
+  private async storeSnapshot(job: SnapshotJob, data: Uint8Array): Promise<void> {
+    // A snapshot installed from the leader while this one was encoded is newer: this one is dropped.
+    if (job.point.index <= this.snapshotIndex) {
+      job.loop.disable();
+      return;
+    }
+    const snap = this.raft.compact(data, this.opts.snapshotTrailingEntries, job.point);
     // The core may keep more than the trailing entries (for a snapshot transfer in progress).
     try {
       await this.opts.storage.compact(snap, this.raft.firstIndex()).catch((err: unknown) => {
         throw new RaftPersistError('compact', err);
       });
     } finally {
-      loop.disable();
+      job.loop.disable();
     }
     this.snapshotIndex = snap.meta.index;
-    const ms = performance.now() - started;
-    // The histogram's max is in ns; it misses a stall that starts before it is enabled, hence the max with encodeMs.
-    const loopMaxMs = Math.max(encodeMs, Number.isFinite(loop.max) ? loop.max / 1e6 : 0);
+    const ms = performance.now() - job.started;
+    // The histogram's max is in ns; it misses a stall that starts before it is enabled, hence the max with the steps'.
+    const encodeMs = job.longestSyncMs;
+    const loopMaxMs = Math.max(encodeMs, Number.isFinite(job.loop.max) ? job.loop.max / 1e6 : 0);
     this.opts.onSnapshotTaken?.(snap.meta.index, snap.data.byteLength, ms, { encodeMs, loopMaxMs });
   }
 }

@@ -311,13 +311,16 @@ export class RaftNode {
    * installs it continues from the log instead of needing a newer snapshot: a transfer that takes
    * longer than the log takes to move on still ends. The log then holds entries from `firstIndex()`
    * on; the caller must have made the snapshot durable and compact its stored log to the same index.
+   * `point`: where the snapshot was taken (snapshotPoint(), default now) when it was encoded later,
+   * past the log's last snapshot.
    */
-  compact(data: Uint8Array, keepTrailing: number): Snapshot {
+  compact(data: Uint8Array, keepTrailing: number, point = this.snapshotPoint()): Snapshot {
     this.assertNoReadyOutstanding();
-    const index = this.log.applied;
+    const index = point.index;
+    assert(index <= this.log.applied, `snapshot at ${index} past applied ${this.log.applied}`);
     const term = this.log.term(index);
-    assert(term !== undefined, `no term at applied index ${index}`);
-    const snapshot: Snapshot = { meta: { index, term, conf: this.confState() }, data };
+    assert(term !== undefined, `no term at snapshot index ${index}`);
+    const snapshot: Snapshot = { meta: { index, term, conf: point.conf }, data };
     const firstBefore = this.log.firstIndex();
     const held = this.heldEntriesFrom();
     this.log.compact(snapshot, Math.min(index - keepTrailing + 1, held));
@@ -326,6 +329,11 @@ export class RaftNode {
       `compaction dropped entries from ${held} that a snapshot transfer holds`,
     );
     return snapshot;
+  }
+
+  /** The applied index and membership a snapshot of the state machine taken now stands at. */
+  snapshotPoint(): { readonly index: number; readonly conf: ConfState } {
+    return { index: this.log.applied, conf: this.confState() };
   }
 
   /** The first index the log holds after the last compact(); the stored log keeps from here too. */
