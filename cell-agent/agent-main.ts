@@ -105,6 +105,7 @@ export async function startAgent(config: AgentConfig, logger: Logger): Promise<A
     ...(config.workerYoungGenerationMb === 0
       ? {}
       : { resourceLimits: { maxYoungGenerationSizeMb: config.workerYoungGenerationMb } }),
+    table: memory.table,
   });
   const metrics = createAgentMetrics({
     ...memory,

@@ -7,9 +7,16 @@
 // has confirmed it (a worker that dies is restarted with the full table in its init), and only then
 // does postOverrides resolve, so the lease client acknowledges a grant only once every thread
 // decides with it.
+//
+// A worker that is gone (crashed, out of memory, terminated) may have died holding a bucket slot
+// between its claim and its publish, or an insert stripe: on its 'exit' (when its last writes are
+// visible and it can write no more), before any restart, the supervisor releases what its thread
+// held in the shared bucket table (BucketTable.releaseThread: the slot's state before the claim put
+// back, or the slot made DEAD; see bucket-table.ts "Dead threads") and frees its thread record.
 import type { ResourceLimits, Worker } from 'node:worker_threads';
 import { moduleWorker } from '../shared/module-worker.js';
 import type { Logger } from '../shared/logging.js';
+import type { BucketTable } from './buckets/bucket-table.js';
 import type { MainToWorker, WorkerInit, WorkerToMain } from './agent-protocol.js';
 import type { RulesSnapshot } from './agent-rules.js';
 import type { OverrideEntry } from './lease/quota-overrides.js';
@@ -36,6 +43,8 @@ export interface RlsWorkersOptions {
   readonly onRestart: () => void;
   /** Each worker's V8 heap limits (--worker-young-generation-mb); V8's defaults when absent. */
   readonly resourceLimits?: ResourceLimits;
+  /** The bucket table the workers attach (a worker's hold in it is released when it exits). */
+  readonly table: BucketTable;
 }
 
 interface WorkerSlot {
@@ -210,6 +219,8 @@ export class RlsWorkers {
       const init = this.options.initFor(slot.index);
       slot.overridesSeq = this.overrideSeq; // init.overrides is the table as of this batch
       const worker = spawnWorker(init, this.options.resourceLimits);
+      // Read now: a stopped Worker reports threadId -1.
+      const threadId = worker.threadId;
       slot.worker = worker;
       let started = false;
       const timer = setTimeout(() => {
@@ -249,6 +260,7 @@ export class RlsWorkers {
         }
       });
       worker.on('exit', (code) => {
+        this.releaseHold(slot, threadId);
         const wasServing = slot.serving;
         slot.serving = false;
         slot.worker = null;
@@ -269,6 +281,17 @@ export class RlsWorkers {
         this.scheduleRestart(slot, delay);
       });
     });
+  }
+
+  /** Releases what an exited worker's thread held in the bucket table (and its thread record). */
+  private releaseHold(slot: WorkerSlot, threadId: number): void {
+    const released = this.options.table.releaseThread(threadId);
+    if (released !== null && (released.claim !== null || released.stripes > 0)) {
+      this.options.log.warn(
+        { worker: slot.index, slot: released.slot, claim: released.claim, stripes: released.stripes },
+        'rls worker exited holding a bucket slot or insert stripe; released',
+      );
+    }
   }
 
   private scheduleRestart(slot: WorkerSlot, delay: number): void {

@@ -4,11 +4,13 @@
 // Layout (one SharedArrayBuffer; S slots in groups of 8):
 //   header  64 B: startNs, evictions, evictFloor (BigInt64); magic, version, capacity, groups, lock
 //                 count, size, seed, sleep word (Int32)
-//   keys    Int32[2S]: per slot k0 (key hash word 0; 0 = EMPTY, 1 = CLAIMING) and k2 (check word),
-//                 interleaved so that a group's 8 (k0, k2) pairs fill exactly one 64-byte cache line
+//   keys    Int32[2S]: per slot k0 (key hash word 0, moved out of [0, 128): 0 = EMPTY, 1 + r = being
+//                 claimed by the thread of record r, 127 = DEAD) and k2 (check word), interleaved
+//                 so that a group's 8 (k0, k2) pairs fill exactly one 64-byte cache line
 //   records 32 B per slot (one aligned half cache line), eight Int32 words:
-//     ver      the slot's sequence word (a seqlock): even = stable, odd = one thread is writing the
-//              slot (a decision storing its TAT, a re-configuration, an eviction); +2 per write
+//     ver      the slot's sequence word (a seqlock): even = stable; odd = held by the thread of record
+//              r, which writes the slot (a decision storing its TAT, a re-configuration, an
+//              eviction): 2r + 1; +2 per write
 //     tatHi    the TAT − startNs, a 64-bit integer (< 2^58) in two words
 //     tatLo
 //     dHi      D = T·b, the window of the limit the TAT is kept under (≤ 2^56) ...
@@ -19,13 +21,14 @@
 //              id registry that would need its own garbage collection as slices change every round.
 //     k1       key hash word 1
 //     access   last-access stamp, units of 2^30 ns (~1.07 s) since startNs (LRU choice)
-//   locks   Int32[L]: insert stripes (futex-style mutexes), picked by key hash
+//   locks   Int32[L]: insert stripes (futex-style mutexes naming their holder), picked by key hash
+//   threads 64 × 64 B: one record per attached thread (its owner, and what its latest claim writes)
 //   = 40 B per slot, S ≈ 1.25 × capacity: ≈ 50 B per key (bytesFor()). A decision touches two cache
 //   lines when the key is in its first home group.
 //
 // Decisions (seqlock): read ver (odd: wait), check the key is still the slot's, read the config and
 // the TAT, compute the GCRA step; a refused take (or a 0-hit report) then re-reads ver and retries if
-// it moved, an admitted one claims the slot with Atomics.compareExchange(ver, v, v + 1), stores the
+// it moved, an admitted one claims the slot with Atomics.compareExchange(ver, v, 2r + 1), stores the
 // new TAT and publishes ver = v + 2. Every access to a slot's words is an Atomics operation on an
 // Int32Array: sequentially consistent, and free of the BigInt values V8 allocates for every 64-bit
 // Atomics result (the table's earlier layout, a BigInt64 state word with a CAS, cost about a dozen
@@ -39,7 +42,8 @@
 // full speed by other threads while this thread is descheduled): the old 5-bit generation tag's ABA
 // margin (32 changes) was far smaller. The cost of the lock word: a thread that stops between its
 // CAS and its publish (three stores later) makes the others wait for it (backoff(): spin, then
-// Atomics.wait in 50 µs steps); it never blocks a thread working on another slot.
+// Atomics.wait in 50 µs steps); it never blocks a thread working on another slot. A waiter gives up
+// after NAPS_BEFORE_GIVING_UP naps (≥ 10 ms): the take answers 'table-full' (below).
 //
 // Placement: a key has two home groups (two-choice hashing) and, only when both homes hold no EMPTY
 // slot, 4 overflow groups next to them: at most 48 slots are ever probed. Slots are never emptied
@@ -48,7 +52,7 @@
 //
 // Inserts of the SAME key are serialized by a stripe lock picked by the key's hash (misses only; hits
 // never lock), so a key can never get two buckets (two buckets would double its limit). A slot is
-// claimed race-free: an EMPTY slot by CAS k0 EMPTY → CLAIMING (then filled and published with k0
+// claimed race-free: an EMPTY slot by CAS k0 EMPTY → 1 + r (then filled and published with k0
 // last, so a key is only ever found with a valid state), a live slot to evict by CAS of its ver to
 // odd (then rewritten whole, key words included, before ver is even again).
 //
@@ -67,9 +71,43 @@
 // as a key first seen then would.)
 //
 // Threads: every thread attaches its own BucketTable object (it keeps per-thread scratch) over the
-// same buffer. A thread must not be terminated in the middle of a take() (worker.terminate() at
-// shutdown, with the table discarded, is fine): a slot whose ver it held odd, or an insert stripe,
-// would stay held.
+// same buffer, and takes a thread record r (by its threadId; at most 64 threads at a time).
+//
+// Dead threads. A thread holds a slot from its claim to its publish (a few stores), and an insert
+// stripe around an insert. If it stopped for good in there — a worker terminated, or killed by
+// ERR_WORKER_OUT_OF_MEMORY — the slot or stripe would stay held against every thread for good (the
+// main thread's re-configurations and evictions too), and one waiting on it would spin forever.
+// Three parts make that impossible:
+// - The window has nothing in it that can throw or stop the thread itself. Every value a claim
+//   writes is computed before it (the TAT's words, the limit's, a new bucket's: commitTat,
+//   reconfigure, prepareFill); the window is the rest of ONE function body after its CAS: Atomics
+//   stores of those values, no call of JS code (a stack-overflow RangeError is raised at a call's
+//   entry, and that entry lies before the claim), no allocation (no GC, no out-of-memory there), no
+//   loop (V8 delivers a terminate() at calls and loop back-edges). Before, the window called
+//   writeLimit / writeTat / publish and computed BigInt in it: a RangeError thrown there left the
+//   slot odd in a thread that went on serving (the decider answered fail-open).
+// - What a thread holds is named in shared memory, so that once the thread is gone its supervisor
+//   can release it (releaseThread; cell-agent/agent-workers.ts calls it on a worker's 'exit'). The
+//   odd ver value is the holder's own (2r + 1, not v + 1), as are an EMPTY slot's claim (k0 = 1 + r)
+//   and a stripe's lock word ((1 + r)·2): whether the dead thread holds a slot is read from the slot
+//   itself, exactly. Its thread record says what to put back: before each claim the thread writes
+//   the slot, v and the state before (the TAT; a re-configuration's limit words too) there, with
+//   plain stores (about a nanosecond each). The record can be stale (the CAS after it failed, or the
+//   write was published): the slot's own word tells, so it is never cleared — the direction first
+//   proposed (a record written and cleared with Atomics around every admission, two more
+//   sequentially consistent stores on the hot path) could not tell a record written just before a
+//   failed CAS from a hold either. The CAS orders the record before the claim; releaseThread reads
+//   it only after the thread's exit. An admission or re-configuration is undone exactly (the state
+//   before the claim, as if the write never began: its request was never answered), so no count
+//   moves; an insert or eviction, whose key words may be half written, leaves the slot DEAD: it
+//   matches no key, holds rate 0 and the oldest stamp (the first an eviction takes; it counts in
+//   size() until then), and the key it was for is absent (an evicted key's evictFloor was raised
+//   before its eviction). A release never gives a bucket more tokens than it had: the bound holds.
+// - A wait is bounded: past NAPS_BEFORE_GIVING_UP naps the take answers 'table-full', which every
+//   caller already handles with its table-full policy (the agent's --table-full open|closed: a
+//   counted fail-open under the quota's key, or a refusal), never a silent pass or an endless spin;
+//   a stripe that cannot be taken fails the insert the same way.
+// What stays undefined: releaseThread on a thread that still runs (the caller must know it exited).
 //
 // Succession: a limit may name the limit it replaced and the instant it did (gcra.ts's
 // LimitSuccession: a lease's floor replaces the grant at the lease's end). A bucket still kept under
@@ -110,11 +148,15 @@ import {
   type GcraNumberDecision,
   type GcraParams,
 } from './gcra.js';
+import { threadId } from 'node:worker_threads';
 import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
 
 export type { KeyHasher } from './key-hash.js';
 
-/** 'allow' / 'deny': a decision. 'table-full': no slot could be found for a new key (see above). */
+/**
+ * 'allow' / 'deny': a decision. 'table-full': the table cannot give the key a bucket now: no slot for
+ * a new key, or its slot (or insert stripe) held by another thread past the wait bound (see above).
+ */
 export type TakeVerdict = 'allow' | 'deny' | 'table-full';
 
 export interface TakeResult {
@@ -165,7 +207,7 @@ export interface AttachOptions {
 }
 
 const MAGIC = 0x43514254; // "CQBT"
-const VERSION = 2;
+const VERSION = 3;
 const GROUP = 8;
 const OVERFLOW_STEPS = 2; // overflow groups ga+1, gb+1, ga+2, gb+2
 const SLOTS_PER_KEY = 1.25;
@@ -198,13 +240,37 @@ const R_X = 5;
 const R_K1 = 6;
 const R_ACCESS = 7;
 
+// k0 values [0, KEY_RESERVED) are never a key's (keyWord0 moves a hash word there up by KEY_RESERVED):
+// EMPTY, the insert claim of thread record h (1 + h) and DEAD (a slot repaired after its writer died).
 const EMPTY = 0;
-const CLAIMING = 1;
+const DEAD = 127;
+const KEY_RESERVED = 128;
+
+// Thread records (one per attached thread, each in its own cache line): Int32 offsets.
+const MAX_THREADS = 64;
+const THREAD_WORDS = 16;
+const T_OWNER = 0; // threadId + 1 of the thread holding the record (0: free); Atomics
+const T_SLOT = 1; // the slot of the thread's latest claim (plain stores, read only after the thread died)
+const T_VER = 2; // the even ver it claimed it from
+const T_KIND = 3; // what that claim writes: CLAIM_* below
+const T_TAT_HI = 4; // the slot's state before it: its TAT ...
+const T_TAT_LO = 5;
+const T_D_HI = 6; // ... and, for a re-configuration, its limit words
+const T_D_LO = 7;
+const T_X = 8;
+const CLAIM_NONE = 0;
+const CLAIM_ADMIT = 1;
+const CLAIM_RECONFIGURE = 2;
+const CLAIM_EVICT = 3;
+const CLAIM_INSERT = 4;
 const TWO_32 = 4294967296;
 const TWO_53 = 2 ** 53;
 const LOW_32 = 0xffff_ffffn;
 const MAX_REL_NOW = 1n << 57n;
 const SPINS_BEFORE_SLEEP = 64;
+/** Naps (Atomics.wait, NAP_MS each) a waiter takes before it gives up on a held slot or stripe. */
+const NAPS_BEFORE_GIVING_UP = 200;
+const NAP_MS = 0.05;
 /** The largest b kept in the x word (larger bursts keep −T there). */
 const X_BURST_MAX = 0x7fff_ffffn;
 
@@ -305,6 +371,32 @@ interface Layout {
   readonly bytes: number;
 }
 
+/** A key's k0 word: its hash word 0, moved out of the reserved values. */
+function keyWord0(h0: number): number {
+  return h0 >= 0 && h0 < KEY_RESERVED ? h0 + KEY_RESERVED : h0;
+}
+
+/** The test hook between a claim and its writes (setClaimHookForTesting); null in production. */
+let claimHook: ((slot: number) => void) | null = null;
+
+/**
+ * Tests only: `hook(slot)` runs in every claim's window, after the claim and before the writes and
+ * the publish (in the thread that calls this; a hook that parks makes the window observable).
+ */
+export function setClaimHookForTesting(hook: ((slot: number) => void) | null): void {
+  claimHook = hook;
+}
+
+/** What releaseThread() found and repaired for a thread that is gone. */
+export interface ThreadRelease {
+  /** The slot it held between a claim and its publish, restored (-1: none). */
+  readonly slot: number;
+  /** What that claim wrote: 'admit' | 're-configure' (old state restored), 'evict' | 'insert' (slot made DEAD). */
+  readonly claim: 'admit' | 're-configure' | 'evict' | 'insert' | null;
+  /** Insert stripes it held, released. */
+  readonly stripes: number;
+}
+
 function layoutFor(capacity: number): Layout {
   if (!Number.isSafeInteger(capacity) || capacity < 1 || capacity > 50_000_000) {
     throw new RangeError(`capacity must be an integer in [1, 50e6], got ${capacity}`);
@@ -313,7 +405,23 @@ function layoutFor(capacity: number): Layout {
   const slots = groups * GROUP;
   let locks = 64;
   while (locks < 4096 && locks < groups / 4) locks *= 2;
-  return { groups, slots, locks, bytes: HEADER_BYTES + slots * (KEY_BYTES + RECORD_BYTES) + locks * 4 };
+  const bytes = HEADER_BYTES + slots * (KEY_BYTES + RECORD_BYTES) + locks * 4 + MAX_THREADS * THREAD_WORDS * 4;
+  return { groups, slots, locks, bytes };
+}
+
+/** The record of thread `threadId` in a table's thread records: its own (a second attach), else a free one. */
+function claimThreadRecord(threads: Int32Array, threadId: number): number {
+  const owner = threadId + 1;
+  for (let r = 0; r < MAX_THREADS; r++) if (Atomics.load(threads, r * THREAD_WORDS + T_OWNER) === owner) return r;
+  for (let r = 0; r < MAX_THREADS; r++) {
+    if (Atomics.compareExchange(threads, r * THREAD_WORDS + T_OWNER, 0, owner) === 0) {
+      Atomics.store(threads, r * THREAD_WORDS + T_KIND, CLAIM_NONE);
+      return r;
+    }
+  }
+  throw new RangeError(
+    `bucket table: ${MAX_THREADS} threads are attached already (a thread that is gone is released with releaseThread)`,
+  );
 }
 
 function randomSeed(): number {
@@ -342,6 +450,26 @@ export class BucketTable {
   private readonly keys: Int32Array;
   private readonly rec: Int32Array;
   private readonly locks: Int32Array;
+  /** Every thread's record (MAX_THREADS × THREAD_WORDS). */
+  private readonly threads: Int32Array;
+  /** This thread's record: its first word's index in `threads`. */
+  private readonly mine: number;
+  /** This thread's odd ver value while it holds a slot: 2·record + 1. */
+  private readonly slotTag: number;
+  /** This thread's k0 value while it claims an EMPTY slot: 1 + record. */
+  private readonly claimTag: number;
+  /** This thread's stripe-lock value (the low bit marks waiters): (1 + record) · 2. */
+  private readonly stripeTag: number;
+  /** The bucket insert() / evictInto() write into a claimed slot, computed before the claim. */
+  private fillH0 = 0;
+  private fillH1 = 0;
+  private fillH2 = 0;
+  private fillDHi = 0;
+  private fillDLo = 0;
+  private fillX = 0;
+  private fillTatHi = 0;
+  private fillTatLo = 0;
+  private fillStamp = 0;
   private readonly hashOut = new Int32Array(3);
   /** startNs as a number when below 2^53 (else -1: every now goes through bigint). */
   private readonly startNumber: number;
@@ -407,6 +535,12 @@ export class BucketTable {
     this.keys = new Int32Array(buffer, HEADER_BYTES, 2 * S);
     this.rec = new Int32Array(buffer, recOff, RECORD_WORDS * S);
     this.locks = new Int32Array(buffer, recOff + S * RECORD_BYTES, layout.locks);
+    this.threads = new Int32Array(buffer, recOff + S * RECORD_BYTES + layout.locks * 4, MAX_THREADS * THREAD_WORDS);
+    const record = claimThreadRecord(this.threads, threadId);
+    this.mine = record * THREAD_WORDS;
+    this.slotTag = 2 * record + 1;
+    this.claimTag = 1 + record;
+    this.stripeTag = (1 + record) * 2;
     this.h64 = h64;
     this.h32 = h32;
     this.shared = Object.freeze({ buffer });
@@ -429,18 +563,14 @@ export class BucketTable {
   has(key: string): boolean {
     const out = this.hashOut;
     this.hasher(key, this.seed, out);
-    let h0 = out[0] ?? 0;
-    if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
-    return this.find(h0, out[1] ?? 0, out[2] ?? 0) >= 0;
+    return this.find(keyWord0(out[0] ?? 0), out[1] ?? 0, out[2] ?? 0) >= 0;
   }
 
   /** Whether the key has a bucket kept under `params` (its T and D) now (off the hot path: assertions). */
   keptUnder(key: string, params: GcraParams): boolean {
     const out = this.hashOut;
     this.hasher(key, this.seed, out);
-    let h0 = out[0] ?? 0;
-    if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
-    const s = this.find(h0, out[1] ?? 0, out[2] ?? 0);
+    const s = this.find(keyWord0(out[0] ?? 0), out[1] ?? 0, out[2] ?? 0);
     if (s < 0) return false;
     const rec = this.rec;
     const at = RECORD_WORDS * s;
@@ -534,10 +664,9 @@ export class BucketTable {
     if (!Number.isSafeInteger(hits) || hits < 0)
       throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
     this.setNow(nowNs);
-    // A malformed limit must fail here, never while this thread holds a slot's ver odd or CLAIMING.
+    // A malformed limit must fail here, never while this thread holds a slot's ver odd or claimed.
     const words = limitWords(limit);
-    let h0 = hash[0] ?? 0;
-    if (h0 === EMPTY || h0 === CLAIMING) h0 += 2;
+    const h0 = keyWord0(hash[0] ?? 0);
     const h1 = hash[1] ?? 0;
     const h2 = hash[2] ?? 0;
     for (;;) {
@@ -653,6 +782,12 @@ export class BucketTable {
       const v = Atomics.load(rec, at + R_VER);
       if ((v & 1) !== 0) {
         spins = this.backoff(spins);
+        if (spins > SPINS_BEFORE_SLEEP + NAPS_BEFORE_GIVING_UP) {
+          // Held past the bound (its writer descheduled that long, or dead until its supervisor
+          // releases it): no decision; the caller applies its table-full policy and counts it.
+          copyInto(res, KEY_TABLE_FULL);
+          return true;
+        }
         continue;
       }
       // A slot handed to another key changes its key words only while ver is odd: a stale key shows
@@ -678,13 +813,12 @@ export class BucketTable {
       // TAT − now: exact below 2^53 in magnitude; beyond, its sign is still right.
       const diff = (tatHi - nowHi) * TWO_32 + (tatLo - nowLo);
       if (!words.narrow || diff > NUMBER_STEP_MAX_NS) {
-        const r = this.takeAtBig(at, v, tatHi, tatLo, limit, hits, res);
+        const r = this.takeAtBig(s, v, tatHi, tatLo, limit, hits, res);
         if (r) return true;
         continue;
       }
       const d = gcraStepNumber(numberScratch, diff > 0 ? diff : 0, words.intervalNs, words.windowNs, words.burst, hits);
       if (d.allowed && hits !== 0) {
-        if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) continue;
         // TAT' = now + nextDebt (nextDebt ≤ D ≤ 2^52): add in 32-bit words with the carry.
         const add = d.nextDebt;
         const addHi = Math.floor(add / TWO_32);
@@ -694,9 +828,7 @@ export class BucketTable {
           lo -= TWO_32;
           hi += 1;
         }
-        Atomics.store(rec, at + R_TAT_HI, hi);
-        Atomics.store(rec, at + R_TAT_LO, lo | 0);
-        Atomics.store(rec, at + R_VER, (v + 2) | 0);
+        if (!this.commitTat(s, v, tatHi, tatLo, hi, lo | 0)) continue;
       } else if (Atomics.load(rec, at + R_VER) !== v) {
         continue;
       }
@@ -715,7 +847,7 @@ export class BucketTable {
    * this.bigTimes for take(). false: ver moved, read again.
    */
   private takeAtBig(
-    at: number,
+    s: number,
     v: number,
     tatHi: number,
     tatLo: number,
@@ -723,16 +855,12 @@ export class BucketTable {
     hits: number,
     res: MutableTakeResult,
   ): boolean {
-    const rec = this.rec;
     const tat = (BigInt(tatHi) << 32n) | BigInt(tatLo);
     const n = BigInt(hits);
     const d = gcraStepInto(stepScratch, tat, this.nowRel(), limit.intervalNs, limit.windowNs, n);
     if (d.allowed && n !== 0n) {
-      if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) return false;
-      Atomics.store(rec, at + R_TAT_HI, Number(d.tat >> 32n));
-      Atomics.store(rec, at + R_TAT_LO, Number(d.tat & LOW_32) | 0);
-      Atomics.store(rec, at + R_VER, (v + 2) | 0);
-    } else if (Atomics.load(rec, at + R_VER) !== v) {
+      if (!this.commitTat(s, v, tatHi, tatLo, Number(d.tat >> 32n), Number(d.tat & LOW_32) | 0)) return false;
+    } else if (Atomics.load(this.rec, RECORD_WORDS * s + R_VER) !== v) {
       return false;
     }
     res.verdict = d.allowed ? 'allow' : 'deny';
@@ -741,6 +869,30 @@ export class BucketTable {
     res.resetNs = Number(d.resetNs);
     res.retryAfterNs = d.retryAfterNs === NEVER_NS ? Infinity : Number(d.retryAfterNs);
     this.bigTimes = d;
+    return true;
+  }
+
+  /**
+   * An admission's write: claims slot s from ver v, stores the new TAT (hi, lo) and publishes v + 2;
+   * false if ver is no longer v. The window between the claim and the publish is this method's body
+   * after the CAS: Atomics stores of values computed before it, no call, no allocation (see "Dead
+   * threads" above); the thread record (plain stores, before the claim) says what to restore.
+   */
+  private commitTat(s: number, v: number, oldHi: number, oldLo: number, hi: number, lo: number): boolean {
+    const t = this.threads;
+    const me = this.mine;
+    t[me + T_SLOT] = s;
+    t[me + T_VER] = v;
+    t[me + T_KIND] = CLAIM_ADMIT;
+    t[me + T_TAT_HI] = oldHi;
+    t[me + T_TAT_LO] = oldLo;
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
+    if (Atomics.compareExchange(rec, at + R_VER, v, this.slotTag) !== v) return false;
+    if (claimHook !== null) claimHook(s);
+    Atomics.store(rec, at + R_TAT_HI, hi);
+    Atomics.store(rec, at + R_TAT_LO, lo);
+    Atomics.store(rec, at + R_VER, (v + 2) | 0);
     return true;
   }
 
@@ -779,7 +931,9 @@ export class BucketTable {
     // Computed before locking, so nothing can throw while the slot's ver is odd. The words were read
     // under ver v; if they are stale the CAS below fails.
     const from = paramsOfWords(dHi, dLo, x);
-    const tat = (BigInt(Atomics.load(rec, at + R_TAT_HI)) << 32n) | BigInt(Atomics.load(rec, at + R_TAT_LO) >>> 0);
+    const oldHi = Atomics.load(rec, at + R_TAT_HI);
+    const oldLo = Atomics.load(rec, at + R_TAT_LO);
+    const tat = (BigInt(oldHi) << 32n) | BigInt(oldLo >>> 0);
     const nowRel = this.nowRel();
     const asOfNow = gcraReconfigure(tat, nowRel, from, limit);
     const since = this.reconfigureAt(from.intervalNs, from.windowNs, limit, nowRel);
@@ -789,9 +943,26 @@ export class BucketTable {
     const asOfThen = since < nowRel ? gcraReconfigure(tat, since, from, limit) : asOfNow;
     const next = asOfThen > asOfNow ? asOfThen : asOfNow;
     const words = limitWords(limit);
-    if (Atomics.compareExchange(rec, at + R_VER, v, (v + 1) | 0) !== v) return;
-    this.writeLimit(at, words);
-    this.writeTat(at, next);
+    const hi = Number(next >> 32n);
+    const lo = Number(next & LOW_32) | 0;
+    const t = this.threads;
+    const me = this.mine;
+    t[me + T_SLOT] = s;
+    t[me + T_VER] = v;
+    t[me + T_KIND] = CLAIM_RECONFIGURE;
+    t[me + T_TAT_HI] = oldHi;
+    t[me + T_TAT_LO] = oldLo;
+    t[me + T_D_HI] = dHi;
+    t[me + T_D_LO] = dLo;
+    t[me + T_X] = x;
+    if (Atomics.compareExchange(rec, at + R_VER, v, this.slotTag) !== v) return;
+    // The window: stores only (see commitTat).
+    if (claimHook !== null) claimHook(s);
+    Atomics.store(rec, at + R_D_HI, words.dHi);
+    Atomics.store(rec, at + R_D_LO, words.dLo);
+    Atomics.store(rec, at + R_X, words.x);
+    Atomics.store(rec, at + R_TAT_HI, hi);
+    Atomics.store(rec, at + R_TAT_LO, lo);
     Atomics.store(rec, at + R_VER, (v + 2) | 0);
   }
 
@@ -813,18 +984,6 @@ export class BucketTable {
     return rel > 0n ? rel : 0n;
   }
 
-  private writeLimit(at: number, words: LimitWords): void {
-    const rec = this.rec;
-    Atomics.store(rec, at + R_D_HI, words.dHi);
-    Atomics.store(rec, at + R_D_LO, words.dLo);
-    Atomics.store(rec, at + R_X, words.x);
-  }
-
-  private writeTat(at: number, tat: bigint): void {
-    Atomics.store(this.rec, at + R_TAT_HI, Number(tat >> 32n));
-    Atomics.store(this.rec, at + R_TAT_LO, Number(tat & LOW_32) | 0);
-  }
-
   /** The access stamp of now: (now − startNs) / 2^30, from its two words. */
   private stamp(): number {
     return this.nowHi * 4 + (this.nowLo >>> 30);
@@ -836,29 +995,42 @@ export class BucketTable {
     if (Atomics.load(this.rec, i) !== stamp) Atomics.store(this.rec, i, stamp);
   }
 
+  /** One step of a wait for a held slot: spin, then nap; the caller gives up past the bound. */
   private backoff(spins: number): number {
-    if (spins >= SPINS_BEFORE_SLEEP) Atomics.wait(this.h32, H_SLEEP, 0, 0.05);
+    if (spins >= SPINS_BEFORE_SLEEP) Atomics.wait(this.h32, H_SLEEP, 0, NAP_MS);
     return spins + 1;
   }
 
   // ---- insert / evict -------------------------------------------------------------------------
 
-  private lock(i: number): void {
+  /**
+   * Takes insert stripe i (a futex-style mutex whose word names its holder: this thread's stripeTag,
+   * the low bit set while others wait). false once the wait bound has passed (its holder descheduled
+   * that long, or dead until its supervisor releases it): the insert gives up.
+   */
+  private lock(i: number): boolean {
     const locks = this.locks;
-    let c = Atomics.compareExchange(locks, i, 0, 1);
-    if (c === 0) return;
-    if (c !== 2) c = Atomics.exchange(locks, i, 2);
-    while (c !== 0) {
-      Atomics.wait(locks, i, 2, 10);
-      c = Atomics.exchange(locks, i, 2);
+    const mine = this.stripeTag;
+    let c = Atomics.compareExchange(locks, i, 0, mine);
+    for (let naps = 0; c !== 0;) {
+      if ((c & 1) === 0) {
+        // Mark that a waiter is there (the holder's unlock then wakes it).
+        const d = Atomics.compareExchange(locks, i, c, c | 1);
+        if (d !== c) {
+          c = d === 0 ? Atomics.compareExchange(locks, i, 0, mine | 1) : d;
+          continue;
+        }
+      }
+      if (naps++ >= NAPS_BEFORE_GIVING_UP) return false;
+      Atomics.wait(locks, i, c | 1, NAP_MS);
+      // Taken with the waiter bit kept: others may still wait.
+      c = Atomics.compareExchange(locks, i, 0, mine | 1);
     }
+    return true;
   }
 
   private unlock(i: number): void {
-    if (Atomics.sub(this.locks, i, 1) !== 1) {
-      Atomics.store(this.locks, i, 0);
-      Atomics.notify(this.locks, i, 1);
-    }
+    if ((Atomics.exchange(this.locks, i, 0) & 1) !== 0) Atomics.notify(this.locks, i);
   }
 
   private reserveSize(): boolean {
@@ -876,19 +1048,18 @@ export class BucketTable {
     return c;
   }
 
+  /** Claims an EMPTY slot of group g and writes the prepared bucket into it; -1 if none. */
   private claimEmpty(g: number): number {
     const keys = this.keys;
-    for (let s = g * GROUP, end = s + GROUP; s < end; s++) {
-      if (Atomics.load(keys, 2 * s) === EMPTY && Atomics.compareExchange(keys, 2 * s, EMPTY, CLAIMING) === EMPTY)
-        return s;
-    }
+    for (let s = g * GROUP, end = s + GROUP; s < end; s++)
+      if (Atomics.load(keys, 2 * s) === EMPTY && this.claimAndFill(s, false, 0)) return s;
     return -1;
   }
 
   /** Find or create the key's slot; -1 if no slot can be had (table full of busy buckets). */
   private insert(h0: number, h1: number, h2: number, limit: GcraLimit, words: LimitWords): number {
     const li = (h1 ^ h2) & this.lockMask;
-    this.lock(li);
+    if (!this.lock(li)) return -1;
     try {
       const found = this.find(h0, h1, h2);
       if (found >= 0) return found;
@@ -901,6 +1072,7 @@ export class BucketTable {
       let homesHaveEmpty = this.countEmpty(ga) + this.countEmpty(gb) > 0;
       const nowRel = this.nowRel();
       if (this.reserveSize()) {
+        this.prepareFill(h0, h1, h2, limit, words, nowRel);
         let s = -1;
         if (homesHaveEmpty) {
           const [first, second] = this.countEmpty(ga) >= this.countEmpty(gb) ? [ga, gb] : [gb, ga];
@@ -915,11 +1087,7 @@ export class BucketTable {
             if (s >= 0) break;
           }
         }
-        if (s >= 0) {
-          // A slot never used: its ver is even (0) and no reader finds it before k0 is published.
-          this.publish(s, h0, h1, h2, limit, words, nowRel);
-          return s;
-        }
+        if (s >= 0) return s;
         Atomics.sub(this.h32, H_SIZE, 1);
       }
       return this.evictInto(homesHaveEmpty ? homes : homes.concat(overflow), h0, h1, h2, limit, words, nowRel);
@@ -948,12 +1116,12 @@ export class BucketTable {
       for (const g of groups) {
         for (let s = g * GROUP, end = s + GROUP; s < end; s++) {
           const k = Atomics.load(this.keys, 2 * s);
-          if (k === EMPTY || k === CLAIMING) continue;
+          if (k >= EMPTY && k <= MAX_THREADS) continue; // EMPTY, or being claimed
           const at = RECORD_WORDS * s;
           const v = Atomics.load(rec, at + R_VER);
           if ((v & 1) !== 0) continue;
-          // Only a full bucket (TAT ≤ now) or a rate-0 one (no tokens) may go; the CAS below checks
-          // that nothing changed since these reads.
+          // Only a full bucket (TAT ≤ now) or a rate-0 one (no tokens; a DEAD slot too) may go; the
+          // CAS below checks that nothing changed since these reads.
           if (Atomics.load(rec, at + R_X) !== 0) {
             const tatHi = Atomics.load(rec, at + R_TAT_HI);
             const tatLo = Atomics.load(rec, at + R_TAT_LO) >>> 0;
@@ -969,14 +1137,12 @@ export class BucketTable {
       }
       if (best < 0) return -1;
       this.raiseFloor(nowRel);
-      const at = RECORD_WORDS * best;
-      if (Atomics.compareExchange(rec, at + R_VER, bestV, (bestV + 1) | 0) !== bestV) continue;
-      // The slot is ours: a thread that read it before fails its CAS or its re-read of ver; readers
-      // wait while ver is odd and then see the key change.
+      // After the raise: a re-created 'full' bucket starts at the floor (initialTat).
+      this.prepareFill(h0, h1, h2, limit, words, nowRel);
+      // A thread that read the slot before fails its CAS or its re-read of ver; readers wait while
+      // ver is odd and then see the key change.
+      if (!this.claimAndFill(best, true, bestV)) continue;
       Atomics.add(this.h64, H_EVICTIONS, 1n);
-      Atomics.store(this.keys, 2 * best, CLAIMING);
-      this.publish(best, h0, h1, h2, limit, words, nowRel);
-      Atomics.store(rec, at + R_VER, (bestV + 2) | 0);
       return best;
     }
     return -1;
@@ -990,24 +1156,137 @@ export class BucketTable {
     }
   }
 
-  /** Fill a slot we own (k0 = CLAIMING): key words, limit and state, then k0 last. */
-  private publish(
-    s: number,
-    h0: number,
-    h1: number,
-    h2: number,
-    limit: GcraLimit,
-    words: LimitWords,
-    nowRel: bigint,
-  ): void {
+  /** Computes the bucket claimAndFill() writes (before the claim: nothing is computed while a slot is held). */
+  private prepareFill(h0: number, h1: number, h2: number, limit: GcraLimit, words: LimitWords, nowRel: bigint): void {
+    const tat = this.initialTat(limit, nowRel);
+    this.fillH0 = h0;
+    this.fillH1 = h1;
+    this.fillH2 = h2;
+    this.fillDHi = words.dHi;
+    this.fillDLo = words.dLo;
+    this.fillX = words.x;
+    this.fillTatHi = Number(tat >> 32n);
+    this.fillTatLo = Number(tat & LOW_32) | 0;
+    this.fillStamp = this.stamp();
+  }
+
+  /**
+   * Claims slot s and writes the prepared bucket into it (key words, limit and state, k0 last, so a
+   * key is only ever found with a valid state); false if the claim failed. An EMPTY slot is claimed
+   * by its k0 (EMPTY → this thread's claimTag; a slot never used: its ver stays even, 0, and no
+   * reader finds it before k0 is published); a live one to evict (`evict`) by its ver (v → slotTag,
+   * published v + 2 after). The window is this method's body after the CAS: stores only (commitTat).
+   */
+  private claimAndFill(s: number, evict: boolean, v: number): boolean {
+    const rec = this.rec;
+    const keys = this.keys;
+    const at = RECORD_WORDS * s;
+    const t = this.threads;
+    const me = this.mine;
+    t[me + T_SLOT] = s;
+    t[me + T_VER] = v;
+    t[me + T_KIND] = evict ? CLAIM_EVICT : CLAIM_INSERT;
+    if (evict) {
+      if (Atomics.compareExchange(rec, at + R_VER, v, this.slotTag) !== v) return false;
+      if (claimHook !== null) claimHook(s);
+      Atomics.store(keys, 2 * s, this.claimTag);
+    } else {
+      if (Atomics.compareExchange(keys, 2 * s, EMPTY, this.claimTag) !== EMPTY) return false;
+      if (claimHook !== null) claimHook(s);
+    }
+    Atomics.store(keys, 2 * s + 1, this.fillH2);
+    Atomics.store(rec, at + R_K1, this.fillH1);
+    Atomics.store(rec, at + R_ACCESS, this.fillStamp);
+    Atomics.store(rec, at + R_D_HI, this.fillDHi);
+    Atomics.store(rec, at + R_D_LO, this.fillDLo);
+    Atomics.store(rec, at + R_X, this.fillX);
+    Atomics.store(rec, at + R_TAT_HI, this.fillTatHi);
+    Atomics.store(rec, at + R_TAT_LO, this.fillTatLo);
+    Atomics.store(keys, 2 * s, this.fillH0);
+    if (evict) Atomics.store(rec, at + R_VER, (v + 2) | 0);
+    return true;
+  }
+
+  // ---- dead threads ---------------------------------------------------------------------------
+
+  /**
+   * Releases what thread `threadId` (a worker's threadId) held when it stopped, and frees its
+   * record. Call it ONLY once that thread is gone (its 'exit' event: its last writes are visible
+   * then, and it writes nothing more): the slot it held between a claim and its publish gets the
+   * state it had before the claim (an admission, a re-configuration: restored exactly, as if the
+   * write never began), or becomes DEAD (an insert or eviction: its key words may be half written;
+   * a DEAD slot matches no key, holds rate 0 and is evicted first), published; its insert stripes
+   * are unlocked. null if the thread never attached this table.
+   */
+  releaseThread(gone: number): ThreadRelease | null {
+    const t = this.threads;
+    const owner = gone + 1;
+    let r = 0;
+    while (r < MAX_THREADS && Atomics.load(t, r * THREAD_WORDS + T_OWNER) !== owner) r++;
+    if (r === MAX_THREADS) return null;
+    if (r * THREAD_WORDS === this.mine) throw new Error('releaseThread: a thread cannot release its own record');
+    const claim = this.releaseSlot(r);
+    let stripes = 0;
+    const stripeTag = (1 + r) * 2;
+    for (let i = 0; i < this.locks.length; i++) {
+      const c = Atomics.load(this.locks, i);
+      // Its waiter bit may change under us (a live waiter marking itself): retry until ours is gone.
+      if ((c & ~1) === stripeTag && Atomics.compareExchange(this.locks, i, c, 0) === c) {
+        Atomics.notify(this.locks, i);
+        stripes++;
+      } else if ((c & ~1) === stripeTag) {
+        i--;
+      }
+    }
+    Atomics.store(t, r * THREAD_WORDS + T_KIND, CLAIM_NONE);
+    Atomics.store(t, r * THREAD_WORDS + T_OWNER, 0);
+    return { slot: claim === null ? -1 : Atomics.load(t, r * THREAD_WORDS + T_SLOT), claim, stripes };
+  }
+
+  /** The slot record r's thread holds, if any, restored or made DEAD and published. */
+  private releaseSlot(r: number): ThreadRelease['claim'] {
+    const t = this.threads;
+    const base = r * THREAD_WORDS;
+    const kind = Atomics.load(t, base + T_KIND);
+    const s = Atomics.load(t, base + T_SLOT);
+    if (kind === CLAIM_NONE || !(s >= 0 && s < this.slotCount)) return null;
     const rec = this.rec;
     const at = RECORD_WORDS * s;
-    Atomics.store(this.keys, 2 * s + 1, h2);
-    Atomics.store(rec, at + R_K1, h1);
-    Atomics.store(rec, at + R_ACCESS, this.stamp());
-    this.writeLimit(at, words);
-    this.writeTat(at, this.initialTat(limit, nowRel));
-    Atomics.store(this.keys, 2 * s, h0);
+    if (kind === CLAIM_INSERT) {
+      // Claimed EMPTY and not yet published (k0 still its claim): never readable, so DEAD as it is.
+      if (Atomics.load(this.keys, 2 * s) !== 1 + r) return null;
+      this.writeDead(s);
+      return 'insert';
+    }
+    // A stale record (its CAS failed, or it published since) names a slot it does not hold: skipped.
+    if (Atomics.load(rec, at + R_VER) !== 2 * r + 1) return null;
+    let claim: ThreadRelease['claim'];
+    if (kind === CLAIM_EVICT) {
+      // The key it evicted is gone (evictFloor was raised before): counted as the eviction it was.
+      this.writeDead(s);
+      Atomics.add(this.h64, H_EVICTIONS, 1n);
+      claim = 'evict';
+    } else {
+      if (kind === CLAIM_RECONFIGURE) {
+        Atomics.store(rec, at + R_D_HI, Atomics.load(t, base + T_D_HI));
+        Atomics.store(rec, at + R_D_LO, Atomics.load(t, base + T_D_LO));
+        Atomics.store(rec, at + R_X, Atomics.load(t, base + T_X));
+      }
+      Atomics.store(rec, at + R_TAT_HI, Atomics.load(t, base + T_TAT_HI));
+      Atomics.store(rec, at + R_TAT_LO, Atomics.load(t, base + T_TAT_LO));
+      claim = kind === CLAIM_ADMIT ? 'admit' : 're-configure';
+    }
+    Atomics.store(rec, at + R_VER, (Atomics.load(t, base + T_VER) + 2) | 0);
+    return claim;
+  }
+
+  /** A slot no key owns (k0 DEAD): rate 0, stamp 0 (the first an eviction takes). Its writer is gone. */
+  private writeDead(s: number): void {
+    const rec = this.rec;
+    const at = RECORD_WORDS * s;
+    Atomics.store(this.keys, 2 * s, DEAD);
+    Atomics.store(this.keys, 2 * s + 1, 0);
+    for (let w = R_TAT_HI; w <= R_ACCESS; w++) Atomics.store(rec, at + w, 0);
   }
 }
 

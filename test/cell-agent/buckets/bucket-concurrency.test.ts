@@ -8,25 +8,18 @@
 // bound for a key is floor(finalClock / T) + b. Workers are released together through Atomics.wait.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
 import { limitFromInterval } from '../../../cell-agent/buckets/gcra.js';
+import { startBucketWorker } from './bucket-worker.js';
 import type { LimitSpec, RunCommand, RunResult } from './bucket-worker.js';
 
 const WORKERS = 4;
 
-/** Starts bucket-worker.ts with the tsx loader (Node 20 workers ignore execArgv `--import tsx` for the entry file). */
-function startWorker(): Worker {
-  const api = import.meta.resolve('tsx/esm/api');
-  const entry = new URL('./bucket-worker.ts', import.meta.url).href;
-  const boot = `import(${JSON.stringify(api)}).then((m) => { m.register(); return import(${JSON.stringify(entry)}); });`;
-  return new Worker(boot, { eval: true });
-}
-
 let workers: Worker[] = [];
 
 before(() => {
-  workers = Array.from({ length: WORKERS }, () => startWorker());
+  workers = Array.from({ length: WORKERS }, () => startBucketWorker());
 });
 
 after(async () => {

@@ -1,8 +1,11 @@
-// Worker thread for the concurrency tests: attaches the shared bucket table and hammers it on
-// command. Started by bucket-concurrency.test.ts through the tsx loader (its startWorker); driven
-// by messages from the test.
+// Worker thread for the concurrency and dead-thread tests: attaches the shared bucket table and
+// hammers it on command ('run'), or takes once and stops for good inside that take's claim window
+// ('hold': parked until terminated, or running out of memory there). Started through the tsx loader
+// by startBucketWorker(); driven by messages from the test.
 import { parentPort } from 'node:worker_threads';
-import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
+import type { ResourceLimits, Worker } from 'node:worker_threads';
+import { moduleWorker } from '../../../shared/module-worker.js';
+import { BucketTable, setClaimHookForTesting } from '../../../cell-agent/buckets/bucket-table.js';
 import type { BucketTableShared } from '../../../cell-agent/buckets/bucket-table.js';
 import { limitFromInterval } from '../../../cell-agent/buckets/gcra.js';
 import type { GcraLimit, StartPolicy } from '../../../cell-agent/buckets/gcra.js';
@@ -34,6 +37,29 @@ export interface RunCommand {
   readonly maxHits: number;
   /** Each op advances the clock by a random step in [0, maxStepNs] (0: the clock stands still). */
   readonly maxStepNs: number;
+}
+
+/** One take, as the 'hold' command runs it. */
+export interface TakeSpec {
+  readonly key: string;
+  readonly limit: LimitSpec;
+  readonly hits: number;
+  readonly nowNs: bigint;
+}
+
+export interface HoldCommand {
+  readonly kind: 'hold';
+  readonly table: BucketTableShared;
+  /** Int32Array(2): [0] becomes 1 + the slot once this thread holds it in a claim's window; [1] stays 0. */
+  readonly park: SharedArrayBuffer;
+  readonly take: TakeSpec;
+  /** 'park': wait there until terminated; 'oom': allocate there until the heap limit kills the thread. */
+  readonly death: 'park' | 'oom';
+}
+
+/** Starts this file as a worker thread (through tsx: shared/module-worker.ts). */
+export function startBucketWorker(resourceLimits?: ResourceLimits): Worker {
+  return moduleWorker(import.meta.url, './bucket-worker', resourceLimits === undefined ? {} : { resourceLimits });
 }
 
 export interface RunResult {
@@ -77,7 +103,22 @@ function run(cmd: RunCommand): RunResult {
   return { admittedHits, deniedOps, tableFull, requestedHits };
 }
 
-parentPort?.on('message', (cmd: RunCommand) => {
-  if (cmd.kind !== 'run') return;
-  parentPort?.postMessage({ kind: 'done', result: run(cmd) });
+/** Takes once; at its first claim the hook stops this thread for good (the take never returns). */
+function hold(cmd: HoldCommand): string {
+  const table = BucketTable.attach(cmd.table);
+  const park = new Int32Array(cmd.park);
+  const hog: unknown[] = [];
+  setClaimHookForTesting((slot) => {
+    Atomics.store(park, 0, slot + 1);
+    if (cmd.death === 'oom') for (;;) hog.push(new Array<number>(65_536).fill(slot));
+    for (;;) Atomics.wait(park, 1, 0);
+  });
+  const { key, limit, hits, nowNs } = cmd.take;
+  // Only when the take needed no claim (refused, or a report): the test sees its verdict.
+  return table.take(key, limitFromInterval(limit.intervalNs, limit.burst, limit.start), hits, nowNs).verdict;
+}
+
+parentPort?.on('message', (cmd: RunCommand | HoldCommand) => {
+  if (cmd.kind === 'hold') parentPort?.postMessage({ kind: 'unclaimed', verdict: hold(cmd) });
+  else parentPort?.postMessage({ kind: 'done', result: run(cmd) });
 });
