@@ -363,6 +363,8 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     tenants: () => node.ledger().tenantCount,
     demandKeysDropped: () => node.leaseStats()?.demandKeysDropped ?? 0,
     implicitTenantsRefused: () => node.leaseStats()?.implicitTenantsRefused ?? 0,
+    implicitTenantsRetired: () => node.leaseStats()?.implicitTenantsRetired ?? 0,
+    implicitTenantsRevived: () => node.leaseStats()?.implicitTenantsRevived ?? 0,
     implicitTenants: () => node.ledger().implicitTenantCount,
   });
   const app = await buildAdminServer({

@@ -9,7 +9,12 @@
 //     tenant is treated as under the policy deny: no grant, so every agent refuses it (counted);
 //   - an implicit tenant no cell reported demand for within `idleMs` (--implicit-tenant-idle-ms) is
 //     wound down as a deletion (retireImplicitTenants), which frees its place once its last slice is
-//     dropped (zero grants acknowledged or leases surely expired).
+//     dropped (zero grants acknowledged or leases surely expired) — proposed only while the ledger finds
+//     it retirable (every slice holder's lease live, so the wind-down ends within one lease);
+//   - a winding-down key some cell reports demand for again (a retirement raced with new demand, a
+//     holder was cut off before it acknowledged, a deleted tenant still asked for under tier:NAME) is
+//     taken back (reviveImplicitTenants) before the round computes grants, while the count, which
+//     includes it already, is within `max`: no cell is told it is gone while it is asked for.
 //
 // Leader memory only: a new term starts every idle clock afresh (an idle tenant waits longer, never less).
 import type { Ledger } from '../ledger/ledger.js';
@@ -27,6 +32,8 @@ export class ImplicitTenants {
   refused = 0;
   /** Implicit tenants proposed for winding down. */
   retired = 0;
+  /** Winding-down keys proposed for taking back (demand came back). */
+  revived = 0;
   /** Implicit tenants whose demand this leader took and that hold no slice yet. */
   private readonly pending = new Set<string>();
   /** Implicit tenant → when this leader last saw some cell's demand for it (its own clock, ms). */
@@ -71,9 +78,36 @@ export class ImplicitTenants {
     for (const key of ledger.implicitTenantKeys()) {
       const last = this.lastDemandMs.get(key);
       if (last === undefined || hasDemand(key)) this.lastDemandMs.set(key, nowMs);
-      else if (nowMs - last >= this.idleMs && out.length < MAX_RETIRE_PER_COMMAND) out.push(key);
+      else if (nowMs - last >= this.idleMs && out.length < MAX_RETIRE_PER_COMMAND && ledger.retirable(key))
+        out.push(key);
     }
     return out;
+  }
+
+  /**
+   * The winding-down keys some cell reports demand for (`demand`), at most MAX_RETIRE_PER_COMMAND: `revive` to take
+   * back before the round's grants, or, while the ledger's count (which includes them: they hold slices) plus the
+   * pending new ones is above `max`, `refused` (counted) — the caller then forgets their demand, so once their last
+   * slice is gone they come back only through `admit`, as any new one. Looks through the smaller of the two sets.
+   */
+  wanted(ledger: Ledger, demand: ReadonlyMap<string, unknown>): { revive: string[]; refused: string[] } {
+    const out: string[] = [];
+    if (ledger.windingDownCount === 0 || demand.size === 0) return { revive: out, refused: [] };
+    const keys = ledger.windingDownCount <= demand.size ? ledger.windingDownKeys() : demand.keys();
+    for (const key of keys) {
+      if (out.length >= MAX_RETIRE_PER_COMMAND) break;
+      if (demand.has(key) && ledger.isWindingDown(key)) out.push(key);
+    }
+    if (out.length > 0 && ledger.implicitTenantCount + this.pending.size > this.max) {
+      this.refused += out.length;
+      return { revive: [], refused: out };
+    }
+    return { revive: out, refused: [] };
+  }
+
+  /** The proposal to take back `keys` committed. */
+  noteRevived(keys: readonly string[]): void {
+    this.revived += keys.length;
   }
 
   /** The proposal of `keys` committed. */

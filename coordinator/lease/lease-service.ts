@@ -38,7 +38,7 @@
 import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
-import { isName, MAX_CELLS, QUOTA_KEY_PATTERN, RETIRE_IMPLICIT_FORMAT } from '../ledger/ledger-commands.js';
+import { isName, MAX_CELLS, QUOTA_KEY_PATTERN, REVIVE_IMPLICIT_FORMAT } from '../ledger/ledger-commands.js';
 import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { createAllocatorPolicy } from './incremental-policy.js';
@@ -157,6 +157,8 @@ export interface LeaseServiceStats {
   implicitTenantsRefused: number;
   /** Idle implicit tenants proposed for winding down. */
   implicitTenantsRetired: number;
+  /** Winding-down tenant keys taken back as implicit tenants because cells asked for them again. */
+  implicitTenantsRevived: number;
 }
 
 function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
@@ -179,6 +181,7 @@ export class LeaseService {
     demandKeysDropped: 0,
     implicitTenantsRefused: 0,
     implicitTenantsRetired: 0,
+    implicitTenantsRevived: 0,
   };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
@@ -373,7 +376,14 @@ export class LeaseService {
   /** One expiry check (run every expireEveryMs once started): releases the leases that surely expired. */
   async expire(): Promise<void> {
     if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term() || !this.clock.synced) return;
-    await this.retireIdleImplicitTenants();
+    // Between rounds, as a round: no round computes grants from a ledger the retirement then changes under it (its
+    // grants for the key would be refused, and the round's others with them); reports wait for the next round.
+    this.inRound = true;
+    try {
+      await this.retireIdleImplicitTenants();
+    } finally {
+      this.inRound = false;
+    }
     if (!this.backend.isLeader() || this.inRound || this.term !== this.backend.term()) return;
     const nowMs = this.clock.stamp(this.backend.ledger().nowMs);
     // Only when some lease has surely expired (an entry per second forever would only grow the log).
@@ -401,11 +411,12 @@ export class LeaseService {
   private async retireIdleImplicitTenants(): Promise<void> {
     const keys = this.implicit.idle(this.backend.ledger(), this.clock.time(), (key) => this.byKey.has(key));
     if (keys.length === 0) return;
-    if (this.backend.everyMemberReads?.(RETIRE_IMPLICIT_FORMAT) === false) {
+    // Only where the wind-down can be cancelled (reviveImplicitTenants, format 4) when demand comes back.
+    if (this.backend.everyMemberReads?.(REVIVE_IMPLICIT_FORMAT) === false) {
       if (this.firstIn10s('implicit\u0000format'))
         this.log.warn(
           { idle: keys.length },
-          `idle implicit tenants are not wound down until every replica reads command format ${RETIRE_IMPLICIT_FORMAT}`,
+          `idle implicit tenants are not wound down until every replica reads command format ${REVIVE_IMPLICIT_FORMAT}`,
         );
       return;
     }
@@ -424,6 +435,36 @@ export class LeaseService {
     } catch (err) {
       this.log.debug({ err }, 'retireImplicitTenants not committed');
     }
+  }
+
+  /**
+   * Takes back the winding-down tenant keys some cell asks for again (within --max-implicit-tenants), before the
+   * round's grants are computed: their cells are then re-granted, never sent the zero grant of a key still asked for.
+   */
+  private async reviveAskedImplicitTenants(): Promise<void> {
+    const ledger = this.backend.ledger();
+    const refusedBefore = this.implicit.refused;
+    let { revive, refused } = this.implicit.wanted(ledger, this.byKey);
+    if (revive.length > 0 && this.backend.everyMemberReads?.(REVIVE_IMPLICIT_FORMAT) === false) {
+      refused = revive;
+      revive = [];
+    }
+    // Not taken back: their demand is forgotten, so they come back only through the bound's check (admit).
+    for (const key of refused)
+      for (const cellId of [...(this.byKey.get(key)?.keys() ?? [])]) this.noteDemand(ledger, key, cellId, 0, 0);
+    if (this.implicit.refused > refusedBefore) this.stats.implicitTenantsRefused = this.implicit.refused;
+    if (revive.length === 0) return;
+    const r = await this.backend.propose({ type: 'reviveImplicitTenants', keys: revive });
+    if (!r.ok) {
+      this.log.warn({ error: r.error }, 'taking back winding-down implicit tenants refused');
+      return;
+    }
+    this.implicit.noteRevived(revive);
+    this.stats.implicitTenantsRevived = this.implicit.revived;
+    this.log.info(
+      { revived: r.value.kind === 'implicitRevived' ? r.value.revived : revive.length },
+      'winding-down implicit tenants asked for again: taken back',
+    );
   }
 
   /** One round: registers new cells, proposes one reportAndGrant entry, answers the held reports. */
@@ -619,6 +660,7 @@ export class LeaseService {
       }
     }
     for (const [cellId, p] of cells) leases.push({ cellId, leaseExpiresAtMs: p.receiptMs + this.ttl });
+    await this.reviveAskedImplicitTenants();
     const reported = new Set(cells.keys());
     const nowMs = this.clock.stamp(ledger.nowMs);
     const changedKeys = this.changedKeys ?? undefined;

@@ -59,8 +59,14 @@ export const ROUND_FORMAT_VERSION = 2;
  * INVALID and diverge, so a leader proposes it only while every member declared this format).
  */
 export const RETIRE_IMPLICIT_FORMAT = 3;
+/**
+ * The command format that adds reviveImplicitTenants (format 1 objects, proposed only while every member declared it).
+ * A leader winds idle implicit tenants down only at this format too: a wind-down must be cancellable when demand comes
+ * back.
+ */
+export const REVIVE_IMPLICIT_FORMAT = 4;
 /** The newest command format this build reads (what a replica declares to its peers). */
-export const NEWEST_COMMAND_FORMAT = RETIRE_IMPLICIT_FORMAT;
+export const NEWEST_COMMAND_FORMAT = REVIVE_IMPLICIT_FORMAT;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -255,20 +261,32 @@ export const putSettingsSchema = z.strictObject({
   unknownTenant: unknownTenantPolicySchema,
   ...session,
 });
-/** Most implicit tenants one retireImplicitTenants command winds down. */
+/** Most implicit tenants one retireImplicitTenants or reviveImplicitTenants command names. */
 export const MAX_RETIRE_PER_COMMAND = 10_000;
+const implicitTenantKeysSchema = z
+  .array(quotaKeySchema.refine((k) => k.startsWith('tenant/'), 'a tenant key (tenant/ID)'))
+  .min(1)
+  .max(MAX_RETIRE_PER_COMMAND);
 /**
  * Winds down implicit tenants (unknown-tenant policy tier:NAME) that no cell reported demand for within the
  * coordinator's --implicit-tenant-idle-ms, as a deletion: their slices take zero grants and are dropped once nothing
  * on them is counted. Keys that are not implicit tenants when it applies are left alone. Format 3
- * (RETIRE_IMPLICIT_FORMAT): a leader proposes it only while every member reads it.
+ * (RETIRE_IMPLICIT_FORMAT): a leader proposes it only while every member reads format 4 (REVIVE_IMPLICIT_FORMAT), and
+ * only for keys whose every slice holder has a live lease (Ledger.retirable).
  */
 export const retireImplicitTenantsSchema = z.strictObject({
   type: z.literal('retireImplicitTenants'),
-  keys: z
-    .array(quotaKeySchema.refine((k) => k.startsWith('tenant/'), 'a tenant key (tenant/ID)'))
-    .min(1)
-    .max(MAX_RETIRE_PER_COMMAND),
+  keys: implicitTenantKeysSchema,
+  ...session,
+});
+/**
+ * Takes winding-down tenant keys back as implicit tenants of the policy's tier (demand came back, within
+ * --max-implicit-tenants): their quota is the tier's again, its ceiling rebased on what their cells may still use.
+ * Keys not winding down when it applies are left alone. Format 4 (REVIVE_IMPLICIT_FORMAT).
+ */
+export const reviveImplicitTenantsSchema = z.strictObject({
+  type: z.literal('reviveImplicitTenants'),
+  keys: implicitTenantKeysSchema,
   ...session,
 });
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
@@ -290,6 +308,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   expireLeasesSchema,
   putSettingsSchema,
   retireImplicitTenantsSchema,
+  reviveImplicitTenantsSchema,
 ]);
 
 // ---- types --------------------------------------------------------------------------------------
@@ -315,6 +334,7 @@ export type ReportAndGrantCommand = z.output<typeof reportAndGrantSchema>;
 export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
 export type PutSettingsCommand = z.output<typeof putSettingsSchema>;
 export type RetireImplicitTenantsCommand = z.output<typeof retireImplicitTenantsSchema>;
+export type ReviveImplicitTenantsCommand = z.output<typeof reviveImplicitTenantsSchema>;
 export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
 export type GrantAck = z.output<typeof grantAckSchema>;
 export type Grant = z.output<typeof grantSchema>;

@@ -90,7 +90,14 @@
 // retireImplicitTenants winds idle ones down as a deletion: the key joins `retiringImplicit`
 // (replicated, in the snapshot), where quotaOf has no quota for it, so its slices take zero grants and
 // are dropped once nothing on them is counted; then it leaves the set and may come back as a new
-// implicit tenant (epochs above the cell's mark, as a re-created tenant's).
+// implicit tenant (epochs above the cell's mark, as a re-created tenant's). The leader proposes it only
+// for keys `retirable` now (every slice holder's lease live, so it finishes within one lease), and
+// reviveImplicitTenants cancels it when demand comes back: the key leaves the set, has the tier's
+// quota again, and its ceiling is rebased on what its cells may still use (held grants and floors are
+// kept through a wind-down, so nothing on them is forgotten). A tenant key enters the implicit
+// tenants only through the leader's --max-implicit-tenants check — its first slice, or a revival — so
+// a deleted tenant's slices under tier:NAME, and those the policy finds when it becomes tier:NAME, wind
+// down (they join the set) until revived.
 //
 // ## Errors and sessions
 //
@@ -146,6 +153,7 @@ import type {
   RemoveCellCommand,
   ReportAndGrantCommand,
   RetireImplicitTenantsCommand,
+  ReviveImplicitTenantsCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
 import { CellquotaError } from '../../shared/errors.js';
@@ -344,7 +352,8 @@ export type LedgerValue =
       readonly freedSlot: number | null;
     }
   | { readonly kind: 'settings'; readonly settings: LedgerSettings }
-  | { readonly kind: 'implicitRetired'; readonly retired: number; readonly ignored: number };
+  | { readonly kind: 'implicitRetired'; readonly retired: number; readonly ignored: number }
+  | { readonly kind: 'implicitRevived'; readonly revived: number; readonly ignored: number };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
 export interface TenantBatchFailure {
@@ -628,6 +637,8 @@ export class Ledger {
         return this.putSettings(cmd, index);
       case 'retireImplicitTenants':
         return this.retireImplicitTenants(cmd);
+      case 'reviveImplicitTenants':
+        return this.reviveImplicitTenants(cmd);
     }
   }
 
@@ -808,16 +819,15 @@ export class Ledger {
     this.sortedTenantIds = null;
     this.addTierUse(existing.tier, -1);
     const key = tenantKey(cmd.id);
-    if (this.byKey.has(key)) this.implicitKeys.add(key);
-    this.retireKey(key);
-    // Under a tier:NAME policy the key is at once an implicit tenant of that tier, as if it had moved
-    // there: what its cells may still use under the old quota is counted at the ceiling until they
-    // acknowledge the new grants or their leases surely end (without this the ledger counted 800/s
-    // against a ceiling of 100/s, refused every shrink, and its snapshot did not restore).
-    if (this.quotaOf(key) !== undefined) {
-      this.rebaseCeiling(key);
-      this.markStale(key);
+    if (this.byKey.has(key)) {
+      this.implicitKeys.add(key);
+      // Under a tier:NAME policy the key does not become an implicit tenant of NAME by itself (that would bypass
+      // --max-implicit-tenants): it winds down like any deleted tenant, and the lease leader takes it back
+      // (reviveImplicitTenants, within the bound) if cells still ask for it, with its ceiling rebased then on what
+      // they may still use under the old quota.
+      if (unknownTenantTier(this.unknownTenant) !== null) this.retiringImplicit.add(key);
     }
+    this.retireKey(key);
     return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
   }
 
@@ -837,6 +847,24 @@ export class Ledger {
     return ok({ kind: 'implicitRetired', retired, ignored: cmd.keys.length - retired });
   }
 
+  /**
+   * Cancels the wind-down of tenant keys cells ask for again (the lease leader proposes it within
+   * --max-implicit-tenants): each is an implicit tenant of the policy's tier again. Nothing on its slices was forgotten
+   * while it wound down (held grants and floors stay until acknowledged or released), so rebasing the ceiling on what
+   * the cells may still use keeps the bound: grants already zeroed and acknowledged count nothing, a cut-off cell's
+   * floor counts until it acknowledges. Keys not winding down are left alone.
+   */
+  private reviveImplicitTenants(cmd: ReviveImplicitTenantsCommand): LedgerResult {
+    let revived = 0;
+    for (const key of cmd.keys) {
+      if (!this.retiringImplicit.delete(key)) continue;
+      this.rebaseCeiling(key);
+      this.markStale(key);
+      revived++;
+    }
+    return ok({ kind: 'implicitRevived', revived, ignored: cmd.keys.length - revived });
+  }
+
   /** After each command: retiring implicit tenants whose last slice is gone leave the set. */
   private settleRetiring(): void {
     if (this.emptiedRetiring.length === 0) return;
@@ -853,12 +881,16 @@ export class Ledger {
     this.unknownTenant = cmd.unknownTenant;
     this.unknownTenantIndex = index;
     if (implicitBefore || tier !== null) {
-      // Every implicit tenant's definition changed (appeared, moved to another tier, or is gone):
-      // its slices are re-granted at the new one, or wound down like a deleted tenant's.
+      // Every implicit tenant's definition changed (moved to another tier, or is gone): its slices are
+      // re-granted at the new one, or wound down like a deleted tenant's. Slices the policy finds without
+      // a tenant record when it becomes tier:NAME (deleted tenants, implicit ones of a former tier policy)
+      // keep winding down: they become implicit tenants only if the leader revives them (the bound).
       this.touchAll();
+      if (tier === null) this.retiringImplicit.clear();
       for (const key of [...this.byKey.keys()]) {
         if (!key.startsWith('tenant/') || this.tenants.has(key.slice(7))) continue;
         if (tier === null) this.retireKey(key);
+        else if (!implicitBefore) this.retiringImplicit.add(key);
         else {
           this.rebaseCeiling(key);
           this.markStale(key);
@@ -1268,15 +1300,7 @@ export class Ledger {
   private dropIfRetiredAndEmpty(key: string, cellId: string, s: SliceRec): void {
     if (this.quotaOf(key) !== undefined) return;
     this.touch(key);
-    if (
-      s.rate !== 0 ||
-      s.burst !== 0 ||
-      s.heldRate !== 0 ||
-      s.heldBurst !== 0 ||
-      s.heldFloorRate !== 0 ||
-      s.heldFloorBurst !== 0
-    )
-      return;
+    if (!Ledger.holdsNothing(s)) return;
     const cell = this.cells.get(cellId);
     if (cell !== undefined && s.epoch > cell.epochMark) {
       this.saveCell(cell);
@@ -1284,6 +1308,18 @@ export class Ledger {
     }
     this.removeSlice(key, cellId);
     this.txn?.push(() => this.insertSlice(key, cellId, s));
+  }
+
+  /** Nothing on the slice is counted beyond the cell's current floor: no grant, no held grant or floor. */
+  private static holdsNothing(s: SliceRec): boolean {
+    return (
+      s.rate === 0 &&
+      s.burst === 0 &&
+      s.heldRate === 0 &&
+      s.heldBurst === 0 &&
+      s.heldFloorRate === 0 &&
+      s.heldFloorBurst === 0
+    );
   }
 
   /** After a quota is deleted: its ceiling goes, and its slices stay only while something on them is counted. */
@@ -1383,6 +1419,37 @@ export class Ledger {
    */
   get implicitTenantCount(): number {
     return this.implicitKeys.size;
+  }
+
+  /**
+   * Whether a wind-down of implicit tenant `key` (retireImplicitTenants) would finish within one lease: every slice
+   * holds nothing, or is on a cell whose lease is live (it gets its zero grant and acknowledges it, or its lease ends).
+   * A cell cut off with a floor stamped on its slice would keep the key winding down until it acknowledges — hours,
+   * maybe — so the leader does not propose one then (and revives a key whose wind-down got stuck so, on demand).
+   */
+  retirable(key: string): boolean {
+    const slices = this.byKey.get(key);
+    if (slices === undefined || !this.isImplicitTenant(key)) return false;
+    for (const [cellId, s] of slices) {
+      const cell = this.cells.get(cellId);
+      if (!(cell !== undefined && this.leaseLive(cell)) && !Ledger.holdsNothing(s)) return false;
+    }
+    return true;
+  }
+
+  /** True if `key` is a tenant key winding down under a tier:NAME policy (revivable by reviveImplicitTenants). */
+  isWindingDown(key: string): boolean {
+    return this.retiringImplicit.has(key);
+  }
+
+  /** The tenant keys winding down under a tier:NAME policy, in no particular order. */
+  windingDownKeys(): IterableIterator<string> {
+    return this.retiringImplicit.values();
+  }
+
+  /** How many tenant keys are winding down under a tier:NAME policy. */
+  get windingDownCount(): number {
+    return this.retiringImplicit.size;
   }
 
   /** The implicit tenants holding slices now (not those winding down), in no particular order. */

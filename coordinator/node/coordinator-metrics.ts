@@ -16,6 +16,10 @@ export interface CoordinatorMetricsSource {
   readonly implicitTenantsRefused?: () => number;
   /** Tenant keys the ledger holds slices of with no tenant record (what --max-implicit-tenants bounds). */
   readonly implicitTenants?: () => number;
+  /** Idle implicit tenants this replica, as leader, proposed to wind down, since this process started. */
+  readonly implicitTenantsRetired?: () => number;
+  /** Winding-down tenant keys this replica, as leader, took back on demand, since this process started. */
+  readonly implicitTenantsRevived?: () => number;
 }
 
 export class CoordinatorMetrics {
@@ -98,33 +102,40 @@ export class CoordinatorMetrics {
         'Implicit tenants (unknown-tenant policy tier:NAME) the ledger holds slices of, winding-down ones included',
         () => implicit(),
       );
-    const refused = src.implicitTenantsRefused;
-    if (refused !== undefined) {
+    /** A counter that mirrors a running total of the node's (reset and set at each scrape). */
+    const total = (name: string, help: string, fn: (() => number) | undefined): void => {
+      if (fn === undefined) return;
       new Counter({
-        name: 'cellquota_lease_implicit_tenants_refused_total',
-        help:
-          'Reported demand of new unknown tenants the leader did not take because --max-implicit-tenants implicit ' +
-          'tenants were held (refused as under the unknown-tenant policy deny)',
+        name,
+        help,
         registers: [registry],
         collect() {
           this.reset();
-          this.inc(refused());
+          this.inc(fn());
         },
       });
-    }
-    const dropped = src.demandKeysDropped;
-    if (dropped !== undefined) {
-      new Counter({
-        name: 'cellquota_lease_demand_keys_dropped_total',
-        help:
-          'Reported demand keys the leader did not keep because the cell had --max-demand-keys keys already ' +
-          '(those keys get no grant until others go quiet)',
-        registers: [registry],
-        collect() {
-          this.reset();
-          this.inc(dropped());
-        },
-      });
-    }
+    };
+    total(
+      'cellquota_lease_implicit_tenants_refused_total',
+      'Reported demand of new unknown tenants the leader did not take because --max-implicit-tenants implicit ' +
+        'tenants were held (refused as under the unknown-tenant policy deny)',
+      src.implicitTenantsRefused,
+    );
+    total(
+      'cellquota_lease_implicit_tenants_retired_total',
+      'Idle implicit tenants (no demand within --implicit-tenant-idle-ms) the leader proposed to wind down',
+      src.implicitTenantsRetired,
+    );
+    total(
+      'cellquota_lease_implicit_tenants_revived_total',
+      'Winding-down tenant keys the leader took back as implicit tenants because cells asked for them again',
+      src.implicitTenantsRevived,
+    );
+    total(
+      'cellquota_lease_demand_keys_dropped_total',
+      'Reported demand keys the leader did not keep because the cell had --max-demand-keys keys already ' +
+        '(those keys get no grant until others go quiet)',
+      src.demandKeysDropped,
+    );
   }
 }

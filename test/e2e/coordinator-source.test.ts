@@ -26,10 +26,13 @@ async function check(agent: AgentProcess, tenant: string): Promise<{ status: num
 }
 
 void test('no tenants file: a tenant from the admin API is enforced on every agent on a lease; deleted, it is refused; re-created, admitted again', async () => {
-  // At most one implicit tenant (unknown-tenant policy tier:NAME), wound down after 3 s without demand.
+  // At most one implicit tenant (unknown-tenant policy tier:NAME), wound down after 3 s without demand; leases of
+  // 10 s, so a cell stopped for a few seconds still holds its lease when an idle tenant is wound down.
   const c = await CoordinatorCluster.create(ids, [
     '--floor-cells',
     '2',
+    '--lease-ttl-ms',
+    '10000',
     '--max-implicit-tenants',
     '1',
     '--implicit-tenant-idle-ms',
@@ -155,6 +158,59 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
       },
       { timeoutMs: 30_000, everyMs: 100, context: () => first.output, fatal: (e) => e instanceof AssertionError },
     );
+    // A wind-down that cannot finish (a cell holding the tenant's floor is cut off before acknowledging its zero
+    // grant) no longer refuses the tenant everywhere: asked for again on a healthy cell, it is taken back and admitted.
+    const other = agents[1] as AgentProcess;
+    await waitFor(
+      `${other.cell} admits the second implicit tenant on a lease`,
+      async () => {
+        const r = await check(other, 'second');
+        return r.status === 200 && !r.degraded;
+      },
+      { timeoutMs: 30_000, everyMs: 100, context: () => other.output },
+    );
+    // cell-b goes quiet, and is stopped once the leader has its zero demand (two of its reports committed after its
+    // velocity window emptied), so the tenant goes idle everywhere while cell-b's 10 s lease is still live.
+    await waitFor(
+      `${other.cell} has no demand left`,
+      async () => {
+        const text = await (await fetch(`${other.url}/metrics`)).text();
+        return /^cellquota_agent_global_velocity_quotas 0$/m.test(text);
+      },
+      { timeoutMs: 10_000, everyMs: 100, context: () => other.output },
+    );
+    const reportedAt = async (): Promise<unknown> => {
+      const cells = (await c.http(leader, 'GET', '/v1/cells')).body['cells'] as { id: string; lastReportAt: unknown }[];
+      return cells.find((x) => x.id === other.cell)?.lastReportAt;
+    };
+    for (let i = 0; i < 2; i++) {
+      const at = await reportedAt();
+      await waitFor(`a report of ${other.cell} committed`, async () => (await reportedAt()) !== at, {
+        timeoutMs: 10_000,
+        everyMs: 50,
+      });
+    }
+    const retiredBefore = await coordinatorMetric('cellquota_lease_implicit_tenants_retired_total');
+    other.proc.kill('SIGSTOP');
+    try {
+      await waitFor(
+        'the idle implicit tenant is wound down while cell-b is stopped (its lease still live)',
+        async () => (await coordinatorMetric('cellquota_lease_implicit_tenants_retired_total')) > retiredBefore,
+        { timeoutMs: 20_000, everyMs: 200 },
+      );
+      await waitFor(
+        'cell-a asks for it again: taken back, and admitted on a lease while cell-b is stopped',
+        async () => {
+          const r = await check(first, 'second');
+          const revived = await coordinatorMetric('cellquota_lease_implicit_tenants_revived_total');
+          return r.status === 200 && !r.degraded && revived >= 1;
+        },
+        { timeoutMs: 15_000, everyMs: 100, context: () => first.output },
+      );
+      assert.ok((await coordinatorMetric('cellquota_ledger_implicit_tenants')) <= 1, 'the bound holds');
+    } finally {
+      other.proc.kill('SIGCONT');
+    }
     const del = await c.write('DELETE', '/v1/tiers/guest');
     assert.equal(del.status, 409, JSON.stringify(del.body));
     assert.match(String(del.body['message']), /unknown-tenant policy/);

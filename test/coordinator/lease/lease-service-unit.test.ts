@@ -14,7 +14,7 @@ import type { LeaseBackend, LeaseServiceOptions } from '../../../coordinator/lea
 import { createAllocatorPolicy } from '../../../coordinator/lease/incremental-policy.js';
 import type { GrantPolicy } from '../../../coordinator/lease/grant-policy.js';
 import { LEADER_ADDRESS_TRAILER, loadQuotaLeaseService } from '../../../shared/lease-proto.js';
-import type { ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
+import type { GrantMessage, ReportRequestMessage, ReportResponseMessage } from '../../../shared/lease-proto.js';
 
 const svc = loadQuotaLeaseService();
 const Client = grpc.makeGenericClientConstructor(svc.definition, 'QuotaLease');
@@ -25,7 +25,10 @@ class FakeBackend implements LeaseBackend {
   currentTerm = 2;
   readonly ledgerInstance = new Ledger({ floorCells: 3, skewMarginMs: 1000, assertInvariants: true });
   readonly proposed: LedgerCommandInput[] = [];
+  /** While set, proposals wait behind it, in log order (a commit that takes a while). */
+  gate: Promise<void> | null = null;
   private index = 0;
+  private tail: Promise<unknown> = Promise.resolve();
   term(): number {
     return this.currentTerm;
   }
@@ -46,7 +49,10 @@ class FakeBackend implements LeaseBackend {
   }
   propose(cmd: LedgerCommandInput): Promise<LedgerResult> {
     this.proposed.push(cmd);
-    return Promise.resolve(this.ledgerInstance.apply(cmd, ++this.index));
+    const gate = this.gate;
+    const applied = this.tail.then(() => gate).then(() => this.ledgerInstance.apply(cmd, ++this.index));
+    this.tail = applied;
+    return applied;
   }
 }
 
@@ -330,6 +336,216 @@ void test('implicit tenants (tier:NAME) are bounded: beyond --max-implicit-tenan
     assert.ok(ledger.holdsSlices(S3), 'the refused tenant is granted once there is room');
     assert.equal(ledger.implicitTenantCount, 2);
     assert.equal(Ledger.restore(ledger.snapshot(), { assertInvariants: true }).implicitTenantCount, 2);
+  } finally {
+    h.stop();
+  }
+});
+
+/** An agent as the lease service meets it: it acknowledges every grant it gets and forgets a key told deleted. */
+class TestAgent {
+  readonly acked = new Map<string, number>();
+  /** Every grant it was sent. */
+  readonly grants: GrantMessage[] = [];
+  constructor(readonly cellId: string) {}
+  async report(address: string, velocity: ReportRequestMessage['velocity']): Promise<ReportResponseMessage> {
+    const acks = [...this.acked].map(([key, epoch]) => ({ key, epoch }));
+    const r = await report(address, { cellId: this.cellId, velocity, acks });
+    assert.equal(r.err, null, `${this.cellId} answered`);
+    const res = r.res as ReportResponseMessage;
+    for (const g of res.grants) {
+      this.grants.push(g);
+      this.acked.set(g.key, g.epoch);
+    }
+    return res;
+  }
+  /** Whether it was ever told `key` is gone. */
+  toldDeleted(key: string): boolean {
+    return this.grants.some((g) => g.key === key && g.deleted);
+  }
+}
+
+function asked(key: string, perS: number): { key: string; allowedPerS: number; refusedPerS: number } {
+  return { key, allowedPerS: 0, refusedPerS: perS };
+}
+
+/** Reports from each agent, then one round 50 ms later (simulated time); the answers. */
+async function cycle(
+  h: Awaited<ReturnType<typeof setup>>,
+  clock: { now: number },
+  reports: [TestAgent, ReportRequestMessage['velocity']][],
+): Promise<ReportResponseMessage[]> {
+  const n = h.service.stats.reports;
+  const answers = Promise.all(reports.map(([a, v]) => a.report(h.address, v)));
+  await arrived(h.service, n + reports.length);
+  clock.now += 50;
+  await h.service.round();
+  return answers;
+}
+
+void test('finding 1: an idle implicit tenant is not wound down while a cell holding its floor is cut off; one whose wind-down got stuck on a cut-off cell is taken back when a healthy cell asks for it', async () => {
+  const clock = { now: 1_000_000 };
+  const h = await setup(createAllocatorPolicy(), () => clock.now, {
+    maxImplicitTenants: 5,
+    implicitTenantIdleMs: 5000,
+  });
+  const ledger = h.backend.ledgerInstance;
+  const S = 'tenant/s1';
+  const a = new TestAgent('a');
+  const b = new TestAgent('b');
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 90, burst: 90, floorFraction: 0.5 });
+    await h.backend.propose({ type: 'putSettings', unknownTenant: 'tier:gold' });
+    for (let i = 0; i < 3; i++)
+      await cycle(h, clock, [
+        [a, [asked(S, 10)]],
+        [b, [asked(S, 10)]],
+      ]);
+    assert.ok(ledger.sliceEpoch(S, 'a') > 0 && ledger.sliceEpoch(S, 'b') > 0, 'both cells hold a slice');
+    // Both go quiet; then b is cut off, holding the floor stamped on its slice (15/s). Well past the idle time
+    // and b's lease, the tenant is not wound down: b's floor would keep it winding down, refused everywhere.
+    await cycle(h, clock, [
+      [a, [asked(S, 0)]],
+      [b, [asked(S, 0)]],
+    ]);
+    for (let i = 0; i < 10; i++) {
+      clock.now += 1000;
+      await cycle(h, clock, [[a, []]]);
+      await h.service.expire();
+    }
+    assert.equal(ledger.getCell('b')?.leaseLive, false, 'b is cut off');
+    assert.notEqual(ledger.getQuota(S), undefined, 'still an implicit tenant');
+    assert.equal(a.toldDeleted(S), false, 'a was never told the tenant is gone');
+    // b comes back: now the wind-down can finish within a lease, and it starts. b is cut off again right after it
+    // got its zero grant, before acknowledging it; a acknowledges its own.
+    await cycle(h, clock, [
+      [a, []],
+      [b, []],
+    ]);
+    await h.service.expire();
+    assert.equal(ledger.isWindingDown(S), true, 'idle and every holder live: wound down');
+    await cycle(h, clock, [
+      [a, []],
+      [b, []],
+    ]);
+    assert.ok(a.toldDeleted(S) && b.toldDeleted(S));
+    for (let i = 0; i < 6; i++) {
+      clock.now += 1000;
+      await cycle(h, clock, [[a, []]]);
+      await h.service.expire();
+    }
+    assert.equal(ledger.holdsSlices(S), true, "stuck on b's floor");
+    assert.equal(ledger.sliceEpoch(S, 'a'), 0, "a's slice is gone");
+    // a asks for it again: taken back at once, a is granted within a round or two, b's floor still counted.
+    const before = a.grants.length;
+    for (let i = 0; i < 3 && !a.grants.slice(before).some((g) => g.key === S && g.rate > 0); i++)
+      await cycle(h, clock, [[a, [asked(S, 20)]]]);
+    const granted = a.grants.slice(before).filter((g) => g.key === S);
+    assert.ok(
+      granted.length > 0 && granted.every((g) => !g.deleted) && granted.some((g) => g.rate > 0),
+      `a is granted again: ${JSON.stringify(granted)}`,
+    );
+    assert.equal(h.service.stats.implicitTenantsRevived, 1);
+    const state = ledger.getQuotaState(S);
+    assert.ok((state?.cells.find((c) => c.cellId === 'b')?.countedRate ?? 0) >= 15 - 1e-9, "b's floor is counted");
+    assert.ok((state?.countedRate ?? Infinity) <= (state?.ceilingRate ?? 0) + 1e-9, 'the bound holds');
+  } finally {
+    h.stop();
+  }
+});
+
+void test('findings 2 and 4: demand that comes back while a retirement commits cancels it before any cell is told, and the round computed meanwhile loses no grant', async () => {
+  const clock = { now: 1_000_000 };
+  const h = await setup(createAllocatorPolicy(), () => clock.now, {
+    maxImplicitTenants: 5,
+    implicitTenantIdleMs: 5000,
+  });
+  const ledger = h.backend.ledgerInstance;
+  const S = 'tenant/s1';
+  const a = new TestAgent('a');
+  const b = new TestAgent('b');
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
+    await h.backend.propose({ type: 'putSettings', unknownTenant: 'tier:gold' });
+    for (let i = 0; i < 3; i++)
+      await cycle(h, clock, [
+        [a, [asked(S, 10)]],
+        [b, []],
+      ]);
+    assert.ok(ledger.sliceEpoch(S, 'a') > 0);
+    await cycle(h, clock, [
+      [a, [asked(S, 0)]],
+      [b, []],
+    ]);
+    for (let i = 0; i < 5; i++) {
+      await h.service.expire();
+      clock.now += 1000;
+      await cycle(h, clock, [
+        [a, []],
+        [b, []],
+      ]);
+    }
+    assert.notEqual(ledger.getQuota(S), undefined, 'not idle long enough yet');
+    // The leader finds S idle and proposes its retirement; the commit takes a while. Meanwhile demand comes back
+    // on a, and b asks for S for the first time, and a round is due.
+    let release = (): void => {};
+    h.backend.gate = new Promise<void>((r) => (release = r));
+    const expiring = h.service.expire();
+    const n = h.service.stats.reports;
+    const answers = Promise.all([a.report(h.address, [asked(S, 30)]), b.report(h.address, [asked(S, 30)])]);
+    await arrived(h.service, n + 2);
+    clock.now += 50;
+    const due = h.service.round();
+    h.backend.gate = null;
+    release();
+    await expiring;
+    await due;
+    await h.service.round();
+    await answers;
+    for (let i = 0; i < 4; i++)
+      await cycle(h, clock, [
+        [a, [asked(S, 30)]],
+        [b, [asked(S, 30)]],
+      ]);
+    assert.equal(h.service.stats.refusedRounds, 0, 'no round was refused');
+    assert.equal(a.toldDeleted(S) || b.toldDeleted(S), false, 'no cell was told S is gone');
+    assert.notEqual(ledger.getQuota(S), undefined, 'S is an implicit tenant');
+    assert.ok(
+      b.grants.some((g) => g.key === S && g.rate > 0),
+      'b is granted what it asked for',
+    );
+  } finally {
+    h.stop();
+  }
+});
+
+void test('finding 3: a tenant deleted under tier:NAME while cells still ask for it becomes an implicit tenant only within --max-implicit-tenants', async () => {
+  const clock = { now: 1_000_000 };
+  const h = await setup(createAllocatorPolicy(), () => clock.now, {
+    maxImplicitTenants: 1,
+    implicitTenantIdleMs: 5000,
+  });
+  const ledger = h.backend.ledgerInstance;
+  const S = 'tenant/s1';
+  const ACME = 'tenant/acme';
+  const a = new TestAgent('a');
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
+    await h.backend.propose({ type: 'putTenant', id: 'acme', tier: 'gold' });
+    await h.backend.propose({ type: 'putSettings', unknownTenant: 'tier:gold' });
+    for (let i = 0; i < 3; i++) await cycle(h, clock, [[a, [asked(S, 10), asked(ACME, 10)]]]);
+    assert.equal(ledger.implicitTenantCount, 1, 's1 is the one implicit tenant');
+    await h.backend.propose({ type: 'deleteTenant', id: 'acme' });
+    for (let i = 0; i < 4; i++) {
+      await cycle(h, clock, [[a, [asked(S, 10 + i), asked(ACME, 10 + i)]]]);
+      assert.deepEqual([...ledger.implicitTenantKeys()], [S], 'acme is not taken: the bound is held by s1');
+    }
+    assert.equal(a.toldDeleted(ACME), true, 'wound down as a deleted tenant');
+    const since = a.grants.findIndex((g) => g.key === ACME && g.deleted);
+    assert.ok(!a.grants.slice(since).some((g) => g.key === ACME && !g.deleted), 'and never granted again');
+    assert.equal(ledger.holdsSlices(ACME), false, 'dropped once acknowledged');
+    assert.equal(ledger.implicitTenantCount, 1);
+    assert.ok(h.service.stats.implicitTenantsRefused > 0, 'counted as refused');
+    assert.equal(ledger.isImplicitTenant(S), true);
   } finally {
     h.stop();
   }

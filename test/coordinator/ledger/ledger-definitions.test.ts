@@ -265,7 +265,7 @@ void test('retireImplicitTenants winds an implicit tenant down as a deletion: co
   assert.ok((d.ledger.getSlice(S, 'a')?.epoch ?? 0) > 2);
 });
 
-void test('unknownTenant tier:NAME: deleting a tenant of another tier makes it an implicit tenant of NAME, its old grants counted at the ceiling until acknowledged', () => {
+void test('unknownTenant tier:NAME: a deleted tenant of another tier winds down (not an implicit tenant by itself: the bound); taken back, its old grants are counted at the ceiling until acknowledged', () => {
   const d = Driver.create({ floorCells: 2 });
   d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0 });
   d.ok({ type: 'putTier', name: 'platinum', rate: 1000, burst: 1000, floorFraction: 0 });
@@ -280,11 +280,22 @@ void test('unknownTenant tier:NAME: deleting a tenant of another tier makes it a
   });
   // The ledger asserts its invariants on every command (Driver): the delete is accepted and consistent.
   d.ok({ type: 'deleteTenant', id: 'acme' });
+  // Finding 3: not an implicit tenant of gold by itself — that would bypass --max-implicit-tenants.
+  assert.equal(d.ledger.isImplicitTenant(KEY), false);
+  assert.equal(d.ledger.isWindingDown(KEY), true);
+  assert.equal(d.ledger.getQuota(KEY), undefined);
+  assert.equal(d.ledger.implicitTenantCount, 1, 'counted while its slices are held');
+  // The lease leader takes it back (cells still ask for it, within the bound).
+  assert.deepEqual(d.ok({ type: 'reviveImplicitTenants', keys: [KEY] }), {
+    kind: 'implicitRevived',
+    revived: 1,
+    ignored: 0,
+  });
   assert.equal(d.ledger.isImplicitTenant(KEY), true);
   const after = d.ledger.getQuotaState(KEY);
   assert.equal(after?.rate, 100, 'the tier of the policy');
   assert.ok((after?.ceilingRate ?? 0) >= 800, 'the old grants are counted until acknowledged');
-  Ledger.restore(d.ledger.snapshot()); // its snapshot restores
+  Ledger.restore(d.ledger.snapshot(), { assertInvariants: true }); // its snapshot restores
   // The lease rounds shrink the old grants; once the cells acknowledge, the tier's quota holds.
   let grants = round(d, 20, { a: 500, b: 500 });
   assert.ok(grants.length > 0, 'the rounds are not refused');
@@ -292,4 +303,97 @@ void test('unknownTenant tier:NAME: deleting a tenant of another tier makes it a
   const settled = d.ledger.getQuotaState(KEY);
   assert.ok((settled?.countedRate ?? Infinity) <= 100 + 1e-9, `counted ${settled?.countedRate} against 100`);
   assert.equal(settled?.ceilingRate ?? 100, 100, 'the ceiling is back at the quota');
+});
+
+void test('unknownTenant set to tier:NAME finds a deleted tenant still winding down: it keeps winding down (the bound), and leaving the policy forgets the set', () => {
+  const d = setup(0.5);
+  d.ok({
+    type: 'reportAndGrant',
+    nowMs: 10,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: 10 + TTL }],
+    grants: [{ key: KEY, cellId: 'a', rate: 40, burst: 40, epoch: 1, leaseExpiresAtMs: 10 + TTL }],
+  });
+  d.ok({ type: 'deleteTenant', id: 'acme' }); // under deny: winding down, no quota
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  assert.equal(d.ledger.isImplicitTenant(KEY), false, 'not an implicit tenant without the leader taking it');
+  assert.equal(d.ledger.isWindingDown(KEY), true);
+  assert.equal(d.ledger.getQuota(KEY), undefined);
+  d.ok({ type: 'putSettings', unknownTenant: 'deny' });
+  assert.equal(d.ledger.windingDownCount, 0);
+  assert.equal(d.ledger.holdsSlices(KEY), true, 'its slice still winds down');
+});
+
+void test('finding 1: an implicit tenant is retirable only while every slice holder has a live lease; a wind-down stuck on a cut-off cell is cancelled by reviveImplicitTenants, the ceiling covering what the cut-off cell may still use', () => {
+  const d = setup(0.5); // gold: 100/s, floor fraction 0.5, two floor slots: a floor of 25/s per cell
+  const S = 'tenant/stranger';
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  const grant = (nowMs: number, cellId: string, rate: number, epoch: number, acks: number[] = []): void => {
+    d.ok({
+      type: 'reportAndGrant',
+      nowMs,
+      leases: [{ cellId, leaseExpiresAtMs: nowMs + TTL }],
+      acks: acks.map((epoch) => ({ key: S, cellId, epoch })),
+      grants: [{ key: S, cellId, rate, burst: rate, epoch, leaseExpiresAtMs: nowMs + TTL }],
+    });
+  };
+  grant(10, 'a', 30, 1);
+  grant(10, 'b', 20, 1);
+  assert.equal(d.ledger.retirable(S), true, 'both holders are live');
+  assert.equal(d.ledger.retirable(KEY), false, 'a defined tenant is never retired');
+  // Cell b is cut off: past its lease (TTL + the 1 s margin) its grant is released, its stamped floor is not.
+  const late = 10 + TTL + 1000 + 1;
+  grant(late, 'a', 30, 2, [1]);
+  assert.equal(d.ledger.retirable(S), false, "b's floor would keep the wind-down going until b acknowledges");
+  // A wind-down that started while b was live and then got stuck on it (b cut off before acknowledging).
+  const d2 = setup(0.5);
+  d2.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  for (const [cellId, rate] of [
+    ['a', 30],
+    ['b', 20],
+  ] as const)
+    d2.ok({
+      type: 'reportAndGrant',
+      nowMs: 10,
+      leases: [{ cellId, leaseExpiresAtMs: 10 + TTL }],
+      grants: [{ key: S, cellId, rate, burst: rate, epoch: 1, leaseExpiresAtMs: 10 + TTL }],
+    });
+  assert.equal(d2.ledger.retirable(S), true);
+  d2.ok({ type: 'retireImplicitTenants', keys: [S] });
+  // a takes its zero grant and acknowledges it (its slice goes); b never does, and its lease ends.
+  d2.ok({
+    type: 'reportAndGrant',
+    nowMs: 20,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: 20 + TTL }],
+    grants: [{ key: S, cellId: 'a', rate: 0, burst: 0, epoch: 2, leaseExpiresAtMs: 20 + TTL }],
+  });
+  d2.ok({ type: 'reportAndGrant', nowMs: 30, acks: [{ key: S, cellId: 'a', epoch: 2 }] });
+  d2.ok({ type: 'expireLeases', nowMs: late });
+  assert.equal(d2.ledger.holdsSlices(S), true, "stuck: b's floor is counted until b acknowledges");
+  assert.equal(d2.ledger.getQuota(S), undefined, 'no quota while winding down: refused on every cell');
+  // Demand comes back at a: the leader takes the key back. It has the tier's quota again, b's floor still counted.
+  d2.ok({ type: 'reviveImplicitTenants', keys: [S, 'tenant/nobody'] });
+  const back = d2.ledger.getQuotaState(S);
+  assert.equal(back?.rate, 100);
+  const b = back?.cells.find((c) => c.cellId === 'b');
+  assert.equal(b?.countedRate, 25, "b's stamped floor is counted");
+  assert.ok((back?.countedRate ?? Infinity) <= (back?.ceilingRate ?? 0) + 1e-9);
+  // The healthy cell is granted again (a new slice, its epoch above the one it dropped), within the bound.
+  d2.ok({
+    type: 'reportAndGrant',
+    nowMs: late + 10,
+    leases: [{ cellId: 'a', leaseExpiresAtMs: late + 10 + TTL }],
+    grants: [{ key: S, cellId: 'a', rate: 50, burst: 50, epoch: 1, leaseExpiresAtMs: late + 10 + TTL }],
+  });
+  assert.ok((d2.ledger.getSlice(S, 'a')?.epoch ?? 0) > 2);
+  d2.err(
+    {
+      type: 'reportAndGrant',
+      nowMs: late + 20,
+      leases: [{ cellId: 'a', leaseExpiresAtMs: late + 20 + TTL }],
+      grants: [{ key: S, cellId: 'a', rate: 80, burst: 80, epoch: 9, leaseExpiresAtMs: late + 20 + TTL }],
+    },
+    'QUOTA_EXCEEDED',
+  );
+  const restored = Ledger.restore(d2.ledger.snapshot(), { assertInvariants: true });
+  assert.deepEqual(restored.getQuotaState(S), d2.ledger.getQuotaState(S));
 });
