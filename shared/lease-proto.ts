@@ -40,6 +40,8 @@ export interface ReportRequestMessage {
   velocitySweepDone?: boolean;
   /** This report is its sweep's first page. */
   velocitySweepStart?: boolean;
+  /** The agent takes answers in pages (more, answerSeq, fullPicture; decoded as false when absent). */
+  pagedAnswers?: boolean;
 }
 export interface GrantMessage {
   key: string;
@@ -65,6 +67,12 @@ export interface ReportResponseMessage {
   full: boolean;
   /** The leader holds no complete demand picture of this agent incarnation: sweep (decoded false when absent). */
   velocityResync?: boolean;
+  /** Paged answers: grants wait that did not fit this answer (decoded false when absent). */
+  more?: boolean;
+  /** Paged answers: this session's count of answers (a gap: an answer lost). */
+  answerSeq?: number;
+  /** Paged answers: the answerSeq of the first page of the full picture this answer belongs to (0: none). */
+  fullPicture?: number;
 }
 
 export interface QuotaLeaseService {

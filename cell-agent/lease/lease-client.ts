@@ -288,6 +288,9 @@ export class LeaseClient {
   private readonly posted = new Map<string, 'slice' | 'pending' | 'unknown'>();
   /** A full answer arrived in this incarnation (until then every report asks for one). */
   private haveFull = false;
+  /** A full picture arriving in pages (paged answers): the answerSeq of its first page, the next one
+   * expected, whether none was missed, and the keys its pages carried. */
+  private picture: { since: number; next: number; whole: boolean; keys: Set<string> } | null = null;
   private unknownPolicy: string = INITIAL_UNKNOWN_POLICY;
   private capsVersion = 0;
   private cappedDomains = new Set<string>();
@@ -448,6 +451,7 @@ export class LeaseClient {
       velocitySweep: page.sweep,
       velocitySweepDone: page.sweepDone,
       velocitySweepStart: page.sweepStart,
+      pagedAnswers: true,
     };
     const address = this.target;
     const sentAt = this.mono();
@@ -478,8 +482,8 @@ export class LeaseClient {
     reporter.delivered(page);
     if (result.res.velocityResync === true) reporter.resync();
     this.applyAnswer(result.res, sentAt);
-    // What did not fit in this report goes in the next one, at once.
-    if (page.more) this.reportSoon();
+    // What did not fit in this report goes in the next one, at once; so does the next page of grants.
+    if (page.more || result.res.more === true) this.reportSoon();
     return true;
   }
 
@@ -580,8 +584,7 @@ export class LeaseClient {
       newHeld.set(g.key, h);
       changed.set(g.key, leasedEntry(g.key, h, this.generation));
     }
-    this.applyDefinitions(res, granted, forgotten, changed);
-    if (res.full) this.haveFull = true;
+    if (this.applyDefinitions(res, granted, forgotten, changed)) this.haveFull = true;
     if (live && this.state !== 'leased') {
       // Resuming (or the first lease): every held grant is in force again.
       for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g, this.generation));
@@ -637,14 +640,16 @@ export class LeaseClient {
 
   /**
    * The non-grant parts of an answer: a full answer's dropped keys, the unknown-tenant policy and
-   * unknown keys, the capped domains. Adds the entries to `changed`.
+   * unknown keys, the capped domains. Adds the entries to `changed`. True when the answer completed a
+   * full picture (every page of it received).
    */
   private applyDefinitions(
     res: ReportResponseMessage,
     granted: ReadonlySet<string>,
     forgotten: readonly string[],
     changed: Map<string, OverrideEntry>,
-  ): void {
+  ): boolean {
+    const picture = this.pictureKeys(res, granted);
     for (const key of forgotten) {
       this.posted.delete(key);
       changed.set(key, { key, remove: true });
@@ -666,7 +671,7 @@ export class LeaseClient {
       const drop =
         (kind === 'unknown' && policy !== 'allow') ||
         (kind === 'pending' && !domainCapped) ||
-        (kind === 'slice' && res.full && !granted.has(key));
+        (kind === 'slice' && picture !== null && !picture.has(key));
       if (!drop) continue;
       this.grants.delete(key);
       if (domainCapped) {
@@ -691,6 +696,31 @@ export class LeaseClient {
         changed.set(key, { key, allowUnknown: true });
       }
     }
+    return picture !== null;
+  }
+
+  /**
+   * The keys of the full picture this answer completes, or null. A picture in pages counts only if
+   * every page arrived (no gap in answerSeq from its first page): else nothing is dropped and the
+   * next report asks for a new picture. An answer from a coordinator without pages is whole by itself.
+   */
+  private pictureKeys(res: ReportResponseMessage, granted: ReadonlySet<string>): ReadonlySet<string> | null {
+    const since = res.fullPicture ?? 0;
+    if (!(since > 0)) {
+      this.picture = null;
+      return res.full ? granted : null;
+    }
+    const seq = res.answerSeq ?? 0;
+    // Its first page starts it afresh (answerSeq restarts with every session: a new leader, a new incarnation).
+    if (this.picture?.since !== since || seq === since)
+      this.picture = { since, next: since, whole: true, keys: new Set() };
+    const p = this.picture;
+    if (seq !== p.next) p.whole = false;
+    p.next = seq + 1;
+    for (const key of granted) p.keys.add(key);
+    if (!res.full) return null;
+    this.picture = null;
+    return p.whole ? p.keys : null;
   }
 
   private armExpiry(): void {
@@ -712,6 +742,7 @@ export class LeaseClient {
     this.grants.clear();
     this.pendingAcks.clear();
     this.haveFull = false;
+    this.picture = null;
     this.incarnation = this.newIncarnation();
     this.reporter = new VelocityReporter(); // a new incarnation's demand starts from nothing on the leader
     // Every deciding thread: grants of the old generation are floors from now on (they already are,

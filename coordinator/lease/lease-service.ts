@@ -128,8 +128,18 @@ interface CellSession {
   incarnation: string;
   /** Quota key → the highest epoch the agent acknowledged. */
   readonly acked: Map<string, number>;
-  /** Keys granted to the cell that the agent has not acknowledged yet: what the next answer carries. */
-  readonly outstanding: Set<string>;
+  /**
+   * Keys granted to the cell that the agent has not acknowledged yet → the answer (this session's
+   * count) that last carried the key's current grant, 0 if none did: what the next answers carry.
+   */
+  readonly outstanding: Map<string, number>;
+  /** Answers given to this session. */
+  answers: number;
+  /** A full picture being sent in pages (paged answers): the cell's slice keys, how many were sent, the
+   * answer that began it. */
+  full: string[] | null;
+  fullAt: number;
+  fullSince: number;
   /** Tenant keys already named in unknown_keys to this incarnation. */
   readonly toldUnknown: Set<string>;
   /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
@@ -139,6 +149,19 @@ interface CellSession {
   /** A whole demand sweep of this incarnation reached this session: the demands are complete. */
   swept: boolean;
 }
+
+/**
+ * Most grants one answer to an agent with paged answers carries (≈ 80 bytes each: ≈ 400 KB); the rest
+ * follow in the next answers, which the agent asks for at once. Bounds what building, sending and
+ * applying one answer costs, whatever the number of slices a cell holds. Before, a full picture was
+ * one answer with every slice of the cell (8 MB at 100,000), and each lapse of the agent's lease asked
+ * for one again: in `npm run bench -- agent-tenants` the full answers grew with the tenants seen
+ * (10,000 slices took 0.2-0.7 s to build on a loaded machine), ran past the agent's deadline, the lease
+ * lapsed again, and from some size on the agent never held a grant.
+ */
+export const MAX_ANSWER_GRANTS = 5_000;
+/** With paged answers, a grant not acknowledged is carried again this many answers after the last that carried it. */
+export const RESEND_AFTER_ANSWERS = 4;
 
 /** Most keys a session remembers having named unknown (beyond: forgotten, named again). */
 const MAX_TOLD_UNKNOWN = 100_000;
@@ -693,7 +716,7 @@ export class LeaseService {
 
     // 4. Answers from the committed ledger.
     const committed = this.backend.ledger();
-    for (const g of grants) this.sessions.get(g.cellId)?.outstanding.add(g.key);
+    for (const g of grants) this.sessions.get(g.cellId)?.outstanding.set(g.key, 0);
     const settings = committed.settings;
     if (settings.unknownTenant !== this.unknownPolicy) {
       for (const session of this.sessions.values()) session.toldUnknown.clear();
@@ -720,19 +743,28 @@ export class LeaseService {
     unknownTenant: UnknownTenantPolicyName,
   ): ReportResponseMessage {
     const session = this.session(req.cellId, req.incarnation);
-    const full = session.fresh || req.wantFull === true;
+    const paged = req.pagedAnswers === true;
+    const seq = ++session.answers;
+    // A full picture starts with a session's first answer, or when the agent asks for one (while a
+    // paged picture is under way, the agent's want_full continues it).
+    const fullStart = session.fresh || (req.wantFull === true && session.full === null);
     session.fresh = false;
-    const keys: Iterable<string> = full ? [...ledger.cellSliceKeys(req.cellId)].sort() : [...session.outstanding];
-    if (full) session.outstanding.clear();
+    if (fullStart) {
+      session.full = this.fullPictureKeys(ledger, req.cellId);
+      session.fullAt = 0;
+      session.fullSince = seq;
+      session.outstanding.clear();
+    }
+    // Without pages every answer carries every grant due, and every grant not yet acknowledged again.
+    const limit = paged ? MAX_ANSWER_GRANTS : Infinity;
     const out: GrantMessage[] = [];
-    for (const key of keys) {
+    const emit = (key: string, acked: number): void => {
       const s = ledger.getSlice(key, req.cellId);
-      const acked = full ? 0 : (session.acked.get(key) ?? 0);
       if (s === undefined || s.epoch === 0 || s.epoch <= acked) {
         session.outstanding.delete(key);
-        continue;
+        return;
       }
-      session.outstanding.add(key);
+      session.outstanding.set(key, seq);
       session.toldUnknown.delete(key);
       const def = ledger.definition(key);
       out.push({
@@ -746,6 +778,33 @@ export class LeaseService {
         parent: def?.parent ?? '',
         deleted: def === undefined,
       });
+    };
+    // 1. Grants made since that no answer carried yet (while a paged picture is under way, in up to
+    //    half of the page, so the keys in use are not held back by a picture of a million slices);
+    // 2. the picture's next page;
+    // 3. grants an answer carried and the agent did not acknowledge: without pages, every one again in
+    //    every answer; with pages, RESEND_AFTER_ANSWERS answers after the last that carried it (an
+    //    answer may be lost: the agent gave up on its call).
+    const picture = session.full;
+    const fresh = picture === null ? limit : Math.floor(limit / 2);
+    const resend = paged ? seq - RESEND_AFTER_ANSWERS : seq;
+    let more = false;
+    const waiting: string[] = [];
+    for (const [key, sent] of session.outstanding) {
+      if (sent !== 0) {
+        if (sent <= resend) waiting.push(key);
+      } else if (out.length < fresh) emit(key, session.acked.get(key) ?? 0);
+      else more = true;
+    }
+    if (picture !== null) {
+      while (session.fullAt < picture.length && out.length < limit) emit(picture[session.fullAt++] as string, 0);
+      if (session.fullAt >= picture.length) session.full = null;
+      else more = true;
+    }
+    const full = picture !== null && session.full === null;
+    for (const key of waiting) {
+      if (out.length >= limit) break;
+      if (session.outstanding.get(key) !== seq) emit(key, session.acked.get(key) ?? 0);
     }
     const unknownKeys: string[] = [];
     if (unknownTenant === 'allow') {
@@ -770,7 +829,22 @@ export class LeaseService {
       cappedDomains: capsIncluded ? caps.domains : [],
       full,
       velocityResync: !session.swept,
+      ...(paged ? { more, answerSeq: seq, fullPicture: picture !== null ? session.fullSince : 0 } : {}),
     };
+  }
+
+  /**
+   * The keys of a full picture of `cellId`: every slice the cell holds, those it reported demand for
+   * first (with pages, the keys in use are back on their grants soonest). Not sorted: at a million
+   * slices a sort costs seconds of the leader's event loop.
+   */
+  private fullPictureKeys(ledger: Ledger, cellId: string): string[] {
+    const demanded = this.demandKeysOfCell.get(cellId);
+    const first: string[] = [];
+    const rest: string[] = [];
+    for (const key of ledger.cellSliceKeys(cellId)) (demanded?.has(key) === true ? first : rest).push(key);
+    for (const key of rest) first.push(key);
+    return first;
   }
 
   /**
@@ -822,7 +896,11 @@ export class LeaseService {
       s = {
         incarnation,
         acked: new Map(),
-        outstanding: new Set(),
+        outstanding: new Map(),
+        answers: 0,
+        full: null,
+        fullAt: 0,
+        fullSince: 0,
         toldUnknown: new Set(),
         fresh: true,
         sweepStarted: 0,
