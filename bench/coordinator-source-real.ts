@@ -171,18 +171,20 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const capacity = await agent.metric('cellquota_agent_bucket_table_capacity');
     const sink = new Counter();
     session = await RawH2Session.connect(socketOf(agent), sink);
-    const samples: { seen: number; rss: number; keys: number; grants: number }[] = [];
+    const samples: { seen: number; rss: number; heap: number; external: number; keys: number; grants: number }[] = [];
     const sample = async (seen: number): Promise<void> => {
       if (agent === null) return;
       samples.push({
         seen,
         rss: rssMiB(pid),
+        heap: (await agent.metric('nodejs_heap_size_used_bytes')) / 2 ** 20,
+        external: (await agent.metric('nodejs_external_memory_bytes')) / 2 ** 20,
         keys: await agent.metric('cellquota_agent_bucket_table_keys'),
         grants: await leaseGrants(agent),
       });
       const s = samples[samples.length - 1];
       opts.progress(
-        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB, table keys ${s?.keys}, lease grants ${s?.grants}`,
+        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB (main heap ${s?.heap.toFixed(0)}), table keys ${s?.keys}, lease grants ${s?.grants}`,
       );
     };
     await sample(0);
@@ -247,6 +249,8 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
       rows: samples.map((s) => ({
         'tenants seen': s.seen,
         'RSS MiB': Math.round(s.rss),
+        'main heap used MiB': Math.round(s.heap),
+        'main external MiB': Math.round(s.external),
         'table keys': s.keys,
         'lease grants held': s.grants,
       })),
