@@ -7,9 +7,10 @@
 //
 // check({ descriptors, hits }) is synchronous and allocation-light: the descriptors go to
 // Decider.decide through the agent's CheckService, which answers fail-open (marked, counted, logged
-// at most once a second) if the decision throws. One descriptor (the common case) travels in a
-// request object reused by every check, so it reaches the Decider's fast path with nothing
-// allocated on the way; what is allocated is the answer the caller keeps.
+// at most once a second) if the decision throws. Up to four descriptors (one; a global limiter and a
+// per-client one: the common cases) travel in request objects reused by every check, so they reach
+// the Decider's fast paths with nothing allocated on the way; what is allocated is the answer the
+// caller keeps.
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { BucketTable } from '../cell-agent/buckets/bucket-table.js';
@@ -126,6 +127,8 @@ const UNIT_SECONDS: Readonly<Record<number, number>> = {
   7: 604_800,
 };
 const NO_POLICIES: readonly PolicyStatus[] = Object.freeze([]);
+/** Descriptor counts check() passes in reused request objects (the Decider's fast paths take up to 4). */
+const POOLED_DESCRIPTORS = 4;
 const NO_ENTRIES: Descriptor = Object.freeze([]);
 const ALLOW_NOTHING_MET: LimitDecision = Object.freeze({
   allowed: true,
@@ -278,12 +281,17 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
   const shadow = o.shadow;
   let closed = false;
 
-  const single: { entries: Descriptor; limit: null; hitsAddend: number | null } = {
-    entries: NO_ENTRIES,
-    limit: null,
-    hitsAddend: null,
-  };
-  const singleRequest: RlsRequest = { domain, descriptors: [single], hitsAddend: 0 };
+  // Requests of up to POOLED_DESCRIPTORS descriptors travel in objects reused call after call (the
+  // decision is synchronous and keeps nothing of them): the wrapper adds no allocation to the decision.
+  const pooled: { entries: Descriptor; limit: null; hitsAddend: number | null }[] = Array.from(
+    { length: POOLED_DESCRIPTORS },
+    () => ({ entries: NO_ENTRIES, limit: null, hitsAddend: null }),
+  );
+  const pooledRequests: RlsRequest[] = Array.from({ length: POOLED_DESCRIPTORS + 1 }, (_, n) => ({
+    domain,
+    descriptors: pooled.slice(0, n),
+    hitsAddend: 0,
+  }));
 
   const check = (input: CheckInput): LimitDecision => {
     const descriptors = input.descriptors;
@@ -292,13 +300,16 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     if (hits !== undefined && !(Number.isSafeInteger(hits) && hits >= 0 && hits <= MAX_HITS))
       throw new LimiterInputError(`hits must be an integer in 0..${MAX_HITS}, got ${String(hits)}`);
     const hitsAddend = hits ?? null;
+    const n = descriptors.length;
     let request: RlsRequest;
-    if (descriptors.length === 1) {
-      // The common case: one descriptor, in a request object reused call after call (the decision
-      // is synchronous and keeps nothing of it), so the wrapper adds no allocation to the decision.
-      single.entries = descriptors[0] as Descriptor;
-      single.hitsAddend = hitsAddend;
-      request = singleRequest;
+    if (n <= POOLED_DESCRIPTORS) {
+      // The common cases (one descriptor; a global and a per-client one): the pooled request.
+      for (let i = 0; i < n; i++) {
+        const d = pooled[i] as (typeof pooled)[number];
+        d.entries = descriptors[i] as Descriptor;
+        d.hitsAddend = hitsAddend;
+      }
+      request = pooledRequests[n] as RlsRequest;
     } else {
       const rls: RlsDescriptor[] = new Array<RlsDescriptor>(descriptors.length);
       for (let i = 0; i < descriptors.length; i++)
@@ -306,7 +317,8 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       request = { domain, descriptors: rls, hitsAddend: 0 };
     }
     const outcome = service.check(request);
-    single.entries = NO_ENTRIES; // hold no reference to the caller's descriptor
+    // Hold no reference to the caller's descriptors.
+    for (let i = 0; i < n && i < POOLED_DESCRIPTORS; i++) (pooled[i] as (typeof pooled)[number]).entries = NO_ENTRIES;
     if (outcome.kind === 'error') throw new LimiterInputError(outcome.message);
     const response = outcome.response;
     // 'degraded' is CheckService's fail-open answer (an exception inside the decision; no lag guard here).
