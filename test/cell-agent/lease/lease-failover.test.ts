@@ -63,6 +63,41 @@ const answer = (leaderId: string): ReportResponseMessage => ({
   full: true,
 });
 
+/** A follower's answer naming `leaderId` (and its address) as the leader. */
+const notLeader = (leaderId: string): LeaseCallResult => ({
+  err: {
+    code: grpc.status.FAILED_PRECONDITION,
+    details: 'not the leader',
+    leaderId,
+    leaderAddress: `${leaderId}:7001`,
+  },
+});
+
+/** The real LeaseClient of cell-a on simulated time, reporting to the three ADDRESSES through `transport`. */
+function simClient(
+  timers: SimTimers,
+  transport: LeaseTransport,
+  random: () => number,
+  onStateChange: (s: LeaseState) => void = () => undefined,
+): LeaseClient {
+  return new LeaseClient({
+    cellId: 'cell-a',
+    coordinators: ADDRESSES,
+    coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
+    logger: pino({ level: 'silent' }),
+    velocity: () => [],
+    onOverrides: () => undefined,
+    onStateChange,
+    intervalMs: INTERVAL_MS,
+    transport,
+    timers,
+    monotonicMs: () => timers.now,
+    wallMs: () => timers.now,
+    random,
+    newIncarnation: () => 'inc',
+  });
+}
+
 interface Outcome {
   readonly expired: boolean;
   readonly firstAnswerFromNewLeaderAt: number | null;
@@ -84,47 +119,18 @@ async function killLeader(electionMs: number, random: () => number, callMs: numb
           : { err: { code: grpc.status.UNAVAILABLE, details: 'connection refused' } };
       if (t < electedAt)
         return t < KILL_AT
-          ? {
-              err: {
-                code: grpc.status.FAILED_PRECONDITION,
-                details: 'not the leader',
-                leaderId: 'n1',
-                leaderAddress: 'n1:7001',
-              },
-            }
+          ? notLeader('n1')
           : { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
       if (address === 'n2:7001') {
         firstAnswerFromNewLeaderAt ??= timers.now;
         return { res: answer('n2') };
       }
-      return {
-        err: {
-          code: grpc.status.FAILED_PRECONDITION,
-          details: 'not the leader',
-          leaderId: 'n2',
-          leaderAddress: 'n2:7001',
-        },
-      };
+      return notLeader('n2');
     },
     close: () => undefined,
   };
   const states: LeaseState[] = [];
-  const client = new LeaseClient({
-    cellId: 'cell-a',
-    coordinators: ADDRESSES,
-    coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
-    logger: pino({ level: 'silent' }),
-    velocity: () => [],
-    onOverrides: () => undefined,
-    onStateChange: (s) => states.push(s),
-    intervalMs: INTERVAL_MS,
-    transport,
-    timers,
-    monotonicMs: () => timers.now,
-    wallMs: () => timers.now,
-    random,
-    newIncarnation: () => 'inc',
-  });
+  const client = simClient(timers, transport, random, (s) => states.push(s));
   client.start();
   await timers.run(KILL_AT + 8000);
   client.stop();
@@ -210,15 +216,7 @@ void test('a leader whose answers take longer than the configured deadline: the 
         const timers = new SimTimers();
         const transport: LeaseTransport = {
           report: async (address, _req, deadlineMs): Promise<LeaseCallResult> => {
-            if (address !== 'n1:7001')
-              return {
-                err: {
-                  code: grpc.status.FAILED_PRECONDITION,
-                  details: 'not the leader',
-                  leaderId: 'n1',
-                  leaderAddress: 'n1:7001',
-                },
-              };
+            if (address !== 'n1:7001') return notLeader('n1');
             const late = serviceMs > deadlineMs;
             await new Promise<void>((done) => timers.setTimeout(done, late ? deadlineMs : serviceMs));
             return late
@@ -228,22 +226,12 @@ void test('a leader whose answers take longer than the configured deadline: the 
           close: () => undefined,
         };
         const states: [number, LeaseState][] = [];
-        const client = new LeaseClient({
-          cellId: 'cell-a',
-          coordinators: ADDRESSES,
-          coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
-          logger: pino({ level: 'silent' }),
-          velocity: () => [],
-          onOverrides: () => undefined,
-          onStateChange: (s) => states.push([timers.now, s]),
-          intervalMs: INTERVAL_MS,
-          transport,
+        const client = simClient(
           timers,
-          monotonicMs: () => timers.now,
-          wallMs: () => timers.now,
-          random: () => r,
-          newIncarnation: () => 'inc',
-        });
+          transport,
+          () => r,
+          (s) => states.push([timers.now, s]),
+        );
         client.start();
         await timers.run(20_000);
         const status = client.status();
@@ -291,47 +279,18 @@ void test('a leader gone silent (its calls hang to their deadline): the grown de
               return { res: answer('n1') };
             }
             await wait(5);
-            if (t < KILL_AT + detectMs)
-              return {
-                err: {
-                  code: grpc.status.FAILED_PRECONDITION,
-                  details: 'not the leader',
-                  leaderId: 'n1',
-                  leaderAddress: 'n1:7001',
-                },
-              };
+            if (t < KILL_AT + detectMs) return notLeader('n1');
             if (t < electedAt) return { err: { code: grpc.status.FAILED_PRECONDITION, details: 'no leader known' } };
             if (address === 'n2:7001') {
               await wait(25);
               firstFromNew ??= timers.now;
               return { res: answer('n2') };
             }
-            return {
-              err: {
-                code: grpc.status.FAILED_PRECONDITION,
-                details: 'not the leader',
-                leaderId: 'n2',
-                leaderAddress: 'n2:7001',
-              },
-            };
+            return notLeader('n2');
           },
           close: () => undefined,
         };
-        const client = new LeaseClient({
-          cellId: 'cell-a',
-          coordinators: ADDRESSES,
-          coordinatorById: new Map(ADDRESSES.map((a) => [a.slice(0, 2), a])),
-          logger: pino({ level: 'silent' }),
-          velocity: () => [],
-          onOverrides: () => undefined,
-          intervalMs: INTERVAL_MS,
-          transport,
-          timers,
-          monotonicMs: () => timers.now,
-          wallMs: () => timers.now,
-          random: () => r,
-          newIncarnation: () => 'inc',
-        });
+        const client = simClient(timers, transport, () => r);
         client.start();
         await timers.run(electedAt + 10_000);
         client.stop();
