@@ -11,6 +11,7 @@ import { parseUnknownTenantPolicy } from './decide/quota-file.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
 import type { UnknownTenantPolicy } from './decide/quotas.js';
+import { MAX_THREADS } from './buckets/bucket-table.js';
 import { parseTrustedProxies } from '../shared/client-address.js';
 import { DENY_STATUSES } from './front-door/forward-auth.js';
 import type { DenyStatus } from './front-door/forward-auth.js';
@@ -222,7 +223,9 @@ export const agentConfigFields = z.object({
     help: "a file holding this cell's bearer token for the lease service (instead of, or besides, a certificate)",
     example: '/run/secrets/lease-token',
   }),
-  workers: setting(int(0, 64), {
+  // One bucket-table thread record each, beside the main thread's (review: 64 workers left the last
+  // one unable to attach).
+  workers: setting(int(0, MAX_THREADS - 1), {
     help: 'gRPC serving threads, all sharing one bucket table (0: no RLS server, the HTTP API only)',
     default: 1,
     example: '4',

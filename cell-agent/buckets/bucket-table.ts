@@ -43,7 +43,7 @@
 // margin (32 changes) was far smaller. The cost of the lock word: a thread that stops between its
 // CAS and its publish (three stores later) makes the others wait for it (backoff(): spin, then
 // Atomics.wait in 50 µs steps); it never blocks a thread working on another slot. A waiter gives up
-// after NAPS_BEFORE_GIVING_UP naps (≥ 10 ms): the take answers 'table-full' (below).
+// after NAPS_BEFORE_GIVING_UP naps (≥ 10 ms): the take is refused as busy (below).
 //
 // Placement: a key has two home groups (two-choice hashing) and, only when both homes hold no EMPTY
 // slot, 4 overflow groups next to them: at most 48 slots are ever probed. Slots are never emptied
@@ -103,10 +103,12 @@
 //   matches no key, holds rate 0 and the oldest stamp (the first an eviction takes; it counts in
 //   size() until then), and the key it was for is absent (an evicted key's evictFloor was raised
 //   before its eviction). A release never gives a bucket more tokens than it had: the bound holds.
-// - A wait is bounded: past NAPS_BEFORE_GIVING_UP naps the take answers 'table-full', which every
-//   caller already handles with its table-full policy (the agent's --table-full open|closed: a
-//   counted fail-open under the quota's key, or a refusal), never a silent pass or an endless spin;
-//   a stripe that cannot be taken fails the insert the same way.
+// - A wait is bounded: past NAPS_BEFORE_GIVING_UP naps the take is refused as busy: verdict 'deny',
+//   retryAfter BUSY_RETRY_NS, counted (busyRefusals); a stripe that cannot be taken refuses the
+//   insert the same way. Never 'table-full': a holder that is alive but descheduled for 10 ms is
+//   ordinary on a loaded machine, and under the default --table-full open every other thread's take
+//   of that key would be admitted while it waits (review: 22 admitted of a 2/hour bucket). A refusal
+//   never breaks the bound; it costs the request a retry, never a silent pass or an endless spin.
 // What stays undefined: releaseThread on a thread that still runs (the caller must know it exited).
 //
 // Succession: a limit may name the limit it replaced and the instant it did (gcra.ts's
@@ -154,8 +156,8 @@ import { fmix32, hashKey, KeyHashStream, type KeyHasher } from './key-hash.js';
 export type { KeyHasher } from './key-hash.js';
 
 /**
- * 'allow' / 'deny': a decision. 'table-full': the table cannot give the key a bucket now: no slot for
- * a new key, or its slot (or insert stripe) held by another thread past the wait bound (see above).
+ * 'allow' / 'deny': a decision ('deny' also when the key's slot or insert stripe is held by another
+ * thread past the wait bound: see above). 'table-full': no slot can be had for a new key.
  */
 export type TakeVerdict = 'allow' | 'deny' | 'table-full';
 
@@ -220,6 +222,7 @@ const RECORD_WORDS = RECORD_BYTES / 4;
 const H_START = 0;
 const H_EVICTIONS = 1;
 const H_FLOOR = 2;
+const H_BUSY = 3;
 // header: Int32 indexes
 const H_MAGIC = 8;
 const H_VERSION = 9;
@@ -247,7 +250,8 @@ const DEAD = 127;
 const KEY_RESERVED = 128;
 
 // Thread records (one per attached thread, each in its own cache line): Int32 offsets.
-const MAX_THREADS = 64;
+/** Threads that may attach one table at once (the agent's main thread and its serving workers). */
+export const MAX_THREADS = 64;
 const THREAD_WORDS = 16;
 const T_OWNER = 0; // threadId + 1 of the thread holding the record (0: free); Atomics
 const T_SLOT = 1; // the slot of the thread's latest claim (plain stores, read only after the thread died)
@@ -348,6 +352,17 @@ const BLOCKED: TakeResult = Object.freeze({
   remaining: 0,
   resetNs: 0n,
   retryAfterNs: NEVER_NS,
+});
+/** The wait a busy refusal names (a slot held past the wait bound): short, the holder is usually just descheduled. */
+const BUSY_RETRY_NS = 100_000_000;
+/** insert()'s answer when its stripe is held past the wait bound. */
+const INSERT_BUSY = -2;
+const KEY_BUSY: KeyTakeResult = Object.freeze({
+  verdict: 'deny',
+  allowed: false,
+  remaining: 0,
+  resetNs: 0,
+  retryAfterNs: BUSY_RETRY_NS,
 });
 const KEY_TABLE_FULL: KeyTakeResult = Object.freeze({
   verdict: 'table-full',
@@ -592,6 +607,18 @@ export class BucketTable {
     return Number(Atomics.load(this.h64, H_EVICTIONS));
   }
 
+  /** Takes refused because the key's slot or insert stripe stayed held past the wait bound (all threads). */
+  get busyRefusals(): number {
+    return Number(Atomics.load(this.h64, H_BUSY));
+  }
+
+  /** A busy refusal into res, counted. */
+  private busy(res: MutableTakeResult): KeyTakeResult {
+    Atomics.add(this.h64, H_BUSY, 1n);
+    copyInto(res, KEY_BUSY);
+    return res;
+  }
+
   /** Shared memory held by the table. */
   bytes(): number {
     return this.shared.buffer.byteLength;
@@ -678,6 +705,7 @@ export class BucketTable {
         // checked (a request refused at another level) must still start refilling.
         if (hits === 0 && limit.start === 'full') return this.reportFresh(limit, res);
         s = this.insert(h0, h1, h2, limit, words);
+        if (s === INSERT_BUSY) return this.busy(res);
         if (s < 0) return KEY_TABLE_FULL;
       }
       if (this.takeAt(s, h0, h1, h2, limit, words, hits, res)) return res;
@@ -784,8 +812,8 @@ export class BucketTable {
         spins = this.backoff(spins);
         if (spins > SPINS_BEFORE_SLEEP + NAPS_BEFORE_GIVING_UP) {
           // Held past the bound (its writer descheduled that long, or dead until its supervisor
-          // releases it): no decision; the caller applies its table-full policy and counts it.
-          copyInto(res, KEY_TABLE_FULL);
+          // releases it): refused as busy (see the header), never left to the table-full policy.
+          this.busy(res);
           return true;
         }
         continue;
@@ -1059,7 +1087,7 @@ export class BucketTable {
   /** Find or create the key's slot; -1 if no slot can be had (table full of busy buckets). */
   private insert(h0: number, h1: number, h2: number, limit: GcraLimit, words: LimitWords): number {
     const li = (h1 ^ h2) & this.lockMask;
-    if (!this.lock(li)) return -1;
+    if (!this.lock(li)) return INSERT_BUSY;
     try {
       const found = this.find(h0, h1, h2);
       if (found >= 0) return found;

@@ -249,6 +249,14 @@ export function createAgentMetrics(src: AgentMetricsSources): AgentMetrics {
     ),
   );
   add(
+    new ComputedMetric(
+      'cellquota_agent_bucket_busy_refusals_total',
+      "Checks refused because another thread held the key's bucket past the wait bound (10 ms).",
+      'counter',
+      () => [{ value: src.table.busyRefusals }],
+    ),
+  );
+  add(
     new ComputedMetric('cellquota_agent_rules_info', 'The rules in force (value 1), by fingerprint.', 'gauge', () => {
       const fp = src.rulesFingerprint();
       return fp === null ? [] : [{ value: 1, labels: { fingerprint: fp.slice(0, 16) } }];

@@ -492,6 +492,7 @@ void test('HTTP API: /v1/check 200 and 429 with RateLimit headers and Retry-Afte
     'cellquota_agent_decision_duration_seconds_bucket{le="+Inf"}',
     'cellquota_agent_bucket_table_keys',
     'cellquota_agent_bucket_evictions_total',
+    'cellquota_agent_bucket_busy_refusals_total 0',
     'cellquota_agent_config_reloads_total{result="success"}',
     'cellquota_agent_static_slice_decisions_total',
     'cellquota_agent_workers_serving 1',

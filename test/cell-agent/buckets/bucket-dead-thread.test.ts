@@ -1,7 +1,7 @@
 // A thread that stops for good inside a claim's window (between the claim of a slot and its
 // publish) must not leave that slot, or the insert stripe it held, locked for the others: a waiter
-// gives up after its bound (the take answers 'table-full', which callers handle with their
-// table-full policy), and once the thread is gone, releaseThread — what the agent's supervisor
+// gives up after its bound (the take is refused as busy: 'deny', counted, never 'table-full', which
+// the default --table-full open would admit), and once the thread is gone, releaseThread — what the agent's supervisor
 // (cell-agent/agent-workers.ts) calls on a worker's 'exit' — restores the slot. Real worker threads
 // are stopped inside the window (a test hook parks them there): terminated, or killed by
 // ERR_WORKER_OUT_OF_MEMORY. After the release every bucket reports exactly what a table that never
@@ -69,16 +69,21 @@ async function stopInWindow(
   return { released: table.releaseThread(threadId), verdict: null, errorCode };
 }
 
-void test('a worker terminated holding an admission: waiters give up (table-full); released, the bucket is as before the claim', async () => {
+void test('a worker terminated holding an admission: waiters are refused as busy; released, the bucket is as before the claim', async () => {
   const table = new BucketTable({ capacity: 64, seed: 11 });
   const a = limitOf(A);
   assert.equal(table.take('k', a, 30, NOW).verdict, 'allow');
   let whileHeld = '';
+  let retryNs = 0n;
   const stopped = await stopInWindow(table, { key: 'k', limit: A, hits: 5, nowNs: NOW }, 'park', () => {
-    // Bounded: no decision on a slot whose writer does not publish, and no endless spin.
-    whileHeld = table.take('k', a, 1, NOW).verdict;
+    // Bounded: no admission on a slot whose writer does not publish, and no endless spin.
+    const r = table.take('k', a, 1, NOW);
+    whileHeld = r.verdict;
+    retryNs = r.retryAfterNs;
   });
-  assert.equal(whileHeld, 'table-full');
+  assert.equal(whileHeld, 'deny');
+  assert.ok(retryNs > 0n && retryNs <= 1_000_000_000n, `busy retry ${retryNs} ns`);
+  assert.equal(table.busyRefusals, 1);
   assert.equal(stopped.released?.claim, 'admit');
   assert.equal(stopped.released?.stripes, 0);
   // The interrupted admission never counted: exactly 70 left, all of them takeable, then none.
@@ -106,10 +111,10 @@ void test('a worker terminated inside an insert: its stripe is released and the 
   const a = limitOf(A);
   let whileHeld = '';
   const stopped = await stopInWindow(table, { key: 'new', limit: A, hits: 1, nowNs: NOW }, 'park', () => {
-    // The same key's insert waits on the dead thread's stripe, then gives up.
+    // The same key's insert waits on the dead thread's stripe, then is refused as busy.
     whileHeld = table.take('new', a, 1, NOW).verdict;
   });
-  assert.equal(whileHeld, 'table-full');
+  assert.equal(whileHeld, 'deny');
   assert.deepEqual(
     { claim: stopped.released?.claim, stripes: stopped.released?.stripes },
     { claim: 'insert', stripes: 1 },
