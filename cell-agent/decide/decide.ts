@@ -426,7 +426,8 @@ export class Decider {
         over = true;
       }
     }
-    let tableFull = false;
+    // The first bucket in take order that had no slot: its key is the one the general path names.
+    let firstFull = -1;
     if (!over) {
       // Take, tightest margin first (a stable order: ties in descriptor order, as evaluate() sorts).
       const order = f.order;
@@ -448,7 +449,7 @@ export class Decider {
           f.remaining[i] = r.remaining;
           f.reset[i] = r.resetNs;
         } else if (r.verdict === 'table-full') {
-          tableFull = true;
+          if (firstFull < 0) firstFull = i;
           f.tableFull[i] = 1;
           if (this.options.tableFull === 'closed') {
             f.passed[i] = 0;
@@ -468,7 +469,7 @@ export class Decider {
         }
       }
     }
-    return this.localsDecision(rules, req, n, over, tableFull);
+    return this.localsDecision(rules, req, n, over, firstFull);
   }
 
   /** takeKey() for descriptor i's bucket key, from its saved hash state. */
@@ -479,18 +480,19 @@ export class Decider {
   }
 
   /** decideLocals' answer from its scratch: evaluate()'s statuses, refusal, Retry-After and headers. */
-  private localsDecision(rules: RuleSet, req: RlsRequest, n: number, over: boolean, tableFull: boolean): Decision {
+  private localsDecision(rules: RuleSet, req: RlsRequest, n: number, over: boolean, firstFull: number): Decision {
     const f = this.fast;
+    const tableFull = firstFull >= 0;
     const statuses: RlsDescriptorStatus[] = new Array<RlsDescriptorStatus>(n);
     const statusLimits: GcraLimit[] = new Array<GcraLimit>(n);
-    let tableFullKey: string | null = null;
+    const fullEntries = tableFull ? (req.descriptors[firstFull] as RlsRequest['descriptors'][number]).entries : null;
+    const tableFullKey = fullEntries === null ? null : localBucketKey(rules, req.domain, fullEntries);
     let refusal: Refusal | null = null;
     let retryAfterNs = 0;
     for (let i = 0; i < n; i++) {
       const rule = f.rules[i] as RuleLimit;
       statusLimits[i] = rule.limit;
       const entries = (req.descriptors[i] as RlsRequest['descriptors'][number]).entries;
-      if (f.tableFull[i] === 1 && tableFullKey === null) tableFullKey = localBucketKey(rules, req.domain, entries);
       if (f.passed[i] === 1) {
         statuses[i] = {
           code: OK,
