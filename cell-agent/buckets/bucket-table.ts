@@ -634,7 +634,7 @@ export class BucketTable {
     const out = this.hashOut;
     this.hasher(key, this.seed, out);
     this.bigTimes = null;
-    const r = this.takeHashed(out, limit, hits, nowNs, this.plainResult);
+    const r = this.takeHashed(out, limit, null, hits, nowNs, this.plainResult);
     if (r === KEY_TABLE_FULL) return TABLE_FULL;
     if (r === KEY_BLOCKED) return BLOCKED;
     const big = this.bigTimes as GcraDecisionScratch | null;
@@ -669,11 +669,12 @@ export class BucketTable {
   takeKey(limit: GcraLimit, hits: number, nowNs: bigint): Readonly<KeyTakeResult> {
     const k = this.keyStream;
     if (k === null) throw new Error('takeKey: this table has a custom hasher; use take()');
-    if (!limitWords(limit).narrow)
-      throw new RangeError(`takeKey: a limit window over ${NUMBER_STEP_MAX_NS} ns needs take()`);
+    // A malformed limit fails here, never while this thread holds a slot's ver odd or claimed.
+    const words = limitWords(limit);
+    if (!words.narrow) throw new RangeError(`takeKey: a limit window over ${NUMBER_STEP_MAX_NS} ns needs take()`);
     const out = this.hashOut;
     k.end(out);
-    return this.takeHashed(out, limit, hits, nowNs, this.keyResult);
+    return this.takeHashed(out, limit, words, hits, nowNs, this.keyResult);
   }
 
   /** Whether takeKey() takes this limit (its window fits the numeric step). Validates the limit. */
@@ -684,6 +685,7 @@ export class BucketTable {
   private takeHashed(
     hash: Int32Array,
     limit: GcraLimit,
+    known: LimitWords | null,
     hits: number,
     nowNs: bigint,
     res: MutableTakeResult,
@@ -692,7 +694,7 @@ export class BucketTable {
       throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
     this.setNow(nowNs);
     // A malformed limit must fail here, never while this thread holds a slot's ver odd or claimed.
-    const words = limitWords(limit);
+    const words = known ?? limitWords(limit);
     const h0 = keyWord0(hash[0] ?? 0);
     const h1 = hash[1] ?? 0;
     const h2 = hash[2] ?? 0;
@@ -907,13 +909,7 @@ export class BucketTable {
    * threads" above); the thread record (plain stores, before the claim) says what to restore.
    */
   private commitTat(s: number, v: number, oldHi: number, oldLo: number, hi: number, lo: number): boolean {
-    const t = this.threads;
-    const me = this.mine;
-    t[me + T_SLOT] = s;
-    t[me + T_VER] = v;
-    t[me + T_KIND] = CLAIM_ADMIT;
-    t[me + T_TAT_HI] = oldHi;
-    t[me + T_TAT_LO] = oldLo;
+    this.noteClaim(s, v, CLAIM_ADMIT, oldHi, oldLo);
     const rec = this.rec;
     const at = RECORD_WORDS * s;
     if (Atomics.compareExchange(rec, at + R_VER, v, this.slotTag) !== v) return false;
@@ -922,6 +918,21 @@ export class BucketTable {
     Atomics.store(rec, at + R_TAT_LO, lo);
     Atomics.store(rec, at + R_VER, (v + 2) | 0);
     return true;
+  }
+
+  /**
+   * Notes in this thread's record, with plain stores before the claim (see "Dead threads" above), the
+   * slot it is about to claim from ver v, what the claim writes and the TAT before it: what
+   * releaseThread puts back should the thread stop inside the window.
+   */
+  private noteClaim(s: number, v: number, kind: number, oldHi: number, oldLo: number): void {
+    const t = this.threads;
+    const me = this.mine;
+    t[me + T_SLOT] = s;
+    t[me + T_VER] = v;
+    t[me + T_KIND] = kind;
+    t[me + T_TAT_HI] = oldHi;
+    t[me + T_TAT_LO] = oldLo;
   }
 
   /** hits = 0 on an absent key: what a new bucket would report, without creating one. */
@@ -973,13 +984,9 @@ export class BucketTable {
     const words = limitWords(limit);
     const hi = Number(next >> 32n);
     const lo = Number(next & LOW_32) | 0;
+    this.noteClaim(s, v, CLAIM_RECONFIGURE, oldHi, oldLo);
     const t = this.threads;
     const me = this.mine;
-    t[me + T_SLOT] = s;
-    t[me + T_VER] = v;
-    t[me + T_KIND] = CLAIM_RECONFIGURE;
-    t[me + T_TAT_HI] = oldHi;
-    t[me + T_TAT_LO] = oldLo;
     t[me + T_D_HI] = dHi;
     t[me + T_D_LO] = dLo;
     t[me + T_X] = x;
@@ -1209,11 +1216,8 @@ export class BucketTable {
     const rec = this.rec;
     const keys = this.keys;
     const at = RECORD_WORDS * s;
-    const t = this.threads;
-    const me = this.mine;
-    t[me + T_SLOT] = s;
-    t[me + T_VER] = v;
-    t[me + T_KIND] = evict ? CLAIM_EVICT : CLAIM_INSERT;
+    // (An insert or eviction is undone by making the slot DEAD: no state before it to note.)
+    this.noteClaim(s, v, evict ? CLAIM_EVICT : CLAIM_INSERT, 0, 0);
     if (evict) {
       if (Atomics.compareExchange(rec, at + R_VER, v, this.slotTag) !== v) return false;
       if (claimHook !== null) claimHook(s);

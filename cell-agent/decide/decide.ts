@@ -53,6 +53,7 @@ import type { GcraLimit, TimeUnit } from '../buckets/gcra.js';
 import type { RuleNode, RuleSet } from '../rules/rules-compile.js';
 import {
   applyReplaces,
+  escapeKeyPart,
   lastLocalBucketKey,
   localBucketKey,
   matchLocalRate,
@@ -1219,14 +1220,6 @@ export function rateLimitHeaders(
 }
 
 // ---- Keys ---------------------------------------------------------------------------------------
-
-const KEY_SPECIAL = /[\\|=~]/;
-const KEY_SPECIAL_ALL = /[\\|=~]/g;
-
-/** The rules module's escaping of a bucket-key part (`\`, `|`, `=`, `~` get a backslash). */
-export function escapeKeyPart(text: string): string {
-  return KEY_SPECIAL.test(text) ? text.replace(KEY_SPECIAL_ALL, '\\$&') : text;
-}
 
 /**
  * The bucket of a global quota: named by its coordinator quota key (`tenant/acme`, `tier/gold`,

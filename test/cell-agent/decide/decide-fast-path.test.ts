@@ -11,7 +11,8 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { BucketTable } from '../../../cell-agent/buckets/bucket-table.js';
 import { hashKey, KeyHashStream, STATE_WORDS } from '../../../cell-agent/buckets/key-hash.js';
-import { Decider, escapeKeyPart } from '../../../cell-agent/decide/decide.js';
+import { Decider } from '../../../cell-agent/decide/decide.js';
+import { escapeKeyPart } from '../../../cell-agent/rules/rules-match.js';
 import type { Decision } from '../../../cell-agent/decide/decide.js';
 import { parseQuotaFile } from '../../../cell-agent/decide/quota-file.js';
 import { StaticQuotas } from '../../../cell-agent/decide/quotas.js';
@@ -126,6 +127,9 @@ const stepArb = fc.record({
   advanceMs: fc.integer({ min: 0, max: 700 }),
 });
 
+type Step = { descriptors: Descriptor[]; requestHits: number; advanceMs: number };
+type Descriptor = typeof descriptorArb extends fc.Arbitrary<infer D> ? D : never;
+
 interface TableSpec {
   readonly capacity: number;
   readonly tableFull: 'open' | 'closed';
@@ -165,6 +169,27 @@ function deciderPair(
   return { decider, refused, clock };
 }
 
+/** Runs the steps through a fast-path and a general-path decider on the same rules: every answer and
+ * every refusal report the same. */
+function bothPathsAgree(specs: RuleSpec[], steps: readonly Step[], headers: boolean, spec: TableSpec): void {
+  const yaml = rulesYaml(specs);
+  const fast = deciderPair(yaml, true, headers, spec);
+  const general = deciderPair(yaml, false, headers, spec);
+  for (const step of steps) {
+    const req: RlsRequest = {
+      domain: 'd|1',
+      hitsAddend: step.requestHits,
+      descriptors: step.descriptors.map((d) => ({ entries: d.entries, limit: null, hitsAddend: d.hits })),
+    };
+    const a = fast.decider.decide(req);
+    const b = general.decider.decide(req);
+    assert.deepEqual(a, b, `${yaml}\n${JSON.stringify(req)}`);
+    fast.clock.now += BigInt(step.advanceMs) * 1_000_000n;
+    general.clock.now = fast.clock.now;
+  }
+  assert.deepEqual(fast.refused, general.refused);
+}
+
 void test('the fast path answers exactly as the general path', () => {
   fc.assert(
     fc.property(
@@ -172,24 +197,7 @@ void test('the fast path answers exactly as the general path', () => {
       fc.array(stepArb, { minLength: 1, maxLength: 40 }),
       fc.boolean(),
       tableArb,
-      (specs, steps, headers, spec) => {
-        const yaml = rulesYaml(specs);
-        const fast = deciderPair(yaml, true, headers, spec);
-        const general = deciderPair(yaml, false, headers, spec);
-        for (const step of steps) {
-          const req: RlsRequest = {
-            domain: 'd|1',
-            hitsAddend: step.requestHits,
-            descriptors: step.descriptors.map((d) => ({ entries: d.entries, limit: null, hitsAddend: d.hits })),
-          };
-          const a = fast.decider.decide(req);
-          const b = general.decider.decide(req);
-          assert.deepEqual(a, b, `${yaml}\n${JSON.stringify(req)}`);
-          fast.clock.now += BigInt(step.advanceMs) * 1_000_000n;
-          general.clock.now = fast.clock.now;
-        }
-        assert.deepEqual(fast.refused, general.refused);
-      },
+      bothPathsAgree,
     ),
     { numRuns: 400 },
   );
@@ -228,24 +236,7 @@ void test('several descriptors: the fast path answers exactly as the general pat
       fc.array(localsStepArb, { minLength: 1, maxLength: 40 }),
       fc.boolean(),
       tableArb,
-      (specs, steps, headers, spec) => {
-        const yaml = rulesYaml(specs);
-        const fast = deciderPair(yaml, true, headers, spec);
-        const general = deciderPair(yaml, false, headers, spec);
-        for (const step of steps) {
-          const req: RlsRequest = {
-            domain: 'd|1',
-            hitsAddend: step.requestHits,
-            descriptors: step.descriptors.map((d) => ({ entries: d.entries, limit: null, hitsAddend: d.hits })),
-          };
-          const a = fast.decider.decide(req);
-          const b = general.decider.decide(req);
-          assert.deepEqual(a, b, `${yaml}\n${JSON.stringify(req)}`);
-          fast.clock.now += BigInt(step.advanceMs) * 1_000_000n;
-          general.clock.now = fast.clock.now;
-        }
-        assert.deepEqual(fast.refused, general.refused);
-      },
+      bothPathsAgree,
     ),
     { numRuns: 300 },
   );
