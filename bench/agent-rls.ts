@@ -29,7 +29,9 @@
 // refused; bench-limited: ~50 % refused, see bench/servers/bench-rules.ts) and every phase — closed
 // loop at each concurrency, then open loop at the paced rate — the servers are measured one after
 // the other (the order rotating from phase to phase), so slow drift of a shared machine does not
-// land on one server only. Report only: the targets are evaluated in the notes, nothing is asserted.
+// land on one server only. Rounds (3 by default) are interleaved; figures are medians over them with
+// their spread, ratios the medians of per-round ratios (buildReport). Report only: the targets are
+// evaluated in the notes, nothing is asserted.
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -93,7 +95,7 @@ export interface AgentBenchOptions {
   readonly pacedRate?: number;
   /** Length of each measurement window (warm-up is added), ms. */
   readonly measureMs?: number;
-  /** Every phase is measured this many times (server order reversed each round); the best is reported. */
+  /** Every phase is measured this many times, in interleaved rounds (server order reversed each round); medians are reported. */
   readonly rounds?: number;
 }
 
@@ -133,14 +135,14 @@ function makePlan(opts: AgentBenchOptions): Plan {
   const smoke = opts.smoke;
   const measure = opts.measureMs;
   return {
-    rounds: opts.rounds ?? (smoke ? 1 : 2),
+    rounds: opts.rounds ?? (smoke ? 1 : 3),
     sliceMs: smoke ? 50 : 250,
     concurrencies: opts.concurrencies ?? (smoke ? [16] : [1, 16, 64]),
     pacedRate: opts.pacedRate ?? (smoke ? 1000 : 2000),
-    closedWarmupMs: smoke ? 50 : 1000,
-    closedMeasureMs: measure ?? (smoke ? 200 : 3000),
-    pacedWarmupMs: smoke ? 50 : 1000,
-    pacedMeasureMs: measure ?? (smoke ? 200 : 6000),
+    closedWarmupMs: smoke ? 50 : 500,
+    closedMeasureMs: measure ?? (smoke ? 200 : 2000),
+    pacedWarmupMs: smoke ? 50 : 500,
+    pacedMeasureMs: measure ?? (smoke ? 200 : 4000),
     drainTimeoutMs: smoke ? 2000 : 5000,
     progressEveryMs: smoke ? 0 : 1000,
   };
@@ -180,11 +182,6 @@ function freeTcpPort(): Promise<number> {
 
 function fmtInt(n: number): string {
   return Math.round(n).toLocaleString('en-US');
-}
-
-function ratio(a: number | undefined, b: number | undefined): string {
-  if (a === undefined || b === undefined || !(b > 0)) return '';
-  return (a / b).toFixed(2);
 }
 
 interface Running {
@@ -449,6 +446,29 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
   return { report, phases, skipped };
 }
 
+/** Median, least and greatest of some numbers (undefined for none). */
+export interface Spread {
+  readonly median: number;
+  readonly min: number;
+  readonly max: number;
+  readonly n: number;
+}
+
+export function spreadOf(xs: readonly number[]): Spread | undefined {
+  if (xs.length === 0) return undefined;
+  const s = [...xs].sort((a, b) => a - b);
+  const mid = s.length >> 1;
+  const median = s.length % 2 === 1 ? (s[mid] as number) : ((s[mid - 1] as number) + (s[mid] as number)) / 2;
+  return { median, min: s[0] as number, max: s[s.length - 1] as number, n: s.length };
+}
+
+/** "1.23 (per round 1.10–1.31)", or "1.23" with one round. */
+function fmtSpread(x: Spread, digits = 2): string {
+  return x.n > 1
+    ? `${x.median.toFixed(digits)} (per round ${x.min.toFixed(digits)}–${x.max.toFixed(digits)})`
+    : x.median.toFixed(digits);
+}
+
 function buildReport(
   opts: AgentBenchOptions,
   plan: Plan,
@@ -460,110 +480,153 @@ function buildReport(
   extraNotes: readonly string[],
   descriptions: ReadonlyMap<ServerName, string>,
 ): BenchReport {
-  // Best of the rounds: the highest throughput of a closed-loop phase, the lowest p99 of a paced one.
-  const score = (p: PhaseRecord): number =>
-    p.mode === 'closed' ? p.result.throughput : -(p.result.latency?.p99Us ?? Number.POSITIVE_INFINITY);
-  const bestOf = (cands: readonly PhaseRecord[]): PhaseRecord | undefined =>
-    cands.reduce<PhaseRecord | undefined>((b, p) => (b === undefined || score(p) > score(b) ? p : b), undefined);
-  const find = (
+  // Every figure is the median over the rounds, with its spread; every ratio is the median of the
+  // per-round ratios, each taken within one round, where the two servers took turns 250 ms apart.
+  const rounds = [...new Set(phases.map((p) => p.round))].sort((a, b) => a - b);
+  const at = (
     server: ServerName,
     variant: Variant,
+    round: number,
     mode: 'closed' | 'paced',
     concurrency?: number,
   ): PhaseRecord | undefined =>
-    bestOf(
-      phases.filter(
-        (p) =>
-          p.server === server &&
-          p.variant === variant &&
-          p.mode === mode &&
-          (concurrency === undefined || p.concurrency === concurrency),
-      ),
+    phases.find(
+      (p) =>
+        p.server === server &&
+        p.round === round &&
+        p.variant === variant &&
+        p.mode === mode &&
+        (concurrency === undefined || p.concurrency === concurrency),
     );
-  const peak = (server: ServerName, variant: Variant): PhaseRecord | undefined => find(server, variant, 'closed');
+  /** A round's peak: its highest closed-loop throughput over the concurrencies. */
+  const peakAt = (server: ServerName, variant: Variant, round: number): PhaseRecord | undefined =>
+    phases
+      .filter((p) => p.server === server && p.round === round && p.variant === variant && p.mode === 'closed')
+      .reduce<PhaseRecord | undefined>(
+        (b, p) => (b === undefined || p.result.throughput > b.result.throughput ? p : b),
+        undefined,
+      );
+  const p99At = (server: ServerName, variant: Variant, round: number): number | undefined =>
+    at(server, variant, round, 'paced')?.result.latency?.p99Us;
+  const over = (f: (round: number) => number | undefined): Spread | undefined =>
+    spreadOf(rounds.map(f).filter((x): x is number => x !== undefined && Number.isFinite(x)));
+  const perRoundRatio = (
+    a: (round: number) => number | undefined,
+    b: (round: number) => number | undefined,
+  ): Spread | undefined =>
+    over((r) => {
+      const x = a(r);
+      const y = b(r);
+      return x !== undefined && y !== undefined && y > 0 ? x / y : undefined;
+    });
+  const peakTput = (server: ServerName, variant: Variant) => (r: number) =>
+    peakAt(server, variant, r)?.result.throughput;
+  const closedTput = (server: ServerName, variant: Variant, c: number) => (r: number) =>
+    at(server, variant, r, 'closed', c)?.result.throughput;
+  /** The concurrency at which a server peaked in most rounds. */
+  const peakC = (server: ServerName, variant: Variant): number | undefined => {
+    const cs = rounds.map((r) => peakAt(server, variant, r)?.concurrency).filter((c): c is number => c !== undefined);
+    return cs.sort((x, y) => cs.filter((c) => c === y).length - cs.filter((c) => c === x).length)[0];
+  };
+  const median = (x: Spread | undefined): number | string => (x === undefined ? '' : Math.round(x.median));
+  const range = (x: Spread | undefined): string =>
+    x === undefined ? '' : `${Math.round(x.min).toLocaleString('en-US')}–${Math.round(x.max).toLocaleString('en-US')}`;
 
   const rows: Record<string, number | string>[] = [];
   const servers = SERVER_NAMES.filter((s) => phases.some((p) => p.server === s));
   const variants = VARIANTS.filter((v) => phases.some((p) => p.variant === v));
   for (const variant of variants) {
-    const ceilPeak = peak('ceiling', variant);
-    const ceilPaced = find('ceiling', variant, 'paced');
     for (const server of servers) {
       const mine = phases.filter((p) => p.server === server && p.variant === variant);
       if (mine.length === 0) continue;
       const row: Record<string, number | string> = { variant, server };
-      for (const c of plan.concurrencies)
-        row[`c=${c} req/s`] = find(server, variant, 'closed', c)?.result.throughput ?? '';
-      const pk = peak(server, variant);
-      row['peak ÷ ceiling'] = ratio(pk?.result.throughput, ceilPeak?.result.throughput);
-      const paced = find(server, variant, 'paced');
-      const lat = paced?.result.latency ?? null;
-      row[`p50 µs @${plan.pacedRate}/s`] = lat?.p50Us ?? '';
-      row['p99 µs'] = lat?.p99Us ?? '';
-      row['p99.9 µs'] = lat?.p999Us ?? '';
-      row['p99 ÷ ceiling'] = ratio(lat?.p99Us, ceilPaced?.result.latency?.p99Us);
+      for (const c of plan.concurrencies) {
+        const x = over(closedTput(server, variant, c));
+        row[`c=${c} req/s`] = x === undefined ? '' : Math.round(x.median);
+      }
+      const pk = over(peakTput(server, variant));
+      row['peak req/s min–max'] = range(pk);
+      const pr = perRoundRatio(peakTput(server, variant), peakTput('ceiling', variant));
+      row['peak ÷ ceiling'] = pr === undefined ? '' : pr.median.toFixed(2);
+      row[`p50 µs @${plan.pacedRate}/s`] = median(over((r) => at(server, variant, r, 'paced')?.result.latency?.p50Us));
+      const p99 = over((r) => p99At(server, variant, r));
+      row['p99 µs'] = median(p99);
+      row['p99 min–max'] = range(p99);
+      row['p99.9 µs'] = median(over((r) => at(server, variant, r, 'paced')?.result.latency?.p999Us));
+      const lr = perRoundRatio(
+        (r) => p99At(server, variant, r),
+        (r) => p99At('ceiling', variant, r),
+      );
+      row['p99 ÷ ceiling'] = lr === undefined ? '' : lr.median.toFixed(2);
       const ok = mine.reduce((n, p) => n + p.result.ok, 0);
-      const over = mine.reduce((n, p) => n + p.result.overLimit, 0);
-      row['refused %'] = ok > 0 ? Math.round((over / ok) * 1000) / 10 : '';
+      const refused = mine.reduce((n, p) => n + p.result.overLimit, 0);
+      row['refused %'] = ok > 0 ? Math.round((refused / ok) * 1000) / 10 : '';
       row['requests'] = mine.reduce((n, p) => n + p.result.sent, 0);
       row['errors'] = mine.reduce((n, p) => n + p.result.errors, 0);
       row['degraded'] = mine.reduce((n, p) => n + p.result.degraded, 0);
-      row['server CPU % @peak'] = pk?.serverCpuPct ?? '';
-      row['gen CPU % @peak'] = pk?.result.generatorCpuPct ?? '';
+      row['server CPU % @peak'] = median(over((r) => peakAt(server, variant, r)?.serverCpuPct ?? undefined));
+      row['gen CPU % @peak'] = median(over((r) => peakAt(server, variant, r)?.result.generatorCpuPct));
       rows.push(row);
     }
   }
 
   const notes: string[] = [];
   const verdict = (ok: boolean): string => (opts.smoke ? '' : `: ${ok ? 'met' : 'NOT met'}`);
+  const noVerdict = opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : '';
   for (const variant of variants) {
-    const a = peak('agent', variant);
-    const c = peak('ceiling', variant);
-    const ap = find('agent', variant, 'paced')?.result.latency?.p99Us;
-    const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
-    if (a !== undefined && c !== undefined && c.result.throughput > 0) {
-      const tr = a.result.throughput / c.result.throughput;
-      let line = `agent ÷ ceiling (${variant}): throughput ${tr.toFixed(2)} at peak (agent ${fmtInt(a.result.throughput)} req/s at c=${a.concurrency}, ceiling ${fmtInt(c.result.throughput)} at c=${c.concurrency}; target ≥ ${THROUGHPUT_TARGET}${verdict(tr >= THROUGHPUT_TARGET)})`;
-      if (ap !== undefined && cp !== undefined && cp > 0) {
-        const lr = ap / cp;
-        line += `; p99 at ${fmtInt(plan.pacedRate)} req/s ${ap} µs vs ${cp} µs = ${lr.toFixed(2)} × (target ≤ ${P99_TARGET} ×${verdict(lr <= P99_TARGET)}; ≤ 1 ms: ${ap <= 1000 ? 'yes' : 'no'})`;
-      }
-      notes.push(line + (opts.smoke ? ' — smoke run (cold, a few hundred ms per server): no verdict' : ''));
-    }
+    const tr = perRoundRatio(peakTput('agent', variant), peakTput('ceiling', variant));
+    if (tr === undefined) continue;
+    let line = `agent ÷ ceiling (${variant}): throughput ${fmtSpread(tr)} at peak (agent ${fmtInt(over(peakTput('agent', variant))?.median ?? 0)} req/s at c=${peakC('agent', variant)}, ceiling ${fmtInt(over(peakTput('ceiling', variant))?.median ?? 0)} at c=${peakC('ceiling', variant)}; target ≥ ${THROUGHPUT_TARGET}${verdict(tr.median >= THROUGHPUT_TARGET)})`;
+    const lr = perRoundRatio(
+      (r) => p99At('agent', variant, r),
+      (r) => p99At('ceiling', variant, r),
+    );
+    const ap = over((r) => p99At('agent', variant, r));
+    const cp = over((r) => p99At('ceiling', variant, r));
+    if (lr !== undefined && ap !== undefined && cp !== undefined)
+      line += `; p99 at ${fmtInt(plan.pacedRate)} req/s ${Math.round(ap.median)} µs vs ${Math.round(cp.median)} µs = ${fmtSpread(lr)} × (target ≤ ${P99_TARGET} ×${verdict(lr.median <= P99_TARGET)}; ≤ 1 ms: ${ap.median <= 1000 ? 'yes' : 'no'})`;
+    notes.push(line + noVerdict);
   }
   // Issue 21's targets for the lean server: >= 1.25 x the empty grpc-js handler (ceiling), >= 0.9 x a
   // bare node:http2 answer, p99 <= the ceiling's; the grpc-js agent beside it for comparison.
   for (const variant of variants) {
-    const lean = peak('agent', variant);
+    const lean = over(peakTput('agent', variant));
     if (lean === undefined) continue;
     const parts: string[] = [];
-    const vs = (other: PhaseRecord | undefined, name: string, target: number | null): void => {
-      if (other === undefined || !(other.result.throughput > 0)) return;
-      const r = lean.result.throughput / other.result.throughput;
-      parts.push(`÷ ${name} ${r.toFixed(2)}${target === null ? '' : ` (target ≥ ${target}${verdict(r >= target)})`}`);
+    const vs = (other: ServerName, target: number | null): void => {
+      const r = perRoundRatio(peakTput('agent', variant), peakTput(other, variant));
+      if (r === undefined) return;
+      parts.push(
+        `÷ ${other} ${fmtSpread(r)}${target === null ? '' : ` (target ≥ ${target}${verdict(r.median >= target)})`}`,
+      );
     };
-    vs(peak('ceiling', variant), 'ceiling', LEAN_VS_CEILING);
-    vs(peak('bare-h2', variant), 'bare-h2', LEAN_VS_BARE);
-    vs(peak('agent-grpcjs', variant), 'agent-grpcjs', null);
-    const lp = find('agent', variant, 'paced')?.result.latency?.p99Us;
-    const cp = find('ceiling', variant, 'paced')?.result.latency?.p99Us;
-    if (lp !== undefined && cp !== undefined)
-      parts.push(`p99 ${lp} µs vs the ceiling's ${cp} µs (target ≤${verdict(lp <= cp)})`);
+    vs('ceiling', LEAN_VS_CEILING);
+    vs('bare-h2', LEAN_VS_BARE);
+    vs('agent-grpcjs', null);
+    const lr = perRoundRatio(
+      (r) => p99At('agent', variant, r),
+      (r) => p99At('ceiling', variant, r),
+    );
+    if (lr !== undefined) parts.push(`p99 ÷ the ceiling's ${fmtSpread(lr)} (target ≤ 1${verdict(lr.median <= 1)})`);
     if (parts.length > 0)
       notes.push(
-        `lean agent (${variant}, peak ${fmtInt(lean.result.throughput)} req/s at c=${lean.concurrency}): ${parts.join('; ')}${opts.smoke ? ' — smoke run: no verdict' : ''}`,
+        `lean agent (${variant}, peak ${fmtInt(lean.median)} req/s at c=${peakC('agent', variant)}): ${parts.join('; ')}${opts.smoke ? ' — smoke run: no verdict' : ''}`,
       );
   }
   // "Throughput grows with cores" (docs/targets.md): the agent with 2 workers against 1, at the highest
   // concurrency measured (c = 64 by default), where a second worker has the most to take.
   const cMax = Math.max(...plan.concurrencies);
   for (const variant of variants) {
-    const one = find('agent', variant, 'closed', cMax);
-    const two = find('agent-2w', variant, 'closed', cMax);
-    if (one === undefined || two === undefined || !(one.result.throughput > 0)) continue;
-    const r = two.result.throughput / one.result.throughput;
+    const r = perRoundRatio(closedTput('agent-2w', variant, cMax), closedTput('agent', variant, cMax));
+    if (r === undefined) continue;
+    const two = over(closedTput('agent-2w', variant, cMax));
+    const one = over(closedTput('agent', variant, cMax));
+    const cpu = (server: ServerName): number | string =>
+      median(over((rd) => at(server, variant, rd, 'closed', cMax)?.serverCpuPct ?? undefined));
+    const gen = (server: ServerName): number | string =>
+      median(over((rd) => at(server, variant, rd, 'closed', cMax)?.result.generatorCpuPct));
     notes.push(
-      `agent-2w ÷ agent (${variant}, c=${cMax}): ${r.toFixed(2)} (target ≥ 1.4${verdict(r >= 1.4)}; 2 workers ${fmtInt(two.result.throughput)} req/s at ${two.serverCpuPct ?? '?'} % CPU, 1 worker ${fmtInt(one.result.throughput)} req/s at ${one.serverCpuPct ?? '?'} % CPU; generator ${two.result.generatorCpuPct} % / ${one.result.generatorCpuPct} %) — ` +
+      `agent-2w ÷ agent (${variant}, c=${cMax}): ${fmtSpread(r)} (target ≥ 1.4${verdict(r.median >= 1.4)}; 2 workers ${fmtInt(two?.median ?? 0)} req/s at ${cpu('agent-2w')} % CPU, 1 worker ${fmtInt(one?.median ?? 0)} req/s at ${cpu('agent')} % CPU; generator ${gen('agent-2w')} % / ${gen('agent')} %) — ` +
         `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
@@ -576,16 +639,17 @@ function buildReport(
     ['agent-young6', '--worker-young-generation-mb 6'],
   ];
   for (const variant of variants) {
-    const base = peak('agent', variant);
-    const bp = find('agent', variant, 'paced')?.result.latency?.p99Us;
     for (const [name, how] of smaller) {
-      const small = peak(name, variant);
-      if (base === undefined || small === undefined || !(base.result.throughput > 0)) continue;
-      const sp = find(name, variant, 'paced')?.result.latency?.p99Us;
+      const r = perRoundRatio(peakTput(name, variant), peakTput('agent', variant));
+      if (r === undefined) continue;
+      const sp = over((rd) => p99At(name, variant, rd));
+      const bp = over((rd) => p99At('agent', variant, rd));
       notes.push(
-        `${name} (${how}) ÷ agent (${variant}): throughput ${(small.result.throughput / base.result.throughput).toFixed(2)} ` +
-          `(${fmtInt(small.result.throughput)} vs ${fmtInt(base.result.throughput)} req/s at their peaks)` +
-          (bp !== undefined && sp !== undefined ? `, paced p99 ${sp} vs ${bp} µs` : '') +
+        `${name} (${how}) ÷ agent (${variant}): throughput ${fmtSpread(r)} ` +
+          `(${fmtInt(over(peakTput(name, variant))?.median ?? 0)} vs ${fmtInt(over(peakTput('agent', variant))?.median ?? 0)} req/s at their peaks)` +
+          (bp !== undefined && sp !== undefined
+            ? `, paced p99 ${Math.round(sp.median)} vs ${Math.round(bp.median)} µs`
+            : '') +
           (opts.smoke ? ' — smoke run: no verdict' : ''),
       );
     }
@@ -596,7 +660,7 @@ function buildReport(
   notes.push(...extraNotes);
   notes.push(
     `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'testkit/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
-    `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s) and the best round is reported (highest throughput; lowest p99, with that round's p50 and p99.9). Requests and errors add up all rounds.`,
+    `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s), the rounds interleaved (round 1 runs every phase and variant, then round 2, ...; the order of the servers rotates from phase to phase and is reversed in even rounds). Every figure is the median over the rounds (a peak is a round's highest closed-loop throughput; p50, p99 and p99.9 each the median of the rounds' own), min–max columns give the spread; every ratio is the median of the per-round ratios (both servers of a ratio measured in the same job, 250 ms turns apart), with their range, and a verdict is on that median. Requests and errors add up all rounds.`,
     `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
     `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,
   );
