@@ -8,6 +8,7 @@ import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger } from '../shared/logging.js';
+import { releaseStartupMemory } from '../shared/release-memory.js';
 import type { CoordinatorAddress } from './agent-config.js';
 import { startAgent } from './agent-main.js';
 import { loadAgentSettings } from './agent-settings.js';
@@ -47,6 +48,9 @@ export async function runAgentCommand(
   const started = await startOrExit(io, 'cellquota agent', () => startAgent(config, logger));
   if (!started.ok) return started.exitCode;
   const agent = started.value;
+  // Start-up is done (every worker serves): what it left in this thread's heap is given back before
+  // the agent says it serves (shared/release-memory.ts; each worker did the same before binding).
+  await releaseStartupMemory(logger);
 
   const e = agent.endpoints;
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];
