@@ -33,19 +33,28 @@ export type SettingsAnswer =
   | { readonly kind: 'error'; readonly message: string };
 
 /**
- * Reads and validates the agent's settings, in a worker thread (waiting until it is gone) unless told not to.
- * Throws ConfigError (bad settings: the message says which and why), or Error when the thread fails.
+ * How long the settings thread may take to answer: a built agent's answers in ~50 ms, from source
+ * (tsx) or on a loaded machine in seconds; past this the start fails with an error saying so.
+ */
+export const SETTINGS_THREAD_DEADLINE_MS = 30_000;
+/** How long the start waits, once it has the answer, for the thread's isolate to be gone. */
+const SETTINGS_THREAD_END_MS = 5_000;
+
+/**
+ * Reads and validates the agent's settings, in a worker thread (ended once it answered) unless told not to.
+ * Throws ConfigError (bad settings: the message says which and why), or Error when the thread fails
+ * or gives no answer within `deadlineMs`.
  */
 export async function loadAgentSettings(
   command: string,
   argv: readonly string[],
   env: NodeJS.ProcessEnv,
-  options: { readonly thread?: boolean } = {},
+  options: { readonly thread?: boolean; readonly deadlineMs?: number } = {},
 ): Promise<AgentConfig> {
   const request: SettingsRequest = { command, argv: [...argv], env: { ...env } };
   const thread = options.thread ?? !import.meta.url.endsWith('.ts');
   const got = thread
-    ? await answerFromThread(request)
+    ? await answerFromThread(request, options.deadlineMs ?? SETTINGS_THREAD_DEADLINE_MS)
     : (await import('./agent-settings-read.js')).readAgentSettings(request);
   switch (got.kind) {
     case 'ok':
@@ -57,16 +66,32 @@ export async function loadAgentSettings(
   }
 }
 
-/** The settings thread's answer, once the thread is gone. */
-async function answerFromThread(request: SettingsRequest): Promise<SettingsAnswer> {
+/** The settings thread's answer, taken as it is posted; the thread is then ended (its isolate freed). */
+async function answerFromThread(request: SettingsRequest, deadlineMs: number): Promise<SettingsAnswer> {
   const worker = moduleWorker(import.meta.url, './agent-settings-thread', { workerData: request });
-  let answer: SettingsAnswer | null = null;
-  worker.once('message', (m: SettingsAnswer) => (answer = m));
-  const exitCode = await new Promise<number>((resolve, reject) => {
-    worker.once('error', reject);
-    worker.once('exit', resolve);
-  });
-  const got = answer as SettingsAnswer | null;
-  if (got === null) throw new Error(`${request.command}: the settings thread exited (${exitCode}) without an answer`);
-  return got;
+  let deadline: NodeJS.Timeout | undefined;
+  try {
+    return await new Promise<SettingsAnswer>((resolve, reject) => {
+      worker.once('message', resolve);
+      worker.once('error', reject);
+      worker.once('exit', (code) =>
+        reject(new Error(`${request.command}: the settings thread exited (${code}) without an answer`)),
+      );
+      deadline = setTimeout(
+        () => reject(new Error(`${request.command}: the settings thread gave no answer within ${deadlineMs} ms`)),
+        deadlineMs,
+      );
+    });
+  } finally {
+    clearTimeout(deadline);
+    // zod and the schemas go with the thread's isolate before the agent allocates its own start-up;
+    // a thread that does not end in time is left to end by itself, never holding the process open.
+    let ended: NodeJS.Timeout | undefined;
+    await Promise.race([
+      worker.terminate(),
+      new Promise<void>((resolve) => (ended = setTimeout(resolve, SETTINGS_THREAD_END_MS))),
+    ]);
+    clearTimeout(ended);
+    worker.unref();
+  }
 }

@@ -27,12 +27,18 @@ export function settingsOrExit<T>(io: ServeCommandIo, load: () => T): Started<T>
   }
 }
 
-/** settingsOrExit for settings read asynchronously (the agent's, in a thread of their own). */
+/**
+ * settingsOrExit for settings read asynchronously (the agent's, in a thread of their own): bad
+ * settings exit as there; a reading that fails otherwise (the thread's own error, whose message names
+ * the command) exits 1 with its message on stderr.
+ */
 export async function settingsOrExitAsync<T>(io: ServeCommandIo, load: () => Promise<T>): Promise<Started<T>> {
   try {
     return { ok: true, value: await load() };
   } catch (error) {
-    return configErrorExit(io, error);
+    if (error instanceof ConfigError) return configErrorExit(io, error);
+    io.stderr.write(`${error instanceof Error ? error.message : String(error)}\n`);
+    return { ok: false, exitCode: 1 };
   }
 }
 

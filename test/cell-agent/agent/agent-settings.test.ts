@@ -46,3 +46,24 @@ void test('settings read in a thread of their own: the same config and errors as
     dir.remove();
   }
 });
+
+void test('a settings thread that gives no answer in time fails the start with an error saying so', async () => {
+  const dir = tempDir();
+  try {
+    const argv = ['--cell', 'eu-1', '--rules', dir.file('rules.yaml', RULES), '--rls-listen', '127.0.0.1:0'];
+    // No thread boots and answers before a timer of 0 ms fires: the deadline passes first.
+    await assert.rejects(
+      loadAgentSettings('cellquota agent', argv, {}, { thread: true, deadlineMs: 0 }),
+      (error: unknown) => {
+        assert.ok(!(error instanceof ConfigError));
+        assert.equal((error as Error).message, 'cellquota agent: the settings thread gave no answer within 0 ms');
+        return true;
+      },
+    );
+    // The same settings with the default deadline: answered.
+    const config = await loadAgentSettings('cellquota agent', argv, {}, { thread: true });
+    assert.equal(config.cell, 'eu-1');
+  } finally {
+    dir.remove();
+  }
+});
