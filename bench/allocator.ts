@@ -25,7 +25,8 @@ import { DEFAULT_MAX_GRANTS_PER_ROUND, IncrementalAllocatorPolicy } from '../coo
 import { buildRoundInput } from '../coordinator/lease/grant-policy.js';
 import type { RoundDemands } from '../coordinator/lease/grant-policy.js';
 import { Ledger } from '../coordinator/ledger/ledger.js';
-import { selectGrants } from '../coordinator/lease/grant-selection.js';
+import { SelectionScratch, selectGrants } from '../coordinator/lease/grant-selection.js';
+import type { GrantSelection } from '../coordinator/lease/grant-selection.js';
 import type { BenchReport } from './bench-report.js';
 import { Rng } from '../testkit/random.js';
 
@@ -46,7 +47,7 @@ const TIERS = [
 ];
 const FLOOR_FRACTION = 0.3;
 
-function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: number): World {
+export function buildWorld(tenants: number, nCells: number, hierarchy: boolean, seed: number): World {
   const rand = new Rng(seed).asRandom();
   const cells: AllocatorCell[] = Array.from({ length: nCells }, (_, c) => ({
     id: `cell-${c}`,
@@ -301,7 +302,7 @@ function moveDemands(w: World, tenants: number, p: number, seed: number, base: F
 }
 
 /** Rounds applied as acknowledged at once, until a round changes nothing (or 12 rounds). */
-function converge(w: World, ws: AllocatorWorkspace): { rounds: number; now: number } {
+export function converge(w: World, ws: AllocatorWorkspace): { rounds: number; now: number } {
   let now = w.nowMs;
   let rounds = 0;
   for (; rounds < 12; rounds++) {
@@ -353,20 +354,21 @@ export function measureAllocator(tenants: number, nCells: number, hierarchy: boo
 
 // ---- incremental rounds and the log -------------------------------------------------------------
 
-/** The columnar input of the rows `rows` only (what the incremental round gathers from the ledger). */
-function subInput(w: World, rows: Int32Array, nowMs: number): AllocatorInput {
+/**
+ * The columnar input of the rows `rows` only (what the incremental round gathers from the ledger),
+ * into `buf`'s columns, reused from round to round as the lease round reuses its input buffers.
+ */
+export function subInput(
+  w: World,
+  rows: Int32Array,
+  nowMs: number,
+  buf: SubInputBuffers = newSubInputBuffers(),
+): AllocatorInput {
   const n = w.cells.length;
   const size = rows.length * n;
   const s = w.slices;
-  const sub: AllocatorSlices = {
-    grantRate: new Float64Array(size),
-    grantBurst: new Float64Array(size),
-    epoch: new Float64Array(size),
-    acknowledged: new Uint8Array(size),
-    countedRate: new Float64Array(size),
-    countedBurst: new Float64Array(size),
-    demand: new Float64Array(size),
-  };
+  if (buf.grantRate.length < size) Object.assign(buf, newSubInputBuffers(size));
+  const sub: AllocatorSlices = buf;
   const quotas: AllocatorQuota[] = new Array<AllocatorQuota>(rows.length);
   // Element by element: a `subarray` per row and column (70,000 views at 10,000 rows) cost more than
   // the copy itself and made the round's garbage.
@@ -389,8 +391,22 @@ function subInput(w: World, rows: Int32Array, nowMs: number): AllocatorInput {
   return { ...input(w, nowMs), quotas, slices: sub };
 }
 
+type SubInputBuffers = { -readonly [K in keyof AllocatorSlices]: AllocatorSlices[K] };
+
+export function newSubInputBuffers(size = 0): SubInputBuffers {
+  return {
+    grantRate: new Float64Array(size),
+    grantBurst: new Float64Array(size),
+    epoch: new Float64Array(size),
+    acknowledged: new Uint8Array(size),
+    countedRate: new Float64Array(size),
+    countedBurst: new Float64Array(size),
+    demand: new Float64Array(size),
+  };
+}
+
 /** Moves the demands of a fraction `p` of the tenants, at every cell; returns their rows (sorted). */
-function moveTenants(w: World, tenants: number, p: number, seed: number): Int32Array {
+export function moveTenants(w: World, tenants: number, p: number, seed: number): Int32Array {
   const rand = new Rng(seed).asRandom();
   const n = w.cells.length;
   const rows: number[] = [];
@@ -457,15 +473,20 @@ export function measureIncremental(
   // grants it sends (float32 towards the current grant, unchanged ones dropped, the budget), with
   // `Grant` objects only for those.
   const ws2 = new AllocatorWorkspace();
+  const buf = newSubInputBuffers();
+  const scratch = new SelectionScratch();
   const times: number[] = [];
   const cpu: number[] = [];
-  let incInput = subInput(w, rows, now);
-  let sel = selectGrants(incInput, allocateRoundColumns(incInput, ws2).changes, DEFAULT_MAX_GRANTS_PER_ROUND, true);
+  const incremental = (): { input: AllocatorInput; sel: GrantSelection } => {
+    const inp = subInput(w, rows, now, buf);
+    const cols = allocateRoundColumns(inp, ws2).changes;
+    return { input: inp, sel: selectGrants(inp, cols, DEFAULT_MAX_GRANTS_PER_ROUND, true, scratch) };
+  };
+  let { input: incInput, sel } = incremental();
   for (let r = 0; r < runs; r++) {
     const c0 = process.cpuUsage();
     const t0 = performance.now();
-    incInput = subInput(w, rows, now);
-    sel = selectGrants(incInput, allocateRoundColumns(incInput, ws2).changes, DEFAULT_MAX_GRANTS_PER_ROUND, true);
+    ({ input: incInput, sel } = incremental());
     times.push(performance.now() - t0);
     const c = process.cpuUsage(c0);
     cpu.push((c.user + c.system) / 1000);

@@ -54,55 +54,78 @@ export function allocatorCells(views: readonly CellView[], reported: ReadonlySet
   }));
 }
 
+type InputColumns = {
+  grantRate: Float64Array;
+  grantBurst: Float64Array;
+  epoch: Float64Array;
+  acknowledged: Uint8Array;
+  countedRate: Float64Array;
+  countedBurst: Float64Array;
+  demand: Float64Array;
+};
+
+function inputColumns(size: number): InputColumns {
+  return {
+    grantRate: new Float64Array(size),
+    grantBurst: new Float64Array(size),
+    epoch: new Float64Array(size),
+    acknowledged: new Uint8Array(size),
+    countedRate: new Float64Array(size),
+    countedBurst: new Float64Array(size),
+    demand: new Float64Array(size),
+  };
+}
+
+/**
+ * Column buffers that builders reuse from round to round (a 10,000-quota × 16-cell input is 9 MB of
+ * typed arrays; made afresh each round at a million tenants' heap it brings collections into the
+ * round). An input built on them is valid until the next builder on the same buffers writes.
+ */
+export class AllocatorInputBuffers {
+  /** @internal */ cols: InputColumns = inputColumns(0);
+
+  /** @internal Columns of at least `size` entries, the first `keep` of the current ones kept. */
+  ensure(size: number, keep: number): InputColumns {
+    if (this.cols.grantRate.length >= size) return this.cols;
+    const next = inputColumns(Math.max(size, 2 * this.cols.grantRate.length));
+    if (keep > 0)
+      for (const k of Object.keys(next) as (keyof InputColumns)[]) next[k].set(this.cols[k].subarray(0, keep));
+    this.cols = next;
+    return next;
+  }
+}
+
 /** Accumulates quotas into the columnar AllocatorInput (columns grow by doubling). */
 export class AllocatorInputBuilder {
   private readonly n: number;
   private readonly quotas: AllocatorQuota[] = [];
   private capacity: number;
-  private cols: {
-    grantRate: Float64Array;
-    grantBurst: Float64Array;
-    epoch: Float64Array;
-    acknowledged: Uint8Array;
-    countedRate: Float64Array;
-    countedBurst: Float64Array;
-    demand: Float64Array;
-  };
+  private cols: InputColumns;
+  private readonly buffers: AllocatorInputBuffers;
 
+  /** `buffers`: reused column buffers (the input built is then valid until their next use). */
   constructor(
     readonly cells: readonly AllocatorCell[],
     expectedQuotas = 16,
+    buffers: AllocatorInputBuffers = new AllocatorInputBuffers(),
   ) {
     this.n = cells.length;
+    this.buffers = buffers;
     this.capacity = Math.max(1, expectedQuotas);
-    this.cols = this.alloc(this.capacity);
+    this.cols = buffers.ensure(this.capacity * this.n, 0);
   }
 
   get quotaCount(): number {
     return this.quotas.length;
   }
 
-  private alloc(quotas: number): AllocatorInputBuilder['cols'] {
-    const size = quotas * this.n;
-    return {
-      grantRate: new Float64Array(size),
-      grantBurst: new Float64Array(size),
-      epoch: new Float64Array(size),
-      acknowledged: new Uint8Array(size),
-      countedRate: new Float64Array(size),
-      countedBurst: new Float64Array(size),
-      demand: new Float64Array(size),
-    };
-  }
-
   private row(): number {
+    const at = this.quotas.length * this.n;
     if (this.quotas.length === this.capacity) {
-      const next = this.alloc(this.capacity * 2);
-      for (const k of Object.keys(next) as (keyof AllocatorInputBuilder['cols'])[]) next[k].set(this.cols[k]);
-      this.cols = next;
       this.capacity *= 2;
+      this.cols = this.buffers.ensure(this.capacity * this.n, at);
     }
-    return this.quotas.length * this.n;
+    return at;
   }
 
   /** Adds a quota; `slices` and `demand` are per cell, in the builder's cell order. */

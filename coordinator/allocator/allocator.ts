@@ -146,6 +146,7 @@ export class AllocatorWorkspace {
   /** @internal */ readonly reader = new QuotaReader();
   /** @internal */ readonly thresholds = new Thresholds();
   /** @internal */ readonly out = new GrantColumns();
+  /** @internal */ unsettled = new Uint8Array(0);
 
   /** @internal */
   slices(size: number): void {
@@ -154,6 +155,14 @@ export class AllocatorWorkspace {
     this.levelBurst = new Float64Array(size);
     this.capRate = new Float64Array(size);
     this.capBurst = new Float64Array(size);
+  }
+
+  /** @internal The round's per-quota settled flags, zeroed (valid until the next round). */
+  unsettledFlags(nq: number): Uint8Array {
+    if (this.unsettled.length < nq) this.unsettled = new Uint8Array(Math.max(nq, 2 * this.unsettled.length));
+    const flags = this.unsettled.subarray(0, nq);
+    flags.fill(0);
+    return flags;
   }
 
   /** @internal */
@@ -168,6 +177,7 @@ export interface AllocatorColumnsOutput {
   /** The changed grants, in columns; valid until the next round on the same workspace. */
   readonly changes: GrantColumns;
   readonly stats: AllocatorStats;
+  /** AllocatorOutput.unsettled, the workspace's; valid until the next round on the same workspace. */
   readonly unsettled: Uint8Array;
 }
 
@@ -200,7 +210,7 @@ export function allocateRoundWith(
   workspace: AllocatorWorkspace = new AllocatorWorkspace(),
 ): AllocatorOutput {
   const r = run(input, options, workspace);
-  return { grants: r.changes.grants(input), stats: r.stats, unsettled: r.unsettled };
+  return { grants: r.changes.grants(input), stats: r.stats, unsettled: r.unsettled.slice() };
 }
 
 function run(
@@ -286,7 +296,7 @@ function run(
     },
   };
   const { reader, thresholds } = workspace;
-  const unsettled = new Uint8Array(nq);
+  const unsettled = workspace.unsettledFlags(nq);
   const st = ctx.stats;
   for (let k = 0; k < nq; k++) {
     const q = order[k] as number;

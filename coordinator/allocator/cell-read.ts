@@ -79,6 +79,9 @@ export class QuotaReader {
     const epsB = EPS * (B > 1 ? B : 1);
     const H = ctx.k.headroomFactor;
     const headMin = headroomMin(ctx, R);
+    // The quota's floors read once (a property load in the loop was its largest cost).
+    const qFloor = q.floorRate;
+    const qFloorB = q.floorBurst;
     let givenR = 0;
     let givenB = 0;
     let sumU = 0;
@@ -92,8 +95,8 @@ export class QuotaReader {
     for (let c = 0; c < n; c++) {
       const i = base + c;
       const floored = hasFloor[c] === 1;
-      const f = floored ? q.floorRate : 0;
-      const fb = floored ? q.floorBurst : 0;
+      const f = floored ? qFloor : 0;
+      const fb = floored ? qFloorB : 0;
       const rel = released[c] === 1;
       const g = rel ? 0 : (grantRate[i] as number);
       const gb = rel ? 0 : (grantBurst[i] as number);

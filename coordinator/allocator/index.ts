@@ -16,6 +16,7 @@ export {
   type AllocatorTuning,
 } from './allocator.js';
 export {
+  AllocatorInputBuffers,
   AllocatorInputBuilder,
   allocatorCells,
   type QuotaStateOptions,

@@ -9,12 +9,13 @@
 // lower bound says so. That is max-min fairness with floors: no x[i] can be raised without lowering
 // some x[j] ≤ x[i]. If T ≤ Σ lo, x = lo (T is not honoured: lower bounds are hard); if T ≥ Σ hi, x = hi.
 //
-// The sum S(λ) is piecewise linear and non-decreasing with breakpoints at every lo and hi. For the
-// allocator's usual n (cells, ≤ 64) we sort both lists (insertion sort on scratch arrays) and walk the
-// breakpoints: exact, and cheap at that size. For large n (the children of a cap at one cell: tens of
-// thousands of tenants) sorting costs too much; there we solve S(λ) = T by Newton steps on the
-// piecewise-linear S (each step is one O(n) pass giving S and its slope; a step that lands in the
-// root's segment is exact), safeguarded by bisection of a bracket, so a handful of passes suffice.
+// The sum S(λ) is piecewise linear and non-decreasing with breakpoints at every lo and hi. For a
+// handful of intervals we sort both lists (insertion sort on scratch arrays) and walk the
+// breakpoints. Above that we solve S(λ) = T by Newton steps on the piecewise-linear S (each step is
+// one O(n) pass giving S and its slope; a step that lands in the root's segment is exact),
+// safeguarded by bisection of a bracket, so a handful of passes suffice — at the allocator's 16
+// cells too: the two insertion sorts were a sixth of a round there (bench/allocator.ts, profiled),
+// and they grow as n², up to tens of thousands of tenants under one cap at one cell.
 
 /** Scratch buffers reused between calls (grown on demand). Not shared between concurrent callers. */
 export class WaterFillScratch {
@@ -31,7 +32,7 @@ export class WaterFillScratch {
 }
 
 /** Up to this n, sort and walk the breakpoints; above it, Newton steps. */
-const SMALL = 64;
+const SMALL = 4;
 
 function sortPrefix(a: Float64Array, n: number): void {
   for (let i = 1; i < n; i++) {

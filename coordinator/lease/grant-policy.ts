@@ -5,7 +5,7 @@
 // lease service then retries the round without grants, so a wrong policy costs rebalancing, never
 // safety.
 import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
-import type { AllocatorInput } from '../allocator/index.js';
+import type { AllocatorInput, AllocatorInputBuffers } from '../allocator/index.js';
 import type { Ledger, QuotaColumns } from '../ledger/ledger.js';
 import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
 
@@ -37,13 +37,14 @@ function parentOf(ledger: Ledger, key: string): string | null {
 /**
  * The allocator's input for `keys` (those without a quota are left out) plus every parent they
  * need, read from the committed ledger, this round's demands and the same entry's acks. Null when
- * no key has a quota.
+ * no key has a quota. `buffers`: reused column buffers (the input is then valid until their next use).
  */
 export function buildRoundInput(
   ledger: Ledger,
   demands: RoundDemands,
   nowMs: number,
   keys: Iterable<string>,
+  buffers?: AllocatorInputBuffers,
 ): AllocatorInput | null {
   const cells = allocatorCells(ledger.listCells(), demands.reported);
   const index = new Map(cells.map((c, i) => [c.id, i]));
@@ -65,7 +66,7 @@ export function buildRoundInput(
     if (row === undefined) ackedBy.set(a.key, (row = new Float64Array(cells.length)));
     row[i] = a.epoch;
   }
-  const builder = new AllocatorInputBuilder(cells, wanted.size);
+  const builder = new AllocatorInputBuilder(cells, wanted.size, buffers);
   const demand = new Float64Array(cells.length);
   const read = (key: string) => (cols: QuotaColumns, at: number) => ledger.readQuotaColumns(key, cols, at);
   for (const [key, parent] of wanted) {

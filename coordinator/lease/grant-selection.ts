@@ -5,7 +5,7 @@
 // cells with 1% moving, a round makes ~100,000 grants of which the budget sends 5,000, and making an
 // object for each of the others cost a quarter of the round (bench/allocator.ts).
 import { roundTowards } from '../allocator/index.js';
-import type { AllocatorInput, GrantColumns } from '../allocator/index.js';
+import type { AllocatorInput, AllocatorQuota, GrantColumns } from '../allocator/index.js';
 import type { Grant } from '../ledger/ledger-commands.js';
 
 export interface GrantSelection {
@@ -31,7 +31,7 @@ export function grantPriority(
   floorRate: number,
   demand: number,
 ): number {
-  return priorityOf(g.key.startsWith('tenant/'), g.rate, quotaRate, currentRate, floorRate, demand);
+  return priorityOf(isTenantKey(g.key), g.rate, quotaRate, currentRate, floorRate, demand);
 }
 
 function priorityOf(
@@ -51,34 +51,86 @@ function priorityOf(
 }
 
 /**
+ * Buffers of a selection, reused from round to round (a round of 100,000 grants otherwise makes
+ * ~4 MB of typed arrays, which at a million tenants' heap brings collections into the round).
+ * Purely a cache: a selection's result never depends on what it held. Not for two selections at once.
+ */
+export class SelectionScratch {
+  /** @internal */ at = new Int32Array(0);
+  /** @internal */ rates = new Float64Array(0);
+  /** @internal */ bursts = new Float64Array(0);
+  /** @internal */ score = new Float64Array(0);
+  /** @internal */ work = new Float64Array(0);
+  /** @internal */ rows = new Uint8Array(0);
+
+  /** @internal */
+  ensure(grants: number, quotas: number): void {
+    if (this.at.length < grants) {
+      const size = Math.max(grants, 2 * this.at.length);
+      this.at = new Int32Array(size);
+      this.rates = new Float64Array(size);
+      this.bursts = new Float64Array(size);
+      this.score = new Float64Array(size);
+      this.work = new Float64Array(size);
+    }
+    if (this.rows.length < quotas) this.rows = new Uint8Array(Math.max(quotas, 2 * this.rows.length));
+  }
+}
+
+/** `key` starts with 'tenant/' (compared code by code: the hot loop makes no string). */
+function isTenantKey(key: string): boolean {
+  return (
+    key.length >= 7 &&
+    key.charCodeAt(6) === 47 && // '/'
+    key.charCodeAt(0) === 116 && // t
+    key.charCodeAt(1) === 101 && // e
+    key.charCodeAt(2) === 110 && // n
+    key.charCodeAt(3) === 97 && // a
+    key.charCodeAt(4) === 110 && // n
+    key.charCodeAt(5) === 116 // t
+  );
+}
+
+/**
  * The grants of `cols` (computed from `input`) that the round sends. Ties in priority go to the
- * grant made first, so the selection is deterministic.
+ * grant made first, so the selection is deterministic. `scratch`: reusable buffers (optional).
  */
 export function selectGrants(
   input: AllocatorInput,
   cols: GrantColumns,
   maxGrants: number,
   float32: boolean,
+  scratch: SelectionScratch = new SelectionScratch(),
 ): GrantSelection {
   const n = input.cells.length;
   const s = input.slices;
   const count = cols.count;
-  // Kept grants: their column index and (rounded) numbers.
-  const at = new Int32Array(count);
-  const rates = new Float64Array(count);
-  const bursts = new Float64Array(count);
+  const nq = input.quotas.length;
+  scratch.ensure(count, nq);
+  // Kept grants: their column index, (rounded) numbers and, when the budget may bind, priority. The
+  // grants come grouped by quota row: a row's key, rate and floor are read once.
+  const { at, rates, bursts, score } = scratch;
+  const scored = count > maxGrants;
+  const { row: gRow, cell: gCell, rate: gRate, burst: gBurst } = cols;
+  const { grantRate, grantBurst, epoch, demand } = s;
+  let row = -1;
+  let tenant = false;
+  let quotaRate = 1;
+  let floorRate = 0;
   let kept = 0;
   let unchanged = 0;
   for (let g = 0; g < count; g++) {
-    const i = (cols.row[g] as number) * n + (cols.cell[g] as number);
-    let rate = cols.rate[g] as number;
-    let burst = cols.burst[g] as number;
+    const qi = gRow[g] as number;
+    const c = gCell[g] as number;
+    const i = qi * n + c;
+    let rate = gRate[g] as number;
+    let burst = gBurst[g] as number;
+    const curRate = grantRate[i] as number;
     if (float32) {
-      const curRate = s.grantRate[i] as number;
-      const curBurst = s.grantBurst[i] as number;
+      const curBurst = grantBurst[i] as number;
       rate = roundTowards(rate, curRate);
       burst = roundTowards(burst, curBurst);
-      if ((s.epoch[i] as number) > 0 && rate === curRate && burst === curBurst) {
+      if ((epoch[i] as number) > 0 && rate === curRate && burst === curBurst) {
         unchanged++;
         continue;
       }
@@ -86,84 +138,55 @@ export function selectGrants(
     at[kept] = g;
     rates[kept] = rate;
     bursts[kept] = burst;
+    if (scored) {
+      if (qi !== row) {
+        row = qi;
+        const q = input.quotas[qi] as AllocatorQuota;
+        tenant = isTenantKey(q.key);
+        quotaRate = q.rate;
+        floorRate = q.floorRate;
+      }
+      const floor = input.cells[c]?.hasFloor === true ? floorRate : 0;
+      const p = priorityOf(tenant, rate, quotaRate, curRate, floor, demand[i] as number);
+      score[kept] = Number.isNaN(p) ? 0 : p; // a zero quota's move is 0 / 0
+    }
     kept++;
   }
-  const take = new Uint8Array(kept);
-  if (kept <= maxGrants) take.fill(1);
-  else selectByPriority(input, cols, at, rates, kept, maxGrants, take);
   const grants: Grant[] = [];
-  const deferredRow = new Uint8Array(input.quotas.length);
+  const deferredRow = scratch.rows;
   let deferred = 0;
-  for (let j = 0; j < kept; j++) {
-    const g = at[j] as number;
-    if (take[j] === 1) grants.push(cols.grant(input, g, rates[j], bursts[j]));
-    else {
-      deferred++;
-      deferredRow[cols.row[g] as number] = 1;
+  if (kept <= maxGrants) {
+    for (let j = 0; j < kept; j++) grants.push(cols.grant(input, at[j] as number, rates[j], bursts[j]));
+  } else {
+    deferredRow.fill(0, 0, nq);
+    // The `maxGrants` kept grants of highest priority, ties to the earlier grant: those above the
+    // max-th highest score, then those at it in order (a selection in O(kept), not a sort).
+    const work = scratch.work;
+    work.set(score.subarray(0, kept));
+    const threshold = kthLargest(work, kept, maxGrants);
+    let atThreshold = maxGrants;
+    for (let j = 0; j < kept; j++) if ((score[j] as number) > threshold) atThreshold--;
+    for (let j = 0; j < kept; j++) {
+      const g = at[j] as number;
+      const sc = score[j] as number;
+      if (sc > threshold || (sc === threshold && atThreshold-- > 0))
+        grants.push(cols.grant(input, g, rates[j], bursts[j]));
+      else {
+        deferred++;
+        deferredRow[gRow[g] as number] = 1;
+      }
     }
   }
   const deferredRows: number[] = [];
-  if (deferred > 0) for (let q = 0; q < deferredRow.length; q++) if (deferredRow[q] === 1) deferredRows.push(q);
+  if (deferred > 0) for (let q = 0; q < nq; q++) if (deferredRow[q] === 1) deferredRows.push(q);
   return { grants, deferredRows, deferred, unchanged };
 }
 
-/**
- * Marks in `take` the `max` kept grants of highest priority, ties to the earlier grant: those above
- * the max-th highest score, then those at it in order. (A selection in O(kept), not a comparator
- * sort of 100,000 indexes.)
- */
-function selectByPriority(
-  input: AllocatorInput,
-  cols: GrantColumns,
-  at: Int32Array,
-  rates: Float64Array,
-  kept: number,
-  max: number,
-  take: Uint8Array,
-): void {
-  const n = input.cells.length;
-  const s = input.slices;
-  const score = new Float64Array(kept);
-  // The grants come grouped by quota row: its key, rate and floor are read once per row.
-  let row = -1;
-  let tenant = false;
-  let quotaRate = 1;
-  let floorRate = 0;
-  for (let j = 0; j < kept; j++) {
-    const g = at[j] as number;
-    const qi = cols.row[g] as number;
-    if (qi !== row) {
-      row = qi;
-      const q = input.quotas[qi];
-      tenant = q?.key.startsWith('tenant/') === true;
-      quotaRate = q?.rate ?? 1;
-      floorRate = q?.floorRate ?? 0;
-    }
-    const c = cols.cell[g] as number;
-    const i = qi * n + c;
-    const floor = input.cells[c]?.hasFloor === true ? floorRate : 0;
-    const p = priorityOf(tenant, rates[j] as number, quotaRate, s.grantRate[i] as number, floor, s.demand[i] as number);
-    score[j] = Number.isNaN(p) ? 0 : p; // a zero quota's move is 0 / 0
-  }
-  const threshold = kthLargest(score.slice(), max);
-  let taken = 0;
-  for (let j = 0; j < kept; j++)
-    if ((score[j] as number) > threshold) {
-      take[j] = 1;
-      taken++;
-    }
-  for (let j = 0; j < kept && taken < max; j++)
-    if (score[j] === threshold) {
-      take[j] = 1;
-      taken++;
-    }
-}
-
-/** The k-th largest value of `a` (1 ≤ k ≤ a.length, no NaN), by quickselect; reorders `a`. */
-function kthLargest(a: Float64Array, k: number): number {
-  const want = a.length - k; // its index in ascending order
+/** The k-th largest value of a[0, len) (1 ≤ k ≤ len, no NaN), by quickselect; reorders it. */
+function kthLargest(a: Float64Array, len: number, k: number): number {
+  const want = len - k; // its index in ascending order
   let lo = 0;
-  let hi = a.length - 1;
+  let hi = len - 1;
   while (lo < hi) {
     const pivot = a[(lo + hi) >>> 1] as number;
     let i = lo;

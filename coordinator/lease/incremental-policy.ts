@@ -40,13 +40,13 @@
 //     rebalancing speed, never the bound. Definition grants (a cell's first grant of a quota, new
 //     definitions, wind-downs) are outside the budget: they have their own limit,
 //     MAX_DEFINITION_GRANTS_PER_ROUND.
-import { allocateRoundColumns, AllocatorWorkspace } from '../allocator/index.js';
+import { allocateRoundColumns, AllocatorInputBuffers, AllocatorWorkspace } from '../allocator/index.js';
 import type { AllocatorInput, AllocatorQuota, GrantColumns } from '../allocator/index.js';
 import type { Ledger } from '../ledger/ledger.js';
 import type { Grant } from '../ledger/ledger-commands.js';
 import { buildRoundInput, definitionGrants } from './grant-policy.js';
 import type { GrantPolicy, RoundDemands } from './grant-policy.js';
-import { selectGrants } from './grant-selection.js';
+import { SelectionScratch, selectGrants } from './grant-selection.js';
 
 export { grantPriority } from './grant-selection.js';
 
@@ -99,6 +99,9 @@ export class IncrementalAllocatorPolicy {
   /** The definition grants stopped at their limit: look at every demand again next round. */
   private definitionBacklog = true;
   private readonly workspace = new AllocatorWorkspace();
+  /** The round's input columns and the selection's buffers, reused from round to round. */
+  private readonly inputBuffers = new AllocatorInputBuffers();
+  private readonly selection = new SelectionScratch();
   /**
    * Parent cap key → the keys last seen with it as parent (a superset of its family: every key is
    * re-read when it enters the working set, the whole index at a full round; members are checked
@@ -162,7 +165,7 @@ export class IncrementalAllocatorPolicy {
       }
       keys.add(k);
       if (def.parent !== null) parents.add(def.parent);
-      if (k.startsWith('tier/')) parents.add(k);
+      if (k.charCodeAt(1) === 105 && k.startsWith('tier/')) parents.add(k); // 'i': tenant/… keys skip the string op
     }
     if (parents.size > 0 && !full) {
       // The families: the keys indexed under each parent that still have it and something to allocate.
@@ -174,7 +177,7 @@ export class IncrementalAllocatorPolicy {
           if (!this.working.has(k)) this.working.set(k, r);
         }
     }
-    const input = buildRoundInput(ledger, demands, nowMs, keys);
+    const input = buildRoundInput(ledger, demands, nowMs, keys, this.inputBuffers);
     let grants: Grant[] = [];
     if (input !== null) {
       const out = allocateRoundColumns(input, this.workspace);
@@ -212,7 +215,7 @@ export class IncrementalAllocatorPolicy {
 
   /** Float32 rounding, unchanged grants dropped, the budget applied; deferred keys stay in the working set. */
   private finish(input: AllocatorInput, cols: GrantColumns, r: number): Grant[] {
-    const sel = selectGrants(input, cols, this.maxGrants, this.float32);
+    const sel = selectGrants(input, cols, this.maxGrants, this.float32, this.selection);
     this.stats.unchangedGrants += sel.unchanged;
     this.stats.deferredGrants += sel.deferred;
     for (const q of sel.deferredRows) this.working.set((input.quotas[q] as AllocatorQuota).key, r);

@@ -18,7 +18,7 @@ import { AllocSim, firstDifference, referenceMaxMin } from './alloc-harness.js';
 
 // ---- water-filling ------------------------------------------------------------------------------
 
-void test('waterFill: the max-min fair split with floors, as an independent bisection finds it (both methods: n ≤ 64 and larger)', () => {
+void test('waterFill: the max-min fair split with floors, as an independent bisection finds it (both methods: n ≤ 4 and larger)', () => {
   const scratch = new WaterFillScratch();
   fc.assert(
     fc.property(
