@@ -19,6 +19,7 @@
 // Stop: the listeners close, Watch streams end (UNAVAILABLE), every connection gets GOAWAY and
 // its calls in flight finish; after the grace period the rest are destroyed.
 import http2 from 'node:http2';
+import { performance } from 'node:perf_hooks';
 import type { IncomingHttpHeaders, Http2Server, ServerHttp2Session, ServerHttp2Stream } from 'node:http2';
 import type { Logger } from '../../shared/logging.js';
 import type { CheckService } from '../decide/check-service.js';
@@ -84,6 +85,8 @@ interface CallState {
   readonly method: UnaryMethod | null;
   /** Set for Watch: called with the request bytes once they are complete. */
   readonly streaming: ((stream: ServerHttp2Stream, request: Buffer) => void) | null;
+  /** performance.now() past which the request is DEADLINE_EXCEEDED (grpc-timeout); Infinity without one. */
+  readonly deadline: number;
   timer: NodeJS.Timeout | null;
   done: boolean;
 }
@@ -172,6 +175,37 @@ function onEnd(this: CallStream): void {
   const answer = (state.method as UnaryMethod)(body.bytes);
   if (Buffer.isBuffer(answer)) answerMessage(this, answer);
   else answerStatus(this, answer.code, answer.message);
+}
+
+/**
+ * grpc-timeout without a timer per call: a stream with a deadline waits here until the end of the
+ * current turn of the event loop (setImmediate, one for all of them), and only a stream whose request
+ * has not ended by then gets a timer, for what is left of its deadline. Envoy sends grpc-timeout
+ * with every check, and its request (HEADERS and the one DATA frame) arrives in one read: 'end' is
+ * emitted on the next tick, before the immediate, so the common call arms and clears no timer.
+ */
+const awaitingRequest: CallStream[] = [];
+let armQueued = false;
+
+function waitForRequest(stream: CallStream): void {
+  awaitingRequest.push(stream);
+  if (!armQueued) {
+    armQueued = true;
+    setImmediate(armDeadlines);
+  }
+}
+
+function armDeadlines(): void {
+  armQueued = false;
+  const now = performance.now();
+  for (const stream of awaitingRequest) {
+    const state = stream[CALL];
+    if (state === undefined || state.done || stream.destroyed) continue;
+    const left = state.deadline - now;
+    if (left <= 0) onDeadline(stream);
+    else state.timer = setTimeout(onDeadline, Math.ceil(left), stream);
+  }
+  awaitingRequest.length = 0;
 }
 
 function onDeadline(stream: CallStream): void {
@@ -290,13 +324,14 @@ export async function startLeanRlsServer(
       collector: new UnaryCollector(opts.maxMessageBytes),
       method,
       streaming,
+      deadline: timeoutMs === null ? Number.POSITIVE_INFINITY : performance.now() + Math.max(1, Math.ceil(timeoutMs)),
       timer: null,
       done: false,
     };
     stream[CALL] = state;
-    if (timeoutMs !== null) state.timer = setTimeout(onDeadline, Math.max(1, Math.ceil(timeoutMs)), stream);
     stream.on('data', onData);
     stream.on('end', onEnd);
+    if (timeoutMs !== null) waitForRequest(stream);
   };
 
   const onSession = (session: ServerHttp2Session): void => {

@@ -250,6 +250,16 @@ void test('wire format: deadlines, compression refused, the message bound, one m
     });
     assert.equal(split.grpcStatus, 0);
 
+    // A deadline and a request that arrives in parts, the last a few turns of the event loop later
+    // (the server's deadline timer is armed only for a request not complete by the end of its turn).
+    const slow = await raw(session, { 'grpc-timeout': '5S' }, (s) => {
+      s.write(message.subarray(0, 3));
+      setTimeout(() => s.end(message.subarray(3)), 30);
+    });
+    assert.equal(slow.grpcStatus, 0, 'answered: the rest came within the deadline');
+    const partial = await raw(session, { 'grpc-timeout': '150m' }, (s) => s.write(message.subarray(0, 3)));
+    assert.equal(partial.grpcStatus, 4, 'DEADLINE_EXCEEDED: the rest never came');
+
     const started = Date.now();
     const late = await raw(session, { 'grpc-timeout': '150m' }, () => undefined);
     assert.equal(late.grpcStatus, 4, 'DEADLINE_EXCEEDED: the request never came');
