@@ -5,6 +5,9 @@
 // redis-server paused (SIGSTOP) and the coordinated ones with every coordinator paused; and the
 // in-process decision (createLimiter().check) timed in a loop. Targets (docs/targets.md): cellquota
 // local ≥ 0.95 × the in-memory library, coordinated ≥ 1.3 × the Redis one, decision ≤ 1 µs median.
+// A target's figure is the median over rounds of the req/s ratio of the pair within one round, with
+// a 95% interval of that median: met / not met when the interval is on one side of the target,
+// undecided when it straddles it; the app's CPU per request, the same way, is the second measure.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -103,6 +106,61 @@ function median(xs: readonly number[]): number {
   return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
 }
 
+/** a[i] / b[i] for the rounds both ran (finite, b > 0). */
+function pairedRatios(a: readonly number[], b: readonly number[]): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < Math.min(a.length, b.length); i++) {
+    const x = a[i] as number;
+    const y = b[i] as number;
+    if (Number.isFinite(x) && Number.isFinite(y) && y > 0) out.push(x / y);
+  }
+  return out;
+}
+
+/** The median of `xs` and a distribution-free interval of at least 95% for it (order statistics of
+ * the binomial: the k-th smallest and k-th largest, for the largest k with P(Bin(n, ½) < k) ≤ 2.5%);
+ * null with fewer than 6 values, where no such interval exists. */
+export function medianInterval(xs: readonly number[]): { median: number; lo: number; hi: number } | null {
+  const s = [...xs].sort((a, b) => a - b);
+  const n = s.length;
+  if (n < 6) return null;
+  let k = 0; // P(X <= k - 1) for X ~ Bin(n, 1/2), summed while it stays within 2.5%
+  let tail = 0;
+  let term = 1 / 2 ** n; // P(X = 0)
+  while (tail + term <= 0.025) {
+    tail += term;
+    term = (term * (n - k)) / (k + 1);
+    k++;
+  }
+  return { median: median(s), lo: s[k - 1] as number, hi: s[n - k] as number };
+}
+
+function ratioText(rs: readonly number[]): string {
+  if (rs.length === 0) return 'n/a';
+  const ci = medianInterval(rs);
+  return ci === null
+    ? `${median(rs).toFixed(3)} (${rs.length} round(s), too few for an interval)`
+    : `${ci.median.toFixed(3)} (95% interval ${ci.lo.toFixed(3)}–${ci.hi.toFixed(3)}, ${rs.length} rounds)`;
+}
+
+/** The ratio and whether it meets `min`: met when the whole interval is at or above it, not met when
+ * the whole interval is below, undecided when it straddles (run more rounds or a quieter machine). */
+function verdictText(rs: readonly number[], min: number): string {
+  if (rs.length === 0) return 'n/a';
+  const ci = medianInterval(rs);
+  const verdict =
+    ci === null
+      ? median(rs) >= min
+        ? 'met on the median (too few rounds to be sure)'
+        : 'not met on the median (too few rounds to be sure)'
+      : ci.lo >= min
+        ? 'met'
+        : ci.hi < min
+          ? 'not met'
+          : `undecided (the interval contains ${min})`;
+  return `${ratioText(rs)}, target ≥ ${min}: ${verdict}`;
+}
+
 /** Rounds of one variant: the median round (by req/s) gives p50/p99; the spread is min..max req/s. */
 function summary(runs: readonly Run[]): Run & { min: number; max: number } {
   const byRate = [...runs].sort((a, b) => a.reqPerS - b.reqPerS);
@@ -137,7 +195,9 @@ const LIBRARY: Readonly<Record<Framework, string>> = {
 };
 
 /** Run sizes; CELLQUOTA_BENCH_FRAMEWORKS (fastify,express), CELLQUOTA_BENCH_ROUNDS and
- * CELLQUOTA_BENCH_SECONDS narrow or lengthen a full run while working on one side. */
+ * CELLQUOTA_BENCH_SECONDS narrow or lengthen a full run while working on one side. Many short rounds
+ * rather than a few long ones: the verdict is the median of per-round ratios, whose interval narrows
+ * with the number of rounds (12 give a 96% interval between the 3rd and the 10th of them). */
 function sizes(smoke: boolean): {
   frameworks: Framework[];
   rounds: number;
@@ -151,11 +211,11 @@ function sizes(smoke: boolean): {
     .map((f) => f.trim())
     .filter((f): f is Framework => f === 'fastify' || f === 'express');
   if (frameworks.length === 0) throw new Error('CELLQUOTA_BENCH_FRAMEWORKS: fastify, express or both');
-  const rounds = Number(env('CELLQUOTA_BENCH_ROUNDS') ?? (smoke ? 1 : 5));
-  const seconds = Number(env('CELLQUOTA_BENCH_SECONDS') ?? (smoke ? 0.5 : 3));
+  const rounds = Number(env('CELLQUOTA_BENCH_ROUNDS') ?? (smoke ? 1 : 12));
+  const seconds = Number(env('CELLQUOTA_BENCH_SECONDS') ?? (smoke ? 0.5 : 1.5));
   if (!Number.isInteger(rounds) || rounds < 1 || rounds > 50) throw new Error('CELLQUOTA_BENCH_ROUNDS: 1..50');
   if (!(seconds > 0 && seconds <= 60)) throw new Error('CELLQUOTA_BENCH_SECONDS: (0, 60]');
-  return { frameworks, rounds, seconds, warmUp: smoke ? 0.3 : 2, rewarm: smoke ? 0.1 : 0.5 };
+  return { frameworks, rounds, seconds, warmUp: smoke ? 0.3 : 2, rewarm: smoke ? 0.1 : 0.3 };
 }
 
 export async function runEmbeddedBench(opts: {
@@ -259,20 +319,26 @@ export async function runEmbeddedBench(opts: {
       for (const p of procs.values()) p.kill('SIGTERM');
 
       const lib = LIBRARY[framework];
-      const ratio = (a: Variant, b: Variant): string => {
-        const x = got.get(a);
-        const y = got.get(b);
-        if (x === undefined || y === undefined) return 'n/a';
-        // Also the ratio within each round (the two ran a few seconds apart): its range.
-        const pairs = (runs.get(a) ?? []).map((r, i) => r.reqPerS / ((runs.get(b) ?? [])[i]?.reqPerS ?? NaN));
-        const lo = Math.min(...pairs).toFixed(2);
-        const hi = Math.max(...pairs).toFixed(2);
-        return `${(x.reqPerS / y.reqPerS).toFixed(3)} (per round ${lo}–${hi})`;
+      const rate = (v: Variant): number[] => (runs.get(v) ?? []).map((r) => r.reqPerS);
+      const cpu = (v: Variant): number[] => (runs.get(v) ?? []).map((r) => r.cpuUs);
+      const target = (a: Variant, b: Variant, what: string, min: number): void => {
+        if (!runs.has(a) || !runs.has(b)) return;
+        const byRate = pairedRatios(rate(a), rate(b));
+        // CPU per request the other way round (b's over a's): above 1, `a` costs the app less than `b`.
+        const byCpu = pairedRatios(cpu(b), cpu(a));
+        notes.push(
+          `${framework}: ${what} = ${verdictText(byRate, min)} — the target's figure: req/s of the two in ` +
+            `the same round, median over rounds; second measure, app CPU per request (${b} ÷ ${a}): ` +
+            `${verdictText(byCpu, min)}`,
+        );
       };
+      target('cellquota-local', 'lib-memory', `cellquota local ÷ ${lib} in memory`, 0.95);
+      target('cellquota-coordinated', 'lib-redis', `cellquota coordinated ÷ ${lib} on Redis`, 1.3);
+      if (!urls.has('lib-redis')) notes.push(`${framework}: redis-server not installed: the Redis rows are missing`);
+      const vsNone = (v: Variant): string => ratioText(pairedRatios(rate(v), rate('none')));
       notes.push(
-        `${framework}: cellquota local / ${lib} in memory = ${ratio('cellquota-local', 'lib-memory')} ` +
-          `(target ≥ 0.95); cellquota local / no limiter = ${ratio('cellquota-local', 'none')}; ` +
-          `${lib} in memory / no limiter = ${ratio('lib-memory', 'none')}`,
+        `${framework}: ÷ no limiter (req/s, median of per-round ratios): cellquota local ${vsNone('cellquota-local')}, ` +
+          `${lib} in memory ${vsNone('lib-memory')}`,
       );
       const base = got.get('none')?.cpuUs ?? NaN;
       if (Number.isFinite(base))
@@ -285,12 +351,6 @@ export async function runEmbeddedBench(opts: {
               })
               .join(', ')}`,
         );
-      if (urls.has('lib-redis'))
-        notes.push(
-          `${framework}: cellquota coordinated / ${lib} on Redis = ` +
-            `${ratio('cellquota-coordinated', 'lib-redis')} (target ≥ 1.3)`,
-        );
-      else notes.push(`${framework}: redis-server not installed: the Redis rows are missing`);
     }
     const checks = opts.smoke ? 100_000 : 1_000_000;
     const one = await decisionNs(1, checks);
@@ -312,8 +372,10 @@ export async function runEmbeddedBench(opts: {
     );
     notes.push(
       `${rounds} interleaved round(s) of ${seconds} s per variant after a ${warmUp} s warm-up each ` +
-        `(and ${rewarm} s before every run); req/s is the median round, min–max the spread; p50/p99 ` +
-        `are of the median round, over every 2xx response; ${CONNECTIONS} connections; load average at ` +
+        `(and ${rewarm} s before every run); a row's req/s is the median round, min–max the spread; p50/p99 ` +
+        `are of the median round, over every 2xx response; a ratio is the median of the per-round ratios ` +
+        `(both runs of a pair in one round, seconds apart), with a distribution-free 95% interval of that ` +
+        `median; ${CONNECTIONS} connections; load average at ` +
         `the end: ${loadavg()
           .map((x) => x.toFixed(2))
           .join(' ')}.`,

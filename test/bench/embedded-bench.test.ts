@@ -43,6 +43,6 @@ void test(
     assert.equal(decision.length, 4); // 1 and 2 levels, over 256 and 10,000 addresses
     for (const row of decision)
       assert.ok(Number.isFinite(row['ns/check median']) && (row['ns/check median'] as number) > 0);
-    assert.ok(r.notes.some((n) => /cellquota local \/ @fastify\/rate-limit in memory/.test(n)));
+    assert.ok(r.notes.some((n) => /cellquota local ÷ @fastify\/rate-limit in memory = .*target ≥ 0.95: /.test(n)));
   },
 );
