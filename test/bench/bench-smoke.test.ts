@@ -50,17 +50,18 @@ void test('agent-idle-rss smoke: the agent command started, answering, then its 
   );
 });
 
-void test('decision smoke: take and takeKey before and after, the decision on both paths, the embedded check', async () => {
+void test('decision smoke: the two references, take and takeKey, the decision on both paths, the embedded check', async () => {
   const r = await runDecisionBench(quiet);
   assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns', 'alloc B/call']);
   assert.deepEqual(
     r.rows.map((row) => row.call),
     [
-      'take() [before]',
+      'fixed work',
+      'bare CAS',
       'take()',
-      'takeKey() [before]',
       'takeKey()',
       'takeKey() head',
+      'takeKey() head 256',
       'decide (fast)',
       'decide (general)',
       'decide (global)',
