@@ -393,6 +393,8 @@ export async function runDecisionBench(opts: {
       await l.close();
     }
   }
+  // (The fixed work's result is kept and read, so that the compiler cannot drop its loop.)
+  if (!Number.isSafeInteger(fixedSink)) throw new Error('fixed work: no result');
   if (admitted !== calls) throw new Error(`expected every measured call admitted, ${calls - admitted} refused`);
   const stats = variants.map((v) => ({
     v,
