@@ -17,7 +17,12 @@ import {
   DEFAULT_ROUND_MS,
   MAX_REPORT_ITEMS,
 } from '../coordinator/lease/lease-service.js';
-import { MAX_CELLS, MAX_TENANTS } from '../coordinator/ledger/ledger-commands.js';
+import {
+  BASE_COMMAND_FORMAT,
+  MAX_CELLS,
+  MAX_TENANTS,
+  NEWEST_COMMAND_FORMAT,
+} from '../coordinator/ledger/ledger-commands.js';
 import {
   DEFAULT_IMPLICIT_TENANT_IDLE_MS,
   DEFAULT_MAX_IMPLICIT_TENANTS,
@@ -172,6 +177,14 @@ export const coordinatorFields = z.object({
     default: DEFAULT_IMPLICIT_TENANT_IDLE_MS,
     example: '60000',
   }),
+  commandFormat: setting(z.coerce.number().int().min(BASE_COMMAND_FORMAT).max(NEWEST_COMMAND_FORMAT), {
+    help:
+      'the newest command format this replica declares and applies: the leader raises the log to a format only ' +
+      'once every replica declares it, and a replica stops at a raise above its own. Lower than the build, it ' +
+      "holds the raise back (an upgrade that can still be rolled back); the log's format never goes down",
+    default: NEWEST_COMMAND_FORMAT,
+    example: '4',
+  }),
   tlsCa: setting(z.string().optional(), {
     help: 'CA bundle for mutual TLS: replicas and agents must present certificates it signed',
     example: '/etc/cellquota/ca.pem',
@@ -318,6 +331,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
         requestTimeoutMs: 5000,
         floorCells: s.floorCells,
         skewMarginMs: DEFAULT_SKEW_MARGIN_MS,
+        commandFormat: s.commandFormat,
         join: s.join,
         adminUrlOf,
         ...(s.adminToken === undefined ? {} : { adminToken: s.adminToken }),

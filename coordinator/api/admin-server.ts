@@ -10,7 +10,10 @@ import type { Logger } from '../../shared/logging.js';
 import {
   MAX_NAME_LENGTH,
   MAX_TENANTS_PER_BATCH,
+  TENANT_WIND_DOWN_FORMAT,
+  tenantKey,
   unknownTenantPolicySchema,
+  unknownTenantTier,
   tenantRecordSchema,
 } from '../ledger/ledger-commands.js';
 import type { LedgerCommandInput } from '../ledger/ledger-commands.js';
@@ -243,9 +246,16 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     return { id, address };
   }
 
-  async function write(req: FastifyRequest, reply: FastifyReply, cmd: LedgerCommandInput): Promise<LedgerValue> {
+  /** `check`: refusals the leader's own state decides before proposing (it throws an ApiError). */
+  async function write(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    cmd: LedgerCommandInput,
+    check?: (l: Ledger) => void,
+  ): Promise<LedgerValue> {
     authorize(req, true);
     onLeader(req, reply);
+    if (check !== undefined) await backend.read(check, true);
     const result = await backend.propose(cmd);
     if (!result.ok) throw new ApiError(result.error.code, result.error.message);
     return result.value;
@@ -505,7 +515,22 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     '/v1/tenants/:id',
     guard(async (req, reply) => {
       const { id } = parse(idParams, req.params, 'path');
-      await write(req, reply, { type: 'deleteTenant', id, ...session(req) });
+      await write(req, reply, { type: 'deleteTenant', id, ...session(req) }, (l) => {
+        // Below format 5 the deletion applies as the builds before it applied it: under tier:NAME the tenant's slices
+        // became an implicit tenant at once, their old grants counted against the tier's lower quota with no
+        // ceiling (the bound broken, the snapshot not restoring). Refused until the log is raised.
+        if (
+          l.commandFormat < TENANT_WIND_DOWN_FORMAT &&
+          unknownTenantTier(l.settings.unknownTenant) !== null &&
+          l.holdsSlices(tenantKey(id))
+        )
+          throw new ApiError(
+            'CONFLICT',
+            `tenant ${id} has slices and the unknown-tenant policy is ${l.settings.unknownTenant}: it can be deleted ` +
+              `once the log is at command format ${TENANT_WIND_DOWN_FORMAT} (now ${l.commandFormat}), raised by the ` +
+              'leader as soon as every replica runs a build that reads it',
+          );
+      });
       return { deleted: id };
     }),
   );

@@ -65,8 +65,20 @@ export const RETIRE_IMPLICIT_FORMAT = 3;
  * back.
  */
 export const REVIVE_IMPLICIT_FORMAT = 4;
-/** The newest command format this build reads (what a replica declares to its peers). */
-export const NEWEST_COMMAND_FORMAT = REVIVE_IMPLICIT_FORMAT;
+/**
+ * The first command format the log itself raises (raiseCommandFormat, proposed only while every member declared it):
+ * the ledger's state carries the format its entries apply at (`Ledger.commandFormat`, in snapshots too), so what an
+ * existing command does when applied depends on the log, never on the build. From format 5 on: deleteTenant under
+ * tier:NAME winds the tenant down (until reviveImplicitTenants takes it back), putSettings becoming tier:NAME winds
+ * down the slices it finds without a tenant record and leaving tier:NAME ends every wind-down, and
+ * reviveImplicitTenants re-grants every slice at the tier's definition. Below it (a log never raised) each of them
+ * applies exactly as the builds before format 5 applied it (deleteTenant and putSettings as before 4b1f897).
+ */
+export const TENANT_WIND_DOWN_FORMAT = 5;
+/** The command format a ledger's state is at before any raiseCommandFormat applied. */
+export const BASE_COMMAND_FORMAT = 1;
+/** The newest command format this build reads and applies (what a replica declares to its peers). */
+export const NEWEST_COMMAND_FORMAT = TENANT_WIND_DOWN_FORMAT;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -289,6 +301,17 @@ export const reviveImplicitTenantsSchema = z.strictObject({
   keys: implicitTenantKeysSchema,
   ...session,
 });
+/**
+ * Raises the command format the ledger applies entries at (Ledger.commandFormat) to `format`; never lowers it (a
+ * format at or below the current one changes nothing). The lease leader proposes it once every member of the
+ * configuration declared it reads `format`. A replica that cannot apply `format` stops at this entry (it never
+ * applies later entries at semantics it does not have). Format 5 (TENANT_WIND_DOWN_FORMAT).
+ */
+export const raiseCommandFormatSchema = z.strictObject({
+  type: z.literal('raiseCommandFormat'),
+  format: z.number().int().min(TENANT_WIND_DOWN_FORMAT).max(999_999),
+  ...session,
+});
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
 export const expireLeasesSchema = z.strictObject({ type: z.literal('expireLeases'), nowMs: timeSchema, ...session });
 
@@ -309,6 +332,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   putSettingsSchema,
   retireImplicitTenantsSchema,
   reviveImplicitTenantsSchema,
+  raiseCommandFormatSchema,
 ]);
 
 // ---- types --------------------------------------------------------------------------------------
@@ -335,6 +359,7 @@ export type ExpireLeasesCommand = z.output<typeof expireLeasesSchema>;
 export type PutSettingsCommand = z.output<typeof putSettingsSchema>;
 export type RetireImplicitTenantsCommand = z.output<typeof retireImplicitTenantsSchema>;
 export type ReviveImplicitTenantsCommand = z.output<typeof reviveImplicitTenantsSchema>;
+export type RaiseCommandFormatCommand = z.output<typeof raiseCommandFormatSchema>;
 export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
 export type GrantAck = z.output<typeof grantAckSchema>;
 export type Grant = z.output<typeof grantSchema>;

@@ -114,6 +114,7 @@ import type { LedgerSnapshotCopy, SnapQuotaRow } from './snapshot-encoder.js';
 import { z } from 'zod';
 import { MAX_GCRA_WINDOW_S, gcraWindowFits } from '../../shared/gcra-window.js';
 import {
+  BASE_COMMAND_FORMAT,
   DEFAULT_FLOOR_FRACTION,
   DEFAULT_UNKNOWN_TENANT_POLICY,
   MAX_BURST,
@@ -124,6 +125,8 @@ import {
   MAX_TENANTS,
   MAX_TIERS,
   MAX_TIME_MS,
+  NEWEST_COMMAND_FORMAT,
+  TENANT_WIND_DOWN_FORMAT,
   LedgerCommandError,
   decodeCommand,
   describeIssues,
@@ -154,6 +157,7 @@ import type {
   ReportAndGrantCommand,
   RetireImplicitTenantsCommand,
   ReviveImplicitTenantsCommand,
+  RaiseCommandFormatCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
 import { CellquotaError } from '../../shared/errors.js';
@@ -168,10 +172,15 @@ export const DEFAULT_SKEW_MARGIN_MS = 1_000;
 export const DEFAULT_MAX_SESSIONS = 10_000;
 /** Largest skew margin accepted (1 hour). */
 export const MAX_SKEW_MARGIN_MS = 3_600_000;
-/** Version tag of the snapshot format. */
+/** Version tag of the snapshot format (of a ledger at BASE_COMMAND_FORMAT). */
 export const SNAPSHOT_FORMAT_VERSION = 2;
+/**
+ * Version tag of the snapshot of a ledger whose log raised the command format (its `settings` carry it): a build from
+ * before raiseCommandFormat refuses it rather than restore the state without its format.
+ */
+export const RAISED_SNAPSHOT_FORMAT_VERSION = 3;
 /** Older snapshot formats restore() still reads (v1: no epoch marks, slice versions or settings). */
-const READABLE_SNAPSHOT_VERSIONS = [1, 2] as const;
+const READABLE_SNAPSHOT_VERSIONS = [1, 2, 3] as const;
 /** Relative tolerance of the bound's float comparisons. */
 export const BOUND_TOLERANCE = 1e-9;
 /** Most changed keys takeTouchedKeys() lists; beyond, it answers "anything may have changed". */
@@ -196,6 +205,11 @@ export interface LedgerOptions {
   readonly maxSessions?: number;
   /** Check every invariant after every apply and throw LedgerInvariantError (debug / tests). */
   readonly assertInvariants?: boolean;
+  /**
+   * The newest command format this replica applies (default NEWEST_COMMAND_FORMAT; a replica pinned lower by
+   * --command-format): a raiseCommandFormat above it, or a snapshot at a format above it, throws LedgerFormatError.
+   */
+  readonly maxCommandFormat?: number;
 }
 
 // ---- results and views --------------------------------------------------------------------------
@@ -353,7 +367,8 @@ export type LedgerValue =
     }
   | { readonly kind: 'settings'; readonly settings: LedgerSettings }
   | { readonly kind: 'implicitRetired'; readonly retired: number; readonly ignored: number }
-  | { readonly kind: 'implicitRevived'; readonly revived: number; readonly ignored: number };
+  | { readonly kind: 'implicitRevived'; readonly revived: number; readonly ignored: number }
+  | { readonly kind: 'commandFormat'; readonly commandFormat: number; readonly raised: boolean };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
 export interface TenantBatchFailure {
@@ -382,6 +397,14 @@ export type LedgerResult =
 
 export class LedgerInvariantError extends CellquotaError {
   readonly code = 'LEDGER_INVARIANT';
+}
+
+/**
+ * The log (a raiseCommandFormat entry) or a snapshot is at a command format this replica does not apply: it stops
+ * there rather than apply later entries at semantics it does not have (and diverge from the replicas that do).
+ */
+export class LedgerFormatError extends CellquotaError {
+  readonly code = 'LEDGER_FORMAT_UNSUPPORTED';
 }
 
 // ---- internal records ---------------------------------------------------------------------------
@@ -474,8 +497,11 @@ class Rollback {
 export class Ledger {
   readonly config: LedgerConfig;
   private readonly assert: boolean;
+  private readonly maxFormat: number;
 
   private now = 0;
+  /** The command format the log raised the state to (raiseCommandFormat): the semantics every entry applies at. */
+  private format = BASE_COMMAND_FORMAT;
   private applied = 0;
   private readonly tiers = new Map<string, QuotaRec>();
   private readonly tierCaps = new Map<string, QuotaRec>();
@@ -534,6 +560,10 @@ export class Ledger {
       throw new RangeError('maxSessions must be a positive integer');
     this.config = { floorCells, skewMarginMs: skewMarginMs + 0, maxSessions };
     this.assert = options.assertInvariants ?? false;
+    const maxFormat = options.maxCommandFormat ?? NEWEST_COMMAND_FORMAT;
+    if (!Number.isInteger(maxFormat) || maxFormat < BASE_COMMAND_FORMAT || maxFormat > NEWEST_COMMAND_FORMAT)
+      throw new RangeError(`maxCommandFormat must be an integer in ${BASE_COMMAND_FORMAT}..${NEWEST_COMMAND_FORMAT}`);
+    this.maxFormat = maxFormat;
     this.sessions = new ClientSessions<LedgerResult>(maxSessions);
   }
 
@@ -545,6 +575,14 @@ export class Ledger {
   /** The index of the last applied log entry. */
   get appliedIndex(): number {
     return this.applied;
+  }
+
+  /**
+   * The command format the log raised this state to (BASE_COMMAND_FORMAT until a raiseCommandFormat applied): what
+   * every entry does when applied is chosen by it, so replicas of different builds apply one log alike.
+   */
+  get commandFormat(): number {
+    return this.format;
   }
 
   // ---- applying ---------------------------------------------------------------------------------
@@ -639,6 +677,8 @@ export class Ledger {
         return this.retireImplicitTenants(cmd);
       case 'reviveImplicitTenants':
         return this.reviveImplicitTenants(cmd);
+      case 'raiseCommandFormat':
+        return this.raiseCommandFormat(cmd, index);
     }
   }
 
@@ -819,6 +859,13 @@ export class Ledger {
     this.sortedTenantIds = null;
     this.addTierUse(existing.tier, -1);
     const key = tenantKey(cmd.id);
+    if (this.format < TENANT_WIND_DOWN_FORMAT) {
+      // A log not raised to format 5: as every build before it applied the entry (under tier:NAME the key is at once
+      // an implicit tenant of NAME, its ceiling gone).
+      if (this.byKey.has(key)) this.implicitKeys.add(key);
+      this.retireKey(key);
+      return ok({ kind: 'deleted', what: 'tenant', id: cmd.id });
+    }
     if (this.byKey.has(key)) {
       this.implicitKeys.add(key);
       // Under a tier:NAME policy the key does not become an implicit tenant of NAME by itself (that would bypass
@@ -858,11 +905,39 @@ export class Ledger {
     let revived = 0;
     for (const key of cmd.keys) {
       if (!this.retiringImplicit.delete(key)) continue;
+      // From format 5: every slice is re-granted at the tier's definition. A slice may still hold a grant stamped
+      // by another definition with a version at or above the tier's (a deleted tenant's, created after the policy
+      // changed): without this it was never re-granted, and kept the old tier's parent cap and floors.
+      if (this.format >= TENANT_WIND_DOWN_FORMAT) this.unstampSlices(key);
       this.rebaseCeiling(key);
       this.markStale(key);
       revived++;
     }
     return ok({ kind: 'implicitRevived', revived, ignored: cmd.keys.length - revived });
+  }
+
+  /** The grants on `key`'s slices count as stamped by no current definition (version 0): each is re-granted. */
+  private unstampSlices(key: string): void {
+    for (const s of this.byKey.get(key)?.values() ?? []) s.version = 0;
+  }
+
+  /**
+   * Raises the command format every later entry applies at (never lowers it). A format this replica does not apply
+   * stops it here (LedgerFormatError, nothing changed): applying later entries at semantics it lacks would diverge.
+   */
+  private raiseCommandFormat(cmd: RaiseCommandFormatCommand, index: number): LedgerResult {
+    if (cmd.format > this.maxFormat)
+      throw new LedgerFormatError(
+        `log entry ${index} raises the command format to ${cmd.format}; this replica applies formats up to ` +
+          `${this.maxFormat}${this.maxFormat < NEWEST_COMMAND_FORMAT ? ' (--command-format)' : ''}: run a build that ` +
+          `reads format ${cmd.format} on it (docs/quota-model.md, "Upgrades")`,
+      );
+    const raised = cmd.format > this.format;
+    if (raised) {
+      this.format = cmd.format;
+      this.touchAll();
+    }
+    return ok({ kind: 'commandFormat', commandFormat: this.format, raised });
   }
 
   /** After each command: retiring implicit tenants whose last slice is gone leave the set. */
@@ -885,12 +960,14 @@ export class Ledger {
       // re-granted at the new one, or wound down like a deleted tenant's. Slices the policy finds without
       // a tenant record when it becomes tier:NAME (deleted tenants, implicit ones of a former tier policy)
       // keep winding down: they become implicit tenants only if the leader revives them (the bound).
+      // (Below format 5, as the builds before it: no wind-down set is touched.)
+      const windDown = this.format >= TENANT_WIND_DOWN_FORMAT;
       this.touchAll();
-      if (tier === null) this.retiringImplicit.clear();
+      if (tier === null && windDown) this.retiringImplicit.clear();
       for (const key of [...this.byKey.keys()]) {
         if (!key.startsWith('tenant/') || this.tenants.has(key.slice(7))) continue;
         if (tier === null) this.retireKey(key);
-        else if (!implicitBefore) this.retiringImplicit.add(key);
+        else if (!implicitBefore && windDown) this.retiringImplicit.add(key);
         else {
           this.rebaseCeiling(key);
           this.markStale(key);
@@ -2040,8 +2117,9 @@ export class Ledger {
       ceilings.burst[i] = c.burst;
       i++;
     }
+    const raised = this.format > BASE_COMMAND_FORMAT;
     return {
-      v: SNAPSHOT_FORMAT_VERSION,
+      v: raised ? RAISED_SNAPSHOT_FORMAT_VERSION : SNAPSHOT_FORMAT_VERSION,
       config: [this.config.floorCells, this.config.skewMarginMs, this.config.maxSessions],
       nowMs: this.now,
       appliedIndex: this.applied,
@@ -2059,14 +2137,20 @@ export class Ledger {
       slices: { key: keys, start, cellId, num },
       ceilings,
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
-      settings: [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
+      // The command format only once raised, so a ledger whose log never raised it snapshots as before.
+      settings: raised
+        ? [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex, this.format]
+        : [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
       // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
       retiringImplicit: this.retiringImplicit.size > 0 ? [...this.retiringImplicit] : null,
     };
   }
 
   /** Rebuilds a ledger from `snapshot()` bytes; throws LedgerSnapshotError if they are not a valid ledger. */
-  static restore(bytes: Uint8Array, options: { readonly assertInvariants?: boolean } = {}): Ledger {
+  static restore(
+    bytes: Uint8Array,
+    options: { readonly assertInvariants?: boolean; readonly maxCommandFormat?: number } = {},
+  ): Ledger {
     let doc: unknown;
     try {
       doc = snapUnpackr.unpack(bytes);
@@ -2083,12 +2167,27 @@ export class Ledger {
     const [floorCells, skewMarginMs, maxSessions] = s.config;
     let l: Ledger;
     try {
-      l = new Ledger({ floorCells, skewMarginMs, maxSessions, assertInvariants: options.assertInvariants ?? false });
+      l = new Ledger({
+        floorCells,
+        skewMarginMs,
+        maxSessions,
+        assertInvariants: options.assertInvariants ?? false,
+        ...(options.maxCommandFormat === undefined ? {} : { maxCommandFormat: options.maxCommandFormat }),
+      });
     } catch (e) {
       throw new LedgerSnapshotError(`invalid snapshot configuration: ${e instanceof Error ? e.message : String(e)}`, {
         cause: e,
       });
     }
+    const format = s.settings?.[3] ?? BASE_COMMAND_FORMAT;
+    if ((s.v === RAISED_SNAPSHOT_FORMAT_VERSION) !== (s.settings?.[3] !== undefined))
+      throw new LedgerSnapshotError(`invalid snapshot: v ${s.v} with settings of ${s.settings?.length ?? 0} values`);
+    if (format > l.maxFormat)
+      throw new LedgerFormatError(
+        `the snapshot at index ${s.appliedIndex} is at command format ${format}; this replica applies formats up to ` +
+          `${l.maxFormat}: run a build that reads format ${format} on it (docs/quota-model.md, "Upgrades")`,
+      );
+    l.format = format;
     l.now = s.nowMs;
     l.applied = s.appliedIndex;
     for (const [n, rate, burst, floorFraction, updatedIndex] of s.tiers)
@@ -2231,7 +2330,11 @@ const snapshotSchema = z.object({
   ceilings: z.array(z.tuple([sKey, sNum, sNum])),
   sessions: z.array(z.tuple([sName, z.number().int().min(1), sResult])),
   settings: z
-    .union([z.tuple([unknownTenantPolicySchema, sIndex]), z.tuple([unknownTenantPolicySchema, sIndex, sIndex])])
+    .union([
+      z.tuple([unknownTenantPolicySchema, sIndex]),
+      z.tuple([unknownTenantPolicySchema, sIndex, sIndex]),
+      z.tuple([unknownTenantPolicySchema, sIndex, sIndex, z.number().int().min(TENANT_WIND_DOWN_FORMAT).max(999_999)]),
+    ])
     .optional(),
   retiringImplicit: z.array(sKey).max(MAX_TENANTS).optional(),
 });

@@ -59,6 +59,11 @@ export interface CoordinatorSettings {
   readonly requestTimeoutMs: number;
   /** Expected number of cells, for the ledger's floors. */
   readonly floorCells: number;
+  /**
+   * The newest command format this replica declares to its peers and applies (--command-format; default
+   * NEWEST_COMMAND_FORMAT). Lower, it holds the cluster's format raise back, as a replica of an older build would.
+   */
+  readonly commandFormat?: number;
   readonly skewMarginMs: number;
   /** Join an existing cluster as a new (learner) member instead of bootstrapping one. */
   readonly join: boolean;
@@ -226,7 +231,11 @@ export class CoordinatorNode {
         { repair: r, voteBarrier: loaded.meta.voteBarrier },
         'storage truncated a corrupt log tail above the commit index',
       );
-    const machine = new CoordinatorState({ floorCells: settings.floorCells, skewMarginMs: settings.skewMarginMs });
+    const machine = new CoordinatorState({
+      floorCells: settings.floorCells,
+      skewMarginMs: settings.skewMarginMs,
+      maxCommandFormat: settings.commandFormat ?? NEWEST_COMMAND_FORMAT,
+    });
     const restoreStarted = performance.now();
     machine.restore(loaded.snapshot.data);
     if (loaded.snapshot.meta.index > 0)
@@ -250,7 +259,7 @@ export class CoordinatorNode {
       listen,
       peers: settings.peers,
       onMessages: (batch) => nodeRef?.driver.receive(batch),
-      commandFormat: NEWEST_COMMAND_FORMAT,
+      commandFormat: settings.commandFormat ?? NEWEST_COMMAND_FORMAT,
       logger: log.child({ component: 'transport' }),
       status: () => {
         const s = nodeRef?.driver.status();
@@ -406,7 +415,10 @@ export class CoordinatorNode {
     driver.start();
     // Background tasks: a storage failure in them (confirmIncarnation) is fatal like one in the
     // driver, and is handled here explicitly rather than left to an unhandled rejection.
-    const background = [mustCheck ? node.confirmIdentity() : node.ensureIncarnationRecorded()];
+    const background = [
+      mustCheck ? node.confirmIdentity() : node.ensureIncarnationRecorded(),
+      node.raiseCommandFormatWhenRead(),
+    ];
     if (voteBarrier > 0) background.push(node.catchUpPastVoteBarrier(voteBarrier));
     for (const task of background) {
       task.catch((err: unknown) => {
@@ -553,6 +565,35 @@ export class CoordinatorNode {
     this.logger.info({ released: hold }, 'voting');
   }
 
+  /**
+   * On the leader: proposes raiseCommandFormat to this replica's format once the log is below it and every member of
+   * the configuration declared it reads it (everyMemberReads). Until then entries apply at the log's format; a member
+   * of an older build (or pinned lower) holds it back. Polls: members connect and declare in their own time.
+   */
+  private async raiseCommandFormatWhenRead(): Promise<void> {
+    const format = this.settings.commandFormat ?? NEWEST_COMMAND_FORMAT;
+    let waitingLogged = false;
+    while (!this.halted()) {
+      const ledger = this.machine.ledger;
+      if (ledger.commandFormat >= format) waitingLogged = false;
+      else if (this.isLeader() && this.everyMemberReads(format)) {
+        try {
+          const r = await this.propose({ type: 'raiseCommandFormat', format });
+          if (r.ok) this.logger.info({ commandFormat: format, from: ledger.commandFormat }, 'command format raised');
+        } catch (err) {
+          this.logger.debug({ err }, 'raising the command format failed; retrying');
+        }
+      } else if (this.isLeader() && !waitingLogged) {
+        waitingLogged = true;
+        this.logger.info(
+          { commandFormat: ledger.commandFormat, target: format },
+          'the command format is raised once every member declared it reads it',
+        );
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+
   /** Until the cluster has recorded this node's incarnation, asks the leader to record it. */
   private async ensureIncarnationRecorded(): Promise<void> {
     while (!this.halted()) {
@@ -602,10 +643,11 @@ export class CoordinatorNode {
   }
 
   /**
-   * Whether every other member (voters and learners) declared, on its last peer stream, that it
+   * Whether this replica and every other member (voters and learners) declared, on its last peer stream, that it
    * reads command format `format`. A member never heard from counts as not reading it.
    */
   everyMemberReads(format: number): boolean {
+    if (format > (this.settings.commandFormat ?? NEWEST_COMMAND_FORMAT)) return false;
     const conf = this.driver.status().conf;
     for (const id of [...conf.voters, ...conf.learners]) {
       if (id === this.settings.id) continue;

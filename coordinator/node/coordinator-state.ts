@@ -87,7 +87,12 @@ export class CoordinatorState implements ReplicatedStateMachine<CoordinatorResul
     if (!Array.isArray(v) || v[0] !== snapshotVersion || !(v[1] instanceof Uint8Array) || !Array.isArray(v[2])) {
       throw new Error('unrecognised coordinator snapshot (format version or shape)');
     }
-    this.ledger = Ledger.restore(v[1]);
+    this.ledger = Ledger.restore(
+      v[1],
+      this.ledgerOptions.maxCommandFormat === undefined
+        ? {}
+        : { maxCommandFormat: this.ledgerOptions.maxCommandFormat },
+    );
     this.members = new Map(v[2] as [string, string][]);
   }
 }

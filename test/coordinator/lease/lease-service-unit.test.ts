@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerResult } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerCommandInput } from '../../../coordinator/ledger/ledger-commands.js';
+import { TENANT_WIND_DOWN_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
 import { LeaseService } from '../../../coordinator/lease/lease-service.js';
 import type { LeaseBackend, LeaseServiceOptions } from '../../../coordinator/lease/lease-service.js';
 import { createAllocatorPolicy } from '../../../coordinator/lease/incremental-policy.js';
@@ -529,6 +530,8 @@ void test('finding 3: a tenant deleted under tier:NAME while cells still ask for
   const ACME = 'tenant/acme';
   const a = new TestAgent('a');
   try {
+    // A log at format 5, where a deleted tenant winds down (below it, it is at once an implicit tenant).
+    await h.backend.propose({ type: 'raiseCommandFormat', format: TENANT_WIND_DOWN_FORMAT });
     await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
     await h.backend.propose({ type: 'putTenant', id: 'acme', tier: 'gold' });
     await h.backend.propose({ type: 'putSettings', unknownTenant: 'tier:gold' });

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { Grant } from '../../../coordinator/ledger/ledger-commands.js';
+import { TENANT_WIND_DOWN_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
 import { allocatorPolicy } from '../../../coordinator/lease/grant-policy.js';
 import { MAX_GCRA_WINDOW_S } from '../../../shared/gcra-window.js';
 import { Driver } from './ledger-helpers.js';
@@ -267,6 +268,7 @@ void test('retireImplicitTenants winds an implicit tenant down as a deletion: co
 
 void test('unknownTenant tier:NAME: a deleted tenant of another tier winds down (not an implicit tenant by itself: the bound); taken back, its old grants are counted at the ceiling until acknowledged', () => {
   const d = Driver.create({ floorCells: 2 });
+  d.ok({ type: 'raiseCommandFormat', format: TENANT_WIND_DOWN_FORMAT }); // the log at format 5 (the semantics tested)
   d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0 });
   d.ok({ type: 'putTier', name: 'platinum', rate: 1000, burst: 1000, floorFraction: 0 });
   d.ok({ type: 'putTenant', id: 'acme', tier: 'platinum' });
@@ -307,6 +309,7 @@ void test('unknownTenant tier:NAME: a deleted tenant of another tier winds down 
 
 void test('unknownTenant set to tier:NAME finds a deleted tenant still winding down: it keeps winding down (the bound), and leaving the policy forgets the set', () => {
   const d = setup(0.5);
+  d.ok({ type: 'raiseCommandFormat', format: TENANT_WIND_DOWN_FORMAT });
   d.ok({
     type: 'reportAndGrant',
     nowMs: 10,
@@ -396,4 +399,35 @@ void test('finding 1: an implicit tenant is retirable only while every slice hol
   );
   const restored = Ledger.restore(d2.ledger.snapshot(), { assertInvariants: true });
   assert.deepEqual(restored.getQuotaState(S), d2.ledger.getQuotaState(S));
+});
+
+void test('a deleted tenant revived before its zero grants reached the cells is re-granted at the tier of the policy: its parent cap and floors, not the old stamped definition', () => {
+  const d = Driver.create({ floorCells: 2 });
+  d.ok({ type: 'raiseCommandFormat', format: TENANT_WIND_DOWN_FORMAT });
+  d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.5 });
+  d.ok({ type: 'putTierCap', tier: 'gold', rate: 1000, burst: 1000 });
+  d.ok({ type: 'putTier', name: 'platinum', rate: 1000, burst: 1000, floorFraction: 0 });
+  for (const cellId of ['a', 'b']) d.ok({ type: 'registerCell', cellId, nowMs: 0 });
+  d.ok({ type: 'putSettings', unknownTenant: 'tier:gold' });
+  // Created after the policy: its definition's version is above the implicit tenants' of gold.
+  d.ok({ type: 'putTenant', id: 'acme', tier: 'platinum' });
+  const grants = round(d, 10, { a: 40, b: 40 });
+  round(d, 20, { a: 40, b: 40 }, ackAll(grants));
+  assert.equal(d.ledger.getSlice(KEY, 'a')?.floorRate, 0, 'on platinum: no floor');
+  d.ok({ type: 'deleteTenant', id: 'acme' });
+  d.ok({ type: 'reviveImplicitTenants', keys: [KEY] }); // cells asked for it again before any zero grant went out
+  assert.deepEqual(d.ledger.definition(KEY)?.parent, 'tier/gold');
+  for (const cellId of ['a', 'b']) assert.deepEqual(d.ledger.staleSliceKeys(cellId), [KEY], `${cellId} is re-granted`);
+  // The lease round re-grants it (within gold's quota, the same numbers): gold's floor and version stamped.
+  const regrants = round(d, 30, { a: 40, b: 40 });
+  assert.deepEqual(
+    regrants.filter((g) => g.key === KEY).map((g) => g.cellId),
+    ['a', 'b'],
+  );
+  for (const cellId of ['a', 'b']) {
+    const s = d.ledger.getSlice(KEY, cellId);
+    assert.equal(s?.floorRate, 25, `${cellId}: gold's floor (0.5 × 100 / 2)`);
+    assert.equal(s?.version, d.ledger.definition(KEY)?.version);
+  }
+  assert.deepEqual(d.ledger.staleSliceKeys('a'), []);
 });
