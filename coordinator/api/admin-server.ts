@@ -305,6 +305,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
         self: c.id,
         role: c.role,
         votingRefused: c.votingRefused,
+        commandFormat: c.commandFormat,
         members: c.members.map((m) => ({ ...m, adminUrl: opts.adminUrlOf(m.id) })),
       };
     }),

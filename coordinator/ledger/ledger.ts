@@ -502,6 +502,8 @@ export class Ledger {
   private now = 0;
   /** The command format the log raised the state to (raiseCommandFormat): the semantics every entry applies at. */
   private format = BASE_COMMAND_FORMAT;
+  /** The log index of the raiseCommandFormat that raised it last (0: never raised). */
+  private formatIndex = 0;
   private applied = 0;
   private readonly tiers = new Map<string, QuotaRec>();
   private readonly tierCaps = new Map<string, QuotaRec>();
@@ -583,6 +585,11 @@ export class Ledger {
    */
   get commandFormat(): number {
     return this.format;
+  }
+
+  /** The log index of the entry that raised the command format to commandFormat (0: never raised). */
+  get commandFormatIndex(): number {
+    return this.formatIndex;
   }
 
   // ---- applying ---------------------------------------------------------------------------------
@@ -935,6 +942,7 @@ export class Ledger {
     const raised = cmd.format > this.format;
     if (raised) {
       this.format = cmd.format;
+      this.formatIndex = index;
       this.touchAll();
     }
     return ok({ kind: 'commandFormat', commandFormat: this.format, raised });
@@ -2139,7 +2147,7 @@ export class Ledger {
       sessions: this.sessions.entries().map((e) => [e.clientId, e.seq, e.result]),
       // The command format only once raised, so a ledger whose log never raised it snapshots as before.
       settings: raised
-        ? [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex, this.format]
+        ? [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex, this.format, this.formatIndex]
         : [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
       // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
       retiringImplicit: this.retiringImplicit.size > 0 ? [...this.retiringImplicit] : null,
@@ -2188,6 +2196,7 @@ export class Ledger {
           `${l.maxFormat}: run a build that reads format ${format} on it (docs/quota-model.md, "Upgrades")`,
       );
     l.format = format;
+    l.formatIndex = s.settings?.[4] ?? 0;
     l.now = s.nowMs;
     l.applied = s.appliedIndex;
     for (const [n, rate, burst, floorFraction, updatedIndex] of s.tiers)
@@ -2333,7 +2342,13 @@ const snapshotSchema = z.object({
     .union([
       z.tuple([unknownTenantPolicySchema, sIndex]),
       z.tuple([unknownTenantPolicySchema, sIndex, sIndex]),
-      z.tuple([unknownTenantPolicySchema, sIndex, sIndex, z.number().int().min(TENANT_WIND_DOWN_FORMAT).max(999_999)]),
+      z.tuple([
+        unknownTenantPolicySchema,
+        sIndex,
+        sIndex,
+        z.number().int().min(TENANT_WIND_DOWN_FORMAT).max(999_999),
+        sIndex,
+      ]),
     ])
     .optional(),
   retiringImplicit: z.array(sKey).max(MAX_TENANTS).optional(),

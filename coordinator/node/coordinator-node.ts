@@ -141,6 +141,8 @@ export interface MemberView {
   readonly voter: boolean;
   readonly match: number | null;
   readonly reachable: boolean | null;
+  /** The newest command format the member declared it reads (this replica's own for itself; null: not heard from). */
+  readonly commandFormat: number | null;
 }
 
 export interface ClusterView {
@@ -152,6 +154,11 @@ export interface ClusterView {
   readonly appliedIndex: number;
   readonly role: string;
   readonly votingRefused: boolean;
+  /**
+   * The command format this replica's log is raised to (the semantics its entries apply at) and the index of the
+   * entry that raised it (0: never raised).
+   */
+  readonly commandFormat: { readonly log: number; readonly raisedAtIndex: number };
   readonly members: MemberView[];
 }
 
@@ -746,6 +753,8 @@ export class CoordinatorNode {
         voter,
         match: id === st.id ? st.lastIndex : (pr?.match ?? null),
         reachable: id === st.id ? true : (link?.connected ?? null),
+        commandFormat:
+          id === st.id ? (this.settings.commandFormat ?? NEWEST_COMMAND_FORMAT) : this.transport.peerCommandFormat(id),
       };
     });
     return {
@@ -757,6 +766,7 @@ export class CoordinatorNode {
       appliedIndex: st.applied,
       role: st.role,
       votingRefused: this.votingRefused,
+      commandFormat: { log: this.machine.ledger.commandFormat, raisedAtIndex: this.machine.ledger.commandFormatIndex },
       members,
     };
   }

@@ -1,0 +1,82 @@
+// The log's command format is raised by the leader only once every member declares it reads it: three real
+// coordinator processes, one started with --command-format 4 (as a replica of the build before format 5 declares
+// itself) holds the raise back; restarted at its build's format, the raise applies on every replica at one index.
+// A replica pinned below the log's format afterwards refuses to go on (LEDGER_FORMAT_UNSUPPORTED) rather than diverge.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
+import { waitFor } from '../../../testkit/wait.js';
+import { BASE_COMMAND_FORMAT, NEWEST_COMMAND_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
+
+const ids = ['n1', 'n2', 'n3'];
+const OLDER = String(NEWEST_COMMAND_FORMAT - 1);
+
+interface FormatView {
+  commandFormat: { log: number; raisedAtIndex: number };
+  members: { id: string; commandFormat: number | null }[];
+  leader: string | null;
+}
+
+async function view(c: CoordinatorCluster, id: string): Promise<FormatView> {
+  return (await c.http(id, 'GET', '/v1/cluster?stale=true')).body as unknown as FormatView;
+}
+
+void test('a member declaring an older command format holds the raise back; once every member declares it, it applies on every replica at the same index', async () => {
+  const c = await CoordinatorCluster.create(ids);
+  try {
+    c.start('n1');
+    c.start('n2');
+    c.start('n3', { env: { CELLQUOTA_COMMAND_FORMAT: OLDER } });
+    const leader = await c.waitForLeader(60_000);
+    // The leader has heard every member's declaration and decided to wait (its log line), and the log stays at the
+    // base format on every replica while a write goes through.
+    await waitFor(
+      'the leader has every declaration',
+      async () => {
+        const v = await view(c, leader);
+        const declared = new Map(v.members.map((m) => [m.id, m.commandFormat]));
+        return declared.get('n3') === Number(OLDER) && ids.every((id) => declared.get(id) !== null);
+      },
+      { timeoutMs: 60_000 },
+    );
+    await waitFor(
+      'the leader holds the raise back',
+      () => c.replica(leader).output.includes('the command format is raised once every member declared it reads it'),
+      { timeoutMs: 60_000 },
+    );
+    assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100 })).status, 200);
+    for (const id of ids) {
+      const v = await view(c, id);
+      assert.deepEqual(v.commandFormat, { log: BASE_COMMAND_FORMAT, raisedAtIndex: 0 }, `${id} is not raised`);
+    }
+
+    // n3 restarted at its build's newest format: the leader raises the log, every replica applies it at one index.
+    await c.kill('n3', 'SIGTERM');
+    c.start('n3');
+    const raised = await waitFor(
+      'every replica at the newest format',
+      async () => {
+        const vs = await Promise.all(ids.map((id) => view(c, id).catch(() => null)));
+        return vs.every((v) => v?.commandFormat.log === NEWEST_COMMAND_FORMAT) ? vs : null;
+      },
+      { timeoutMs: 60_000 },
+    );
+    const at = new Set(raised.map((v) => v?.commandFormat.raisedAtIndex));
+    assert.equal(at.size, 1, `raised at one index on every replica: ${[...at].join(', ')}`);
+    assert.ok([...at][0] !== 0);
+
+    // Pinned below the log's format now, a replica stops at the raise (it replays its log) with a clear error.
+    const follower = (await c.waitForLeader(60_000)) === 'n2' ? 'n1' : 'n2';
+    await c.kill(follower, 'SIGTERM');
+    c.start(follower, { env: { CELLQUOTA_COMMAND_FORMAT: OLDER } });
+    const r = c.replica(follower);
+    await waitFor(`${follower} stops`, () => r.proc === null, {
+      timeoutMs: 30_000,
+      context: () => r.output.slice(-2000),
+    });
+    assert.match(r.output, /LEDGER_FORMAT_UNSUPPORTED/);
+    assert.match(r.output, new RegExp(`raises the command format to ${NEWEST_COMMAND_FORMAT}`));
+  } finally {
+    await c.cleanup();
+  }
+});
