@@ -584,9 +584,10 @@ export class CoordinatorNode {
       const ledger = this.machine.ledger;
       if (ledger.commandFormat >= format) waitingLogged = false;
       else if (this.isLeader() && this.everyMemberReads(format)) {
+        const from = ledger.commandFormat;
         try {
           const r = await this.propose({ type: 'raiseCommandFormat', format });
-          if (r.ok) this.logger.info({ commandFormat: format, from: ledger.commandFormat }, 'command format raised');
+          if (r.ok) this.logger.info({ commandFormat: format, from }, 'command format raised');
         } catch (err) {
           this.logger.debug({ err }, 'raising the command format failed; retrying');
         }
