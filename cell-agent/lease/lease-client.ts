@@ -18,10 +18,24 @@
 // only after that expiry plus its skew margin, so this view of the lease always ends first.
 //
 // Fail-static: when the lease expires, every global quota drops to its floor (the floor stamped on the
-// grant; a key never granted stays refused), `state` turns 'expired', and the agent forgets its
-// grants and takes a new incarnation, so the next answer carries every current grant again (the
-// coordinator may have released the old ones meanwhile). When a report succeeds again the leased
-// grants are back.
+// grant; a key never granted stays refused), `state` turns 'expired', and every grant held is
+// SUSPENDED: kept with its epoch and floor, but never in force again as it was. The agent keeps its
+// incarnation (the leader keeps its demand, its acknowledgements and its session) and asks for a full
+// picture (want_full); each page re-confirms a suspended grant with the value the ledger holds once
+// the report's renewal committed — the same epoch is taken again for a suspended key, a newer one as
+// always — and only then is that key leased again. Keys the picture does not carry are dropped.
+//
+// Why this keeps the bound (docs/quota-model.md, "The bound"): the coordinator may have released the
+// cell's grants meanwhile (its lease surely expired: the ledger zeroes rate and burst and keeps the
+// epoch), so a held grant may be worth less in the ledger than in the agent. A suspended grant's value
+// is never used again as leased; what is used is what an answer carries, and every answer is built
+// from the committed ledger after the renewal of the report it answers (receipt + TTL, no release
+// before that plus the skew margin), while the agent counts that lease from the report's send time:
+// exactly what a new incarnation's answers guarantee. Meanwhile the cell uses its floors, which the
+// ledger counts through a release (the stamped floors are held until acknowledged away). Before, a
+// lapse took a new incarnation, so the leader dropped the cell's demand and sent every slice again as
+// to a stranger; at 100,000 tenants and more that answer ran past the deadline and lapsed the lease
+// again (the agent-tenants bench: no grant held from some size on).
 //
 // Definitions: the coordinator is the one source of every quota this agent enforces. A key the
 // agent holds nothing for is refused and its refusals are reported as velocity; the answer grants it
@@ -230,6 +244,9 @@ export class GrpcLeaseTransport implements LeaseTransport {
 
 interface HeldGrant {
   readonly epoch: number;
+  /** The lease lapsed since this grant arrived: floor only, until an answer re-confirms the key (same epoch or
+   * newer). */
+  readonly suspended: boolean;
   readonly rate: number;
   readonly burst: number;
   readonly floorRate: number;
@@ -248,7 +265,10 @@ export interface LeaseClientStatus {
   readonly incarnation: string;
   /** ms until the lease expires (≤ 0: expired or none). */
   readonly leaseRemainingMs: number;
+  /** Grants in force (leased, not suspended). */
   readonly grants: number;
+  /** Grants held on their floors since the lease lapsed, waiting to be re-confirmed by an answer. */
+  readonly suspendedGrants: number;
   readonly reportsOk: number;
   readonly reportsFailed: number;
 }
@@ -272,7 +292,8 @@ export class LeaseClient {
   private lastTtlMs = Infinity;
   private readonly windowMs: number;
   private readonly mono: () => number;
-  private incarnation: string;
+  /** This agent's incarnation: one per process (a lapse keeps it, see "Fail-static"). */
+  private readonly incarnation: string;
   /** The lease generation of this incarnation's grants (lease-deadline.ts); null without a deadline writer. */
   private generation: number | null;
   private target: string;
@@ -343,7 +364,8 @@ export class LeaseClient {
       leader: this.leader,
       incarnation: this.incarnation,
       leaseRemainingMs: this.state === 'leased' ? this.leaseExpiresAt - this.mono() : 0,
-      grants: this.grants.size,
+      grants: this.leasedGrants(),
+      suspendedGrants: this.grants.size - this.leasedGrants(),
       reportsOk: this.reportsOk,
       reportsFailed: this.reportsFailed,
     };
@@ -473,7 +495,6 @@ export class LeaseClient {
     if (Number.isFinite(result.res.leaseTtlMs) && result.res.leaseTtlMs > 0) this.lastTtlMs = result.res.leaseTtlMs;
     if (this.mono() - sentAt < this.grownDeadline / 4)
       this.grownDeadline = Math.max(this.deadline, this.grownDeadline / 2);
-    if (incarnation !== this.incarnation) return false; // the lease expired while the call was in flight
     this.reportsOk++;
     this.failures = 0;
     this.leader = result.res.leaderId === '' ? null : result.res.leaderId;
@@ -552,7 +573,8 @@ export class LeaseClient {
       if (!QUOTA_KEY.test(g.key) || !validGrant(g)) continue;
       granted.add(g.key);
       const held = this.grants.get(g.key);
-      if (held !== undefined && held.epoch >= g.epoch) continue;
+      // A suspended grant is re-confirmed by the same epoch (the answer holds the ledger's value now).
+      if (held !== undefined && (held.epoch > g.epoch || (held.epoch === g.epoch && !held.suspended))) continue;
       if (g.deleted) {
         // The quota was deleted: acknowledge its zero grant, then forget the key.
         toAck.push([g.key, g.epoch]);
@@ -564,6 +586,7 @@ export class LeaseClient {
         typeof g.parent === 'string' && QUOTA_KEY.test(g.parent) && g.parent.startsWith('tier/') ? g.parent : null;
       const h: HeldGrant = {
         epoch: g.epoch,
+        suspended: false,
         rate: g.rate,
         burst: g.burst,
         floorRate: g.floorRate,
@@ -586,17 +609,18 @@ export class LeaseClient {
     }
     if (this.applyDefinitions(res, granted, forgotten, changed)) this.haveFull = true;
     if (live && this.state !== 'leased') {
-      // Resuming (or the first lease): every held grant is in force again.
-      for (const [key, g] of this.grants) if (!changed.has(key)) changed.set(key, leasedEntry(key, g, this.generation));
+      // Resuming (or the first lease): the grants not suspended are in force again (after a lapse, every
+      // grant held is suspended until an answer re-confirms it: see "Fail-static" above).
+      for (const [key, g] of this.grants)
+        if (!changed.has(key) && !g.suspended) changed.set(key, leasedEntry(key, g, this.generation));
       this.setState('leased');
       this.opts.logger.info(
-        { leader: this.leader, grants: this.grants.size },
+        { leader: this.leader, grants: this.leasedGrants(), suspended: this.grants.size - this.leasedGrants() },
         'lease acquired: global quotas run on leased grants',
       );
     }
     if (live) this.armExpiry();
     if (changed.size === 0 && toAck.length === 0) return;
-    const incarnation = this.incarnation;
     const ack = (clamped: ClampedEntry[] | void): void => {
       if (clamped !== undefined && clamped.length > 0) {
         this.opts.logger.warn(
@@ -605,7 +629,6 @@ export class LeaseClient {
             '(they admit less than granted)',
         );
       }
-      if (incarnation !== this.incarnation) return; // expired meanwhile: grants forgotten
       for (const [key, epoch] of toAck)
         if (this.grants.get(key)?.epoch === epoch || forgotten.includes(key)) this.pendingAcks.set(key, epoch);
       // Acknowledge at once rather than at the next interval: a shrink frees capacity for another
@@ -738,20 +761,23 @@ export class LeaseClient {
       return;
     }
     const entries: OverrideEntry[] = [];
-    for (const [key, g] of this.grants) entries.push(floorEntry(key, g));
-    this.grants.clear();
-    this.pendingAcks.clear();
+    for (const [key, g] of this.grants) {
+      if (g.suspended) continue;
+      entries.push(floorEntry(key, g));
+      this.grants.set(key, { ...g, suspended: true });
+    }
+    // The same incarnation: the leader keeps this cell's demand and session; a full picture re-confirms
+    // the suspended grants (an acknowledgement still waiting is true: no older epoch is used any more).
     this.haveFull = false;
     this.picture = null;
-    this.incarnation = this.newIncarnation();
-    this.reporter = new VelocityReporter(); // a new incarnation's demand starts from nothing on the leader
     // Every deciding thread: grants of the old generation are floors from now on (they already are,
     // by the deadline; this keeps them so once a new lease renews it).
     if (this.opts.deadline !== undefined) this.generation = this.opts.deadline.nextGeneration();
     this.setState('expired');
     this.opts.logger.warn(
       { floors: entries.length, leader: this.leader },
-      'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again',
+      'lease expired: every global quota drops to its floor (fail-static) until the coordinator is reached again ' +
+        '(the grants held wait, suspended, for an answer to confirm them)',
     );
     if (entries.length === 0) return;
     try {
@@ -761,6 +787,13 @@ export class LeaseClient {
     } catch (err) {
       this.opts.logger.error({ err }, 'could not apply the floors');
     }
+  }
+
+  /** Grants in force (held and not suspended). */
+  private leasedGrants(): number {
+    let n = 0;
+    for (const g of this.grants.values()) if (!g.suspended) n++;
+    return n;
   }
 
   private setState(s: LeaseState): void {

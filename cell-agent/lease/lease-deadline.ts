@@ -19,8 +19,8 @@
 // The end of a lease is also when a bucket left under its grant takes the floor on (endedAt(): the
 // floor's LimitSuccession in quota-overrides.ts): a bucket nobody touched since the deadline
 // passed is re-configured as of the deadline, whichever thread meets it first and however late.
-// The client starts a new generation whenever it forgets its grants (the lease expired: it takes a
-// new incarnation, and the coordinator may have re-granted what it held); a
+// The client starts a new generation whenever its lease expires (its grants are suspended: the
+// coordinator may have released or re-granted what it held); a
 // grant is tagged with the generation it arrived in, and a grant of an older generation is never in
 // force again, even once a new lease renews the deadline before that thread saw the floors message.
 // Ordering: the writer bumps the generation BEFORE it publishes a deadline of the new generation;

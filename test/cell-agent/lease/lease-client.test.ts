@@ -1,7 +1,7 @@
 // The agent's lease client against fake coordinators (small real gRPC servers in the test): it follows
 // the leader hint, applies grants and acknowledges them, reports velocity per second (quiet keys once
-// with 0), drops to the floors when its lease (counted from the send time) expires and takes a new
-// incarnation, and resumes leased grants when contact returns.
+// with 0), drops to the floors when its lease (counted from the send time) expires, keeping its
+// incarnation and its grants suspended, and resumes a grant only once an answer re-confirms it.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as grpc from '@grpc/grpc-js';
@@ -213,10 +213,11 @@ void test('lease client: with ID=HOST:PORT it follows the leader by id to its ow
   }
 });
 
-void test('lease client: fail-static on expiry (counted from the send time), new incarnation, recovery', async () => {
+void test('lease client: fail-static on expiry (counted from the send time), the same incarnation, recovery', async () => {
   let clockMs = 0;
   let down = false;
-  const coord = await fakeCoordinator(() => (down ? { code: grpc.status.UNAVAILABLE } : ok([grant(1)], 1000)));
+  let answer = (): { res: ReportResponseMessage } => ok([grant(1)], 1000);
+  const coord = await fakeCoordinator(() => (down ? { code: grpc.status.UNAVAILABLE } : answer()));
   const overrides = new QuotaOverrides();
   const states: LeaseState[] = [];
   const client = new LeaseClient({
@@ -251,17 +252,41 @@ void test('lease client: fail-static on expiry (counted from the send time), new
     const floor = overrides.get('tenant/acme');
     assert.equal(floor?.rate, 100, 'on the floor');
     assert.equal(floor?.leased, false, 'not leased: degraded');
-    assert.notEqual(client.status().incarnation, firstIncarnation, 'a new incarnation after expiry');
+    assert.equal(client.status().incarnation, firstIncarnation, 'the same incarnation after expiry');
+    assert.equal(client.status().suspendedGrants, 1, 'the grant is held, suspended');
 
-    // Contact returns: the next report (new incarnation) gets every grant again and resumes them.
+    // Contact returns, with an answer that does not carry the key (a page of the picture without it):
+    // the lease is live again, the suspended grant is not — it stays on its floor.
     down = false;
+    answer = () => ok([], 1000);
     assert.equal(await client.reportOnce(), true);
     assert.equal(client.status().state, 'leased', 'leased again');
+    assert.equal(overrides.get('tenant/acme')?.rate, 100, 'a suspended grant is not resumed by itself');
+    assert.equal(overrides.get('tenant/acme')?.leased, false);
+    const last = coord.requests[coord.requests.length - 1];
+    assert.equal(last?.incarnation, firstIncarnation, 'reported with the same incarnation');
+    assert.equal(last?.wantFull, true, 'asks for a full picture to re-confirm its grants');
+    // The answer re-confirms it at the same epoch: the grant is in force again.
+    answer = () => ok([grant(1)], 1000);
+    clockMs = 1100;
+    assert.equal(await client.reportOnce(), true);
     assert.equal(overrides.get('tenant/acme')?.rate, 300, 'the leased grant is back');
     assert.equal(overrides.get('tenant/acme')?.leased, true);
-    const last = coord.requests[coord.requests.length - 1];
-    assert.notEqual(last?.incarnation, firstIncarnation, 'reported with the new incarnation');
     assert.deepEqual(states, ['leased', 'expired', 'leased']);
+
+    // Cut off again, long enough for the coordinator to release the grant (the ledger zeroes it and keeps
+    // its epoch): the answer that re-confirms epoch 1 carries 0, and the cell never goes back to 300.
+    down = true;
+    clockMs = 2200;
+    client.checkExpiry();
+    assert.equal(client.status().state, 'expired');
+    down = false;
+    answer = () => ok([grant(1, 0, 0)], 1000);
+    assert.equal(await client.reportOnce(), true);
+    assert.equal(client.status().state, 'leased');
+    assert.equal(overrides.get('tenant/acme')?.rate, 100, 'the released grant: its floor, never the 300 held before');
+    assert.equal(overrides.get('tenant/acme')?.leased, true, 'leased at what the ledger holds');
+    answer = () => ok([grant(1)], 1000);
 
     // An answer arriving after the lease it renews is over applies the grants as floors only.
     down = true;

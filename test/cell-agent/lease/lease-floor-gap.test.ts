@@ -191,11 +191,11 @@ void test('floor gap: the first check under the floor, 500 ms after the deadline
 
 void test("floor gap: the expiry applied late, then a new lease's grant, before any check", async () => {
   const c = await drainedAtTheDeadline();
-  await c.runTimers(); // the stalled main thread catches up: the expiry's floors, a new incarnation
+  await c.runTimers(); // the stalled main thread catches up: the expiry's floors, the grants suspended
   assert.equal(c.client.status().state, 'expired');
   const report = c.client.reportOnce();
   const call = c.calls[c.calls.length - 1] as Call;
-  assert.equal(call.req.wantFull, true, 'the new incarnation asks for every grant');
+  assert.equal(call.req.wantFull, true, 'after the lapse it asks for every grant (a picture re-confirms them)');
   await c.reply(call, answer([grant(2)]));
   assert.equal(await report, true);
   assert.equal(c.client.status().state, 'leased');
