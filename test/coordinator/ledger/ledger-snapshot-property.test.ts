@@ -161,7 +161,7 @@ class Concretizer {
         return {
           type: 'putSettings',
           unknownTenant: a.policy.startsWith('tier:') && l.commandFormat < TENANT_WIND_DOWN_FORMAT ? 'allow' : a.policy,
-        } as LedgerCommandInput;
+        };
       case 'retire':
         return { type: 'retireImplicitTenants', keys: a.keys };
       case 'revive':
