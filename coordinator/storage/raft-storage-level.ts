@@ -20,8 +20,7 @@
 // order. A failed write leaves the storage unusable (like a failed fsync, the state on disk is then
 // unknown): every later call rejects; the process should restart and reopen.
 import { randomBytes as cryptoRandomBytes } from 'node:crypto';
-import { ClassicLevel } from 'classic-level';
-import type { ConfState, Entry, HardState, NodeId, RaftInitialState, Ready, Snapshot } from '../raft/index.js';
+import type { ConfState, Entry, HardState, NodeId, RaftInitialState, Snapshot } from '../raft/index.js';
 import {
   decodeEntry,
   decodeHardState,
@@ -42,7 +41,18 @@ import {
   bytesEqual,
   type StoredMeta,
 } from './storage-codec.js';
-import { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';
+import { StorageCorruptionError, StorageFormatError } from './storage-errors.js';
+import {
+  asCorruption,
+  checkCompact,
+  checkIdentity,
+  checkSave,
+  entryProblem,
+  openLevel,
+  type LevelDb,
+  type LogShape,
+  type ReadyToPersist,
+} from './storage-checks.js';
 
 export { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';
 
@@ -109,8 +119,7 @@ export interface LevelRaftStorageOptions {
   readonly logger?: StorageLogger;
 }
 
-/** What a Ready asks storage to persist (a Ready itself fits). */
-export type ReadyToPersist = Pick<Ready, 'hardState' | 'entries' | 'snapshot' | 'mustSync'>;
+export type { ReadyToPersist } from './storage-checks.js';
 
 export interface SyncStat {
   readonly ms: number;
@@ -132,7 +141,7 @@ export interface StorageStats {
 
 type Loaded = RaftInitialState & { readonly meta: StorageMeta };
 
-type DB = ClassicLevel<Uint8Array, Uint8Array>;
+type DB = LevelDb;
 type BatchOp = { type: 'put'; key: Uint8Array; value: Uint8Array } | { type: 'del'; key: Uint8Array };
 
 const defaultBootstrap = { conf: { voters: [], learners: [] }, data: new Uint8Array(0) } as const;
@@ -184,20 +193,7 @@ export class LevelRaftStorage {
    * directory that belongs to another node or cluster.
    */
   static async open(dir: string, opts: LevelRaftStorageOptions): Promise<LevelRaftStorage> {
-    const db: DB = new ClassicLevel<Uint8Array, Uint8Array>(dir, {
-      keyEncoding: 'view',
-      valueEncoding: 'view',
-      createIfMissing: true,
-    });
-    try {
-      await db.open();
-    } catch (err) {
-      if (isLevelCorruption(err))
-        throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, {
-          cause: err,
-        });
-      throw err;
-    }
+    const db = await openLevel(dir);
     try {
       const logger = opts.logger ?? defaultLogger;
       const identity = { nodeId: opts.nodeId, clusterId: opts.clusterId };
@@ -251,14 +247,11 @@ export class LevelRaftStorage {
    */
   save(rd: ReadyToPersist): Promise<void> {
     return this.run(async () => {
+      checkSave(this.shape(), rd);
       const ops: BatchOp[] = [];
       let { first, last, snapIndex, snapTerm } = this;
       const snap = rd.snapshot;
       if (snap !== null) {
-        if (snap.meta.index < snapIndex)
-          throw new Error(
-            `save: installed snapshot at ${snap.meta.index} is older than the stored one at ${snapIndex}`,
-          );
         ops.push({ type: 'put', key: snapKey, value: encodeSnapshot(snap) });
         for (let i = first; i <= last; i++) ops.push({ type: 'del', key: entryKey(i) });
         snapIndex = snap.meta.index;
@@ -268,14 +261,6 @@ export class LevelRaftStorage {
       }
       const e0 = rd.entries[0];
       if (e0 !== undefined) {
-        const lastIndex = Math.max(snapIndex, last);
-        if (e0.index <= snapIndex)
-          throw new Error(`save: entry ${e0.index} is at or below the snapshot index ${snapIndex}`);
-        if (e0.index > lastIndex + 1)
-          throw new Error(`save: entry ${e0.index} would leave a gap after the last index ${lastIndex}`);
-        for (const [i, e] of rd.entries.entries()) {
-          if (e.index !== e0.index + i) throw new Error(`save: entries are not contiguous at ${e.index}`);
-        }
         if (last < first || e0.index > last + 1) {
           // Nothing stored to continue: whatever is stored lies below the snapshot, drop it.
           for (let i = first; i <= last; i++) ops.push({ type: 'del', key: entryKey(i) });
@@ -288,9 +273,6 @@ export class LevelRaftStorage {
       }
       const hard = rd.hardState;
       if (hard !== null) {
-        const lastIndex = Math.max(snapIndex, last);
-        if (hard.commit > lastIndex)
-          throw new Error(`save: hard state commit ${hard.commit} is past the last index ${lastIndex}`);
         ops.push({ type: 'put', key: hardKey, value: encodeHardState(hard) });
       }
       if (ops.length === 0) return;
@@ -311,22 +293,13 @@ export class LevelRaftStorage {
   compact(snapshot: Snapshot, keepFrom: number): Promise<boolean> {
     return this.run(async () => {
       const idx = snapshot.meta.index;
-      if (idx < this.snapIndex) return false;
-      if (idx > Math.max(this.snapIndex, this.last))
-        throw new Error(`compact: snapshot at ${idx} is past the last stored index ${this.last}`);
-      if (idx === this.snapIndex && snapshot.meta.term !== this.snapTerm) {
-        throw new Error(
-          `compact: snapshot term ${snapshot.meta.term} at ${idx} does ` +
-            `not match the stored snapshot's term ${this.snapTerm}`,
-        );
-      }
+      let stored: number | undefined;
       if (idx >= this.first && idx <= this.last) {
         const raw = await this.db.get(entryKey(idx));
         const e = raw === undefined ? undefined : decodeEntry(entryKey(idx), raw);
-        if (e === undefined || !e.ok || e.value.term !== snapshot.meta.term) {
-          throw new Error(`compact: snapshot term ${snapshot.meta.term} at ${idx} does not match the stored entry`);
-        }
+        stored = e?.ok === true ? e.value.term : undefined;
       }
+      if (!checkCompact(this.shape(), snapshot, (i) => (i === idx ? stored : undefined))) return false;
       const keep = Math.min(keepFrom, idx + 1);
       const ops: BatchOp[] = [{ type: 'put', key: snapKey, value: encodeSnapshot(snapshot) }];
       let { first, last } = this;
@@ -394,6 +367,10 @@ export class LevelRaftStorage {
   }
 
   // ---------------------------------------------------------------------------------------------
+
+  private shape(): LogShape {
+    return { first: this.first, last: this.last, snapIndex: this.snapIndex, snapTerm: this.snapTerm };
+  }
 
   private run<T>(fn: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new Error(`raft storage at ${this.dir} is closed`));
@@ -500,12 +477,7 @@ async function scanStore(
       else throw new StorageCorruptionError(dir, describeKey(key), 'unknown key');
     }
   } catch (err) {
-    if (err instanceof StorageCorruptionError) throw err;
-    if (isLevelCorruption(err))
-      throw new StorageCorruptionError(dir, '(database)', `LevelDB reports corruption: ${errMessage(err)}`, {
-        cause: err,
-      });
-    throw err;
+    throw asCorruption(dir, err);
   }
   if (metaRaw === undefined && hardRaw === undefined && snapRaw === undefined && entryRecords.length === 0) return null;
 
@@ -516,19 +488,7 @@ async function scanStore(
   if (m.format !== storageFormatVersion) {
     throw new StorageFormatError(dir, `on-disk format ${m.format}, this build reads format ${storageFormatVersion}`);
   }
-  if (m.nodeId !== identity.nodeId) {
-    throw new StorageIdentityError(
-      dir,
-      `the data directory belongs to node '${m.nodeId}' (incarnation ${m.incarnation}), ` +
-        `not '${identity.nodeId}': refusing to open it`,
-    );
-  }
-  if (m.clusterId !== identity.clusterId) {
-    throw new StorageIdentityError(
-      dir,
-      `the data directory belongs to cluster '${m.clusterId}', not '${identity.clusterId}': refusing to open it`,
-    );
-  }
+  checkIdentity(dir, m, identity);
   if (hardRaw === undefined) throw new StorageCorruptionError(dir, 'hard', 'missing');
   const hardD = decodeHardState(hardRaw);
   if (!hardD.ok) throw new StorageCorruptionError(dir, 'hard', hardD.reason);
@@ -555,16 +515,7 @@ async function scanStore(
       if (!d.ok) problem = { index, key: describeKey(key), reason: d.reason };
       else {
         const e = d.value;
-        const reason =
-          prev !== undefined && e.term < prev.term
-            ? `term ${e.term} is below the previous entry's term ${prev.term}`
-            : e.index === S && e.term !== snapshot.meta.term
-              ? `term ${e.term} differs from the snapshot's term ${snapshot.meta.term} at the same index`
-              : e.index > S && e.term < snapshot.meta.term
-                ? `term ${e.term} is below the snapshot's term ${snapshot.meta.term}`
-                : e.term > hard.term
-                  ? `term ${e.term} is above the hard state's term ${hard.term}`
-                  : null;
+        const reason = entryProblem(prev, e, snapshot.meta, hard.term);
         if (reason !== null) problem = { index, key: describeKey(key), reason };
         else good.push(e);
       }
@@ -643,20 +594,4 @@ function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]
     repairs: [...repairs],
     voteBarrier: m.voteBarrier,
   };
-}
-
-/** Whether LevelDB reported corruption (abstract-level may wrap it in `cause`). */
-function isLevelCorruption(err: unknown): boolean {
-  for (
-    let e = err, depth = 0;
-    typeof e === 'object' && e !== null && depth < 5;
-    e = (e as { cause?: unknown }).cause, depth++
-  ) {
-    if ((e as { code?: unknown }).code === 'LEVEL_CORRUPTION') return true;
-  }
-  return false;
-}
-
-function errMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
 }
