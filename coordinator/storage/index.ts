@@ -1,3 +1,4 @@
+export { RaftStorage, type RaftStorageOptions } from './raft-storage.js';
 export {
   LevelRaftStorage,
   type LevelRaftStorageOptions,

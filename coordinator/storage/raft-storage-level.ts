@@ -37,7 +37,7 @@ import {
   isEntryKey,
   metaKey,
   snapKey,
-  storageFormatVersion,
+  levelFormatVersion,
   bytesEqual,
   type StoredMeta,
 } from './storage-codec.js';
@@ -68,6 +68,8 @@ export interface StorageRepair {
   readonly removedRecords: number;
   /** The commit index (the hard state's, or the snapshot's if higher) the tail lay above. */
   readonly commit: number;
+  /** Format 2 only: a torn write at the end of the log, never synced (no vote barrier needed). */
+  readonly torn?: boolean;
 }
 
 /** The node's identity as this data directory records it, and what opening it found. */
@@ -412,7 +414,7 @@ async function initialise(db: DB, opts: LevelRaftStorageOptions): Promise<void> 
   const bytes = random(16);
   if (bytes.length !== 16) throw new Error('randomBytes(16) returned the wrong number of bytes');
   const meta: StoredMeta = {
-    format: storageFormatVersion,
+    format: levelFormatVersion,
     clusterId: opts.clusterId,
     nodeId: opts.nodeId,
     incarnation: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('hex'),
@@ -485,8 +487,8 @@ async function scanStore(
   const meta = decodeMeta(metaRaw);
   if (!meta.ok) throw new StorageCorruptionError(dir, 'meta', meta.reason);
   const m = meta.value;
-  if (m.format !== storageFormatVersion) {
-    throw new StorageFormatError(dir, `on-disk format ${m.format}, this build reads format ${storageFormatVersion}`);
+  if (m.format !== levelFormatVersion) {
+    throw new StorageFormatError(dir, `on-disk format ${m.format}, this build reads format ${levelFormatVersion}`);
   }
   checkIdentity(dir, m, identity);
   if (hardRaw === undefined) throw new StorageCorruptionError(dir, 'hard', 'missing');
@@ -583,7 +585,7 @@ async function scanStore(
   };
 }
 
-function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]): StorageMeta {
+export function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]): StorageMeta {
   return {
     clusterId: m.clusterId,
     nodeId: m.nodeId,

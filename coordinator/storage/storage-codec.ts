@@ -15,13 +15,20 @@ import type { ConfState, Entry, HardState, Snapshot } from '../raft/index.js';
 import { crc32 } from './crc32.js';
 
 /** Version of the on-disk layout; bumped on any incompatible change. */
-export const storageFormatVersion = 1;
+export const storageFormatVersion = 2;
+/**
+ * Format 1: everything in LevelDB (raft-storage-level.ts). Format 2: LevelDB holds meta, snap and
+ * logs; the entries and the hard state are in the append-only log (raft-storage.ts).
+ */
+export const levelFormatVersion = 1;
 
 const ascii = (s: string): Uint8Array => new TextEncoder().encode(s);
 
 export const metaKey = ascii('meta');
 export const hardKey = ascii('hard');
 export const snapKey = ascii('snap');
+/** Format 2: the sequence number of the first segment of the append-only log that is in use. */
+export const logStartKey = ascii('logs');
 export const entryKeyPrefix = ascii('log/');
 const entryKeyLength = entryKeyPrefix.length + 8;
 
@@ -55,6 +62,7 @@ export function describeKey(key: Uint8Array): string {
   if (bytesEqual(key, metaKey)) return 'meta';
   if (bytesEqual(key, hardKey)) return 'hard';
   if (bytesEqual(key, snapKey)) return 'snap';
+  if (bytesEqual(key, logStartKey)) return 'logs';
   const index = entryIndexOfKey(key);
   if (index !== undefined) return `log/${index}`;
   return `0x${Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString('hex')}`;
@@ -98,11 +106,7 @@ export function unseal(key: Uint8Array, record: Uint8Array): Decoded<unknown> {
   const actual = crc32(payload, crc32(key));
   if (stored !== actual)
     return fail(`checksum mismatch (stored ${hex32(stored)}, computed ${hex32(actual)} over ${payload.length} bytes)`);
-  try {
-    return { ok: true, value: packr.unpack(payload) as unknown };
-  } catch (err) {
-    return fail(`undecodable payload: ${err instanceof Error ? err.message : String(err)}`);
-  }
+  return unpack(payload);
 }
 
 const hex32 = (n: number): string => `0x${n.toString(16).padStart(8, '0')}`;
@@ -123,13 +127,48 @@ export function encodeEntry(e: Entry): Uint8Array {
 export function decodeEntry(key: Uint8Array, record: Uint8Array): Decoded<Entry> {
   const r = unseal(key, record);
   if (!r.ok) return r;
-  const v = r.value;
+  const e = entryFromValue(r.value);
+  if (e.ok && e.value.index !== entryIndexOfKey(key)) return fail(`entry record says index ${e.value.index}`);
+  return e;
+}
+
+/** An entry from its decoded msgpack array [index, term, kind, data]. */
+export function entryFromValue(v: unknown): Decoded<Entry> {
   if (!Array.isArray(v) || v.length !== 4) return fail('entry record is not [index, term, kind, data]');
   const [index, term, kind, data] = v as unknown[];
   if (!isIndex(index) || !isIndex(term) || !isBytes(data)) return fail('entry record has fields of the wrong type');
   if (kind !== 0 && kind !== 1 && kind !== 2) return fail(`entry record has unknown kind ${String(kind)}`);
-  if (index !== entryIndexOfKey(key)) return fail(`entry record says index ${index}`);
   return { ok: true, value: { index, term, kind, data: copyBytes(data) } };
+}
+
+/** The msgpack payload of an entry in the append-only log (framed and checked by log-frames.ts). */
+export function packEntry(e: Entry): Uint8Array {
+  return packr.pack([e.index, e.term, e.kind, e.data]);
+}
+
+export function packHardState(h: HardState): Uint8Array {
+  return packr.pack([h.term, h.vote, h.commit]);
+}
+
+/** Decodes a log record's msgpack payload (its checksum already checked). */
+export function unpack(payload: Uint8Array): Decoded<unknown> {
+  try {
+    return { ok: true, value: packr.unpack(payload) as unknown };
+  } catch (err) {
+    return fail(`undecodable payload: ${err instanceof Error ? err.message : String(err)}`);
+  }
+}
+
+export function encodeLogStart(seq: number): Uint8Array {
+  return seal(logStartKey, [seq]);
+}
+
+export function decodeLogStart(record: Uint8Array): Decoded<number> {
+  const r = unseal(logStartKey, record);
+  if (!r.ok) return r;
+  const v = r.value;
+  if (!Array.isArray(v) || v.length !== 1 || !isIndex(v[0]) || v[0] < 1) return fail('logs record is not [seq ≥ 1]');
+  return { ok: true, value: v[0] };
 }
 
 export function encodeHardState(h: HardState): Uint8Array {
@@ -138,8 +177,11 @@ export function encodeHardState(h: HardState): Uint8Array {
 
 export function decodeHardState(record: Uint8Array): Decoded<HardState> {
   const r = unseal(hardKey, record);
-  if (!r.ok) return r;
-  const v = r.value;
+  return r.ok ? hardStateFromValue(r.value) : r;
+}
+
+/** A hard state from its decoded msgpack array [term, vote, commit]. */
+export function hardStateFromValue(v: unknown): Decoded<HardState> {
   if (!Array.isArray(v) || v.length !== 3) return fail('hard state record is not [term, vote, commit]');
   const [term, vote, commit] = v as unknown[];
   if (!isIndex(term) || !isIndex(commit) || (vote !== null && typeof vote !== 'string'))

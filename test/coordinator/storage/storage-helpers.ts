@@ -12,7 +12,28 @@ import {
   type RaftInitialState,
   type Snapshot,
 } from '../../../coordinator/raft/index.js';
-import type { LevelRaftStorageOptions, ReadyToPersist, StorageLogger } from '../../../coordinator/storage/index.js';
+import {
+  LevelRaftStorage,
+  RaftStorage,
+  type LevelRaftStorageOptions,
+  type ReadyToPersist,
+  type StorageLogger,
+} from '../../../coordinator/storage/index.js';
+
+/** Both on-disk layouts: the append-only log beside LevelDB (format 2, what nodes run) and LevelDB alone (format 1). */
+export const layouts = [
+  {
+    name: 'log + LevelDB (format 2)',
+    /** Small segments, so that tests rotate and compact across segment files. */
+    open: (dir: string, o: LevelRaftStorageOptions) => RaftStorage.open(dir, { ...o, segmentBytes: 1024 }),
+    trailingExact: false,
+  },
+  {
+    name: 'LevelDB (format 1)',
+    open: (dir: string, o: LevelRaftStorageOptions) => LevelRaftStorage.open(dir, o),
+    trailingExact: true,
+  },
+] as const;
 
 export async function withTempDir<T>(fn: (dir: string) => Promise<T>): Promise<T> {
   const dir = await mkdtemp(join(tmpdir(), 'cellquota-storage-'));
