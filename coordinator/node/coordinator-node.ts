@@ -1,6 +1,6 @@
-// One coordinator replica: the Raft core driven over LevelDB storage and the gRPC peer transport,
-// applying the replicated quota ledger. It is what `cellquota coordinator` runs and what the
-// admin API talks to.
+// One coordinator replica: the Raft core driven over durable storage (an append-only log beside
+// LevelDB) and the gRPC peer transport, applying the replicated quota ledger. It is what
+// `cellquota coordinator` runs and what the admin API talks to.
 //
 // A data directory that is new (or whose identity was never confirmed) may belong to a node that
 // lost its disk: such a node must not vote as if it remembered its votes. At start it asks its
@@ -19,11 +19,11 @@
 // already refused to send, apply or acknowledge anything of the Ready it could not persist; the
 // node then logs one fatal line naming the data directory and the errno, fails /healthz and
 // /readyz, stops its lease rounds and tells its owner (settings.onFatal), which exits the process.
-// Restarted, the node recovers from what is durable (LevelRaftStorage.open truncates a corrupt tail
+// Restarted, the node recovers from what is durable (RaftStorage.open truncates a corrupt tail
 // above the commit index, with a vote barrier, and refuses, with StorageCorruptionError, anything
 // worse).
 import { bootstrapEntry, RaftNode, type ConfChange, type NodeId, type RaftConfig } from '../raft/index.js';
-import { LevelRaftStorage } from '../storage/index.js';
+import { RaftStorage } from '../storage/index.js';
 import * as grpc from '@grpc/grpc-js';
 import {
   PeerTransport,
@@ -184,7 +184,7 @@ export class CoordinatorNode {
   private constructor(
     readonly settings: CoordinatorSettings,
     private readonly logger: Logger,
-    private readonly storage: LevelRaftStorage,
+    private readonly storage: RaftStorage,
     private readonly transport: PeerTransport,
     private readonly driver: RaftDriver<CoordinatorResult>,
     private readonly machine: CoordinatorState,
@@ -206,7 +206,7 @@ export class CoordinatorNode {
           'peer port requires replica certificates',
       );
     }
-    const storage = await LevelRaftStorage.open(settings.dataDir, {
+    const storage = await RaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
       clusterId: settings.clusterId,
       // Every data dir starts with no configuration; founders then write the bootstrap entry.

@@ -1,19 +1,24 @@
 // Record framing of the append-only Raft log (log-segments.ts) and the scan that reads a segment.
 //
 // A frame: u32 LE body length (> 0), u32 LE CRC-32 of (segment sequence number as u64 LE ++ body),
-// then the body (u8 record type, msgpack payload), zero-padded to a multiple of 8 bytes. Segments
+// then the body (u8 record type, msgpack payload, u8 trailer 0xA5), zero-padded to a multiple of 8
+// bytes. Segments
 // are preallocated with zeros, so a length of 0 is the end of the written log. Binding the CRC to
 // the segment's sequence number makes a record copied or renamed into another segment fail its
 // check, as storage-codec.ts binds a LevelDB record to its key.
 //
 // A frame that fails its check is a torn write when it lies where an unsynced write was cut off:
-// its bytes run past the end of the file, or a 512-byte sector it overlaps is still all zeros
-// (sectors are written whole; a preallocated sector the kernel never wrote reads as zeros) — the
-// rule etcd's WAL uses. Anything else is corruption; the reader then skips the frame by its length
-// when it can, so the caller learns what lay beyond it (the highest index, the latest hard state).
+// its bytes run past the end of the file; or it is the last thing written in the segment and its
+// trailer is still zero (a write cut at any byte leaves zeros from there on: the trailer, never
+// zero when written, tells a cut record from a damaged one); or a whole 512-byte sector it overlaps
+// is still all zeros (pages reach the disk in any order before an fdatasync; a sector the kernel
+// never wrote reads as zeros — the rule etcd's WAL uses). Anything else is corruption; the reader
+// then skips the frame by its length when it can, so the caller learns what lay beyond it (the
+// highest index, the latest hard state).
 import { crc32 } from './crc32.js';
 
 export const frameHeaderBytes = 8;
+const trailer = 0xa5;
 const sectorBytes = 512;
 /** The largest body a frame may have (a snapshot never goes in the log; an entry is bounded well below this). */
 export const maxFrameBody = 256 * 1024 * 1024;
@@ -33,11 +38,12 @@ const pad8 = (n: number): number => (n + 7) & ~7;
 
 /** One frame for segment `seq`, ready to write at an 8-byte-aligned offset. */
 export function encodeFrame(seq: number, type: RecordType, payload: Uint8Array): Uint8Array {
-  const bodyLength = 1 + payload.length;
+  const bodyLength = 2 + payload.length;
   if (bodyLength > maxFrameBody) throw new RangeError(`log record of ${bodyLength} bytes exceeds ${maxFrameBody}`);
   const out = new Uint8Array(pad8(frameHeaderBytes + bodyLength));
   out[frameHeaderBytes] = type;
   out.set(payload, frameHeaderBytes + 1);
+  out[frameHeaderBytes + bodyLength - 1] = trailer;
   const body = out.subarray(frameHeaderBytes, frameHeaderBytes + bodyLength);
   const view = new DataView(out.buffer);
   view.setUint32(0, bodyLength, true);
@@ -77,19 +83,20 @@ const allZero = (b: Uint8Array, from: number, to: number): boolean => {
   return true;
 };
 
-/** Whether some sector the range [from, to) overlaps has its overlapping part all zeros. */
+/**
+ * Whether a whole 512-byte sector that the range [from, to) overlaps is all zeros: never written
+ * (segments are preallocated with zeros, and a sector is written whole).
+ */
 function zeroSectorIn(b: Uint8Array, from: number, to: number): boolean {
   for (let s = from - (from % sectorBytes); s < to; s += sectorBytes) {
-    const a = Math.max(s, from);
-    const z = Math.min(s + sectorBytes, to);
-    if (a < z && allZero(b, a, z)) return true;
+    if (allZero(b, s, Math.min(s + sectorBytes, b.length))) return true;
   }
   return false;
 }
 
 type Step = { kind: 'end' } | { kind: 'frame'; frame: Frame } | { kind: 'bad'; bad: BadFrame; next: number | null };
 
-function step(seqPrefix: number, b: Uint8Array, view: DataView, at: number): Step {
+function step(seqPrefix: number, b: Uint8Array, view: DataView, at: number, dirtyEnd: number): Step {
   if (at + frameHeaderBytes > b.length) {
     return allZero(b, at, b.length)
       ? { kind: 'end' }
@@ -113,8 +120,9 @@ function step(seqPrefix: number, b: Uint8Array, view: DataView, at: number): Ste
   const body = b.subarray(at + frameHeaderBytes, bodyEnd);
   const actual = crc32(body, seqPrefix);
   const end = Math.min(b.length, pad8(bodyEnd));
-  if (actual !== stored) {
-    const torn = zeroSectorIn(b, at, bodyEnd);
+  if (actual !== stored || b[bodyEnd - 1] !== trailer) {
+    // (a checksum that matches with a bad trailer: a record of another layout, or damage the CRC missed)
+    const torn = (b[bodyEnd - 1] === 0 && dirtyEnd <= end) || zeroSectorIn(b, at, bodyEnd);
     const reason = `checksum mismatch (stored 0x${stored.toString(16)}, computed 0x${actual.toString(16)})`;
     return {
       kind: 'bad',
@@ -122,17 +130,19 @@ function step(seqPrefix: number, b: Uint8Array, view: DataView, at: number): Ste
       next: end,
     };
   }
-  return { kind: 'frame', frame: { offset: at, end, type: body[0] ?? 0, payload: body.subarray(1) } };
+  return { kind: 'frame', frame: { offset: at, end, type: body[0] ?? 0, payload: body.subarray(1, body.length - 1) } };
 }
 
 /** Reads segment `seq`'s bytes from `from` (the start) to its end of written data. */
 export function scanSegment(seq: number, b: Uint8Array, from = 0): SegmentScan {
   const view = new DataView(b.buffer, b.byteOffset, b.byteLength);
   const seqPrefix = crc32(seqBytes(seq));
+  let dirtyEnd = b.length;
+  while (dirtyEnd > 0 && b[dirtyEnd - 1] === 0) dirtyEnd--;
   const frames: Frame[] = [];
   let at = from;
   for (;;) {
-    const s = step(seqPrefix, b, view, at);
+    const s = step(seqPrefix, b, view, at, dirtyEnd);
     if (s.kind === 'end') return { frames, end: at, bad: null, beyond: [], unreadableBeyond: false };
     if (s.kind === 'frame') {
       frames.push(s.frame);
@@ -143,7 +153,7 @@ export function scanSegment(seq: number, b: Uint8Array, from = 0): SegmentScan {
     let unreadableBeyond = s.next === null && !s.bad.torn;
     let next = s.bad.torn ? null : s.next;
     while (next !== null) {
-      const t = step(seqPrefix, b, view, next);
+      const t = step(seqPrefix, b, view, next, dirtyEnd);
       if (t.kind === 'end' || (t.kind === 'bad' && t.bad.torn)) break;
       if (t.kind === 'frame') {
         beyond.push(t.frame);

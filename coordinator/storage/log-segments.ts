@@ -1,25 +1,30 @@
-// The append-only Raft log on disk: numbered segment files in `<data dir>/raft-log/`, each
-// preallocated with zeros (so an fdatasync after an append writes the data and nothing else: the
-// file's size and extents do not change) and filled with CRC-framed records (log-frames.ts).
+// The append-only Raft log on disk: numbered segment files in `<data dir>/raft-log/`, filled with
+// CRC-framed records (log-frames.ts). Ahead of the write position each segment is extended with
+// zeros, 1 MiB at a time and synced, in the background after a write: an append then lands in
+// space the file already has, so its fdatasync writes the data and nothing else (the file's size
+// and extents do not change; an append that grows a file also commits its new size through the
+// filesystem journal). The zeros also mark the end of the written log (a length of 0).
 //
-// Segment `seq` is `<16 hex digits>.seg` and starts with a header record naming its seq. The next
-// segment is prepared in the background (written as zeros to `.tmp`, synced, renamed, directory
-// synced), so rotating costs one fdatasync of the finished segment. Rotation writes the caller's
-// preamble (storage writes its current hard state) first in the new segment, so deleting older
-// segments never loses the latest hard state.
+// Segment `seq` is `<16 hex digits>.seg` and starts with a header record. Rotation (when a segment
+// reaches its size) syncs the finished segment, creates the next one and syncs the directory, then
+// writes the caller's preamble (storage writes its current hard state) first in the new segment,
+// so deleting older segments never loses the latest hard state.
 //
 // This module knows files and frames, not Raft: what a record means, and where a bad tail is
 // truncated, is decided by raft-storage.ts. Writes are not serialised here: the caller does one
 // operation at a time.
 import { constants as fsc } from 'node:fs';
-import { mkdir, open, readdir, readFile, rename, unlink, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
-import { encodeFrame, scanSegment, type RecordType, type SegmentScan } from './log-frames.js';
+import { encodeFrame, frameHeaderBytes, RecordType, scanSegment, type SegmentScan } from './log-frames.js';
 
 export const logDirName = 'raft-log';
-/** Default segment size: 16 MiB (a record larger than a segment gets a segment of its own size). */
-export const defaultSegmentBytes = 16 * 1024 * 1024;
+/** Default segment size: 64 MiB (a record larger than that goes alone in a segment). */
+export const defaultSegmentBytes = 64 * 1024 * 1024;
+/** Zeros are added ahead of the write position in steps of this size... */
 const zeroChunk = 1024 * 1024;
+/** ...when less than this is left. */
+const zeroAhead = 256 * 1024;
 
 export interface LogRecord {
   readonly type: RecordType;
@@ -60,20 +65,17 @@ async function writeAll(fh: FileHandle, buf: Uint8Array, position: number): Prom
   }
 }
 
-/** Creates segment `seq` of `size` zero bytes, durably, under its final name. */
-async function createSegment(dir: string, seq: number, size: number): Promise<void> {
-  const tmp = join(dir, `${segName(seq)}.tmp`);
-  const fh = await open(tmp, 'w');
-  try {
-    const zeros = new Uint8Array(Math.min(zeroChunk, size));
-    for (let at = 0; at < size; at += zeros.length)
-      await writeAll(fh, zeros.subarray(0, Math.min(zeros.length, size - at)), at);
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-  await rename(tmp, join(dir, segName(seq)));
+/** Creates segment `seq`, empty, durably (the directory synced). */
+async function createSegment(dir: string, seq: number): Promise<void> {
+  const fh = await open(join(dir, segName(seq)), 'wx');
+  await fh.close();
   await fsyncDir(dir);
+}
+
+async function writeZeros(fh: FileHandle, from: number, to: number): Promise<void> {
+  const zeros = new Uint8Array(Math.min(zeroChunk, Math.max(0, to - from)));
+  for (let at = from; at < to; at += zeros.length)
+    await writeAll(fh, zeros.subarray(0, Math.min(zeros.length, to - at)), at);
 }
 
 export interface SegmentLogOptions {
@@ -83,15 +85,18 @@ export interface SegmentLogOptions {
 export class SegmentLog {
   readonly dir: string;
   private readonly segmentBytes: number;
-  /** Segment files present, by seq (the active one and any prepared spare included). */
-  private readonly sizes = new Map<number, number>();
-  /** For segments read at open: the offset past which every byte is zero. */
-  private readonly dirtyEnd = new Map<number, number>();
+  /** Segment files present, by seq. */
+  private readonly seqs = new Set<number>();
+  /** For segments read at open: the offset past which every byte is zero, and the file's size. */
+  private readonly found = new Map<number, { dirtyEnd: number; size: number }>();
   private fh: FileHandle | null = null;
   private seq = 0;
+  /** Where the next record goes. */
   private pos = 0;
-  private size = 0;
-  private spare: Promise<void> | null = null;
+  /** The file's size: zeros (or records) up to here. */
+  private zeroedTo = 0;
+  private extending: Promise<void> | null = null;
+  private extendFailure: Error | null = null;
   private preamble: (seq: number) => LogRecord[] = () => [];
 
   private constructor(dir: string, opts: SegmentLogOptions) {
@@ -101,7 +106,7 @@ export class SegmentLog {
 
   /**
    * Reads every segment at or above `logStart` (older ones, left by a compaction that was cut
-   * short, and unfinished `.tmp` files are deleted). Writing starts with `resume`.
+   * short, and files of an older layout's unfinished writes are deleted). Writing starts with `resume`.
    */
   static async open(
     dataDir: string,
@@ -117,8 +122,8 @@ export class SegmentLog {
     }
     const segments = await SegmentLog.read(dataDir, logStart);
     for (const seg of segments) {
-      log.sizes.set(seg.seq, seg.size);
-      log.dirtyEnd.set(seg.seq, seg.dirtyEnd);
+      log.seqs.add(seg.seq);
+      log.found.set(seg.seq, { dirtyEnd: seg.dirtyEnd, size: seg.size });
     }
     return { log, segments };
   }
@@ -155,28 +160,25 @@ export class SegmentLog {
    */
   async resume(seq: number, offset: number, preamble: (seq: number) => LogRecord[]): Promise<void> {
     this.preamble = preamble;
-    for (const s of [...this.sizes.keys()].filter((k) => k > seq)) {
+    for (const s of [...this.seqs].filter((k) => k > seq)) {
       await unlink(join(this.dir, segName(s)));
-      this.sizes.delete(s);
+      this.seqs.delete(s);
     }
-    if (!this.sizes.has(seq)) {
-      await createSegment(this.dir, seq, this.segmentBytes);
-      this.sizes.set(seq, this.segmentBytes);
+    if (!this.seqs.has(seq)) {
+      await createSegment(this.dir, seq);
+      this.seqs.add(seq);
     }
     this.fh = await open(join(this.dir, segName(seq)), 'r+');
     this.seq = seq;
-    this.size = this.sizes.get(seq) ?? 0;
-    const written = this.dirtyEnd.get(seq) ?? 0;
-    this.dirtyEnd.clear();
-    if (offset < written) {
-      const zeros = new Uint8Array(Math.min(zeroChunk, written - offset));
-      for (let at = offset; at < written; at += zeros.length)
-        await writeAll(this.fh, zeros.subarray(0, Math.min(zeros.length, written - at)), at);
+    const found = this.found.get(seq) ?? { dirtyEnd: 0, size: 0 };
+    this.found.clear();
+    this.zeroedTo = found.size;
+    if (offset < found.dirtyEnd) {
+      await writeZeros(this.fh, offset, found.dirtyEnd);
       await this.fh.datasync();
     }
     this.pos = offset;
     if (offset === 0) await this.write(this.opening(seq), true);
-    this.prepareSpare();
   }
 
   /** The active segment's seq. */
@@ -186,17 +188,17 @@ export class SegmentLog {
 
   /** Segment seqs present, ascending. */
   segmentSeqs(): number[] {
-    return [...this.sizes.keys()].sort((a, b) => a - b);
+    return [...this.seqs].sort((a, b) => a - b);
   }
 
   /**
-   * Appends the records (rotating first if they do not fit in the active segment), then fdatasyncs
-   * when `sync`. Returns the bytes written.
+   * Appends the records (rotating first when the active segment is full), then fdatasyncs when
+   * `sync`. Returns the bytes written.
    */
   async append(records: readonly LogRecord[], sync: boolean): Promise<number> {
     let bytes = 0;
-    for (const r of records) bytes += 8 + ((1 + r.payload.length + 7) & ~7);
-    if (this.pos + bytes > this.size) await this.rotate(bytes);
+    for (const r of records) bytes += frameHeaderBytes + ((2 + r.payload.length + 7) & ~7);
+    if (this.pos > 0 && this.pos + bytes > this.segmentBytes) await this.rotate();
     return this.write(
       records.map((r) => encodeFrame(this.seq, r.type, r.payload)),
       sync,
@@ -204,30 +206,20 @@ export class SegmentLog {
   }
 
   /** Finishes the active segment and continues in a new one (starting with the preamble); returns its seq. */
-  async rotate(atLeast = 0): Promise<number> {
+  async rotate(): Promise<number> {
     const fh = this.requireOpen();
+    await this.settleExtension();
     await fh.datasync();
     const next = this.seq + 1;
-    const opening = this.opening(next);
-    let need = atLeast;
-    for (const f of opening) need += f.length;
-    const spare = this.spare;
-    this.spare = null;
-    if (spare !== null) await spare.catch(() => undefined);
-    const have = this.sizes.get(next) ?? 0;
-    if (have < need) {
-      const size = Math.max(this.segmentBytes, Math.ceil(need / zeroChunk) * zeroChunk);
-      await createSegment(this.dir, next, size);
-      this.sizes.set(next, size);
-    }
+    await createSegment(this.dir, next);
+    this.seqs.add(next);
     const nfh = await open(join(this.dir, segName(next)), 'r+');
-    await fh.close();
     this.fh = nfh;
+    await fh.close();
     this.seq = next;
-    this.size = this.sizes.get(next) ?? 0;
     this.pos = 0;
-    await this.write(opening, true);
-    this.prepareSpare();
+    this.zeroedTo = 0;
+    await this.write(this.opening(next), true);
     return next;
   }
 
@@ -238,12 +230,12 @@ export class SegmentLog {
       await unlink(join(this.dir, segName(s))).catch((err: unknown) => {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
       });
-      this.sizes.delete(s);
+      this.seqs.delete(s);
     }
   }
 
   async close(): Promise<void> {
-    await this.spare?.catch(() => undefined);
+    await this.extending?.catch(() => undefined);
     const fh = this.fh;
     this.fh = null;
     await fh?.close();
@@ -252,7 +244,7 @@ export class SegmentLog {
   // -------------------------------------------------------------------------------------------
 
   private opening(seq: number): Uint8Array[] {
-    const header: LogRecord = { type: 1, payload: new Uint8Array(0) };
+    const header: LogRecord = { type: RecordType.Header, payload: new Uint8Array(0) };
     return [header, ...this.preamble(seq)].map((r) => encodeFrame(seq, r.type, r.payload));
   }
 
@@ -260,21 +252,46 @@ export class SegmentLog {
     const fh = this.requireOpen();
     let bytes = 0;
     for (const f of frames) bytes += f.length;
+    // The zeros being added lie at and after zeroedTo: a write that reaches there waits for them.
+    if (this.pos + bytes > this.zeroedTo) await this.settleExtension();
     if (bytes > 0) {
       const buf = frames.length === 1 && frames[0] !== undefined ? frames[0] : Buffer.concat(frames);
       await writeAll(fh, buf, this.pos);
       this.pos += bytes;
+      if (this.pos > this.zeroedTo) this.zeroedTo = this.pos;
     }
     if (sync) await fh.datasync();
+    if (this.extending === null && this.zeroedTo - this.pos < zeroAhead) this.extend(fh);
     return bytes;
   }
 
-  private prepareSpare(): void {
-    const next = this.seq + 1;
-    if (this.sizes.has(next)) return;
-    const p = createSegment(this.dir, next, this.segmentBytes).then(() => void this.sizes.set(next, this.segmentBytes));
-    p.catch(() => undefined); // awaited at the next rotation, which creates the segment itself when this failed
-    this.spare = p;
+  /** Adds zeros after zeroedTo, synced, in the background (see the module comment). */
+  private extend(fh: FileHandle): void {
+    const from = this.zeroedTo;
+    const to = Math.min(Math.max(from + zeroChunk, this.pos + zeroAhead), Math.max(this.segmentBytes, from));
+    if (to <= from) return;
+    const p = (async () => {
+      await writeZeros(fh, from, to);
+      await fh.datasync();
+      this.zeroedTo = Math.max(this.zeroedTo, to);
+    })();
+    this.extending = p.then(
+      () => void (this.extending = null),
+      (err: unknown) => {
+        this.extendFailure = err instanceof Error ? err : new Error(String(err));
+        this.extending = null;
+      },
+    );
+  }
+
+  /** Waits for the zeros in flight; a failure there fails the write that waited (the disk is in trouble). */
+  private async settleExtension(): Promise<void> {
+    await this.extending;
+    const err = this.extendFailure;
+    if (err !== null) {
+      this.extendFailure = null;
+      throw err;
+    }
   }
 
   private requireOpen(): FileHandle {

@@ -421,6 +421,7 @@ async function initialise(db: DB, opts: LevelRaftStorageOptions): Promise<void> 
     createdAt: new Date((opts.now ?? Date.now)()).toISOString(),
     confirmed: false,
     voteBarrier: 0,
+    logStart: 0,
   };
   const boot = opts.bootstrap ?? defaultBootstrap;
   const snapshot: Snapshot = {

@@ -24,7 +24,7 @@
 //     index: it may have been synced and acknowledged. The tail is cut there and meta records a
 //     vote barrier at the highest index stored beyond it (read by skipping the bad record), exactly
 //     as format 1 does (README.md); what cannot be read past is fatal;
-//   - the same at or below the commit index, a missing segment, a bad snapshot, meta or logs
+//   - the same at or below the commit index, a missing segment, a bad snapshot or meta
 //     record, an unknown key: StorageCorruptionError.
 // A format-1 directory (LevelDB only, written by earlier versions) is upgraded at open: its state,
 // read and checked by LevelRaftStorage, is written to a new log, then one synced LevelDB batch
@@ -39,18 +39,15 @@ import type { Entry, HardState, RaftInitialState, Snapshot } from '../raft/index
 import { RecordType } from './log-frames.js';
 import { SegmentLog, type LogRecord, type ReadSegment } from './log-segments.js';
 import {
-  decodeLogStart,
   decodeMeta,
   decodeSnapshot,
   describeKey,
-  encodeLogStart,
   encodeMeta,
   encodeSnapshot,
   entryFromValue,
   hardStateFromValue,
   isEntryKey,
   levelFormatVersion,
-  logStartKey,
   metaKey,
   packEntry,
   packHardState,
@@ -177,7 +174,8 @@ export class RaftStorage {
       if (head.meta.format !== storageFormatVersion)
         throw new StorageFormatError(
           dir,
-          `on-disk format ${head.meta.format}, this build reads formats ${levelFormatVersion} and ${storageFormatVersion}`,
+          `on-disk format ${head.meta.format}, this build reads formats ` +
+            `${levelFormatVersion} and ${storageFormatVersion}`,
         );
       checkIdentity(dir, head.meta, opts);
       const opened = await SegmentLog.open(dir, head.logStart, segmentOptions(opts));
@@ -234,18 +232,7 @@ export class RaftStorage {
         const h = rd.hardState;
         if (h !== null) this.hard = { term: h.term, vote: h.vote, commit: this.hard.commit };
         const seq = await this.guard(() => this.log.rotate());
-        const value = encodeSnapshot(snap);
-        await this.guard(() =>
-          this.db.batch(
-            [
-              { type: 'put', key: snapKey, value },
-              { type: 'put', key: logStartKey, value: encodeLogStart(seq) },
-            ],
-            { sync: true },
-          ),
-        );
-        bytes += value.length;
-        this.logStart = seq;
+        bytes += await this.storeSnapshot(snap, seq);
         this.segmentTop.clear();
         this.terms = [];
         await this.guard(() => this.log.removeBelow(seq));
@@ -285,17 +272,7 @@ export class RaftStorage {
       for (const seq of this.log.segmentSeqs()) {
         if (seq >= this.logStart && seq < start && (this.segmentTop.get(seq) ?? -1) >= keep) start = seq;
       }
-      const value = encodeSnapshot(snapshot);
-      await this.guard(() =>
-        this.db.batch(
-          [
-            { type: 'put', key: snapKey, value },
-            { type: 'put', key: logStartKey, value: encodeLogStart(start) },
-          ],
-          { sync: true },
-        ),
-      );
-      this.logStart = start;
+      const bytes = await this.storeSnapshot(snapshot, start);
       for (const seq of [...this.segmentTop.keys()]) if (seq < start) this.segmentTop.delete(seq);
       await this.guard(() => this.log.removeBelow(start));
       if (keep > this.first) {
@@ -306,7 +283,7 @@ export class RaftStorage {
       this.snapIndex = idx;
       this.snapTerm = snapshot.meta.term;
       this.cached = null;
-      this.noteSync(performance.now() - t0, value.length);
+      this.noteSync(performance.now() - t0, bytes);
       return true;
     });
   }
@@ -368,6 +345,25 @@ export class RaftStorage {
     return { first: this.first, last: this.last, snapIndex: this.snapIndex, snapTerm: this.snapTerm };
   }
 
+  /** The snapshot and where the log now starts, in one synced batch; returns the bytes written. */
+  private async storeSnapshot(snapshot: Snapshot, logStart: number): Promise<number> {
+    const value = encodeSnapshot(snapshot);
+    const m: StoredMeta = { ...this.storedMeta, logStart };
+    const meta = encodeMeta(m);
+    await this.guard(() =>
+      this.db.batch(
+        [
+          { type: 'put', key: snapKey, value },
+          { type: 'put', key: metaKey, value: meta },
+        ],
+        { sync: true },
+      ),
+    );
+    this.storedMeta = m;
+    this.logStart = logStart;
+    return value.length + meta.length;
+  }
+
   private async putMeta(m: StoredMeta): Promise<void> {
     await this.guard(() => this.db.put(metaKey, encodeMeta(m), { sync: true }));
     this.storedMeta = m;
@@ -416,13 +412,12 @@ function segmentOptions(opts: RaftStorageOptions): { segmentBytes?: number } {
   return opts.segmentBytes === undefined ? {} : { segmentBytes: opts.segmentBytes };
 }
 
-/** Reads and checks meta, snap and logs; null for an empty store. A format-1 store is returned by its meta alone. */
+/** Reads and checks meta and snap; null for an empty store. A format-1 store is returned by its meta alone. */
 async function readHead(dir: string, db: LevelDb): Promise<Head | null> {
   const raw = new Map<string, Uint8Array>();
   let legacy = false;
   for await (const [key, value] of db.iterator()) {
-    if (bytesEqual(key, metaKey) || bytesEqual(key, snapKey) || bytesEqual(key, logStartKey))
-      raw.set(describeKey(key), value);
+    if (bytesEqual(key, metaKey) || bytesEqual(key, snapKey)) raw.set(describeKey(key), value);
     else if (isEntryKey(key) || bytesEqual(key, hardKey)) legacy = true;
     else throw new StorageCorruptionError(dir, describeKey(key), 'unknown key');
   }
@@ -444,11 +439,8 @@ async function readHead(dir: string, db: LevelDb): Promise<Head | null> {
   if (snapRaw === undefined) throw new StorageCorruptionError(dir, 'snap', 'missing');
   const snap = decodeSnapshot(snapRaw);
   if (!snap.ok) throw new StorageCorruptionError(dir, 'snap', snap.reason);
-  const startRaw = raw.get('logs');
-  if (startRaw === undefined) throw new StorageCorruptionError(dir, 'logs', 'missing');
-  const start = decodeLogStart(startRaw);
-  if (!start.ok) throw new StorageCorruptionError(dir, 'logs', start.reason);
-  return { meta: meta.value, snapshot: snap.value, logStart: start.value };
+  if (meta.value.logStart < 1) throw new StorageCorruptionError(dir, 'meta', 'format 2 without a log start');
+  return { meta: meta.value, snapshot: snap.value, logStart: meta.value.logStart };
 }
 
 /** Writes a new log (segment 1: the hard state, then `entries`), synced. */
@@ -475,6 +467,7 @@ async function initialise(dir: string, db: LevelDb, opts: RaftStorageOptions): P
     createdAt: new Date((opts.now ?? Date.now)()).toISOString(),
     confirmed: false,
     voteBarrier: 0,
+    logStart: 1,
   };
   const boot = opts.bootstrap ?? { conf: { voters: [], learners: [] }, data: new Uint8Array(0) };
   const snapshot: Snapshot = {
@@ -486,7 +479,6 @@ async function initialise(dir: string, db: LevelDb, opts: RaftStorageOptions): P
     [
       { type: 'put', key: metaKey, value: encodeMeta(meta) },
       { type: 'put', key: snapKey, value: encodeSnapshot(snapshot) },
-      { type: 'put', key: logStartKey, value: encodeLogStart(1) },
     ],
     { sync: true },
   );
@@ -515,8 +507,7 @@ async function upgrade(dir: string, opts: RaftStorageOptions): Promise<void> {
     await db.batch(
       [
         ...ops,
-        { type: 'put', key: metaKey, value: encodeMeta({ ...head.meta, format: storageFormatVersion }) },
-        { type: 'put', key: logStartKey, value: encodeLogStart(1) },
+        { type: 'put', key: metaKey, value: encodeMeta({ ...head.meta, format: storageFormatVersion, logStart: 1 }) },
       ],
       { sync: true },
     );
@@ -573,6 +564,8 @@ class LogReplay {
   hard: HardState | null = null;
   readonly segmentTop = new Map<number, number>();
   stop: Stop | null = null;
+  /** Where each entry's record is (to cut a log back to just before one). */
+  readonly where = new WeakMap<Entry, { readonly seq: number; readonly offset: number }>();
   /** Beyond a stop: the highest entry index and the latest hard state that could still be read. */
   topBeyond = 0;
   hardBeyond: HardState | null = null;
@@ -580,7 +573,8 @@ class LogReplay {
   constructor(private readonly snapshot: Snapshot['meta']) {}
 
   /** Takes one record; returns why it is impossible (the replay stops there), or null. */
-  take(seq: number, first: boolean, type: number, payload: Uint8Array): string | null {
+  take(seq: number, offset: number, type: number, payload: Uint8Array): string | null {
+    const first = offset === 0;
     const r = readRecord(type, payload);
     if (typeof r === 'string') return r;
     if (first !== (r.header === true)) return first ? 'segment does not start with its header' : 'header mid-segment';
@@ -607,6 +601,7 @@ class LogReplay {
       return problem;
     }
     this.segmentTop.set(seq, Math.max(this.segmentTop.get(seq) ?? 0, e.index));
+    this.where.set(e, { seq, offset });
     return null;
   }
 
@@ -639,7 +634,7 @@ function replayLog(dir: string, head: Head, segments: readonly ReadSegment[]): R
     for (const f of frames) {
       if (rp.stop !== null) rp.takeBeyond(f.type, f.payload);
       else {
-        const why = rp.take(seg.seq, f.offset === 0, f.type, f.payload);
+        const why = rp.take(seg.seq, f.offset, f.type, f.payload);
         if (why !== null)
           rp.stop = { seq: seg.seq, offset: f.offset, index: lastIndexOf(rp, S) + 1, reason: why, torn: false };
       }
@@ -677,11 +672,25 @@ async function replay(
   let hard: HardState = rp.hard;
   let meta = head.meta;
   const repairs: StorageRepair[] = [];
-  const stop = rp.stop;
+  let stop = rp.stop;
+  if (stop === null || stop.torn) {
+    // Entries of a write cut off (never synced) before the hard state written after them: they go too.
+    let cutAt: { readonly seq: number; readonly offset: number } | undefined;
+    for (let e = rp.entries.at(-1); e !== undefined && e.term > hard.term; e = rp.entries.at(-1)) {
+      cutAt = rp.where.get(e);
+      rp.entries.pop();
+    }
+    if (cutAt !== undefined)
+      stop = {
+        ...cutAt,
+        index: lastIndexOf(rp, S) + 1,
+        reason: stop?.reason ?? `entries above the hard state's term ${hard.term} with no hard state after them`,
+        torn: true,
+      };
+  }
   let resumeAt = { seq: lastUsed, offset: used.at(-1)?.scan.end ?? 0 };
   if (stop !== null) {
     // Entries of a torn write (never synced) that outran the hard state written after them go too.
-    if (stop.torn) while ((rp.entries.at(-1)?.term ?? 0) > hard.term) rp.entries.pop();
     const beyondHard = rp.hardBeyond;
     if (!stop.torn && beyondHard !== null && beyondHard.term >= hard.term) hard = beyondHard;
     const commit = Math.max(hard.commit, S);
@@ -726,7 +735,8 @@ async function replay(
     throw new StorageCorruptionError(
       dir,
       `log/${lastIndex + 1}`,
-      `missing, but the hard state's commit index is ${hard.commit}: committed entries ${lastIndex + 1}..${hard.commit} are lost`,
+      `missing, but the hard state's commit index is ${hard.commit}: ` +
+        `committed entries ${lastIndex + 1}..${hard.commit} are lost`,
     );
   }
   for (const [k, e] of rp.entries.entries()) {

@@ -27,8 +27,6 @@ const ascii = (s: string): Uint8Array => new TextEncoder().encode(s);
 export const metaKey = ascii('meta');
 export const hardKey = ascii('hard');
 export const snapKey = ascii('snap');
-/** Format 2: the sequence number of the first segment of the append-only log that is in use. */
-export const logStartKey = ascii('logs');
 export const entryKeyPrefix = ascii('log/');
 const entryKeyLength = entryKeyPrefix.length + 8;
 
@@ -62,7 +60,6 @@ export function describeKey(key: Uint8Array): string {
   if (bytesEqual(key, metaKey)) return 'meta';
   if (bytesEqual(key, hardKey)) return 'hard';
   if (bytesEqual(key, snapKey)) return 'snap';
-  if (bytesEqual(key, logStartKey)) return 'logs';
   const index = entryIndexOfKey(key);
   if (index !== undefined) return `log/${index}`;
   return `0x${Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString('hex')}`;
@@ -159,18 +156,6 @@ export function unpack(payload: Uint8Array): Decoded<unknown> {
   }
 }
 
-export function encodeLogStart(seq: number): Uint8Array {
-  return seal(logStartKey, [seq]);
-}
-
-export function decodeLogStart(record: Uint8Array): Decoded<number> {
-  const r = unseal(logStartKey, record);
-  if (!r.ok) return r;
-  const v = r.value;
-  if (!Array.isArray(v) || v.length !== 1 || !isIndex(v[0]) || v[0] < 1) return fail('logs record is not [seq ≥ 1]');
-  return { ok: true, value: v[0] };
-}
-
 export function encodeHardState(h: HardState): Uint8Array {
   return seal(hardKey, [h.term, h.vote, h.commit]);
 }
@@ -224,10 +209,25 @@ export interface StoredMeta {
    * reached it (cleared by clearVoteBarrier). Absent in records written before it existed: 0.
    */
   readonly voteBarrier: number;
+  /**
+   * Format 2: the sequence number of the first segment of the append-only log in use (0 in format
+   * 1). Here rather than in a key of its own so that earlier versions, which ignore extra fields
+   * of this record, read the format and refuse the directory with StorageFormatError.
+   */
+  readonly logStart: number;
 }
 
 export function encodeMeta(m: StoredMeta): Uint8Array {
-  return seal(metaKey, [m.format, m.clusterId, m.nodeId, m.incarnation, m.createdAt, m.confirmed, m.voteBarrier]);
+  return seal(metaKey, [
+    m.format,
+    m.clusterId,
+    m.nodeId,
+    m.incarnation,
+    m.createdAt,
+    m.confirmed,
+    m.voteBarrier,
+    m.logStart,
+  ]);
 }
 
 export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
@@ -236,7 +236,7 @@ export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
   const v = r.value;
   if (!Array.isArray(v) || v.length < 6)
     return fail('meta record is not [format, clusterId, nodeId, incarnation, createdAt, confirmed]');
-  const [format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier = 0] = v as unknown[];
+  const [format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier = 0, logStart = 0] = v as unknown[];
   if (
     !isIndex(format) ||
     typeof clusterId !== 'string' ||
@@ -244,9 +244,10 @@ export function decodeMeta(record: Uint8Array): Decoded<StoredMeta> {
     typeof incarnation !== 'string' ||
     typeof createdAt !== 'string' ||
     typeof confirmed !== 'boolean' ||
-    !isIndex(voteBarrier)
+    !isIndex(voteBarrier) ||
+    !isIndex(logStart)
   ) {
     return fail('meta record has fields of the wrong type');
   }
-  return { ok: true, value: { format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier } };
+  return { ok: true, value: { format, clusterId, nodeId, incarnation, createdAt, confirmed, voteBarrier, logStart } };
 }

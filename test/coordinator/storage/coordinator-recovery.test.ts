@@ -6,9 +6,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
-import { LevelRaftStorage } from '../../../coordinator/storage/index.js';
-import { entryKey } from '../../../coordinator/storage/storage-codec.js';
-import { withRawDb } from './storage-helpers.js';
+import { RaftStorage } from '../../../coordinator/storage/index.js';
+import { findLogEntry, flipFileByte } from './storage-helpers.js';
 import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 import { waitFor } from '../../../testkit/wait.js';
 
@@ -22,7 +21,7 @@ const quiet = { warn: () => undefined };
  * last stored index.
  */
 async function lowerCommit(dataDir: string, id: string, commit: number): Promise<number> {
-  const s = await LevelRaftStorage.open(dataDir, { nodeId: id, clusterId, logger: quiet });
+  const s = await RaftStorage.open(dataDir, { nodeId: id, clusterId, logger: quiet });
   try {
     const st = s.stats();
     const to = Math.max(commit, st.snapshotIndex);
@@ -63,14 +62,8 @@ void test('a corrupt log record above the commit index: the replica votes only a
     const dir = c.replica(victim).dataDir;
     const last = await lowerCommit(dir, victim, top - 3);
     assert.ok(last >= top, `n3 stored ${last}`);
-    await withRawDb(dir, async (db) => {
-      const key = entryKey(top - 1);
-      const v = await db.get(key);
-      assert.ok(v !== undefined);
-      const bad = new Uint8Array(v);
-      bad[bad.length - 1] = (bad[bad.length - 1] ?? 0) ^ 0x5a;
-      await db.put(key, bad);
-    });
+    const rec = await findLogEntry(dir, top - 1);
+    await flipFileByte(rec.file, rec.bodyEnd - 1);
 
     // n3 comes back with n2 only: two voters of three, but n3 must not vote, so there is no leader.
     c.start(victim);

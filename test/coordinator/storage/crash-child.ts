@@ -1,11 +1,12 @@
 // Child process for the crash test: runs the deterministic workload against real storage, printing
-// "done <k>" after operation k has resolved, until it is killed. Usage: crash-child.ts DIR
-import { LevelRaftStorage } from '../../../coordinator/storage/index.js';
+// "done <k>" after operation k has resolved, until it is killed. Usage: crash-child.ts DIR LAYOUT
+import { layouts } from './storage-helpers.js';
 import { applyOp, crashBootstrap, newWorkloadModel, nextOp } from './crash-workload.js';
 
 const dir = process.argv[2];
-if (dir === undefined) throw new Error('usage: crash-child.ts DIR');
-const storage = await LevelRaftStorage.open(dir, {
+const layout = layouts.find((l) => l.name === process.argv[3]);
+if (dir === undefined || layout === undefined) throw new Error('usage: crash-child.ts DIR LAYOUT');
+const storage = await layout.open(dir, {
   nodeId: 'n1',
   clusterId: 'crash',
   bootstrap: crashBootstrap,

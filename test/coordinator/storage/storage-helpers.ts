@@ -1,6 +1,6 @@
 // Helpers shared by the storage tests: temp dirs, an in-memory model of the storage contract,
 // entry builders, and raw access to the LevelDB underneath (to plant torn writes and corruption).
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, open, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import assert from 'node:assert/strict';
@@ -19,6 +19,9 @@ import {
   type ReadyToPersist,
   type StorageLogger,
 } from '../../../coordinator/storage/index.js';
+import { logDirName, SegmentLog } from '../../../coordinator/storage/log-segments.js';
+import { RecordType } from '../../../coordinator/storage/log-frames.js';
+import { entryFromValue, unpack } from '../../../coordinator/storage/storage-codec.js';
 
 /** Both on-disk layouts: the append-only log beside LevelDB (format 2, what nodes run) and LevelDB alone (format 1). */
 export const layouts = [
@@ -178,4 +181,38 @@ export function assertSameState(actual: RaftInitialState, expected: RaftInitialS
     entries: s.entries.map((e) => ({ index: e.index, term: e.term, kind: e.kind, data: [...e.data] })),
   });
   assert.deepEqual(plain(actual), plain(expected), where);
+}
+
+/** Where entry `index` was last written in the append-only log of a (closed) format-2 directory. */
+export async function findLogEntry(
+  dir: string,
+  index: number,
+): Promise<{ file: string; offset: number; end: number; bodyEnd: number }> {
+  let found: { file: string; offset: number; end: number; bodyEnd: number } | null = null;
+  for (const seg of await SegmentLog.read(dir, 0)) {
+    for (const f of seg.scan.frames) {
+      if (f.type !== RecordType.Entry) continue;
+      const v = unpack(f.payload);
+      const e = v.ok ? entryFromValue(v.value) : null;
+      if (e?.ok === true && e.value.index === index) {
+        const file = join(dir, logDirName, `${seg.seq.toString(16).padStart(16, '0')}.seg`);
+        found = { file, offset: f.offset, end: f.end, bodyEnd: f.offset + 10 + f.payload.length };
+      }
+    }
+  }
+  if (found === null) throw new Error(`entry ${index} is not in the log at ${dir}`);
+  return found;
+}
+
+/** XORs the byte at `at` (absolute offset) of `file` with `mask`. */
+export async function flipFileByte(file: string, at: number, mask = 0x5a): Promise<void> {
+  const fh = await open(file, 'r+');
+  try {
+    const b = new Uint8Array(1);
+    await fh.read(b, 0, 1, at);
+    b[0] = (b[0] ?? 0) ^ mask;
+    await fh.write(b, 0, 1, at);
+  } finally {
+    await fh.close();
+  }
 }

@@ -1,0 +1,173 @@
+// The append-only log's tail (format 2) on real files: a write cut off at every byte offset of the
+// last batch is cut back to the state before that batch (or kept whole), never misread; a damaged
+// record is cut with a vote barrier above the commit index and refused at or below it; a format-1
+// directory written by LevelRaftStorage (what earlier versions ran) is upgraded at open.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { cp, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import {
+  LevelRaftStorage,
+  RaftStorage,
+  StorageCorruptionError,
+  StorageFormatError,
+} from '../../../coordinator/storage/index.js';
+import {
+  assertSameState,
+  ents,
+  findLogEntry,
+  flipFileByte,
+  options,
+  save,
+  StorageModel,
+  withTempDir,
+} from './storage-helpers.js';
+
+const initial = (): StorageModel =>
+  new StorageModel({
+    meta: { index: 0, term: 0, conf: { voters: ['n1', 'n2', 'n3'], learners: [] } },
+    data: new Uint8Array([0x91, 0x00]),
+  });
+
+/** Writes entries 1..8 (commit 4) and then one last batch 9..11 with a new term and commit 6. */
+async function writeTwoBatches(dir: string): Promise<{ before: StorageModel; after: StorageModel }> {
+  const before = initial();
+  const s = await RaftStorage.open(dir, options());
+  await s.load();
+  const first = save({ entries: ents(1, 8, 1), hardState: { term: 1, vote: 'n1', commit: 4 } });
+  await s.save(first);
+  before.save(first);
+  const after = before.clone();
+  const last = save({ entries: ents(9, 11, 2), hardState: { term: 2, vote: 'n2', commit: 6 } });
+  await s.save(last);
+  after.save(last);
+  await s.close();
+  return { before, after };
+}
+
+void test('a write cut off at any byte of the last batch is cut back to the batch before it, or kept whole, never misread', async () => {
+  await withTempDir(async (base) => {
+    const golden = join(base, 'golden');
+    const { before, after } = await writeTwoBatches(golden);
+    const start = await findLogEntry(golden, 9);
+    const file = start.file;
+    const bytes = await readFile(file);
+    let end = bytes.length;
+    while (end > 0 && bytes[end - 1] === 0) end--;
+    assert.ok(end > start.offset, 'the last batch is on disk');
+    let kept = 0;
+    let cut = 0;
+    for (let at = start.offset; at <= end; at++) {
+      const dir = join(base, `at-${at}`);
+      await cp(golden, dir, { recursive: true });
+      // What reached the disk: the batch up to `at`; the preallocated zeros after it.
+      const torn = Buffer.from(bytes);
+      torn.fill(0, at);
+      await writeFile(join(dir, file.slice(golden.length)), torn);
+      const s = await RaftStorage.open(dir, options());
+      try {
+        const st = await s.load();
+        if (at >= end) {
+          assertSameState(st, after.load(), `cut at ${at} (nothing missing)`);
+          assert.deepEqual(st.meta.repairs, []);
+          kept++;
+        } else {
+          assertSameState(st, before.load(), `cut at ${at}`);
+          assert.equal(st.meta.voteBarrier, 0, 'a torn write needs no vote barrier');
+          assert.ok(
+            st.meta.repairs.every((r) => r.torn === true),
+            JSON.stringify(st.meta.repairs),
+          );
+          cut++;
+        }
+      } finally {
+        await s.close();
+      }
+      // Cut once, the log is clean: it reopens to the same state with nothing more to repair.
+      const again = await RaftStorage.open(dir, options());
+      try {
+        assert.deepEqual(again.meta().repairs, []);
+        assertSameState(await again.load(), at >= end ? after.load() : before.load(), `reopened after cut at ${at}`);
+        await again.save(save({ entries: ents(at >= end ? 12 : 9, at >= end ? 12 : 9, 3), hardState: null }));
+      } finally {
+        await again.close();
+      }
+    }
+    assert.ok(cut > 0 && kept === 1, `cut ${cut}, kept ${kept}`);
+  });
+});
+
+void test('a damaged byte in a record above the commit index is cut with a vote barrier; at or below it, refused', async () => {
+  await withTempDir(async (base) => {
+    const golden = join(base, 'golden');
+    const { before } = await writeTwoBatches(golden);
+    // Entry 7 (above commit 6 after the last batch) damaged: 7..11 go, the barrier is 11.
+    const above = join(base, 'above');
+    await cp(golden, above, { recursive: true });
+    const e7 = await findLogEntry(above, 7);
+    await flipFileByte(e7.file, e7.bodyEnd - 1);
+    const s = await RaftStorage.open(above, options());
+    try {
+      const st = await s.load();
+      assert.equal(st.meta.voteBarrier, 11);
+      assert.deepEqual(
+        st.entries.map((e) => e.index),
+        [1, 2, 3, 4, 5, 6],
+      );
+      assert.deepEqual(st.hardState, { term: 2, vote: 'n2', commit: 6 }, 'the hard state beyond the damage is kept');
+      assert.equal(st.meta.repairs[0]?.torn, false);
+      void before;
+    } finally {
+      await s.close();
+    }
+    const reopened = await RaftStorage.open(above, options());
+    assert.equal(reopened.meta().voteBarrier, 11, 'the barrier is durable');
+    await reopened.clearVoteBarrier(11).catch(() => undefined);
+    await reopened.close();
+    // Entry 5 (at or below commit 6): committed data lost — refused, naming the record.
+    const below = join(base, 'below');
+    await cp(golden, below, { recursive: true });
+    const e5 = await findLogEntry(below, 5);
+    await flipFileByte(e5.file, e5.offset + 12);
+    await assert.rejects(RaftStorage.open(below, options()), (err: unknown) => {
+      assert.ok(err instanceof StorageCorruptionError, String(err));
+      assert.match(err.message, /at or below the commit index/);
+      return true;
+    });
+  });
+});
+
+void test('a format-1 directory is upgraded at open, keeps its identity and state, and earlier versions then refuse it', async () => {
+  await withTempDir(async (dir) => {
+    const model = initial();
+    const old = await LevelRaftStorage.open(dir, options());
+    await old.load();
+    const incarnation = old.meta().incarnation;
+    await old.confirmIncarnation();
+    for (const rd of [
+      save({ entries: ents(1, 5, 1), hardState: { term: 1, vote: 'n1', commit: 3 } }),
+      save({ entries: ents(4, 7, 2), hardState: { term: 2, vote: null, commit: 4 } }),
+    ]) {
+      await old.save(rd);
+      model.save(rd);
+    }
+    await old.close();
+    const s = await RaftStorage.open(dir, { ...options(), segmentBytes: 512 });
+    try {
+      const st = await s.load();
+      assertSameState(st, model.load(), 'upgraded');
+      assert.equal(st.meta.incarnation, incarnation);
+      assert.equal(st.meta.incarnationConfirmed, true);
+      assert.equal(st.meta.fresh, false);
+      const more = save({ entries: ents(8, 30, 2), hardState: { term: 2, vote: null, commit: 20 } });
+      await s.save(more);
+      model.save(more);
+    } finally {
+      await s.close();
+    }
+    const again = await RaftStorage.open(dir, options());
+    assertSameState(await again.load(), model.load(), 'after the upgrade, reopened');
+    await again.close();
+    await assert.rejects(LevelRaftStorage.open(dir, options()), StorageFormatError);
+  });
+});
