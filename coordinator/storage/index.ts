@@ -1,12 +1,12 @@
 export { RaftStorage, type RaftStorageOptions } from './raft-storage.js';
-export {
-  LevelRaftStorage,
-  type LevelRaftStorageOptions,
-  type ReadyToPersist,
-  type StorageLogger,
-  type StorageMeta,
-  type StorageRepair,
-  type StorageStats,
-  type SyncStat,
-} from './raft-storage-level.js';
+export { LevelRaftStorage } from './raft-storage-level.js';
+export type { ReadyToPersist } from './storage-checks.js';
+export type {
+  LevelRaftStorageOptions,
+  StorageLogger,
+  StorageMeta,
+  StorageRepair,
+  StorageStats,
+  SyncStat,
+} from './storage-base.js';
 export { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';

@@ -181,6 +181,11 @@ export class SegmentLog {
     if (offset === 0) await this.write(this.opening(seq), true);
   }
 
+  /** Replaces the preamble (records every new segment starts with, after its header). */
+  setPreamble(preamble: (seq: number) => LogRecord[]): void {
+    this.preamble = preamble;
+  }
+
   /** The active segment's seq. */
   get activeSeq(): number {
     return this.seq;

@@ -19,8 +19,7 @@
 // Operations are serialised: each waits for the previous one, so batches reach LevelDB in call
 // order. A failed write leaves the storage unusable (like a failed fsync, the state on disk is then
 // unknown): every later call rejects; the process should restart and reopen.
-import { randomBytes as cryptoRandomBytes } from 'node:crypto';
-import type { ConfState, Entry, HardState, NodeId, RaftInitialState, Snapshot } from '../raft/index.js';
+import type { Entry, HardState, NodeId, RaftInitialState, Snapshot } from '../raft/index.js';
 import {
   decodeEntry,
   decodeHardState,
@@ -50,144 +49,31 @@ import {
   entryProblem,
   openLevel,
   type LevelDb,
-  type LogShape,
   type ReadyToPersist,
 } from './storage-checks.js';
-
-export { StorageCorruptionError, StorageFormatError, StorageIdentityError } from './storage-errors.js';
-
-/** A corrupt log tail above the commit index found at open and removed. */
-export interface StorageRepair {
-  /** The first key found bad or missing (e.g. 'log/42'). */
-  readonly key: string;
-  /** Why: the checksum failure, or the gap. */
-  readonly reason: string;
-  /** Entries at or above this index were deleted. */
-  readonly truncatedFrom: number;
-  /** How many stored entry records were deleted. */
-  readonly removedRecords: number;
-  /** The commit index (the hard state's, or the snapshot's if higher) the tail lay above. */
-  readonly commit: number;
-  /** Format 2 only: a torn write at the end of the log, never synced (no vote barrier needed). */
-  readonly torn?: boolean;
-}
-
-/** The node's identity as this data directory records it, and what opening it found. */
-export interface StorageMeta {
-  readonly clusterId: string;
-  readonly nodeId: NodeId;
-  /** 128 random bits (hex), new each time the directory is initialised: a wiped and recreated dir gets a new one. */
-  readonly incarnation: string;
-  /** ISO 8601 time the directory was initialised. */
-  readonly createdAt: string;
-  /** True when this open created the directory's state (nothing was there before). */
-  readonly fresh: boolean;
-  /**
-   * False until the caller calls confirmIncarnation(). A node whose incarnation is unconfirmed and
-   * whose id the cluster already knows may have forgotten votes it gave (its directory was wiped):
-   * it must not vote until it has caught up. This survives restarts, so a crash between a fresh
-   * start and the caller's decision does not turn the node into one that "remembers".
-   */
-  readonly incarnationConfirmed: boolean;
-  /** Log tails removed when the directory was opened (empty normally). */
-  readonly repairs: readonly StorageRepair[];
-  /**
-   * 0, or the index the node's commit index must reach before it may vote: a repair removed entries
-   * up to this index that it may have acknowledged. Survives restarts until clearVoteBarrier().
-   */
-  readonly voteBarrier: number;
-}
-
-export interface StorageLogger {
-  warn(fields: object, msg: string): void;
-}
-
-export interface LevelRaftStorageOptions {
-  readonly nodeId: NodeId;
-  readonly clusterId: string;
-  /**
-   * Used only when the directory is new: the conf-only snapshot at index 0 it starts from (a
-   * bootstrapping member lists the initial voters; a node that will join by conf change passes an
-   * empty ConfState). Default: no voters, no learners, empty data.
-   */
-  readonly bootstrap?: { readonly conf: ConfState; readonly data: Uint8Array };
-  /** Random source for the incarnation (default node:crypto randomBytes). */
-  readonly randomBytes?: (n: number) => Uint8Array;
-  /** Wall clock in ms since the epoch, for createdAt (default Date.now). */
-  readonly now?: () => number;
-  /** Called after every synced batch with its duration (ms, wall time of the write + fsync) and size. */
-  readonly onSync?: (ms: number, bytes: number) => void;
-  /** Where repairs are reported (default: console.warn). pino's logger fits. */
-  readonly logger?: StorageLogger;
-}
-
-export type { ReadyToPersist } from './storage-checks.js';
-
-export interface SyncStat {
-  readonly ms: number;
-  readonly bytes: number;
-}
-
-export interface StorageStats {
-  readonly hardState: HardState;
-  readonly snapshotIndex: number;
-  readonly snapshotTerm: number;
-  /**
-   * Stored entry records span [firstStoredIndex, lastStoredIndex] (empty when last < first); may start at or below
-   * the snapshot.
-   */
-  readonly firstStoredIndex: number;
-  readonly lastStoredIndex: number;
-  readonly lastSync: SyncStat | null;
-}
-
-type Loaded = RaftInitialState & { readonly meta: StorageMeta };
+import {
+  defaultLogger,
+  newIdentity,
+  StorageBase,
+  toMeta,
+  type LevelRaftStorageOptions,
+  type Loaded,
+  type OpenedState,
+  type StorageLogger,
+  type StorageRepair,
+} from './storage-base.js';
 
 type DB = LevelDb;
 type BatchOp = { type: 'put'; key: Uint8Array; value: Uint8Array } | { type: 'del'; key: Uint8Array };
 
-const defaultBootstrap = { conf: { voters: [], learners: [] }, data: new Uint8Array(0) } as const;
-const defaultLogger: StorageLogger = {
-  warn: (fields, msg) => console.warn(`${msg} ${JSON.stringify(fields)}`),
-};
-
-export class LevelRaftStorage {
-  readonly dir: string;
+export class LevelRaftStorage extends StorageBase {
   private readonly db: DB;
-  private readonly opts: LevelRaftStorageOptions;
   private readonly logger: StorageLogger;
 
-  private storedMeta: StoredMeta;
-  private fresh: boolean;
-  private repairs: StorageRepair[] = [];
-  private hard: HardState;
-  private snapIndex: number;
-  private snapTerm: number;
-  /** Stored entry records are exactly [first, last]; empty when last < first. */
-  private first: number;
-  private last: number;
-
-  /** What open() read, handed out by the first load() unless something was written since. */
-  private cached: Loaded | null;
-  private queue: Promise<unknown> = Promise.resolve();
-  private closed = false;
-  private failure: Error | null = null;
-  private lastSyncStat: SyncStat | null = null;
-
-  private constructor(dir: string, db: DB, opts: LevelRaftStorageOptions, loaded: Loaded, storedMeta: StoredMeta) {
-    this.dir = dir;
+  private constructor(dir: string, db: DB, opts: LevelRaftStorageOptions, s: OpenedState) {
+    super(dir, opts, s);
     this.db = db;
-    this.opts = opts;
     this.logger = opts.logger ?? defaultLogger;
-    this.storedMeta = storedMeta;
-    this.fresh = loaded.meta.fresh;
-    this.repairs = [...loaded.meta.repairs];
-    this.hard = loaded.hardState;
-    this.snapIndex = loaded.snapshot.meta.index;
-    this.snapTerm = loaded.snapshot.meta.term;
-    this.first = 0;
-    this.last = -1;
-    this.cached = loaded;
   }
 
   /**
@@ -209,10 +95,16 @@ export class LevelRaftStorage {
       }
       const m = scan.storedMeta;
       const loaded: Loaded = { ...scan.state, meta: toMeta(m, fresh, scan.repairs) };
-      const s = new LevelRaftStorage(dir, db, opts, loaded, m);
-      s.first = scan.first;
-      s.last = scan.last;
-      return s;
+      return new LevelRaftStorage(dir, db, opts, {
+        meta: m,
+        fresh,
+        repairs: scan.repairs,
+        hard: scan.state.hardState,
+        snapshot: scan.state.snapshot.meta,
+        first: scan.first,
+        last: scan.last,
+        loaded,
+      });
     } catch (err) {
       await db.close().catch(() => undefined);
       throw err;
@@ -235,11 +127,6 @@ export class LevelRaftStorage {
       this.last = scan.last;
       return { ...scan.state, meta: this.meta() };
     });
-  }
-
-  /** The identity and what opening found. */
-  meta(): StorageMeta {
-    return toMeta(this.storedMeta, this.fresh, this.repairs);
   }
 
   /**
@@ -318,91 +205,23 @@ export class LevelRaftStorage {
     });
   }
 
-  /** Records, durably, that the caller has decided this incarnation may vote (see StorageMeta). */
-  confirmIncarnation(): Promise<void> {
-    return this.run(async () => {
-      if (this.storedMeta.confirmed) return;
-      const m: StoredMeta = { ...this.storedMeta, confirmed: true };
-      await this.write([{ type: 'put', key: metaKey, value: encodeMeta(m) }], true);
-      this.storedMeta = m;
-    });
+  protected async writeMeta(m: StoredMeta): Promise<void> {
+    await this.write([{ type: 'put', key: metaKey, value: encodeMeta(m) }], true);
   }
 
-  /**
-   * Lifts the vote barrier, durably, once the node's commit index (learned from a leader) has
-   * reached it: its log again holds every entry it may have acknowledged before the repair.
-   */
-  clearVoteBarrier(commit: number): Promise<void> {
-    return this.run(async () => {
-      const barrier = this.storedMeta.voteBarrier;
-      if (barrier === 0) return;
-      if (commit < barrier)
-        throw new Error(`clearVoteBarrier: commit ${commit} has not reached the vote barrier ${barrier}`);
-      const m: StoredMeta = { ...this.storedMeta, voteBarrier: 0 };
-      await this.write([{ type: 'put', key: metaKey, value: encodeMeta(m) }], true);
-      this.storedMeta = m;
-    });
-  }
-
-  /** The last synced batch's duration and size (null before the first). */
-  get lastSync(): SyncStat | null {
-    return this.lastSyncStat;
-  }
-
-  stats(): StorageStats {
-    return {
-      hardState: this.hard,
-      snapshotIndex: this.snapIndex,
-      snapshotTerm: this.snapTerm,
-      firstStoredIndex: this.first,
-      lastStoredIndex: this.last,
-      lastSync: this.lastSyncStat,
-    };
-  }
-
-  /** Waits for pending operations, then closes the database. Idempotent. */
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.queue.catch(() => undefined);
+  protected async closeStores(): Promise<void> {
     await this.db.close();
   }
 
   // ---------------------------------------------------------------------------------------------
-
-  private shape(): LogShape {
-    return { first: this.first, last: this.last, snapIndex: this.snapIndex, snapTerm: this.snapTerm };
-  }
-
-  private run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.closed) return Promise.reject(new Error(`raft storage at ${this.dir} is closed`));
-    const next = this.queue.then(() => {
-      if (this.failure !== null)
-        throw new Error(`raft storage at ${this.dir} failed earlier and must be reopened: ${this.failure.message}`, {
-          cause: this.failure,
-        });
-      return fn();
-    });
-    this.queue = next.catch(() => undefined);
-    return next;
-  }
 
   private async write(ops: BatchOp[], sync: boolean): Promise<void> {
     this.cached = null;
     let bytes = 0;
     for (const op of ops) bytes += op.key.length + (op.type === 'put' ? op.value.length : 0);
     const t0 = performance.now();
-    try {
-      await this.db.batch(ops, { sync });
-    } catch (err) {
-      this.failure = err instanceof Error ? err : new Error(String(err));
-      throw err;
-    }
-    if (sync) {
-      const ms = performance.now() - t0;
-      this.lastSyncStat = { ms, bytes };
-      this.opts.onSync?.(ms, bytes);
-    }
+    await this.guard(() => this.db.batch(ops, { sync }));
+    if (sync) this.noteSync(performance.now() - t0, bytes);
   }
 }
 
@@ -410,24 +229,7 @@ export class LevelRaftStorage {
 // Initialisation and the check at open
 
 async function initialise(db: DB, opts: LevelRaftStorageOptions): Promise<void> {
-  const random = opts.randomBytes ?? ((n: number) => cryptoRandomBytes(n));
-  const bytes = random(16);
-  if (bytes.length !== 16) throw new Error('randomBytes(16) returned the wrong number of bytes');
-  const meta: StoredMeta = {
-    format: levelFormatVersion,
-    clusterId: opts.clusterId,
-    nodeId: opts.nodeId,
-    incarnation: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('hex'),
-    createdAt: new Date((opts.now ?? Date.now)()).toISOString(),
-    confirmed: false,
-    voteBarrier: 0,
-    logStart: 0,
-  };
-  const boot = opts.bootstrap ?? defaultBootstrap;
-  const snapshot: Snapshot = {
-    meta: { index: 0, term: 0, conf: { voters: [...boot.conf.voters], learners: [...boot.conf.learners] } },
-    data: boot.data,
-  };
+  const { meta, snapshot } = newIdentity(opts, levelFormatVersion, 0);
   const hard: HardState = { term: 0, vote: null, commit: 0 };
   await db.batch(
     [
@@ -583,18 +385,5 @@ async function scanStore(
     first,
     last,
     repairs,
-  };
-}
-
-export function toMeta(m: StoredMeta, fresh: boolean, repairs: readonly StorageRepair[]): StorageMeta {
-  return {
-    clusterId: m.clusterId,
-    nodeId: m.nodeId,
-    incarnation: m.incarnation,
-    createdAt: m.createdAt,
-    fresh,
-    incarnationConfirmed: m.confirmed,
-    repairs: [...repairs],
-    voteBarrier: m.voteBarrier,
   };
 }

@@ -34,8 +34,7 @@
 //
 // Operations are serialised. A failed write leaves the storage unusable (like a failed fsync, the
 // state on disk is then unknown): every later call rejects; the process should restart and reopen.
-import { randomBytes as cryptoRandomBytes } from 'node:crypto';
-import type { Entry, HardState, RaftInitialState, Snapshot } from '../raft/index.js';
+import type { Entry, HardState, Snapshot } from '../raft/index.js';
 import { RecordType } from './log-frames.js';
 import { SegmentLog, type LogRecord, type ReadSegment } from './log-segments.js';
 import {
@@ -67,81 +66,61 @@ import {
   entryProblem,
   openLevel,
   type LevelDb,
-  type LogShape,
   type ReadyToPersist,
 } from './storage-checks.js';
+import { LevelRaftStorage } from './raft-storage-level.js';
 import {
-  LevelRaftStorage,
-  type LevelRaftStorageOptions,
-  type StorageMeta,
-  type StorageRepair,
-  type StorageStats,
-  type SyncStat,
+  defaultLogger,
+  newIdentity,
+  StorageBase,
   toMeta,
-} from './raft-storage-level.js';
+  type LevelRaftStorageOptions,
+  type Loaded,
+  type StorageRepair,
+} from './storage-base.js';
 
 export interface RaftStorageOptions extends LevelRaftStorageOptions {
-  /** Size of a log segment file (default 16 MiB). */
+  /** Size of a log segment file (default 64 MiB, log-segments.ts). */
   readonly segmentBytes?: number;
 }
-
-type Loaded = RaftInitialState & { readonly meta: StorageMeta };
-
-const defaultLogger = {
-  warn: (fields: object, msg: string) => console.warn(`${msg} ${JSON.stringify(fields)}`),
-};
 
 const entryRecord = (e: Entry): LogRecord => ({ type: RecordType.Entry, payload: packEntry(e) });
 const hardRecord = (h: HardState): LogRecord => ({ type: RecordType.Hard, payload: packHardState(h) });
 
-export class RaftStorage {
-  readonly dir: string;
+export class RaftStorage extends StorageBase {
   private readonly db: LevelDb;
   private readonly log: SegmentLog;
-  private readonly opts: RaftStorageOptions;
-
-  private storedMeta: StoredMeta;
-  private readonly fresh: boolean;
-  private readonly repairs: StorageRepair[];
-  private hard: HardState;
-  private snapIndex: number;
-  private snapTerm: number;
   private logStart: number;
-  /** Stored entries are exactly [first, last]; `terms[i - first]` is entry i's term. */
-  private first: number;
-  private last: number;
+  /** `terms[i - first]` is stored entry i's term. */
   private terms: number[];
   /** The highest entry index written to each segment (segments without entries absent). */
   private readonly segmentTop = new Map<number, number>();
 
-  private cached: Loaded | null;
-  private queue: Promise<unknown> = Promise.resolve();
-  private closed = false;
-  private failure: Error | null = null;
-  private lastSyncStat: SyncStat | null = null;
-
   private constructor(dir: string, db: LevelDb, log: SegmentLog, opts: RaftStorageOptions, r: Replayed) {
-    this.dir = dir;
+    const first = r.entries[0]?.index ?? r.snapshot.meta.index + 1;
+    super(dir, opts, {
+      meta: r.meta,
+      fresh: r.fresh,
+      repairs: r.repairs,
+      hard: r.hard,
+      snapshot: r.snapshot.meta,
+      first,
+      last: first + r.entries.length - 1,
+      loaded: {
+        hardState: r.hard,
+        snapshot: r.snapshot,
+        entries: r.entries.filter((e) => e.index > r.snapshot.meta.index),
+        meta: toMeta(r.meta, r.fresh, r.repairs),
+      },
+    });
     this.db = db;
     this.log = log;
-    this.opts = opts;
-    this.storedMeta = r.meta;
-    this.fresh = r.fresh;
-    this.repairs = r.repairs;
-    this.hard = r.hard;
-    this.snapIndex = r.snapshot.meta.index;
-    this.snapTerm = r.snapshot.meta.term;
     this.logStart = r.logStart;
-    this.first = r.entries[0]?.index ?? r.snapshot.meta.index + 1;
-    this.last = this.first + r.entries.length - 1;
     this.terms = r.entries.map((e) => e.term);
     for (const [seq, top] of r.segmentTop) this.segmentTop.set(seq, top);
-    this.cached = {
-      hardState: r.hard,
-      snapshot: r.snapshot,
-      entries: r.entries.filter((e) => e.index > r.snapshot.meta.index),
-      meta: toMeta(r.meta, r.fresh, r.repairs),
-    };
+    // Every new segment starts with the hard state as it is then (a Ready's entries often come
+    // without a hard state: the replay must not find them above an older term and cut them as torn).
+    log.setPreamble(() => [hardRecord(this.hard)]);
   }
 
   /**
@@ -210,11 +189,6 @@ export class RaftStorage {
         meta: this.meta(),
       };
     });
-  }
-
-  /** The identity and what opening found. */
-  meta(): StorageMeta {
-    return toMeta(this.storedMeta, this.fresh, this.repairs);
   }
 
   /**
@@ -288,49 +262,11 @@ export class RaftStorage {
     });
   }
 
-  /** Records, durably, that the caller has decided this incarnation may vote (see StorageMeta). */
-  confirmIncarnation(): Promise<void> {
-    return this.run(async () => {
-      if (this.storedMeta.confirmed) return;
-      await this.putMeta({ ...this.storedMeta, confirmed: true });
-    });
+  protected async writeMeta(m: StoredMeta): Promise<void> {
+    await this.guard(() => this.db.put(metaKey, encodeMeta(m), { sync: true }));
   }
 
-  /**
-   * Lifts the vote barrier, durably, once the node's commit index (learned from a leader) has
-   * reached it: its log again holds every entry it may have acknowledged before the repair.
-   */
-  clearVoteBarrier(commit: number): Promise<void> {
-    return this.run(async () => {
-      const barrier = this.storedMeta.voteBarrier;
-      if (barrier === 0) return;
-      if (commit < barrier)
-        throw new Error(`clearVoteBarrier: commit ${commit} has not reached the vote barrier ${barrier}`);
-      await this.putMeta({ ...this.storedMeta, voteBarrier: 0 });
-    });
-  }
-
-  /** The last synced write's duration and size (null before the first). */
-  get lastSync(): SyncStat | null {
-    return this.lastSyncStat;
-  }
-
-  stats(): StorageStats {
-    return {
-      hardState: this.hard,
-      snapshotIndex: this.snapIndex,
-      snapshotTerm: this.snapTerm,
-      firstStoredIndex: this.first,
-      lastStoredIndex: this.last,
-      lastSync: this.lastSyncStat,
-    };
-  }
-
-  /** Waits for pending operations, then closes the log and the database. Idempotent. */
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.queue.catch(() => undefined);
+  protected async closeStores(): Promise<void> {
     await this.log.close().catch(() => undefined);
     await this.db.close();
   }
@@ -339,10 +275,6 @@ export class RaftStorage {
 
   private termAt(index: number): number | undefined {
     return index >= this.first && index <= this.last ? this.terms[index - this.first] : undefined;
-  }
-
-  private shape(): LogShape {
-    return { first: this.first, last: this.last, snapIndex: this.snapIndex, snapTerm: this.snapTerm };
   }
 
   /** The snapshot and where the log now starts, in one synced batch; returns the bytes written. */
@@ -362,39 +294,6 @@ export class RaftStorage {
     this.storedMeta = m;
     this.logStart = logStart;
     return value.length + meta.length;
-  }
-
-  private async putMeta(m: StoredMeta): Promise<void> {
-    await this.guard(() => this.db.put(metaKey, encodeMeta(m), { sync: true }));
-    this.storedMeta = m;
-  }
-
-  private noteSync(ms: number, bytes: number): void {
-    this.lastSyncStat = { ms, bytes };
-    this.opts.onSync?.(ms, bytes);
-  }
-
-  /** Runs a write; a failure makes the storage refuse everything after it. */
-  private async guard<T>(fn: () => Promise<T>): Promise<T> {
-    try {
-      return await fn();
-    } catch (err) {
-      this.failure = err instanceof Error ? err : new Error(String(err));
-      throw err;
-    }
-  }
-
-  private run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.closed) return Promise.reject(new Error(`raft storage at ${this.dir} is closed`));
-    const next = this.queue.then(() => {
-      if (this.failure !== null)
-        throw new Error(`raft storage at ${this.dir} failed earlier and must be reopened: ${this.failure.message}`, {
-          cause: this.failure,
-        });
-      return fn();
-    });
-    this.queue = next.catch(() => undefined);
-    return next;
   }
 }
 
@@ -456,24 +355,7 @@ async function writeFirstSegment(dir: string, opts: RaftStorageOptions, hard: Ha
 }
 
 async function initialise(dir: string, db: LevelDb, opts: RaftStorageOptions): Promise<void> {
-  const random = opts.randomBytes ?? ((n: number) => cryptoRandomBytes(n));
-  const bytes = random(16);
-  if (bytes.length !== 16) throw new Error('randomBytes(16) returned the wrong number of bytes');
-  const meta: StoredMeta = {
-    format: storageFormatVersion,
-    clusterId: opts.clusterId,
-    nodeId: opts.nodeId,
-    incarnation: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('hex'),
-    createdAt: new Date((opts.now ?? Date.now)()).toISOString(),
-    confirmed: false,
-    voteBarrier: 0,
-    logStart: 1,
-  };
-  const boot = opts.bootstrap ?? { conf: { voters: [], learners: [] }, data: new Uint8Array(0) };
-  const snapshot: Snapshot = {
-    meta: { index: 0, term: 0, conf: { voters: [...boot.conf.voters], learners: [...boot.conf.learners] } },
-    data: boot.data,
-  };
+  const { meta, snapshot } = newIdentity(opts, storageFormatVersion, 1);
   await writeFirstSegment(dir, opts, { term: 0, vote: null, commit: 0 }, []);
   await db.batch(
     [
@@ -491,7 +373,7 @@ async function initialise(dir: string, db: LevelDb, opts: RaftStorageOptions): P
  */
 async function upgrade(dir: string, opts: RaftStorageOptions): Promise<void> {
   const old = await LevelRaftStorage.open(dir, opts);
-  let st: RaftInitialState & { readonly meta: StorageMeta };
+  let st: Loaded;
   try {
     st = await old.load();
   } finally {

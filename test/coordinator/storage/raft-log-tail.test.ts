@@ -171,3 +171,30 @@ void test('a format-1 directory is upgraded at open, keeps its identity and stat
     await assert.rejects(LevelRaftStorage.open(dir, options()), StorageFormatError);
   });
 });
+
+void test('entries saved without a hard state after a new segment began are kept across reopen (the segment starts with the latest hard state)', async () => {
+  await withTempDir(async (dir) => {
+    const model = initial();
+    const first = await RaftStorage.open(dir, { ...options(), segmentBytes: 512 });
+    await first.load();
+    await first.close();
+    // Reopened: the term is then still 0 as of the open; it moves to 3 below, then entries come alone.
+    const s = await RaftStorage.open(dir, { ...options(), segmentBytes: 512 });
+    await s.load();
+    const rds = [save({ entries: ents(1, 2, 3), hardState: { term: 3, vote: 'n1', commit: 1 } })];
+    for (let i = 3; i <= 40; i += 2) rds.push(save({ entries: ents(i, i + 1, 3) }));
+    for (const rd of rds) {
+      await s.save(rd);
+      model.save(rd);
+    }
+    await s.close();
+    const again = await RaftStorage.open(dir, { ...options(), segmentBytes: 512 });
+    try {
+      const st = await again.load();
+      assert.deepEqual(st.meta.repairs, []);
+      assertSameState(st, model.load(), 'reopened');
+    } finally {
+      await again.close();
+    }
+  });
+});
