@@ -16,7 +16,7 @@
 import { constants as fsc } from 'node:fs';
 import { mkdir, open, readdir, readFile, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
-import { encodeFrame, frameHeaderBytes, RecordType, scanSegment, type SegmentScan } from './log-frames.js';
+import { encodeFrame, frameBytes, RecordType, scanSegment, type SegmentScan } from './log-frames.js';
 
 export const logDirName = 'raft-log';
 /** Default segment size: 64 MiB (a record larger than that goes alone in a segment). */
@@ -63,6 +63,20 @@ async function writeAll(fh: FileHandle, buf: Uint8Array, position: number): Prom
     if (bytesWritten <= 0) throw new Error(`write returned ${bytesWritten}`);
     done += bytesWritten;
   }
+}
+
+/**
+ * The log directory in `dataDir`, created if missing — durably: the data directory is synced
+ * after the mkdir, so the directory entry survives a crash with the segments it will hold.
+ */
+async function ensureLogDir(dataDir: string): Promise<string> {
+  const dir = join(dataDir, logDirName);
+  const created = await mkdir(dir, { recursive: true });
+  if (created !== undefined) {
+    await fsyncDir(dir);
+    await fsyncDir(dataDir);
+  }
+  return dir;
 }
 
 /** Creates segment `seq`, empty, durably (the directory synced). */
@@ -113,8 +127,7 @@ export class SegmentLog {
     logStart: number,
     opts: SegmentLogOptions = {},
   ): Promise<{ log: SegmentLog; segments: ReadSegment[] }> {
-    const dir = join(dataDir, logDirName);
-    await mkdir(dir, { recursive: true });
+    const dir = await ensureLogDir(dataDir);
     const log = new SegmentLog(dir, opts);
     for (const name of await readdir(dir)) {
       const seq = parseSegName(name);
@@ -147,8 +160,7 @@ export class SegmentLog {
 
   /** Deletes every segment file (a directory being initialised or upgraded starts empty). */
   static async clear(dataDir: string): Promise<void> {
-    const dir = join(dataDir, logDirName);
-    await mkdir(dir, { recursive: true });
+    const dir = await ensureLogDir(dataDir);
     for (const name of await readdir(dir)) await unlink(join(dir, name));
     await fsyncDir(dir);
   }
@@ -160,10 +172,13 @@ export class SegmentLog {
    */
   async resume(seq: number, offset: number, preamble: (seq: number) => LogRecord[]): Promise<void> {
     this.preamble = preamble;
-    for (const s of [...this.seqs].filter((k) => k > seq)) {
+    const above = [...this.seqs].filter((k) => k > seq);
+    for (const s of above) {
       await unlink(join(this.dir, segName(s)));
       this.seqs.delete(s);
     }
+    // Durably gone before anything is written after the cut: come back, they would read as the log's continuation.
+    if (above.length > 0) await fsyncDir(this.dir);
     if (!this.seqs.has(seq)) {
       await createSegment(this.dir, seq);
       this.seqs.add(seq);
@@ -202,7 +217,7 @@ export class SegmentLog {
    */
   async append(records: readonly LogRecord[], sync: boolean): Promise<number> {
     let bytes = 0;
-    for (const r of records) bytes += frameHeaderBytes + ((2 + r.payload.length + 7) & ~7);
+    for (const r of records) bytes += frameBytes(r.payload.length);
     if (this.pos > 0 && this.pos + bytes > this.segmentBytes) await this.rotate();
     return this.write(
       records.map((r) => encodeFrame(this.seq, r.type, r.payload)),

@@ -35,7 +35,7 @@
 // Operations are serialised. A failed write leaves the storage unusable (like a failed fsync, the
 // state on disk is then unknown): every later call rejects; the process should restart and reopen.
 import type { Entry, HardState, Snapshot } from '../raft/index.js';
-import { RecordType } from './log-frames.js';
+import { frameBytes, RecordType } from './log-frames.js';
 import { SegmentLog, type LogRecord, type ReadSegment } from './log-segments.js';
 import {
   decodeMeta,
@@ -83,6 +83,9 @@ export interface RaftStorageOptions extends LevelRaftStorageOptions {
   /** Size of a log segment file (default 64 MiB, log-segments.ts). */
   readonly segmentBytes?: number;
 }
+
+/** The smallest frame an entry can take (an empty entry at index 0, term 0). */
+const minEntryFrameBytes = frameBytes(packEntry({ index: 0, term: 0, kind: 0, data: new Uint8Array(0) }).length);
 
 const entryRecord = (e: Entry): LogRecord => ({ type: RecordType.Entry, payload: packEntry(e) });
 const hardRecord = (h: HardState): LogRecord => ({ type: RecordType.Hard, payload: packHardState(h) });
@@ -503,14 +506,14 @@ function replayLog(dir: string, head: Head, segments: readonly ReadSegment[]): R
   // The last segment holding anything: later ones are unused spares.
   const used = segments.filter((s) => s.scan.frames.length > 0 || s.scan.bad !== null);
   const lastUsed = used.at(-1)?.seq ?? head.logStart;
-  let unreadable = false;
+  let unreadableBytes = 0;
   for (const [k, seg] of used.entries()) {
     if (seg.seq !== head.logStart + k)
       throw new StorageCorruptionError(dir, `raft-log/${head.logStart + k}`, 'log segment missing');
     const { frames, bad, beyond } = seg.scan;
     if (rp.stop !== null) {
       for (const f of [...frames, ...beyond]) rp.takeBeyond(f.type, f.payload);
-      unreadable ||= seg.scan.unreadableBeyond;
+      unreadableBytes += seg.scan.unreadableTail;
       continue;
     }
     for (const f of frames) {
@@ -525,16 +528,17 @@ function replayLog(dir: string, head: Head, segments: readonly ReadSegment[]): R
       const torn = rp.stop === null && bad.torn && seg.seq === lastUsed;
       rp.stop ??= { seq: seg.seq, offset: bad.offset, index: lastIndexOf(rp, S) + 1, reason: bad.reason, torn };
       for (const f of beyond) rp.takeBeyond(f.type, f.payload);
-      unreadable ||= seg.scan.unreadableBeyond;
+      unreadableBytes += seg.scan.unreadableTail;
     }
   }
-  return Object.assign(rp, { used, lastUsed, unreadable });
+  return Object.assign(rp, { used, lastUsed, unreadableBytes });
 }
 
 type Replay = LogReplay & {
   readonly used: readonly ReadSegment[];
   readonly lastUsed: number;
-  readonly unreadable: boolean;
+  /** Bytes beyond a damaged record no frame could be read from. */
+  readonly unreadableBytes: number;
 };
 
 async function replay(
@@ -548,7 +552,7 @@ async function replay(
   const { snapshot } = head;
   const S = snapshot.meta.index;
   const rp = replayLog(dir, head, segments);
-  const { used, lastUsed, unreadable } = rp;
+  const { used, lastUsed, unreadableBytes } = rp;
   if (used.length === 0) throw new StorageCorruptionError(dir, `raft-log/${head.logStart}`, 'log segment missing');
   if (rp.hard === null) throw new StorageCorruptionError(dir, `raft-log/${head.logStart}`, 'no hard state record');
   let hard: HardState = rp.hard;
@@ -583,15 +587,12 @@ async function replay(
         `${stop.reason}; it is at or below the commit index ${commit}, so committed data is lost`,
       );
     }
-    if (!stop.torn && unreadable)
-      throw new StorageCorruptionError(
-        dir,
-        `raft-log/${stop.seq}@${stop.offset}`,
-        `${stop.reason}; the log cannot be read past it, so what the node acknowledged is unknown`,
-      );
     const truncatedFrom = lastIndexOf(rp, S) + 1;
     if (!stop.torn) {
-      meta = { ...meta, voteBarrier: Math.max(meta.voteBarrier, rp.topBeyond, stop.index) };
+      // Bytes no frame could be read from may hold entries too: at most one per smallest entry frame.
+      const known = Math.max(rp.topBeyond, stop.index - 1);
+      const unread = Math.ceil(unreadableBytes / minEntryFrameBytes);
+      meta = { ...meta, voteBarrier: Math.max(meta.voteBarrier, stop.index, known + unread) };
       await db.put(metaKey, encodeMeta(meta), { sync: true });
     }
     const repair: StorageRepair = {

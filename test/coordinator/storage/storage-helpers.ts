@@ -20,7 +20,7 @@ import {
   type StorageLogger,
 } from '../../../coordinator/storage/index.js';
 import { logDirName, SegmentLog } from '../../../coordinator/storage/log-segments.js';
-import { RecordType } from '../../../coordinator/storage/log-frames.js';
+import { frameHeaderBytes, RecordType } from '../../../coordinator/storage/log-frames.js';
 import { entryFromValue, unpack } from '../../../coordinator/storage/storage-codec.js';
 
 /** Both on-disk layouts: the append-only log beside LevelDB (format 2, what nodes run) and LevelDB alone (format 1). */
@@ -196,7 +196,7 @@ export async function findLogEntry(
       const e = v.ok ? entryFromValue(v.value) : null;
       if (e?.ok === true && e.value.index === index) {
         const file = join(dir, logDirName, `${seg.seq.toString(16).padStart(16, '0')}.seg`);
-        found = { file, offset: f.offset, end: f.end, bodyEnd: f.offset + 10 + f.payload.length };
+        found = { file, offset: f.offset, end: f.end, bodyEnd: f.offset + frameHeaderBytes + 2 + f.payload.length };
       }
     }
   }
