@@ -45,7 +45,8 @@ void test('a corrupt log record above the commit index: the replica votes only a
   const c = await CoordinatorCluster.create(ids);
   try {
     c.startAll();
-    await c.waitForLeader();
+    // Generous: three replicas starting on a loaded machine take most of the default 20 s.
+    await c.waitForLeader(60_000);
     for (let i = 0; i < 5; i++)
       assert.equal((await c.write('PUT', `/v1/tiers/t${i}`, { rate: 10 + i, burst: 10 })).status, 200);
     const leader = await c.waitForLeader();
