@@ -114,7 +114,7 @@ void test('a wiped data directory after a full-cluster restart is found even whe
   const c = await CoordinatorCluster.create(ids);
   try {
     c.startAll();
-    const leader = await c.waitForLeader();
+    const leader = await c.waitForLeader(60_000);
     await waitFor(
       'incarnations recorded',
       async () =>
