@@ -11,7 +11,6 @@ import {
   MAX_NAME_LENGTH,
   MAX_TENANTS_PER_BATCH,
   TENANT_WIND_DOWN_FORMAT,
-  tenantKey,
   unknownTenantPolicySchema,
   unknownTenantTier,
   tenantRecordSchema,
@@ -25,6 +24,7 @@ import { NotLeaderError, RaftRequestError } from '../node/raft-driver.js';
 import type { LiveTraffic } from './live-traffic.js';
 import { registerUiRoutes } from './ui-routes.js';
 import { CellquotaError } from '../../shared/errors.js';
+import { SerialQueue } from './serial-queue.js';
 
 /** What the API needs from a coordinator replica. */
 export interface AdminBackend {
@@ -247,6 +247,12 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   }
 
   /** `check`: refusals the leader's own state decides before proposing (it throws an ApiError). */
+  // A tenant's deletion is checked against the unknown-tenant policy and then proposed; the policy's change waits
+  // until that deletion has applied (and the reverse), so no policy change commits between a check and its entry.
+  // On this leader only: a deletion still in flight when leadership moves is either lost with the old term or
+  // committed by the new leader before any entry of its own.
+  const policyWrites = new SerialQueue();
+
   async function write(
     req: FastifyRequest,
     reply: FastifyReply,
@@ -516,22 +522,23 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     '/v1/tenants/:id',
     guard(async (req, reply) => {
       const { id } = parse(idParams, req.params, 'path');
-      await write(req, reply, { type: 'deleteTenant', id, ...session(req) }, (l) => {
-        // Below format 5 the deletion applies as the builds before it applied it: under tier:NAME the tenant's slices
-        // became an implicit tenant at once, their old grants counted against the tier's lower quota with no
-        // ceiling (the bound broken, the snapshot not restoring). Refused until the log is raised.
-        if (
-          l.commandFormat < TENANT_WIND_DOWN_FORMAT &&
-          unknownTenantTier(l.settings.unknownTenant) !== null &&
-          l.holdsSlices(tenantKey(id))
-        )
-          throw new ApiError(
-            'CONFLICT',
-            `tenant ${id} has slices and the unknown-tenant policy is ${l.settings.unknownTenant}: it can be deleted ` +
-              `once the log is at command format ${TENANT_WIND_DOWN_FORMAT} (now ${l.commandFormat}), raised by the ` +
-              'leader as soon as every replica runs a build that reads it',
-          );
-      });
+      await policyWrites.run(() =>
+        write(req, reply, { type: 'deleteTenant', id, ...session(req) }, (l) => {
+          // Below format 5 the deletion applies as the builds before it applied it: under tier:NAME the tenant's
+          // slices became an implicit tenant at once, their old grants counted against the tier's lower quota with
+          // no ceiling (the bound broken, the snapshot not restoring). Refused until the log is raised, whether or
+          // not the tenant holds slices now: a lease round committed between this check and the deletion can give
+          // it its first ones (review). The policy itself cannot change in between: putSettings waits for this
+          // deletion (policyWrites).
+          if (l.commandFormat < TENANT_WIND_DOWN_FORMAT && unknownTenantTier(l.settings.unknownTenant) !== null)
+            throw new ApiError(
+              'CONFLICT',
+              `the unknown-tenant policy is ${l.settings.unknownTenant}: tenant ${id} can be deleted once the log ` +
+                `is at command format ${TENANT_WIND_DOWN_FORMAT} (now ${l.commandFormat}), raised by the leader as ` +
+                'soon as every replica runs a build that reads it (GET /v1/cluster)',
+            );
+        }),
+      );
       return { deleted: id };
     }),
   );
@@ -548,7 +555,9 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
     '/v1/settings',
     guard(async (req, reply) => {
       const body = parse(settingsBody, req.body, 'body');
-      const v = await write(req, reply, { type: 'putSettings', unknownTenant: body.unknownTenant, ...session(req) });
+      const v = await policyWrites.run(() =>
+        write(req, reply, { type: 'putSettings', unknownTenant: body.unknownTenant, ...session(req) }),
+      );
       return v.kind === 'settings' ? v.settings : v;
     }),
   );

@@ -49,6 +49,15 @@ void test('a member declaring an older command format holds the raise back; once
       const v = await view(c, id);
       assert.deepEqual(v.commandFormat, { log: BASE_COMMAND_FORMAT, raisedAtIndex: 0 }, `${id} is not raised`);
     }
+    // Below format 5 a tenant is not deleted under a tier:NAME policy (its old semantics break the bound), whether
+    // or not it holds slices yet; deleted at once under another policy.
+    assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
+    assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'tier:gold' })).status, 200);
+    const refused = await c.write('DELETE', '/v1/tenants/acme');
+    assert.equal(refused.status, 409, JSON.stringify(refused.body));
+    assert.match(JSON.stringify(refused.body), /command format 5 \(now 1\)/);
+    assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'deny' })).status, 200);
+    assert.equal((await c.write('DELETE', '/v1/tenants/acme')).status, 200);
 
     // n3 restarted at its build's newest format: the leader raises the log, every replica applies it at one index.
     await c.kill('n3', 'SIGTERM');
