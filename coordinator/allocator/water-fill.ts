@@ -81,18 +81,27 @@ export function waterFill(
     out[i] = v;
     sum += v;
   }
-  // Float rounding may leave Σ out a hair above total; take it off the first share that can give it,
-  // so that callers can rely on Σ out ≤ total whenever total ≥ Σ lo.
-  if (sum > total) {
-    const excess = sum - total;
-    for (let i = 0; i < n; i++) {
+  // Float rounding (or the Newton steps' tolerance) may leave Σ out a hair above total; take it off the shares
+  // above their floors, as much as each can give, until none is left, so that callers can rely on Σ out ≤ total
+  // whenever total ≥ Σ lo (sum is recomputed: the subtractions round too).
+  for (let pass = 0; sum > total && pass < 4; pass++) {
+    let excess = sum - total;
+    for (let i = 0; i < n && excess > 0; i++) {
       const v = out[i] as number;
-      if (v - excess >= (lo[i] as number)) {
-        out[i] = v - excess;
-        sum -= excess;
-        break;
+      const l = lo[i] as number;
+      const room = v - l;
+      if (!(room > 0)) continue;
+      if (room <= excess) {
+        out[i] = l; // exactly the floor: v - room may round below it
+        excess -= room;
+      } else {
+        const w = v - excess;
+        out[i] = w < l ? l : w;
+        excess = 0;
       }
     }
+    sum = 0;
+    for (let i = 0; i < n; i++) sum += out[i] as number;
   }
   return sum;
 }
@@ -166,7 +175,7 @@ function newtonLevel(
     if (l < a) a = l;
     if (h > b) b = h;
   }
-  const tol = 1e-13 * (total > 1 ? total : 1);
+  const tol = 1e-13 * total; // relative, at every scale (total > Σ lo ≥ 0 here)
   let level = a + ((b - a) * (total - sumLo)) / (sumHi - sumLo);
   for (let iter = 0; iter < 100; iter++) {
     let s = 0;
