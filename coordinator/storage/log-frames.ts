@@ -18,10 +18,13 @@
 //     any order before an fdatasync and a sector the kernel never wrote reads as zeros (the rule
 //     etcd's WAL uses; a payload with 512 aligned zero bytes of its own would be mistaken, and
 //     msgpack-encoded commands have none).
-// Anything else is damage to a record that may have been synced. The reader then goes on past the
-// frame — by its length when its header passed, else to the next 8-byte offset where a whole frame
+// Anything else is damage to a record that may have been synced. Past any bad frame the reader
+// goes on — by its length when its header passed, else to the next 8-byte offset where a whole frame
 // passes both checks — so the caller learns what lay beyond it (the highest index, the latest hard
-// state), and how many bytes past it could not be read at all.
+// state), and how many bytes past it could not be read at all. A frame that passes both checks
+// after one torn by the sector rule was written after it, so that frame is damage too (its sector
+// was lost after it was written, maybe synced): torn stays torn only with nothing valid after it
+// (the caller applies the same to later segments).
 import { crc32 } from './crc32.js';
 
 export const frameHeaderBytes = 12;
@@ -111,7 +114,8 @@ type Step =
   | { kind: 'end' }
   | { kind: 'frame'; frame: Frame }
   /** `next`: where the frame ends, when its header could be trusted. */
-  | { kind: 'bad'; bad: BadFrame; next: number | null };
+  /** `cutOff`: torn by the end of the written data (nothing can follow), not by a zero sector alone. */
+  | { kind: 'bad'; bad: BadFrame; next: number | null; cutOff: boolean };
 
 interface Scanner {
   readonly seqPrefix: number;
@@ -137,33 +141,36 @@ function step(sc: Scanner, at: number): Step {
   if (at >= dirtyEnd) return { kind: 'end' };
   const headerEnd = at + frameHeaderBytes;
   if (!headerOk(sc, at)) {
-    const torn = dirtyEnd <= headerEnd || zeroSectorPart(b, at, Math.min(headerEnd, b.length));
+    const cutOff = dirtyEnd <= headerEnd;
+    const torn = cutOff || zeroSectorPart(b, at, Math.min(headerEnd, b.length));
     const reason =
       headerEnd > b.length
         ? 'frame header cut short by the end of the file'
         : allZero(b, at, headerEnd)
           ? 'a frame header of zeros before written data'
           : 'frame header checksum mismatch';
-    return { kind: 'bad', bad: { offset: at, reason, torn }, next: null };
+    return { kind: 'bad', bad: { offset: at, reason, torn }, next: null, cutOff };
   }
   const length = view.getUint32(at, true);
   const bodyEnd = headerEnd + length;
   const end = pad8(bodyEnd);
   if (bodyEnd > b.length) {
     const reason = `frame of ${length} bytes runs past the end of the segment (${b.length} bytes)`;
-    return { kind: 'bad', bad: { offset: at, reason, torn: true }, next: null };
+    return { kind: 'bad', bad: { offset: at, reason, torn: true }, next: null, cutOff: true };
   }
   const body = b.subarray(headerEnd, bodyEnd);
   const stored = view.getUint32(at + 4, true);
   const actual = crc32(body, sc.seqPrefix);
   if (actual !== stored || b[bodyEnd - 1] !== trailer) {
     // (a checksum that matches with a bad trailer: a record of another layout, or damage the CRC missed)
-    const torn = (b[bodyEnd - 1] === 0 && dirtyEnd <= bodyEnd) || zeroSectorPart(b, at, bodyEnd);
+    const cutOff = b[bodyEnd - 1] === 0 && dirtyEnd <= bodyEnd;
+    const torn = cutOff || zeroSectorPart(b, at, bodyEnd);
     const reason = `checksum mismatch (stored 0x${stored.toString(16)}, computed 0x${actual.toString(16)})`;
     return {
       kind: 'bad',
       bad: { offset: at, reason: torn ? `${reason}, a write cut off` : reason, torn },
       next: Math.min(end, b.length),
+      cutOff,
     };
   }
   return {
@@ -200,29 +207,33 @@ export function scanSegment(seq: number, b: Uint8Array, from = 0): SegmentScan {
       at = s.frame.end;
       continue;
     }
+    // Past any bad frame, torn or not: a frame after it that passes both checks was written after
+    // it, so a sector of zeros in it was lost after the write rather than never written.
     const beyond: Frame[] = [];
+    let next: number | null = s.next ?? resync(sc, at + 8);
+    let skippedFrom = s.next === null ? at : null;
     let unreadableTail = 0;
-    if (!s.bad.torn) {
-      let next: number | null = s.next ?? resync(sc, at + 8);
-      let skippedFrom = s.next === null ? at : null;
-      for (;;) {
-        if (next === null) {
-          unreadableTail = skippedFrom === null ? 0 : dirtyEnd - skippedFrom;
-          break;
-        }
-        const t = step(sc, next);
-        if (t.kind === 'end') break;
-        if (t.kind === 'frame') {
-          beyond.push(t.frame);
-          next = t.frame.end;
-          skippedFrom = null;
-        } else if (t.bad.torn) break;
-        else {
-          skippedFrom = t.next === null ? next : null;
-          next = t.next ?? resync(sc, next + 8);
-        }
+    for (;;) {
+      if (next === null) {
+        unreadableTail = skippedFrom === null ? 0 : dirtyEnd - skippedFrom;
+        break;
+      }
+      const t = step(sc, next);
+      if (t.kind === 'end') break;
+      if (t.kind === 'frame') {
+        beyond.push(t.frame);
+        next = t.frame.end;
+        skippedFrom = null;
+      } else if (t.bad.torn && t.cutOff) break;
+      else {
+        skippedFrom = t.next === null ? next : null;
+        next = t.next ?? resync(sc, next + 8);
       }
     }
-    return { frames, end: at, bad: s.bad, beyond, unreadableTail };
+    const bad =
+      s.bad.torn && beyond.length > 0
+        ? { offset: s.bad.offset, reason: `${s.bad.reason}, with valid records after it`, torn: false }
+        : s.bad;
+    return { frames, end: at, bad, beyond, unreadableTail };
   }
 }

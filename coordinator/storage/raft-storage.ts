@@ -18,12 +18,13 @@
 // At open the log is replayed (a record for index i drops every stored entry at or above i, as a
 // save does) and checked:
 //   - a torn write (log-frames.ts: cut off by the end of the file, or a sector of it never
-//     written) at the end of the log: it was never synced, so nothing depended on it; the tail is
+//     written, with no valid record after it) at the end of the log: it was never synced; the tail is
 //     cut there (zeroed), reported in meta.repairs (torn: true) and the log, and no vote barrier is set;
 //   - any other bad record, or an impossible one (storage-checks.ts), strictly above the commit
 //     index: it may have been synced and acknowledged. The tail is cut there and meta records a
 //     vote barrier at the highest index stored beyond it (read by skipping the bad record), exactly
-//     as format 1 does (README.md); what cannot be read past is fatal;
+//     as format 1 does (README.md); entries above the recovered hard state's term go with the cut;
+//     a segment of zeros is damage too unless it is an unused spare (isSpare);
 //   - the same at or below the commit index, a missing segment, a bad snapshot or meta
 //     record, an unknown key: StorageCorruptionError.
 // A format-1 directory (LevelDB only, written by earlier versions) is upgraded at open: its state,
@@ -503,14 +504,19 @@ class LogReplay {
 function replayLog(dir: string, head: Head, segments: readonly ReadSegment[]): Replay {
   const S = head.snapshot.meta.index;
   const rp = new LogReplay(head.snapshot.meta);
-  // The last segment holding anything: later ones are unused spares.
-  const used = segments.filter((s) => s.scan.frames.length > 0 || s.scan.bad !== null);
+  const used = segments.filter((s, k) => !isSpare(s, k === segments.length - 1, segments[k - 1]));
   const lastUsed = used.at(-1)?.seq ?? head.logStart;
   let unreadableBytes = 0;
   for (const [k, seg] of used.entries()) {
     if (seg.seq !== head.logStart + k)
       throw new StorageCorruptionError(dir, `raft-log/${head.logStart + k}`, 'log segment missing');
-    const { frames, bad, beyond } = seg.scan;
+    const { frames, beyond } = seg.scan;
+    // A segment that reads as all zeros and is no spare lost what was written (maybe synced) in it.
+    const lost = frames.length === 0 && seg.scan.bad === null;
+    const bad = lost
+      ? { offset: 0, reason: `the segment reads as all zeros (${seg.size} bytes)`, torn: false }
+      : seg.scan.bad;
+    if (lost) unreadableBytes += seg.size;
     if (rp.stop !== null) {
       for (const f of [...frames, ...beyond]) rp.takeBeyond(f.type, f.payload);
       unreadableBytes += seg.scan.unreadableTail;
@@ -532,6 +538,29 @@ function replayLog(dir: string, head: Head, segments: readonly ReadSegment[]): R
     }
   }
   return Object.assign(rp, { used, lastUsed, unreadableBytes });
+}
+
+/**
+ * Whether a segment read as all zeros is an unused spare: a rotation (or a first segment) that
+ * stopped before its opening records (header, hard state) were synced. It must be the last file:
+ * a later segment is only created after this one was synced. And nothing can have been synced into
+ * it: every write in a segment (log-segments.ts) comes after the opening write's fdatasync
+ * resolved — the background zero extension is started only after that write's sync, and an
+ * append only after the rotation returned — and each of them grows the file, so a file no larger
+ * than its opening records held nothing but them, unsynced or lost. Those are the header and, in
+ * a rotation, the hard state the previous segment ends with (synced there before the rotation);
+ * its size is bounded with the previous segment's last vote and the largest term and commit.
+ * Without a previous segment (the log's first) it is never a spare: the log then reads as missing.
+ */
+function isSpare(seg: ReadSegment, last: boolean, prev: ReadSegment | undefined): boolean {
+  if (!last || prev === undefined || seg.scan.frames.length > 0 || seg.scan.bad !== null) return false;
+  let vote: string | null = null;
+  for (const f of [...prev.scan.frames, ...prev.scan.beyond]) {
+    const r = f.type === RecordType.Hard ? readRecord(f.type, f.payload) : null;
+    if (r !== null && typeof r !== 'string' && r.hard !== undefined) vote = r.hard.vote;
+  }
+  const widest = { term: Number.MAX_SAFE_INTEGER, vote, commit: Number.MAX_SAFE_INTEGER };
+  return seg.size <= frameBytes(0) + frameBytes(packHardState(widest).length);
 }
 
 type Replay = LogReplay & {
@@ -559,26 +588,27 @@ async function replay(
   let meta = head.meta;
   const repairs: StorageRepair[] = [];
   let stop = rp.stop;
-  if (stop === null || stop.torn) {
-    // Entries of a write cut off (never synced) before the hard state written after them: they go too.
-    let cutAt: { readonly seq: number; readonly offset: number } | undefined;
-    for (let e = rp.entries.at(-1); e !== undefined && e.term > hard.term; e = rp.entries.at(-1)) {
-      cutAt = rp.where.get(e);
-      rp.entries.pop();
-    }
-    if (cutAt !== undefined)
-      stop = {
-        ...cutAt,
-        index: lastIndexOf(rp, S) + 1,
-        reason: stop?.reason ?? `entries above the hard state's term ${hard.term} with no hard state after them`,
-        torn: true,
-      };
+  // The hard state beyond a damaged record (it may have been synced) counts.
+  const beyondHard = rp.hardBeyond;
+  if (stop !== null && !stop.torn && beyondHard !== null && beyondHard.term >= hard.term) hard = beyondHard;
+  // Entries above the hard state's term are above its commit index (a committed entry is never
+  // overwritten, and one of a later term was written after it): of a torn write they were never
+  // synced; before a damaged record (the hard state written after them lost) they go with the cut,
+  // counted in the vote barrier below. Either way the log is cut at the first of them.
+  let cutAt: { readonly seq: number; readonly offset: number } | undefined;
+  for (let e = rp.entries.at(-1); e !== undefined && e.term > hard.term; e = rp.entries.at(-1)) {
+    cutAt = rp.where.get(e);
+    rp.entries.pop();
   }
+  if (cutAt !== undefined && (stop === null || stop.torn))
+    stop = {
+      ...cutAt,
+      index: lastIndexOf(rp, S) + 1,
+      reason: stop?.reason ?? `entries above the hard state's term ${hard.term} with no hard state after them`,
+      torn: true,
+    };
   let resumeAt = { seq: lastUsed, offset: used.at(-1)?.scan.end ?? 0 };
   if (stop !== null) {
-    // Entries of a torn write (never synced) that outran the hard state written after them go too.
-    const beyondHard = rp.hardBeyond;
-    if (!stop.torn && beyondHard !== null && beyondHard.term >= hard.term) hard = beyondHard;
     const commit = Math.max(hard.commit, S);
     if (!stop.torn && stop.index <= commit) {
       throw new StorageCorruptionError(
@@ -599,7 +629,7 @@ async function replay(
       key: `raft-log/${stop.seq}@${stop.offset}`,
       reason: stop.torn ? `torn write: ${stop.reason}` : stop.reason,
       truncatedFrom,
-      removedRecords: rp.topBeyond >= truncatedFrom ? rp.topBeyond - truncatedFrom + 1 : 0,
+      removedRecords: Math.max(rp.topBeyond, stop.index - 1) - truncatedFrom + 1,
       commit,
       torn: stop.torn,
     };
@@ -611,7 +641,7 @@ async function replay(
             'until its commit index reaches the vote barrier',
     );
     repairs.push(repair);
-    resumeAt = { seq: stop.seq, offset: stop.offset };
+    resumeAt = cutAt ?? { seq: stop.seq, offset: stop.offset };
   }
   const lastIndex = lastIndexOf(rp, S);
   if (hard.commit > lastIndex) {
