@@ -190,7 +190,7 @@ export function latencyVerdict(
   return {
     name: 'latency',
     ok,
-    detail: `${how}${machineWide > 0 ? ` (left out: ${(machineWide / 1000).toFixed(1)} s while a restarted agent started up, which takes this one machine's CPU from every other process)` : ''}; ${all.length} answers, p50 ${ms(quantile(all, 0.5))}, p99.9 ${ms(quantile(all, 0.999))}, max ${ms(all.at(-1) ?? null)}; worst 1 s window p99 ${ms(worst.p99)} at ${fmtS(worst.at)}`,
+    detail: `${how}${machineWide > 0 ? ` (left out: ${(machineWide / 1000).toFixed(1)} s while a restarted process started up, which takes this one machine's CPU from every other process)` : ''}; ${all.length} answers, p50 ${ms(quantile(all, 0.5))}, p99.9 ${ms(quantile(all, 0.999))}, max ${ms(all.at(-1) ?? null)}; worst 1 s window p99 ${ms(worst.p99)} at ${fmtS(worst.at)}`,
   };
 }
 
