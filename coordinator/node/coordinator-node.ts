@@ -582,7 +582,8 @@ export class CoordinatorNode {
     let waitingLogged = false;
     while (!this.halted()) {
       const ledger = this.machine.ledger;
-      if (ledger.commandFormat >= format) waitingLogged = false;
+      // Logged again by a leader elected anew: the line says which leader waits.
+      if (ledger.commandFormat >= format || !this.isLeader()) waitingLogged = false;
       else if (this.isLeader() && this.everyMemberReads(format)) {
         const from = ledger.commandFormat;
         try {

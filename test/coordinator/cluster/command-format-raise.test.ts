@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { CoordinatorCluster } from '../../../testkit/coordinator-cluster.js';
 import { waitFor } from '../../../testkit/wait.js';
-import { BASE_COMMAND_FORMAT, NEWEST_COMMAND_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
+import { NEWEST_COMMAND_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
 
 const ids = ['n1', 'n2', 'n3'];
 const OLDER = String(NEWEST_COMMAND_FORMAT - 1);
@@ -27,27 +27,39 @@ void test('a member declaring an older command format holds the raise back; once
     c.start('n1');
     c.start('n2');
     c.start('n3', { env: { CELLQUOTA_COMMAND_FORMAT: OLDER } });
-    const leader = await c.waitForLeader(60_000);
-    // The leader has heard every member's declaration and decided to wait (its log line), and the log stays at the
-    // base format on every replica while a write goes through.
+    // The leader has heard every member's declaration and decided to wait (its log line), and the log stays below
+    // the newest format on every replica while a write goes through.
     await waitFor(
       'the leader has every declaration',
       async () => {
-        const v = await view(c, leader);
+        const v = await view(c, await c.waitForLeader(60_000));
         const declared = new Map(v.members.map((m) => [m.id, m.commandFormat]));
         return declared.get('n3') === Number(OLDER) && ids.every((id) => declared.get(id) !== null);
       },
       { timeoutMs: 60_000 },
     );
     await waitFor(
-      'the leader holds the raise back',
-      () => c.replica(leader).output.includes('the command format is raised once every member declared it reads it'),
+      'a leader holds the raise back',
+      async () => {
+        if (
+          ['n1', 'n2'].some((id) =>
+            c.replica(id).output.includes('the command format is raised once every member declared it reads it'),
+          )
+        )
+          return true;
+        // n3 elected raises the log to its own format (every member reads it), which is right but not what this
+        // test looks at: it hands leadership to n1, which then waits for n3.
+        if ((await c.waitForLeader(60_000)) === 'n3')
+          await c.write('POST', '/v1/cluster/transfer-leadership', { to: 'n1' });
+        return false;
+      },
       { timeoutMs: 60_000 },
     );
     assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate: 100, burst: 100 })).status, 200);
     for (const id of ids) {
       const v = await view(c, id);
-      assert.deepEqual(v.commandFormat, { log: BASE_COMMAND_FORMAT, raisedAtIndex: 0 }, `${id} is not raised`);
+      // At the base format unless n3 was elected meanwhile and raised it to its own (older) format.
+      assert.ok(v.commandFormat.log <= Number(OLDER), `${id} is not raised: ${JSON.stringify(v.commandFormat)}`);
     }
     // Below format 5 a tenant is not deleted under a tier:NAME policy (its old semantics break the bound), whether
     // or not it holds slices yet; deleted at once under another policy.
@@ -55,7 +67,7 @@ void test('a member declaring an older command format holds the raise back; once
     assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'tier:gold' })).status, 200);
     const refused = await c.write('DELETE', '/v1/tenants/acme');
     assert.equal(refused.status, 409, JSON.stringify(refused.body));
-    assert.match(JSON.stringify(refused.body), /command format 5 \(now 1\)/);
+    assert.match(JSON.stringify(refused.body), /command format 5 \(now \d\)/);
     assert.equal((await c.write('PUT', '/v1/settings', { unknownTenant: 'deny' })).status, 200);
     assert.equal((await c.write('DELETE', '/v1/tenants/acme')).status, 200);
 
