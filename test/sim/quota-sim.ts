@@ -341,13 +341,12 @@ class Simulation {
   }
 
   /**
-   * Work of `thread` due at `t`: deferred while the thread is stalled (in order). `late`: a message
-   * port's delivery, which a resumed thread takes after the socket reads queued meanwhile.
+   * Work of `thread` due at `t`: deferred while the thread is stalled (in order). `late`: read after
+   * the socket reads a resumed thread queued meanwhile (a message port's delivery: Port.post).
    */
   on(thread: Thread, t: number, fn: () => void, async = true, late = false): void {
     const run = (): void => {
       if (this.q.now < thread.stalledUntil) {
-        // The same delay for every port message: a port delivers in order.
         this.q.schedule(late ? thread.stalledUntil + PORT_AFTER_SOCKETS_MS : thread.stalledUntil, run);
         return;
       }
@@ -924,6 +923,45 @@ function slide(map: Map<string, Window>, key: string, now: number, hits: number)
   return w;
 }
 
+/**
+ * One direction of a worker_threads MessagePort, read by `thread`: messages are delivered in the
+ * order they were posted (the port's message queue is FIFO: receiveMessageOnPort takes "the oldest
+ * message in the MessagePort's queue", and the 'message' events follow the same queue), each no
+ * earlier than its own time and, on a stalled thread, after the socket reads it queued meanwhile.
+ * A message that is due cannot overtake an earlier one still waiting for a stalled thread: it is
+ * delivered right after it. (Scheduling each message as its own thread event let a message posted
+ * just after a stall ended run before one deferred by the stall: a worker applied lease batch 4,
+ * then batch 3 over it, and decided for a second on a grant the main thread had acknowledged as
+ * replaced. Seed 10223; agent-workers.ts counts confirmations on this order.)
+ */
+class Port {
+  private readonly queue: { readonly at: number; readonly fn: () => void }[] = [];
+  private lastAt = 0;
+
+  constructor(
+    private readonly sim: Simulation,
+    private readonly thread: Thread,
+    private readonly async: boolean,
+  ) {}
+
+  /** Posts a message the reader takes at `at` or later (never before one posted earlier). */
+  post(at: number, fn: () => void): void {
+    const due = Math.max(at, this.lastAt);
+    this.lastAt = due;
+    this.queue.push({ at: due, fn });
+    this.sim.on(this.thread, due, () => this.deliver(), this.async, true);
+  }
+
+  /** Every message due by now, oldest first (their own events then find them gone). */
+  private deliver(): void {
+    const now = this.sim.q.now;
+    while (this.queue.length > 0 && (this.queue[0] as { at: number }).at <= now) {
+      const m = this.queue.shift() as { fn: () => void };
+      m.fn();
+    }
+  }
+}
+
 // ---- coordinator replicas ---------------------------------------------------------------------
 
 class Replica {
@@ -1103,7 +1141,9 @@ class Agent {
     // applied once every worker confirmed it.
     let seq = 0;
     const confirmed = workers.map(() => 0);
-    const portAt = workers.map(() => 0);
+    // Each worker's port, both ways: the entries to it, its confirmations back to the main thread.
+    const toWorker = workers.map((w) => new Port(sim, w, false));
+    const toMain = workers.map(() => new Port(sim, main, true));
     const waiters: { seq: number; resolve: () => void }[] = [];
     const settle = (): void => {
       for (let i = waiters.length - 1; i >= 0; i--) {
@@ -1117,31 +1157,16 @@ class Agent {
     const onOverrides = (entries: OverrideEntry[]): Promise<void> => {
       applyLeaseEntries(table, overridesOf[0] as QuotaOverrides, entries, this.nowNs());
       const s = ++seq;
-      workers.forEach((w, i) => {
+      workers.forEach((_w, i) => {
         // A busy worker may read its sockets before its message port: the entries reach it late.
-        // A MessagePort delivers in order.
         const lag = sim.net.chance(sim.portLagP) ? sim.net.range(100, 1_500) : sim.net.range(0.01, 3);
-        const at = Math.max(portAt[i] as number, sim.q.now + lag);
-        portAt[i] = at;
-        sim.on(
-          w,
-          at,
-          () => {
-            applyLeaseEntries(table, overridesOf[i + 1] as QuotaOverrides, entries, this.nowNs());
-            sim.on(
-              main,
-              sim.q.now + sim.net.range(0.01, 3),
-              () => {
-                confirmed[i] = Math.max(confirmed[i] as number, s);
-                settle();
-              },
-              true,
-              true,
-            );
-          },
-          false,
-          true,
-        );
+        (toWorker[i] as Port).post(sim.q.now + lag, () => {
+          applyLeaseEntries(table, overridesOf[i + 1] as QuotaOverrides, entries, this.nowNs());
+          (toMain[i] as Port).post(sim.q.now + sim.net.range(0.01, 3), () => {
+            confirmed[i] = Math.max(confirmed[i] as number, s);
+            settle();
+          });
+        });
       });
       return new Promise<void>((resolve) => waiters.push({ seq: s, resolve }));
     };
