@@ -262,12 +262,36 @@ function pushHeader(out: [string, string][], name: string, value: string): void 
   out.push([name, value]);
 }
 
-/** A policy's sf-string and its `RateLimit-Policy` member, kept while its limit and window stay. */
-interface PolicyText {
-  readonly limit: number;
-  readonly windowSeconds: number;
-  readonly id: string;
+/**
+ * A policy's sf-string and its `RateLimit-Policy` member, kept while its limit and window stay; and
+ * its last `RateLimit` member with the `r` and `t` it was written for. A client well under its limit
+ * meets a full bucket request after request (the same `r`, the same `t`): then the member is the
+ * string written for the previous request, not formatted again (two numbers printed and joined,
+ * which setHeader then flattens to check it).
+ */
+class PolicyText {
   readonly policy: string;
+  private remaining = -1;
+  private reset = -1;
+  private member = '';
+
+  constructor(
+    readonly limit: number,
+    readonly windowSeconds: number,
+    readonly id: string,
+  ) {
+    this.policy = `${id};q=${limit};w=${windowSeconds}`;
+  }
+
+  /** The `RateLimit` member for `p`'s remaining hits and reset. */
+  state(p: PolicyStatus): string {
+    if (p.remaining !== this.remaining || p.resetSeconds !== this.reset) {
+      this.remaining = p.remaining;
+      this.reset = p.resetSeconds;
+      this.member = `${this.id};r=${p.remaining};t=${p.resetSeconds}`;
+    }
+    return this.member;
+  }
 }
 
 /** Policy names remembered (rule names and tiers: few); past this the memory starts over. */
@@ -276,7 +300,7 @@ const MAX_POLICY_TEXTS = 1024;
 /**
  * Writes the rate-limit headers of a decision. A policy's name and its RateLimit-Policy member
  * change only with the rules or a new grant, so they are formatted once and kept; per request
- * only `r` and `t` are written into the RateLimit value.
+ * only `r` and `t` are written into the RateLimit value, and only when they changed.
  */
 class RateLimitFormat {
   private readonly texts = new Map<string, PolicyText>();
@@ -296,7 +320,7 @@ class RateLimitFormat {
       if (n === 1) {
         const t = this.text(first.name, first);
         set(target, 'ratelimit-policy', t.policy);
-        set(target, 'ratelimit', `${t.id};r=${first.remaining};t=${first.resetSeconds}`);
+        set(target, 'ratelimit', t.state(first));
       } else {
         let policy = '';
         let state = '';
@@ -307,7 +331,7 @@ class RateLimitFormat {
           seen.add(name);
           const t = this.text(name, p);
           policy += policy === '' ? t.policy : `, ${t.policy}`;
-          state += `${state === '' ? '' : ', '}${t.id};r=${p.remaining};t=${p.resetSeconds}`;
+          state += state === '' ? t.state(p) : `, ${t.state(p)}`;
         }
         set(target, 'ratelimit-policy', policy);
         set(target, 'ratelimit', state);
@@ -333,13 +357,7 @@ class RateLimitFormat {
   private text(name: string, p: PolicyStatus): PolicyText {
     const known = this.texts.get(name);
     if (known !== undefined && known.limit === p.limit && known.windowSeconds === p.windowSeconds) return known;
-    const id = known?.id ?? sfString(name);
-    const t: PolicyText = {
-      limit: p.limit,
-      windowSeconds: p.windowSeconds,
-      id,
-      policy: `${id};q=${p.limit};w=${p.windowSeconds}`,
-    };
+    const t = new PolicyText(p.limit, p.windowSeconds, known?.id ?? sfString(name));
     if (known === undefined && this.texts.size >= MAX_POLICY_TEXTS) this.texts.clear();
     this.texts.set(name, t);
     return t;

@@ -40,6 +40,16 @@ const redis =
   s.redisSocket === undefined
     ? null
     : new Redis({ path: s.redisSocket, maxRetriesPerRequest: 1, enableOfflineQueue: false, commandTimeout: 1000 });
+// Connected before a store is built: with no offline queue, a command sent while the client is still
+// connecting fails at once. rate-limit-redis loads its script in init() (called by rateLimit()); sent
+// too early, that load failed, every increment then rethrew it and passOnStoreError let the request
+// through with a stack trace on stderr — the baseline never reached Redis (about 120 req/s, limited by
+// the logging, not by Redis).
+if (redis !== null && redis.status !== 'ready')
+  await new Promise<void>((ok, fail) => {
+    redis.once('ready', ok);
+    redis.once('error', fail);
+  });
 
 let url: string;
 if (s.framework === 'fastify') {

@@ -14,6 +14,7 @@ import { loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { createLimiter } from '../../embedded/limiter.js';
+import { FAIL_OPEN_HEADER } from '../../embedded/http-gate.js';
 import { CHECK_COST_RULES, checkCostNs } from '../check-cost.js';
 import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from '../bench-report.js';
@@ -34,25 +35,59 @@ interface Run {
   cpuUs: number;
 }
 
-async function startApp(settings: AppSettings): Promise<{ proc: ChildProcess; url: string }> {
+interface App {
+  readonly proc: ChildProcess;
+  readonly url: string;
+  /** Bytes the app wrote to stderr once listening (a limiter failing on every request says so there). */
+  readonly stderrBytes: () => number;
+}
+
+async function startApp(settings: AppSettings): Promise<App> {
   const proc = spawn(process.execPath, ['--import', 'tsx', APP, JSON.stringify(settings)], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
+  let listening = false;
+  let stderrBytes = 0;
   return new Promise((ok, fail) => {
     const timer = setTimeout(() => fail(new Error(`app did not start: ${out.slice(-1000)}`)), 60_000);
-    const on = (b: Buffer): void => {
+    const on = (b: Buffer, stderr: boolean): void => {
+      // Once listening, output is only counted: kept and searched, a chatty app would cost this
+      // process (autocannon's) time that grows with everything it ever wrote.
+      if (listening) {
+        if (stderr) stderrBytes += b.length;
+        return;
+      }
       out += b.toString();
       const m = /listening (\S+)/.exec(out);
       if (m !== null) {
+        listening = true;
         clearTimeout(timer);
-        ok({ proc, url: m[1] as string });
+        ok({ proc, url: m[1] as string, stderrBytes: () => stderrBytes });
       }
     };
-    proc.stdout?.on('data', on);
-    proc.stderr?.on('data', on);
+    proc.stdout?.on('data', (b: Buffer) => on(b, false));
+    proc.stderr?.on('data', (b: Buffer) => on(b, true));
     proc.once('exit', (code) => fail(new Error(`app exited (${code}): ${out.slice(-1000)}`)));
   });
+}
+
+/** Rate-limit headers on an admitted answer: the limiter under test ran (and did not fail open). */
+const LIMITER_HEADER = /^(x-)?ratelimit(-|$)/i;
+
+/** Throws unless a limited variant's answer is a 2xx that carries its limiter's headers (and none
+ * says it failed open): a baseline whose store fails on every request measures only its error path. */
+async function checkLimiterAnswers(url: string, variant: Variant): Promise<void> {
+  const r = await fetch(url);
+  await r.arrayBuffer();
+  const names = [...r.headers.keys()];
+  const limited = names.some((n) => LIMITER_HEADER.test(n));
+  const failOpen = r.headers.has(FAIL_OPEN_HEADER);
+  if (r.status < 200 || r.status > 299 || failOpen || limited !== (variant !== 'none'))
+    throw new Error(
+      `embedded bench: ${variant} at ${url} answered ${r.status} with headers ${names.join(', ')} ` +
+        `(expected a 2xx ${variant === 'none' ? 'without' : 'with'} rate-limit headers, not failed open)`,
+    );
 }
 
 const CONNECTIONS = 10;
@@ -263,6 +298,7 @@ export async function runEmbeddedBench(opts: {
       // first check of a new quota key on a replica is refused by design, cell-agent/README.md).
       const urls = new Map<Variant, string>();
       const procs = new Map<Variant, ChildProcess>();
+      const chatty = new Map<Variant, () => number>();
       await Promise.all(
         variants.map(async (variant) => {
           const app = await startApp({
@@ -275,10 +311,14 @@ export async function runEmbeddedBench(opts: {
           apps.push(app.proc);
           urls.set(variant, app.url);
           procs.set(variant, app.proc);
+          chatty.set(variant, app.stderrBytes);
         }),
       );
       const url = (v: Variant): string => urls.get(v) as string;
-      for (const v of variants) await load(url(v), warmUp);
+      for (const v of variants) {
+        await load(url(v), warmUp);
+        await checkLimiterAnswers(url(v), v);
+      }
       // Interleaved rounds: round i starts at variant i (so none is always first or last after
       // another's load), each run after a short re-warm of its own connections.
       const runs = new Map<Variant, Run[]>(variants.map((v) => [v, []]));
@@ -296,6 +336,13 @@ export async function runEmbeddedBench(opts: {
         got.set(v, s);
         row(framework, v, 'normal', s, `${s.min}–${s.max}`);
       }
+      // (before the paused runs, where a library's timeouts are logged by design)
+      const noisy = variants.map((v) => [v, chatty.get(v)?.() ?? 0] as const).filter(([, n]) => n > 0);
+      if (noisy.length > 0)
+        notes.push(
+          `${framework}: wrote to stderr while measured (an error path on every request?): ` +
+            noisy.map(([v, n]) => `${v} ${n} bytes`).join(', '),
+        );
       if (redis?.pid !== undefined && urls.has('lib-redis')) {
         const pid = redis.pid;
         process.kill(pid, 'SIGSTOP');
