@@ -13,6 +13,7 @@
 // encoded by ledger-commands' `encodeCommand` (validation included in its time). One more row adds
 // the hierarchy: three tier caps under one domain cap, split at every cell.
 import { allocateRound, allocateRoundColumns, AllocatorWorkspace } from '../coordinator/allocator/allocator.js';
+import { AllocatorInputBuffers } from '../coordinator/allocator/allocator-input.js';
 import type {
   AllocatorCell,
   AllocatorInput,
@@ -356,19 +357,28 @@ export function measureAllocator(tenants: number, nCells: number, hierarchy: boo
 
 /**
  * The columnar input of the rows `rows` only (what the incremental round gathers from the ledger),
- * into `buf`'s columns, reused from round to round as the lease round reuses its input buffers.
+ * into `buffers`' columns (allocator-input.ts's AllocatorInputBuffers), reused from round to round as the lease round reuses its input buffers.
  */
 export function subInput(
   w: World,
   rows: Int32Array,
   nowMs: number,
-  buf: SubInputBuffers = newSubInputBuffers(),
+  buffers: AllocatorInputBuffers = new AllocatorInputBuffers(),
 ): AllocatorInput {
   const n = w.cells.length;
   const size = rows.length * n;
   const s = w.slices;
-  if (buf.grantRate.length < size) Object.assign(buf, newSubInputBuffers(size));
-  const sub: AllocatorSlices = buf;
+  // The production buffers (allocator-input.ts), as IncrementalAllocatorPolicy reuses them.
+  const cols = buffers.ensure(size, 0);
+  const sub: AllocatorSlices = {
+    grantRate: cols.grantRate.subarray(0, size),
+    grantBurst: cols.grantBurst.subarray(0, size),
+    epoch: cols.epoch.subarray(0, size),
+    acknowledged: cols.acknowledged.subarray(0, size),
+    countedRate: cols.countedRate.subarray(0, size),
+    countedBurst: cols.countedBurst.subarray(0, size),
+    demand: cols.demand.subarray(0, size),
+  };
   const quotas: AllocatorQuota[] = new Array<AllocatorQuota>(rows.length);
   // Element by element: a `subarray` per row and column (70,000 views at 10,000 rows) cost more than
   // the copy itself and made the round's garbage.
@@ -389,20 +399,6 @@ export function subInput(
     quotas[j] = w.quotas[rows[j] as number] as AllocatorQuota;
   }
   return { ...input(w, nowMs), quotas, slices: sub };
-}
-
-type SubInputBuffers = { -readonly [K in keyof AllocatorSlices]: AllocatorSlices[K] };
-
-export function newSubInputBuffers(size = 0): SubInputBuffers {
-  return {
-    grantRate: new Float64Array(size),
-    grantBurst: new Float64Array(size),
-    epoch: new Float64Array(size),
-    acknowledged: new Uint8Array(size),
-    countedRate: new Float64Array(size),
-    countedBurst: new Float64Array(size),
-    demand: new Float64Array(size),
-  };
 }
 
 /** Moves the demands of a fraction `p` of the tenants, at every cell; returns their rows (sorted). */
@@ -473,7 +469,7 @@ export function measureIncremental(
   // grants it sends (float32 towards the current grant, unchanged ones dropped, the budget), with
   // `Grant` objects only for those.
   const ws2 = new AllocatorWorkspace();
-  const buf = newSubInputBuffers();
+  const buf = new AllocatorInputBuffers();
   const scratch = new SelectionScratch();
   const times: number[] = [];
   const cpu: number[] = [];
