@@ -10,6 +10,7 @@ import { settingsHelp } from '../shared/cli-config.js';
 import { createRootLogger } from '../shared/logging.js';
 import { releaseStartupMemory } from '../shared/release-memory.js';
 import type { CoordinatorAddress } from './agent-config.js';
+import { AGENT_ALONE_NOTE, AGENT_COORDINATED_NOTE } from './agent-config.js';
 import { startAgent } from './agent-main.js';
 import { loadAgentSettings } from './agent-settings.js';
 import { serveUntilSignal, settingsOrExitAsync, startOrExit } from './serve-command.js';
@@ -65,9 +66,8 @@ export async function runAgentCommand(
     lines.push(`  forward-auth unix  ${config.forwardAuthSocket}  (/v1/forward-auth only)`);
   lines.push(
     config.coordinators.length === 0
-      ? '  (no coordinators: global quotas run on static slices)'
-      : `  (coordinators ${config.coordinators.map(coordinatorAddress).join(',')}: ` +
-          'global quotas run on static slices until the leader grants leased slices)',
+      ? `  (${AGENT_ALONE_NOTE})`
+      : `  (coordinators ${config.coordinators.map(coordinatorAddress).join(',')}: ${AGENT_COORDINATED_NOTE})`,
   );
   io.stdout.write(`${lines.join('\n')}\n`);
 

@@ -135,6 +135,11 @@ const unknownTenant = z
   });
 
 /** The unknown-tenant policy and the static share of an agent running alone, when not given. */
+/** What the agent's start-up line and banner say about where its global quotas come from. */
+export const AGENT_ALONE_NOTE = 'no coordinators: global quotas run on static slices (--tenants × --static-share)';
+export const AGENT_COORDINATED_NOTE =
+  'tiers, tenants and floors come from the coordinator leader: a global key is refused until its first grant, ' +
+  'then runs on its grant, or on the floor stamped on it once its lease ends';
 export const DEFAULT_UNKNOWN_TENANT = 'deny';
 export const DEFAULT_STATIC_SHARE = 1;
 const defaultUnknownTenant = ((): UnknownTenantPolicy => {

@@ -18,6 +18,7 @@ import { coordinatorAddress } from './agent-address.js';
 import { RulesChangedError, snapshotOf } from './agent-rules.js';
 import type { RulesSnapshot } from './agent-rules.js';
 import type { AgentConfig } from './agent-config.js';
+import { AGENT_ALONE_NOTE, AGENT_COORDINATED_NOTE } from './agent-config.js';
 import type { WorkerInit } from './agent-protocol.js';
 import { RlsWorkers } from './agent-workers.js';
 import { BucketTable } from './buckets/bucket-table.js';
@@ -556,25 +557,24 @@ function logStarted(
   inputs: AgentInputs,
   rules: RuleSet,
 ): void {
-  const coordinatorNote =
-    config.coordinators.length === 0
-      ? 'no coordinators configured: the agent runs alone on static slices'
-      : 'coordinators configured: the agent runs on static slices until the coordinator leader grants leased slices';
+  const alone = config.coordinators.length === 0;
+  // With coordinators the agent has no tenants file, static share or unknown-tenant policy of its
+  // own (they are refused), so the line names only what it does use.
+  const quotaSource = alone
+    ? {
+        tenants: inputs.quotas.tenantCount,
+        tiers: inputs.quotas.tierCount,
+        staticShare: config.staticShare,
+        unknownTenant: formatUnknownTenantPolicy(config.unknownTenant),
+      }
+    : {
+        coordinators: config.coordinators.map((c) =>
+          c.id === undefined ? coordinatorAddress(c) : `${c.id}=${coordinatorAddress(c)}`,
+        ),
+      };
   log.info(
-    {
-      cell: config.cell,
-      endpoints,
-      workers: config.workers,
-      rules: rules.fingerprint,
-      tenants: inputs.quotas.tenantCount,
-      tiers: inputs.quotas.tierCount,
-      staticShare: config.staticShare,
-      unknownTenant: formatUnknownTenantPolicy(config.unknownTenant),
-      coordinators: config.coordinators.map((c) =>
-        c.id === undefined ? coordinatorAddress(c) : `${c.id}=${coordinatorAddress(c)}`,
-      ),
-    },
-    `cell agent started; ${coordinatorNote}`,
+    { cell: config.cell, endpoints, workers: config.workers, rules: rules.fingerprint, ...quotaSource },
+    `cell agent started; ${alone ? AGENT_ALONE_NOTE : AGENT_COORDINATED_NOTE}`,
   );
 }
 

@@ -1,5 +1,5 @@
 // `cellquota agent` as a command: settings validation (exit 2), --help, and a real process that
-// prints its endpoints, serves, reports that it runs on static slices, and stops cleanly on SIGTERM.
+// prints its endpoints, serves, reports that its quotas come from the coordinators, and stops cleanly on SIGTERM.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -270,7 +270,7 @@ void test('settings: defaults, typed values and strings parse alike', () => {
   );
 });
 
-void test('a real agent process: endpoints printed, serving, static slices logged, clean stop on SIGTERM', async () => {
+void test('a real agent process: endpoints printed, serving, quota source logged, clean stop on SIGTERM', async () => {
   const dir = tempDir();
   const socket = join(dir.path, 'rls.sock');
   const cli = fileURLToPath(new URL('../../../cell-agent/agent-cli.ts', import.meta.url));
@@ -334,14 +334,19 @@ void test('a real agent process: endpoints printed, serving, static slices logge
       });
     });
     assert.match(stdout, new RegExp(`rls unix\\s+${socket.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
-    assert.match(stdout, /global quotas run on static slices until the leader grants leased slices/);
+    assert.match(
+      stdout,
+      /tiers, tenants and floors come from the coordinator leader: a global key is refused until its first grant/,
+    );
     const started = stdout
       .split('\n')
       .filter((l) => l.startsWith('{'))
       .map((l) => JSON.parse(l) as Record<string, unknown>)
       .find((l) => typeof l['msg'] === 'string' && l['msg'].startsWith('cell agent started'));
     assert.ok(started !== undefined, 'a start-up log line');
-    assert.match(String(started['msg']), /runs on static slices/);
+    assert.match(String(started['msg']), /tiers, tenants and floors come from the coordinator leader/);
+    assert.deepEqual(started['coordinators'], ['127.0.0.1:7001', '127.0.0.1:7002']);
+    assert.equal(started['staticShare'], undefined, 'no static share with coordinators');
     assert.equal(started['cell'], 'proc');
     const client = new RlsClient(unixTarget(socket));
     try {
