@@ -11,6 +11,7 @@ import { CoordinatorNode, storageErrno, type CoordinatorFailure } from '../coord
 import { buildAdminServer } from '../coordinator/api/admin-server.js';
 import { LiveTraffic } from '../coordinator/api/live-traffic.js';
 import { TokenFile } from '../coordinator/lease/lease-auth.js';
+import { guessPeerAddresses } from './peer-addresses.js';
 import {
   DEFAULT_LEASE_TTL_MS,
   DEFAULT_MAX_DEMAND_KEYS,
@@ -76,7 +77,7 @@ export const coordinatorFields = z.object({
   }),
   adminPeers: setting(idMap(z.string().url(), 'http://host:port').optional(), {
     help: 'admin URLs of the replicas as id=http://host:port, for redirecting writes to the leader',
-    defaultHelp: 'the peer host with this --admin port',
+    defaultHelp: 'the peer host with this --admin port (unknown for replicas sharing a host)',
     example: 'n1=http://10.0.0.1:8081',
   }),
   adminToken: setting(z.string().min(8, 'at least 8 characters').optional(), {
@@ -134,7 +135,7 @@ export const coordinatorFields = z.object({
   }),
   leasePeers: setting(idMap(hostPort, 'host:port').optional(), {
     help: 'lease addresses of the replicas as id=host:port, named to agents that reached a follower',
-    defaultHelp: 'the peer host with the --lease-listen port',
+    defaultHelp: 'the peer host with the --lease-listen port (unknown for replicas sharing a host)',
     example: 'n1=10.0.0.1:7002',
   }),
   leaseTokens: setting(z.string().min(1).optional(), {
@@ -254,26 +255,20 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
       : undefined;
   const adminAddr = parseHostPort(s.admin);
   if (adminAddr === null) throw new Error('unreachable: admin validated');
+  // A replica's admin URL and lease address: as listed (--admin-peers, --lease-peers), else its peer
+  // host with this replica's port, unless replicas share that host (peer-addresses.ts).
+  const adminGuess = guessPeerAddresses(s.peers, s.id, adminAddr.port);
   const adminUrlOf = (id: string): string | null => {
     const explicit = s.adminPeers?.get(id);
     if (explicit !== undefined) return explicit.replace(/\/$/, '');
-    const peer = s.peers.get(id);
-    const hp = peer === undefined ? null : parseHostPort(peer);
-    return hp === null ? null : `http://${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${adminAddr.port}`;
+    const derived = adminGuess.addressOf(id);
+    return derived === null ? null : `http://${derived}`;
   };
-  // The lease service on its own address: a follower names the leader's lease address (explicit in
-  // --lease-peers, else the leader's peer host with this --lease-listen port).
+  // The lease service on its own address: a follower names the leader's lease address to agents.
   const leaseListen = s.leaseListen;
   const leasePort = leaseListen === undefined ? null : (parseHostPort(leaseListen)?.port ?? null);
-  const leaseAddressOf = (id: string): string | null => {
-    const explicit = s.leasePeers?.get(id);
-    if (explicit !== undefined) return explicit;
-    const peer = s.peers.get(id);
-    const hp = peer === undefined ? null : parseHostPort(peer);
-    return hp === null || leasePort === null
-      ? null
-      : `${hp.host.includes(':') ? `[${hp.host}]` : hp.host}:${leasePort}`;
-  };
+  const leaseGuess = guessPeerAddresses(s.peers, s.id, leasePort);
+  const leaseAddressOf = (id: string): string | null => s.leasePeers?.get(id) ?? leaseGuess.addressOf(id);
   let tokens: TokenFile | undefined;
   if (s.leaseTokens !== undefined) {
     const path = resolve(s.leaseTokens);
@@ -395,6 +390,21 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     { admin: `http://${s.admin}`, peer: s.peers.get(s.id), lease: s.leaseListen ?? s.peers.get(s.id) },
     'admin API listening',
   );
+  const unknownAdmin = adminGuess.ambiguous.filter((id) => s.adminPeers?.get(id) === undefined);
+  if (unknownAdmin.length > 0)
+    logger.warn(
+      { replicas: unknownAdmin },
+      'these replicas share a host, so their admin URLs cannot be derived from --peers: a write sent to this ' +
+        'replica while one of them leads is answered NO_LEADER instead of redirected; list them in --admin-peers',
+    );
+  const unknownLease =
+    leasePort === null ? [] : leaseGuess.ambiguous.filter((id) => s.leasePeers?.get(id) === undefined);
+  if (unknownLease.length > 0)
+    logger.warn(
+      { replicas: unknownLease },
+      'these replicas share a host, so their lease addresses cannot be derived from --peers: an agent that reaches ' +
+        'this replica while one of them leads is not told where the leader is; list them in --lease-peers',
+    );
   return new Promise<number>((resolveExit) => {
     let stopping = false;
     const stop = (signal: string): void => {

@@ -30,6 +30,8 @@ export class CoordinatorCluster {
   readonly replicas = new Map<string, Replica>();
   /** Sent by waitForLeader and write (not by http, so tests can check what happens without it). */
   authToken: string | undefined;
+  /** Pass --admin-peers (every replica's admin URL) to each replica; false: leave it to derive them. */
+  listAdminPeers = true;
 
   private constructor(
     root: string,
@@ -97,8 +99,7 @@ export class CoordinatorCluster {
       r.dataDir,
       '--admin',
       `127.0.0.1:${r.adminPort}`,
-      '--admin-peers',
-      this.adminPeersFlag(),
+      ...(this.listAdminPeers ? ['--admin-peers', this.adminPeersFlag()] : []),
       '--log-level',
       'info',
       ...(opts.join === true ? ['--join'] : []),

@@ -198,7 +198,7 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
           'NO_LEADER',
           leader === null
             ? 'no leader is known right now; retry shortly'
-            : `the leader is ${leader} but its admin URL is unknown`,
+            : `the leader is ${leader} but its admin URL is unknown (list it in --admin-peers)`,
           { leader },
         ),
       );

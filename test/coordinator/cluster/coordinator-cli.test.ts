@@ -1,5 +1,6 @@
 // The `cellquota` command itself: bad settings exit 2 with the setting named; the admin token is
-// enforced by a real cluster; `cellquota ctl` drives the API with tables and --json.
+// enforced by a real cluster; `cellquota ctl` drives the API with tables and --json; replicas on one
+// host without --admin-peers never redirect a write to themselves.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -113,5 +114,28 @@ void test('admin token: writes without it get 401, with a wrong one 403, and cha
     assert.equal(noAnswer.status, 3);
   } finally {
     await c.cleanup();
+  }
+});
+
+void test('replicas on one host without --admin-peers: a follower answers NO_LEADER naming --admin-peers, never a 307 to itself', async () => {
+  const cluster = await CoordinatorCluster.create(['n1', 'n2', 'n3']);
+  cluster.listAdminPeers = false;
+  try {
+    cluster.startAll();
+    const leader = await cluster.waitForLeader();
+    const follower = [...cluster.replicas.keys()].find((id) => id !== leader) ?? '';
+    const r = await cluster.http(follower, 'PUT', '/v1/tiers/gold', { rate: 10, burst: 10 });
+    assert.equal(r.status, 503, JSON.stringify(r.body));
+    assert.equal(r.body['error'], 'NO_LEADER');
+    assert.match(
+      String(r.body['message']),
+      new RegExp(`the leader is ${leader} but its admin URL is unknown \\(list it in --admin-peers\\)`),
+    );
+    assert.match(cluster.replica(follower).output, /their admin URLs cannot be derived from --peers/);
+    assert.equal((await cluster.http(follower, 'GET', '/v1/tiers/gold')).status, 404, 'nothing was written');
+    const direct = await cluster.http(leader, 'PUT', '/v1/tiers/gold', { rate: 10, burst: 10 });
+    assert.ok(direct.status === 200 || direct.status === 201, JSON.stringify(direct.body));
+  } finally {
+    await cluster.cleanup();
   }
 });
