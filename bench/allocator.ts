@@ -23,7 +23,7 @@ import type {
 import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-commands.js';
 import type { Grant, LedgerCommandInput } from '../coordinator/ledger/ledger-commands.js';
 import { DEFAULT_MAX_GRANTS_PER_ROUND, IncrementalAllocatorPolicy } from '../coordinator/lease/incremental-policy.js';
-import { buildRoundInput } from '../coordinator/lease/grant-policy.js';
+import { allocatorPolicy, buildRoundInput } from '../coordinator/lease/grant-policy.js';
 import type { RoundDemands } from '../coordinator/lease/grant-policy.js';
 import { Ledger } from '../coordinator/ledger/ledger.js';
 import { SelectionScratch, selectGrants } from '../coordinator/lease/grant-selection.js';
@@ -536,6 +536,10 @@ export interface PolicyBenchRow {
   readonly gatherCpuMs: number;
   readonly roundMs: number;
   readonly roundCpuMs: number;
+  /** A fresh policy's first round (full: every quota, the working set built). */
+  readonly firstRoundCpuMs: number;
+  /** The stateless full round (grant-policy.ts allocatorPolicy, the reference). */
+  readonly referenceCpuMs: number;
   readonly sent: number;
 }
 
@@ -543,9 +547,11 @@ export interface PolicyBenchRow {
  * The lease round as the coordinator runs it, on a real Ledger: `quotas` tenants with a slice at
  * every one of `nCells` cells, every one with a new demand at every cell (so every quota is in the
  * round, as the quotas that moved are in an incremental round: the round's work follows the quotas
- * it computes, not the ledger's size). Timed: one IncrementalAllocatorPolicy round (a fresh policy
- * each run, whose first round takes every quota): the gather from the ledger (buildRoundInput), the
- * allocator, the selection within the budget, the definition grants; and the gather alone.
+ * it computes, not the ledger's size). Timed: an IncrementalAllocatorPolicy round between full rounds
+ * (one policy; its first round, full, untimed; then rounds in which every key's demand changed): the
+ * gather from the ledger (buildRoundInputOf), the allocator, the selection within the budget, the
+ * definition grants; the gather alone (buildRoundInput); a fresh policy's first (full) round; and
+ * the stateless full round (allocatorPolicy, the reference) over the same quotas.
  */
 export function measurePolicyRound(quotas: number, nCells: number, runs: number): PolicyBenchRow {
   const l = new Ledger({ floorCells: nCells });
@@ -588,9 +594,15 @@ export function measurePolicyRound(quotas: number, nCells: number, runs: number)
   const keys = [...byKey.keys()];
   const gather = timed(runs, () => buildRoundInput(l, demands, now + 100, keys));
   let sent = 0;
+  // The lease round as it runs between full rounds: one policy, its first (full) round untimed, then
+  // rounds in which every key's demand changed (nothing is applied: every round computes the same).
+  const policy = new IncrementalAllocatorPolicy();
   const round = timed(runs, () => {
-    sent = new IncrementalAllocatorPolicy().policy(l, demands, now + 100).length;
+    sent = policy.policy(l, demands, now + 100).length;
   });
+  const first = timed(runs, () => void new IncrementalAllocatorPolicy().policy(l, demands, now + 100));
+  const reference = timed(runs, () => void allocatorPolicy(l, demands, now + 100));
+  if (policy.stats.fullRounds !== 1) throw new Error('the timed policy rounds were not incremental');
   return {
     quotas,
     cells: nCells,
@@ -598,6 +610,8 @@ export function measurePolicyRound(quotas: number, nCells: number, runs: number)
     gatherCpuMs: ms(gather.cpuMs),
     roundMs: ms(round.ms),
     roundCpuMs: ms(round.cpuMs),
+    firstRoundCpuMs: ms(first.cpuMs),
+    referenceCpuMs: ms(reference.cpuMs),
     sent,
   };
 }
@@ -709,6 +723,9 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       'policy round cpu ms': r.roundCpuMs,
       'gather ms': r.gatherMs,
       'gather cpu ms': r.gatherCpuMs,
+      'first (full) round cpu ms': r.firstRoundCpuMs,
+      'allocatorPolicy cpu ms': r.referenceCpuMs,
+      'allocatorPolicy / policy round': Math.round((10 * r.referenceCpuMs) / Math.max(0.1, r.roundCpuMs)) / 10,
       'budget grants': r.sent,
     });
   }
@@ -718,7 +735,7 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       'Allocator: one rebalancing round (median of runs), and its reportAndGrant entry; incremental rounds and the log',
     rows,
     notes: [
-      "Row 'policy round on a ledger': the lease round as the coordinator runs it (IncrementalAllocatorPolicy on a real Ledger): the gather from the ledger (buildRoundInput: slices read into columns by Ledger.readQuotaColumns), the allocator, the selection within the budget (Grant objects only for the grants sent), the definition grants. The ledger holds exactly the quotas the round computes — 10,000 × 16, the quotas a 1,000,000 × 16 round at 1% (or 100,000 × 16 at 10%) computes: a round's work follows the quotas it computes, and a ledger of 1,000,000 tenants with a slice at each of 16 cells (16 M slices) does not fit this machine's memory beside the rest. Every quota's demand is new at every cell (all slices change, more than the ~108,000 of the converged 1 % row). 'gather': buildRoundInput alone.",
+      "Row 'policy round on a ledger': the lease round as the coordinator runs it (IncrementalAllocatorPolicy on a real Ledger): one round between full rounds (the policy's first, full round untimed; then every key's demand changed, so every quota is in the working set): the gather from the ledger (each key's definition read once in the round; slices read into columns by one Ledger.quotaColumnsReader), the allocator, the selection within the budget (Grant objects only for the grants sent), the definition grants (keys held at every cell skipped). 'first (full) round': a fresh policy's first round (every quota, the working set built: the row before issue 20's round work); 'allocatorPolicy': the stateless full round (grant-policy.ts), the reference, in the same run. The ledger holds exactly the quotas the round computes — 10,000 × 16, the quotas a 1,000,000 × 16 round at 1% (or 100,000 × 16 at 10%) computes: a round's work follows the quotas it computes, and a ledger of 1,000,000 tenants with a slice at each of 16 cells (16 M slices) does not fit this machine's memory beside the rest. Every quota's demand is new at every cell (all slices change, more than the ~108,000 of the converged 1 % row). 'gather': buildRoundInput alone.",
       "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows (from the benchmark's columns: the ledger's gather is in the 'policy round on a ledger' row), allocate only them into grant columns and select the grants sent (float32, the budget; Grant objects only for those), as IncrementalAllocatorPolicy does; 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
       `Log: 'entry v1' is the object form of the full round's grants (format 1, the log before); 'entry v2' the compact form (format 2, coordinator/ledger/round-codec.ts) of the grants as the lease round sends them (float32 towards the current grant, unchanged ones dropped); 'budget': the round within DEFAULT_MAX_GRANTS_PER_ROUND (${DEFAULT_MAX_GRANTS_PER_ROUND}) grants by grantPriority, plus the compact acknowledgements its shrinks will need; MB/s per replica at ${ROUNDS_PER_S} rounds/s if every round changed this much. Target: ≤ 1 MB/s at 100,000 × 16 with 10% changing (docs/quota-model.md, "Log volume").`,
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included (it is in the 'policy round on a ledger' row).`,

@@ -187,21 +187,22 @@ export class AllocatorInputBuilder {
 
   /**
    * Adds quota `key` by having `read` write its slice columns for the builder's cells, in order, at
-   * row offset `at` (Ledger.readQuotaColumns does) and return the quota's figures; `read` returning
-   * undefined adds nothing. The same row as addQuotaState without acknowledgements, and no object
-   * per slice.
+   * row offset `at` (a Ledger.quotaColumnsReader does) and return the quota's figures; `read`
+   * returning undefined adds nothing. The same row as addQuotaState without acknowledgements, and no
+   * object per slice (one `read` serves every key of a round).
    */
   addQuotaColumns(
     key: string,
     demand: ArrayLike<number>,
     parent: string | null,
-    read: (cols: AllocatorSlices, at: number) => Omit<AllocatorQuota, 'key' | 'parent'> | undefined,
+    read: (key: string, cols: AllocatorSlices, at: number) => Omit<AllocatorQuota, 'key' | 'parent'> | undefined,
   ): boolean {
     if (demand.length !== this.n) throw new AllocatorInputError(`quota ${key}: expected ${this.n} demands`);
     const base = this.row();
-    const f = read(this.cols, base);
+    const f = read(key, this.cols, base);
     if (f === undefined) return false;
-    for (let i = 0; i < this.n; i++) this.cols.demand[base + i] = demand[i] as number;
+    const d = this.cols.demand;
+    for (let i = 0; i < this.n; i++) d[base + i] = demand[i] as number;
     this.quotas.push({
       key,
       rate: f.rate,

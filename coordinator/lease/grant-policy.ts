@@ -6,7 +6,7 @@
 // safety.
 import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
 import type { AllocatorInput, AllocatorInputBuffers } from '../allocator/index.js';
-import type { Ledger, QuotaColumns } from '../ledger/ledger.js';
+import type { Ledger } from '../ledger/ledger.js';
 import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
 
 /** What the round knows besides the ledger. */
@@ -29,10 +29,8 @@ export interface RoundDemands {
 
 export type GrantPolicy = (ledger: Ledger, demands: RoundDemands, nowMs: number) => Grant[];
 
-/** The enclosing cap of a quota key, if the ledger has it (a tenant's tier cap). */
-function parentOf(ledger: Ledger, key: string): string | null {
-  return ledger.definition(key)?.parent ?? null;
-}
+/** A round's keys, each with a quota, mapped to its parent cap key (`Ledger.definition(key).parent`). */
+export type RoundKeys = ReadonlyMap<string, string | null>;
 
 /**
  * The allocator's input for `keys` (those without a quota are left out) plus every parent they
@@ -46,18 +44,30 @@ export function buildRoundInput(
   keys: Iterable<string>,
   buffers?: AllocatorInputBuffers,
 ): AllocatorInput | null {
+  const known = new Map<string, string | null>();
+  for (const k of keys) {
+    if (known.has(k)) continue;
+    const def = ledger.definition(k);
+    if (def !== undefined) known.set(k, def.parent);
+  }
+  return buildRoundInputOf(ledger, demands, nowMs, known, buffers);
+}
+
+/**
+ * buildRoundInput for keys whose definitions the caller has read in this round (each key's quota
+ * and parent read once a round, not again here). Parents missing from `keys` are added.
+ */
+export function buildRoundInputOf(
+  ledger: Ledger,
+  demands: RoundDemands,
+  nowMs: number,
+  keys: RoundKeys,
+  buffers?: AllocatorInputBuffers,
+): AllocatorInput | null {
+  const wanted = withParents(ledger, keys);
+  if (wanted.size === 0) return null;
   const cells = allocatorCells(ledger.listCells(), demands.reported);
   const index = new Map(cells.map((c, i) => [c.id, i]));
-  // Keep only keys with a quota; add parents so every parent is in the round.
-  const wanted = new Map<string, string | null>();
-  const add = (k: string): void => {
-    if (wanted.has(k) || ledger.getQuota(k) === undefined) return;
-    const parent = parentOf(ledger, k);
-    wanted.set(k, parent);
-    if (parent !== null) add(parent);
-  };
-  for (const k of keys) add(k);
-  if (wanted.size === 0) return null;
   const ackedBy = new Map<string, Float64Array>();
   for (const a of demands.acks) {
     const i = index.get(a.cellId);
@@ -68,25 +78,50 @@ export function buildRoundInput(
   }
   const builder = new AllocatorInputBuilder(cells, wanted.size, buffers);
   const demand = new Float64Array(cells.length);
-  const read = (key: string) => (cols: QuotaColumns, at: number) => ledger.readQuotaColumns(key, cols, at);
+  const take = (v: number, cellId: string): void => {
+    const i = index.get(cellId);
+    if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
+  };
+  const read = ledger.quotaColumnsReader();
   for (const [key, parent] of wanted) {
     demand.fill(0);
-    const d = demands.byKey.get(key);
-    if (d !== undefined)
-      for (const [cellId, v] of d) {
-        const i = index.get(cellId);
-        if (i !== undefined && Number.isFinite(v) && v > 0) demand[i] = v;
-      }
-    const acked = ackedBy.get(key);
+    demands.byKey.get(key)?.forEach(take); // forEach: no entry array per cell
+    const acked = ackedBy.size === 0 ? undefined : ackedBy.get(key);
     // Read into the columns (no object per slice); a key with acknowledgements in this entry
     // through its QuotaState, which the builder counts as after them.
-    if (acked === undefined) builder.addQuotaColumns(key, demand, parent, read(key));
+    if (acked === undefined) builder.addQuotaColumns(key, demand, parent, read);
     else {
       const state = ledger.getQuotaState(key);
       if (state !== undefined) builder.addQuotaState(state, demand, { parent, ackedEpochs: acked });
     }
   }
   return builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
+}
+
+/**
+ * `keys` with every parent chain they need, each parent (with a quota) right after its first child
+ * (the rows' order). `keys` itself when no key has a parent (a round without caps).
+ */
+function withParents(ledger: Ledger, keys: RoundKeys): RoundKeys {
+  let any = false;
+  for (const p of keys.values())
+    if (p !== null) {
+      any = true;
+      break;
+    }
+  if (!any) return keys;
+  const wanted = new Map<string, string | null>();
+  for (const [key, parent] of keys) {
+    if (wanted.has(key)) continue;
+    wanted.set(key, parent);
+    for (let p = parent; p !== null && !wanted.has(p);) {
+      const pp = keys.has(p) ? (keys.get(p) as string | null) : ledger.definition(p)?.parent;
+      if (pp === undefined) break; // the parent has no quota
+      wanted.set(p, pp);
+      p = pp;
+    }
+  }
+  return wanted;
 }
 
 /**
@@ -124,6 +159,7 @@ export function withDefinitionGrants(ledger: Ledger, demands: RoundDemands, nowM
 /**
  * withDefinitionGrants with the first grants looked for only among `firstGrantKeys` (keys of
  * `demands.byKey`); `complete` is false when MAX_DEFINITION_GRANTS_PER_ROUND stopped it early.
+ * `withQuota`: keys known to have a quota this round (the round's keys), not looked up again.
  */
 export function definitionGrants(
   ledger: Ledger,
@@ -131,30 +167,45 @@ export function definitionGrants(
   nowMs: number,
   grants: Grant[],
   firstGrantKeys: Iterable<string>,
+  withQuota?: { has(key: string): boolean },
 ): { grants: Grant[]; complete: boolean } {
-  const taken = new Set<string>();
-  for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
+  // The (cell, key) pairs the round grants already: made only when a first grant is wanted (most
+  // rounds want none, and the round's grants are thousands).
+  let taken: Set<string> | null = null;
+  const isTaken = (cellId: string, key: string): boolean => {
+    if (taken === null) {
+      taken = new Set<string>();
+      for (const g of grants) taken.add(`${g.cellId}\u0000${g.key}`);
+    }
+    return taken.has(`${cellId}\u0000${key}`);
+  };
   const leaseExpiresAtMs = nowMs + demands.leaseTtlMs;
   let added = 0;
   // A cell asking for a quota it holds no slice of (its refusals are its demand) gets a first grant
   // even when the allocator leaves it at its floor: the grant is how it learns the definition and
   // the floor. A zero grant: the cell uses max(grant, floor), which the ledger counts already.
+  // A key held at every registered cell needs no first grant when every reporting cell is registered.
+  const cells = ledger.listCells().length;
+  let reportedRegistered = true;
+  for (const id of demands.reported) if (ledger.getCell(id) === undefined) reportedRegistered = false;
   for (const key of firstGrantKeys) {
     const byCell = demands.byKey.get(key);
-    if (byCell === undefined || ledger.getQuota(key) === undefined) continue;
+    if (byCell === undefined || (withQuota?.has(key) !== true && ledger.getQuota(key) === undefined)) continue;
+    const held = ledger.sliceEpochs(key);
+    if (reportedRegistered && held !== undefined && held.size === cells) continue;
     for (const [cellId, d] of byCell) {
-      if (!(d > 0) || !demands.reported.has(cellId) || ledger.sliceEpoch(key, cellId) !== 0) continue;
-      if (taken.has(`${cellId}\u0000${key}`)) continue;
+      if (!(d > 0) || !demands.reported.has(cellId) || (held?.get(cellId)?.epoch ?? 0) !== 0) continue;
+      if (isTaken(cellId, key)) continue;
       if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return { grants, complete: false };
       grants.push({ key, cellId, rate: 0, burst: 0, epoch: 1, leaseExpiresAtMs });
-      taken.add(`${cellId}\u0000${key}`);
+      (taken as Set<string> | null)?.add(`${cellId}\u0000${key}`);
       added++;
     }
   }
   for (const cellId of [...demands.reported].sort()) {
     for (const key of ledger.staleSliceKeys(cellId)) {
       if (added >= MAX_DEFINITION_GRANTS_PER_ROUND) return { grants, complete: false };
-      if (taken.has(`${cellId}\u0000${key}`)) continue;
+      if (isTaken(cellId, key)) continue;
       const s = ledger.getSlice(key, cellId);
       if (s === undefined) continue;
       const live = ledger.getQuota(key) !== undefined;

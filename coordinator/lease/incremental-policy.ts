@@ -44,7 +44,7 @@ import { allocateRoundColumns, AllocatorInputBuffers, AllocatorWorkspace } from 
 import type { AllocatorInput, AllocatorQuota, GrantColumns } from '../allocator/index.js';
 import type { Ledger } from '../ledger/ledger.js';
 import type { Grant } from '../ledger/ledger-commands.js';
-import { buildRoundInput, definitionGrants } from './grant-policy.js';
+import { buildRoundInputOf, definitionGrants } from './grant-policy.js';
 import type { GrantPolicy, RoundDemands } from './grant-policy.js';
 import { SelectionScratch, selectGrants } from './grant-selection.js';
 
@@ -144,27 +144,30 @@ export class IncrementalAllocatorPolicy {
       this.working.clear();
       this.childrenOf.clear();
       this.parentOf.clear();
-      for (const k of ledger.activeQuotaKeys()) this.enter(ledger, k, r);
-      for (const k of demands.byKey.keys()) this.enter(ledger, k, r);
+      for (const k of ledger.activeQuotaKeys()) this.enter(k, r);
+      for (const k of demands.byKey.keys()) this.enter(k, r);
     } else {
-      for (const k of touched ?? []) this.enter(ledger, k, r);
-      for (const k of demands.changedKeys ?? []) this.enter(ledger, k, r);
-      for (const a of demands.acks) this.enter(ledger, a.key, r);
+      for (const k of touched ?? []) this.enter(k, r);
+      for (const k of demands.changedKeys ?? []) this.enter(k, r);
+      for (const a of demands.acks) this.enter(a.key, r);
     }
     if (cells.length === 0 || demands.reported.size === 0) return [];
 
     // The round's keys: the working set's keys that the full round would compute (a slice or a
-    // demand, a quota), and every family with a member among them.
-    const keys = new Set<string>();
+    // demand, a quota), and every family with a member among them; each key's definition is read
+    // once here (the gather and the definition grants take the parents from `keys`).
+    const keys = new Map<string, string | null>();
     const parents = new Set<string>();
     for (const k of this.working.keys()) {
       const def = ledger.definition(k);
+      const parent = def?.parent ?? null;
+      this.index(k, parent);
       if (def === undefined || (!ledger.hasSlices(k) && !demands.byKey.has(k))) {
         this.working.delete(k); // retired (definition grants wind it down) or nothing to allocate
         continue;
       }
-      keys.add(k);
-      if (def.parent !== null) parents.add(def.parent);
+      keys.set(k, parent);
+      if (parent !== null) parents.add(parent);
       if (k.charCodeAt(1) === 105 && k.startsWith('tier/')) parents.add(k); // 'i': tenant/… keys skip the string op
     }
     if (parents.size > 0 && !full) {
@@ -173,11 +176,11 @@ export class IncrementalAllocatorPolicy {
         for (const k of this.childrenOf.get(p) ?? []) {
           if (keys.has(k) || ledger.definition(k)?.parent !== p) continue;
           if (!ledger.hasSlices(k) && !demands.byKey.has(k)) continue;
-          keys.add(k);
+          keys.set(k, p);
           if (!this.working.has(k)) this.working.set(k, r);
         }
     }
-    const input = buildRoundInput(ledger, demands, nowMs, keys, this.inputBuffers);
+    const input = buildRoundInputOf(ledger, demands, nowMs, keys, this.inputBuffers);
     let grants: Grant[] = [];
     if (input !== null) {
       const out = allocateRoundColumns(input, this.workspace);
@@ -188,18 +191,24 @@ export class IncrementalAllocatorPolicy {
     } else this.stats.lastQuotas = 0;
     // First grants: a (key, cell) pair gets demand only through that cell's report, and a quota
     // appears only through a touched key, so the round's keys and the changed ones cover them.
-    const firstGrantKeys =
-      full || this.definitionBacklog ? demands.byKey.keys() : new Set([...keys, ...(demands.changedKeys ?? [])]);
-    const d = definitionGrants(ledger, demands, nowMs, grants, firstGrantKeys);
+    let firstGrantKeys: Iterable<string> = demands.byKey.keys();
+    if (!full && !this.definitionBacklog) {
+      const more = [...(demands.changedKeys ?? [])].filter((k) => !keys.has(k));
+      firstGrantKeys = more.length === 0 ? keys.keys() : [...keys.keys(), ...more];
+    }
+    const d = definitionGrants(ledger, demands, nowMs, grants, firstGrantKeys, keys);
     this.definitionBacklog = !d.complete;
     this.stats.workingSet = this.working.size;
     return d.grants;
   }
 
-  /** A key enters the working set (since round r); its parent is indexed. */
-  private enter(ledger: Ledger, key: string, r: number): void {
+  /** A key enters the working set (since round r); the round's key loop indexes its parent. */
+  private enter(key: string, r: number): void {
     this.working.set(key, r);
-    const parent = ledger.definition(key)?.parent ?? null;
+  }
+
+  /** Indexes `key` under its parent cap (as the ledger has it now), or under none. */
+  private index(key: string, parent: string | null): void {
     const before = this.parentOf.get(key);
     if (before === parent) return;
     if (before !== undefined) this.childrenOf.get(before)?.delete(key);

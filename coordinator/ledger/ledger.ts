@@ -1489,7 +1489,7 @@ export class Ledger {
 
   /** The configuration of a global quota, or undefined if it does not exist. */
   getQuota(key: string): QuotaConfig | undefined {
-    const q = this.quotaOf(key);
+    const q = this.peekQuota(key);
     return q === undefined ? undefined : quotaConfig(q);
   }
 
@@ -1548,6 +1548,18 @@ export class Ledger {
   }
 
   private quotaOf(key: string): QuotaRec | undefined {
+    const q = this.peekQuota(key);
+    return q === this.peeked ? { ...q } : q;
+  }
+
+  /** Scratch record peekQuota returns for tenants (their quota is derived, not stored). */
+  private readonly peeked: QuotaRec = { rate: 0, burst: 0, floorFraction: 0, updatedIndex: 0 };
+
+  /**
+   * quotaOf without making an object: a tier or domain cap's own record, or for a tenant the shared
+   * `peeked` scratch filled in — read it at once, never keep it (the next call overwrites it).
+   */
+  private peekQuota(key: string): Readonly<QuotaRec> | undefined {
     // No pattern check needed: only valid names are ever stored, so anything else is simply not found.
     const slash = key.indexOf('/');
     const kind = key.slice(0, slash);
@@ -1555,7 +1567,12 @@ export class Ledger {
     if (kind === 'tier') return this.tierCaps.get(name);
     if (kind === 'domain') return this.domainCaps.get(name);
     if (kind !== 'tenant') return undefined;
-    const t = this.tenants.get(name);
+    return this.peekTenantQuota(key, this.tenants.get(name));
+  }
+
+  /** peekQuota of tenant key `key`, whose record (if any) is `t`. */
+  private peekTenantQuota(key: string, t: TenantRec | undefined): Readonly<QuotaRec> | undefined {
+    const out = this.peeked;
     if (t === undefined) {
       // An implicit tenant (unknownTenant tier:NAME): the tier's quota, versioned by the later of
       // the tier's change and the policy's; none while it is wound down.
@@ -1563,21 +1580,19 @@ export class Ledger {
       const implicit = unknownTenantTier(this.unknownTenant);
       const tier = implicit === null ? undefined : this.tiers.get(implicit);
       if (tier === undefined) return undefined;
-      return {
-        rate: tier.rate,
-        burst: tier.burst,
-        floorFraction: tier.floorFraction,
-        updatedIndex: Math.max(tier.updatedIndex, this.unknownTenantIndex),
-      };
+      out.rate = tier.rate;
+      out.burst = tier.burst;
+      out.floorFraction = tier.floorFraction;
+      out.updatedIndex = Math.max(tier.updatedIndex, this.unknownTenantIndex);
+      return out;
     }
     const tier = this.tiers.get(t.tier);
     if (tier === undefined) return undefined;
-    return {
-      rate: t.rate ?? tier.rate,
-      burst: t.burst ?? tier.burst,
-      floorFraction: tier.floorFraction,
-      updatedIndex: Math.max(t.updatedIndex, tier.updatedIndex),
-    };
+    out.rate = t.rate ?? tier.rate;
+    out.burst = t.burst ?? tier.burst;
+    out.floorFraction = tier.floorFraction;
+    out.updatedIndex = Math.max(t.updatedIndex, tier.updatedIndex);
+    return out;
   }
 
   private slotFloor(q: QuotaRec): Usage {
@@ -1712,13 +1727,16 @@ export class Ledger {
 
   /** What an agent applies for a quota key besides the numbers; undefined if the quota does not exist. */
   definition(key: string): QuotaDefinition | undefined {
-    const q = this.quotaOf(key);
-    if (q === undefined) return undefined;
-    let parent: string | null = null;
-    if (key.startsWith('tenant/')) {
-      const tier = this.tenants.get(key.slice(7))?.tier ?? unknownTenantTier(this.unknownTenant);
-      if (tier !== null && this.tierCaps.has(tier)) parent = tierCapKey(tier);
+    if (!key.startsWith('tenant/')) {
+      const q = this.peekQuota(key);
+      return q === undefined ? undefined : { version: q.updatedIndex, parent: null };
     }
+    // A tenant: its record looked up once for the quota and the parent.
+    const t = this.tenants.get(key.slice(7));
+    const q = this.peekTenantQuota(key, t);
+    if (q === undefined) return undefined;
+    const tier = t?.tier ?? unknownTenantTier(this.unknownTenant);
+    const parent = tier !== null && this.tierCaps.has(tier) ? tierCapKey(tier) : null;
     return { version: q.updatedIndex, parent };
   }
 
@@ -1785,57 +1803,88 @@ export class Ledger {
    * objects cost more than the allocator). Undefined (cols untouched) when `key` has no quota.
    */
   readQuotaColumns(key: string, cols: QuotaColumns, at: number): QuotaFigures | undefined {
-    const q = this.quotaOf(key);
-    if (q === undefined) return undefined;
-    const slot = this.slotFloor(q);
-    const slices = this.byKey.get(key);
-    let sumR = 0;
-    let sumB = 0;
-    for (let c = 0; c < this.cellOrder.length; c++) {
-      const id = this.cellOrder[c] as string;
-      const cell = this.cells.get(id) as CellRec;
-      const s = slices?.get(id);
-      let r = cell.slot === null ? 0 : slot.rate;
-      let b = cell.slot === null ? 0 : slot.burst;
-      const i = at + c;
-      if (s === undefined) {
-        cols.grantRate[i] = 0;
-        cols.grantBurst[i] = 0;
-        cols.epoch[i] = 0;
-        cols.acknowledged[i] = 1;
-      } else {
-        const live = this.leaseLive(cell);
-        r = Math.max(r, s.heldFloorRate, live ? s.heldRate : 0);
-        b = Math.max(b, s.heldFloorBurst, live ? s.heldBurst : 0);
-        cols.grantRate[i] = s.rate;
-        cols.grantBurst[i] = s.burst;
-        cols.epoch[i] = s.epoch;
-        const acked =
-          s.heldRate === s.rate &&
-          s.heldBurst === s.burst &&
-          s.heldFloorRate === s.floorRate &&
-          s.heldFloorBurst === s.floorBurst;
-        cols.acknowledged[i] = acked ? 1 : 0;
-      }
-      cols.countedRate[i] = r;
-      cols.countedBurst[i] = b;
-      sumR += r;
-      sumB += b;
+    return this.quotaColumnsReader()(key, cols, at);
+  }
+
+  /**
+   * readQuotaColumns for many keys: the cells (order, floor slots, leases) are read once, when it is
+   * made, so use it only until the next command is applied.
+   */
+  quotaColumnsReader(): (key: string, cols: QuotaColumns, at: number) => QuotaFigures | undefined {
+    const n = this.cellOrder.length;
+    const ids = this.cellOrder.slice();
+    const slotted = new Uint8Array(n);
+    const live = new Uint8Array(n);
+    for (let c = 0; c < n; c++) {
+      const cell = this.cells.get(ids[c] as string) as CellRec;
+      slotted[c] = cell.slot === null ? 0 : 1;
+      live[c] = this.leaseLive(cell) ? 1 : 0;
     }
     const free = this.config.floorCells - this.slotsTaken;
-    const ceiling = this.ceilings.get(key);
-    return {
-      rate: q.rate,
-      burst: q.burst,
-      floorFraction: q.floorFraction,
-      floorRate: slot.rate,
-      floorBurst: slot.burst,
-      ceilingRate: ceiling?.rate ?? q.rate,
-      ceilingBurst: ceiling?.burst ?? q.burst,
-      countedRate: sumR + free * slot.rate,
-      countedBurst: sumB + free * slot.burst,
-      unregisteredSlots: free,
+    return (key, cols, at) => {
+      const q = this.peekQuota(key);
+      if (q === undefined) return undefined;
+      const rate = q.rate;
+      const burst = q.burst;
+      const floorFraction = q.floorFraction;
+      const slotRate = (floorFraction * rate) / this.config.floorCells;
+      const slotBurst = (floorFraction * burst) / this.config.floorCells;
+      const slices = this.byKey.get(key);
+      let sumR = 0;
+      let sumB = 0;
+      for (let c = 0; c < n; c++) {
+        const s = slices?.get(ids[c] as string);
+        let r = slotted[c] === 0 ? 0 : slotRate;
+        let b = slotted[c] === 0 ? 0 : slotBurst;
+        const i = at + c;
+        if (s === undefined) {
+          cols.grantRate[i] = 0;
+          cols.grantBurst[i] = 0;
+          cols.epoch[i] = 0;
+          cols.acknowledged[i] = 1;
+        } else {
+          const isLive = live[c] === 1;
+          r = Math.max(r, s.heldFloorRate, isLive ? s.heldRate : 0);
+          b = Math.max(b, s.heldFloorBurst, isLive ? s.heldBurst : 0);
+          cols.grantRate[i] = s.rate;
+          cols.grantBurst[i] = s.burst;
+          cols.epoch[i] = s.epoch;
+          const acked =
+            s.heldRate === s.rate &&
+            s.heldBurst === s.burst &&
+            s.heldFloorRate === s.floorRate &&
+            s.heldFloorBurst === s.floorBurst;
+          cols.acknowledged[i] = acked ? 1 : 0;
+        }
+        cols.countedRate[i] = r;
+        cols.countedBurst[i] = b;
+        sumR += r;
+        sumB += b;
+      }
+      const ceiling = this.ceilings.get(key);
+      return {
+        rate,
+        burst,
+        floorFraction,
+        floorRate: slotRate,
+        floorBurst: slotBurst,
+        ceilingRate: ceiling?.rate ?? rate,
+        ceilingBurst: ceiling?.burst ?? burst,
+        countedRate: sumR + free * slotRate,
+        countedBurst: sumB + free * slotBurst,
+        unregisteredSlots: free,
+      };
     };
+  }
+
+  /**
+   * The slices of `key` by cell, for their epochs (registered cells only: a cell's slices go with
+   * it), or undefined if no cell holds one: `sliceEpochs(key)?.get(cellId)?.epoch ?? 0` is
+   * `sliceEpoch(key, cellId)` with one lookup of the key for all its cells. A live view: use it only
+   * until the next command is applied.
+   */
+  sliceEpochs(key: string): ReadonlyMap<string, { readonly epoch: number }> | undefined {
+    return this.byKey.get(key);
   }
 
   /** getSlice(key, cellId)?.epoch ?? 0, without making the view. */
