@@ -1,6 +1,7 @@
 // Coordinator benchmark, side by side with etcd (issue 6, item 3). Three cellquota coordinator
-// processes on loopback (LevelDB with fsync, gRPC between replicas, the admin API over HTTP) and a
-// 3-member etcd cluster on loopback (bench/servers/etcd-cluster.ts), started and stopped here:
+// processes on loopback (the Raft log in an append-only file, synced; gRPC between replicas; the
+// admin API over HTTP) and a 3-member etcd cluster on loopback (bench/servers/etcd-cluster.ts),
+// started and stopped here:
 //
 // - admin write latency and throughput with 1, 8 and 64 concurrent closed-loop writers, each system
 //   written at its leader through Node's fetch (undici, keep-alive): cellquota `PUT /v1/tenants/NAME`
@@ -502,7 +503,7 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
   }
 
   notes.push(
-    `cellquota: 3 coordinator processes (node + tsx) on loopback, LevelDB with fsync, gRPC between replicas; ${CQ_DEFAULTS}.`,
+    `cellquota: 3 coordinator processes (node + tsx) on loopback, the Raft log in an append-only segment file synced per Ready (coordinator/storage/README.md), gRPC between replicas; ${CQ_DEFAULTS}.`,
   );
   if (etcdBin !== null) {
     notes.push(
@@ -524,7 +525,7 @@ export async function runCoordinatorBenchDetailed(opts: CoordinatorBenchOptions)
   );
   if (fsyncNotes.length > 0)
     notes.push(
-      `Fsync on the leader from its own metrics over the write phases (cellquota_storage_fsync_duration_seconds: a LevelDB batch write + fsync, lease rounds included; etcd_disk_wal_fsync_duration_seconds: the WAL fsync alone; below 1 per write = group commit): ${fsyncNotes.join('; ')}.`,
+      `Fsync on the leader from its own metrics over the write phases (cellquota_storage_fsync_duration_seconds: a Ready's synced write to the Raft log, from the call to its return, lease rounds included; etcd_disk_wal_fsync_duration_seconds: the WAL fsync alone; below 1 per write = group commit): ${fsyncNotes.join('; ')}.`,
     );
 
   // Target evaluation.

@@ -12,7 +12,10 @@
  *   FAILING_DISK_MODE     "enospc":    writes fail with ENOSPC (nothing of the failed call is written);
  *                         "eio-fsync": fsync/fdatasync/sync_file_range fail with EIO (the data may
  *                                      well be in the page cache, but its durability is unknown —
- *                                      exactly the case where a process must not carry on).
+ *                                      exactly the case where a process must not carry on); so
+ *                                      does a write on a descriptor opened with O_DSYNC or O_SYNC
+ *                                      (the data is written; the sync the flag asks for is what
+ *                                      fails): the Raft log's synced appends are such writes.
  *
  * Which calls: LevelDB as bundled by classic-level (deps/leveldb/leveldb-1.20/util/env_posix.cc)
  * writes its WAL, MANIFEST and tables through stdio — fwrite_unlocked() into a FILE buffer,
@@ -94,6 +97,21 @@ static int should_fail(enum mode kind, int fd) {
   return fail;
 }
 
+/*
+ * Mode eio-fsync: a write on an O_DSYNC (or O_SYNC) descriptor syncs before it returns, so it fails
+ * as a sync does — after the real write (the bytes reach the page cache), with EIO.
+ */
+static ssize_t after_write(int fd, ssize_t r) {
+  if (r > 0 && should_fail(MODE_EIO_FSYNC, fd)) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl != -1 && (fl & O_DSYNC) == O_DSYNC) {
+      errno = EIO;
+      return -1;
+    }
+  }
+  return r;
+}
+
 /* glibc may define some of these as macros when optimising; the shim defines the functions. */
 #undef fwrite_unlocked
 #undef fflush_unlocked
@@ -120,7 +138,7 @@ ssize_t write(int fd, const void *buf, size_t count) {
     errno = ENOSPC;
     return -1;
   }
-  return real_write(fd, buf, count);
+  return after_write(fd, real_write(fd, buf, count));
 }
 
 ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
@@ -129,7 +147,7 @@ ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
     errno = ENOSPC;
     return -1;
   }
-  return real_pwrite(fd, buf, count, off);
+  return after_write(fd, real_pwrite(fd, buf, count, off));
 }
 
 ssize_t pwrite64(int fd, const void *buf, size_t count, off_t off) {
@@ -138,7 +156,7 @@ ssize_t pwrite64(int fd, const void *buf, size_t count, off_t off) {
     errno = ENOSPC;
     return -1;
   }
-  return real_pwrite64(fd, buf, count, off);
+  return after_write(fd, real_pwrite64(fd, buf, count, off));
 }
 
 ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
@@ -147,7 +165,7 @@ ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
     errno = ENOSPC;
     return -1;
   }
-  return real_writev(fd, iov, iovcnt);
+  return after_write(fd, real_writev(fd, iov, iovcnt));
 }
 
 ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off) {
@@ -156,7 +174,7 @@ ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off) {
     errno = ENOSPC;
     return -1;
   }
-  return real_pwritev(fd, iov, iovcnt, off);
+  return after_write(fd, real_pwritev(fd, iov, iovcnt, off));
 }
 
 ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t off) {
@@ -165,7 +183,7 @@ ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t off) {
     errno = ENOSPC;
     return -1;
   }
-  return real_pwritev64(fd, iov, iovcnt, off);
+  return after_write(fd, real_pwritev64(fd, iov, iovcnt, off));
 }
 
 /* stdio: a failed fwrite buffers nothing and returns a short count with errno set (what callers check). */

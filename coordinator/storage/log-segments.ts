@@ -5,6 +5,12 @@
 // and extents do not change; an append that grows a file also commits its new size through the
 // filesystem journal). The zeros also mark the end of the written log (a length of 0).
 //
+// A synced append is one pwrite on a second descriptor of the active segment opened with O_DSYNC:
+// the kernel writes the data and syncs it (what fdatasync does: ext4 runs the same sync for both)
+// before the call returns, so the append is durable when its one trip through libuv's threadpool
+// ends. A pwrite then an fdatasync took two trips, with a turn of the event loop between them.
+// Writes that need no sync (the zeros) go through the plain descriptor and are fdatasync'd.
+//
 // Segment `seq` is `<16 hex digits>.seg` and starts with a header record. Rotation (when a segment
 // reaches its size) syncs the finished segment, creates the next one and syncs the directory, then
 // writes the caller's preamble (storage writes its current hard state) first in the new segment,
@@ -92,6 +98,11 @@ async function writeZeros(fh: FileHandle, from: number, to: number): Promise<voi
     await writeAll(fh, zeros.subarray(0, Math.min(zeros.length, to - at)), at);
 }
 
+/** Segment `seq` opened for synchronised-data writes (O_DSYNC). */
+function openDsync(dir: string, seq: number): Promise<FileHandle> {
+  return open(join(dir, segName(seq)), fsc.O_RDWR | fsc.O_DSYNC);
+}
+
 export interface SegmentLogOptions {
   readonly segmentBytes?: number;
 }
@@ -104,6 +115,8 @@ export class SegmentLog {
   /** For segments read at open: the offset past which every byte is zero, and the file's size. */
   private readonly found = new Map<number, { dirtyEnd: number; size: number }>();
   private fh: FileHandle | null = null;
+  /** The active segment again, opened with O_DSYNC: synced appends go here (see the module comment). */
+  private dsync: FileHandle | null = null;
   private seq = 0;
   /** Where the next record goes. */
   private pos = 0;
@@ -184,6 +197,7 @@ export class SegmentLog {
       this.seqs.add(seq);
     }
     this.fh = await open(join(this.dir, segName(seq)), 'r+');
+    this.dsync = await openDsync(this.dir, seq);
     this.seq = seq;
     const found = this.found.get(seq) ?? { dirtyEnd: 0, size: 0 };
     this.found.clear();
@@ -234,8 +248,15 @@ export class SegmentLog {
     await createSegment(this.dir, next);
     this.seqs.add(next);
     const nfh = await open(join(this.dir, segName(next)), 'r+');
+    const ndsync = await openDsync(this.dir, next).catch(async (err: unknown) => {
+      await nfh.close();
+      throw err;
+    });
+    const old = this.dsync;
     this.fh = nfh;
+    this.dsync = ndsync;
     await fh.close();
+    await old?.close();
     this.seq = next;
     this.pos = 0;
     this.zeroedTo = 0;
@@ -257,8 +278,11 @@ export class SegmentLog {
   async close(): Promise<void> {
     await this.extending?.catch(() => undefined);
     const fh = this.fh;
+    const dsync = this.dsync;
     this.fh = null;
+    this.dsync = null;
     await fh?.close();
+    await dsync?.close();
   }
 
   // -------------------------------------------------------------------------------------------
@@ -276,11 +300,13 @@ export class SegmentLog {
     if (this.pos + bytes > this.zeroedTo) await this.settleExtension();
     if (bytes > 0) {
       const buf = frames.length === 1 && frames[0] !== undefined ? frames[0] : Buffer.concat(frames);
-      await writeAll(fh, buf, this.pos);
+      // Synced: durable when the pwrite returns (O_DSYNC), no fdatasync after it.
+      await writeAll(sync ? this.requireDsync() : fh, buf, this.pos);
       this.pos += bytes;
       if (this.pos > this.zeroedTo) this.zeroedTo = this.pos;
+    } else if (sync) {
+      await fh.datasync();
     }
-    if (sync) await fh.datasync();
     if (this.extending === null && this.zeroedTo - this.pos < zeroAhead) this.extend(fh);
     return bytes;
   }
@@ -312,6 +338,11 @@ export class SegmentLog {
       this.extendFailure = null;
       throw err;
     }
+  }
+
+  private requireDsync(): FileHandle {
+    if (this.dsync === null) throw new Error(`raft log at ${this.dir} is not open for writing`);
+    return this.dsync;
   }
 
   private requireOpen(): FileHandle {

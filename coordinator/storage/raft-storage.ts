@@ -99,6 +99,13 @@ export class RaftStorage extends StorageBase {
   private terms: number[];
   /** The highest entry index written to each segment (segments without entries absent). */
   private readonly segmentTop = new Map<number, number>();
+  /**
+   * The hard state in memory moved (its commit index only: a Ready without mustSync) and is not
+   * in the log yet: it goes with the next write (as etcd's WAL holds such a record in its buffer
+   * until the next sync). Nothing waits for it: the commit index is not promised durable, and a
+   * node that restarts with an older one learns it again from the leader.
+   */
+  private hardUnwritten = false;
 
   private constructor(dir: string, db: LevelDb, log: SegmentLog, opts: RaftStorageOptions, r: Replayed) {
     const first = r.entries[0]?.index ?? r.snapshot.meta.index + 1;
@@ -217,7 +224,16 @@ export class RaftStorage extends StorageBase {
       }
       const records = rd.entries.map(entryRecord);
       if (rd.hardState !== null) records.push(hardRecord(rd.hardState));
-      if (records.length > 0) bytes += await this.guard(() => this.log.append(records, rd.mustSync));
+      else if (this.hardUnwritten && records.length > 0) records.push(hardRecord(this.hard));
+      if (snap === null && !rd.mustSync && rd.entries.length === 0) {
+        // Only the commit index moved: written with the next write, not now.
+        if (rd.hardState !== null) this.hardUnwritten = true;
+      } else if (records.length > 0) {
+        bytes += await this.guard(() => this.log.append(records, rd.mustSync));
+        this.hardUnwritten = false;
+      } else if (snap !== null) {
+        this.hardUnwritten = false; // the new segment's preamble holds the current hard state
+      }
       const e0 = rd.entries[0];
       if (e0 !== undefined) {
         const keep = e0.index - next.first;
@@ -271,6 +287,10 @@ export class RaftStorage extends StorageBase {
   }
 
   protected async closeStores(): Promise<void> {
+    // The commit index not yet in the log, written (not synced) before closing.
+    if (this.hardUnwritten && !this.failed)
+      await this.log.append([hardRecord(this.hard)], false).catch(() => undefined);
+    this.hardUnwritten = false;
     await this.log.close().catch(() => undefined);
     await this.db.close();
   }

@@ -244,6 +244,11 @@ export abstract class StorageBase {
     await this.closeStores();
   }
 
+  /** Whether a write failed (nothing more may be written). */
+  protected get failed(): boolean {
+    return this.failure !== null;
+  }
+
   protected shape(): LogShape {
     return { first: this.first, last: this.last, snapIndex: this.snapIndex, snapTerm: this.snapTerm };
   }
