@@ -4,7 +4,7 @@
 // directory written by LevelRaftStorage (what earlier versions ran) is upgraded at open.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { cp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { frameHeaderBytes } from '../../../coordinator/storage/log-frames.js';
 import { SegmentLog } from '../../../coordinator/storage/log-segments.js';
 import { join } from 'node:path';
@@ -269,5 +269,30 @@ void test('a flipped bit at any byte of synced records above the commit index is
       await rm(dir, { recursive: true, force: true });
     }
     assert.ok(tried.damage > 0 && tried.refused > 0 && tried.padding > 0, JSON.stringify(tried));
+  });
+});
+
+void test('a commit index moved without a sync is in the log after the next write, and after close', async () => {
+  await withTempDir(async (dir) => {
+    const s = await RaftStorage.open(dir, options());
+    await s.load();
+    await s.save(save({ entries: ents(1, 6, 1), hardState: { term: 1, vote: 'n1', commit: 2 } }));
+    await s.save(save({ hardState: { term: 1, vote: 'n1', commit: 4 }, mustSync: false }));
+    // A leader's next Ready: entries without a hard state. The directory as a crash would leave it
+    // after that write (copied while the storage is open) has the commit index of the Ready before.
+    await s.save(save({ entries: ents(7, 8, 1) }));
+    const crashed = join(dir, 'crashed');
+    await mkdir(crashed);
+    for (const name of await readdir(dir))
+      if (name !== 'crashed') await cp(join(dir, name), join(crashed, name), { recursive: true });
+    await s.save(save({ hardState: { term: 1, vote: 'n1', commit: 6 }, mustSync: false }));
+    await s.close();
+    const c = await RaftStorage.open(crashed, options());
+    assert.deepEqual((await c.load()).hardState, { term: 1, vote: 'n1', commit: 4 });
+    assert.equal((await c.load()).entries.length, 8);
+    await c.close();
+    const r = await RaftStorage.open(dir, options());
+    assert.deepEqual((await r.load()).hardState, { term: 1, vote: 'n1', commit: 6 }, 'written at close');
+    await r.close();
   });
 });
