@@ -21,7 +21,7 @@ import type {
   AllocatorSlices,
 } from '../coordinator/allocator/allocator.js';
 import { encodeCommand, encodeCommandV1 } from '../coordinator/ledger/ledger-commands.js';
-import type { Grant, LedgerCommandInput } from '../coordinator/ledger/ledger-commands.js';
+import type { Grant, GrantAck, LedgerCommandInput } from '../coordinator/ledger/ledger-commands.js';
 import { DEFAULT_MAX_GRANTS_PER_ROUND, IncrementalAllocatorPolicy } from '../coordinator/lease/incremental-policy.js';
 import { allocatorPolicy, buildRoundInput } from '../coordinator/lease/grant-policy.js';
 import type { RoundDemands } from '../coordinator/lease/grant-policy.js';
@@ -529,31 +529,11 @@ export function measureIncremental(
 
 // ---- the lease round's policy on a real ledger -------------------------------------------------
 
-export interface PolicyBenchRow {
-  readonly quotas: number;
-  readonly cells: number;
-  readonly gatherMs: number;
-  readonly gatherCpuMs: number;
-  readonly roundMs: number;
-  readonly roundCpuMs: number;
-  /** A fresh policy's first round (full: every quota, the working set built). */
-  readonly firstRoundCpuMs: number;
-  /** The stateless full round (grant-policy.ts allocatorPolicy, the reference). */
-  readonly referenceCpuMs: number;
-  readonly sent: number;
-}
-
-/**
- * The lease round as the coordinator runs it, on a real Ledger: `quotas` tenants with a slice at
- * every one of `nCells` cells, every one with a new demand at every cell (so every quota is in the
- * round, as the quotas that moved are in an incremental round: the round's work follows the quotas
- * it computes, not the ledger's size). Timed: an IncrementalAllocatorPolicy round between full rounds
- * (one policy; its first round, full, untimed; then rounds in which every key's demand changed): the
- * gather from the ledger (buildRoundInputOf), the allocator, the selection within the budget, the
- * definition grants; the gather alone (buildRoundInput); a fresh policy's first (full) round; and
- * the stateless full round (allocatorPolicy, the reference) over the same quotas.
- */
-export function measurePolicyRound(quotas: number, nCells: number, runs: number): PolicyBenchRow {
+/** A ledger of `quotas` tenants (one tier) with a slice at each of `nCells` cells (rate 100, burst 200), all leased. */
+function policyLedger(
+  quotas: number,
+  nCells: number,
+): { l: Ledger; apply: (cmd: LedgerCommandInput) => void; cellIds: string[]; now: number; ttl: number } {
   const l = new Ledger({ floorCells: nCells });
   let index = 0;
   const apply = (cmd: LedgerCommandInput): void => {
@@ -580,6 +560,109 @@ export function measurePolicyRound(quotas: number, nCells: number, runs: number)
     leases: cellIds.map((cellId) => ({ cellId, leaseExpiresAtMs: now + ttl })),
     grants,
   });
+  return { l, apply, cellIds, now, ttl };
+}
+
+export interface PolicySteadyRow {
+  readonly tenants: number;
+  readonly cells: number;
+  /** Keys whose demand moved per round (median over the measured rounds), and quotas computed. */
+  readonly changed: number;
+  readonly computed: number;
+  readonly cpuMs: number;
+  readonly sent: number;
+  readonly deferred: number;
+}
+
+/**
+ * Steady lease rounds on a real ledger, each committed with the previous round's grants
+ * acknowledged and every cell reporting every round: converged first (a policy without a budget),
+ * then a fresh default policy (its first round full), then `rounds` rounds in each of which a
+ * fraction `p` of the tenants' demands move at every cell. Reports per round (medians): keys
+ * changed, quotas the policy computed (the working set: changed keys stay until settled and every
+ * cell reported since, acknowledged ones come back, deferred ones stay), CPU, grants sent.
+ */
+export function measurePolicySteady(tenants: number, nCells: number, p: number, rounds: number): PolicySteadyRow {
+  const { l, apply, cellIds, ttl } = policyLedger(tenants, nCells);
+  let now = 10_100;
+  const rand = new Rng(0x57ead + tenants).asRandom();
+  const byKey = new Map<string, Map<string, number>>();
+  for (let t = 0; t < tenants; t++)
+    byKey.set(`tenant/t${t}`, new Map(cellIds.map((c) => [c, rand() * 300] as [string, number])));
+  let acks: GrantAck[] = [];
+  const round = (policy: IncrementalAllocatorPolicy, changedKeys: Set<string> | undefined): Grant[] => {
+    const demands: RoundDemands = { reported: new Set(cellIds), byKey, acks, leaseTtlMs: ttl, changedKeys };
+    const grants = policy.policy(l, demands, now);
+    const leases = cellIds.map((cellId) => ({ cellId, leaseExpiresAtMs: now + ttl }));
+    apply({ type: 'reportAndGrant', nowMs: now, leases, acks, grants });
+    acks = grants.map((g) => ({ key: g.key, cellId: g.cellId, epoch: g.epoch }));
+    now += 100;
+    return grants;
+  };
+  const converge = new IncrementalAllocatorPolicy({ maxGrantsPerRound: Number.MAX_SAFE_INTEGER });
+  for (let r = 0; r < 12 && (r < 2 || acks.length > 0); r++) round(converge, r === 0 ? undefined : new Set());
+  const policy = new IncrementalAllocatorPolicy();
+  round(policy, undefined);
+  round(policy, new Set());
+  const changed: number[] = [];
+  const computed: number[] = [];
+  const cpu: number[] = [];
+  const sent: number[] = [];
+  const deferred0 = policy.stats.deferredGrants;
+  for (let r = 0; r < rounds; r++) {
+    const moved = new Set<string>();
+    for (let t = 0; t < tenants; t++) {
+      if (rand() >= p) continue;
+      const key = `tenant/t${t}`;
+      moved.add(key);
+      const row = byKey.get(key) as Map<string, number>;
+      for (const c of cellIds) row.set(c, rand() * 600);
+    }
+    const c0 = process.cpuUsage();
+    const grants = round(policy, moved);
+    const c = process.cpuUsage(c0);
+    changed.push(moved.size);
+    computed.push(policy.stats.lastQuotas);
+    cpu.push((c.user + c.system) / 1000);
+    sent.push(grants.length);
+  }
+  return {
+    tenants,
+    cells: nCells,
+    changed: median(changed),
+    computed: median(computed),
+    cpuMs: ms(median(cpu)),
+    sent: median(sent),
+    deferred: policy.stats.deferredGrants - deferred0,
+  };
+}
+
+export interface PolicyBenchRow {
+  readonly quotas: number;
+  readonly cells: number;
+  readonly gatherMs: number;
+  readonly gatherCpuMs: number;
+  readonly roundMs: number;
+  readonly roundCpuMs: number;
+  /** A fresh policy's first round (full: every quota, the working set built). */
+  readonly firstRoundCpuMs: number;
+  /** The stateless full round (grant-policy.ts allocatorPolicy, the reference). */
+  readonly referenceCpuMs: number;
+  readonly sent: number;
+}
+
+/**
+ * The lease round as the coordinator runs it, on a real Ledger: `quotas` tenants with a slice at
+ * every one of `nCells` cells, every one with a new demand at every cell (so every quota is in the
+ * round, as the quotas that moved are in an incremental round: the round's work follows the quotas
+ * it computes, not the ledger's size). Timed: an IncrementalAllocatorPolicy round between full rounds
+ * (one policy; its first round, full, untimed; then rounds in which every key's demand changed): the
+ * gather from the ledger (buildRoundInputOf), the allocator, the selection within the budget, the
+ * definition grants; the gather alone (buildRoundInput); a fresh policy's first (full) round; and
+ * the stateless full round (allocatorPolicy, the reference) over the same quotas.
+ */
+export function measurePolicyRound(quotas: number, nCells: number, runs: number): PolicyBenchRow {
+  const { l, cellIds, now, ttl } = policyLedger(quotas, nCells);
   const rand = new Rng(0x90 + quotas).asRandom();
   const byKey = new Map<string, Map<string, number>>();
   for (let t = 0; t < quotas; t++)
@@ -729,6 +812,26 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
       'budget grants': r.sent,
     });
   }
+  const steadySizes: [number, number, number][] = opts.smoke ? [[1_000, 16, 0.01]] : [[20_000, 16, 0.01]];
+  for (const [tenants, cells, p] of steadySizes) {
+    opts.progress(
+      `allocator: steady lease rounds on a real ledger, ${tenants} tenants × ${cells} cells, ${p * 100}% moving`,
+    );
+    const r = measurePolicySteady(tenants, cells, p, opts.smoke ? 5 : 20);
+    rows.push({
+      tenants: r.tenants,
+      cells: r.cells,
+      caps: 'none',
+      variant: 'steady policy rounds on a ledger',
+      'tenants changed %': p * 100,
+      'keys changed / round': r.changed,
+      'quotas computed': r.computed,
+      'computed / changed': Math.round((10 * r.computed) / Math.max(1, r.changed)) / 10,
+      'policy round cpu ms': r.cpuMs,
+      'budget grants': r.sent,
+      'deferred grants': r.deferred,
+    });
+  }
   return {
     name: 'allocator',
     title:
@@ -736,6 +839,7 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
     rows,
     notes: [
       "Row 'policy round on a ledger': the lease round as the coordinator runs it (IncrementalAllocatorPolicy on a real Ledger): one round between full rounds (the policy's first, full round untimed; then every key's demand changed, so every quota is in the working set): the gather from the ledger (each key's definition read once in the round; slices read into columns by one Ledger.quotaColumnsReader), the allocator, the selection within the budget (Grant objects only for the grants sent), the definition grants (keys held at every cell skipped). 'first (full) round': a fresh policy's first round (every quota, the working set built: the row before issue 20's round work); 'allocatorPolicy': the stateless full round (grant-policy.ts), the reference, in the same run. The ledger holds exactly the quotas the round computes — 10,000 × 16, the quotas a 1,000,000 × 16 round at 1% (or 100,000 × 16 at 10%) computes: a round's work follows the quotas it computes, and a ledger of 1,000,000 tenants with a slice at each of 16 cells (16 M slices) does not fit this machine's memory beside the rest. Every quota's demand is new at every cell (all slices change, more than the ~108,000 of the converged 1 % row). 'gather': buildRoundInput alone.",
+      "Row 'steady policy rounds on a ledger': IncrementalAllocatorPolicy over consecutive rounds on a real Ledger, each round committed (reportAndGrant with the previous round's grants acknowledged, every cell reporting every round), after convergence; each round a fraction of the tenants' demands move at every cell. 'quotas computed' (median per round) is the working set: a changed key is computed again when its acknowledgements arrive and stays until it is settled and every live cell reported since (cells reporting every 500 ms, 5 rounds, keep it longer than here), and keys with grants deferred by the budget stay too. 'computed / changed' is how far the round is from costing only what changed; at 1,000,000 × 16 with 1% moving, 10,000 keys a round want ~108,000 grants against the 5,000 budget, so the working set grows with the deferred ones ('deferred grants', summed over the measured rounds).",
       "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows (from the benchmark's columns: the ledger's gather is in the 'policy round on a ledger' row), allocate only them into grant columns and select the grants sent (float32, the budget; Grant objects only for those), as IncrementalAllocatorPolicy does; 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
       `Log: 'entry v1' is the object form of the full round's grants (format 1, the log before); 'entry v2' the compact form (format 2, coordinator/ledger/round-codec.ts) of the grants as the lease round sends them (float32 towards the current grant, unchanged ones dropped); 'budget': the round within DEFAULT_MAX_GRANTS_PER_ROUND (${DEFAULT_MAX_GRANTS_PER_ROUND}) grants by grantPriority, plus the compact acknowledgements its shrinks will need; MB/s per replica at ${ROUNDS_PER_S} rounds/s if every round changed this much. Target: ≤ 1 MB/s at 100,000 × 16 with 10% changing (docs/quota-model.md, "Log volume").`,
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included (it is in the 'policy round on a ledger' row).`,

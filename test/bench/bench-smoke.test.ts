@@ -80,11 +80,20 @@ void test("allocator smoke: round time and entry size per scale; the moved round
   const full = { ...r, rows: r.rows.filter((row) => row.variant === undefined) };
   const inc = r.rows.filter((row) => row.variant === 'incremental vs full');
   const policy = r.rows.filter((row) => row.variant === 'policy round on a ledger');
-  assert.equal(full.rows.length + inc.length + policy.length, r.rows.length);
+  const steady = r.rows.filter((row) => row.variant === 'steady policy rounds on a ledger');
+  assert.equal(full.rows.length + inc.length + policy.length + steady.length, r.rows.length);
   assert.equal(policy.length, 1);
   for (const row of policy) {
     assert.ok((row['policy round ms'] as number) > 0 && (row['gather ms'] as number) > 0);
     assert.ok((row['budget grants'] as number) > 0 && (row['budget grants'] as number) <= 5_000);
+    assert.ok((row['allocatorPolicy cpu ms'] as number) > 0 && (row['first (full) round cpu ms'] as number) > 0);
+  }
+  assert.equal(steady.length, 1);
+  for (const row of steady) {
+    // Steady rounds compute the moved keys and those still settling, not every tenant.
+    const computed = row['quotas computed'] as number;
+    assert.ok((row['keys changed / round'] as number) > 0 && computed >= (row['keys changed / round'] as number));
+    assert.ok(computed < (row.tenants as number) / 2, `computed ${computed} of ${row.tenants}`);
   }
   assertReport(full, 'allocator', ['tenants', 'cells', 'round ms', 'entry bytes', 'changed %']);
   for (const row of full.rows) {
