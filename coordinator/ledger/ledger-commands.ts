@@ -75,10 +75,17 @@ export const REVIVE_IMPLICIT_FORMAT = 4;
  * applies exactly as the builds before format 5 applied it (deleteTenant and putSettings as before 4b1f897).
  */
 export const TENANT_WIND_DOWN_FORMAT = 5;
+/**
+ * The command format from which the ledger keeps a tombstone per removed cell id (the highest epoch the cell was
+ * issued, in snapshots too): a cell removed and registered again under the same id continues its epochs above it, so
+ * epochs only grow for a (key, cell) across that too. Below it (a log never raised) a re-registered cell starts its
+ * epochs afresh, exactly as the builds before it did.
+ */
+export const CELL_TOMBSTONE_FORMAT = 6;
 /** The command format a ledger's state is at before any raiseCommandFormat applied. */
 export const BASE_COMMAND_FORMAT = 1;
 /** The newest command format this build reads and applies (what a replica declares to its peers). */
-export const NEWEST_COMMAND_FORMAT = TENANT_WIND_DOWN_FORMAT;
+export const NEWEST_COMMAND_FORMAT = CELL_TOMBSTONE_FORMAT;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 

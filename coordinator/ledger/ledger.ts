@@ -126,6 +126,7 @@ import {
   MAX_TIERS,
   MAX_TIME_MS,
   NEWEST_COMMAND_FORMAT,
+  CELL_TOMBSTONE_FORMAT,
   TENANT_WIND_DOWN_FORMAT,
   LedgerCommandError,
   decodeCommand,
@@ -513,6 +514,11 @@ export class Ledger {
   private readonly cells = new Map<string, CellRec>();
   /** Cell ids in registration order: every sum over cells runs in this order. */
   private readonly cellOrder: string[] = [];
+  /**
+   * Per removed and dropped cell id, the highest epoch it was issued (from CELL_TOMBSTONE_FORMAT on): registered
+   * again, the cell's epoch mark starts there and the tombstone goes. One number per id the operator removed.
+   */
+  private readonly cellTombstones = new Map<string, number>();
   private slotsTaken = 0;
   private readonly byKey = new Map<string, Map<string, SliceRec>>();
   private readonly byCell = new Map<string, Map<string, SliceRec>>();
@@ -1012,8 +1018,10 @@ export class Ledger {
       registeredAtMs: this.now,
       lastReportAtMs: null,
       leaseExpiresAtMs: null,
-      epochMark: 0,
+      // A cell registered again under a removed one's id: epochs continue above every one it was issued.
+      epochMark: this.cellTombstones.get(cmd.cellId) ?? 0,
     };
+    this.cellTombstones.delete(cmd.cellId);
     this.cells.set(cmd.cellId, rec);
     this.cellOrder.push(cmd.cellId);
     this.touchAll();
@@ -1058,6 +1066,11 @@ export class Ledger {
     for (const id of [...this.cellOrder]) {
       const c = this.cells.get(id);
       if (c === undefined || !c.removing || this.leaseLive(c)) continue;
+      if (this.format >= CELL_TOMBSTONE_FORMAT) {
+        let highest = Math.max(c.epochMark, this.cellTombstones.get(id) ?? 0);
+        for (const s of this.byCell.get(id)?.values() ?? []) highest = Math.max(highest, s.epoch);
+        if (highest > 0) this.cellTombstones.set(id, highest);
+      }
       for (const key of [...(this.byCell.get(id)?.keys() ?? [])]) this.removeSlice(key, id);
       this.staleHints.delete(id);
       this.cells.delete(id);
@@ -2005,6 +2018,10 @@ export class Ledger {
       if (!Number.isSafeInteger(c.epochMark) || c.epochMark < 0) bad(`cell ${id}: bad epoch mark ${c.epochMark}`);
     }
     if (slots !== this.slotsTaken || slots > this.config.floorCells) bad('floor slot count is wrong');
+    for (const [id, epoch] of this.cellTombstones) {
+      if (this.cells.has(id)) bad(`cell ${id} is registered and has a tombstone`);
+      if (!Number.isSafeInteger(epoch) || epoch < 1) bad(`cell ${id}: bad tombstone epoch ${epoch}`);
+    }
     // Implicit tenants: the derived set matches the slices; a winding-down key still has slices and no record.
     for (const key of this.byKey.keys())
       if (key.startsWith('tenant/') && !this.tenants.has(key.slice(7)) && !this.implicitKeys.has(key))
@@ -2200,6 +2217,11 @@ export class Ledger {
         : [this.unknownTenant, this.domainCapsIndex, this.unknownTenantIndex],
       // Only when some implicit tenant is winding down, so a ledger that never retired one snapshots as before.
       retiringImplicit: this.retiringImplicit.size > 0 ? [...this.retiringImplicit] : null,
+      // Only when some removed cell left one, so a ledger that never dropped a cell at format 6 snapshots as before.
+      cellTombstones:
+        this.cellTombstones.size > 0
+          ? [...this.cellTombstones].sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : 0))
+          : null,
     };
   }
 
@@ -2265,6 +2287,7 @@ export class Ledger {
     }
     // Before the slices: a winding-down key has no quota, so its slices are hinted stale as they go in.
     for (const key of s.retiringImplicit ?? []) l.retiringImplicit.add(key);
+    for (const [id, epoch] of s.cellTombstones ?? []) l.cellTombstones.set(id, epoch);
     for (const [id, slot, registeredAtMs, lastReportAtMs, leaseExpiresAtMs, epochMark, removing] of s.cells) {
       if (l.cells.has(id)) throw new LedgerSnapshotError(`invalid snapshot: cell ${id} twice`);
       l.cells.set(id, {
@@ -2401,6 +2424,7 @@ const snapshotSchema = z.object({
     ])
     .optional(),
   retiringImplicit: z.array(sKey).max(MAX_TENANTS).optional(),
+  cellTombstones: z.array(z.tuple([sName, sIndex])).optional(),
 });
 
 /** A quota whose bucket no agent can represent (burst/rate beyond the GCRA window): refused, naming the limit. */

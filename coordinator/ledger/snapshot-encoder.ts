@@ -58,6 +58,8 @@ export interface LedgerSnapshotCopy {
   readonly settings: unknown[];
   /** Implicit tenants winding down; null: none (the field is left out). */
   readonly retiringImplicit: string[] | null;
+  /** Removed cells' tombstones, [id, highest epoch issued], sorted by id; null when there is none. */
+  readonly cellTombstones: [string, number][] | null;
 }
 
 /** A slice's numbers after its key and cell, in the snapshot tuple's order. */
@@ -174,7 +176,7 @@ export function* encodeSnapshotSteps(copy: LedgerSnapshotCopy): Generator<void, 
     out.push(packr.pack(value));
   };
   const byName = (rows: SnapQuotaRow[]): SnapQuotaRow[] => [...rows].sort((x, y) => cmp(x[0], y[0]));
-  out.push(mapHeader(copy.retiringImplicit === null ? 13 : 14));
+  out.push(mapHeader(13 + (copy.retiringImplicit === null ? 0 : 1) + (copy.cellTombstones === null ? 0 : 1)));
   small('v', copy.v);
   small('config', copy.config);
   small('nowMs', copy.nowMs);
@@ -235,6 +237,7 @@ export function* encodeSnapshotSteps(copy: LedgerSnapshotCopy): Generator<void, 
     field('retiringImplicit');
     yield* packArray(out, order.length, (i) => keys[order[i] as number]);
   }
+  if (copy.cellTombstones !== null) small('cellTombstones', copy.cellTombstones);
   let size = 0;
   for (const part of out) size += part.byteLength;
   const bytes = new Uint8Array(size);

@@ -152,3 +152,107 @@ void test('a grant that moves into a cell starts empty there: after the other ce
     await c.cleanup();
   }
 });
+
+/** GET /v1/cluster's commandFormat: the log's and the newest every member declared. */
+async function formats(c: CoordinatorCluster, id: string): Promise<{ log: number; members: number }> {
+  const r = await c.http(id, 'GET', '/v1/cluster');
+  const log = (r.body['commandFormat'] as { log?: number } | undefined)?.log ?? 0;
+  const members = ((r.body['members'] ?? []) as { commandFormat?: number }[]).map((m) => m.commandFormat ?? 0);
+  return { log, members: Math.min(...members) };
+}
+
+void test('a cell removed and registered again under the same id: its epochs continue above every epoch it was issued, and its agent is granted again', async (t) => {
+  const c = await CoordinatorCluster.create(IDS, ['--floor-cells', '1']);
+  let agent: AgentProcess | null = null;
+  try {
+    const rules = join(c.root, 'rules.yaml');
+    writeFileSync(rules, 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
+    c.startAll();
+    const leader = await c.waitForLeader(60_000);
+    const tier = async (rate: number): Promise<void> =>
+      assert.equal((await c.write('PUT', '/v1/tiers/gold', { rate, burst: rate })).status, 200);
+    await tier(100);
+    assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
+    const coordinators = IDS.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
+    const a = await AgentProcess.start({ cell: 'cell-a', rules, coordinators, rlsSocket: join(c.root, 'a.sock') });
+    agent = a;
+    await a.waitHealthy(90_000);
+    const client = new RlsClient(unixTarget(a.rlsSocket ?? ''));
+    try {
+      const one = { domain: 'api', descriptors: [d(['tenant', 'acme'])] };
+      const epoch = async (): Promise<number> => {
+        const slices = (await c.http(leader, 'GET', '/v1/tenants/acme')).body['slices'] as
+          { cellId: string; epoch: number }[] | undefined;
+        return slices?.find((s) => s.cellId === 'cell-a')?.epoch ?? 0;
+      };
+      // Granted on a lease; then each change of the tier re-grants it at a higher epoch.
+      await waitFor(
+        'cell-a admits acme on its grant',
+        async () => (await client.check(one)).overall_code === 'OK' && (await epoch()) > 0,
+        { timeoutMs: 60_000, everyMs: 100, context: () => a.describe() },
+      );
+      for (const rate of [90, 80, 70, 60, 50, 40]) {
+        const before = await epoch();
+        await tier(rate);
+        await waitFor(`the re-grant at rate ${rate}`, async () => (await epoch()) > before, { timeoutMs: 30_000 });
+      }
+      const old = await epoch();
+      // The log at the newest format every member reads (the raise is proposed by the leader).
+      await waitFor(
+        'the log raised to the members’ command format',
+        async () => {
+          const f = await formats(c, leader);
+          return f.log === f.members;
+        },
+        { timeoutMs: 30_000 },
+      );
+
+      // Removed: refused, dropped once its lease is over; its agent keeps reporting and registers again.
+      const registration = async (): Promise<{ registeredAt?: string; removing?: boolean } | undefined> => {
+        const cells = (await c.http(leader, 'GET', '/v1/cells')).body['cells'] as
+          { id: string; registeredAt?: string; removing?: boolean }[] | undefined;
+        return cells?.find((x) => x.id === 'cell-a');
+      };
+      const first = (await registration())?.registeredAt;
+      const del = await c.write('DELETE', '/v1/cells/cell-a');
+      assert.equal(del.status, 200, JSON.stringify(del.body));
+      // Every epoch the ledger shows for the cell from its new registration on, until its agent (the same
+      // process, holding the old epoch: it ignores grants at or below it) admits acme again on a grant.
+      const seen: number[] = [];
+      let last = '';
+      await waitFor(
+        'cell-a dropped, registered again, and admitting acme on a grant',
+        async () => {
+          const cell = await registration();
+          last = `${JSON.stringify(cell)} ${JSON.stringify((await c.http(leader, 'GET', '/v1/tenants/acme')).body['slices'])}`;
+          if (cell === undefined || cell.removing === true || cell.registeredAt === first) return false;
+          const admitted = (await client.check(one)).overall_code === 'OK';
+          const e = await epoch();
+          if (e > 0 && seen[seen.length - 1] !== e) seen.push(e);
+          return e > 0 && admitted;
+        },
+        {
+          timeoutMs: 90_000,
+          everyMs: 20,
+          context: () =>
+            `${a.describe().slice(-1500)}\nepochs seen ${JSON.stringify(seen)} (before: ${old}); last ${last}\nLEADER ${c
+              .replica(leader)
+              .output.split('\n')
+              .filter((l) => /"level":[45]0/.test(l))
+              .slice(-8)
+              .join('\n')}`,
+        },
+      );
+      t.diagnostic(`epochs issued before the removal up to ${old}; after the re-registration ${JSON.stringify(seen)}`);
+      assert.ok(
+        seen.every((e) => e > old),
+        `every epoch of the re-registered cell (${JSON.stringify(seen)}) is above the ${old} it was issued before`,
+      );
+    } finally {
+      client.close();
+    }
+  } finally {
+    await agent?.kill();
+    await c.cleanup();
+  }
+});

@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { Ledger, LedgerSnapshotError } from '../../../coordinator/ledger/ledger.js';
 import {
   LedgerCommandError,
+  CELL_TOMBSTONE_FORMAT,
   MAX_CELLS,
   MAX_NAME_LENGTH,
   decodeCommand,
@@ -394,4 +395,42 @@ void test('restore refuses bytes that are not a valid ledger snapshot', () => {
   const again = Ledger.restore(snap);
   assert.deepEqual(Buffer.from(again.snapshot()), Buffer.from(snap));
   assert.deepEqual(again.config, d.ledger.config);
+});
+
+void test('a cell removed and registered again under its id: epochs continue above every epoch it was issued (format 6, kept in snapshots); below it they start afresh', () => {
+  const run = (raise: boolean): { epoch: number | undefined; restored: number | undefined } => {
+    const d = Driver.create();
+    if (raise) d.ok({ type: 'raiseCommandFormat', format: CELL_TOMBSTONE_FORMAT });
+    d.ok({ type: 'putTier', name: 'gold', rate: 100, burst: 100 });
+    d.ok({ type: 'putTenant', id: 'acme', tier: 'gold' });
+    d.ok({ type: 'registerCell', cellId: 'a', nowMs: 0 });
+    for (let epoch = 1; epoch <= 7; epoch++)
+      d.ok({
+        type: 'reportAndGrant',
+        nowMs: epoch,
+        leases: [{ cellId: 'a', leaseExpiresAtMs: 1000 }],
+        grants: [{ key: 'tenant/acme', cellId: 'a', rate: 10 + epoch, burst: 10, epoch, leaseExpiresAtMs: 1000 }],
+        acks: [{ key: 'tenant/acme', cellId: 'a', epoch }],
+      });
+    d.ok({ type: 'removeCell', cellId: 'a', nowMs: 10 });
+    d.ok({ type: 'expireLeases', nowMs: 5000 });
+    assert.equal(d.ledger.getCell('a'), undefined, 'dropped');
+    // The tombstone survives a snapshot taken while the cell is gone.
+    const restored = new Driver(Ledger.restore(d.ledger.snapshot(), { assertInvariants: true }));
+    restored.index = d.index;
+    assert.deepEqual(Buffer.from(restored.ledger.snapshot()), Buffer.from(d.ledger.snapshot()));
+    const regrant = (x: Driver): number | undefined => {
+      x.ok({ type: 'registerCell', cellId: 'a', nowMs: 5001 });
+      x.ok({
+        type: 'reportAndGrant',
+        nowMs: 5002,
+        leases: [{ cellId: 'a', leaseExpiresAtMs: 9000 }],
+        grants: [{ key: 'tenant/acme', cellId: 'a', rate: 0, burst: 0, epoch: 1, leaseExpiresAtMs: 9000 }],
+      });
+      return x.ledger.getSlice('tenant/acme', 'a')?.epoch;
+    };
+    return { epoch: regrant(d), restored: regrant(restored) };
+  };
+  assert.deepEqual(run(true), { epoch: 8, restored: 8 }, 'a first grant continues above epoch 7');
+  assert.deepEqual(run(false), { epoch: 1, restored: 1 }, 'below format 6, as the builds before it');
 });
