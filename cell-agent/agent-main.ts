@@ -21,6 +21,7 @@ import type { AgentConfig } from './agent-config.js';
 import { AGENT_ALONE_NOTE, AGENT_COORDINATED_NOTE } from './agent-config.js';
 import type { WorkerInit } from './agent-protocol.js';
 import { RlsWorkers } from './agent-workers.js';
+import { HrtimeClock } from './buckets/elapsed-clock.js';
 import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
@@ -362,6 +363,7 @@ function mainThreadCheck(
       table,
       quotas: inputs.quotas,
       clock: memory.clock,
+      elapsed: new HrtimeClock(table.startNs),
       velocity: memory.velocityTable,
       onRefused: (key, hits, why) => throttle.add(key, hits, why),
       overrides: inputs.overrides,

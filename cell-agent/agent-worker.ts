@@ -6,6 +6,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import type { MessagePort } from 'node:worker_threads';
 import { pino } from 'pino';
 import { releaseStartupMemory } from '../shared/release-memory.js';
+import { HrtimeClock } from './buckets/elapsed-clock.js';
 import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
 import { Decider } from './decide/decide.js';
@@ -55,6 +56,7 @@ async function main(): Promise<void> {
         table,
         quotas,
         clock: () => process.hrtime.bigint(),
+        elapsed: new HrtimeClock(table.startNs),
         velocity,
         onRefused: (key, hits, why) => throttle.add(key, hits, why),
         overrides,

@@ -14,6 +14,7 @@
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { BucketTable } from '../cell-agent/buckets/bucket-table.js';
+import { PerfClock } from '../cell-agent/buckets/elapsed-clock.js';
 import type { GcraLimit } from '../cell-agent/buckets/gcra.js';
 import { CheckService } from '../cell-agent/decide/check-service.js';
 import { Decider } from '../cell-agent/decide/decide.js';
@@ -98,7 +99,14 @@ export interface Limiter {
   /** Where the metrics are: the registry passed in, or the limiter's own. */
   readonly registry: Registry;
   readonly shadow: boolean;
+  /** A fresh decision object per call: the caller may keep it. */
   check(input: CheckInput): LimitDecision;
+  /**
+   * check(), with the answer written into a decision object (and policy objects) this limiter
+   * reuses: valid until its next checkInPlace() — read it at once, keep nothing of it (copy what you
+   * keep). In the common case (one descriptor in one local bucket, admitted) nothing is allocated.
+   */
+  checkInPlace(input: CheckInput): LimitDecision;
   status(): LimiterStatus;
   /** Stops the lease client and the rules watcher, unregisters the metrics. Idempotent. */
   close(): Promise<void>;
@@ -192,8 +200,11 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
       ? new CoordinatedQuotas(overrides)
       : new StaticQuotas(quotaFile, { staticShare: o.staticShare, unknownTenant: o.unknownTenant });
 
+  // One clock for everything this limiter does with its own table (decisions, the lease deadline, the
+  // velocity window, grants applied): performance.now() read as ns, nothing allocated per check.
   const startNs = process.hrtime.bigint();
-  const clock = (): bigint => process.hrtime.bigint();
+  const elapsedClock = new PerfClock(startNs);
+  const clock = (): bigint => elapsedClock.nowNs();
   const table = new BucketTable({ capacity: o.tableCapacity, startNs });
   let velocityKeys: VelocityKeys | null = null;
   let velocityTable: VelocityTable | null = null;
@@ -204,7 +215,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     velocityKeys = keys;
   }
   const decider = new Decider(
-    { table, quotas, clock, velocity: velocityTable, overrides, deadline },
+    { table, quotas, clock, elapsed: elapsedClock, velocity: velocityTable, overrides, deadline },
     {
       bounds: DEFAULT_REQUEST_BOUNDS,
       responseHeaders: false,
@@ -293,7 +304,14 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     hitsAddend: 0,
   }));
 
-  const check = (input: CheckInput): LimitDecision => {
+  // checkInPlace()'s answer: the decision and one policy object per descriptor index, reused.
+  // (An array per policy count, so that no array is resized: setting length 0 drops its storage.)
+  const reusedPolicies: MutablePolicy[] = [];
+  const reusedLists: PolicyStatus[][] = [];
+  const reused: Mutable<LimitDecision> = { ...ALLOW_NOTHING_MET };
+
+  /** The decision into `out` (checkInPlace), or a fresh one (out null: check). */
+  const decide = (input: CheckInput, out: Mutable<LimitDecision> | null): LimitDecision => {
     const descriptors = input.descriptors;
     if (descriptors.length === 0) return ALLOW_NOTHING_MET;
     const hits = input.hits;
@@ -316,7 +334,8 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
         rls[i] = { entries: descriptors[i] as Descriptor, limit: null, hitsAddend };
       request = { domain, descriptors: rls, hitsAddend: 0 };
     }
-    const outcome = service.check(request);
+    // Read here at once: the service's reused outcome (nothing of it is kept).
+    const outcome = service.checkInPlace(request);
     // Hold no reference to the caller's descriptors.
     for (let i = 0; i < n && i < POOLED_DESCRIPTORS; i++) (pooled[i] as (typeof pooled)[number]).entries = NO_ENTRIES;
     if (outcome.kind === 'error') throw new LimiterInputError(outcome.message);
@@ -326,23 +345,40 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     const statuses = response.statuses;
     const limits = outcome.statusLimits;
     let policies: PolicyStatus[] | null = null;
+    let met = 0;
+    if (out !== null)
+      for (let i = 0; i < statuses.length; i++) if ((statuses[i] as RlsDescriptorStatus).currentLimit !== null) met++;
+    let k = 0;
     for (let i = 0; i < statuses.length; i++) {
       const s = statuses[i] as RlsDescriptorStatus;
       if (s.currentLimit === null) continue;
-      (policies ??= []).push(policyOf(i, s, limits[i] ?? null, descriptors[i] as Descriptor));
+      const limit = limits[i] ?? null;
+      const descriptor = descriptors[i] as Descriptor;
+      if (out === null) {
+        (policies ??= []).push(policyInto(newPolicy(), i, s, limit, descriptor));
+      } else {
+        policies = reusedLists[met] ??= new Array<PolicyStatus>(met);
+        policies[k++] = policyInto((reusedPolicies[i] ??= newPolicy()), i, s, limit, descriptor);
+      }
     }
     const overLimit = outcome.overLimit;
     if (overLimit && shadow) counters.shadowRefused++;
-    return {
-      allowed: !overLimit || shadow,
-      overLimit,
-      retryAfterSeconds: overLimit ? wholeSeconds(outcome.retryAfterNs) : 0,
-      // With responseHeaders off, the Decider's only header is x-ratelimit-degraded.
-      degraded: response.responseHeadersToAdd.length > 0,
-      failOpen: false,
-      policies: policies ?? NO_POLICIES,
-    };
+    const allowed = !overLimit || shadow;
+    const retryAfterSeconds = overLimit ? wholeSeconds(outcome.retryAfterNs) : 0;
+    // With responseHeaders off, the Decider's only header is x-ratelimit-degraded.
+    const degraded = response.responseHeadersToAdd.length > 0;
+    if (out === null)
+      return { allowed, overLimit, retryAfterSeconds, degraded, failOpen: false, policies: policies ?? NO_POLICIES };
+    out.allowed = allowed;
+    out.overLimit = overLimit;
+    out.retryAfterSeconds = retryAfterSeconds;
+    out.degraded = degraded;
+    out.failOpen = false;
+    out.policies = policies ?? NO_POLICIES;
+    return out;
   };
+  const check = (input: CheckInput): LimitDecision => decide(input, null);
+  const checkInPlace = (input: CheckInput): LimitDecision => decide(input, reused);
 
   const limiter: Limiter = {
     name,
@@ -350,6 +386,7 @@ export async function createLimiter(options: LimiterOptions): Promise<Limiter> {
     registry,
     shadow,
     check,
+    checkInPlace,
     status: () => ({
       name,
       domain,
@@ -378,23 +415,45 @@ export function countersOf(limiter: Limiter): LimiterCounters | undefined {
   return COUNTERS.get(limiter);
 }
 
-function policyOf(i: number, s: RlsDescriptorStatus, limit: GcraLimit | null, descriptor: Descriptor): PolicyStatus {
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
+type MutablePolicy = Mutable<PolicyStatus>;
+
+function newPolicy(): MutablePolicy {
+  return {
+    descriptor: 0,
+    name: '',
+    limit: 0,
+    windowSeconds: 1,
+    ratePerSecond: 0,
+    burst: 0,
+    remaining: 0,
+    resetSeconds: 0,
+    overLimit: false,
+  };
+}
+
+function policyInto(
+  p: MutablePolicy,
+  i: number,
+  s: RlsDescriptorStatus,
+  limit: GcraLimit | null,
+  descriptor: Descriptor,
+): PolicyStatus {
   const cl = s.currentLimit as NonNullable<RlsDescriptorStatus['currentLimit']>;
   let name = cl.name;
   if (name === '') {
     name = descriptor.length === 1 ? (descriptor[0] as RlsEntry).key : descriptor.map((e) => e.key).join('.');
   }
-  return {
-    descriptor: i,
-    name,
-    limit: cl.requestsPerUnit,
-    windowSeconds: UNIT_SECONDS[cl.unit] ?? 1,
-    ratePerSecond: limit === null || limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs),
-    burst: limit === null ? 0 : Number(limit.burst),
-    remaining: s.limitRemaining,
-    resetSeconds: s.durationUntilReset?.seconds ?? 0,
-    overLimit: s.code === RLS_CODE.OVER_LIMIT,
-  };
+  p.descriptor = i;
+  p.name = name;
+  p.limit = cl.requestsPerUnit;
+  p.windowSeconds = UNIT_SECONDS[cl.unit] ?? 1;
+  p.ratePerSecond = limit === null || limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs);
+  p.burst = limit === null ? 0 : Number(limit.burst);
+  p.remaining = s.limitRemaining;
+  p.resetSeconds = s.durationUntilReset?.seconds ?? 0;
+  p.overLimit = s.code === RLS_CODE.OVER_LIMIT;
+  return p;
 }
 
 /** ns → whole seconds, rounded up, at least 1. */

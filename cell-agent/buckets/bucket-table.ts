@@ -634,7 +634,8 @@ export class BucketTable {
     const out = this.hashOut;
     this.hasher(key, this.seed, out);
     this.bigTimes = null;
-    const r = this.takeHashed(out, limit, null, hits, nowNs, this.plainResult);
+    this.setNow(nowNs);
+    const r = this.takeHashed(out, limit, null, hits, this.plainResult);
     if (r === KEY_TABLE_FULL) return TABLE_FULL;
     if (r === KEY_BLOCKED) return BLOCKED;
     const big = this.bigTimes as GcraDecisionScratch | null;
@@ -667,6 +668,23 @@ export class BucketTable {
    * reused: it is valid until this table object's next takeKey() (read it, do not keep it).
    */
   takeKey(limit: GcraLimit, hits: number, nowNs: bigint): Readonly<KeyTakeResult> {
+    this.setNow(nowNs);
+    return this.takeKeyNow(limit, hits);
+  }
+
+  /**
+   * takeKey() at `elapsed[0]` ns since startNs (an ElapsedClock's reading, elapsed-clock.ts: a safe
+   * integer ≥ 0, else a RangeError before anything is taken): the time never becomes a bigint or a
+   * boxed number on its way, so the take allocates nothing at all. The same answer as takeKey() at
+   * startNs + elapsed[0].
+   */
+  takeKeyAt(limit: GcraLimit, hits: number, elapsed: Float64Array): Readonly<KeyTakeResult> {
+    this.setElapsed(elapsed[0] as number);
+    return this.takeKeyNow(limit, hits);
+  }
+
+  /** takeKey() at the time set last (setNow / setElapsed). */
+  private takeKeyNow(limit: GcraLimit, hits: number): Readonly<KeyTakeResult> {
     const k = this.keyStream;
     if (k === null) throw new Error('takeKey: this table has a custom hasher; use take()');
     // A malformed limit fails here, never while this thread holds a slot's ver odd or claimed.
@@ -674,7 +692,7 @@ export class BucketTable {
     if (!words.narrow) throw new RangeError(`takeKey: a limit window over ${NUMBER_STEP_MAX_NS} ns needs take()`);
     const out = this.hashOut;
     k.end(out);
-    return this.takeHashed(out, limit, words, hits, nowNs, this.keyResult);
+    return this.takeHashed(out, limit, words, hits, this.keyResult);
   }
 
   /** Whether takeKey() takes this limit (its window fits the numeric step). Validates the limit. */
@@ -687,12 +705,10 @@ export class BucketTable {
     limit: GcraLimit,
     known: LimitWords | null,
     hits: number,
-    nowNs: bigint,
     res: MutableTakeResult,
   ): KeyTakeResult {
     if (!Number.isSafeInteger(hits) || hits < 0)
       throw new RangeError(`hits must be a non-negative safe integer, got ${hits}`);
-    this.setNow(nowNs);
     // A malformed limit must fail here, never while this thread holds a slot's ver odd or claimed.
     const words = known ?? limitWords(limit);
     const h0 = keyWord0(hash[0] ?? 0);
@@ -737,6 +753,15 @@ export class BucketTable {
       throw new RangeError(`nowNs ${nowNs} is outside the table's time range (startNs ${this.startNs} .. +2^57)`);
     this.nowHi = Number(rel >> 32n);
     this.nowLo = Number(rel & LOW_32);
+  }
+
+  /** Sets this.nowHi / this.nowLo from now − startNs as a number (a safe integer ≥ 0). */
+  private setElapsed(rel: number): void {
+    if (!Number.isSafeInteger(rel) || rel < 0)
+      throw new RangeError(`elapsed ${rel} ns is outside the table's time range (a safe integer ≥ 0)`);
+    const hi = Math.floor(rel / TWO_32);
+    this.nowHi = hi;
+    this.nowLo = rel - hi * TWO_32;
   }
 
   /** now − startNs as a bigint (off the hot path). */

@@ -22,6 +22,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
 import type { BucketTable } from '../buckets/bucket-table.js';
+import type { ElapsedClock } from '../buckets/elapsed-clock.js';
 import type { GcraLimit } from '../buckets/gcra.js';
 import type { OverloadSignal } from '../observe/lag-guard.js';
 import type { RejectReason, StatsWriter, Verdict } from '../observe/stats.js';
@@ -197,6 +198,19 @@ export class CheckService {
   private readonly allowances: OverloadAllowances | null;
   private readonly throttle: ThrottleCounts | null;
   private readonly answers: OverloadAnswers;
+  /** The decider's number clock (read at a check's start and end) and [0] the start's reading. */
+  private readonly clock: ElapsedClock;
+  private readonly started = new Float64Array(1);
+  /** checkInPlace()'s outcome. */
+  private readonly reused: { -readonly [K in keyof Answer]: Answer[K] } = {
+    kind: 'answer',
+    response: failOpenResponse(0),
+    overLimit: false,
+    verdict: 'ok',
+    scope: 'local',
+    retryAfterNs: 0n,
+    statusLimits: NO_LIMITS,
+  };
 
   constructor(
     readonly decider: Decider,
@@ -209,6 +223,7 @@ export class CheckService {
     this.allowances = opts.allowances ?? null;
     this.throttle = opts.throttle ?? null;
     this.answers = new OverloadAnswers(opts.cell ?? decider.options.cell ?? null, opts.encode ?? null);
+    this.clock = decider.elapsedClock;
     if (lag !== null && this.overload.policy === 'bounded' && this.overload.allowance > 0 && this.allowances === null) {
       throw new Error('CheckService: the bounded overload policy with an allowance needs the allowances');
     }
@@ -231,7 +246,26 @@ export class CheckService {
   }
 
   check(req: RlsRequest): CheckOutcome {
-    const start = performance.now();
+    return this.run(req, false);
+  }
+
+  /**
+   * check(), with an answer of the decision's common case written into objects reused check after
+   * check (Decider.decideInPlace, and this service's outcome): valid until this service's next
+   * checkInPlace(). For a caller that reads the outcome at once and keeps nothing of it (the
+   * embedded limiter); the transports, which keep or encode the response later, use check().
+   */
+  checkInPlace(req: RlsRequest): CheckOutcome {
+    return this.run(req, true);
+  }
+
+  private run(req: RlsRequest, inPlace: boolean): CheckOutcome {
+    // One clock reading starts the check, the decision's own (decide(req, true, true) decides at it),
+    // and one more ends it for the latency histogram: the number clock, nothing allocated (the lag
+    // guard keeps its own clock, performance.now, read only when there is a guard).
+    const clock = this.clock;
+    clock.read();
+    this.started[0] = clock.elapsed[0] as number;
     // The request errors and input bounds first, before the overload guard: a request over a bound
     // is refused on every transport, even when its own size is what made the thread late.
     // An exception while checking the bounds (a request object built by an embedding app, with a
@@ -242,11 +276,12 @@ export class CheckService {
         this.stats.rejected('invalid');
         return { kind: 'error', code: failure.code, message: failure.message };
       }
-      if (this.lag !== null && this.lag.overloaded(start)) {
-        const answer = this.overloadAnswer(req, start);
+      if (this.lag !== null && this.lag.overloaded()) {
+        const answer = this.overloadAnswer(req);
         if (answer !== null) return answer;
+        clock.read(); // decided after all: at a reading after the overload path's
       }
-      const result = this.decider.decide(req, true);
+      const result = inPlace ? this.decider.decideInPlace(req, true, true) : this.decider.decide(req, true, true);
       if (!result.ok) {
         this.stats.rejected('invalid');
         return { kind: 'error', code: result.failure.code, message: result.failure.message };
@@ -258,7 +293,17 @@ export class CheckService {
         this.stats.failOpen('table_full');
         this.throttle?.addFailOpen('table_full', d.tableFullKey ?? UNMATCHED_QUOTA);
       }
-      this.stats.decision(verdict, d.scope, (performance.now() - start) / 1000);
+      this.decided(verdict, d.scope);
+      if (inPlace) {
+        const o = this.reused;
+        o.response = d.response;
+        o.overLimit = d.overLimit;
+        o.verdict = verdict;
+        o.scope = d.scope;
+        o.retryAfterNs = d.retryAfterNs;
+        o.statusLimits = d.statusLimits;
+        return o;
+      }
       return {
         kind: 'answer',
         response: d.response,
@@ -272,7 +317,7 @@ export class CheckService {
       this.reportError(error);
       this.stats.failOpen('error');
       this.throttle?.addFailOpen('error', UNMATCHED_QUOTA);
-      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      this.decided('degraded', 'local');
       return {
         kind: 'answer',
         response: failOpenResponse(req.descriptors.length),
@@ -286,17 +331,17 @@ export class CheckService {
   }
 
   /** The overload path's answer, or null: decide normally (nothing to bound, or no rules loaded). */
-  private overloadAnswer(req: RlsRequest, start: number): Answer | null {
+  private overloadAnswer(req: RlsRequest): Answer | null {
     const n = req.descriptors.length;
     if (this.overload.policy === 'open') {
       this.stats.failOpen('overload');
       this.throttle?.addFailOpen('overload', UNMATCHED_QUOTA);
-      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      this.decided('degraded', 'local');
       return this.answers.failOpenFor(n);
     }
     if (this.overload.allowance === 0 || this.allowances === null) {
       this.stats.overloadRefused('allowance');
-      this.stats.decision('over_limit', 'local', (performance.now() - start) / 1000);
+      this.decided('over_limit', 'local');
       return this.answers.refusedFor(n);
     }
     const nowNs = this.decider.now();
@@ -306,12 +351,17 @@ export class CheckService {
     if (verdict === 'decide') return null;
     if (verdict === 'admit') {
       this.stats.failOpen('overload');
-      this.stats.decision('degraded', 'local', (performance.now() - start) / 1000);
+      this.decided('degraded', 'local');
       return this.answers.failOpenFor(n);
     }
     this.stats.overloadRefused('allowance');
-    this.stats.decision('over_limit', 'local', (performance.now() - start) / 1000);
+    this.decided('over_limit', 'local');
     return this.answers.refusedFor(n);
+  }
+
+  /** Counts the check's verdict with its latency since its first clock reading (a second reading). */
+  private decided(verdict: Verdict, scope: DecisionScope): void {
+    this.stats.decisionSince(verdict, scope, this.clock, this.started);
   }
 
   /** Counts a request refused before deciding (undecodable bytes, a bad JSON body). */

@@ -46,6 +46,8 @@
 // refused hits would pass), rounded up to whole seconds.
 import { BucketTable } from '../buckets/bucket-table.js';
 import type { KeyTakeResult, TakeResult } from '../buckets/bucket-table.js';
+import { BigintElapsedClock, exactElapsed } from '../buckets/elapsed-clock.js';
+import type { ElapsedClock } from '../buckets/elapsed-clock.js';
 import { STATE_WORDS } from '../buckets/key-hash.js';
 import type { KeyHashStream } from '../buckets/key-hash.js';
 import { NEVER_NS, limitPerUnit } from '../buckets/gcra.js';
@@ -112,6 +114,12 @@ export interface DeciderDeps {
   readonly quotas: StaticQuotas;
   /** Now in ns on the table's clock (process.hrtime.bigint() in the agent). */
   readonly clock: () => bigint;
+  /**
+   * The same clock read as a number of ns since the table's startNs, allocation-free (HrtimeClock in
+   * production; its originNs must be the table's startNs): the fast paths decide on it, and a check's
+   * latency is measured on it (readingNs). Default: `clock` through a BigintElapsedClock (tests).
+   */
+  readonly elapsed?: ElapsedClock | null;
   readonly velocity?: VelocityRecorder | null;
   /** Called once per refused (non-shadow) level with its quota key (global) or bucket key (local) and
    * its provenance: the throttling log. */
@@ -255,11 +263,22 @@ export class Decider {
   /** decideLocals' working state, one slot per descriptor (one decision at a time, and it never calls out
    * before it is done with them): each bucket key's hash state, its rule, hits and what its bucket said. */
   private readonly fast = newFastScratch();
+  /** decideInPlace()'s answer for an admission on the one-descriptor fast path. */
+  private readonly reused = newReusedAnswer();
+  /** The clock as a number (DeciderDeps.elapsed); its elapsed[0] is the current decision's reading. */
+  readonly elapsedClock: ElapsedClock;
 
   constructor(
     private readonly deps: DeciderDeps,
     readonly options: DeciderOptions,
-  ) {}
+  ) {
+    const startNs = deps.table.startNs;
+    this.elapsedClock = deps.elapsed ?? new BigintElapsedClock(deps.clock, startNs);
+    if (this.elapsedClock.originNs !== startNs)
+      throw new Error(
+        `Decider: the elapsed clock's origin ${this.elapsedClock.originNs} is not the table's startNs ${startNs}`,
+      );
+  }
 
   setRules(rules: RuleSet): void {
     this.rules = rules;
@@ -269,21 +288,45 @@ export class Decider {
     return this.rules;
   }
 
-  /** `boundsChecked`: the caller (CheckService) has already applied checkRequest to `req`. */
-  decide(req: RlsRequest, boundsChecked = false): DecideResult {
+  /**
+   * `boundsChecked`: the caller (CheckService) has already applied checkRequest to `req`.
+   * `clockRead`: the caller has just read `elapsedClock` (CheckService: the check's one reading),
+   * and the decision is made at that reading.
+   */
+  decide(req: RlsRequest, boundsChecked = false, clockRead = false): DecideResult {
+    return this.run(req, boundsChecked, clockRead, false);
+  }
+
+  /**
+   * decide(), with the common case's admission (one descriptor in one local bucket, no response
+   * headers) written into objects this Decider reuses: the DecideResult, its Decision, response and
+   * status are valid until this Decider's next decideInPlace() (read them, do not keep them). Every
+   * other answer is fresh, as decide()'s. For callers that read the answer at once (the embedded
+   * limiter); decide() is the call for anyone who keeps it.
+   */
+  decideInPlace(req: RlsRequest, boundsChecked = false, clockRead = false): DecideResult {
+    return this.run(req, boundsChecked, clockRead, true);
+  }
+
+  private run(req: RlsRequest, boundsChecked: boolean, clockRead: boolean, inPlace: boolean): DecideResult {
     if (!boundsChecked) {
       const failure = checkRequest(req, this.options.bounds);
       if (failure !== null) return { ok: false, failure };
     }
     const rules = this.rules;
     if (rules === null) return { ok: false, failure: { code: GRPC_STATUS.UNKNOWN, message: NO_CONFIG_MESSAGE } };
-    const nowNs = this.deps.clock();
-    this.nowNs = nowNs;
+    // One clock reading per decision, as a number (nothing allocated); the general path's bigint is
+    // made from it (or read from the bigint clock past the number's exact range, 104 days).
+    const clock = this.elapsedClock;
+    if (!clockRead) clock.read();
+    const exact = exactElapsed(clock);
     const n = req.descriptors.length;
-    if (n <= FAST_DESCRIPTORS && this.options.fastPath !== false) {
-      const fast = n === 1 ? this.decideOneLocal(rules, req, nowNs) : this.decideLocals(rules, req, nowNs);
-      if (fast !== null) return { ok: true, decision: fast };
+    if (exact && n <= FAST_DESCRIPTORS && this.options.fastPath !== false) {
+      const fast = n === 1 ? this.decideOneLocal(rules, req, inPlace) : this.decideLocals(rules, req);
+      if (fast !== null) return fast === this.reused.decision ? this.reused.result : { ok: true, decision: fast };
     }
+    const nowNs = exact ? this.deps.table.startNs + BigInt(clock.elapsed[0] as number) : this.deps.clock();
+    this.nowNs = nowNs;
     const { plans, levels } = this.plan(rules, req);
     return { ok: true, decision: this.evaluate(plans, levels, nowNs) };
   }
@@ -297,7 +340,7 @@ export class Decider {
    * answer is what evaluate() gives for the same request (test/cell-agent/decide/decide-fast-path
    * checks it against `fastPath: false`); null: not the common case, use the general path.
    */
-  private decideOneLocal(rules: RuleSet, req: RlsRequest, nowNs: bigint): Decision | null {
+  private decideOneLocal(rules: RuleSet, req: RlsRequest, inPlace: boolean): Decision | null {
     const d = req.descriptors[0];
     if (d === undefined || d.limit !== null) return null;
     const hits = d.hitsAddend ?? (req.hitsAddend > 1 ? req.hitsAddend : 1);
@@ -310,9 +353,18 @@ export class Decider {
     const { limit, currentLimit, statusLimits, keyTakes } = this.ruleLimitOf(node);
     // A window over 2^52 ns (≈ 52 days) is decided on bigint: the general path's take().
     if (!keyTakes) return null;
-    const r = table.takeKey(limit, hits, nowNs);
+    const r = table.takeKeyAt(limit, hits, this.elapsedClock.elapsed);
     if (r.verdict === 'table-full') return null; // rare: the general path applies the policy and marks it
     if (r.verdict === 'allow') {
+      if (inPlace && !this.options.responseHeaders) {
+        const reused = this.reused;
+        const s = reused.status;
+        s.currentLimit = currentLimit;
+        s.limitRemaining = Math.min(r.remaining, MAX_UINT32);
+        s.durationUntilReset = secondsOfNumber(r.resetNs);
+        reused.decision.statusLimits = statusLimits;
+        return reused.decision;
+      }
       const status: RlsDescriptorStatus = {
         code: OK,
         currentLimit,
@@ -320,24 +372,11 @@ export class Decider {
         durationUntilReset: secondsOfNumber(r.resetNs),
       };
       const statuses = [status];
-      return {
-        response: {
-          overallCode: OK,
-          statuses,
-          responseHeadersToAdd: this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS,
-          requestHeadersToAdd: NO_HEADERS,
-          rawBody: null,
-        },
-        overLimit: false,
-        scope: 'local',
-        degraded: false,
-        staticSlice: false,
-        tableFull: false,
-        tableFullKey: null,
-        retryAfterNs: 0n,
+      return admittedLocal(
+        statuses,
+        this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS,
         statusLimits,
-        refusal: null,
-      };
+      );
     }
     const retryNs = r.retryAfterNs;
     const key = lastLocalBucketKey(req.domain, d.entries);
@@ -387,7 +426,7 @@ export class Decider {
    * second take. null before any bucket is touched when the request is not such a case (a descriptor
    * not counted in exactly one local bucket, hits 0, a long window, two descriptors in one bucket).
    */
-  private decideLocals(rules: RuleSet, req: RlsRequest, nowNs: bigint): Decision | null {
+  private decideLocals(rules: RuleSet, req: RlsRequest): Decision | null {
     const table = this.deps.table;
     const f = this.fast;
     const n = req.descriptors.length;
@@ -414,7 +453,7 @@ export class Decider {
     let over = false;
     for (let i = 0; i < n; i++) {
       const rule = f.rules[i] as RuleLimit;
-      const r = this.takeSaved(i, rule.limit, 0, nowNs);
+      const r = this.takeSaved(i, rule.limit, 0);
       if (r.verdict === 'table-full') return null; // not for a 0-hit take of a 'full' limit; never guess
       const need = f.hits[i] as number;
       f.remaining[i] = r.remaining;
@@ -445,7 +484,7 @@ export class Decider {
         const i = order[k] as number;
         const rule = f.rules[i] as RuleLimit;
         const hits = f.hits[i] as number;
-        const r = this.takeSaved(i, rule.limit, hits, nowNs);
+        const r = this.takeSaved(i, rule.limit, hits);
         if (r.verdict === 'allow') {
           f.remaining[i] = r.remaining;
           f.reset[i] = r.resetNs;
@@ -474,10 +513,10 @@ export class Decider {
   }
 
   /** takeKey() for descriptor i's bucket key, from its saved hash state. */
-  private takeSaved(i: number, limit: GcraLimit, hits: number, nowNs: bigint): Readonly<KeyTakeResult> {
+  private takeSaved(i: number, limit: GcraLimit, hits: number): Readonly<KeyTakeResult> {
     const table = this.deps.table;
     (table.beginKey() as KeyHashStream).restore(this.fast.states, i * STATE_WORDS);
-    return table.takeKey(limit, hits, nowNs);
+    return table.takeKeyAt(limit, hits, this.elapsedClock.elapsed);
   }
 
   /** decideLocals' answer from its scratch: evaluate()'s statuses, refusal, Retry-After and headers. */
@@ -1044,6 +1083,52 @@ function retryForNumber(rule: RuleLimit, resetNs: number, hits: number): number 
   if (rule.intervalNs === 0 || hits > rule.burst) return Infinity;
   const wait = resetNs + hits * rule.intervalNs - rule.windowNs;
   return wait > 0 ? wait : 0;
+}
+
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
+
+/** The objects decideInPlace() overwrites: one admitted status, its response, Decision and DecideResult. */
+interface ReusedAnswer {
+  readonly status: Mutable<RlsDescriptorStatus>;
+  readonly decision: Mutable<Decision>;
+  readonly result: DecideResult;
+}
+
+function newReusedAnswer(): ReusedAnswer {
+  const status: Mutable<RlsDescriptorStatus> = {
+    code: OK,
+    currentLimit: null,
+    limitRemaining: 0,
+    durationUntilReset: null,
+  };
+  const decision = admittedLocal(Object.freeze([status]), NO_HEADERS, []);
+  return { status, decision, result: { ok: true, decision } };
+}
+
+/** The fast path's admission: one local level per status, nothing degraded. */
+function admittedLocal(
+  statuses: readonly RlsDescriptorStatus[],
+  headers: readonly RlsHeader[],
+  statusLimits: readonly GcraLimit[],
+): Mutable<Decision> {
+  return {
+    response: {
+      overallCode: OK,
+      statuses,
+      responseHeadersToAdd: headers,
+      requestHeadersToAdd: NO_HEADERS,
+      rawBody: null,
+    },
+    overLimit: false,
+    scope: 'local',
+    degraded: false,
+    staticSlice: false,
+    tableFull: false,
+    tableFullKey: null,
+    retryAfterNs: 0n,
+    statusLimits,
+    refusal: null,
+  };
 }
 
 /** Descriptors decideLocals takes (more: the general path). */

@@ -14,6 +14,7 @@
 //                                  allowance was spent) | shed (refused before decoding)
 //   overload_ms, overload_episodes the time this thread was overloaded (ended episodes) and how often
 //   overloaded_now                 1 while this thread is in an overload episode
+import type { ElapsedClock } from '../buckets/elapsed-clock.js';
 import type { OverloadEpisodes } from './lag-guard.js';
 
 export const VERDICTS = ['ok', 'over_limit', 'degraded'] as const;
@@ -58,6 +59,8 @@ export function createStatsShared(regions: number): StatsShared {
 /** One thread's writer over its region (also the lag guard's episode sink). */
 export class StatsWriter implements OverloadEpisodes {
   private readonly w: Float64Array;
+  /** The latency being counted (s), passed in memory rather than as an argument. */
+  private readonly latency = new Float64Array(1);
 
   constructor(shared: StatsShared, region: number) {
     if (!Number.isInteger(region) || region < 0 || region >= shared.regions)
@@ -66,6 +69,23 @@ export class StatsWriter implements OverloadEpisodes {
   }
 
   decision(verdict: Verdict, scope: Scope, seconds: number): void {
+    this.latency[0] = seconds;
+    this.count(verdict, scope);
+  }
+
+  /**
+   * decision() with the latency from `started[0]` to a reading of `clock` taken now (ns on the
+   * clock's line): no time crosses a call as a number (a boxed double: an allocation per check).
+   */
+  decisionSince(verdict: Verdict, scope: Scope, clock: ElapsedClock, started: Float64Array): void {
+    clock.read();
+    this.latency[0] = ((clock.elapsed[0] as number) - (started[0] as number)) / 1e9;
+    this.count(verdict, scope);
+  }
+
+  /** Counts a decision of latency this.latency[0] s. */
+  private count(verdict: Verdict, scope: Scope): void {
+    const seconds = this.latency[0] as number;
     const w = this.w;
     w[W_DECISIONS + VERDICTS.indexOf(verdict) * SCOPES.length + (scope === 'global' ? 1 : 0)]! += 1;
     let b = 0;

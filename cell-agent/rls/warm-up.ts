@@ -9,6 +9,7 @@
 // `warmUpTransport` (warm-up-transport.ts) adds the same for the lean server's HTTP/2 path.
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
+import { HrtimeClock } from '../buckets/elapsed-clock.js';
 import { BucketTable } from '../buckets/bucket-table.js';
 import type { OverloadSignal } from '../observe/lag-guard.js';
 import { StatsWriter, createStatsShared } from '../observe/stats.js';
@@ -83,7 +84,13 @@ export function warmUp(
   const total = opts.checks ?? 3000;
   const table = new BucketTable({ capacity: SCRATCH_KEYS, startNs: process.hrtime.bigint() });
   const decider = new Decider(
-    { table, quotas: deps.quotas, overrides: deps.overrides ?? null, clock: () => process.hrtime.bigint() },
+    {
+      table,
+      quotas: deps.quotas,
+      overrides: deps.overrides ?? null,
+      clock: () => process.hrtime.bigint(),
+      elapsed: new HrtimeClock(table.startNs),
+    },
     options,
   );
   decider.setRules(rules);

@@ -176,3 +176,49 @@ void test('bad options: each one named, nothing started', async () => {
   await assert.rejects(createLimiter({ rules: RULES, domain: 'nope' }), /no domain 'nope'/);
   await assert.rejects(createLimiter({ rules: RULES, bogus: 1 } as never), /bogus/);
 });
+
+void test('checkInPlace answers as check does, in one reused object; a decision from check() is the caller’s to keep', async () => {
+  const rules = {
+    domain: 'api',
+    descriptors: [
+      { key: 'user', rate_limit: { unit: 'minute', requests_per_unit: 10, burst: 3 } },
+      { key: 'limiter', value: 'all', rate_limit: { unit: 'minute', requests_per_unit: 5, name: 'everyone' } },
+      { key: 'free' },
+    ],
+  };
+  const fresh = await createLimiter({ rules });
+  const inPlace = await createLimiter({ rules });
+  try {
+    const all = [{ key: 'limiter', value: 'all' }];
+    const steps = [
+      { descriptors: user('a') },
+      { descriptors: user('a'), hits: 0 },
+      { descriptors: [[{ key: 'free', value: 'x' }]] },
+      { descriptors: [all, [{ key: 'user', value: 'b' }]] },
+      { descriptors: user('a'), hits: 2 },
+      { descriptors: user('a') }, // refused: 3 taken
+      { descriptors: [all, [{ key: 'user', value: 'c' }]], hits: 4 }, // refused by everyone: 1 left there
+      { descriptors: user('b') },
+      { descriptors: [] },
+    ];
+    const kept: unknown[] = [];
+    const copies: unknown[] = [];
+    let reused: unknown = null;
+    for (const step of steps) {
+      const a = fresh.check(step);
+      const b = inPlace.checkInPlace(step);
+      assert.deepEqual(b, a, JSON.stringify(step));
+      kept.push(a);
+      copies.push(structuredClone(a));
+      if (step.descriptors.length > 0) {
+        if (reused !== null) assert.equal(b, reused, 'the same object every time');
+        reused = b;
+      }
+    }
+    assert.deepEqual(kept, copies, 'the decisions check() returned are unchanged by later checks');
+    assert.ok(kept.some((d) => (d as { overLimit: boolean }).overLimit));
+  } finally {
+    await fresh.close();
+    await inPlace.close();
+  }
+});

@@ -143,8 +143,10 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
       { weight: 8, arbitrary: fc.integer({ min: 0, max: 3_000 }) },
       { weight: 1, arbitrary: fc.integer({ min: 0, max: 2 ** 50 }) },
     ),
-    // The hot path's takeKey() (numbers) instead of take(), where it decides.
+    // The hot path's takeKey() (numbers) instead of take(), where it decides; at: its time as a
+    // number (takeKeyAt, an ElapsedClock's reading), where now − startNs is a safe integer.
     byKey: fc.boolean(),
+    at: fc.boolean(),
   });
   // Table origins and clocks on both sides of 2^53 ns (numbers, then bigint for the time).
   const startArb = fc.oneof(
@@ -167,7 +169,11 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
           const k = table.beginKey();
           assert.ok(k !== null);
           k.raw(key);
-          const r = table.takeKey(limit, op.hits, now);
+          const rel = now - startNs;
+          const r =
+            op.at && rel <= BigInt(Number.MAX_SAFE_INTEGER)
+              ? table.takeKeyAt(limit, op.hits, Float64Array.of(Number(rel)))
+              : table.takeKey(limit, op.hits, now);
           assert.deepEqual(
             {
               verdict: r.verdict,
@@ -187,6 +193,33 @@ void test('property: the table decides exactly as the pure GCRA model (limits ch
     }),
     { numRuns: 300 },
   );
+});
+
+void test('takeKeyAt decides at startNs + elapsed as takeKey does, up to elapsed 2^53 − 1; past it, a RangeError and nothing taken', () => {
+  const limit = limitFromInterval(1_000n, 3n, 'full');
+  const max = Number.MAX_SAFE_INTEGER;
+  for (const startNs of [0n, 2n ** 53n - 7n, 2n ** 56n]) {
+    const byNumber = new BucketTable({ capacity: 8, startNs, seed: 1 });
+    const byBigint = new BucketTable({ capacity: 8, startNs, seed: 1 });
+    const both = (rel: number, hits: number): void => {
+      byNumber.beginKey()?.raw('k');
+      const a = { ...byNumber.takeKeyAt(limit, hits, Float64Array.of(rel)) };
+      byBigint.beginKey()?.raw('k');
+      const b = { ...byBigint.takeKey(limit, hits, startNs + BigInt(rel)) };
+      assert.deepEqual(a, b, `startNs ${startNs}, elapsed ${rel}`);
+    };
+    // Near the top of the exact range, one ns apart: the odd values a double would round away.
+    for (const rel of [0, 1, 999, max - 4_001, max - 3_001, max - 2, max - 1, max]) {
+      for (let i = 0; i < 4; i++) both(rel, 1);
+    }
+    both(max, 0);
+    for (const bad of [max + 1, 2 ** 53 + 2, -1, 0.5, NaN, Infinity]) {
+      byNumber.beginKey()?.raw('k');
+      assert.throws(() => byNumber.takeKeyAt(limit, 1, Float64Array.of(bad)), RangeError, String(bad));
+    }
+    // The refused readings took nothing: the two tables still agree.
+    both(max, 0);
+  }
 });
 
 void test('a runtime limit change through the table keeps the level and clamps a shrunk burst', () => {

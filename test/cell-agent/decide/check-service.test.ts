@@ -1,6 +1,7 @@
 // CheckService: an exception inside the decision never escapes — the check is answered fail-open,
 // marked degraded, counted and logged (rate-limited). Overloaded: the open policy answers OK without
 // deciding; the bounded policy admits at most each key's fail-open allowance and refuses the rest.
+import { HrtimeClock } from '../../../cell-agent/buckets/elapsed-clock.js';
 import { test } from 'node:test';
 import { performance } from 'node:perf_hooks';
 import assert from 'node:assert/strict';
@@ -34,6 +35,7 @@ void test('an exception inside the decision is answered fail-open, counted and l
   const cap = captureLogger();
   const throwing = {
     options: { bounds: DEFAULT_REQUEST_BOUNDS },
+    elapsedClock: new HrtimeClock(0n),
     decide: () => {
       throw new Error('boom');
     },
@@ -70,6 +72,7 @@ void test('overloaded, open policy: answered OK at once without calling the deci
   let called = 0;
   const decider = {
     options: { bounds: DEFAULT_REQUEST_BOUNDS },
+    elapsedClock: new HrtimeClock(0n),
     decide: () => {
       called++;
       throw new Error('not reached');

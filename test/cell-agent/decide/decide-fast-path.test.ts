@@ -175,6 +175,8 @@ function bothPathsAgree(specs: RuleSpec[], steps: readonly Step[], headers: bool
   const yaml = rulesYaml(specs);
   const fast = deciderPair(yaml, true, headers, spec);
   const general = deciderPair(yaml, false, headers, spec);
+  // decideInPlace (the embedded limiter's call) on a third decider: the same answers.
+  const inPlace = deciderPair(yaml, true, headers, spec);
   for (const step of steps) {
     const req: RlsRequest = {
       domain: 'd|1',
@@ -184,10 +186,13 @@ function bothPathsAgree(specs: RuleSpec[], steps: readonly Step[], headers: bool
     const a = fast.decider.decide(req);
     const b = general.decider.decide(req);
     assert.deepEqual(a, b, `${yaml}\n${JSON.stringify(req)}`);
+    assert.deepEqual(inPlace.decider.decideInPlace(req), b, `in place: ${yaml}\n${JSON.stringify(req)}`);
     fast.clock.now += BigInt(step.advanceMs) * 1_000_000n;
     general.clock.now = fast.clock.now;
+    inPlace.clock.now = fast.clock.now;
   }
   assert.deepEqual(fast.refused, general.refused);
+  assert.deepEqual(inPlace.refused, general.refused);
 }
 
 void test('the fast path answers exactly as the general path', () => {
@@ -240,6 +245,35 @@ void test('several descriptors: the fast path answers exactly as the general pat
     ),
     { numRuns: 300 },
   );
+});
+
+void test('across 2^53 ns after the table start (the number clock is no longer exact) the decisions stay the general path’s', () => {
+  const yaml =
+    'domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 3, name: per-ip}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\n';
+  const fast = deciderPair(yaml, true, true);
+  const general = deciderPair(yaml, false, true);
+  fast.clock.now = 2n ** 53n - 2_000_000_001n;
+  general.clock.now = fast.clock.now;
+  const one: RlsRequest = {
+    domain: 'edge',
+    hitsAddend: 0,
+    descriptors: [{ entries: [{ key: 'remote_address', value: '192.0.2.1' }], limit: null, hitsAddend: null }],
+  };
+  const two: RlsRequest = {
+    ...one,
+    descriptors: [...one.descriptors, { entries: [{ key: 'user', value: 'u' }], limit: null, hitsAddend: null }],
+  };
+  let refusedPast = 0;
+  for (let i = 0; i < 40; i++) {
+    const req = i % 3 === 0 ? two : one;
+    const a = fast.decider.decide(req);
+    assert.deepEqual(a, general.decider.decide(req), `at ${fast.clock.now}`);
+    if (fast.clock.now > 2n ** 53n && a.ok && a.decision.overLimit) refusedPast++;
+    fast.clock.now += 100_000_001n; // 0.1 s and 1 ns: readings a double cannot hold past 2^53
+    general.clock.now = fast.clock.now;
+  }
+  assert.ok(refusedPast > 0, 'the limits refused past the boundary too');
+  assert.deepEqual(fast.refused, general.refused);
 });
 
 void test('the fast path is taken for the common case and refuses like the general path', () => {
