@@ -40,12 +40,19 @@ import {
   type WireEntry,
 } from '../testkit/load/rls-wire.js';
 import { machineLine, type BenchReport } from './bench-report.js';
+import { DEFAULT_MAX_LEASE_KEYS } from '../cell-agent/lease/held-keys.js';
 
 const IDS = ['n1', 'n2', 'n3'];
 const BIN_MS = 100;
 
 function startAgent(root: string, cell: string, rules: string, coordinators: string): Promise<AgentProcess> {
-  return AgentProcess.start({ cell, rules, coordinators, rlsSocket: join(root, `${cell}.sock`), logLevel: 'warn' });
+  return AgentProcess.start({
+    cell,
+    rules,
+    coordinators,
+    rlsSocket: join(root, `${cell}.sock`),
+    logLevel: process.env['CELLQUOTA_BENCH_AGENT_LOG_LEVEL'] ?? 'warn',
+  });
 }
 
 function socketOf(a: AgentProcess): string {
@@ -53,11 +60,31 @@ function socketOf(a: AgentProcess): string {
   return a.rlsSocket;
 }
 
-async function leaseGrants(a: AgentProcess): Promise<number> {
+interface LeaseView {
+  readonly grants: number;
+  readonly suspendedGrants: number;
+  readonly released: number;
+  readonly reportsOk: number;
+  readonly reportsFailed: number;
+  readonly reportBytes: number;
+  readonly answerBytes: number;
+}
+
+/** The agent's lease client status (/healthz), NaN where the build does not say. */
+async function leaseView(a: AgentProcess): Promise<LeaseView> {
   const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as {
-    lease?: { grants?: number } | null;
+    lease?: Partial<LeaseView> | null;
   };
-  return h.lease?.grants ?? NaN;
+  const l = h.lease ?? {};
+  return {
+    grants: l.grants ?? NaN,
+    suspendedGrants: l.suspendedGrants ?? NaN,
+    released: l.released ?? NaN,
+    reportsOk: l.reportsOk ?? NaN,
+    reportsFailed: l.reportsFailed ?? NaN,
+    reportBytes: l.reportBytes ?? NaN,
+    answerBytes: l.answerBytes ?? NaN,
+  };
 }
 
 function rssMiB(pid: number): number {
@@ -169,22 +196,43 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const pid = agent.proc.pid ?? 0;
     const baseline = rssMiB(pid);
     const capacity = await agent.metric('cellquota_agent_bucket_table_capacity');
+    const maxLeaseKeys = process.env['CELLQUOTA_MAX_LEASE_KEYS'] ?? `${DEFAULT_MAX_LEASE_KEYS} (default)`;
     const sink = new Counter();
     session = await RawH2Session.connect(socketOf(agent), sink);
-    const samples: { seen: number; rss: number; heap: number; external: number; keys: number; grants: number }[] = [];
+    interface Sample {
+      seen: number;
+      rss: number;
+      heap: number;
+      external: number;
+      keys: number;
+      lease: LeaseView;
+      /** Encoded bytes per report (and per answer) since the previous sample. */
+      reportB: number;
+      answerB: number;
+    }
+    const samples: Sample[] = [];
+    let prevLease: LeaseView | null = null;
     const sample = async (seen: number): Promise<void> => {
       if (agent === null) return;
+      const l = await leaseView(agent);
+      const calls =
+        prevLease === null ? NaN : l.reportsOk + l.reportsFailed - prevLease.reportsOk - prevLease.reportsFailed;
+      const per = (now: number, before: number | undefined): number =>
+        calls > 0 && before !== undefined ? Math.round((now - before) / calls) : NaN;
       samples.push({
         seen,
         rss: rssMiB(pid),
         heap: (await agent.metric('nodejs_heap_size_used_bytes')) / 2 ** 20,
         external: (await agent.metric('nodejs_external_memory_bytes')) / 2 ** 20,
         keys: await agent.metric('cellquota_agent_bucket_table_keys'),
-        grants: await leaseGrants(agent),
+        lease: l,
+        reportB: per(l.reportBytes, prevLease?.reportBytes),
+        answerB: per(l.answerBytes, prevLease?.answerBytes),
       });
+      prevLease = l;
       const s = samples[samples.length - 1];
       opts.progress(
-        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB (main heap ${s?.heap.toFixed(0)}), table keys ${s?.keys}, lease grants ${s?.grants}`,
+        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB (main heap ${s?.heap.toFixed(0)}), table keys ${s?.keys}, lease grants ${l.grants} (+${l.suspendedGrants} suspended), released ${l.released}, reports ${l.reportsOk} ok / ${l.reportsFailed} failed, ${s?.reportB} B/report, ${s?.answerB} B/answer`,
       );
     };
     await sample(0);
@@ -252,20 +300,36 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
         'main heap used MiB': Math.round(s.heap),
         'main external MiB': Math.round(s.external),
         'table keys': s.keys,
-        'lease grants held': s.grants,
+        'lease grants held': s.lease.grants,
+        'suspended grants': s.lease.suspendedGrants,
+        'keys released': s.lease.released,
+        'reports ok': s.lease.reportsOk,
+        'reports failed': s.lease.reportsFailed,
+        'report B/round': s.reportB,
+        'answer B/round': s.answerB,
       })),
       notes: [
         `Machine: ${machineLine()}; 1-min load ${loadBefore.toFixed(1)} before, ${(os.loadavg()[0] ?? 0).toFixed(1)} after.`,
         `Agent: 1 worker, --coordinators (3 real coordinators), rules only; bucket table capacity ${capacity} (fixed shared memory, allocated at start: part of the baseline RSS ${baseline.toFixed(0)} MiB). Tenants imported in ${importS.toFixed(0)} s; ${sent.toLocaleString('en-US')} checks (${rounds} per tenant, batches of ${batch}) in ${driveS.toFixed(0)} s; ${sink.errors} errors, ${sink.ok.toLocaleString('en-US')} admitted (${sink.okAgain.toLocaleString('en-US')} of them on a later check: a tenant's first check is refused, the agent holding nothing for it; its second meets a new, empty bucket).`,
         `Agent warnings and errors: ${agentWarnings(agent.output)}.`,
-        `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${growth.toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.grants}; velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
+        `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${growth.toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.lease.grants} (+${last?.lease.suspendedGrants} suspended, ${last?.lease.released} keys released past --max-lease-keys ${maxLeaseKeys}); velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
       ],
     };
   } finally {
     await session?.close();
+    dumpLogs(c, agent === null ? [] : [agent]);
     if (agent !== null) await agent.kill();
     await c.cleanup();
   }
+}
+
+/** CELLQUOTA_BENCH_LOGS=DIR: every process's kept output to DIR/<name>.log (what went wrong in a run). */
+function dumpLogs(c: CoordinatorCluster, agents: readonly AgentProcess[]): void {
+  const dir = process.env['CELLQUOTA_BENCH_LOGS'];
+  if (dir === undefined || dir === '') return;
+  mkdirSync(dir, { recursive: true });
+  for (const id of IDS) writeFileSync(join(dir, `${id}.log`), c.replica(id).output);
+  for (const a of agents) writeFileSync(join(dir, `${a.cell}.log`), a.output);
 }
 
 // ---- coordinator-bound ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import { logLevels } from '../shared/logging.js';
 import { DEFAULT_REQUEST_BOUNDS } from './decide/request-check.js';
 import { DEFAULT_RULES_WATCH_DEBOUNCE_MS } from './rules/rules-load.js';
 import { DEFAULT_LAG_THRESHOLD_MS } from './observe/lag-guard.js';
+import { DEFAULT_MAX_LEASE_KEYS } from './lease/held-keys.js';
 import { parseUnknownTenantPolicy } from './decide/quota-file.js';
 import { RLS_SERVER_KINDS } from './rls/rls-common.js';
 import { DEFAULT_OVERLOAD, MAX_OVERLOAD_ALLOWANCE, OVERLOAD_POLICIES } from './decide/overload.js';
@@ -314,6 +315,14 @@ export const agentConfigFields = z.object({
     help: 'global quotas tracked in the 500 ms velocity window',
     default: 65_536,
     example: '4096',
+  }),
+  maxLeaseKeys: setting(int(1, 50_000_000), {
+    help:
+      'with --coordinators: the most quota keys a grant is held for (each costs an override entry in every ' +
+      'thread); past it the keys no check asked about for longest are evicted, released to the leader and ' +
+      'refused until their grant is back (a check asks for it again)',
+    default: DEFAULT_MAX_LEASE_KEYS,
+    example: '20000',
   }),
   lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), {
     help:

@@ -71,6 +71,7 @@ export function startAgentLease(
       return clamped;
     },
     onStateChange: (state) => deps.metrics.stateChanged(state),
+    maxKeys: config.maxLeaseKeys,
   });
   client.start();
   return client;

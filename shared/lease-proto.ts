@@ -42,6 +42,8 @@ export interface ReportRequestMessage {
   velocitySweepStart?: boolean;
   /** The agent takes answers in pages (more, answerSeq, fullPicture; decoded as false when absent). */
   pagedAnswers?: boolean;
+  /** Keys the agent holds nothing for any more, with the highest epoch it saw (decoded as [] when absent). */
+  released?: AckMessage[];
 }
 export interface GrantMessage {
   key: string;
@@ -73,6 +75,8 @@ export interface ReportResponseMessage {
   answerSeq?: number;
   /** Paged answers: the answerSeq of the first page of the full picture this answer belongs to (0: none). */
   fullPicture?: number;
+  /** The leader takes ReportRequestMessage.released (decoded false when absent). */
+  releases?: boolean;
 }
 
 export interface QuotaLeaseService {

@@ -69,6 +69,7 @@ import type {
 import type { ClampedEntry, OverrideEntry } from './quota-overrides.js';
 import type { LeaseDeadlineWriter } from './lease-deadline.js';
 import { VelocityReporter } from './velocity-report.js';
+import { HeldKeys } from './held-keys.js';
 
 export const DEFAULT_SYNC_INTERVAL_MS = 500;
 /** Delay of the extra report that acknowledges newly applied grants. */
@@ -145,6 +146,9 @@ export interface LeaseClientOptions {
   readonly random?: () => number;
   /** A new agent incarnation id (default randomUUID). */
   readonly newIncarnation?: () => string;
+  /** The most keys a grant is held for (--max-lease-keys; default: no bound): past it the idle ones are
+   * evicted and released to the leader (held-keys.ts). */
+  readonly maxKeys?: number;
 }
 
 /** A failed report: the gRPC status code and details, and the leader a FAILED_PRECONDITION names. */
@@ -161,6 +165,8 @@ export type LeaseCallResult = { readonly res: ReportResponseMessage } | { readon
 export interface LeaseTransport {
   report(address: string, req: ReportRequestMessage, deadlineMs: number): Promise<LeaseCallResult>;
   close(): void;
+  /** Encoded bytes of every report sent and answer received so far (absent: not counted). */
+  traffic?(): { readonly reportBytes: number; readonly answerBytes: number };
 }
 
 export interface LeaseTimers {
@@ -190,6 +196,17 @@ export class GrpcLeaseTransport implements LeaseTransport {
   private readonly svc = loadQuotaLeaseService();
   private readonly Client = grpc.makeGenericClientConstructor(loadQuotaLeaseService().definition, 'QuotaLease');
   private readonly clients = new Map<string, grpc.Client>();
+  private reportBytes = 0;
+  private answerBytes = 0;
+  private readonly serialize = (req: ReportRequestMessage): Buffer => {
+    const b = this.svc.report.requestSerialize(req);
+    this.reportBytes += b.length;
+    return b;
+  };
+  private readonly deserialize = (b: Buffer): ReportResponseMessage => {
+    this.answerBytes += b.length;
+    return this.svc.report.responseDeserialize(b);
+  };
 
   constructor(
     private readonly credentials?: grpc.ChannelCredentials,
@@ -204,8 +221,8 @@ export class GrpcLeaseTransport implements LeaseTransport {
     return new Promise((resolve) => {
       this.client(address).makeUnaryRequest(
         this.svc.report.path,
-        this.svc.report.requestSerialize,
-        this.svc.report.responseDeserialize,
+        this.serialize,
+        this.deserialize,
         req,
         md,
         { deadline: Date.now() + deadlineMs },
@@ -222,6 +239,10 @@ export class GrpcLeaseTransport implements LeaseTransport {
         },
       );
     });
+  }
+
+  traffic(): { readonly reportBytes: number; readonly answerBytes: number } {
+    return { reportBytes: this.reportBytes, answerBytes: this.answerBytes };
   }
 
   close(): void {
@@ -271,6 +292,13 @@ export interface LeaseClientStatus {
   readonly suspendedGrants: number;
   readonly reportsOk: number;
   readonly reportsFailed: number;
+  /** Keys whose grant was evicted (idle past --max-lease-keys) or not taken from a full picture, so far. */
+  readonly released: number;
+  /** Releases not yet delivered to a leader. */
+  readonly releasesPending: number;
+  /** Encoded bytes of the reports sent and the answers received so far (0: the transport does not count). */
+  readonly reportBytes: number;
+  readonly answerBytes: number;
 }
 
 export class LeaseClient {
@@ -324,6 +352,11 @@ export class LeaseClient {
   private stopped = false;
   private reportsOk = 0;
   private reportsFailed = 0;
+  /** The held keys' recency, the bound, the releases waiting (held-keys.ts). */
+  private readonly held: HeldKeys;
+  /** The last answer's leader takes releases (ReportResponse.releases): only then are keys evicted. */
+  private leaderTakesReleases = false;
+  private releasedTotal = 0;
 
   constructor(private readonly opts: LeaseClientOptions) {
     if (opts.coordinators.length === 0) throw new Error('LeaseClient: no coordinator address');
@@ -339,6 +372,7 @@ export class LeaseClient {
     this.random = opts.random ?? Math.random;
     this.newIncarnation = opts.newIncarnation ?? randomUUID;
     this.incarnation = this.newIncarnation();
+    this.held = new HeldKeys(opts.maxKeys ?? Infinity);
     this.generation = opts.deadline?.currentGeneration() ?? null;
     this.nextConfigured = Math.floor(this.random() * opts.coordinators.length);
     this.target = opts.coordinators[this.nextConfigured] as string;
@@ -368,6 +402,10 @@ export class LeaseClient {
       suspendedGrants: this.grants.size - this.leasedGrants(),
       reportsOk: this.reportsOk,
       reportsFailed: this.reportsFailed,
+      released: this.releasedTotal,
+      releasesPending: this.held.pending,
+      reportBytes: this.transport.traffic?.().reportBytes ?? 0,
+      answerBytes: this.transport.traffic?.().answerBytes ?? 0,
     };
   }
 
@@ -390,6 +428,14 @@ export class LeaseClient {
       const refused = (prev?.refusedPerS ?? 0) + v.refused * perS;
       now.set(v.key, { key: v.key, allowedPerS: allowed, refusedPerS: refused });
     }
+    // Keys in use are the most recently used, and never evicted while they are.
+    const demand = new Set<string>();
+    for (const [key, m] of now) {
+      if (!(m.allowedPerS + m.refusedPerS > 0)) continue;
+      demand.add(key);
+      if (this.grants.has(key)) this.held.touch(key);
+    }
+    this.held.setDemand(demand);
     return [...now.values()];
   }
 
@@ -474,6 +520,7 @@ export class LeaseClient {
       velocitySweepDone: page.sweepDone,
       velocitySweepStart: page.sweepStart,
       pagedAnswers: true,
+      released: this.held.page(),
     };
     const address = this.target;
     const sentAt = this.mono();
@@ -502,7 +549,12 @@ export class LeaseClient {
     for (const a of acks) if (this.pendingAcks.get(a.key) === a.epoch) this.pendingAcks.delete(a.key);
     reporter.delivered(page);
     if (result.res.velocityResync === true) reporter.resync();
+    this.leaderTakesReleases = result.res.releases === true;
+    // A leader that does not take releases keeps sending the grants given back: they are taken again.
+    if (this.leaderTakesReleases) this.held.delivered(req.released ?? []);
+    else for (const r of req.released ?? []) this.held.unrelease(r.key);
     this.applyAnswer(result.res, sentAt);
+    if (this.leaderTakesReleases) this.evictIdle();
     // What did not fit in this report goes in the next one, at once; so does the next page of grants.
     if (page.more || result.res.more === true) this.reportSoon();
     return true;
@@ -569,8 +621,10 @@ export class LeaseClient {
     const forgotten: string[] = [];
     const granted = new Set<string>();
     const newHeld = new Map<string, HeldGrant>();
+    const picturePage = res.full || (res.fullPicture ?? 0) > 0;
     for (const g of res.grants) {
       if (!QUOTA_KEY.test(g.key) || !validGrant(g)) continue;
+      if (!this.grants.has(g.key) && !this.takeUnheld(g, picturePage)) continue;
       granted.add(g.key);
       const held = this.grants.get(g.key);
       // A suspended grant is re-confirmed by the same epoch (the answer holds the ledger's value now).
@@ -579,6 +633,7 @@ export class LeaseClient {
         // The quota was deleted: acknowledge its zero grant, then forget the key.
         toAck.push([g.key, g.epoch]);
         this.grants.delete(g.key);
+        this.held.forget(g.key);
         forgotten.push(g.key);
         continue;
       }
@@ -604,6 +659,7 @@ export class LeaseClient {
       }
       toAck.push([g.key, g.epoch]);
       this.grants.set(g.key, h);
+      this.held.touch(g.key);
       newHeld.set(g.key, h);
       changed.set(g.key, leasedEntry(g.key, h, this.generation));
     }
@@ -638,7 +694,10 @@ export class LeaseClient {
     const failed = (err: unknown): void => {
       // Nothing of this answer is acknowledged; its grants' keys run on their floors (not leased),
       // and the coordinator sends the grants again with the next answer (they are not acknowledged).
-      for (const [key] of toAck) this.grants.delete(key);
+      for (const [key] of toAck) {
+        this.grants.delete(key);
+        this.held.forget(key);
+      }
       this.opts.logger.error(
         { err, grants: toAck.length },
         'a lease answer could not be applied: its quotas stay on their floors until the next answer',
@@ -656,6 +715,74 @@ export class LeaseClient {
       const applied = this.opts.onOverrides([...changed.values()]);
       if (applied instanceof Promise) void applied.then(ack, failed);
       else ack(applied);
+    } catch (err) {
+      failed(err);
+    }
+  }
+
+  /**
+   * Whether a grant for a key this agent holds no grant for is taken. Not the one a waiting release gave
+   * back (at or below its epoch; a newer one is taken and ends the release). Not, while the leader takes
+   * releases and keys are bounded, one a full picture carries for a key with no demand and no entry:
+   * acknowledged (the cell uses nothing for it) and released at once, so a picture of a million slices
+   * (a new leader) does not make the agent hold a million grants.
+   */
+  private takeUnheld(g: GrantMessage, picturePage: boolean): boolean {
+    const gaveBack = this.held.released(g.key);
+    if (gaveBack !== undefined && g.epoch <= gaveBack) return false;
+    if (gaveBack !== undefined) this.held.unrelease(g.key);
+    if (
+      !picturePage ||
+      g.deleted ||
+      !this.leaderTakesReleases ||
+      !Number.isFinite(this.held.max) ||
+      this.held.hasDemand(g.key) ||
+      this.posted.has(g.key)
+    )
+      return true;
+    this.pendingAcks.set(g.key, g.epoch);
+    this.held.release(g.key, g.epoch);
+    this.releasedTotal++;
+    return false;
+  }
+
+  /**
+   * Past the bound (--max-lease-keys), the least recently used keys without demand are evicted: their
+   * entries removed in every thread (their checks are refused until a grant is back) and their grants
+   * released to the leader with the next report (held-keys.ts: why the bound holds).
+   */
+  private evictIdle(): void {
+    const victims = this.held.victims(this.grants.size, (key) => this.grants.has(key));
+    if (victims.length === 0) return;
+    const entries: OverrideEntry[] = [];
+    const gone: [string, number][] = [];
+    for (const key of victims) {
+      const g = this.grants.get(key);
+      if (g === undefined) continue;
+      this.grants.delete(key);
+      this.posted.delete(key);
+      this.reporter.forget(key);
+      gone.push([key, g.epoch]);
+      entries.push({ key, remove: true });
+    }
+    this.releasedTotal += entries.length;
+    this.opts.logger.debug(
+      { evicted: entries.length, held: this.grants.size, maxKeys: this.held.max },
+      'idle keys evicted past --max-lease-keys: their grants are released to the leader',
+    );
+    // Released only once every thread has removed them (as a grant is acknowledged only once every
+    // thread decides with it): what the leader is told the cell does not use, no thread uses. A key
+    // granted again meanwhile is held, not released.
+    const release = (): void => {
+      for (const [key, epoch] of gone) if (!this.grants.has(key)) this.held.release(key, epoch);
+      this.reportSoon();
+    };
+    const failed = (err: unknown): void =>
+      this.opts.logger.error({ err, keys: gone.length }, 'could not remove the evicted keys: they are not released');
+    try {
+      const applied = this.opts.onOverrides(entries);
+      if (applied instanceof Promise) applied.then(release, failed);
+      else release();
     } catch (err) {
       failed(err);
     }
@@ -697,6 +824,7 @@ export class LeaseClient {
         (kind === 'slice' && picture !== null && !picture.has(key));
       if (!drop) continue;
       this.grants.delete(key);
+      this.held.forget(key);
       if (domainCapped) {
         this.posted.set(key, 'pending');
         changed.set(key, { key, rate: 0, burst: 0, leased: false });

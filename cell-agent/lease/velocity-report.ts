@@ -94,6 +94,12 @@ export class VelocityReporter {
     return this.acked.size;
   }
 
+  /** The agent gave `key` back (held-keys.ts): its next demand is sent whatever the dead-band (the leader
+   * takes the key's demand again from it; a stale value it holds is dropped by the next sweep). */
+  forget(key: string): void {
+    this.acked.delete(key);
+  }
+
   /** The next report's content from the current velocity and the acknowledgements waiting. */
   page(current: readonly VelocityMessage[], pendingAcks: ReadonlyMap<string, number>): ReportPage {
     let left = this.budget;

@@ -142,6 +142,11 @@ interface CellSession {
   fullSince: number;
   /** Tenant keys already named in unknown_keys to this incarnation. */
   readonly toldUnknown: Set<string>;
+  /**
+   * Keys the agent released (ReportRequest.released: it holds nothing for them): not sent to it (no resend,
+   * not in full pictures) until the cell reports demand for the key again or the policy grants it anew.
+   */
+  readonly released: Set<string>;
   /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
   fresh: boolean;
   /** The demand sweep whose first page this session received (0: none). */
@@ -673,6 +678,7 @@ export class LeaseService {
         if (s !== undefined && s.epoch === a.epoch && !s.acknowledged)
           acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
       }
+      takeReleases(ledger, session, p.req);
     }
     if (planted['forged-ack']) {
       for (const cellId of cells.keys()) {
@@ -750,7 +756,7 @@ export class LeaseService {
     const fullStart = session.fresh || (req.wantFull === true && session.full === null);
     session.fresh = false;
     if (fullStart) {
-      session.full = this.fullPictureKeys(ledger, req.cellId);
+      session.full = this.fullPictureKeys(ledger, req.cellId, session.released);
       session.fullAt = 0;
       session.fullSince = seq;
       session.outstanding.clear();
@@ -766,6 +772,7 @@ export class LeaseService {
       }
       session.outstanding.set(key, seq);
       session.toldUnknown.delete(key);
+      session.released.delete(key);
       const def = ledger.definition(key);
       out.push({
         key,
@@ -829,20 +836,23 @@ export class LeaseService {
       cappedDomains: capsIncluded ? caps.domains : [],
       full,
       velocityResync: !session.swept,
-      ...(paged ? { more, answerSeq: seq, fullPicture: picture !== null ? session.fullSince : 0 } : {}),
+      ...(paged ? { more, answerSeq: seq, fullPicture: picture !== null ? session.fullSince : 0, releases: true } : {}),
     };
   }
 
   /**
-   * The keys of a full picture of `cellId`: every slice the cell holds, those it reported demand for
-   * first (with pages, the keys in use are back on their grants soonest). Not sorted: at a million
-   * slices a sort costs seconds of the leader's event loop.
+   * The keys of a full picture of `cellId`: every slice the cell holds but the keys its agent released,
+   * those it reported demand for first (with pages, the keys in use are back on their grants soonest).
+   * Not sorted: at a million slices a sort costs seconds of the leader's event loop.
    */
-  private fullPictureKeys(ledger: Ledger, cellId: string): string[] {
+  private fullPictureKeys(ledger: Ledger, cellId: string, released: ReadonlySet<string>): string[] {
     const demanded = this.demandKeysOfCell.get(cellId);
     const first: string[] = [];
     const rest: string[] = [];
-    for (const key of ledger.cellSliceKeys(cellId)) (demanded?.has(key) === true ? first : rest).push(key);
+    for (const key of ledger.cellSliceKeys(cellId)) {
+      if (released.has(key)) continue;
+      (demanded?.has(key) === true ? first : rest).push(key);
+    }
     for (const key of rest) first.push(key);
     return first;
   }
@@ -902,6 +912,7 @@ export class LeaseService {
         fullAt: 0,
         fullSince: 0,
         toldUnknown: new Set(),
+        released: new Set(),
         fresh: true,
         sweepStarted: 0,
         swept: false,
@@ -910,6 +921,25 @@ export class LeaseService {
     }
     return s;
   }
+}
+
+/**
+ * A report's releases (after its acks): a key the agent holds nothing for any more is no longer sent to
+ * it, unless the ledger holds a newer grant than the epoch it names (sent as always). Then the report's
+ * demand: a released key the cell asks for again gets its current slice with the next answer. Only
+ * this session's view changes, never the ledger: the cell's slice is counted as before while the agent
+ * uses nothing for the key.
+ */
+function takeReleases(ledger: Ledger, session: CellSession, req: ReportRequestMessage): void {
+  for (const r of req.released ?? []) {
+    if ((ledger.getSlice(r.key, req.cellId)?.epoch ?? 0) > r.epoch) continue;
+    session.acked.delete(r.key);
+    session.outstanding.delete(r.key);
+    session.released.add(r.key);
+  }
+  if (session.released.size === 0) return;
+  for (const v of req.velocity)
+    if (v.allowedPerS + v.refusedPerS > 0 && session.released.delete(v.key)) session.outstanding.set(v.key, 0);
 }
 
 function dedupeAcks(acks: readonly GrantAck[]): GrantAck[] {
@@ -922,8 +952,17 @@ function dedupeAcks(acks: readonly GrantAck[]): GrantAck[] {
 export function validateReport(req: ReportRequestMessage): string | null {
   if (!isName(req.cellId)) return 'cell_id must be 1..128 characters of [a-zA-Z0-9._:-]';
   if (req.incarnation.length === 0 || req.incarnation.length > 128) return 'incarnation must be 1..128 characters';
-  if (req.acks.length > MAX_REPORT_ITEMS || req.velocity.length > MAX_REPORT_ITEMS)
-    return `at most ${MAX_REPORT_ITEMS} acks and velocity entries`;
+  const released = req.released ?? [];
+  if (
+    req.acks.length > MAX_REPORT_ITEMS ||
+    req.velocity.length > MAX_REPORT_ITEMS ||
+    released.length > MAX_REPORT_ITEMS
+  )
+    return `at most ${MAX_REPORT_ITEMS} acks, velocity and released entries`;
+  for (const a of released) {
+    if (!QUOTA_KEY_PATTERN.test(a.key)) return `released key ${a.key.slice(0, 140)} is not a quota key`;
+    if (!Number.isSafeInteger(a.epoch) || a.epoch < 0) return `released epoch of ${a.key} must be an integer ≥ 0`;
+  }
   for (const a of req.acks) {
     if (!QUOTA_KEY_PATTERN.test(a.key)) return `ack key ${a.key.slice(0, 140)} is not a quota key`;
     if (!Number.isSafeInteger(a.epoch) || a.epoch < 1) return `ack epoch of ${a.key} must be a positive integer`;

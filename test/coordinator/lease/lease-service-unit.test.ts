@@ -553,3 +553,66 @@ void test('finding 3: a tenant deleted under tier:NAME while cells still ask for
     h.stop();
   }
 });
+
+void test("releases (an agent's evicted keys): a released key is not sent again, not even in a full picture, until the cell asks for it; then its current slice comes back; a release below the slice's epoch changes nothing", async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs);
+  let n = 0;
+  const send = async (req: Partial<ReportRequestMessage>): Promise<ReportResponseMessage> => {
+    const p = report(h.address, { cellId: 'eu', pagedAnswers: true, ...req });
+    await arrived(h.service, ++n);
+    nowMs += 10;
+    await h.service.round();
+    const r = await p;
+    assert.equal(r.err, null);
+    assert.ok(r.res !== null);
+    return r.res;
+  };
+  const keys = (r: ReportResponseMessage): string[] => r.grants.map((g) => g.key).sort();
+  const demand = (key: string): { key: string; allowedPerS: number; refusedPerS: number } => ({
+    key,
+    allowedPerS: 0,
+    refusedPerS: 10,
+  });
+  try {
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.3 });
+    await h.backend.propose({ type: 'putTenant', id: 'a', tier: 'gold' });
+    await h.backend.propose({ type: 'putTenant', id: 'b', tier: 'gold' });
+    let r = await send({ velocity: [demand('tenant/a'), demand('tenant/b')] });
+    assert.equal(r.releases, true, 'the leader says it takes releases');
+    const held = new Map(r.grants.map((g) => [g.key, g.epoch]));
+    r = await send({});
+    for (const g of r.grants) held.set(g.key, g.epoch);
+    assert.deepEqual([...held.keys()].sort(), ['tenant/a', 'tenant/b'], 'both granted');
+    const epochA = held.get('tenant/a') ?? 0;
+    // Acknowledged; then a is released at its epoch, and b at an epoch below its slice's (a stale release).
+    await send({ acks: [...held].map(([key, epoch]) => ({ key, epoch })) });
+    await send({
+      released: [
+        { key: 'tenant/a', epoch: epochA },
+        { key: 'tenant/b', epoch: 0 },
+      ],
+    });
+    // A full picture (the agent's lease lapsed): b only; a was given back.
+    r = await send({ wantFull: true });
+    assert.equal(r.full, true);
+    assert.deepEqual(
+      keys(r),
+      ['tenant/b'],
+      'the released key is not in the picture; the stale release changed nothing',
+    );
+    r = await send({});
+    assert.deepEqual(keys(r), [], 'nor resent');
+    // The cell asks for a again (its checks are refused): its current slice comes back, at the same epoch.
+    r = await send({ velocity: [demand('tenant/a')] });
+    const back = r.grants.find((g) => g.key === 'tenant/a');
+    assert.ok(back !== undefined, 'a is sent again once asked for');
+    assert.equal(back.epoch, h.backend.ledger().getSlice('tenant/a', 'eu')?.epoch, "the ledger's current slice");
+    // Bad releases are refused with the reason, and change nothing.
+    const bad = await report(h.address, { cellId: 'eu', pagedAnswers: true, released: [{ key: 'nope', epoch: 1 }] });
+    assert.equal(bad.err?.code, grpc.status.INVALID_ARGUMENT);
+    assert.match(bad.err?.details ?? '', /released key nope is not a quota key/);
+  } finally {
+    h.stop();
+  }
+});
