@@ -202,10 +202,10 @@ export class SegmentLog {
     const found = this.found.get(seq) ?? { dirtyEnd: 0, size: 0 };
     this.found.clear();
     this.zeroedTo = found.size;
-    if (offset < found.dirtyEnd) {
-      await writeZeros(this.fh, offset, found.dirtyEnd);
-      await this.fh.datasync();
-    }
+    if (offset < found.dirtyEnd) await writeZeros(this.fh, offset, found.dirtyEnd);
+    // Whatever a previous process left unsynced in this segment is made durable before the first
+    // append: appends sync only the range they write (O_DSYNC), never the pages before them.
+    await this.fh.datasync();
     this.pos = offset;
     if (offset === 0) await this.write(this.opening(seq), true);
   }

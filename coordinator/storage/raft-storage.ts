@@ -287,9 +287,10 @@ export class RaftStorage extends StorageBase {
   }
 
   protected async closeStores(): Promise<void> {
-    // The commit index not yet in the log, written (not synced) before closing.
-    if (this.hardUnwritten && !this.failed)
-      await this.log.append([hardRecord(this.hard)], false).catch(() => undefined);
+    // The commit index not yet in the log, written before closing — synced: a synced append syncs
+    // only the pages it writes (O_DSYNC), so an unsynced record here could still be lost after the
+    // next process's synced appends, leaving zeros before synced data (a log that refuses to start).
+    if (this.hardUnwritten && !this.failed) await this.log.append([hardRecord(this.hard)], true).catch(() => undefined);
     this.hardUnwritten = false;
     await this.log.close().catch(() => undefined);
     await this.db.close();
