@@ -24,6 +24,8 @@
 //   decide 2 (general)  the same requests with `fastPath: false` (the path they took before)
 //   limiter.check()     the embedded limiter (createLimiter, embedded/limiter.ts) with the same local
 //                       rule: its wrapper, CheckService and the fast path (issue 17: ≤ 1 µs median)
+//   limiter.checkInPlace() the same, its answer in the limiter's reused decision object
+//   decide (fast) in place Decider.decideInPlace on the fast path: the admission in reused objects
 //   limiter.check() 256 the same over 256 client addresses (the embedded benchmark's count)
 //   limiter.check() 2   the two descriptors above through the limiter
 // Then the embedded benchmark's own measurement (bench/check-cost.ts: CPU time over batches of 10,000
@@ -312,6 +314,25 @@ export async function runDecisionBench(opts: {
       },
       () => {
         if (limiter.check(checkInput).allowed) admitted++;
+      },
+    ),
+    variant(
+      'limiter.checkInPlace()',
+      (i) => {
+        checkEntry.value = ips[at(i, ips.length)] ?? '';
+      },
+      () => {
+        if (limiter.checkInPlace(checkInput).allowed) admitted++;
+      },
+    ),
+    variant(
+      'decide (fast) in place',
+      (i) => {
+        ipReq.entry.value = ips[at(i, ips.length)] ?? '';
+      },
+      () => {
+        const r = fast.decideInPlace(ipReq.request);
+        if (r.ok && !r.decision.overLimit) admitted++;
       },
     ),
     variant(
