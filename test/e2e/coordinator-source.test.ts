@@ -1,9 +1,10 @@
 // Issue 12 through real processes: three coordinators and two agents started with --coordinators
 // and rules only (no tenants file). A tenant created through the admin API is admitted on every
 // agent, decided on a leased grant; a quota no agent can represent is refused with a 400 naming the
-// limit; deleting the tenant winds its slices down (every agent refuses it again) and re-creating it
-// works on every agent (epochs continue above the old ones); under the unknown-tenant policy
-// tier:NAME an unknown tenant is admitted on every agent on tier NAME's lease.
+// limit; deleting the tenant winds its slices down (every agent refuses it again, the ledger drops
+// the tenant and its slices) and re-creating it works on every agent (epochs continue above the old
+// ones); under the unknown-tenant policy tier:NAME an unknown tenant is admitted on every agent on
+// tier NAME's lease.
 import { test } from 'node:test';
 import assert, { AssertionError } from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -89,6 +90,18 @@ void test('no tenants file: a tenant from the admin API is enforced on every age
         { timeoutMs: 10_000, everyMs: 100, context: () => a.output },
       );
     }
+    // Wound down, the tenant is gone from the ledger: no record, and its slices dropped once every
+    // cell acknowledged its zero grant (the leader's count of tenant keys holding slices without a
+    // record, cellquota_ledger_implicit_tenants, back to 0).
+    assert.equal((await c.http(leader, 'GET', '/v1/tenants/acme')).status, 404);
+    await waitFor(
+      "the deleted tenant's slices dropped from the leader's ledger",
+      async () => {
+        const text = await (await fetch(`${c.adminUrl(await c.waitForLeader())}/metrics`)).text();
+        return /^cellquota_ledger_implicit_tenants 0$/m.test(text);
+      },
+      { timeoutMs: 30_000, everyMs: 200 },
+    );
     // Finding 6: re-created, every agent admits it again (its new grants' epochs are above the old).
     assert.equal((await c.write('PUT', '/v1/tenants/acme', { tier: 'gold' })).status, 200);
     for (const a of agents) {

@@ -1,5 +1,5 @@
 // The global bound on a running agent, over its gRPC socket: one bucket per quota key whatever
-// domain, rule path or descriptor reaches it (tenant quotas and tier caps); rule sets that one
+// domain, rule path or descriptor reaches it (tenant quotas, tier caps and domain caps); rule sets that one
 // bucket per quota key cannot enforce are refused at load, naming the file and the rule; global
 // buckets start empty when created (a new key long after start, a key re-created after eviction);
 // hits saturate (a refusal, never an exception and a fail-open answer); the request bounds hold on
@@ -141,6 +141,50 @@ void test('one bucket per tier cap: tenants of one tier through two domains shar
   const { admitted, bound } = await drive(shapes, 800);
   assert.ok(admitted <= bound, `admitted ${admitted} under the tier cap against a bound of ${bound}`);
   assert.ok(admitted >= BURST, `the cap is used (${admitted} admitted)`);
+});
+
+void test('one bucket per domain cap: tenants, rule paths and descriptor shapes of one domain share it', async () => {
+  // Tenants far below their own quotas; the domain cap (20/s, burst 10) is the level that binds.
+  const capped = await startAgent(
+    parseAgentConfig({
+      cell: 'domain-cap',
+      rules: join(dir.path, 'rules'),
+      tenants: dir.file(
+        'domain-cap.yaml',
+        'domainCap: {rate: 20, burst: 10}\ntiers:\n  big: {rate: 1000, burst: 1000}\ntenants:\n  d1: big\n  d2: big\n',
+      ),
+      staticShare: 1,
+      rlsSocket: join(dir.path, 'domain-cap.sock'),
+      tableCapacity: 1000,
+      lagThresholdMs: 0,
+    }),
+    captureLogger().logger,
+  );
+  const c = new RlsClient(unixTarget(capped.endpoints.rlsUnix[0] ?? ''));
+  try {
+    await c.check({ domain: 'none', descriptors: [d(['k', 'v'])] }); // connected before the window opens
+    const shapes: RequestIn[] = [
+      { domain: 'api', descriptors: [d(['tenant', 'd1'])] },
+      { domain: 'api', descriptors: [d(['route', 'upload'], ['tenant', 'd2'])] },
+      { domain: 'api', descriptors: [d(['tenant', 'd2']), d(['route', 'upload'], ['tenant', 'd1'])] },
+    ];
+    const startMs = Date.now();
+    let admitted = 0;
+    let sent = 0;
+    while (Date.now() < startMs + 1200 || sent < 200) {
+      const answers = await Promise.all(shapes.map((s) => c.check(s)));
+      sent += answers.length;
+      admitted += answers.filter((a) => a.overall_code === 'OK').length;
+    }
+    const bound = Math.floor((RATE * (Date.now() - startMs)) / 1000) + BURST;
+    assert.ok(admitted <= bound, `admitted ${admitted} under the domain cap against a bound of ${bound}, ${sent} sent`);
+    assert.ok(admitted >= BURST, `the cap is used (${admitted} admitted)`);
+    const keys = capped.velocity().map((v) => v.key);
+    assert.ok(keys.includes('domain/api'), `velocity keys ${JSON.stringify(keys)}`);
+  } finally {
+    c.close();
+    await capped.stop();
+  }
 });
 
 void test('a rule set one bucket per quota key cannot enforce is refused at start, naming the file and the rule', async () => {
