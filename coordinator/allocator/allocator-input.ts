@@ -10,6 +10,7 @@
 // so a round built this way is accepted exactly when the acks go into the same entry. Put those acks
 // in the entry (`acks`), or do not pass them here.
 
+import { countedAfterAck } from '../ledger/ledger.js';
 import type { CellView, QuotaState, SliceView } from '../ledger/ledger.js';
 import { AllocatorInputError } from './allocator-types.js';
 import type {
@@ -164,8 +165,8 @@ export class AllocatorInputBuilder {
       if (acked === undefined || v.epoch === 0 || e !== v.epoch || v.acknowledged) return v;
       const floorRate = v.slot === null ? 0 : state.floorRate;
       const floorBurst = v.slot === null ? 0 : state.floorBurst;
-      const r = Math.min(v.countedRate, Math.max(floorRate, v.floorRate, v.rate));
-      const b = Math.min(v.countedBurst, Math.max(floorBurst, v.floorBurst, v.burst));
+      const r = countedAfterAck(v.countedRate, floorRate, v.floorRate, v.rate);
+      const b = countedAfterAck(v.countedBurst, floorBurst, v.floorBurst, v.burst);
       countedRate -= v.countedRate - r;
       countedBurst -= v.countedBurst - b;
       return { rate: v.rate, burst: v.burst, epoch: v.epoch, acknowledged: true, countedRate: r, countedBurst: b };
@@ -188,18 +189,25 @@ export class AllocatorInputBuilder {
   /**
    * Adds quota `key` by having `read` write its slice columns for the builder's cells, in order, at
    * row offset `at` (a Ledger.quotaColumnsReader does) and return the quota's figures; `read`
-   * returning undefined adds nothing. The same row as addQuotaState without acknowledgements, and no
-   * object per slice (one `read` serves every key of a round).
+   * returning undefined adds nothing. The same row as addQuotaState (`ackedEpochs` passed on to
+   * `read`, which counts the slices as after them), and no object per slice (one `read` serves every
+   * key of a round).
    */
   addQuotaColumns(
     key: string,
     demand: ArrayLike<number>,
     parent: string | null,
-    read: (key: string, cols: AllocatorSlices, at: number) => Omit<AllocatorQuota, 'key' | 'parent'> | undefined,
+    read: (
+      key: string,
+      cols: AllocatorSlices,
+      at: number,
+      ackedEpochs?: ArrayLike<number>,
+    ) => Omit<AllocatorQuota, 'key' | 'parent'> | undefined,
+    ackedEpochs?: ArrayLike<number>,
   ): boolean {
     if (demand.length !== this.n) throw new AllocatorInputError(`quota ${key}: expected ${this.n} demands`);
     const base = this.row();
-    const f = read(key, this.cols, base);
+    const f = read(key, this.cols, base, ackedEpochs);
     if (f === undefined) return false;
     const d = this.cols.demand;
     for (let i = 0; i < this.n; i++) d[base + i] = demand[i] as number;

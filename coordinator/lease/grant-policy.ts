@@ -86,14 +86,8 @@ export function buildRoundInputOf(
   for (const [key, parent] of wanted) {
     demand.fill(0);
     demands.byKey.get(key)?.forEach(take); // forEach: no entry array per cell
-    const acked = ackedBy.size === 0 ? undefined : ackedBy.get(key);
-    // Read into the columns (no object per slice); a key with acknowledgements in this entry
-    // through its QuotaState, which the builder counts as after them.
-    if (acked === undefined) builder.addQuotaColumns(key, demand, parent, read);
-    else {
-      const state = ledger.getQuotaState(key);
-      if (state !== undefined) builder.addQuotaState(state, demand, { parent, ackedEpochs: acked });
-    }
+    // Read into the columns (no object per slice), counted as after this entry's acknowledgements.
+    builder.addQuotaColumns(key, demand, parent, read, ackedBy.size === 0 ? undefined : ackedBy.get(key));
   }
   return builder.build({ nowMs, leaseTtlMs: demands.leaseTtlMs, skewMarginMs: ledger.config.skewMarginMs });
 }

@@ -479,6 +479,15 @@ function tolerance(limit: number): number {
 function exceeds(value: number, limit: number): boolean {
   return value > limit + tolerance(limit);
 }
+/**
+ * What a slice counting `counted` is counted as once its current grant is acknowledged (the ledger
+ * then holds only that grant and its stamped floor): max(the cell's floor, the stamped floor, the
+ * grant), never more than before.
+ */
+export function countedAfterAck(counted: number, cellFloor: number, stampedFloor: number, grant: number): number {
+  return Math.min(counted, Math.max(cellFloor, stampedFloor, grant));
+}
+
 function quotaConfig(q: QuotaRec): QuotaConfig {
   return { rate: q.rate, burst: q.burst, floorFraction: q.floorFraction };
 }
@@ -1823,7 +1832,12 @@ export class Ledger {
    * readQuotaColumns for many keys: the cells (order, floor slots, leases) are read once, when it is
    * made, so use it only until the next command is applied.
    */
-  quotaColumnsReader(): (key: string, cols: QuotaColumns, at: number) => QuotaFigures | undefined {
+  quotaColumnsReader(): (
+    key: string,
+    cols: QuotaColumns,
+    at: number,
+    ackedEpochs?: ArrayLike<number>,
+  ) => QuotaFigures | undefined {
     const n = this.cellOrder.length;
     const ids = this.cellOrder.slice();
     const slotted = new Uint8Array(n);
@@ -1834,7 +1848,11 @@ export class Ledger {
       live[c] = this.leaseLive(cell) ? 1 : 0;
     }
     const free = this.config.floorCells - this.slotsTaken;
-    return (key, cols, at) => {
+    const dropR = new Float64Array(n);
+    const dropB = new Float64Array(n);
+    // With `ackedEpochs` (per cell, the epoch the same entry acknowledges; 0: none), each slice is
+    // counted as after those acknowledgements (countedAfterAck), as AllocatorInputBuilder.addQuotaState does.
+    return (key, cols, at, ackedEpochs) => {
       const q = this.peekQuota(key);
       if (q === undefined) return undefined;
       const rate = q.rate;
@@ -1845,6 +1863,7 @@ export class Ledger {
       const slices = this.byKey.get(key);
       let sumR = 0;
       let sumB = 0;
+      let drops = 0;
       for (let c = 0; c < n; c++) {
         const s = slices?.get(ids[c] as string);
         let r = slotted[c] === 0 ? 0 : slotRate;
@@ -1867,12 +1886,33 @@ export class Ledger {
             s.heldBurst === s.burst &&
             s.heldFloorRate === s.floorRate &&
             s.heldFloorBurst === s.floorBurst;
+          if (!acked && ackedEpochs !== undefined && ackedEpochs[c] === s.epoch) {
+            // The totals are taken down by each cell's drop, in cell order, as addQuotaState does.
+            const ar = countedAfterAck(r, slotted[c] === 0 ? 0 : slotRate, s.floorRate, s.rate);
+            const ab = countedAfterAck(b, slotted[c] === 0 ? 0 : slotBurst, s.floorBurst, s.burst);
+            dropR[drops] = r - ar;
+            dropB[drops++] = b - ab;
+            sumR += r;
+            sumB += b;
+            r = ar;
+            b = ab;
+            cols.acknowledged[i] = 1;
+            cols.countedRate[i] = r;
+            cols.countedBurst[i] = b;
+            continue;
+          }
           cols.acknowledged[i] = acked ? 1 : 0;
         }
         cols.countedRate[i] = r;
         cols.countedBurst[i] = b;
         sumR += r;
         sumB += b;
+      }
+      let countedRate = sumR + free * slotRate;
+      let countedBurst = sumB + free * slotBurst;
+      for (let j = 0; j < drops; j++) {
+        countedRate -= dropR[j] as number;
+        countedBurst -= dropB[j] as number;
       }
       const ceiling = this.ceilings.get(key);
       return {
@@ -1883,8 +1923,8 @@ export class Ledger {
         floorBurst: slotBurst,
         ceilingRate: ceiling?.rate ?? rate,
         ceilingBurst: ceiling?.burst ?? burst,
-        countedRate: sumR + free * slotRate,
-        countedBurst: sumB + free * slotBurst,
+        countedRate,
+        countedBurst,
         unregisteredSlots: free,
       };
     };
