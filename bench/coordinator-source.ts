@@ -7,10 +7,14 @@
 //                    its refusals, so this is about one report interval (500 ms) plus one round.
 //   lease bytes      in process, over the real ledger and the lease protocol's real protobuf
 //                    encoding, with T active tenants on a cell (100,000; smoke 2,000): the bytes of
-//                    a report carrying velocity for all of them (what the agent sends each interval),
-//                    of a full answer (every slice: once per agent incarnation or leader term) and of
-//                    a steady answer where 1% of the grants changed (what one round costs).
+//                    a report carrying velocity for all of them (what the agent sends each interval)
+//                    and of a sweep and delta reports (the agent's own report builder); then the real
+//                    paged messages: the real LeaseService (rounds every 100 ms) and LeaseClient over
+//                    gRPC, each report and answer serialized as the transport sends it — a new
+//                    incarnation's picture in pages, and steady exchanges with 1% of the demands
+//                    moving each report (what a round costs).
 import { writeFileSync } from 'node:fs';
+import { pino } from 'pino';
 import { join } from 'node:path';
 import { Ledger } from '../coordinator/ledger/ledger.js';
 import { loadQuotaLeaseService } from '../shared/lease-proto.js';
@@ -25,6 +29,10 @@ import { CoordinatorCluster } from '../testkit/coordinator-cluster.js';
 import { machineLine, type BenchReport } from './bench-report.js';
 import { AgentProcess } from '../testkit/agent-process.js';
 import { waitFor } from '../testkit/wait.js';
+import { InstantBackend, putGoldTenants, serveLease } from '../testkit/instant-lease-backend.js';
+import { LeaseService, MAX_ANSWER_GRANTS } from '../coordinator/lease/lease-service.js';
+import { GrpcLeaseTransport, LeaseClient } from '../cell-agent/lease/lease-client.js';
+import type { LeaseCallResult, LeaseTransport } from '../cell-agent/lease/lease-client.js';
 
 const ids = ['n1', 'n2', 'n3'];
 
@@ -127,8 +135,8 @@ interface LeaseBytes {
   /** Delta reports: nothing moved; 1% of the keys moved beyond the dead-band. */
   readonly steady: number;
   readonly onePercent: number;
+  /** One answer carrying every slice, built by hand (what paged answers replaced). */
   readonly full: number;
-  readonly answerSteady: number;
 }
 
 function leaseBytes(tenants: number): LeaseBytes {
@@ -240,9 +248,108 @@ function leaseBytes(tenants: number): LeaseBytes {
     steady,
     onePercent,
     full: svc.report.responseSerialize(answer(keys.map(grant), true)).length,
-    answerSteady: svc.report.responseSerialize(answer(keys.slice(0, Math.ceil(tenants / 100)).map(grant), false))
-      .length,
   };
+}
+
+/** The real lease messages of an agent with T active tenants, by exchange (a report and its answer). */
+interface PagedBytes {
+  /** A new incarnation's picture: the answers until the agent held every grant, their largest and total bytes. */
+  readonly pictureAnswers: number;
+  readonly pictureMaxAnswer: number;
+  readonly pictureTotal: number;
+  /** Steady exchanges, 1% of the demands moving each report: bytes per exchange (report + answer), median and max. */
+  readonly steadyExchanges: number;
+  readonly steadyMedian: number;
+  readonly steadyMax: number;
+  readonly steadyAnswerMax: number;
+  readonly steadyAnswerGrants: number;
+}
+
+/** The gRPC transport, recording the serialized bytes of every report and answer. */
+class ByteCountingTransport implements LeaseTransport {
+  readonly exchanges: { request: number; answer: number; grants: number; more: boolean }[] = [];
+  private readonly svc = loadQuotaLeaseService();
+  constructor(private readonly inner: LeaseTransport) {}
+  async report(address: string, req: ReportRequestMessage, deadlineMs: number): Promise<LeaseCallResult> {
+    const r = await this.inner.report(address, req, deadlineMs);
+    if ('res' in r)
+      this.exchanges.push({
+        request: this.svc.report.requestSerialize(req).length,
+        answer: this.svc.report.responseSerialize(r.res).length,
+        grants: r.res.grants.length,
+        more: r.res.more === true,
+      });
+    return r;
+  }
+  close(): void {
+    this.inner.close();
+  }
+}
+
+/**
+ * The real LeaseService (rounds every 100 ms, over an in-process ledger applied at once) and the real
+ * LeaseClient over gRPC (reports every 500 ms, paged answers): the bytes of the messages a round
+ * really sends, as the agent's transport serializes them.
+ */
+async function pagedLeaseBytes(tenants: number, progress: (msg: string) => void): Promise<PagedBytes> {
+  const backend = new InstantBackend();
+  const keys = await putGoldTenants(backend, tenants);
+  const service = new LeaseService({
+    backend,
+    logger: pino({ level: 'silent' }),
+    expireEveryMs: 1e9,
+    leaseTtlMs: 60_000,
+  });
+  const { address, server } = await serveLease(service);
+  const transport = new ByteCountingTransport(new GrpcLeaseTransport());
+  // Every tenant active: 1 refused a second each (what makes the leader grant it), 1% of them moving
+  // beyond the dead-band every report once the picture is complete.
+  let tick = 0;
+  let moving = false;
+  const client = new LeaseClient({
+    cellId: 'cell-a',
+    coordinators: [address],
+    logger: pino({ level: 'silent' }),
+    velocity: () => {
+      tick++;
+      return keys.map((key, i) => ({
+        key,
+        allowed: 0,
+        refused: moving && i % 100 === tick % 100 ? 2 + (tick % 3) : 1,
+      }));
+    },
+    deadlineMs: 20_000,
+    transport,
+    onOverrides: () => undefined,
+  });
+  try {
+    client.start();
+    await waitFor(`the agent holds all ${tenants} grants`, () => client.status().grants === tenants, {
+      timeoutMs: 600_000,
+      everyMs: 50,
+    });
+    const picture = transport.exchanges.slice();
+    progress(`  picture: ${picture.length} answers`);
+    moving = true;
+    const from = transport.exchanges.length;
+    await waitFor('20 steady exchanges', () => transport.exchanges.length >= from + 22, { timeoutMs: 120_000 });
+    const steady = transport.exchanges.slice(from + 2, from + 22); // after the first moved demand is granted
+    const sizes = steady.map((e) => e.request + e.answer).sort((a, b) => a - b);
+    return {
+      pictureAnswers: picture.length,
+      pictureMaxAnswer: Math.max(...picture.map((e) => e.answer)),
+      pictureTotal: picture.reduce((a, e) => a + e.request + e.answer, 0),
+      steadyExchanges: steady.length,
+      steadyMedian: quantile(sizes, 0.5),
+      steadyMax: sizes[sizes.length - 1] ?? NaN,
+      steadyAnswerMax: Math.max(...steady.map((e) => e.answer)),
+      steadyAnswerGrants: Math.max(...steady.map((e) => e.grants)),
+    };
+  } finally {
+    client.stop();
+    service.stop();
+    server.forceShutdown();
+  }
 }
 
 export async function runCoordinatorSourceBench(opts: {
@@ -253,6 +360,8 @@ export async function runCoordinatorSourceBench(opts: {
   const tenants = opts.smoke ? 2_000 : 100_000;
   opts.progress(`lease message bytes with ${tenants} active tenants`);
   const bytes = leaseBytes(tenants);
+  opts.progress(`the real paged lease messages with ${tenants} active tenants (LeaseService + LeaseClient over gRPC)`);
+  const paged = await pagedLeaseBytes(tenants, opts.progress);
   opts.progress(`PUT → admitted on both agents, ${n} tenants`);
   const put = await putToAdmitted(n, opts.progress);
   return {
@@ -277,8 +386,23 @@ export async function runCoordinatorSourceBench(opts: {
       { measure: 'sweep: bytes of all its reports', value: bytes.sweepTotal },
       { measure: `delta report bytes, ${tenants} active tenants, steady`, value: bytes.steady },
       { measure: `delta report bytes, ${tenants} active tenants, 1% changing`, value: bytes.onePercent },
-      { measure: `full answer bytes (${tenants} slices, once per incarnation/term)`, value: bytes.full },
-      { measure: `steady answer bytes (1% of ${tenants} grants changed)`, value: bytes.answerSteady },
+      {
+        measure: `a new incarnation's picture: answers (pages of at most ${MAX_ANSWER_GRANTS} grants) until it holds all ${tenants} grants`,
+        value: paged.pictureAnswers,
+      },
+      { measure: "a new incarnation's picture: largest answer bytes", value: paged.pictureMaxAnswer },
+      { measure: "a new incarnation's picture: bytes of all its reports and answers", value: paged.pictureTotal },
+      {
+        measure: `steady, 1% of ${tenants} demands moving each report: bytes per report + answer, median (n=${paged.steadyExchanges})`,
+        value: Math.round(paged.steadyMedian),
+      },
+      { measure: 'steady: bytes per report + answer, max', value: paged.steadyMax },
+      { measure: 'steady: largest answer bytes', value: paged.steadyAnswerMax },
+      { measure: 'steady: most grants in one answer', value: paged.steadyAnswerGrants },
+      {
+        measure: `one answer carrying every slice (${tenants}; what paging replaced, built by hand)`,
+        value: bytes.full,
+      },
     ],
     notes: [
       `Machine: ${machineLine()}.`,

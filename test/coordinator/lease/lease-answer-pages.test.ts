@@ -8,45 +8,15 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as grpc from '@grpc/grpc-js';
 import { pino } from 'pino';
-import { Ledger } from '../../../coordinator/ledger/ledger.js';
-import type { LedgerResult } from '../../../coordinator/ledger/ledger.js';
-import type { LedgerCommandInput } from '../../../coordinator/ledger/ledger-commands.js';
 import { LeaseService, MAX_ANSWER_GRANTS } from '../../../coordinator/lease/lease-service.js';
-import type { LeaseBackend } from '../../../coordinator/lease/lease-service.js';
 import { GrpcLeaseTransport, LeaseClient } from '../../../cell-agent/lease/lease-client.js';
 import type { LeaseCallResult, LeaseTransport } from '../../../cell-agent/lease/lease-client.js';
 import type { OverrideEntry } from '../../../cell-agent/lease/quota-overrides.js';
 import type { ReportRequestMessage } from '../../../shared/lease-proto.js';
 import { waitFor } from '../../../testkit/wait.js';
+import { InstantBackend, putGoldTenants, serveLease } from '../../../testkit/instant-lease-backend.js';
 
 const TENANTS = Math.round(MAX_ANSWER_GRANTS * 2.4);
-
-class InstantBackend implements LeaseBackend {
-  readonly id = 'n1';
-  readonly ledgerInstance = new Ledger({ floorCells: 2, skewMarginMs: 1000 });
-  private index = 0;
-  isLeader(): boolean {
-    return true;
-  }
-  leaderId(): string {
-    return 'n1';
-  }
-  term(): number {
-    return 2;
-  }
-  readBarrier(): Promise<void> {
-    return Promise.resolve();
-  }
-  peerAddress(): string | null {
-    return null;
-  }
-  ledger(): Ledger {
-    return this.ledgerInstance;
-  }
-  propose(cmd: LedgerCommandInput): Promise<LedgerResult> {
-    return Promise.resolve(this.ledgerInstance.apply(cmd, ++this.index));
-  }
-}
 
 /** The gRPC transport, recording every answer's grant count; `lose(n)` makes the n-th answer from now arrive too late. */
 class RecordingTransport implements LeaseTransport {
@@ -105,14 +75,7 @@ function agent(
 
 void test(`lease answers: ${TENANTS} slices of one cell travel in pages of at most ${MAX_ANSWER_GRANTS} grants; a restarted agent holds every grant again, also when a page is lost`, async () => {
   const backend = new InstantBackend();
-  await backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.5 });
-  const keys: string[] = [];
-  for (let i = 0; i < TENANTS; i += 5000) {
-    const tenants = Array.from({ length: Math.min(5000, TENANTS - i) }, (_, j) => ({ id: `t-${i + j}`, tier: 'gold' }));
-    const r = await backend.propose({ type: 'putTenants', tenants });
-    assert.equal(r.ok, true);
-    for (const t of tenants) keys.push(`tenant/${t.id}`);
-  }
+  const keys = await putGoldTenants(backend, TENANTS);
   const service = new LeaseService({
     backend,
     logger: pino({ level: 'silent' }),
@@ -120,12 +83,7 @@ void test(`lease answers: ${TENANTS} slices of one cell travel in pages of at mo
     expireEveryMs: 1e9,
     leaseTtlMs: 60_000,
   });
-  const server = new grpc.Server();
-  service.register(server);
-  const port = await new Promise<number>((ok, fail) =>
-    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e !== null ? fail(e) : ok(p))),
-  );
-  const address = `127.0.0.1:${port}`;
+  const { address, server } = await serveLease(service);
   const agents: LeaseClient[] = [];
   try {
     // The first agent asks for every key (its refusals): every key is granted, in pages.
