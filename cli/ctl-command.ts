@@ -1,4 +1,5 @@
-// `cellquota ctl`: tiers, tenants, settings, cells, members and cluster status through the admin API.
+// `cellquota ctl`: tiers, caps (a tier's, a domain's), tenants, settings, cells, members and cluster status
+// through the admin API.
 // Tables for people, --json for scripts. Writes carry a client id and sequence number, so a
 // retry after a lost answer applies once; a follower's 307 is followed to the leader.
 import { parseArgs } from 'node:util';
@@ -48,6 +49,14 @@ ${settingsHelp(CTL_SETTING_SPECS, { configFile: false })}
   cluster                                        leader, term, commit index, members
   tiers list | get NAME | delete NAME
   tiers put NAME --rate R --burst B [--floor-fraction F]
+  tiers cap get NAME | delete NAME
+  tiers cap put NAME --rate R --burst B [--floor-fraction F]
+                                                 the cap over all tenants of tier NAME together
+  domains list                                   the domain-wide caps
+  domains cap get NAME | delete NAME
+  domains cap put NAME --rate R --burst B [--floor-fraction F]
+                                                 the cap over all global traffic of the Envoy
+                                                 rate-limit domain NAME
   tenants list [--limit N] [--cursor C] | get ID | delete ID
   tenants put ID --tier NAME [--rate R] [--burst B]
   tenants import FILE [--format jsonl|csv] [--batch N] [--parallel N]
@@ -281,6 +290,12 @@ const tierColumns: readonly Column<Row>[] = [
   field('FLOOR FRACTION', 'floorFraction', 'right'),
   field('TENANTS', 'tenantCount', 'right'),
 ];
+const capColumns = (nameKey: string): readonly Column<Row>[] => [
+  field(nameKey === 'tier' ? 'TIER' : 'DOMAIN', nameKey),
+  field('RATE /S', 'rate', 'right'),
+  field('BURST', 'burst', 'right'),
+  field('FLOOR FRACTION', 'floorFraction', 'right'),
+];
 const tenantColumns: readonly Column<TenantRow>[] = [
   { header: 'ID', value: (t) => t.id },
   { header: 'TIER', value: (t) => t.tier },
@@ -311,6 +326,45 @@ function num(v: string | undefined, name: string): number | undefined {
   const n = Number(v);
   if (!Number.isFinite(n)) throw new CtlError(`--${name} must be a number, got '${v}'`, 2);
   return n;
+}
+
+type QuotaFlags = { rate?: string | undefined; burst?: string | undefined; 'floor-fraction'?: string | undefined };
+
+/** The body of a tier or a cap from --rate, --burst and --floor-fraction. */
+function quotaFlags(
+  values: QuotaFlags,
+  need: (v: string | undefined, what: string) => string,
+): Record<string, unknown> {
+  return {
+    rate: num(need(values.rate, '--rate'), 'rate'),
+    burst: num(need(values.burst, '--burst'), 'burst'),
+    ...(values['floor-fraction'] === undefined
+      ? {}
+      : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }),
+  };
+}
+
+/** `tiers cap …` and `domains cap …`: a tier's cap (/v1/tiers/NAME/cap) or a domain's (/v1/domains/NAME/cap). */
+async function capCommand(
+  ctx: Ctx,
+  kind: 'tier' | 'domain',
+  [verb, name]: readonly string[],
+  values: QuotaFlags,
+  out: (doc: unknown, human: () => string) => void,
+  need: (v: string | undefined, what: string) => string,
+): Promise<number> {
+  const path = `/v1/${kind}s/${encodeURIComponent(need(name, `${kind} name`))}/cap`;
+  if (verb === 'get') {
+    const r = (await call(ctx, 'GET', path)) as Row;
+    out(r, () => renderTable([r], capColumns(kind)));
+  } else if (verb === 'put') {
+    const r = await call(ctx, 'PUT', path, quotaFlags(values, need));
+    out(r, () => `the cap of ${kind} ${name ?? ''} saved`);
+  } else if (verb === 'delete') {
+    const r = await call(ctx, 'DELETE', path);
+    out(r, () => `the cap of ${kind} ${name ?? ''} deleted`);
+  } else throw new CtlError(`unknown ${kind}s cap command '${verb ?? ''}'\n\n${ctlUsage}`, 2);
+  return 0;
 }
 
 export async function runCtlCommand(argv: readonly string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -404,6 +458,7 @@ async function runCtl(
         return 0;
       }
       case 'tiers': {
+        if (verb === 'cap') return await capCommand(ctx, 'tier', positionals.slice(2), values, out, need);
         if (verb === 'list' || verb === undefined) {
           const r = (await call(ctx, 'GET', '/v1/tiers')) as { tiers: Record<string, unknown>[] };
           out(r, () => renderTable(r.tiers, tierColumns));
@@ -411,19 +466,21 @@ async function runCtl(
           const r = await call(ctx, 'GET', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
           out(r, () => renderTable([r as Row], tierColumns));
         } else if (verb === 'put') {
-          const body = {
-            rate: num(need(values.rate, '--rate'), 'rate'),
-            burst: num(need(values.burst, '--burst'), 'burst'),
-            ...(values['floor-fraction'] === undefined
-              ? {}
-              : { floorFraction: num(values['floor-fraction'], 'floor-fraction') }),
-          };
+          const body = quotaFlags(values, need);
           const r = await call(ctx, 'PUT', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`, body);
           out(r, () => `tier ${need(arg, 'tier name')} saved`);
         } else if (verb === 'delete') {
           const r = await call(ctx, 'DELETE', `/v1/tiers/${encodeURIComponent(need(arg, 'tier name'))}`);
           out(r, () => `tier ${need(arg, 'tier name')} deleted`);
         } else throw new CtlError(`unknown tiers command '${verb}'\n\n${ctlUsage}`, 2);
+        return 0;
+      }
+      case 'domains': {
+        if (verb === 'cap') return await capCommand(ctx, 'domain', positionals.slice(2), values, out, need);
+        if (verb === 'list' || verb === undefined) {
+          const r = (await call(ctx, 'GET', '/v1/domains')) as { domains: Row[] };
+          out(r, () => (r.domains.length === 0 ? '(no domain caps)' : renderTable(r.domains, capColumns('domain'))));
+        } else throw new CtlError(`unknown domains command '${verb}'\n\n${ctlUsage}`, 2);
         return 0;
       }
       case 'settings': {

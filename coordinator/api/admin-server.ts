@@ -8,6 +8,7 @@ import { z } from 'zod';
 import { register as defaultRegistry, type Registry } from 'prom-client';
 import type { Logger } from '../../shared/logging.js';
 import {
+  MAX_DOMAIN_CAPS,
   MAX_NAME_LENGTH,
   MAX_TENANTS_PER_BATCH,
   TENANT_WIND_DOWN_FORMAT,
@@ -90,7 +91,8 @@ const nameParam = z
   .min(1)
   .max(MAX_NAME_LENGTH)
   .regex(/^[a-zA-Z0-9._:-]+$/, 'letters, digits and . _ : - only');
-const tierBody = z.strictObject({
+/** The body of a tier and of a cap (a tier's or a domain's): the same three numbers. */
+const quotaBody = z.strictObject({
   rate: z.number().gt(0).describe('tokens per second'),
   burst: z.number().min(1),
   floorFraction: z
@@ -100,6 +102,15 @@ const tierBody = z.strictObject({
     .optional()
     .describe('share of the quota split evenly over the cells as their static floors'),
 });
+type QuotaFields = { rate: number; burst: number; floorFraction?: number };
+/** A tier's or cap's numbers from its validated body (floorFraction left out when not given). */
+function quotaFields(b: z.output<typeof quotaBody>): QuotaFields {
+  return {
+    rate: b.rate,
+    burst: b.burst,
+    ...(b.floorFraction === undefined ? {} : { floorFraction: b.floorFraction }),
+  };
+}
 const tenantBody = z.strictObject({
   tier: nameParam,
   rate: z.number().gt(0).optional(),
@@ -395,30 +406,46 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
   );
 
   // ---- tiers ---------------------------------------------------------------------------------
-  app.put(
+  /** PUT of a tier or a cap: the name from the path, `{rate, burst, floorFraction?}` from the body. */
+  function putQuota(path: string, command: (name: string, q: QuotaFields) => LedgerCommandInput): void {
+    app.put(
+      path,
+      guard(async (req, reply) => {
+        const { name } = parse(nameParams, req.params, 'path');
+        const q = quotaFields(parse(quotaBody, req.body, 'body'));
+        return write(req, reply, { ...command(name, q), ...session(req) });
+      }),
+    );
+  }
+  /** DELETE of a tier or a cap named in the path: `{deleted: name}`. */
+  function deleteNamed(path: string, command: (name: string) => LedgerCommandInput): void {
+    app.delete(
+      path,
+      guard(async (req, reply) => {
+        const { name } = parse(nameParams, req.params, 'path');
+        await write(req, reply, { ...command(name), ...session(req) });
+        return { deleted: name };
+      }),
+    );
+  }
+  /** GET of what `fn` reads for the name in the path (undefined: 404 with `missing(name)`). */
+  function getNamed<T>(path: string, fn: (l: Ledger, name: string) => T | undefined, missing: (n: string) => string) {
+    app.get(
+      path,
+      guard(async (req) => {
+        const { name } = parse(nameParams, req.params, 'path');
+        const q = parse(readQuery, req.query, 'query');
+        const v = await read(req, q.stale === 'true', (l) => fn(l, name));
+        if (v === undefined) throw new ApiError('NOT_FOUND', missing(name));
+        return v;
+      }),
+    );
+  }
+  putQuota('/v1/tiers/:name', (name, q) => ({ type: 'putTier', name, ...q }));
+  getNamed(
     '/v1/tiers/:name',
-    guard(async (req, reply) => {
-      const { name } = parse(nameParams, req.params, 'path');
-      const body = parse(tierBody, req.body, 'body');
-      return write(req, reply, {
-        type: 'putTier',
-        name,
-        rate: body.rate,
-        burst: body.burst,
-        ...(body.floorFraction === undefined ? {} : { floorFraction: body.floorFraction }),
-        ...session(req),
-      });
-    }),
-  );
-  app.get(
-    '/v1/tiers/:name',
-    guard(async (req) => {
-      const { name } = parse(nameParams, req.params, 'path');
-      const q = parse(readQuery, req.query, 'query');
-      const tier = await read(req, q.stale === 'true', (l) => l.getTier(name));
-      if (tier === undefined) throw new ApiError('NOT_FOUND', `no tier '${name}'`);
-      return tier;
-    }),
+    (l, name) => l.getTier(name),
+    (name) => `no tier '${name}'`,
   );
   app.get(
     '/v1/tiers',
@@ -427,14 +454,35 @@ export async function buildAdminServer(opts: AdminServerOptions): Promise<Fastif
       return { tiers: await read(req, q.stale === 'true', (l) => l.listTiers()) };
     }),
   );
-  app.delete(
-    '/v1/tiers/:name',
-    guard(async (req, reply) => {
-      const { name } = parse(nameParams, req.params, 'path');
-      await write(req, reply, { type: 'deleteTier', name, ...session(req) });
-      return { deleted: name };
+  deleteNamed('/v1/tiers/:name', (name) => ({ type: 'deleteTier', name }));
+
+  // ---- caps: a tier's aggregate cap (key tier/<name>) and domain-wide caps (key domain/<name>) ------
+  // Built as the tier routes are: the same body, validated here and again by the ledger's schema,
+  // which also refuses (400 INVALID, naming MAX_GCRA_WINDOW_S) a window no agent can represent.
+  putQuota('/v1/tiers/:name/cap', (tier, q) => ({ type: 'putTierCap', tier, ...q }));
+  getNamed(
+    '/v1/tiers/:name/cap',
+    (l, tier) => {
+      const cap = l.getTier(tier)?.cap;
+      return cap === undefined || cap === null ? undefined : { tier, ...cap };
+    },
+    (tier) => `no cap of tier '${tier}' (or no such tier)`,
+  );
+  deleteNamed('/v1/tiers/:name/cap', (tier) => ({ type: 'deleteTierCap', tier }));
+  putQuota('/v1/domains/:name/cap', (domain, q) => ({ type: 'putDomainCap', domain, ...q }));
+  getNamed(
+    '/v1/domains/:name/cap',
+    (l, domain) => l.getDomainCap(domain),
+    (d) => `domain '${d}' has no cap`,
+  );
+  app.get(
+    '/v1/domains',
+    guard(async (req) => {
+      const q = parse(readQuery, req.query, 'query');
+      return { domains: await read(req, q.stale === 'true', (l) => l.listDomainCaps()) };
     }),
   );
+  deleteNamed('/v1/domains/:name/cap', (domain) => ({ type: 'deleteDomainCap', domain }));
 
   // ---- tenants -------------------------------------------------------------------------------
   app.put(
@@ -689,6 +737,17 @@ function openApiDocument(): Record<string, unknown> {
   };
   const nameP = (n: string) => ({ name: n, in: 'path', required: true, schema: json(nameParam) });
   const stale = { name: 'stale', in: 'query', required: false, schema: { type: 'string', enum: ['true', 'false'] } };
+  /** PUT (quotaBody), GET and DELETE of a tier or a cap named in the path. */
+  const quotaPath = (what: string) => ({
+    put: {
+      description: `${what}; a burst/rate longer than the agents can hold (MAX_GCRA_WINDOW_S) is a 400`,
+      parameters: [nameP('name')],
+      requestBody: body(quotaBody),
+      responses,
+    },
+    get: { parameters: [nameP('name'), stale], responses },
+    delete: { parameters: [nameP('name')], responses },
+  });
   return {
     openapi: '3.1.0',
     info: { title: 'cellquota coordinator admin API', version: '1' },
@@ -710,11 +769,15 @@ function openApiDocument(): Record<string, unknown> {
       },
       '/v1/members/{id}/replace': { post: { parameters: [nameP('id')], requestBody: body(memberBody), responses } },
       '/v1/tiers': { get: { parameters: [stale], responses } },
-      '/v1/tiers/{name}': {
-        put: { parameters: [nameP('name')], requestBody: body(tierBody), responses },
-        get: { parameters: [nameP('name'), stale], responses },
-        delete: { parameters: [nameP('name')], responses },
-      },
+      '/v1/tiers/{name}': quotaPath('the tier: the quota of each of its tenants'),
+      '/v1/tiers/{name}/cap': quotaPath(
+        "the tier's aggregate cap: all its tenants together (quota key tier/NAME); the tier must exist",
+      ),
+      '/v1/domains': { get: { description: 'the domain-wide caps, by domain', parameters: [stale], responses } },
+      '/v1/domains/{name}/cap': quotaPath(
+        'the domain-wide cap: all global traffic of the Envoy rate-limit domain NAME (quota key domain/NAME); ' +
+          `at most ${MAX_DOMAIN_CAPS} domains`,
+      ),
       '/v1/tenants': {
         get: {
           parameters: [

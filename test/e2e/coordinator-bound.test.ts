@@ -10,47 +10,16 @@ import { CoordinatorCluster } from '../../testkit/coordinator-cluster.js';
 import { AgentProcess } from '../../testkit/agent-process.js';
 import { RlsClient, d, unixTarget } from '../../testkit/rls-client.js';
 import { sleep, waitFor } from '../../testkit/wait.js';
+import { worstWindow, type AdmittedCheck } from '../../testkit/bound-window.js';
 
 const IDS = ['n1', 'n2', 'n3'];
 const RATE = 10;
 const BURST = 50;
 const TENANT = 'fresh';
 
-/** One admitted check: when it was sent and answered (ms, this process's monotonic clock). */
-interface Admitted {
+/** One admitted check, and the cell that admitted it. */
+interface Admitted extends AdmittedCheck {
   readonly cell: 'a' | 'b';
-  readonly sentMs: number;
-  readonly answeredMs: number;
-}
-
-/**
- * The window of `seconds` of send time with the most admitted checks beyond its bound
- * rate·(W + u) + burst, u the longest latency of an admitted answer sent in it (the decision lies
- * between send and answer: docs/quota-model.md, "The bound").
- */
-function worstWindow(
-  all: readonly Admitted[],
-  seconds: number,
-): { seconds: number; admitted: number; bound: number; fromMs: number } {
-  const sorted = [...all].sort((a, b) => a.sentMs - b.sentMs);
-  let worst = { seconds, admitted: 0, bound: RATE * seconds + BURST, fromMs: 0 };
-  let margin = -Infinity;
-  for (let i = 0; i < sorted.length; i++) {
-    const from = (sorted[i] as Admitted).sentMs;
-    let u = 0;
-    let n = 0;
-    for (let j = i; j < sorted.length && (sorted[j] as Admitted).sentMs < from + seconds * 1000; j++) {
-      const a = sorted[j] as Admitted;
-      u = Math.max(u, (a.answeredMs - a.sentMs) / 1000);
-      n++;
-    }
-    const bound = RATE * (seconds + u) + BURST;
-    if (n - bound > margin) {
-      margin = n - bound;
-      worst = { seconds, admitted: n, bound, fromMs: from };
-    }
-  }
-  return worst;
 }
 
 void test('a grant that moves into a cell starts empty there: after the other cell spent its full burst, the two admit at most rate·W + burst', async (t) => {
@@ -136,7 +105,7 @@ void test('a grant that moves into a cell starts empty there: after the other ce
     // The bound over every window length: 1 s (the drills' window) and longer ones, which a burst
     // released late (a grant moving in more than a second after A's drain, on a loaded machine)
     // cannot hide from.
-    const windows = [1, 2, 3, 4].map((seconds) => worstWindow(admitted, seconds));
+    const windows = [1, 2, 3, 4].map((seconds) => worstWindow(admitted, seconds, RATE, BURST));
     const context = `A admitted ${aAdmitted} of ${BURST + 10} at once, B ${bAdmitted} in 6 s; slices before: ${JSON.stringify(slices)}; worst windows ${windows.map((w) => `${w.seconds} s: ${w.admitted} against ${w.bound.toFixed(1)} from +${Math.round(w.fromMs - t0)} ms`).join(', ')}`;
     t.diagnostic(context);
     assert.ok(aAdmitted >= BURST - 1, `cell-a spent its full burst (${context})`);
