@@ -322,7 +322,7 @@ export const agentConfigFields = z.object({
       'thread); past it the keys no check asked about for longest are evicted, released to the leader and ' +
       'refused until their grant is back (a check asks for it again)',
     default: DEFAULT_MAX_LEASE_KEYS,
-    example: '20000',
+    example: '100000',
   }),
   lagThresholdMs: setting(z.coerce.number().min(0).max(60_000), {
     help:
