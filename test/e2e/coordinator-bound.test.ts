@@ -16,6 +16,13 @@ const IDS = ['n1', 'n2', 'n3'];
 const RATE = 10;
 const BURST = 50;
 const TENANT = 'fresh';
+/**
+ * What cell-a's bucket must hold before it drains, and so what it admits at once: nearly the burst.
+ * With a moved-in bucket starting full, A's drain plus B's full burst (≥ 95) would still exceed the
+ * 1 s bound (60.8) by far; the probe and the assertion use the same figure, so the drain cannot be
+ * asked for more than the probe waited for (CI: the probe accepted 45, the assertion wanted 49).
+ */
+const FULL_ENOUGH = BURST - 5;
 
 /** One admitted check, and the cell that admitted it. */
 interface Admitted extends AdmittedCheck {
@@ -77,7 +84,7 @@ void test('a grant that moves into a cell starts empty there: after the other ce
       async () => {
         const r = await a.check(probe);
         seen = `${JSON.stringify(r.statuses[0])}; slices ${JSON.stringify(await slicesNow())}`;
-        return (r.statuses[0]?.limit_remaining ?? 0) >= BURST - 5;
+        return (r.statuses[0]?.limit_remaining ?? 0) >= FULL_ENOUGH;
       },
       { timeoutMs: 60_000, everyMs: 250, context: () => `last: ${seen}` },
     );
@@ -108,7 +115,7 @@ void test('a grant that moves into a cell starts empty there: after the other ce
     const windows = [1, 2, 3, 4].map((seconds) => worstWindow(admitted, seconds, RATE, BURST));
     const context = `A admitted ${aAdmitted} of ${BURST + 10} at once, B ${bAdmitted} in 6 s; slices before: ${JSON.stringify(slices)}; worst windows ${windows.map((w) => `${w.seconds} s: ${w.admitted} against ${w.bound.toFixed(1)} from +${Math.round(w.fromMs - t0)} ms`).join(', ')}`;
     t.diagnostic(context);
-    assert.ok(aAdmitted >= BURST - 1, `cell-a spent its full burst (${context})`);
+    assert.ok(aAdmitted >= FULL_ENOUGH, `cell-a spent (nearly) its full burst (${context})`);
     assert.ok(bAdmitted > 0, `the grant moved to cell-b (${context})`);
     for (const w of windows)
       assert.ok(
