@@ -29,7 +29,8 @@
 // Decisions (seqlock): read ver (odd: wait), check the key is still the slot's, read the config and
 // the TAT, compute the GCRA step; a refused take (or a 0-hit report) then re-reads ver and retries if
 // it moved, an admitted one claims the slot with Atomics.compareExchange(ver, v, 2r + 1), stores the
-// new TAT and publishes ver = v + 2. Every access to a slot's words is an Atomics operation on an
+// new TAT and publishes ver = v + 2. Every write to a slot's words, and every read a decision is
+// validated by, is an Atomics operation on an
 // Int32Array: sequentially consistent, and free of the BigInt values V8 allocates for every 64-bit
 // Atomics result (the table's earlier layout, a BigInt64 state word with a CAS, cost about a dozen
 // BigInt allocations per decision). Why it is exact across threads: a thread's decision uses values
@@ -44,6 +45,24 @@
 // CAS and its publish (three stores later) makes the others wait for it (backoff(): spin, then
 // Atomics.wait in 50 µs steps); it never blocks a thread working on another slot. A waiter gives up
 // after NAPS_BEFORE_GIVING_UP naps (≥ 10 ms): the take is refused as busy (below).
+//
+// Plain reads. An Atomics.load costs ~10 ns on Node 20 (a builtin call) against ~1 ns for a plain
+// read, so the words a decision computes on — the limit (3 words) and the TAT (2), and the access
+// stamp — are read plain after the Atomics read of ver (the key words stay on Atomics: keyIs), and
+// nothing is decided on them unvalidated:
+// - an admission (and a re-configuration) counts only if its CAS from v succeeds. Then its plain
+//   reads saw exactly the state published with v: that publish (an Atomics store, read by the first
+//   ver read) happens before them, so they see its writes or later ones; and a later write exists
+//   only after a claim of the slot, which must read this CAS's own publish, so it happens after
+//   them (ECMAScript's memory model: synchronizes-with through the SC ver word). So the computation
+//   is the one Atomics reads would have given.
+// - a refusal (or a report, rate 0) writes nothing, so no CAS validates it: readsHeld() reads the
+//   words it used again on Atomics and ver last, and the decision stands only if all are unchanged.
+//   Atomics reads between two Atomics reads of the same even ver see no write of a claim (every write
+//   of the slot is an Atomics store made while ver is odd): the decision is the one the Atomics
+//   reads give, i.e. the protocol above. Writers keep every store on Atomics for this reason (a plain
+//   store after the claim could be seen early on a weakly ordered CPU).
+// The cost is only the refusal's: 5 Atomics reads it made before, now made after its plain ones.
 //
 // Placement: a key has two home groups (two-choice hashing) and, only when both homes hold no EMPTY
 // slot, 4 overflow groups next to them: at most 48 slots are ever probed. Slots are never emptied
@@ -295,10 +314,23 @@ interface LimitWords {
 /** Every limit a thread has met (frozen ones: their fields cannot change), as words; weakly held. */
 const wordsOfLimit = new WeakMap<GcraLimit, LimitWords>();
 
+/** The limit limitWords() answered for last, and its words (a decision path meets one limit again and again). */
+let lastLimit: GcraLimit | null = null;
+let lastWords: LimitWords | null = null;
+
 /** Validates a limit and gives its words (computed once per frozen limit object). */
 function limitWords(limit: GcraLimit): LimitWords {
+  if (limit === lastLimit && lastWords !== null) return lastWords;
   const known = wordsOfLimit.get(limit);
-  if (known !== undefined) return known;
+  if (known !== undefined) {
+    lastLimit = limit;
+    lastWords = known;
+    return known;
+  }
+  return wordsOf(limit);
+}
+
+function wordsOf(limit: GcraLimit): LimitWords {
   const T = limit.intervalNs;
   const D = limit.windowNs;
   const b = limit.burst;
@@ -323,7 +355,11 @@ function limitWords(limit: GcraLimit): LimitWords {
     windowNs: Number(D),
     burst: Number(b),
   });
-  if (Object.isFrozen(limit)) wordsOfLimit.set(limit, words);
+  if (Object.isFrozen(limit)) {
+    wordsOfLimit.set(limit, words);
+    lastLimit = limit;
+    lastWords = words;
+  }
   return words;
 }
 
@@ -878,21 +914,26 @@ export class BucketTable {
       // A slot handed to another key changes its key words only while ver is odd: a stale key shows
       // here, or ver has moved when this read is validated (a mismatch is final either way: look again).
       if (!this.keyIs(s, h0, h1, h2)) return false;
-      const dHi = Atomics.load(rec, at + R_D_HI);
-      const dLo = Atomics.load(rec, at + R_D_LO);
-      const x = Atomics.load(rec, at + R_X);
+      // The slot's limit and TAT on plain reads (an Atomics.load costs ~10 ns here, a plain one ~1):
+      // every decision made on them is validated on Atomics before it counts ("Plain reads" in the
+      // header): an admission (and a re-configuration) by its CAS from v, a refusal by readsHeld().
+      const dHi = rec[at + R_D_HI] as number;
+      const dLo = rec[at + R_D_LO] as number;
+      const x = rec[at + R_X] as number;
       if (dHi !== words.dHi || dLo !== words.dLo || x !== words.x) {
         this.reconfigure(s, v, dHi, dLo, x, limit);
         continue;
       }
       this.touch(s);
+      const tatHiWord = rec[at + R_TAT_HI] as number;
+      const tatLoWord = rec[at + R_TAT_LO] as number;
       if (x === 0) {
-        if (Atomics.load(rec, at + R_VER) !== v) continue;
+        if (!this.readsHeld(at, v, words, tatHiWord, tatLoWord)) continue;
         copyInto(res, KEY_BLOCKED);
         return true;
       }
-      const tatHi = Atomics.load(rec, at + R_TAT_HI);
-      const tatLo = Atomics.load(rec, at + R_TAT_LO) >>> 0;
+      const tatHi = tatHiWord;
+      const tatLo = tatLoWord >>> 0;
       const nowHi = this.nowHi;
       const nowLo = this.nowLo;
       // TAT − now: exact below 2^53 in magnitude; beyond, its sign is still right.
@@ -914,7 +955,7 @@ export class BucketTable {
           hi += 1;
         }
         if (!this.commitTat(s, v, tatHi, tatLo, hi, lo | 0)) continue;
-      } else if (Atomics.load(rec, at + R_VER) !== v) {
+      } else if (!this.readsHeld(at, v, words, tatHiWord, tatLoWord)) {
         continue;
       }
       res.verdict = d.allowed ? 'allow' : 'deny';
@@ -945,7 +986,7 @@ export class BucketTable {
     const d = gcraStepInto(stepScratch, tat, this.nowRel(), limit.intervalNs, limit.windowNs, n);
     if (d.allowed && n !== 0n) {
       if (!this.commitTat(s, v, tatHi, tatLo, Number(d.tat >> 32n), Number(d.tat & LOW_32) | 0)) return false;
-    } else if (Atomics.load(this.rec, RECORD_WORDS * s + R_VER) !== v) {
+    } else if (!this.readsHeld(RECORD_WORDS * s, v, limitWords(limit), tatHi, tatLo | 0)) {
       return false;
     }
     res.verdict = d.allowed ? 'allow' : 'deny';
@@ -955,6 +996,24 @@ export class BucketTable {
     res.retryAfterNs = d.retryAfterNs === NEVER_NS ? Infinity : Number(d.retryAfterNs);
     this.bigTimes = d;
     return true;
+  }
+
+  /**
+   * Whether a decision that writes nothing (a refusal, a report, rate 0) made on plain reads of the
+   * slot at `at` under ver v — its limit `words`, its TAT words — stands: the same words read again
+   * on Atomics, and ver still v after them. Then the decision is the one Atomics reads between two
+   * reads of the same even ver would have given: consistent and current (the header, "Plain reads").
+   */
+  private readsHeld(at: number, v: number, words: LimitWords, tatHi: number, tatLo: number): boolean {
+    const rec = this.rec;
+    return (
+      Atomics.load(rec, at + R_TAT_HI) === tatHi &&
+      Atomics.load(rec, at + R_TAT_LO) === tatLo &&
+      Atomics.load(rec, at + R_D_HI) === words.dHi &&
+      Atomics.load(rec, at + R_D_LO) === words.dLo &&
+      Atomics.load(rec, at + R_X) === words.x &&
+      Atomics.load(rec, at + R_VER) === v
+    );
   }
 
   /**
@@ -1082,7 +1141,8 @@ export class BucketTable {
   private touch(s: number): void {
     const stamp = this.stamp();
     const i = RECORD_WORDS * s + R_ACCESS;
-    if (Atomics.load(this.rec, i) !== stamp) Atomics.store(this.rec, i, stamp);
+    // A plain read (a hint: at worst one store too many); the store, once per stamp (~1 s) per key, on Atomics.
+    if (this.rec[i] !== stamp) Atomics.store(this.rec, i, stamp);
   }
 
   /** One step of a wait for a held slot: spin, then nap; the caller gives up past the bound. */

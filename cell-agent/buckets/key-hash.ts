@@ -23,8 +23,6 @@ export function fmix32(x: number): number {
   return h | 0;
 }
 
-const TWO_32 = 4294967296;
-
 /** The default hasher: seeded FNV-1a 64 (as two int32 halves) + seeded 32-bit check hash. */
 export function hashKey(key: string, seed: number, out: Int32Array): void {
   const h = scratchStream;
@@ -71,17 +69,35 @@ export class KeyHashStream {
   }
 
   escaped(part: string): void {
+    // One pass: each character is checked and hashed in the same loop (mixChar), a backslash
+    // hashed before each of the four escaped ones.
+    let hi = this.hi;
+    let lo = this.lo;
+    let c = this.c;
     const n = part.length;
-    let from = 0;
+    let extra = 0;
     for (let i = 0; i < n; i++) {
       const ch = part.charCodeAt(i);
       if (ch === BACKSLASH || ch === BAR || ch === EQUALS || ch === TILDE) {
-        this.mix(part, from, i);
-        this.mix(BACKSLASH_TEXT, 0, 1);
-        from = i;
+        lo ^= BACKSLASH;
+        const aL = (lo & 0xffff) * 0x1b3;
+        const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
+        hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
+        lo = (aH << 16) | (aL & 0xffff);
+        c = murmurStep(c, BACKSLASH);
+        extra++;
       }
+      lo ^= ch;
+      const aL = (lo & 0xffff) * 0x1b3;
+      const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
+      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
+      lo = (aH << 16) | (aL & 0xffff);
+      c = murmurStep(c, ch);
     }
-    this.mix(part, from, n);
+    this.hi = hi;
+    this.lo = lo;
+    this.c = c;
+    this.len += n + extra;
   }
 
   /** raw(part) as the first part of the key (right after begin); memoized (see the class comment). */
@@ -137,18 +153,17 @@ export class KeyHashStream {
     let c = this.c;
     for (let i = from; i < to; i++) {
       const ch = part.charCodeAt(i);
-      // The FNV multiply on 32-bit halves:
-      // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32.
+      // The FNV multiply on 32-bit halves, in integer operations only:
+      // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32, with lo·0x1b3
+      // (< 2^41) computed on lo's 16-bit halves: aL = loL·0x1b3, aH = loH·0x1b3 + aL / 2^16 (both
+      // < 2^26), so lo·0x1b3 = aH·2^16 + (aL mod 2^16): its low word (aH·2^16 + aL mod 2^16) mod 2^32,
+      // its carry into hi aH / 2^16. (No double arithmetic on the character's dependency chain.)
       lo ^= ch;
-      const t = (lo >>> 0) * 0x1b3; // < 2^41: exact in a double
-      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + ((t / TWO_32) | 0)) | 0;
-      lo = t | 0;
-      let k = Math.imul(ch, 0xcc9e2d51);
-      k = (k << 15) | (k >>> 17);
-      k = Math.imul(k, 0x1b873593);
-      c ^= k;
-      c = (c << 13) | (c >>> 19);
-      c = (Math.imul(c, 5) + 0xe6546b64) | 0;
+      const aL = (lo & 0xffff) * 0x1b3;
+      const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
+      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
+      lo = (aH << 16) | (aL & 0xffff);
+      c = murmurStep(c, ch);
     }
     this.hi = hi;
     this.lo = lo;
@@ -157,11 +172,20 @@ export class KeyHashStream {
   }
 }
 
+/** The check word's step for one UTF-16 unit (MurmurHash3's block mix). */
+function murmurStep(c: number, ch: number): number {
+  let k = Math.imul(ch, 0xcc9e2d51);
+  k = (k << 15) | (k >>> 17);
+  k = Math.imul(k, 0x1b873593);
+  let h = c ^ k;
+  h = (h << 13) | (h >>> 19);
+  return (Math.imul(h, 5) + 0xe6546b64) | 0;
+}
+
 /** Words of a saved stream state: hi, lo, c, len, seed. */
 export const STATE_WORDS = 5;
 /** Parts head() keeps the state after (a request's descriptors start with a few distinct heads). */
 const HEADS = 4;
-const BACKSLASH_TEXT = '\\';
 const BACKSLASH = 0x5c;
 const BAR = 0x7c;
 const EQUALS = 0x3d;
