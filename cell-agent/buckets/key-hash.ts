@@ -65,39 +65,11 @@ export class KeyHashStream {
   }
 
   raw(part: string): void {
-    this.mix(part, 0, part.length);
+    this.mix(part, false);
   }
 
   escaped(part: string): void {
-    // One pass: each character is checked and hashed in the same loop (mixChar), a backslash
-    // hashed before each of the four escaped ones.
-    let hi = this.hi;
-    let lo = this.lo;
-    let c = this.c;
-    const n = part.length;
-    let extra = 0;
-    for (let i = 0; i < n; i++) {
-      const ch = part.charCodeAt(i);
-      if (ch === BACKSLASH || ch === BAR || ch === EQUALS || ch === TILDE) {
-        lo ^= BACKSLASH;
-        const aL = (lo & 0xffff) * 0x1b3;
-        const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
-        hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
-        lo = (aH << 16) | (aL & 0xffff);
-        c = murmurStep(c, BACKSLASH);
-        extra++;
-      }
-      lo ^= ch;
-      const aL = (lo & 0xffff) * 0x1b3;
-      const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
-      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
-      lo = (aH << 16) | (aL & 0xffff);
-      c = murmurStep(c, ch);
-    }
-    this.hi = hi;
-    this.lo = lo;
-    this.c = c;
-    this.len += n + extra;
+    this.mix(part, true);
   }
 
   /** raw(part) as the first part of the key (right after begin); memoized (see the class comment). */
@@ -146,29 +118,41 @@ export class KeyHashStream {
     out[2] = fmix32(this.c ^ this.len);
   }
 
-  /** Hashes part[from .. to) on locals (the per-unit step of both hashes). */
-  private mix(part: string, from: number, to: number): void {
+  /**
+   * Hashes part's UTF-16 units on locals (the per-unit step of both hashes), with `escape` a
+   * backslash before each of the four escaped characters: one pass, the check inside the loop.
+   */
+  private mix(part: string, escape: boolean): void {
     let hi = this.hi;
     let lo = this.lo;
     let c = this.c;
-    for (let i = from; i < to; i++) {
+    const n = part.length;
+    let units = n;
+    for (let i = 0; i < n; i++) {
       const ch = part.charCodeAt(i);
-      // The FNV multiply on 32-bit halves, in integer operations only:
-      // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32, with lo·0x1b3
-      // (< 2^41) computed on lo's 16-bit halves: aL = loL·0x1b3, aH = loH·0x1b3 + aL / 2^16 (both
-      // < 2^26), so lo·0x1b3 = aH·2^16 + (aL mod 2^16): its low word (aH·2^16 + aL mod 2^16) mod 2^32,
-      // its carry into hi aH / 2^16. (No double arithmetic on the character's dependency chain.)
-      lo ^= ch;
-      const aL = (lo & 0xffff) * 0x1b3;
-      const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
-      hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
-      lo = (aH << 16) | (aL & 0xffff);
-      c = murmurStep(c, ch);
+      let pending = escape && (ch === BACKSLASH || ch === BAR || ch === EQUALS || ch === TILDE);
+      if (pending) units++;
+      for (;;) {
+        const u = pending ? BACKSLASH : ch;
+        // The FNV multiply on 32-bit halves, in integer operations only:
+        // (hi·2^32 + lo)·(2^40 + 0x1b3) mod 2^64 = lo·0x1b3 + (hi·0x1b3 + lo·2^8)·2^32, with lo·0x1b3
+        // (< 2^41) computed on lo's 16-bit halves: aL = loL·0x1b3, aH = loH·0x1b3 + aL / 2^16 (both
+        // < 2^26), so lo·0x1b3 = aH·2^16 + (aL mod 2^16): its low word (aH·2^16 + aL mod 2^16) mod
+        // 2^32, its carry into hi aH / 2^16. (No double arithmetic on the unit's dependency chain.)
+        lo ^= u;
+        const aL = (lo & 0xffff) * 0x1b3;
+        const aH = (lo >>> 16) * 0x1b3 + (aL >>> 16);
+        hi = (Math.imul(hi, 0x1b3) + (lo << 8) + (aH >>> 16)) | 0;
+        lo = (aH << 16) | (aL & 0xffff);
+        c = murmurStep(c, u);
+        if (!pending) break;
+        pending = false;
+      }
     }
     this.hi = hi;
     this.lo = lo;
     this.c = c;
-    this.len += to - from;
+    this.len += units;
   }
 }
 
