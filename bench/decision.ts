@@ -34,9 +34,12 @@
 // offered rate (every call admitted: the cost of deciding). The request (or key) of a call is set up
 // before its timer starts, as a decoder hands one over: in cache, its strings flat; the buckets are
 // wherever the spread of 10,000 keys leaves them. Each variant runs in rounds interleaved with the
-// others (so a noisy neighbour hits all alike); single calls are timed with process.hrtime.bigint()
-// and the cost of the two timer reads (measured alike) is subtracted; a batch's mean per call has no
-// timer cost. Allocation per call: young-generation bytes over batches of 100 calls (a batch during
+// others (so a noisy neighbour hits all alike); single calls are timed with performance.now() (a
+// double: the timer allocates nothing, where process.hrtime.bigint() allocated a BigInt per read, two
+// per timed call, so the timer's own garbage brought scavenges into the calls it timed), their times
+// kept in a preallocated array, and the cost of the two timer reads (measured alike, ~60–75 ns here)
+// is subtracted; batches of 10 calls timed whole (the timer's cost / 10, a slow call still in its
+// batch at a tenth of its weight) and of 100 give means per call without the timer. Allocation per call: young-generation bytes over batches of 100 calls (a batch during
 // which a scavenge ran is left out, and counted), less an empty batch's.
 // Targets (docs/targets.md): take() and a whole decision ≤ 1 µs p99; the embedded decision ≤ 1 µs
 // median. (The table before issue 21, a BigInt64 state word, was compared here until that comparison
@@ -78,6 +81,8 @@ const TENANTS = {
 
 /** The fixed-work reference's steps (about a take's length here: ~400–450 ns). */
 const FIXED_WORK_STEPS = 400;
+/** Calls per small batch (the p99 of their means: the method's resolution beside the single calls'). */
+const SMALL_BATCH = 10;
 const NO_P: Percentiles = { p50: NaN, p90: NaN, p99: NaN, p999: NaN, max: NaN };
 
 interface Variant {
@@ -86,8 +91,11 @@ interface Variant {
   readonly prepare: (i: number) => void;
   /** Runs the call prepared last. */
   readonly call: () => void;
-  readonly single: number[];
+  /** The single calls' times, preallocated (growing an array while measuring would allocate). */
+  readonly single: Float64Array;
+  singles: number;
   readonly batchMean: number[];
+  readonly smallBatchMean: number[];
   readonly bytes: number[];
 }
 
@@ -186,8 +194,10 @@ export async function runDecisionBench(opts: {
     name,
     prepare,
     call,
-    single: [],
+    single: new Float64Array(rounds * perRound),
+    singles: 0,
     batchMean: [],
+    smallBatchMean: [],
     bytes: [],
   });
   const byKey = (i: number): void => {
@@ -365,8 +375,8 @@ export async function runDecisionBench(opts: {
   admitted = 0; // (the first check of each tenant, on its new empty bucket, is refused by design)
   const timer = new Float64Array(100_000);
   for (let i = 0; i < timer.length; i++) {
-    const s = process.hrtime.bigint();
-    timer[i] = Number(process.hrtime.bigint() - s);
+    const s = performance.now();
+    timer[i] = (performance.now() - s) * 1e6;
   }
   const timerNs = percentiles(timer).p50;
   // The young-generation bytes an empty batch shows (the statistics call itself).
@@ -386,26 +396,37 @@ export async function runDecisionBench(opts: {
       for (let i = 0; i < perRound; i++) {
         tick();
         v.prepare(i + round);
-        const s = process.hrtime.bigint();
+        const s = performance.now();
         v.call();
-        v.single.push(Math.max(0, Number(process.hrtime.bigint() - s) - timerNs));
+        v.single[v.singles++] = Math.max(0, (performance.now() - s) * 1e6 - timerNs);
+      }
+      // Batches of SMALL_BATCH calls: the timer's cost (and its noise) divided by SMALL_BATCH, a
+      // slow call (a scavenge, a preemption) still in its batch's mean at 1/SMALL_BATCH of its weight.
+      for (let b = 0; b < perRound / SMALL_BATCH; b++) {
+        tick();
+        const s = performance.now();
+        for (let i = 0; i < SMALL_BATCH; i++) {
+          v.prepare(b * SMALL_BATCH + i + round);
+          v.call();
+        }
+        v.smallBatchMean.push(((performance.now() - s) * 1e6) / SMALL_BATCH);
       }
       for (let b = 0; b < perRound / 100; b++) {
         tick();
         const u0 = newSpaceUsed();
-        const s = process.hrtime.bigint();
+        const s = performance.now();
         for (let i = 0; i < 100; i++) {
           v.prepare(b * 100 + i + round);
           v.call();
         }
-        const t = Number(process.hrtime.bigint() - s);
+        const t = (performance.now() - s) * 1e6;
         const u1 = newSpaceUsed();
         v.batchMean.push(t / 100);
         batches++;
         if (u1 >= u0) v.bytes.push(Math.max(0, u1 - u0 - baseBytes) / 100);
         else gcBatches++;
       }
-      calls += 2 * perRound;
+      calls += 3 * perRound;
     }
     if (round % 5 === 4 || round === rounds - 1) opts.progress(`round ${round + 1}/${rounds}`);
   }
@@ -428,8 +449,9 @@ export async function runDecisionBench(opts: {
   if (admitted !== calls) throw new Error(`expected every measured call admitted, ${calls - admitted} refused`);
   const stats = variants.map((v) => ({
     v,
-    single: percentiles(Float64Array.from(v.single)),
+    single: percentiles(v.single.subarray(0, v.singles)),
     batch: percentiles(Float64Array.from(v.batchMean)),
+    small: percentiles(Float64Array.from(v.smallBatchMean)),
     bytes: percentiles(Float64Array.from(v.bytes)),
   }));
   const ns = (p: Percentiles, q: keyof Percentiles): number => Math.round(p[q]);
@@ -446,18 +468,20 @@ export async function runDecisionBench(opts: {
   return {
     name: 'decision',
     title: 'In-process decision: one call at a time',
-    rows: stats.map(({ v, single, batch, bytes }) => ({
+    rows: stats.map(({ v, single, batch, small, bytes }) => ({
       call: v.name,
       'p50 ns': ns(single, 'p50'),
       'p99 ns': ns(single, 'p99'),
       'p99.9 ns': ns(single, 'p999'),
+      [`batch of ${SMALL_BATCH} mean p50 ns`]: ns(small, 'p50'),
+      [`batch of ${SMALL_BATCH} mean p99 ns`]: ns(small, 'p99'),
       'batch mean p50 ns': ns(batch, 'p50'),
       'batch mean p99 ns': ns(batch, 'p99'),
       'alloc B/call': Math.round(bytes.p50),
     })),
     notes: [
       machineLine(),
-      `${rounds} rounds × ${perRound.toLocaleString('en')} single calls + ${perRound.toLocaleString('en')} in batches of 100 per variant, interleaved; timer cost ${timerNs} ns subtracted from single calls; load average ${os.loadavg()[0]?.toFixed(2)} at the end.`,
+      `${rounds} rounds × ${perRound.toLocaleString('en')} single calls (performance.now(), the timer allocates nothing) + ${perRound.toLocaleString('en')} in batches of ${SMALL_BATCH} + ${perRound.toLocaleString('en')} in batches of 100 per variant, interleaved; timer cost ${timerNs} ns subtracted from single calls; load average ${os.loadavg()[0]?.toFixed(2)} at the end.`,
       `the method's floor: fixed work p99 / p50 ${ratio('fixed work', 'fixed work', 'p99', 'p50')} (the timer, interrupts and neighbours add that much to any call's p99); the memory floor of a take at this spread (bare CAS) p50 ${ns(byName('bare CAS')?.single ?? NO_P, 'p50')}, p99 ${ns(byName('bare CAS')?.single ?? NO_P, 'p99')} ns; takeKey() head over 10,000 / 256 keys p50 ${ratio('takeKey() head', 'takeKey() head 256', 'p50')}, p99 ${ratio('takeKey() head', 'takeKey() head 256', 'p99')} (what the cache misses of the spread cost).`,
       `two descriptors, fast / general path: p50 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p50')}, p99 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p99')}; limiter.check() 256 / 10,000 addresses: p50 ${ratio('limiter.check() 256', 'limiter.check()', 'p50')}.`,
       cpuLine,

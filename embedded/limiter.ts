@@ -432,6 +432,11 @@ function newPolicy(): MutablePolicy {
   };
 }
 
+/** policyInto()'s last limit and its rate and burst as numbers (limits are immutable). */
+let lastLimit: GcraLimit | null = null;
+let lastRate = 0;
+let lastBurst = 0;
+
 function policyInto(
   p: MutablePolicy,
   i: number,
@@ -448,8 +453,14 @@ function policyInto(
   p.name = name;
   p.limit = cl.requestsPerUnit;
   p.windowSeconds = UNIT_SECONDS[cl.unit] ?? 1;
-  p.ratePerSecond = limit === null || limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs);
-  p.burst = limit === null ? 0 : Number(limit.burst);
+  if (limit !== lastLimit) {
+    // A check meets the same limit objects again and again: their numbers are converted from bigint once.
+    lastLimit = limit;
+    lastRate = limit === null || limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs);
+    lastBurst = limit === null ? 0 : Number(limit.burst);
+  }
+  p.ratePerSecond = lastRate;
+  p.burst = lastBurst;
   p.remaining = s.limitRemaining;
   p.resetSeconds = s.durationUntilReset?.seconds ?? 0;
   p.overLimit = s.code === RLS_CODE.OVER_LIMIT;

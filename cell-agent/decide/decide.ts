@@ -255,6 +255,9 @@ const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [
 export class Decider {
   private rules: RuleSet | null = null;
   private readonly ruleLimits = new WeakMap<object, RuleLimit>();
+  /** ruleLimitOf()'s last rule and its limit. */
+  private lastRule: RuleNode | null = null;
+  private lastRuleLimit: RuleLimit | null = null;
   private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
   /** The current decision's clock reading (the lease deadline is compared with it while planning). */
   private nowNs = 0n;
@@ -843,6 +846,9 @@ export class Decider {
   }
 
   private ruleLimitOf(rule: RuleNode): RuleLimit {
+    // The rule met last first (a decision path meets the same few rules again and again): no
+    // WeakMap lookup then. Rule nodes are immutable (a rules reload compiles new ones).
+    if (rule === this.lastRule && this.lastRuleLimit !== null) return this.lastRuleLimit;
     let cached = this.ruleLimits.get(rule);
     if (cached === undefined) {
       const l = rule.limit;
@@ -864,6 +870,8 @@ export class Decider {
       };
       this.ruleLimits.set(rule, cached);
     }
+    this.lastRule = rule;
+    this.lastRuleLimit = cached;
     return cached;
   }
 

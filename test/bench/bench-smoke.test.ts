@@ -52,7 +52,7 @@ void test('agent-idle-rss smoke: the agent command started, answering, then its 
 
 void test('decision smoke: the two references, take and takeKey, the decision on both paths, the embedded check', async () => {
   const r = await runDecisionBench(quiet);
-  assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch mean p50 ns', 'alloc B/call']);
+  assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch of 10 mean p99 ns', 'batch mean p50 ns', 'alloc B/call']);
   assert.deepEqual(
     r.rows.map((row) => row.call),
     [
