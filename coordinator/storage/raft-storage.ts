@@ -237,7 +237,9 @@ export class RaftStorage extends StorageBase {
       const e0 = rd.entries[0];
       if (e0 !== undefined) {
         const keep = e0.index - next.first;
-        this.terms = keep > 0 ? this.terms.slice(0, keep) : [];
+        // Truncated in place: an append at the end (the usual case) keeps every term and copies none.
+        if (keep <= 0) this.terms = [];
+        else if (keep < this.terms.length) this.terms.length = keep;
         for (const e of rd.entries) this.terms.push(e.term);
         this.segmentTop.set(this.log.activeSeq, next.last);
       }
