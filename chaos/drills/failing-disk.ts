@@ -10,6 +10,8 @@ import { buildFailingDisk, failingDiskEnv, type FailingDiskMode } from '../fault
 
 const trigger = (dir: string, id: string): string => join(dir, `fail-disk-${id}`);
 const shims = new Map<string, string>();
+/** How long a restarted replica has to answer with a leader before the drill calls it not rejoined. */
+const REJOIN_LIMIT_MS = 30_000;
 
 async function failOnce(
   ctx: DrillContext,
@@ -41,12 +43,18 @@ async function failOnce(
   ctx.note(`${id}: disk healthy again, restarted`);
   ctx.d.startCoordinator(id);
   heal();
-  await ctx.sleep(6000);
-  const v = (await ctx.d.clusterViews(1000)).get(id);
+  // Wait for the condition, not a fixed time: a restart on a loaded machine can take several seconds
+  // before the replica answers at all (a fixed 6 s wait failed the drill there with the replica fine).
+  const startedAt = Date.now();
+  let v = (await ctx.d.clusterViews(1000)).get(id);
+  while (!(v !== null && v !== undefined && v.leader !== null) && Date.now() - startedAt < REJOIN_LIMIT_MS) {
+    await ctx.sleep(250);
+    v = (await ctx.d.clusterViews(1000)).get(id);
+  }
   ctx.check(
     `${mode}: ${id} rejoined`,
     v !== null && v !== undefined && v.leader !== null,
-    `${id} after its restart: ${JSON.stringify(v)}`,
+    `${id} ${((Date.now() - startedAt) / 1000).toFixed(1)} s after its restart: ${JSON.stringify(v)}`,
   );
 }
 
