@@ -373,7 +373,8 @@ function mainThreadCheck(
   );
   decider.setRules(inputs.ruleSet);
   const writer = new StatsWriter(stats, config.workers);
-  const lag = new LagGuard(settings.lag, writer);
+  // On the decider's clock: a check's one reading serves its decision and the guard.
+  const lag = new LagGuard(settings.lag, writer, decider.elapsedClock);
   const service = new CheckService(decider, writer, lag, componentLogger(logger, 'http'), {
     overload: settings.overload,
     allowances: overloadAllowances(settings.overload.allowance, table, throttle),

@@ -39,7 +39,7 @@ async function main(): Promise<void> {
   let server: RlsServerHandle | null = null;
   let throttleTimer: NodeJS.Timeout | null = null;
   const stats = new StatsWriter(init.stats, init.index);
-  const lag = new LagGuard(init.lag, stats);
+  let lag: LagGuard | null = null;
   try {
     const table = BucketTable.attach(init.table);
     const velocity = VelocityTable.attach(init.velocity);
@@ -79,7 +79,10 @@ async function main(): Promise<void> {
       },
       'warmed up',
     );
-    const service = new CheckService(decider, stats, lag, logger, {
+    // On the decider's clock: a check's one reading serves its decision and the guard.
+    const guard = new LagGuard(init.lag, stats, decider.elapsedClock);
+    lag = guard;
+    const service = new CheckService(decider, stats, guard, logger, {
       overload: init.overload,
       allowances: overloadAllowances(init.overload.allowance, table, throttle),
       throttle,
@@ -90,7 +93,7 @@ async function main(): Promise<void> {
     // What loading and warming up left in this thread's heap (its grown young generation: ~11 MiB),
     // given back before the sockets exist and the lag guard counts: the collection's pause meets no check.
     await releaseStartupMemory(logger);
-    lag.start();
+    guard.start();
     server = await startRlsServer(service, init.listen, logger);
     const flushThrottle = (): void => {
       if (!throttle.empty) send({ kind: 'throttle', ...throttle.drain() });
@@ -136,7 +139,7 @@ async function main(): Promise<void> {
           process.exit(70);
           return;
         case 'stop':
-          lag.stop();
+          guard.stop();
           if (throttleTimer !== null) clearInterval(throttleTimer);
           flushThrottle();
           void running.stop(m.graceMs).then(() => {
@@ -148,7 +151,7 @@ async function main(): Promise<void> {
     });
     send({ kind: 'ready', endpoints: server.endpoints });
   } catch (error) {
-    lag.stop();
+    lag?.stop();
     if (throttleTimer !== null) clearInterval(throttleTimer);
     if (server !== null) await server.stop(0);
     const code =

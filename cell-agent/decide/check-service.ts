@@ -19,7 +19,6 @@
 //   with the number suppressed), answered fail-open like the open policy — rate limiting must never
 //   take down the traffic it protects — and counted as fail_open {reason="error"}. The process and
 //   the thread keep serving.
-import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../shared/logging.js';
 import type { BucketTable } from '../buckets/bucket-table.js';
 import type { ElapsedClock } from '../buckets/elapsed-clock.js';
@@ -229,9 +228,9 @@ export class CheckService {
     }
   }
 
-  /** True while this thread is overloaded (the lag guard says so). */
-  overloaded(now = performance.now()): boolean {
-    return this.lag !== null && this.lag.overloaded(now);
+  /** True while this thread is overloaded (the lag guard says so, on its own clock). */
+  overloaded(): boolean {
+    return this.lag !== null && this.lag.overloaded();
   }
 
   /**
@@ -260,9 +259,9 @@ export class CheckService {
   }
 
   private run(req: RlsRequest, inPlace: boolean): CheckOutcome {
-    // One clock reading starts the check, the decision's own (decide(req, true, true) decides at it),
-    // and one more ends it for the latency histogram: the number clock, nothing allocated (the lag
-    // guard keeps its own clock, performance.now, read only when there is a guard).
+    // One clock reading starts the check, the decision's own (decide(req, true, true) decides at it)
+    // and the lag guard's (overloadedAt: a guard on this clock, as the agent's, reads no clock of its
+    // own), and one more ends it for the latency histogram: the number clock, nothing allocated.
     const clock = this.clock;
     clock.read();
     this.started[0] = clock.elapsed[0] as number;
@@ -276,7 +275,7 @@ export class CheckService {
         this.stats.rejected('invalid');
         return { kind: 'error', code: failure.code, message: failure.message };
       }
-      if (this.lag !== null && this.lag.overloaded()) {
+      if (this.lag !== null && this.lag.overloadedAt(clock)) {
         const answer = this.overloadAnswer(req);
         if (answer !== null) return answer;
         clock.read(); // decided after all: at a reading after the overload path's

@@ -22,15 +22,20 @@
 // drill on a machine at load 3.5, 7 to 19 episodes of ~30 ms per agent in 10 s, no backlog.) The
 // cost of the first `backlog` checks of a late turn is what the overload path saves from Envoy's
 // 20 ms deadline: 64 decisions of ~20 µs.
-// All of it is a comparison of performance.now() values and a counter; nothing is allocated per
-// request. monitorEventLoopDelay would give the same drift as a histogram, but only after the fact;
-// the timer gives it at the first turn after a block, before the queued requests are read.
+// All of it is a comparison of clock readings (ms) and a counter; nothing is allocated per request.
+// The clock: performance.now(), or, given one, the deciders' ElapsedClock (the agent's threads: the
+// check service asks overloadedAt(clock) with the reading the check has just taken for its decision,
+// so a check reads the clock once for both, not once more for the guard; the timer's ticks read the
+// same clock, so ticks and checks are on one time line). monitorEventLoopDelay would give the same
+// drift as a histogram, but only after the fact; the timer gives it at the first turn after a block,
+// before the queued requests are read.
 //
 // Episodes: an overload episode starts when the loop first fell behind (the late tick's due time
 // plus the threshold) — counted once a check met the overload there — and ends at the first on-time
 // tick; its length goes to `onEpisodeEnd` (the statistics: cellquota_agent_overload_seconds_total),
 // its start to `onEpisodeStart`.
 import { performance } from 'node:perf_hooks';
+import type { ElapsedClock } from '../buckets/elapsed-clock.js';
 
 /** Checks a behind thread still decides per tick before it counts as overloaded (see the header). */
 export const DEFAULT_OVERLOAD_BACKLOG = 64;
@@ -55,7 +60,13 @@ export interface OverloadEpisodes {
 
 /** What the check service asks: is this thread overloaded now? (LagGuard; the warm-up's constant.) */
 export interface OverloadSignal {
+  /** At `now` (ms on the signal's own clock), by default read now. */
   overloaded(now?: number): boolean;
+  /**
+   * At the reading a check has just taken of `clock` (its elapsed[0]) when that is the signal's own
+   * clock (no second reading); else as overloaded(), the signal reading its own clock.
+   */
+  overloadedAt(clock: ElapsedClock): boolean;
 }
 
 /** Event-loop lag (ms) beyond which a thread counts as overloaded, unless told otherwise (--lag-threshold-ms). */
@@ -65,7 +76,7 @@ export class LagGuard implements OverloadSignal {
   readonly thresholdMs: number;
   readonly intervalMs: number;
   readonly backlog: number;
-  private lastTick = performance.now();
+  private lastTick: number;
   /** The last tick was late: behind until a tick arrives on time. */
   private late = false;
   /** When the loop fell behind (the late tick's due time plus the threshold). */
@@ -81,7 +92,10 @@ export class LagGuard implements OverloadSignal {
   constructor(
     opts: LagGuardOptions = {},
     private readonly episodes: OverloadEpisodes | null = null,
+    /** The clock of the guard's times (its elapsed ns as ms); null: performance.now(). */
+    readonly clock: ElapsedClock | null = null,
   ) {
+    this.lastTick = this.nowMs();
     this.thresholdMs = opts.thresholdMs ?? DEFAULT_LAG_THRESHOLD_MS;
     this.intervalMs = opts.intervalMs ?? 5;
     this.backlog = opts.backlog ?? DEFAULT_OVERLOAD_BACKLOG;
@@ -96,7 +110,7 @@ export class LagGuard implements OverloadSignal {
     return this.timer !== null;
   }
 
-  start(now = performance.now()): void {
+  start(now = this.nowMs()): void {
     if (this.timer !== null || this.thresholdMs <= 0) return;
     this.lastTick = now;
     this.late = false;
@@ -106,7 +120,7 @@ export class LagGuard implements OverloadSignal {
     this.timer.unref();
   }
 
-  stop(now = performance.now()): void {
+  stop(now = this.nowMs()): void {
     if (this.timer !== null) clearInterval(this.timer);
     this.timer = null;
     this.endEpisode(now);
@@ -114,7 +128,7 @@ export class LagGuard implements OverloadSignal {
   }
 
   /** Forgets the lag so far (after a deliberate synchronous phase such as the warm-up). */
-  reset(now = performance.now()): void {
+  reset(now = this.nowMs()): void {
     this.lastTick = now;
     this.late = false;
     this.behindSince = Number.NaN;
@@ -123,7 +137,7 @@ export class LagGuard implements OverloadSignal {
   }
 
   /** The timer's body (public for tests that drive it). */
-  tick(now = performance.now()): void {
+  tick(now = this.nowMs()): void {
     const drift = now - this.lastTick - this.intervalMs;
     if (drift > this.maxDriftMs) this.maxDriftMs = drift;
     if (drift > this.thresholdMs) {
@@ -139,7 +153,7 @@ export class LagGuard implements OverloadSignal {
   }
 
   /** True when a request handled now should take the overload path (each call counts as one check). */
-  overloaded(now = performance.now()): boolean {
+  overloaded(now = this.nowMs()): boolean {
     if (this.timer === null) return false;
     const checks = ++this.sinceTick;
     if (!this.late) {
@@ -154,6 +168,18 @@ export class LagGuard implements OverloadSignal {
       this.episodes?.overloadStarted();
     }
     return true;
+  }
+
+  overloadedAt(clock: ElapsedClock): boolean {
+    return this.overloaded(clock === this.clock ? (clock.elapsed[0] as number) / 1e6 : this.nowMs());
+  }
+
+  /** The guard's clock read now (ms). */
+  private nowMs(): number {
+    const clock = this.clock;
+    if (clock === null) return performance.now();
+    clock.read();
+    return (clock.elapsed[0] as number) / 1e6;
   }
 
   private endEpisode(now: number): void {

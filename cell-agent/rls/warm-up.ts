@@ -98,7 +98,7 @@ export function warmUp(
   const encode = (response: RlsResponse): Buffer => encodeRateLimitResponse(response, true);
   const normal = new CheckService(decider, stats, null, logger, { encode });
   // The overload path too, under a signal that always says overloaded.
-  const forced: OverloadSignal = { overloaded: () => true };
+  const forced: OverloadSignal = { overloaded: () => true, overloadedAt: () => true };
   const overloaded =
     overload.policy === 'bounded' && overload.allowance > 0
       ? new CheckService(decider, stats, forced, logger, {

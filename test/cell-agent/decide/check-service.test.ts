@@ -2,6 +2,7 @@
 // marked degraded, counted and logged (rate-limited). Overloaded: the open policy answers OK without
 // deciding; the bounded policy admits at most each key's fail-open allowance and refuses the rest.
 import { HrtimeClock } from '../../../cell-agent/buckets/elapsed-clock.js';
+import type { ElapsedClock } from '../../../cell-agent/buckets/elapsed-clock.js';
 import { test } from 'node:test';
 import { performance } from 'node:perf_hooks';
 import assert from 'node:assert/strict';
@@ -93,6 +94,72 @@ void test('overloaded, open policy: answered OK at once without calling the deci
   }
   assert.equal(called, 0);
   assert.equal(readStats(stats).failOpen.overload, 1);
+});
+
+void test("a lag guard on the decider's clock: a check reads the clock twice (its start, shared with the guard, and its end), as without a guard", () => {
+  const readsPerCheck = (withGuard: boolean): number => {
+    const hr = new HrtimeClock(0n);
+    let reads = 0;
+    const elapsed: ElapsedClock = {
+      originNs: 0n,
+      elapsed: hr.elapsed,
+      read: () => {
+        reads++;
+        hr.read();
+      },
+    };
+    const table = new BucketTable({ capacity: 1000, startNs: 0n });
+    const quotas = new StaticQuotas(parseQuotaFile({}), { staticShare: 1, unknownTenant: { kind: 'deny' } });
+    const decider = new Decider(
+      { table, quotas, clock: () => process.hrtime.bigint(), elapsed },
+      { bounds: DEFAULT_REQUEST_BOUNDS, responseHeaders: false, tableFull: 'open', staticSlices: true },
+    );
+    decider.setRules(
+      compileRules([
+        parseRulesYaml(
+          'domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n',
+          'r.yaml',
+        ),
+      ]),
+    );
+    const lag = withGuard ? new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 }, null, elapsed) : null;
+    lag?.start();
+    try {
+      const service = new CheckService(decider, new StatsWriter(createStatsShared(1), 0), lag, captureLogger().logger, {
+        overload: { policy: 'open', allowance: 1 },
+      });
+      const before = reads;
+      // Any other clock the check reads (the guard's performance.now() before it shared the reading).
+      const perfNow = Object.getOwnPropertyDescriptor(performance, 'now');
+      let perfReads = 0;
+      const realNow = performance.now.bind(performance);
+      Object.defineProperty(performance, 'now', {
+        configurable: true,
+        value: () => {
+          perfReads++;
+          return realNow();
+        },
+      });
+      let out;
+      try {
+        out = service.check({
+          domain: 'd',
+          hitsAddend: 0,
+          descriptors: [{ entries: [{ key: 'k', value: 'v' }], limit: null, hitsAddend: null }],
+        });
+      } finally {
+        if (perfNow === undefined) delete (performance as { now?: unknown }).now;
+        else Object.defineProperty(performance, 'now', perfNow);
+      }
+      assert.equal(out.kind === 'answer' && out.verdict, 'ok');
+      assert.equal(perfReads, 0, 'no performance.now()');
+      return reads - before;
+    } finally {
+      lag?.stop();
+    }
+  };
+  assert.equal(readsPerCheck(false), 2);
+  assert.equal(readsPerCheck(true), 2, 'the guard reads no clock of its own');
 });
 
 // ---- the bounded policy, with a real decider on a virtual clock --------------------------------

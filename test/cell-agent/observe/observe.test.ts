@@ -2,6 +2,7 @@
 // statistics summed across regions, and the aggregated throttling log (one line per key per interval).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import type { ElapsedClock } from '../../../cell-agent/buckets/elapsed-clock.js';
 import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
 import { MAX_THROTTLE_LINES, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
@@ -37,6 +38,51 @@ void test('lag guard (backlog 0): overloaded from a late tick until the next on-
     g.stop();
   }
   assert.equal(new LagGuard({ thresholdMs: 0 }).overloaded(), false, 'threshold 0 disables the guard');
+});
+
+/** An ElapsedClock at `at.ns` (ns) that counts its readings. */
+function countingClock(at: { ns: number }): ElapsedClock & { reads: number } {
+  const clock = {
+    originNs: 0n,
+    elapsed: new Float64Array(1),
+    reads: 0,
+    read(): void {
+      clock.reads++;
+      clock.elapsed[0] = at.ns;
+    },
+  };
+  return clock;
+}
+
+void test("lag guard on an elapsed clock: its ticks read that clock, and overloadedAt(it) decides at the check's own reading without reading it again", () => {
+  const at = { ns: 1_000e6 };
+  const clock = countingClock(at);
+  const g = new LagGuard({ thresholdMs: 10, intervalMs: 5, backlog: 0 }, null, clock);
+  g.start(); // at 1,000 ms on the clock
+  try {
+    at.ns += 100e6;
+    g.tick(); // 95 ms late
+    clock.read(); // the check's reading
+    const reads = clock.reads;
+    assert.equal(g.overloadedAt(clock), true, 'behind, at the reading');
+    assert.equal(clock.reads, reads, 'no reading of its own');
+    at.ns += 5e6;
+    g.tick(); // on time: caught up
+    clock.read();
+    assert.equal(g.overloadedAt(clock), false);
+    // A check on another clock (a different time line): the guard reads its own.
+    const other = countingClock({ ns: 9e15 });
+    other.read();
+    const before = clock.reads;
+    assert.equal(g.overloadedAt(other), false, "the other clock's reading is not taken for the guard's");
+    assert.equal(clock.reads, before + 1);
+    // A stall seen at the check's reading (no tick for longer than interval + threshold).
+    at.ns += 16e6;
+    clock.read();
+    assert.equal(g.overloadedAt(clock), true);
+  } finally {
+    g.stop();
+  }
 });
 
 void test("lag guard: behind is overloaded only with a backlog — a descheduled thread decides the few checks that queued, a flood's turn sheds beyond them", () => {
