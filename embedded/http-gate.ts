@@ -230,8 +230,8 @@ export class HttpGate<Req> {
   }
 }
 
-/** The default: one descriptor, the client address. */
-function defaultDescriptors(client: string): readonly Descriptor[] {
+/** The default: one descriptor, the client address (built per connection, or per request of a trusted proxy). */
+export function defaultDescriptors(client: string): readonly Descriptor[] {
   return [[{ key: 'remote_address', value: client }]];
 }
 
