@@ -82,10 +82,18 @@ export const TENANT_WIND_DOWN_FORMAT = 5;
  * epochs afresh, exactly as the builds before it did.
  */
 export const CELL_TOMBSTONE_FORMAT = 6;
+/**
+ * The command format that adds dropReleasedSlices: the lease leader drops a cell's slice of a key the cell's agent
+ * released (ReportRequest.released, past --max-lease-keys) when the release names the slice's current epoch and its
+ * stamped floors are within the cell's floor, so the slices per cell follow the keys the agent holds (before, the
+ * ledger counted every slice a cell was ever granted). Proposed only once the log is raised to it; below it the
+ * ledger refuses the command (INVALID, nothing changed), as a build without it does.
+ */
+export const RELEASED_SLICES_FORMAT = 7;
 /** The command format a ledger's state is at before any raiseCommandFormat applied. */
 export const BASE_COMMAND_FORMAT = 1;
 /** The newest command format this build reads and applies (what a replica declares to its peers). */
-export const NEWEST_COMMAND_FORMAT = CELL_TOMBSTONE_FORMAT;
+export const NEWEST_COMMAND_FORMAT = RELEASED_SLICES_FORMAT;
 
 // ---- quota keys ---------------------------------------------------------------------------------
 
@@ -319,6 +327,21 @@ export const raiseCommandFormatSchema = z.strictObject({
   format: z.number().int().min(TENANT_WIND_DOWN_FORMAT).max(999_999),
   ...session,
 });
+/** Most releases one dropReleasedSlices command (one Raft entry) carries. */
+export const MAX_DROPS_PER_COMMAND = 20_000;
+/** One release: `cellId`'s agent holds nothing for `key` and gave back the grant of `epoch`. */
+export const sliceReleaseSchema = z.strictObject({ key: quotaKeySchema, cellId: nameSchema, epoch: epochSchema });
+/**
+ * Drops the slices whose cell's agent released them (ReportRequest.released): a slice goes only if its current epoch is
+ * the released one (a grant sent after the release, at a higher epoch, is kept) and its floors (stamped and held) are
+ * within the cell's floor for the key, which the ledger counts for a cell without a slice; the cell's epoch mark rises
+ * to the dropped epoch. Others are left alone. Format 7 (RELEASED_SLICES_FORMAT): refused below it.
+ */
+export const dropReleasedSlicesSchema = z.strictObject({
+  type: z.literal('dropReleasedSlices'),
+  releases: z.array(sliceReleaseSchema).min(1).max(MAX_DROPS_PER_COMMAND),
+  ...session,
+});
 /** Advances the ledger's clock; grants of cells whose lease has surely expired fall back to floors. */
 export const expireLeasesSchema = z.strictObject({ type: z.literal('expireLeases'), nowMs: timeSchema, ...session });
 
@@ -340,6 +363,7 @@ export const ledgerCommandSchema = z.discriminatedUnion('type', [
   retireImplicitTenantsSchema,
   reviveImplicitTenantsSchema,
   raiseCommandFormatSchema,
+  dropReleasedSlicesSchema,
 ]);
 
 // ---- types --------------------------------------------------------------------------------------
@@ -367,6 +391,8 @@ export type PutSettingsCommand = z.output<typeof putSettingsSchema>;
 export type RetireImplicitTenantsCommand = z.output<typeof retireImplicitTenantsSchema>;
 export type ReviveImplicitTenantsCommand = z.output<typeof reviveImplicitTenantsSchema>;
 export type RaiseCommandFormatCommand = z.output<typeof raiseCommandFormatSchema>;
+export type DropReleasedSlicesCommand = z.output<typeof dropReleasedSlicesSchema>;
+export type SliceRelease = z.output<typeof sliceReleaseSchema>;
 export type LeaseRenewal = z.output<typeof leaseRenewalSchema>;
 export type GrantAck = z.output<typeof grantAckSchema>;
 export type Grant = z.output<typeof grantSchema>;

@@ -127,6 +127,7 @@ import {
   MAX_TIME_MS,
   NEWEST_COMMAND_FORMAT,
   CELL_TOMBSTONE_FORMAT,
+  RELEASED_SLICES_FORMAT,
   TENANT_WIND_DOWN_FORMAT,
   LedgerCommandError,
   decodeCommand,
@@ -159,6 +160,7 @@ import type {
   RetireImplicitTenantsCommand,
   ReviveImplicitTenantsCommand,
   RaiseCommandFormatCommand,
+  DropReleasedSlicesCommand,
   UnknownTenantPolicyName,
 } from './ledger-commands.js';
 import { CellquotaError } from '../../shared/errors.js';
@@ -369,7 +371,14 @@ export type LedgerValue =
   | { readonly kind: 'settings'; readonly settings: LedgerSettings }
   | { readonly kind: 'implicitRetired'; readonly retired: number; readonly ignored: number }
   | { readonly kind: 'implicitRevived'; readonly revived: number; readonly ignored: number }
-  | { readonly kind: 'commandFormat'; readonly commandFormat: number; readonly raised: boolean };
+  | { readonly kind: 'commandFormat'; readonly commandFormat: number; readonly raised: boolean }
+  | {
+      readonly kind: 'slicesDropped';
+      /** The releases whose slice was dropped. */
+      readonly dropped: number;
+      /** The releases left alone: no such slice, another epoch now, or floors above the cell's. */
+      readonly kept: number;
+    };
 
 /** A tenant of a putTenants batch that was refused (and changed nothing). */
 export interface TenantBatchFailure {
@@ -701,6 +710,8 @@ export class Ledger {
         return this.reviveImplicitTenants(cmd);
       case 'raiseCommandFormat':
         return this.raiseCommandFormat(cmd, index);
+      case 'dropReleasedSlices':
+        return this.dropReleasedSlices(cmd);
     }
   }
 
@@ -961,6 +972,52 @@ export class Ledger {
       this.touchAll();
     }
     return ok({ kind: 'commandFormat', commandFormat: this.format, raised });
+  }
+
+  /**
+   * Drops the slices a cell's agent released (format 7, RELEASED_SLICES_FORMAT; below it INVALID, nothing changed, as
+   * a build without the command applies it). The ledger may stop counting a slice only when the cell surely uses
+   * nothing on it beyond what the ledger counts for a cell without a slice (its floor slot: floorFraction·quota/
+   * floorCells, or 0 beyond floorCells). Why these conditions are enough:
+   *
+   * - The release is proof that the agent holds nothing: it names the highest epoch the agent took for the key, and is
+   *   sent only once every thread removed the key's entry (an eviction past --max-lease-keys), or for a grant the agent
+   *   never applied (a full picture's key without demand); the agent refuses grants at or below it while the release
+   *   waits. So what the cell may use on the slice is at most the floors a thread may still fall back to.
+   * - Epoch: only the slice's current epoch. Epochs only grow for a (key, cell), and answers are built from the
+   *   committed ledger, so no grant above the current epoch ever reached the agent: a release of the current epoch
+   *   means no grant of this slice is in flight to it that it could still apply (an older one is superseded by the one
+   *   it released; the lease client takes one answer at a time). A release of an older epoch (the newer grant is in
+   *   flight, or was sent after the release) drops nothing: the newer grant stays counted until acknowledged or the
+   *   lease surely expired, as always.
+   * - Floors: a floor stays counted until acknowledged away, lease expiry or not (heldFloor*); the slice goes only if
+   *   every floor it still counts is within the cell's floor slot for the key now, which the ledger counts without a
+   *   slice, so dropping it never counts the cell below a floor it may fall back to. Held grant rates (a shrink not yet
+   *   acknowledged) need no such check: the agent released the key, so it uses no grant of it.
+   * - Afterwards: the cell's epoch mark rises to the dropped epoch, so a later slice of the key (the cell asks for it
+   *   again: refused, its refusals are demand, and the round grants it as any first grant) starts above every epoch
+   *   the agent ever saw for it. Nothing else changes; the command only lowers what is counted (no bound to check).
+   */
+  private dropReleasedSlices(cmd: DropReleasedSlicesCommand): LedgerResult {
+    if (this.format < RELEASED_SLICES_FORMAT)
+      return fail(
+        'INVALID',
+        `dropReleasedSlices is command format ${RELEASED_SLICES_FORMAT}; the log is at format ${this.format}`,
+      );
+    let dropped = 0;
+    for (const r of cmd.releases) {
+      const cell = this.cells.get(r.cellId);
+      const s = this.byKey.get(r.key)?.get(r.cellId);
+      if (cell === undefined || s === undefined || s.epoch !== r.epoch) continue;
+      const q = this.quotaOf(r.key);
+      const floor = q === undefined ? { rate: 0, burst: 0 } : this.floorOf(q, cell);
+      if (s.heldFloorRate > floor.rate || s.heldFloorBurst > floor.burst) continue;
+      if (s.epoch > cell.epochMark) cell.epochMark = s.epoch;
+      this.removeSlice(r.key, r.cellId);
+      this.touch(r.key);
+      dropped++;
+    }
+    return ok({ kind: 'slicesDropped', dropped, kept: cmd.releases.length - dropped });
   }
 
   /** After each command: retiring implicit tenants whose last slice is gone leave the set. */
@@ -1760,6 +1817,11 @@ export class Ledger {
     const tier = t?.tier ?? unknownTenantTier(this.unknownTenant);
     const parent = tier !== null && this.tierCaps.has(tier) ? tierCapKey(tier) : null;
     return { version: q.updatedIndex, parent };
+  }
+
+  /** How many slices cell `cellId` holds (retired ones included). */
+  cellSliceCount(cellId: string): number {
+    return this.byCell.get(cellId)?.size ?? 0;
   }
 
   /** The quota keys cell `cellId` holds a slice of (unordered; retired keys included). */
