@@ -375,6 +375,12 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
     implicitTenantsRetired: () => node.leaseStats()?.implicitTenantsRetired ?? 0,
     implicitTenantsRevived: () => node.leaseStats()?.implicitTenantsRevived ?? 0,
     implicitTenants: () => node.ledger().implicitTenantCount,
+    slicesByCell: () =>
+      node
+        .ledger()
+        .listCells()
+        .map((c) => [c.id, node.ledger().cellSliceCount(c.id)] as const),
+    releasedSlicesDropped: () => node.leaseStats()?.releasedSlicesDropped ?? 0,
   });
   const app = await buildAdminServer({
     backend: node,

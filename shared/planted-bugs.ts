@@ -24,6 +24,8 @@ export const PLANTED_BUGS = [
    * grant's rate.
    */
   'floor-as-of-now',
+  /** The lease leader drops (dropReleasedSlices) the slice of every grant an agent acknowledged, as if released. */
+  'forged-release',
 ] as const;
 
 export type PlantedBug = (typeof PLANTED_BUGS)[number];
@@ -36,6 +38,7 @@ export const planted: Record<PlantedBug, boolean> = {
   'release-by-wall-clock': false,
   'forged-ack': false,
   'floor-as-of-now': false,
+  'forged-release': false,
 };
 
 /** The simulation only: plant `bug` (null: none), removing any other. */

@@ -38,7 +38,15 @@
 import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
 import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
-import { isName, MAX_CELLS, QUOTA_KEY_PATTERN, REVIVE_IMPLICIT_FORMAT } from '../ledger/ledger-commands.js';
+import {
+  isName,
+  MAX_CELLS,
+  MAX_DROPS_PER_COMMAND,
+  QUOTA_KEY_PATTERN,
+  RELEASED_SLICES_FORMAT,
+  REVIVE_IMPLICIT_FORMAT,
+} from '../ledger/ledger-commands.js';
+import type { SliceRelease } from '../ledger/ledger-commands.js';
 import type { UnknownTenantPolicyName } from '../ledger/ledger-commands.js';
 import type { Logger } from '../../shared/logging.js';
 import { createAllocatorPolicy } from './incremental-policy.js';
@@ -147,6 +155,21 @@ interface CellSession {
    * not in full pictures) until the cell reports demand for the key again or the policy grants it anew.
    */
   readonly released: Set<string>;
+  /**
+   * Releases to drop from the ledger (dropReleasedSlices, from command format 7): key → the epoch released, the
+   * slice's current epoch when it was taken. Left out (the slice stays counted, as before) when the key is sent to
+   * the agent again, asked for again, or the session ends; emptied into the rounds' entries, MAX_DROPS_PER_COMMAND a
+   * round, and the key leaves `released` with its dropped slice.
+   */
+  readonly toDrop: Map<string, number>;
+  /**
+   * From this time on (this service's clock) the session's releases may drop slices, once it answered the
+   * incarnation before: at once for the cell's first session of the term; TTL + skew margin after it began for one
+   * that replaced another incarnation's (a late copy of a dead incarnation's report could otherwise release a grant the
+   * live one holds; every copy of a report is assumed to reach the leader within that span); never for an incarnation
+   * another replaced this term (it may be that late copy).
+   */
+  dropsFromMs: number;
   /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
   fresh: boolean;
   /** The demand sweep whose first page this session received (0: none). */
@@ -187,6 +210,8 @@ export interface LeaseServiceStats {
   implicitTenantsRetired: number;
   /** Winding-down tenant keys taken back as implicit tenants because cells asked for them again. */
   implicitTenantsRevived: number;
+  /** Slices dropped from the ledger because their cell's agent released them (dropReleasedSlices). */
+  releasedSlicesDropped: number;
 }
 
 function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
@@ -210,6 +235,7 @@ export class LeaseService {
     implicitTenantsRefused: 0,
     implicitTenantsRetired: 0,
     implicitTenantsRevived: 0,
+    releasedSlicesDropped: 0,
   };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
@@ -224,6 +250,8 @@ export class LeaseService {
   private readonly onReport: ((req: ReportRequestMessage, receiptMs: number) => void) | undefined;
   private pending: PendingReport[] = [];
   private readonly sessions = new Map<string, CellSession>();
+  /** Per cell, the incarnations whose session another replaced this term (their releases drop nothing again). */
+  private readonly replacedIncarnations = new Map<string, Set<string>>();
   /** Quota key → cell → demand (req/s), as the policy sees it (moves within the dead-band are not taken). */
   private readonly byKey = new Map<string, Map<string, number>>();
   /** Cell → its keys in byKey with the demand sweep that last stamped each (bounded by maxDemandKeys). */
@@ -495,6 +523,42 @@ export class LeaseService {
     );
   }
 
+  /**
+   * Proposes one dropReleasedSlices entry with the releases the reporting cells' sessions took (at most
+   * MAX_DROPS_PER_COMMAND; the rest in the next rounds), before the round's grants are computed, so the policy sees the
+   * slices gone and a key asked for again gets a first grant (a new slice, epochs above the cell's mark). A key is
+   * proposed only while this session has not sent it again (emit and demand take it out of toDrop): the ledger checks
+   * the epoch and the floors (ledger.ts, dropReleasedSlices, why that keeps the bound).
+   */
+  private async dropReleasedSlices(cellIds: Iterable<string>): Promise<void> {
+    const releases: SliceRelease[] = [];
+    const from: CellSession[] = [];
+    for (const cellId of cellIds) {
+      const session = this.sessions.get(cellId);
+      if (session === undefined || session.toDrop.size === 0) continue;
+      from.push(session);
+      for (const [key, epoch] of session.toDrop) {
+        if (releases.length >= MAX_DROPS_PER_COMMAND) break;
+        releases.push({ key, cellId, epoch });
+      }
+    }
+    if (releases.length === 0 || this.backend.ledger().commandFormat < RELEASED_SLICES_FORMAT) return;
+    const r = await this.backend.propose({ type: 'dropReleasedSlices', releases });
+    if (!r.ok) {
+      this.log.warn({ error: r.error, releases: releases.length }, 'dropping released slices refused');
+      return;
+    }
+    if (r.value.kind === 'slicesDropped') this.stats.releasedSlicesDropped += r.value.dropped;
+    const ledger = this.backend.ledger();
+    for (const rel of releases) {
+      const session = this.sessions.get(rel.cellId);
+      if (session === undefined || !from.includes(session)) continue;
+      session.toDrop.delete(rel.key);
+      // Dropped (or gone for another reason): nothing of the key is sent to this cell, nothing to remember.
+      if (ledger.sliceEpoch(rel.key, rel.cellId) === 0) session.released.delete(rel.key);
+    }
+  }
+
   /** One round: registers new cells, proposes one reportAndGrant entry, answers the held reports. */
   async round(): Promise<void> {
     if (this.inRound) return;
@@ -502,6 +566,7 @@ export class LeaseService {
     if (!leader) {
       if (this.wasLeader) {
         this.sessions.clear();
+        this.replacedIncarnations.clear();
         this.byKey.clear();
         this.demandKeysOfCell.clear();
         this.changedKeys = null;
@@ -515,6 +580,7 @@ export class LeaseService {
     if (!this.wasLeader || this.term !== term) {
       // A new term of ours: whatever we remembered may be stale (another leader served in between).
       this.sessions.clear();
+      this.replacedIncarnations.clear();
       this.byKey.clear();
       this.demandKeysOfCell.clear();
       this.changedKeys = null;
@@ -632,6 +698,7 @@ export class LeaseService {
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
       const session = this.session(p.req.cellId, p.req.incarnation);
+      const trusted = session.answers > 0 && p.receiptMs >= session.dropsFromMs;
       const sweep = p.req.velocitySweep ?? 0;
       if (p.req.velocitySweepStart === true) session.sweepStarted = sweep;
       let dropped = 0;
@@ -677,8 +744,16 @@ export class LeaseService {
         const s = ledger.getSlice(a.key, p.req.cellId);
         if (s !== undefined && s.epoch === a.epoch && !s.acknowledged)
           acks.push({ key: a.key, cellId: p.req.cellId, epoch: a.epoch });
+        // Planted (simulation only): the acknowledged grant's slice is dropped as if the agent had released it.
+        if (planted['forged-release'] && trusted && s !== undefined && s.epoch === a.epoch)
+          session.toDrop.set(a.key, a.epoch);
       }
-      takeReleases(ledger, session, p.req);
+      const format7 = ledger.commandFormat >= RELEASED_SLICES_FORMAT;
+      const gone = takeReleases(ledger, session, p.req, trusted && format7);
+      // From format 7 a released key's slice is dropped: a demand the leader still holds for it predates the release
+      // (the agent evicts only keys without demand, and reports a key's demand anew when it comes back), and would
+      // only have the round grant the key again at once.
+      if (format7) for (const key of gone) this.noteDemand(ledger, key, p.req.cellId, 0, sweep);
     }
     if (planted['forged-ack']) {
       for (const cellId of cells.keys()) {
@@ -689,6 +764,7 @@ export class LeaseService {
       }
     }
     for (const [cellId, p] of cells) leases.push({ cellId, leaseExpiresAtMs: p.receiptMs + this.ttl });
+    await this.dropReleasedSlices(cells.keys());
     await this.reviveAskedImplicitTenants();
     const reported = new Set(cells.keys());
     const nowMs = this.clock.stamp(ledger.nowMs);
@@ -773,6 +849,7 @@ export class LeaseService {
       session.outstanding.set(key, seq);
       session.toldUnknown.delete(key);
       session.released.delete(key);
+      session.toDrop.delete(key);
       const def = ledger.definition(key);
       out.push({
         key,
@@ -900,9 +977,14 @@ export class LeaseService {
     let s = this.sessions.get(cellId);
     if (s === undefined || s.incarnation !== incarnation) {
       // A new agent incarnation reports its demand from nothing: the old one's is dropped.
-      if (s !== undefined)
+      let replaced = this.replacedIncarnations.get(cellId);
+      if (s !== undefined) {
         for (const key of [...(this.demandKeysOfCell.get(cellId)?.keys() ?? [])])
           this.noteDemand(this.backend.ledger(), key, cellId, 0, 0);
+        if (replaced === undefined) this.replacedIncarnations.set(cellId, (replaced = new Set<string>()));
+        if (replaced.size >= MAX_REPLACED_INCARNATIONS) replaced.clear();
+        replaced.add(s.incarnation);
+      }
       s = {
         incarnation,
         acked: new Map(),
@@ -913,6 +995,13 @@ export class LeaseService {
         fullSince: 0,
         toldUnknown: new Set(),
         released: new Set(),
+        toDrop: new Map(),
+        dropsFromMs:
+          replaced?.has(incarnation) === true
+            ? Infinity
+            : s === undefined && replaced === undefined
+              ? -Infinity
+              : this.now() + this.ttl + this.backend.ledger().config.skewMarginMs,
         fresh: true,
         sweepStarted: 0,
         swept: false,
@@ -923,23 +1012,36 @@ export class LeaseService {
   }
 }
 
+/** Most incarnations per cell remembered as replaced this term (beyond: forgotten, the cell's drops stay off). */
+const MAX_REPLACED_INCARNATIONS = 64;
+
 /**
  * A report's releases (after its acks): a key the agent holds nothing for any more is no longer sent to
- * it, unless the ledger holds a newer grant than the epoch it names (sent as always). Then the report's
- * demand: a released key the cell asks for again gets its current slice with the next answer. Only
- * this session's view changes, never the ledger: the cell's slice is counted as before while the agent
- * uses nothing for the key.
+ * it, unless the ledger holds a newer grant than the epoch it names (sent as always). With `drop` (command
+ * format 7, a trusted session), a release of the slice's current epoch is also queued to be dropped from the
+ * ledger (toDrop). Then the report's demand: a released key the cell asks for again gets its current slice
+ * with the next answer (and is not dropped); once dropped, a new slice through the round's first grants.
+ * Returns the keys released and not asked for in this report.
  */
-function takeReleases(ledger: Ledger, session: CellSession, req: ReportRequestMessage): void {
+function takeReleases(ledger: Ledger, session: CellSession, req: ReportRequestMessage, drop: boolean): Set<string> {
+  const taken = new Set<string>();
   for (const r of req.released ?? []) {
-    if ((ledger.getSlice(r.key, req.cellId)?.epoch ?? 0) > r.epoch) continue;
+    const epoch = ledger.sliceEpoch(r.key, req.cellId);
+    if (epoch > r.epoch) continue;
     session.acked.delete(r.key);
     session.outstanding.delete(r.key);
     session.released.add(r.key);
+    taken.add(r.key);
+    if (drop && epoch === r.epoch && epoch > 0) session.toDrop.set(r.key, epoch);
   }
-  if (session.released.size === 0) return;
+  if (session.released.size === 0) return taken;
   for (const v of req.velocity)
-    if (v.allowedPerS + v.refusedPerS > 0 && session.released.delete(v.key)) session.outstanding.set(v.key, 0);
+    if (v.allowedPerS + v.refusedPerS > 0 && session.released.delete(v.key)) {
+      session.toDrop.delete(v.key);
+      session.outstanding.set(v.key, 0);
+      taken.delete(v.key);
+    }
+  return taken;
 }
 
 function dedupeAcks(acks: readonly GrantAck[]): GrantAck[] {

@@ -20,6 +20,10 @@ export interface CoordinatorMetricsSource {
   readonly implicitTenantsRetired?: () => number;
   /** Winding-down tenant keys this replica, as leader, took back on demand, since this process started. */
   readonly implicitTenantsRevived?: () => number;
+  /** Per registered cell (at most MAX_CELLS), the slices the ledger holds for it. */
+  readonly slicesByCell?: () => Iterable<readonly [string, number]>;
+  /** Slices this replica, as leader, dropped because their cell's agent released them, since this process started. */
+  readonly releasedSlicesDropped?: () => number;
 }
 
 export class CoordinatorMetrics {
@@ -102,6 +106,20 @@ export class CoordinatorMetrics {
         'Implicit tenants (unknown-tenant policy tier:NAME) the ledger holds slices of, winding-down ones included',
         () => implicit(),
       );
+    const slicesByCell = src.slicesByCell;
+    if (slicesByCell !== undefined)
+      new Gauge({
+        name: 'cellquota_ledger_slices',
+        help:
+          'Slices the ledger holds per registered cell (label cell: at most MAX_CELLS values): with --max-lease-keys ' +
+          'agents, about the keys the cell holds, as released slices are dropped (command format 7)',
+        labelNames: ['cell'],
+        registers: [registry],
+        collect() {
+          this.reset();
+          for (const [cell, n] of slicesByCell()) this.set({ cell }, n);
+        },
+      });
     /** A counter that mirrors a running total of the node's (reset and set at each scrape). */
     const total = (name: string, help: string, fn: (() => number) | undefined): void => {
       if (fn === undefined) return;
@@ -130,6 +148,11 @@ export class CoordinatorMetrics {
       'cellquota_lease_implicit_tenants_revived_total',
       'Winding-down tenant keys the leader took back as implicit tenants because cells asked for them again',
       src.implicitTenantsRevived,
+    );
+    total(
+      'cellquota_lease_released_slices_dropped_total',
+      "Slices the leader dropped from the ledger because their cell's agent released them (--max-lease-keys)",
+      src.releasedSlicesDropped,
     );
     total(
       'cellquota_lease_demand_keys_dropped_total',

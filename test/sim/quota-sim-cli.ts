@@ -52,6 +52,7 @@ let failed = 0;
 let ran = 0;
 let events = 0;
 let decisions = 0;
+let dropped = 0;
 let maxRatio = 0;
 let lastReport = began;
 for (let seed = start; seed < start + count; seed++) {
@@ -64,6 +65,7 @@ for (let seed = start; seed < start + count; seed++) {
   ran++;
   events += r.stats.events;
   decisions += r.stats.decisions;
+  dropped += r.stats.releasedSlicesDropped;
   if (r.ok) maxRatio = Math.max(maxRatio, r.stats.maxWindowRatio);
   if (!r.ok) {
     failed++;
@@ -89,7 +91,7 @@ for (let seed = start; seed < start + count; seed++) {
 }
 const secs = Number(process.hrtime.bigint() - began) / 1e9;
 console.log(
-  `${ran - failed} passed, ${failed} failed (seeds ${start}..${start + ran - 1}${bug === undefined ? '' : `, planted bug ${bug}`}; ${events} events, ${decisions} decisions; tightest window ${(maxRatio * 100).toFixed(1)} % of its bound; ${secs.toFixed(1)} s, ${(ran / secs).toFixed(2)} seeds/s)`,
+  `${ran - failed} passed, ${failed} failed (seeds ${start}..${start + ran - 1}${bug === undefined ? '' : `, planted bug ${bug}`}; ${events} events, ${decisions} decisions, ${dropped} released slices dropped; tightest window ${(maxRatio * 100).toFixed(1)} % of its bound; ${secs.toFixed(1)} s, ${(ran / secs).toFixed(2)} seeds/s)`,
 );
 if (bug !== undefined)
   console.log(

@@ -70,6 +70,7 @@ const WITHIN: Record<PlantedBug, number> = {
   'release-by-wall-clock': 40, // 13
   'forged-ack': 15, // 5
   'floor-as-of-now': 10, // 3
+  'forged-release': 5, // 1
 };
 
 for (const bug of PLANTED_BUGS) {

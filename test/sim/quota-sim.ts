@@ -34,6 +34,7 @@ import * as grpc from '@grpc/grpc-js';
 import { Ledger } from '../../coordinator/ledger/ledger.js';
 import type { LedgerResult } from '../../coordinator/ledger/ledger.js';
 import type { LedgerCommandInput } from '../../coordinator/ledger/ledger-commands.js';
+import { NEWEST_COMMAND_FORMAT } from '../../coordinator/ledger/ledger-commands.js';
 import { LeaseService } from '../../coordinator/lease/lease-service.js';
 import type { LeaseBackend } from '../../coordinator/lease/lease-service.js';
 import { BucketTable } from '../../cell-agent/buckets/bucket-table.js';
@@ -97,6 +98,8 @@ export interface QuotaSimStats {
   restarts: number;
   definitionChanges: number;
   evictions: number;
+  /** Slices the leaders dropped because an agent released them (dropReleasedSlices; runs at the newest format). */
+  releasedSlicesDropped: number;
   /** Largest admitted/bound over every quota and window (≤ 1). */
   maxWindowRatio: number;
 }
@@ -136,6 +139,8 @@ const GOLD_CAP = { rate: 300, burst: 90, floorFraction: 0.3 };
 const WEB_CAP = { rate: 250, burst: 75, floorFraction: 0.3 };
 /** A tenant quota with a 20 s window (some runs). */
 const LONG_WINDOW = { rate: 30, burst: 600 };
+/** --max-lease-keys of the agents in runs at the newest command format: fewer than the quota keys a cell may use. */
+const LEASE_KEYS_RAISED = 2;
 const TENANTS: readonly { id: string; tier: 'gold' | 'silver' }[] = [
   { id: 'acme', tier: 'gold' },
   { id: 'globex', tier: 'gold' },
@@ -242,6 +247,7 @@ class Simulation {
     restarts: 0,
     definitionChanges: 0,
     evictions: 0,
+    releasedSlicesDropped: 0,
     maxWindowRatio: 0,
   };
   readonly faults: string[] = [];
@@ -280,6 +286,8 @@ class Simulation {
   /** Per `cell key`: the tokens the ledger counts the cell as possibly holding (see checkTokens). */
   readonly counters = new Map<string, Tokens>();
   agentRateError = 0;
+  /** --max-lease-keys of the agents (undefined: unbounded). */
+  leaseKeys: number | undefined = undefined;
   staticFile: QuotaFile = { tiers: {}, tenants: {} };
 
   constructor(opts: QuotaSimOptions) {
@@ -663,6 +671,7 @@ class Simulation {
     for (const a of this.agents) this.stats.evictions += a.evictions + (a.process?.table.evictions ?? 0);
     // The lease rounds the leaders ran (a round on a follower, or refused for lack of a read barrier, is not one).
     for (const service of this.services) this.stats.rounds += service.stats.rounds;
+    for (const service of this.services) this.stats.releasedSlicesDropped += service.stats.releasedSlicesDropped;
     return violation === undefined
       ? { ok: true, seed: this.seed, stats: this.stats, faults: this.faults }
       : { ok: false, seed: this.seed, violation, stats: this.stats, faults: this.faults };
@@ -681,6 +690,15 @@ class Simulation {
       this.faults.push(`replica wall offsets ${this.replicas.map((r) => Math.round(r.wallOffsetMs)).join(', ')} ms`);
     if (rates)
       this.faults.push(`replica clock-rate errors ${this.replicas.map((r) => r.rateError.toFixed(3)).join(', ')}`);
+    // Odd seeds: the log raised to this build's command format and agents holding at most LEASE_KEYS_RAISED keys, so
+    // idle keys are evicted, released, and their slices dropped from the ledger (dropReleasedSlices) — then asked for
+    // again when the load moves back. Even seeds: the base format with unbounded keys, as before (by the seed's
+    // parity, so the other draws of every seed stay as they were).
+    if (this.seed % 2 === 1) {
+      this.commit({ type: 'raiseCommandFormat', format: NEWEST_COMMAND_FORMAT });
+      this.leaseKeys = LEASE_KEYS_RAISED;
+      this.faults.push(`log at command format ${NEWEST_COMMAND_FORMAT}, agents hold at most ${LEASE_KEYS_RAISED} keys`);
+    }
     this.commit({ type: 'putTier', name: 'gold', ...TIERS.gold });
     this.commit({ type: 'putTier', name: 'silver', ...TIERS.silver });
     // Caps in some runs only: a run without them is tight on the tenant quotas alone.
@@ -1213,6 +1231,7 @@ class Agent {
       wallMs: () => WALL_BASE_MS + this.monoMs(),
       random: () => random.float(),
       newIncarnation: () => `${this.cell}-${++this.incarnations}`,
+      ...(sim.leaseKeys === undefined ? {} : { maxKeys: sim.leaseKeys }),
     });
     this.process = { main, workers, table, client, deciders, firstSeen };
     sim.on(main, sim.q.now, () => client.start());

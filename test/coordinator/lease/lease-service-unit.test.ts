@@ -9,7 +9,7 @@ import { pino } from 'pino';
 import { Ledger } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerResult } from '../../../coordinator/ledger/ledger.js';
 import type { LedgerCommandInput } from '../../../coordinator/ledger/ledger-commands.js';
-import { TENANT_WIND_DOWN_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
+import { RELEASED_SLICES_FORMAT, TENANT_WIND_DOWN_FORMAT } from '../../../coordinator/ledger/ledger-commands.js';
 import { LeaseService } from '../../../coordinator/lease/lease-service.js';
 import type { LeaseBackend, LeaseServiceOptions } from '../../../coordinator/lease/lease-service.js';
 import { createAllocatorPolicy } from '../../../coordinator/lease/incremental-policy.js';
@@ -612,6 +612,70 @@ void test("releases (an agent's evicted keys): a released key is not sent again,
     const bad = await report(h.address, { cellId: 'eu', pagedAnswers: true, released: [{ key: 'nope', epoch: 1 }] });
     assert.equal(bad.err?.code, grpc.status.INVALID_ARGUMENT);
     assert.match(bad.err?.details ?? '', /released key nope is not a quota key/);
+  } finally {
+    h.stop();
+  }
+});
+
+void test('releases at command format 7: a release of the slice current epoch drops it from the ledger (the slices follow the keys held), a stale one drops nothing, a key asked for again gets a new slice above the old epoch; a replacing incarnation drops nothing for TTL + margin', async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs);
+  let n = 0;
+  const send = async (req: Partial<ReportRequestMessage>): Promise<ReportResponseMessage> => {
+    const p = report(h.address, { cellId: 'eu', pagedAnswers: true, ...req });
+    await arrived(h.service, ++n);
+    nowMs += 10;
+    await h.service.round();
+    const r = await p;
+    assert.equal(r.err, null);
+    assert.ok(r.res !== null);
+    return r.res;
+  };
+  const demand = (key: string): { key: string; allowedPerS: number; refusedPerS: number } => ({
+    key,
+    allowedPerS: 0,
+    refusedPerS: 10,
+  });
+  const ledger = h.backend.ledger();
+  try {
+    await h.backend.propose({ type: 'raiseCommandFormat', format: RELEASED_SLICES_FORMAT });
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.3 });
+    for (const id of ['a', 'b', 'c']) await h.backend.propose({ type: 'putTenant', id, tier: 'gold' });
+    const held = new Map<string, number>();
+    let r = await send({ velocity: ['a', 'b', 'c'].map((id) => demand(`tenant/${id}`)) });
+    for (const g of r.grants) held.set(g.key, g.epoch);
+    r = await send({});
+    for (const g of r.grants) held.set(g.key, g.epoch);
+    await send({ acks: [...held].map(([key, epoch]) => ({ key, epoch })) });
+    assert.equal(ledger.cellSliceCount('eu'), 3);
+    const epochA = ledger.sliceEpoch('tenant/a', 'eu');
+    // a released at its epoch (dropped), b at an epoch below its slice's (kept).
+    await send({
+      released: [
+        { key: 'tenant/a', epoch: epochA },
+        { key: 'tenant/b', epoch: ledger.sliceEpoch('tenant/b', 'eu') - 1 },
+      ],
+    });
+    assert.equal(ledger.sliceEpoch('tenant/a', 'eu'), 0, 'the released slice is dropped');
+    assert.ok(ledger.sliceEpoch('tenant/b', 'eu') > 0, 'a stale release drops nothing');
+    assert.equal(ledger.cellSliceCount('eu'), 2);
+    assert.equal(h.service.stats.releasedSlicesDropped, 1);
+    const drops = h.backend.proposed.filter((c) => c.type === 'dropReleasedSlices');
+    assert.equal(drops.length, 1, 'one entry for the report');
+    // Asked for again: a first grant, a new slice above the dropped epoch.
+    r = await send({ velocity: [demand('tenant/a')] });
+    const back = r.grants.find((g) => g.key === 'tenant/a');
+    assert.ok(back !== undefined, 'a is granted again once asked for');
+    assert.ok(back.epoch > epochA, `epoch ${back.epoch} above the dropped ${epochA}`);
+    assert.equal(back.epoch, ledger.sliceEpoch('tenant/a', 'eu'));
+    // A new incarnation replaces the session: its releases drop nothing until TTL + margin later.
+    const cEpoch = ledger.sliceEpoch('tenant/c', 'eu');
+    await send({ incarnation: 'second' });
+    await send({ incarnation: 'second', released: [{ key: 'tenant/c', epoch: cEpoch }] });
+    assert.equal(ledger.sliceEpoch('tenant/c', 'eu'), cEpoch, 'not trusted yet: kept');
+    nowMs += 4_100;
+    await send({ incarnation: 'second', released: [{ key: 'tenant/c', epoch: cEpoch }] });
+    assert.equal(ledger.sliceEpoch('tenant/c', 'eu'), 0, 'dropped once TTL + margin passed');
   } finally {
     h.stop();
   }
