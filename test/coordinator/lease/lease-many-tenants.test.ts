@@ -5,7 +5,11 @@
 // granted. The agent must hold at most 2,000 grants however many tenants it saw (before, it held one
 // per tenant forever: memory grew with every tenant, ~3-6 KB each, and every lapse asked for all of
 // them again), keep its lease and its reports answered, and a tenant it evicted long ago must be
-// admitted again when it comes back — within the bound: at most rate·W + burst in a window W.
+// admitted again when it comes back — within the bound: at most rate·W + burst in a window W. And the
+// leader's ledger must follow the keys held (command format 7, dropReleasedSlices): its slices for the cell
+// (cellquota_ledger_slices) fall to about the keys held, not one per tenant ever seen (before, the ledger kept
+// a slice per key the cell was ever granted, and every round's allocator ran over all of them).
+// COMMAND_FORMAT=6 in the environment pins the coordinators below it: the slices stay (the check fails).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -30,6 +34,14 @@ interface LeaseHealth {
 
 /** The last lease status read (for failure reports). */
 let lastLease: LeaseHealth | null = null;
+
+/** A counter or gauge of the leader's /metrics (NaN if absent). */
+async function leaderMetric(c: CoordinatorCluster, line: RegExp): Promise<number> {
+  const leader = await c.waitForLeader(30_000);
+  const text = await (await fetch(`${c.adminUrl(leader)}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+  const m = line.exec(text);
+  return m === null ? NaN : Number(m[1]);
+}
 
 async function lease(agent: AgentProcess): Promise<LeaseHealth> {
   const h = (await (await fetch(`${agent.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as {
@@ -68,8 +80,13 @@ async function checkAll(agent: AgentProcess, tenants: readonly string[], concurr
 void test(
   'an agent that sees 12,000 distinct tenants with --max-lease-keys 2000 holds at most 2,000 grants, keeps its lease, and admits an evicted tenant again within the bound',
   { timeout: 600_000 },
-  async () => {
-    const c = await CoordinatorCluster.create(ids, ['--floor-cells', '2']);
+  async (t) => {
+    const pinned = process.env['COMMAND_FORMAT'];
+    const c = await CoordinatorCluster.create(ids, [
+      '--floor-cells',
+      '2',
+      ...(pinned === undefined ? [] : ['--command-format', pinned]),
+    ]);
     let agent: AgentProcess | null = null;
     try {
       writeFileSync(join(c.root, 'rules.yaml'), 'domain: api\ndescriptors:\n  - key: tenant\n    global: true\n');
@@ -129,6 +146,20 @@ void test(
         { timeoutMs: 30_000, everyMs: 300, context: () => `${JSON.stringify(lastLease)}\n${a.describe()}` },
       );
       assert.ok(settled.released >= TENANTS - MAX_KEYS, `released ${settled.released}`);
+      // The leader's ledger follows: its slices for the cell fall to about the keys held (the held ones, and the
+      // few released whose drop is still on its way), from one per tenant seen.
+      let slices = NaN;
+      await waitFor(
+        "the leader's slices for the cell about the keys held",
+        async () => {
+          slices = await leaderMetric(c, /^cellquota_ledger_slices\{cell="cell-a"\} (\S+)$/m);
+          return slices <= MAX_KEYS * 1.25;
+        },
+        { timeoutMs: 60_000, everyMs: 500, context: () => `slices ${slices}; ${JSON.stringify(lastLease)}` },
+      );
+      const dropped = await leaderMetric(c, /^cellquota_lease_released_slices_dropped_total (\S+)$/m);
+      assert.ok(slices >= 1, `slices ${slices}`);
+      t.diagnostic(`the leader's slices for cell-a: ${slices} (released slices dropped by this leader: ${dropped})`);
       // The lease is kept and the reports answered.
       const before = settled.reportsOk;
       await waitFor(
