@@ -12,7 +12,9 @@
 //
 // The bound (docs/quota-model.md): an evicted key's override is removed in every thread (confirmed, as
 // an acknowledgement is) before its release is sent, so its checks are refused (the agent holds
-// nothing for it) until a grant arrives; the ledger still counts the cell's slice as before. While a
+// nothing for it) until a grant arrives; from command format 7 the leader drops the cell's slice from the
+// ledger when the release names its current epoch (docs/quota-model.md, "Format 7"), below it the ledger
+// counts the slice as before. While a
 // release waits, a grant at or below the released epoch is not taken (it is the one given back); a
 // newer one is, as always. A key that comes
 // back takes the slice the answer carries (built from the committed ledger, as any answer), and its
