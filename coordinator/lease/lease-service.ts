@@ -982,8 +982,7 @@ export class LeaseService {
         for (const key of [...(this.demandKeysOfCell.get(cellId)?.keys() ?? [])])
           this.noteDemand(this.backend.ledger(), key, cellId, 0, 0);
         if (replaced === undefined) this.replacedIncarnations.set(cellId, (replaced = new Set<string>()));
-        if (replaced.size >= MAX_REPLACED_INCARNATIONS) replaced.clear();
-        replaced.add(s.incarnation);
+        if (replaced.size < MAX_REPLACED_INCARNATIONS) replaced.add(s.incarnation);
       }
       s = {
         incarnation,
@@ -997,7 +996,7 @@ export class LeaseService {
         released: new Set(),
         toDrop: new Map(),
         dropsFromMs:
-          replaced?.has(incarnation) === true
+          replaced?.has(incarnation) === true || (replaced?.size ?? 0) >= MAX_REPLACED_INCARNATIONS
             ? Infinity
             : s === undefined && replaced === undefined
               ? -Infinity
@@ -1012,7 +1011,7 @@ export class LeaseService {
   }
 }
 
-/** Most incarnations per cell remembered as replaced this term (beyond: forgotten, the cell's drops stay off). */
+/** Most incarnations per cell remembered as replaced this term (once reached, the cell's releases drop nothing more this term). */
 const MAX_REPLACED_INCARNATIONS = 64;
 
 /**
