@@ -42,7 +42,7 @@
 // descriptors in one request ([tenant] and [tenant, remote_address]); a request must then take one
 // token from the tenant's quota, not two, so matchRequest removes an ancestor whose bucket key is
 // already a descriptor's own match, or an earlier ancestor.
-import type { RuleLimit, RuleNode, RuleSet } from './rules-compile.js';
+import type { RuleDomain, RuleLevel, RuleLimit, RuleNode, RuleSet } from './rules-compile.js';
 import { MAX_RULES_DEPTH } from './rules-schema.js';
 
 export interface DescriptorEntry {
@@ -246,17 +246,66 @@ const NONE: readonly RuleMatch[] = Object.freeze([]);
  */
 const scratch: (RuleNode | undefined)[] = new Array<RuleNode | undefined>(MAX_RULES_DEPTH).fill(undefined);
 
+/** What one level holds for one entry key: its literal values' nodes, its wildcards, its key-only node. */
+interface KeyNodes {
+  readonly exact: ReadonlyMap<string, RuleNode> | undefined;
+  readonly wildcards: readonly RuleNode[] | undefined;
+  readonly keyOnly: RuleNode | undefined;
+}
+
+// The walk's memo (a decision meets the same rule set, domain and keys request after request): the
+// domain last looked up, and the KeyNodes of the last few (level, key) pairs, so that matching an
+// entry is one lookup (its value among the exact nodes, when the key has any) instead of four
+// (domain, exact, wildcards, key-only). A compiled RuleSet is immutable (its maps throw on writes; a
+// reload compiles a new one), so a memo entry, found by the identity of the set or level, is never
+// stale; it holds at most MEMO_KEYS levels of a replaced rule set alive until overwritten.
+const MEMO_KEYS = 4;
+let memoRuleSet: RuleSet | null = null;
+let memoDomain = '';
+let memoRuleDomain: RuleDomain | undefined;
+const memoLevels: (RuleLevel | null)[] = new Array<RuleLevel | null>(MEMO_KEYS).fill(null);
+const memoKeys: string[] = new Array<string>(MEMO_KEYS).fill('');
+const memoNodes: (KeyNodes | null)[] = new Array<KeyNodes | null>(MEMO_KEYS).fill(null);
+let memoNext = 0;
+
+function ruleDomainOf(ruleSet: RuleSet, domain: string): RuleDomain | undefined {
+  if (ruleSet === memoRuleSet && domain === memoDomain) return memoRuleDomain;
+  const found = ruleSet.domains.get(domain);
+  memoRuleSet = ruleSet;
+  memoDomain = domain;
+  memoRuleDomain = found;
+  return found;
+}
+
+function keyNodesOf(level: RuleLevel, key: string): KeyNodes {
+  for (let i = 0; i < MEMO_KEYS; i += 1) {
+    if (memoLevels[i] === level && memoKeys[i] === key) return memoNodes[i] as KeyNodes;
+  }
+  const nodes: KeyNodes = {
+    exact: level.exact.get(key),
+    wildcards: level.wildcards.get(key),
+    keyOnly: level.keyOnly.get(key),
+  };
+  const i = memoNext;
+  memoNext = (i + 1) % MEMO_KEYS;
+  memoLevels[i] = level;
+  memoKeys[i] = key;
+  memoNodes[i] = nodes;
+  return nodes;
+}
+
 /** Walks the tree; returns how many entries were matched (scratch[0..n-1] holds the nodes). */
 function walk(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntry[]): number {
-  const ruleDomain = ruleSet.domains.get(domain);
+  const ruleDomain = ruleDomainOf(ruleSet, domain);
   if (ruleDomain === undefined) return 0;
   // A node at the deepest allowed level has no children, so the walk never writes past scratch's end.
   let level = ruleDomain.root;
   for (let i = 0; i < entries.length; i += 1) {
     const entry = entries[i] as DescriptorEntry;
-    let node = level.exact.get(entry.key)?.get(entry.value);
+    const byKey = keyNodesOf(level, entry.key);
+    let node = byKey.exact?.get(entry.value);
     if (node === undefined) {
-      const wildcards = level.wildcards.get(entry.key);
+      const wildcards = byKey.wildcards;
       if (wildcards !== undefined) {
         for (const candidate of wildcards) {
           if (candidate.matcher?.test(entry.value) === true) {
@@ -265,7 +314,7 @@ function walk(ruleSet: RuleSet, domain: string, entries: readonly DescriptorEntr
           }
         }
       }
-      node ??= level.keyOnly.get(entry.key);
+      node ??= byKey.keyOnly;
     }
     if (node === undefined) return i;
     scratch[i] = node;

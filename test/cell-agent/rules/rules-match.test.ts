@@ -453,3 +453,57 @@ void test('the compiled RuleSet is immutable', () => {
     ],
   );
 });
+
+void test("the walk's memo (the last domain, the last few levels' keys) never answers from another rule set, domain or level", () => {
+  // Two rule sets of one domain (as before and after a reload): the same keys, other rules.
+  const before = compile(`
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    value: x
+    rate_limit: {unit: second, requests_per_unit: 2}
+`);
+  const after = compile(`
+domain: d
+descriptors:
+  - key: a
+    value: v
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 4}
+`);
+  const other = compile(`
+domain: e
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`);
+  const limitOf = (set: RuleSet, domain: string, spec: string): string => {
+    const m = matchDescriptor(set, domain, entries(spec));
+    return m === null || m.limit.kind !== 'rate' ? 'none' : `${m.limit.requestsPerUnit}/${m.limit.unit.toLowerCase()}`;
+  };
+  // Interleaved, and with more distinct (level, key) pairs than the memo holds, twice over.
+  const expected: [RuleSet, string, string, string][] = [
+    [before, 'd', 'a=v', '1/second'],
+    [after, 'd', 'a=v', '3/minute'],
+    [after, 'd', 'a=w', 'none'],
+    [before, 'd', 'a=w', '1/second'],
+    [before, 'd', 'b=x', '2/second'],
+    [after, 'd', 'b=x', '4/second'],
+    [before, 'd', 'b=y', 'none'],
+    [other, 'e', 'a=v', '5/hour'],
+    [other, 'd', 'a=v', 'none'],
+    [before, 'e', 'a=v', 'none'],
+    [before, 'd', 'c=1', 'none'],
+    [after, 'd', 'c=1', 'none'],
+    [PRECEDENCE, 'test-domain', 'key1=foobar', '3/second'],
+  ];
+  for (let round = 0; round < 3; round++) {
+    for (const [set, domain, spec, want] of expected)
+      assert.equal(limitOf(set, domain, spec), want, `${domain} ${spec}`);
+    for (const [set, domain, spec, want] of [...expected].reverse())
+      assert.equal(limitOf(set, domain, spec), want, `${domain} ${spec} (reversed)`);
+  }
+});
