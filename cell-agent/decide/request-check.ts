@@ -63,33 +63,68 @@ export function checkRequest(req: RlsRequest, bounds: RequestBounds): RequestFai
       `request has ${req.descriptors.length} descriptors, more than the maximum of ${bounds.maxDescriptors}`,
     );
   }
-  for (let i = 0; i < req.descriptors.length; i++) {
+  // The loop only finds the first descriptor over a bound; its message is built after the loop, in
+  // one place: with a message per bound inside the loop, Node 20's optimizing compiler converted `i`
+  // to a string on every iteration, ahead of the branches that use it (seen in --print-opt-code).
+  let over = OVER_NONE;
+  let at = 0;
+  let entry = 0;
+  scan: for (let i = 0; i < req.descriptors.length; i++) {
     const d = req.descriptors[i];
     if (d === undefined) continue;
     if (d.entries.length > bounds.maxEntries) {
-      return invalid(`descriptor ${i} has ${d.entries.length} entries, more than the maximum of ${bounds.maxEntries}`);
+      over = OVER_ENTRIES;
+      at = i;
+      break;
     }
     for (let j = 0; j < d.entries.length; j++) {
       const e = d.entries[j];
       if (e === undefined) continue;
-      if (e.key.length > bounds.maxKeyLength) {
-        return invalid(
-          `descriptor ${i} entry ${j}: key is ${e.key.length} characters ` +
-            `long, more than the maximum of ${bounds.maxKeyLength}`,
-        );
-      }
-      if (e.value.length > bounds.maxValueLength) {
-        return invalid(
-          `descriptor ${i} entry ${j}: value is ${e.value.length} characters ` +
-            `long, more than the maximum of ${bounds.maxValueLength}`,
-        );
+      if (e.key.length > bounds.maxKeyLength || e.value.length > bounds.maxValueLength) {
+        over = e.key.length > bounds.maxKeyLength ? OVER_KEY : OVER_VALUE;
+        at = i;
+        entry = j;
+        break scan;
       }
     }
     if (d.limit !== null && (d.limit.unit < REQUEST_UNIT.SECOND || d.limit.unit > REQUEST_UNIT.YEAR)) {
-      return invalid(`descriptor ${i}: limit override has unit ${d.limit.unit}, not one of SECOND..YEAR (1..6)`);
+      over = OVER_UNIT;
+      at = i;
+      break;
     }
   }
-  return null;
+  return over === OVER_NONE ? null : descriptorFailure(req, bounds, over, at, entry);
+}
+
+const OVER_NONE = 0;
+const OVER_ENTRIES = 1;
+const OVER_KEY = 2;
+const OVER_VALUE = 3;
+const OVER_UNIT = 4;
+
+/** The error for descriptor i (entry j) over the bound `over`. */
+function descriptorFailure(req: RlsRequest, bounds: RequestBounds, over: number, i: number, j: number): RequestFailure {
+  const d = req.descriptors[i] as RlsRequest['descriptors'][number];
+  switch (over) {
+    case OVER_ENTRIES:
+      return invalid(`descriptor ${i} has ${d.entries.length} entries, more than the maximum of ${bounds.maxEntries}`);
+    case OVER_KEY: {
+      const e = d.entries[j] as RlsRequest['descriptors'][number]['entries'][number];
+      return invalid(
+        `descriptor ${i} entry ${j}: key is ${e.key.length} characters ` +
+          `long, more than the maximum of ${bounds.maxKeyLength}`,
+      );
+    }
+    case OVER_VALUE: {
+      const e = d.entries[j] as RlsRequest['descriptors'][number]['entries'][number];
+      return invalid(
+        `descriptor ${i} entry ${j}: value is ${e.value.length} characters ` +
+          `long, more than the maximum of ${bounds.maxValueLength}`,
+      );
+    }
+    default:
+      return invalid(`descriptor ${i}: limit override has unit ${d.limit?.unit}, not one of SECOND..YEAR (1..6)`);
+  }
 }
 
 function invalid(message: string): RequestFailure {
