@@ -554,26 +554,36 @@ void test('finding 3: a tenant deleted under tier:NAME while cells still ask for
   }
 });
 
-void test("releases (an agent's evicted keys): a released key is not sent again, not even in a full picture, until the cell asks for it; then its current slice comes back; a release below the slice's epoch changes nothing", async () => {
-  let nowMs = 1_000_000;
-  const h = await setup(createAllocatorPolicy(), () => nowMs);
+/** One report of cell eu (paged answers) answered by one round driven at once; `tick` moves the clock first. */
+function sender(
+  h: { address: string; service: LeaseService },
+  tick: () => void,
+): (req: Partial<ReportRequestMessage>) => Promise<ReportResponseMessage> {
   let n = 0;
-  const send = async (req: Partial<ReportRequestMessage>): Promise<ReportResponseMessage> => {
+  return async (req) => {
     const p = report(h.address, { cellId: 'eu', pagedAnswers: true, ...req });
     await arrived(h.service, ++n);
-    nowMs += 10;
+    tick();
     await h.service.round();
     const r = await p;
     assert.equal(r.err, null);
     assert.ok(r.res !== null);
     return r.res;
   };
+}
+
+/** Demand the agent reports for a key it holds nothing for (its refusals). */
+const demand = (key: string): { key: string; allowedPerS: number; refusedPerS: number } => ({
+  key,
+  allowedPerS: 0,
+  refusedPerS: 10,
+});
+
+void test("releases (an agent's evicted keys): a released key is not sent again, not even in a full picture, until the cell asks for it; then its current slice comes back; a release below the slice's epoch changes nothing", async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs);
+  const send = sender(h, () => (nowMs += 10));
   const keys = (r: ReportResponseMessage): string[] => r.grants.map((g) => g.key).sort();
-  const demand = (key: string): { key: string; allowedPerS: number; refusedPerS: number } => ({
-    key,
-    allowedPerS: 0,
-    refusedPerS: 10,
-  });
   try {
     await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0.3 });
     await h.backend.propose({ type: 'putTenant', id: 'a', tier: 'gold' });
@@ -620,22 +630,7 @@ void test("releases (an agent's evicted keys): a released key is not sent again,
 void test('releases at command format 7: a release of the slice current epoch drops it from the ledger (the slices follow the keys held), a stale one drops nothing, a key asked for again gets a new slice above the old epoch; a replacing incarnation drops nothing for TTL + margin', async () => {
   let nowMs = 1_000_000;
   const h = await setup(createAllocatorPolicy(), () => nowMs);
-  let n = 0;
-  const send = async (req: Partial<ReportRequestMessage>): Promise<ReportResponseMessage> => {
-    const p = report(h.address, { cellId: 'eu', pagedAnswers: true, ...req });
-    await arrived(h.service, ++n);
-    nowMs += 10;
-    await h.service.round();
-    const r = await p;
-    assert.equal(r.err, null);
-    assert.ok(r.res !== null);
-    return r.res;
-  };
-  const demand = (key: string): { key: string; allowedPerS: number; refusedPerS: number } => ({
-    key,
-    allowedPerS: 0,
-    refusedPerS: 10,
-  });
+  const send = sender(h, () => (nowMs += 10));
   const ledger = h.backend.ledger();
   try {
     await h.backend.propose({ type: 'raiseCommandFormat', format: RELEASED_SLICES_FORMAT });
