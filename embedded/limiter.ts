@@ -36,6 +36,7 @@ import { loadRules, watchRules } from '../cell-agent/rules/rules-load.js';
 import { parseRulesObject } from '../cell-agent/rules/rules-schema.js';
 import { VelocityKeys, VelocityTable } from '../cell-agent/velocity/velocity-table.js';
 import type { Logger } from '../shared/logging.js';
+import { IdentityMemo } from '../shared/identity-memo.js';
 import { registerLimiterMetrics } from './metrics.js';
 import type { LimiterCounters } from './metrics.js';
 import { parseLimiterOptions } from './options.js';
@@ -432,10 +433,26 @@ function newPolicy(): MutablePolicy {
   };
 }
 
-/** policyInto()'s last limit and its rate and burst as numbers (limits are immutable). */
-let lastLimit: GcraLimit | null = null;
-let lastRate = 0;
-let lastBurst = 0;
+/** A limit's rate (per second) and burst as numbers. */
+interface LimitNumbers {
+  readonly rate: number;
+  readonly burst: number;
+}
+
+/** policyInto()'s last two limits and their numbers (limits are immutable; two levels alternate). */
+const recentNumbers = new IdentityMemo<GcraLimit, LimitNumbers>();
+const NO_LIMIT_NUMBERS: LimitNumbers = Object.freeze({ rate: 0, burst: 0 });
+
+/** A check meets the same limit objects again and again: their numbers are converted from bigint once. */
+function limitNumbers(limit: GcraLimit | null): LimitNumbers {
+  if (limit === null) return NO_LIMIT_NUMBERS;
+  let n = recentNumbers.get(limit);
+  if (n === undefined) {
+    n = { rate: limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs), burst: Number(limit.burst) };
+    recentNumbers.set(limit, n);
+  }
+  return n;
+}
 
 function policyInto(
   p: MutablePolicy,
@@ -453,14 +470,9 @@ function policyInto(
   p.name = name;
   p.limit = cl.requestsPerUnit;
   p.windowSeconds = UNIT_SECONDS[cl.unit] ?? 1;
-  if (limit !== lastLimit) {
-    // A check meets the same limit objects again and again: their numbers are converted from bigint once.
-    lastLimit = limit;
-    lastRate = limit === null || limit.intervalNs === 0n ? 0 : 1e9 / Number(limit.intervalNs);
-    lastBurst = limit === null ? 0 : Number(limit.burst);
-  }
-  p.ratePerSecond = lastRate;
-  p.burst = lastBurst;
+  const numbers = limitNumbers(limit);
+  p.ratePerSecond = numbers.rate;
+  p.burst = numbers.burst;
   p.remaining = s.limitRemaining;
   p.resetSeconds = s.durationUntilReset?.seconds ?? 0;
   p.overLimit = s.code === RLS_CODE.OVER_LIMIT;

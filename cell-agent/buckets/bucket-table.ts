@@ -154,6 +154,7 @@
 // time since startNs below it (104 days) — and on bigint (gcraStepInto) otherwise: the same answers
 // either way, only slower. Times are split into the two 32-bit words they are stored as.
 
+import { IdentityMemo } from '../../shared/identity-memo.js';
 import {
   gcraInitialTat,
   gcraReconfigure,
@@ -314,17 +315,19 @@ interface LimitWords {
 /** Every limit a thread has met (frozen ones: their fields cannot change), as words; weakly held. */
 const wordsOfLimit = new WeakMap<GcraLimit, LimitWords>();
 
-/** The limit limitWords() answered for last, and its words (a decision path meets one limit again and again). */
-let lastLimit: GcraLimit | null = null;
-let lastWords: LimitWords | null = null;
+/**
+ * The limits limitWords() answered for last, and their words: a decision meets one limit, or a few
+ * (two descriptors: a shared and a per-client limit), again and again — no WeakMap lookup then.
+ */
+const recentWords = new IdentityMemo<GcraLimit, LimitWords>();
 
 /** Validates a limit and gives its words (computed once per frozen limit object). */
 function limitWords(limit: GcraLimit): LimitWords {
-  if (limit === lastLimit && lastWords !== null) return lastWords;
+  const recent = recentWords.get(limit);
+  if (recent !== undefined) return recent;
   const known = wordsOfLimit.get(limit);
   if (known !== undefined) {
-    lastLimit = limit;
-    lastWords = known;
+    recentWords.set(limit, known);
     return known;
   }
   return wordsOf(limit);
@@ -357,8 +360,7 @@ function wordsOf(limit: GcraLimit): LimitWords {
   });
   if (Object.isFrozen(limit)) {
     wordsOfLimit.set(limit, words);
-    lastLimit = limit;
-    lastWords = words;
+    recentWords.set(limit, words);
   }
   return words;
 }

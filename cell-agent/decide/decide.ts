@@ -44,6 +44,7 @@
 // continuously at requests_per_unit per unit, so `limit_remaining` is the bucket's whole tokens and
 // `duration_until_reset` is the time until it is full again (for a refused status: until the
 // refused hits would pass), rounded up to whole seconds.
+import { IdentityMemo } from '../../shared/identity-memo.js';
 import { BucketTable } from '../buckets/bucket-table.js';
 import type { KeyTakeResult, TakeResult } from '../buckets/bucket-table.js';
 import { BigintElapsedClock, exactElapsed } from '../buckets/elapsed-clock.js';
@@ -255,9 +256,8 @@ const REQUEST_UNIT_NAMES: readonly (TimeUnit | undefined)[] = [
 export class Decider {
   private rules: RuleSet | null = null;
   private readonly ruleLimits = new WeakMap<object, RuleLimit>();
-  /** ruleLimitOf()'s last rule and its limit. */
-  private lastRule: RuleNode | null = null;
-  private lastRuleLimit: RuleLimit | null = null;
+  /** ruleLimitOf()'s last two rules and their limits (two descriptors alternate between two). */
+  private readonly recentRuleLimits = new IdentityMemo<RuleNode, RuleLimit>();
   private readonly overrideLimits = new Map<string, { limit: GcraLimit; currentLimit: RlsRateLimit }>();
   /** The current decision's clock reading (the lease deadline is compared with it while planning). */
   private nowNs = 0n;
@@ -846,9 +846,10 @@ export class Decider {
   }
 
   private ruleLimitOf(rule: RuleNode): RuleLimit {
-    // The rule met last first (a decision path meets the same few rules again and again): no
+    // The rules met last first (a decision path meets the same few rules again and again): no
     // WeakMap lookup then. Rule nodes are immutable (a rules reload compiles new ones).
-    if (rule === this.lastRule && this.lastRuleLimit !== null) return this.lastRuleLimit;
+    const recent = this.recentRuleLimits.get(rule);
+    if (recent !== undefined) return recent;
     let cached = this.ruleLimits.get(rule);
     if (cached === undefined) {
       const l = rule.limit;
@@ -873,8 +874,7 @@ export class Decider {
       };
       this.ruleLimits.set(rule, cached);
     }
-    this.lastRule = rule;
-    this.lastRuleLimit = cached;
+    this.recentRuleLimits.set(rule, cached);
     return cached;
   }
 
