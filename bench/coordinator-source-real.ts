@@ -61,6 +61,7 @@ function socketOf(a: AgentProcess): string {
 }
 
 interface LeaseView {
+  readonly state: string;
   readonly grants: number;
   readonly suspendedGrants: number;
   readonly released: number;
@@ -70,6 +71,36 @@ interface LeaseView {
   readonly answerBytes: number;
 }
 
+/**
+ * The coordinators as the agent-tenants run sees them: the highest Raft term any replica reports, the leader's slices
+ * for `cell` (cellquota_ledger_slices; NaN when the build has no such metric or no replica answers within 10 s) and the
+ * released slices dropped, summed over the replicas (each counts those it dropped as leader).
+ */
+async function coordinatorView(
+  c: CoordinatorCluster,
+  cell: string,
+): Promise<{ term: number; slices: number; dropped: number }> {
+  let term = NaN;
+  let slices = NaN;
+  let dropped = NaN;
+  for (const id of IDS) {
+    const text = await fetch(`${c.adminUrl(id)}/metrics`, { signal: AbortSignal.timeout(10_000) })
+      .then((r) => r.text())
+      .catch(() => '');
+    const num = (re: RegExp): number => {
+      const m = re.exec(text);
+      return m === null ? NaN : Number(m[1]);
+    };
+    const t = num(/^cellquota_raft_term (\S+)$/m);
+    if (!(t <= term)) term = t;
+    const d = num(/^cellquota_lease_released_slices_dropped_total (\S+)$/m);
+    if (!Number.isNaN(d)) dropped = (Number.isNaN(dropped) ? 0 : dropped) + d;
+    if (num(/^cellquota_raft_is_leader (\S+)$/m) === 1)
+      slices = num(new RegExp(`^cellquota_ledger_slices\\{cell="${cell}"\\} (\\S+)$`, 'm'));
+  }
+  return { term, slices, dropped };
+}
+
 /** The agent's lease client status (/healthz), NaN where the build does not say. */
 async function leaseView(a: AgentProcess): Promise<LeaseView> {
   const h = (await (await fetch(`${a.url}/healthz`, { signal: AbortSignal.timeout(5000) })).json()) as {
@@ -77,6 +108,7 @@ async function leaseView(a: AgentProcess): Promise<LeaseView> {
   };
   const l = h.lease ?? {};
   return {
+    state: l.state ?? '?',
     grants: l.grants ?? NaN,
     suspendedGrants: l.suspendedGrants ?? NaN,
     released: l.released ?? NaN,
@@ -190,6 +222,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
       if (i % 200_000 === 0 && i > 0) opts.progress(`  ${i.toLocaleString('en-US')} imported`);
     }
     const importS = (performance.now() - t0) / 1000;
+    const termAfterImport = (await coordinatorView(c, 'cell-a')).term;
     const coordinators = IDS.map((id) => `127.0.0.1:${c.replica(id).peerPort}`).join(',');
     agent = await startAgent(c.root, 'cell-a', join(c.root, 'rules.yaml'), coordinators);
     await waitServing([agent]);
@@ -206,6 +239,9 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
       external: number;
       keys: number;
       lease: LeaseView;
+      /** The highest Raft term, and the leader's ledger slices for the agent's cell. */
+      term: number;
+      slices: number;
       /** Encoded bytes per report (and per answer) since the previous sample. */
       reportB: number;
       answerB: number;
@@ -215,6 +251,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     const sample = async (seen: number): Promise<void> => {
       if (agent === null) return;
       const l = await leaseView(agent);
+      const cv = await coordinatorView(c, 'cell-a');
       const calls =
         prevLease === null ? NaN : l.reportsOk + l.reportsFailed - prevLease.reportsOk - prevLease.reportsFailed;
       const per = (now: number, before: number | undefined): number =>
@@ -226,13 +263,15 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
         external: (await agent.metric('nodejs_external_memory_bytes')) / 2 ** 20,
         keys: await agent.metric('cellquota_agent_bucket_table_keys'),
         lease: l,
+        term: cv.term,
+        slices: cv.slices,
         reportB: per(l.reportBytes, prevLease?.reportBytes),
         answerB: per(l.answerBytes, prevLease?.answerBytes),
       });
       prevLease = l;
       const s = samples[samples.length - 1];
       opts.progress(
-        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB (main heap ${s?.heap.toFixed(0)}), table keys ${s?.keys}, lease grants ${l.grants} (+${l.suspendedGrants} suspended), released ${l.released}, reports ${l.reportsOk} ok / ${l.reportsFailed} failed, ${s?.reportB} B/report, ${s?.answerB} B/answer`,
+        `  ${seen.toLocaleString('en-US')} tenants seen: RSS ${s?.rss.toFixed(0)} MiB (main heap ${s?.heap.toFixed(0)}), table keys ${s?.keys}, lease grants ${l.grants} (+${l.suspendedGrants} suspended), released ${l.released}, reports ${l.reportsOk} ok / ${l.reportsFailed} failed, ${s?.reportB} B/report, ${s?.answerB} B/answer; lease ${l.state}, Raft term ${cv.term}, leader's slices for cell-a ${cv.slices}`,
       );
     };
     await sample(0);
@@ -277,6 +316,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
     await sample(n);
     const last = samples[samples.length - 1];
     const evictions = await agent.metric('cellquota_agent_bucket_evictions_total');
+    const coord = await coordinatorView(c, 'cell-a');
     const droppedVelocity = await agent.metric('cellquota_agent_velocity_dropped_total');
     let demandDropped = NaN;
     for (const id of IDS) {
@@ -305,6 +345,9 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
         'keys released': s.lease.released,
         'reports ok': s.lease.reportsOk,
         'reports failed': s.lease.reportsFailed,
+        lease: s.lease.state,
+        'Raft term': s.term,
+        'leader slices (cell)': s.slices,
         'report B/round': s.reportB,
         'answer B/round': s.answerB,
       })),
@@ -312,6 +355,7 @@ export async function runAgentTenantsBench(opts: AgentTenantsOptions): Promise<B
         `Machine: ${machineLine()}; 1-min load ${loadBefore.toFixed(1)} before, ${(os.loadavg()[0] ?? 0).toFixed(1)} after.`,
         `Agent: 1 worker, --coordinators (3 real coordinators), rules only; bucket table capacity ${capacity} (fixed shared memory, allocated at start: part of the baseline RSS ${baseline.toFixed(0)} MiB). Tenants imported in ${importS.toFixed(0)} s; ${sent.toLocaleString('en-US')} checks (${rounds} per tenant, batches of ${batch}) in ${driveS.toFixed(0)} s; ${sink.errors} errors, ${sink.ok.toLocaleString('en-US')} admitted (${sink.okAgain.toLocaleString('en-US')} of them on a later check: a tenant's first check is refused, the agent holding nothing for it; its second meets a new, empty bucket).`,
         `Agent warnings and errors: ${agentWarnings(agent.output)}.`,
+        `Coordinators: Raft term ${termAfterImport} after the import, ${coord.term} at the end (${coord.term - termAfterImport} elections while the agent ran); the leader's ledger slices for cell-a at the end ${coord.slices} (cellquota_ledger_slices), released slices dropped ${coord.dropped} (cellquota_lease_released_slices_dropped_total, summed over the replicas); the agent's lease at the end: ${last?.lease.state}, ${last?.lease.grants} grants in force, reports ${last?.lease.reportsOk} ok / ${last?.lease.reportsFailed} failed.`,
         `After all ${n.toLocaleString('en-US')}: RSS ${last?.rss.toFixed(0)} MiB (${growth.toFixed(1)} MiB per million tenants past the first sample); table keys ${last?.keys}, evictions ${evictions}; lease grants held ${last?.lease.grants} (+${last?.lease.suspendedGrants} suspended, ${last?.lease.released} keys released past --max-lease-keys ${maxLeaseKeys}); velocity keys dropped ${droppedVelocity}; demand keys the leader did not keep (--max-demand-keys) ${demandDropped}.`,
       ],
     };
