@@ -105,14 +105,17 @@ void test(
       const page = await browser.context.newPage();
       // A probe that finds nothing must fail fast, so `until` polls again (the default waits 30 s).
       page.setDefaultTimeout(5_000);
+      // The login form's actions wait for the element to be ready as long as a loaded machine needs
+      // (CI: a fill found the input but its actionability checks outlasted 5 s while the agents ran).
+      const act = { timeout: 30_000 };
       const first = await page.goto(`${c.adminUrl(follower)}/ui/`);
       assert.equal(first?.status(), 401, 'without a session the page is the login form');
-      await page.fill('input[name=token]', 'wrong');
-      await page.press('input[name=token]', 'Enter');
-      await page.waitForSelector('input[name=token]');
+      await page.fill('input[name=token]', 'wrong', act);
+      await page.press('input[name=token]', 'Enter', act);
+      await page.waitForSelector('input[name=token]', act);
       assert.equal(await page.locator('#leader').count(), 0, 'a wrong token does not open the view');
-      await page.fill('input[name=token]', TOKEN);
-      await page.press('input[name=token]', 'Enter');
+      await page.fill('input[name=token]', TOKEN, act);
+      await page.press('input[name=token]', 'Enter', act);
 
       // Leader, cells and tenant.
       await waitFor(
