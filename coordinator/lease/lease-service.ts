@@ -1011,7 +1011,10 @@ export class LeaseService {
   }
 }
 
-/** Most incarnations per cell remembered as replaced this term (once reached, the cell's releases drop nothing more this term). */
+/**
+ * Most incarnations per cell remembered as replaced this term (once reached, the cell's releases drop nothing more
+ * this term).
+ */
 const MAX_REPLACED_INCARNATIONS = 64;
 
 /**
