@@ -137,3 +137,16 @@ void test('an implicit tenant whose last slice is dropped leaves the implicit co
   assert.deepEqual(v, { kind: 'slicesDropped', dropped: 1, kept: 0 });
   assert.equal(d.ledger.implicitTenantCount, 0);
 });
+
+void test('a cell beyond floorCells (no floor slot) is counted at 0 once its released slice is dropped; a release naming an unknown cell is left alone', () => {
+  const d = setup({ epochs: 1, floorFraction: 0.5 });
+  d.ok({ type: 'registerCell', cellId: 'c', nowMs: d.index });
+  assert.equal(d.ledger.getCell('c')?.slot, null, 'two floor slots, taken by a and b');
+  grant(d, 'c', 1, 7);
+  assert.equal(d.ledger.getSlice(KEY, 'c')?.floorRate, 0);
+  assert.equal(d.ledger.getSlice(KEY, 'c')?.countedRate, 7);
+  assert.deepEqual(drop(d, 1, 'c'), { dropped: 1, kept: 0 });
+  assert.equal(d.ledger.getSlice(KEY, 'c')?.countedRate, 0);
+  const v = d.ok({ type: 'dropReleasedSlices', releases: [{ key: KEY, cellId: 'nope', epoch: 1 }] });
+  assert.deepEqual(v, { kind: 'slicesDropped', dropped: 0, kept: 1 });
+});
