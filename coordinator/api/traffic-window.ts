@@ -17,6 +17,15 @@
 // Bounds: at most MAX_TRACKED_KEYS quotas are followed (a key silent for HISTORY_MS is dropped; past
 // the cap, new keys are not followed and counted in `untracked`); histories (HISTORY_POINTS seconds
 // per cell) exist for at most MAX_HISTORY_KEYS quotas, the most recently busy ones.
+//
+// Cost (issue 12: the leader settles every 200 ms on its event loop, so this must stay small with
+// 200,000 followed quotas): a key with no history whose bins are all zero since before its last
+// window (every cell's newest written bin a window behind) is settled without a ledger lookup — its
+// totals ring zeroed, nothing else changes, exactly what settling its zero bins one by one did. A
+// history is created only while fewer than MAX_HISTORY_KEYS exist or for a key busy more recently
+// than the last history dropped: creating one for every quiet key each second and dropping it at
+// the next trim (300-point arrays per key per second) made the leader's event loop stall for
+// hundreds of ms under a million tenants, long enough for its followers to elect another leader.
 
 export const BIN_MS = 100;
 /** The window W of the bound r·W + b. */
@@ -71,6 +80,8 @@ interface History {
 
 interface KeyState {
   readonly cells: Map<string, CellSeries>;
+  /** The largest `head` of its cells: no bin at or after it holds anything. */
+  head: number;
   /** Settled per-bin totals over cells, by absolute bin mod RING_BINS. */
   readonly totals: Float64Array;
   /** Absolute bin number of the next bin to settle. */
@@ -132,6 +143,8 @@ export class TrafficWindows {
   private windowsOverTotal = 0;
   private untrackedTotal = 0;
   private historyKeys = 0;
+  /** lastTrafficMs of the most recently busy history dropped by the last trim (see historyPoint). */
+  private historyFloorMs = Number.NEGATIVE_INFINITY;
 
   constructor(private readonly limits: { readonly maxKeys?: number; readonly maxHistoryKeys?: number } = {}) {}
 
@@ -171,6 +184,7 @@ export class TrafficWindows {
       const perBin = (v.allowedPerS * BIN_MS) / 1000;
       for (let b = Math.max(start, end - RING_BINS, k.settled); b < end; b++) c.bins[b % RING_BINS] = perBin;
       c.head = Math.max(c.head, end);
+      k.head = Math.max(k.head, c.head);
       if (receiptMs >= c.lastAtMs) {
         c.lastAllowedPerS = v.allowedPerS;
         c.lastRefusedPerS = v.refusedPerS;
@@ -190,6 +204,16 @@ export class TrafficWindows {
         continue;
       }
       if (k.settled < target - RING_BINS) k.settled = target - RING_BINS;
+      if (k.history === null && k.head + WINDOW_BINS <= k.settled) {
+        // Quiet since before its last settled window: every bin to settle is 0, and so is every
+        // window ending in them (lastRatio already 0). Only the totals ring is written, as settleBin
+        // would; no history point (none is kept for it).
+        if (target - k.settled >= RING_BINS) k.totals.fill(0);
+        else for (let b = k.settled; b < target; b++) k.totals[b % RING_BINS] = 0;
+        k.lastRatio = 0;
+        k.settled = Math.max(k.settled, target);
+        continue;
+      }
       for (let b = k.settled; b < target; b++) this.settleBin(key, k, b, lookup);
       k.settled = Math.max(k.settled, target);
     }
@@ -234,6 +258,10 @@ export class TrafficWindows {
     lookup: QuotaLookup,
   ): void {
     if (k.history === null) {
+      // At the cap, only a key busier than the histories the last trim dropped gets one (it would
+      // be dropped again at the next trim otherwise).
+      const cap = this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS;
+      if (this.historyKeys >= cap && k.lastTrafficMs <= this.historyFloorMs) return;
       k.history = {
         seconds: new Float64Array(HISTORY_POINTS).fill(-1),
         quota: new Float32Array(HISTORY_POINTS),
@@ -272,6 +300,7 @@ export class TrafficWindows {
     for (const k of withHistory.slice(0, this.historyKeys - cap)) {
       k.history = null;
       this.historyKeys--;
+      this.historyFloorMs = Math.max(this.historyFloorMs, k.lastTrafficMs);
     }
   }
 
@@ -320,12 +349,14 @@ export class TrafficWindows {
   reset(): void {
     this.keys.clear();
     this.historyKeys = 0;
+    this.historyFloorMs = Number.NEGATIVE_INFINITY;
   }
 }
 
 function newKeyState(firstBin: number): KeyState {
   return {
     cells: new Map(),
+    head: firstBin,
     totals: new Float64Array(RING_BINS),
     settled: firstBin,
     lastTrafficMs: 0,

@@ -115,3 +115,34 @@ void test('bounded: past the cap new quotas are not followed, and counted', () =
   assert.equal(w.totals().untracked, 1);
   assert.equal(w.traffic('tenant/c', 1000), null);
 });
+
+void test('quiet quotas cost no ledger lookup, and histories past the cap are not made only to be dropped', () => {
+  const w = new TrafficWindows({ maxHistoryKeys: 4 });
+  let quotaLookups = 0;
+  let histories = 0;
+  const look: QuotaLookup = {
+    quota: () => {
+      quotaLookups++;
+      return { rate: 100, burst: 50 };
+    },
+    cellLimit: () => 10,
+  };
+  const t0 = 2_000_000;
+  // 200 quotas busy once, at the start; then one quota stays busy.
+  for (let i = 0; i < 200; i++) w.record('east', t0, [{ key: `tenant/q${i}`, allowedPerS: 10, refusedPerS: 0 }]);
+  for (let t = t0; t <= t0 + 6_000; t += 200) {
+    w.record('east', t, [{ key: 'tenant/busy', allowedPerS: 20, refusedPerS: 0 }]);
+    w.settle(t, look);
+  }
+  const quiet = w.traffic('tenant/q7', t0 + 6_000);
+  assert.equal(quiet?.lastRatio, 0);
+  assert.equal(quiet?.windows, 14, 'every window holding one of its 5 bins of traffic was counted (as before)');
+  for (let i = 0; i < 200; i++) if (w.history(`tenant/q${i}`, t0 + 6_000) !== null) histories++;
+  assert.ok(histories <= 4 + 64, `${histories} histories kept`);
+  assert.notEqual(w.history('tenant/busy', t0 + 6_000), null, 'the busiest quota keeps its history');
+  // Settling again later: only the busy quota (and those with a history) look the ledger up.
+  quotaLookups = 0;
+  w.record('east', t0 + 6_200, [{ key: 'tenant/busy', allowedPerS: 20, refusedPerS: 0 }]);
+  w.settle(t0 + 6_200, look);
+  assert.ok(quotaLookups <= 2 * (1 + histories), `${quotaLookups} quota lookups for 2 bins`);
+});
