@@ -19,9 +19,9 @@
 // per cell) exist for at most MAX_HISTORY_KEYS quotas, the most recently busy ones.
 //
 // Cost (issue 12: the leader settles every 200 ms on its event loop, so this must stay small with
-// 200,000 followed quotas): a key with no history whose bins are all zero since before its last
-// window (every cell's newest written bin a window behind) is settled without a ledger lookup — its
-// totals ring zeroed, nothing else changes, exactly what settling its zero bins one by one did. A
+// 200,000 followed quotas): a key with no history, that would get none, and nothing admitted since
+// before its last window (refusals write zero bins) is settled without a ledger lookup — its totals
+// ring zeroed, nothing else changes, exactly what settling its zero bins one by one did. A
 // history is created only while fewer than MAX_HISTORY_KEYS exist or for a key busy more recently
 // than the last history dropped: creating one for every quiet key each second and dropping it at
 // the next trim (300-point arrays per key per second) made the leader's event loop stall for
@@ -80,8 +80,8 @@ interface History {
 
 interface KeyState {
   readonly cells: Map<string, CellSeries>;
-  /** The largest `head` of its cells: no bin at or after it holds anything. */
-  head: number;
+  /** One past the newest bin any report wrote a non-zero count into: every bin from it on is 0. */
+  busyEnd: number;
   /** Settled per-bin totals over cells, by absolute bin mod RING_BINS. */
   readonly totals: Float64Array;
   /** Absolute bin number of the next bin to settle. */
@@ -184,7 +184,7 @@ export class TrafficWindows {
       const perBin = (v.allowedPerS * BIN_MS) / 1000;
       for (let b = Math.max(start, end - RING_BINS, k.settled); b < end; b++) c.bins[b % RING_BINS] = perBin;
       c.head = Math.max(c.head, end);
-      k.head = Math.max(k.head, c.head);
+      if (perBin > 0) k.busyEnd = Math.max(k.busyEnd, end);
       if (receiptMs >= c.lastAtMs) {
         c.lastAllowedPerS = v.allowedPerS;
         c.lastRefusedPerS = v.refusedPerS;
@@ -204,10 +204,10 @@ export class TrafficWindows {
         continue;
       }
       if (k.settled < target - RING_BINS) k.settled = target - RING_BINS;
-      if (k.history === null && k.head + WINDOW_BINS <= k.settled) {
-        // Quiet since before its last settled window: every bin to settle is 0, and so is every
-        // window ending in them (lastRatio already 0). Only the totals ring is written, as settleBin
-        // would; no history point (none is kept for it).
+      if (k.history === null && k.busyEnd + WINDOW_BINS <= k.settled && !this.wantsHistory(k)) {
+        // Nothing admitted since before its last settled window: every bin to settle is 0, and so
+        // is every window ending in them (lastRatio 0). Only the totals ring is written, as
+        // settleBin would; no history point (it gets none: historyPoint would not make one).
         if (target - k.settled >= RING_BINS) k.totals.fill(0);
         else for (let b = k.settled; b < target; b++) k.totals[b % RING_BINS] = 0;
         k.lastRatio = 0;
@@ -260,8 +260,7 @@ export class TrafficWindows {
     if (k.history === null) {
       // At the cap, only a key busier than the histories the last trim dropped gets one (it would
       // be dropped again at the next trim otherwise).
-      const cap = this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS;
-      if (this.historyKeys >= cap && k.lastTrafficMs <= this.historyFloorMs) return;
+      if (!this.wantsHistory(k)) return;
       k.history = {
         seconds: new Float64Array(HISTORY_POINTS).fill(-1),
         quota: new Float32Array(HISTORY_POINTS),
@@ -288,6 +287,15 @@ export class TrafficWindows {
       series.admitted[slot] = admitted;
       series.limit[slot] = lookup.cellLimit(key, cellId);
     }
+  }
+
+  /**
+   * Whether historyPoint would make `k` a history: below the cap, or `k` busy (admitted or refused)
+   * more recently than the histories the last trim dropped (else it would be dropped again at the
+   * next trim).
+   */
+  private wantsHistory(k: KeyState): boolean {
+    return this.historyKeys < (this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS) || k.lastTrafficMs > this.historyFloorMs;
   }
 
   /** Past the cap, the histories of the least recently busy quotas go (in a batch, not one at a time). */
@@ -356,7 +364,7 @@ export class TrafficWindows {
 function newKeyState(firstBin: number): KeyState {
   return {
     cells: new Map(),
-    head: firstBin,
+    busyEnd: firstBin,
     totals: new Float64Array(RING_BINS),
     settled: firstBin,
     lastTrafficMs: 0,
