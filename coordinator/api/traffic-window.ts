@@ -19,13 +19,13 @@
 // per cell) exist for at most MAX_HISTORY_KEYS quotas, the most recently busy ones.
 //
 // Cost (issue 12: the leader settles every 200 ms on its event loop, so this must stay small with
-// 200,000 followed quotas): a key with no history, that would get none, and nothing admitted since
-// before its last window (refusals write zero bins) is settled without a ledger lookup — its totals
-// ring zeroed, nothing else changes, exactly what settling its zero bins one by one did. A
-// history is created only while fewer than MAX_HISTORY_KEYS exist or for a key busy more recently
-// than the last history dropped: creating one for every quiet key each second and dropping it at
-// the next trim (300-point arrays per key per second) made the leader's event loop stall for
-// hundreds of ms under a million tenants, long enough for its followers to elect another leader.
+// 200,000 followed quotas): a key with no history and nothing admitted since before its last
+// window (refusals write zero bins) is settled without a ledger lookup — its totals ring zeroed,
+// exactly what settling its zero bins one by one did. Past MAX_HISTORY_KEYS, a history is made
+// only for a key busy more recently than the last history dropped, and at most HISTORY_TRIM_BATCH
+// a settle: making one (300-point arrays) for every busy key each second and dropping it at the
+// next trim made the leader's event loop stall for hundreds of ms with 200,000 tenants, long
+// enough for its followers to elect another leader.
 
 export const BIN_MS = 100;
 /** The window W of the bound r·W + b. */
@@ -145,6 +145,8 @@ export class TrafficWindows {
   private historyKeys = 0;
   /** lastTrafficMs of the most recently busy history dropped by the last trim (see historyPoint). */
   private historyFloorMs = Number.NEGATIVE_INFINITY;
+  /** Histories a settle may still make past the cap (see mayMakeHistory). */
+  private historiesToMake = HISTORY_TRIM_BATCH;
 
   constructor(private readonly limits: { readonly maxKeys?: number; readonly maxHistoryKeys?: number } = {}) {}
 
@@ -196,6 +198,7 @@ export class TrafficWindows {
 
   /** Settles every bin that ended SETTLE_MS before `nowMs`: windows, ratios, histories. */
   settle(nowMs: number, lookup: QuotaLookup): void {
+    this.historiesToMake = HISTORY_TRIM_BATCH;
     const target = Math.floor((nowMs - SETTLE_MS) / BIN_MS);
     for (const [key, k] of this.keys) {
       if (nowMs - k.lastTrafficMs > HISTORY_MS + SETTLE_MS) {
@@ -204,12 +207,15 @@ export class TrafficWindows {
         continue;
       }
       if (k.settled < target - RING_BINS) k.settled = target - RING_BINS;
-      if (k.history === null && k.busyEnd + WINDOW_BINS <= k.settled && !this.wantsHistory(k)) {
+      if (k.history === null && k.busyEnd + WINDOW_BINS <= k.settled) {
         // Nothing admitted since before its last settled window: every bin to settle is 0, and so
-        // is every window ending in them (lastRatio 0). Only the totals ring is written, as
-        // settleBin would; no history point (it gets none: historyPoint would not make one).
-        if (target - k.settled >= RING_BINS) k.totals.fill(0);
-        else for (let b = k.settled; b < target; b++) k.totals[b % RING_BINS] = 0;
+        // is every window ending in them (lastRatio 0). What settleBin would do, without its
+        // ledger lookups: the totals written, and a history point only if it gets a history now.
+        for (let b = k.settled; b < target; b++) {
+          k.totals[b % RING_BINS] = 0;
+          if ((b + 1) % (1000 / BIN_MS) === 0 && (k.history !== null || this.mayMakeHistory(k)))
+            this.historyPoint(key, k, Math.floor((b * BIN_MS) / 1000), lookup.quota(key), lookup);
+        }
         k.lastRatio = 0;
         k.settled = Math.max(k.settled, target);
         continue;
@@ -260,7 +266,8 @@ export class TrafficWindows {
     if (k.history === null) {
       // At the cap, only a key busier than the histories the last trim dropped gets one (it would
       // be dropped again at the next trim otherwise).
-      if (!this.wantsHistory(k)) return;
+      if (!this.mayMakeHistory(k)) return;
+      if (this.historyKeys >= (this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS)) this.historiesToMake--;
       k.history = {
         seconds: new Float64Array(HISTORY_POINTS).fill(-1),
         quota: new Float32Array(HISTORY_POINTS),
@@ -290,12 +297,16 @@ export class TrafficWindows {
   }
 
   /**
-   * Whether historyPoint would make `k` a history: below the cap, or `k` busy (admitted or refused)
-   * more recently than the histories the last trim dropped (else it would be dropped again at the
-   * next trim).
+   * Whether historyPoint makes `k` a history now: below the cap; at it, if `k` was busy (admitted or
+   * refused) more recently than the histories the last trim dropped (else it would be dropped again
+   * at the next trim), and at most HISTORY_TRIM_BATCH a settle (with thousands of quotas newly busy
+   * every second, the most recently busy ones change faster than a history could show anything).
    */
-  private wantsHistory(k: KeyState): boolean {
-    return this.historyKeys < (this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS) || k.lastTrafficMs > this.historyFloorMs;
+  private mayMakeHistory(k: KeyState): boolean {
+    return (
+      this.historyKeys < (this.limits.maxHistoryKeys ?? MAX_HISTORY_KEYS) ||
+      (k.lastTrafficMs > this.historyFloorMs && this.historiesToMake > 0)
+    );
   }
 
   /** Past the cap, the histories of the least recently busy quotas go (in a batch, not one at a time). */
