@@ -44,6 +44,10 @@ import { RaftDriver, RaftPersistError } from './raft-driver.js';
 import { CoordinatorState, encodeMemberRecord, type CoordinatorResult } from './coordinator-state.js';
 import type { Logger } from '../../shared/logging.js';
 import type { CoordinatorMetrics } from './coordinator-metrics.js';
+import { watchEventLoop, type LoopWatch } from './loop-watch.js';
+
+/** An event-loop stall at least this long is logged (half the default election timeout's minimum). */
+const LOOP_STALL_WARN_MS = 250;
 
 export interface CoordinatorSettings {
   readonly id: NodeId;
@@ -178,6 +182,7 @@ export class CoordinatorNode {
     return this.lease?.stats ?? null;
   }
   private server: grpc.Server | null = null;
+  private loopWatch: LoopWatch | null = null;
   private leaseServer: grpc.Server | null = null;
   private leasePort: number | null = null;
 
@@ -206,6 +211,9 @@ export class CoordinatorNode {
           'peer port requires replica certificates',
       );
     }
+    const loopWatch = watchEventLoop(LOOP_STALL_WARN_MS, (ms) =>
+      log.warn({ ms: Math.round(ms) }, 'event loop blocked: this replica sent nothing meanwhile'),
+    );
     const storage = await RaftStorage.open(settings.dataDir, {
       nodeId: settings.id,
       clusterId: settings.clusterId,
@@ -214,7 +222,12 @@ export class CoordinatorNode {
       logger: { warn: (fields, msg) => log.warn(fields, msg) },
       onSync: (ms, bytes) => {
         metrics?.fsyncSeconds.observe(ms / 1000);
-        if (ms > 100) log.warn({ ms, bytes }, 'slow fsync');
+        if (ms > 100) {
+          // Measured from JavaScript: a stall of the event loop meanwhile counts as fsync time.
+          const now = performance.now();
+          const loopBlockedMs = Math.round(loopWatch.blockedDuring(now - ms, now));
+          log.warn({ ms, bytes, loopBlockedMs }, 'slow fsync');
+        }
       },
     });
     let loaded = await storage.load();
@@ -354,6 +367,7 @@ export class CoordinatorNode {
     if (mustCheck) node.voteHolds.add('identity');
     if (voteBarrier > 0) node.voteHolds.add('log-repair');
     nodeRef = node;
+    node.loopWatch = loopWatch;
     node.server = server;
     const leaseOpts = settings.lease;
     // Certificates identify the cells when TLS is on and no tokens are taken (then the lease port
@@ -806,6 +820,7 @@ export class CoordinatorNode {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.loopWatch?.stop();
     this.lease?.stop();
     await this.driver.stop();
     await this.transport.stop();
