@@ -123,10 +123,7 @@ export class LiveTraffic {
 
   /** The busiest followed quotas (admitted + refused per second), at most `n`. */
   busiest(n: number): QuotaTraffic[] {
-    return this.windows
-      .all(this.now())
-      .sort((a, b) => b.admittedPerS + b.refusedPerS - (a.admittedPerS + a.refusedPerS) || (a.key < b.key ? -1 : 1))
-      .slice(0, n);
+    return this.windows.busiest(this.now(), n);
   }
 
   /** Registers the overshoot and fail-open metrics (sampled at scrape time, only on the leader). */
@@ -148,11 +145,7 @@ export class LiveTraffic {
       collect() {
         this.reset();
         if (!self.isLeader()) return;
-        const all = self.windows.all(self.now());
-        this.set(
-          { quota: ALL_QUOTAS_LABEL },
-          all.reduce((m, t) => Math.max(m, t.peakRatio), 0),
-        );
+        this.set({ quota: ALL_QUOTAS_LABEL }, self.windows.maxPeakRatio(self.now()));
         for (const t of self.busiest(OVERSHOOT_TOP_N)) this.set({ quota: t.key }, t.peakRatio);
       },
     });

@@ -329,6 +329,35 @@ export class TrafficWindows {
     return k === undefined ? null : view(key, k, nowMs);
   }
 
+  /**
+   * The `n` busiest followed quotas (admitted + refused per second, then by key), busiest first, as
+   * all() sorted would give them: only those `n` are made views (a scrape of the overshoot metrics
+   * runs this on the leader's event loop over up to MAX_TRACKED_KEYS quotas).
+   */
+  busiest(nowMs: number, n: number): QuotaTraffic[] {
+    const top: { key: string; k: KeyState; perS: number }[] = [];
+    const before = (perS: number, key: string, t: { key: string; perS: number }): boolean =>
+      perS > t.perS || (perS === t.perS && key < t.key);
+    for (const [key, k] of this.keys) {
+      if (n <= 0) break;
+      const perS = currentPerS(k, nowMs);
+      const last = top[top.length - 1];
+      if (top.length >= n && last !== undefined && !before(perS, key, last)) continue;
+      let i = top.length;
+      while (i > 0 && before(perS, key, top[i - 1] as { key: string; perS: number })) i--;
+      top.splice(i, 0, { key, k, perS });
+      if (top.length > n) top.pop();
+    }
+    return top.map((t) => view(t.key, t.k, nowMs));
+  }
+
+  /** The largest peakRatio of all() (0 with none), without making a view per quota. */
+  maxPeakRatio(nowMs: number): number {
+    let max = 0;
+    for (const k of this.keys.values()) max = Math.max(max, peakRatio(k, nowMs));
+    return max;
+  }
+
   /** Every followed quota's current traffic. */
   all(nowMs: number): QuotaTraffic[] {
     return [...this.keys].map(([key, k]) => view(key, k, nowMs));
@@ -396,6 +425,28 @@ function finite(x: number | undefined): number | null {
   return x === undefined || !Number.isFinite(x) ? null : Math.round(x * 1000) / 1000;
 }
 
+function peakRatio(k: KeyState, nowMs: number): number {
+  const nowSecond = Math.floor(nowMs / 1000);
+  let peak = 0;
+  for (let i = 0; i < PEAK_HORIZON_S; i++) {
+    const s = k.peakSeconds[i] ?? -1;
+    if (s >= 0 && nowSecond - s <= PEAK_HORIZON_S) peak = Math.max(peak, k.peaks[i] ?? 0);
+  }
+  return peak;
+}
+
+/** admittedPerS + refusedPerS of view(), summed the same way (so ties and order are the same). */
+function currentPerS(k: KeyState, nowMs: number): number {
+  let admitted = 0;
+  let refused = 0;
+  for (const c of k.cells.values()) {
+    if (nowMs - c.lastAtMs > CURRENT_MS) continue;
+    admitted += c.lastAllowedPerS;
+    refused += c.lastRefusedPerS;
+  }
+  return admitted + refused;
+}
+
 function view(key: string, k: KeyState, nowMs: number): QuotaTraffic {
   let admitted = 0;
   let refused = 0;
@@ -408,12 +459,7 @@ function view(key: string, k: KeyState, nowMs: number): QuotaTraffic {
     refused += r;
     cells.push({ cellId, admittedPerS: a, refusedPerS: r, atMs: c.lastAtMs });
   }
-  const nowSecond = Math.floor(nowMs / 1000);
-  let peak = 0;
-  for (let i = 0; i < PEAK_HORIZON_S; i++) {
-    const s = k.peakSeconds[i] ?? -1;
-    if (s >= 0 && nowSecond - s <= PEAK_HORIZON_S) peak = Math.max(peak, k.peaks[i] ?? 0);
-  }
+  const peak = peakRatio(k, nowMs);
   return {
     key,
     admittedPerS: admitted,

@@ -146,3 +146,44 @@ void test('quiet quotas cost no ledger lookup, and histories past the cap are no
   w.settle(t0 + 6_200, look);
   assert.ok(quotaLookups <= 2 * (1 + histories), `${quotaLookups} quota lookups for 2 bins`);
 });
+
+void test('busiest(n) and maxPeakRatio are all() sorted by traffic then key, and its largest peak (property)', () => {
+  fc.assert(
+    fc.property(
+      fc.array(
+        fc.record({
+          cell: fc.constantFrom('east', 'west'),
+          key: fc.integer({ min: 0, max: 30 }),
+          allowed: fc.constantFrom(0, 1, 5, 5, 20, 100),
+          refused: fc.constantFrom(0, 1, 5),
+          dt: fc.integer({ min: 0, max: 1500 }),
+        }),
+        { maxLength: 80 },
+      ),
+      fc.integer({ min: 0, max: 40 }),
+      (reports, n) => {
+        const w = new TrafficWindows();
+        const look = lookup(30, 10);
+        let t = 5_000_000;
+        for (const r of reports) {
+          t += r.dt;
+          w.record(r.cell, t, [{ key: 'tenant/a', allowedPerS: r.allowed, refusedPerS: r.refused }]);
+          w.record(r.cell, t, [{ key: `tenant/k${r.key}`, allowedPerS: r.allowed, refusedPerS: r.refused }]);
+          w.settle(t, look);
+        }
+        const now = t + 700;
+        const sorted = w
+          .all(now)
+          .sort(
+            (a, b) => b.admittedPerS + b.refusedPerS - (a.admittedPerS + a.refusedPerS) || (a.key < b.key ? -1 : 1),
+          );
+        assert.deepEqual(w.busiest(now, n), sorted.slice(0, n));
+        assert.equal(
+          w.maxPeakRatio(now),
+          sorted.reduce((m, q) => Math.max(m, q.peakRatio), 0),
+        );
+      },
+    ),
+    { numRuns: 200 },
+  );
+});
