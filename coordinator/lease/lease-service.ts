@@ -37,7 +37,7 @@
 // sessions (it sends every grant again) and demands (they come back with the next reports).
 import * as grpc from '@grpc/grpc-js';
 import type { Ledger, LedgerResult } from '../ledger/ledger.js';
-import type { GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
+import type { Grant, GrantAck, LedgerCommandInput, LeaseRenewal } from '../ledger/ledger-commands.js';
 import {
   isName,
   MAX_CELLS,
@@ -163,11 +163,22 @@ interface CellSession {
    */
   readonly toDrop: Map<string, number>;
   /**
+   * Key → the highest epoch this incarnation released to this session (trusted or not). A slice at or below it is never
+   * sent to the session again: it is granted anew one epoch higher (`regrant`) and sent then. So no release can name
+   * an epoch the agent took back after releasing it, and a late copy of a report (a timed-out report overtaken by its
+   * retry, a report processed below format 7) can drop only a slice the agent gave back. Entries go when a higher
+   * epoch is sent or the slice is dropped; bounded by the cell's slices.
+   */
+  readonly releasedEpochs: Map<string, number>;
+  /** Keys whose slice the next round grants one epoch higher, same numbers (see releasedEpochs). */
+  readonly regrant: Set<string>;
+  /**
    * From this time on (this service's clock) the session's releases may drop slices, once it answered the
-   * incarnation before: at once for the cell's first session of the term; TTL + skew margin after it began for one
-   * that replaced another incarnation's (a late copy of a dead incarnation's report could otherwise release a grant the
-   * live one holds; every copy of a report is assumed to reach the leader within that span); never for an incarnation
-   * another replaced this term (it may be that late copy).
+   * incarnation before: TTL + skew margin after the session began (a copy of a report sent before it — to an earlier
+   * leader, or by a dead incarnation — could name an epoch the live agent took back since, from an earlier leader or
+   * from this session's first full picture; every copy of a report is assumed to reach the leader within that span,
+   * and one that arrives in it is only recorded in releasedEpochs); never for an incarnation another replaced this term
+   * (it may be that late copy).
    */
   dropsFromMs: number;
   /** Nothing answered to this session yet: the first answer carries every slice of the cell. */
@@ -524,6 +535,36 @@ export class LeaseService {
   }
 
   /**
+   * Adds to the round's grants, for each reporting cell's keys that were due to be sent again at an epoch its agent
+   * released (CellSession.releasedEpochs), the same slice one epoch higher unless the policy grants the key already
+   * (a new epoch too). The numbers are the slice's own (as the policy's re-grant of a stale definition), so nothing the
+   * ledger counts changes; the answer then carries the new epoch, which no release sent before it can name.
+   */
+  private addRegrants(ledger: Ledger, reported: ReadonlySet<string>, grants: Grant[], nowMs: number): void {
+    let granted: Set<string> | null = null;
+    for (const cellId of reported) {
+      const session = this.sessions.get(cellId);
+      if (session === undefined || session.regrant.size === 0) continue;
+      granted ??= new Set(grants.map((g) => `${g.cellId}\u0000${g.key}`));
+      for (const key of session.regrant) {
+        const s = ledger.getSlice(key, cellId);
+        if (s === undefined || s.epoch === 0 || s.epoch > (session.releasedEpochs.get(key) ?? 0)) continue;
+        if (granted.has(`${cellId}\u0000${key}`)) continue;
+        const live = ledger.getQuota(key) !== undefined;
+        grants.push({
+          key,
+          cellId,
+          rate: live ? s.rate : 0,
+          burst: live ? s.burst : 0,
+          epoch: s.epoch + 1,
+          leaseExpiresAtMs: nowMs + this.ttl,
+        });
+      }
+      session.regrant.clear();
+    }
+  }
+
+  /**
    * Proposes one dropReleasedSlices entry with the releases the reporting cells' sessions took (at most
    * MAX_DROPS_PER_COMMAND; the rest in the next rounds), before the round's grants are computed, so the policy sees the
    * slices gone and a key asked for again gets a first grant (a new slice, epochs above the cell's mark). A key is
@@ -555,7 +596,10 @@ export class LeaseService {
       if (session === undefined || !from.includes(session)) continue;
       session.toDrop.delete(rel.key);
       // Dropped (or gone for another reason): nothing of the key is sent to this cell, nothing to remember.
-      if (ledger.sliceEpoch(rel.key, rel.cellId) === 0) session.released.delete(rel.key);
+      if (ledger.sliceEpoch(rel.key, rel.cellId) === 0) {
+        session.released.delete(rel.key);
+        session.releasedEpochs.delete(rel.key);
+      }
     }
   }
 
@@ -776,6 +820,7 @@ export class LeaseService {
       nowMs,
     );
     grants = grants.filter((g) => reported.has(g.cellId));
+    this.addRegrants(ledger, reported, grants, nowMs);
 
     // 3. One entry (or, refused, the same without grants).
     let r = await this.backend.propose({ type: 'reportAndGrant', nowMs, leases, acks: dedupeAcks(acks), grants });
@@ -845,6 +890,16 @@ export class LeaseService {
       if (s === undefined || s.epoch === 0 || s.epoch <= acked) {
         session.outstanding.delete(key);
         return;
+      }
+      const released = session.releasedEpochs.get(key);
+      if (released !== undefined) {
+        if (s.epoch <= released) {
+          // Released at this epoch: never sent again; the next round grants it one epoch higher.
+          session.outstanding.delete(key);
+          session.regrant.add(key);
+          return;
+        }
+        session.releasedEpochs.delete(key);
       }
       session.outstanding.set(key, seq);
       session.toldUnknown.delete(key);
@@ -995,12 +1050,12 @@ export class LeaseService {
         toldUnknown: new Set(),
         released: new Set(),
         toDrop: new Map(),
+        releasedEpochs: new Map(),
+        regrant: new Set(),
         dropsFromMs:
           replaced?.has(incarnation) === true || (replaced?.size ?? 0) >= MAX_REPLACED_INCARNATIONS
             ? Infinity
-            : s === undefined && replaced === undefined
-              ? -Infinity
-              : this.now() + this.ttl + this.backend.ledger().config.skewMarginMs,
+            : this.now() + this.ttl + this.backend.ledger().config.skewMarginMs,
         fresh: true,
         sweepStarted: 0,
         swept: false,
@@ -1030,6 +1085,7 @@ function takeReleases(ledger: Ledger, session: CellSession, req: ReportRequestMe
   for (const r of req.released ?? []) {
     const epoch = ledger.sliceEpoch(r.key, req.cellId);
     if (epoch > r.epoch) continue;
+    if ((session.releasedEpochs.get(r.key) ?? 0) < r.epoch) session.releasedEpochs.set(r.key, r.epoch);
     session.acked.delete(r.key);
     session.outstanding.delete(r.key);
     session.released.add(r.key);
@@ -1041,6 +1097,8 @@ function takeReleases(ledger: Ledger, session: CellSession, req: ReportRequestMe
     if (v.allowedPerS + v.refusedPerS > 0 && session.released.delete(v.key)) {
       session.toDrop.delete(v.key);
       session.outstanding.set(v.key, 0);
+      // Sent back one epoch above the one released (this round's regrants), never at it.
+      session.regrant.add(v.key);
       taken.delete(v.key);
     }
   return taken;

@@ -989,7 +989,10 @@ export class Ledger {
    *   means no grant of this slice is in flight to it that it could still apply (an older one is superseded by the one
    *   it released; the lease client takes one answer at a time). A release of an older epoch (the newer grant is in
    *   flight, or was sent after the release) drops nothing: the newer grant stays counted until acknowledged or the
-   *   lease surely expired, as always.
+   *   lease surely expired, as always. The ledger cannot tell a late copy of a release from a fresh one: the lease
+   *   leader makes sure none can name an epoch the agent took back (a session never sends a key again at an epoch
+   *   released to it, but one epoch higher, and takes releases as drops only TTL + skew margin after it began:
+   *   LeaseService, CellSession.releasedEpochs / dropsFromMs).
    * - Floors: a floor stays counted until acknowledged away, lease expiry or not (heldFloor*); the slice goes only if
    *   every floor it still counts is within the cell's floor slot for the key now, which the ledger counts without a
    *   slice, so dropping it never counts the cell below a floor it may fall back to. Held grant rates (a shrink not yet

@@ -613,11 +613,15 @@ void test("releases (an agent's evicted keys): a released key is not sent again,
     );
     r = await send({});
     assert.deepEqual(keys(r), [], 'nor resent');
-    // The cell asks for a again (its checks are refused): its current slice comes back, at the same epoch.
+    // The cell asks for a again (its checks are refused): its slice comes back with the same numbers one epoch above
+    // the one released (never at it: a late copy of the release could otherwise name a grant the agent took back).
+    const before = h.backend.ledger().getSlice('tenant/a', 'eu');
     r = await send({ velocity: [demand('tenant/a')] });
     const back = r.grants.find((g) => g.key === 'tenant/a');
     assert.ok(back !== undefined, 'a is sent again once asked for');
+    assert.equal(back.epoch, epochA + 1, 'one epoch above the released one');
     assert.equal(back.epoch, h.backend.ledger().getSlice('tenant/a', 'eu')?.epoch, "the ledger's current slice");
+    assert.deepEqual([back.rate, back.burst], [before?.rate, before?.burst], 'the same numbers');
     // Bad releases are refused with the reason, and change nothing.
     const bad = await report(h.address, { cellId: 'eu', pagedAnswers: true, released: [{ key: 'nope', epoch: 1 }] });
     assert.equal(bad.err?.code, grpc.status.INVALID_ARGUMENT);
@@ -644,6 +648,9 @@ void test('releases at command format 7: a release of the slice current epoch dr
     await send({ acks: [...held].map(([key, epoch]) => ({ key, epoch })) });
     assert.equal(ledger.cellSliceCount('eu'), 3);
     const epochA = ledger.sliceEpoch('tenant/a', 'eu');
+    // A session's releases drop slices from TTL + skew margin after it began (a copy of a report sent before it
+    // could name a grant the agent took back since).
+    nowMs += 4_100;
     // a released at its epoch (dropped), b at an epoch below its slice's (kept).
     await send({
       released: [
@@ -671,6 +678,40 @@ void test('releases at command format 7: a release of the slice current epoch dr
     nowMs += 4_100;
     await send({ incarnation: 'second', released: [{ key: 'tenant/c', epoch: cEpoch }] });
     assert.equal(ledger.sliceEpoch('tenant/c', 'eu'), 0, 'dropped once TTL + margin passed');
+  } finally {
+    h.stop();
+  }
+});
+
+void test('a late copy of a release (a timed-out report overtaken by its retry, which asked for the key again) drops nothing: the key came back one epoch higher, which the old release cannot name', async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs);
+  const send = sender(h, () => (nowMs += 10));
+  const ledger = h.backend.ledger();
+  try {
+    await h.backend.propose({ type: 'raiseCommandFormat', format: RELEASED_SLICES_FORMAT });
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0 });
+    await h.backend.propose({ type: 'putTenant', id: 'a', tier: 'gold' });
+    // The same demand throughout, so the policy has no reason to change the grant (a changed grant is a new epoch
+    // anyway): only the release rule decides the epoch the key comes back at.
+    await send({ velocity: [demand('tenant/a')] });
+    await send({ velocity: [demand('tenant/a')] });
+    const e = ledger.sliceEpoch('tenant/a', 'eu');
+    assert.ok(e > 0, 'a granted');
+    await send({ acks: [{ key: 'tenant/a', epoch: e }] });
+    nowMs += 4_100; // past the session's TTL + margin: its releases drop slices
+    // R0 = { released a@e } times out at the agent; its retry R1 carries the release and demand for a again.
+    const r0 = { released: [{ key: 'tenant/a', epoch: e }] };
+    const r = await send({ ...r0, velocity: [demand('tenant/a')] });
+    const back = r.grants.find((g) => g.key === 'tenant/a');
+    assert.ok(back !== undefined, 'a is sent again');
+    // The agent takes it (its release was answered) and acknowledges it.
+    await send({ acks: [{ key: 'tenant/a', epoch: back.epoch }], velocity: [demand('tenant/a')] });
+    // R0 arrives last. (Before: a came back at e, and R0 dropped the slice the agent held under a live lease.)
+    await send(r0);
+    assert.equal(h.service.stats.releasedSlicesDropped, 0, 'the late release dropped nothing');
+    assert.equal(ledger.sliceEpoch('tenant/a', 'eu'), back.epoch, 'the slice the agent holds is still counted');
+    assert.equal(back.epoch, e + 1, 'a came back one epoch above the released one, never at it');
   } finally {
     h.stop();
   }
