@@ -17,9 +17,12 @@
 // counts the slice as before. While a
 // release waits, a grant at or below the released epoch is not taken (it is the one given back); a
 // newer one is, as always. A key that comes
-// back takes the slice the answer carries (built from the committed ledger, as any answer), and its
-// bucket, if the table still has it, keeps its level under the same limit or starts empty (global
-// slices start empty): nothing comes back fuller than it went.
+// back takes the slice the answer carries (built from the committed ledger, as any answer). Its bucket,
+// if the table still has it, is not emptied by the eviction and would refill at the old limit (a GCRA
+// level grows with time); what empties it is the refused checks that ask for the key again: each takes
+// the bucket under the pending slice (rate 0), and a key comes back only through that demand (the
+// leader grants a released key again only when the cell reports demand for it). So it comes back
+// empty. (A grant arriving without such a check would find the old level: none is sent today.)
 
 /** --max-lease-keys by default (measured cost per held key: cell-agent/README.md). */
 export const DEFAULT_MAX_LEASE_KEYS = 20_000;
