@@ -6,7 +6,7 @@
 // safety.
 import { AllocatorInputBuilder, allocateRound, allocatorCells } from '../allocator/index.js';
 import type { AllocatorInput, AllocatorInputBuffers } from '../allocator/index.js';
-import type { Ledger } from '../ledger/ledger.js';
+import type { Ledger, SliceView } from '../ledger/ledger.js';
 import type { Grant, GrantAck } from '../ledger/ledger-commands.js';
 
 /** What the round knows besides the ledger. */
@@ -136,6 +136,28 @@ export const allocatorPolicy: GrantPolicy = (ledger, demands, nowMs) => {
 export const MAX_DEFINITION_GRANTS_PER_ROUND = 20_000;
 
 /**
+ * A grant of `slice` as it stands, one epoch higher: what the ledger counts does not change (a deleted quota's slice
+ * gets zero, which winds it down). Used to re-send a slice under a new definition or a new epoch.
+ */
+export function sameSliceNextEpoch(
+  ledger: Ledger,
+  key: string,
+  cellId: string,
+  slice: SliceView,
+  leaseExpiresAtMs: number,
+): Grant {
+  const live = ledger.getQuota(key) !== undefined;
+  return {
+    key,
+    cellId,
+    rate: live ? slice.rate : 0,
+    burst: live ? slice.burst : 0,
+    epoch: slice.epoch + 1,
+    leaseExpiresAtMs,
+  };
+}
+
+/**
  * Adds, for every reporting cell, a first grant for each quota it asks for but holds no slice of,
  * a grant for each slice stamped with an older definition of its
  * quota (a tier or tenant changed: same numbers, the new floor, version and parent) and a zero
@@ -202,15 +224,7 @@ export function definitionGrants(
       if (isTaken(cellId, key)) continue;
       const s = ledger.getSlice(key, cellId);
       if (s === undefined) continue;
-      const live = ledger.getQuota(key) !== undefined;
-      grants.push({
-        key,
-        cellId,
-        rate: live ? s.rate : 0,
-        burst: live ? s.burst : 0,
-        epoch: s.epoch + 1,
-        leaseExpiresAtMs,
-      });
+      grants.push(sameSliceNextEpoch(ledger, key, cellId, s, leaseExpiresAtMs));
       added++;
     }
   }

@@ -52,6 +52,7 @@ import type { Logger } from '../../shared/logging.js';
 import { createAllocatorPolicy } from './incremental-policy.js';
 import { DEFAULT_IMPLICIT_TENANT_IDLE_MS, DEFAULT_MAX_IMPLICIT_TENANTS, ImplicitTenants } from './implicit-tenants.js';
 import type { GrantPolicy } from './grant-policy.js';
+import { sameSliceNextEpoch } from './grant-policy.js';
 import { LeaderClock } from './leader-clock.js';
 import { planted } from '../../shared/planted-bugs.js';
 import type { LeaseAuthenticator } from './lease-auth.js';
@@ -550,15 +551,7 @@ export class LeaseService {
         const s = ledger.getSlice(key, cellId);
         if (s === undefined || s.epoch === 0 || s.epoch > (session.releasedEpochs.get(key) ?? 0)) continue;
         if (granted.has(`${cellId}\u0000${key}`)) continue;
-        const live = ledger.getQuota(key) !== undefined;
-        grants.push({
-          key,
-          cellId,
-          rate: live ? s.rate : 0,
-          burst: live ? s.burst : 0,
-          epoch: s.epoch + 1,
-          leaseExpiresAtMs: nowMs + this.ttl,
-        });
+        grants.push(sameSliceNextEpoch(ledger, key, cellId, s, nowMs + this.ttl));
       }
       session.regrant.clear();
     }
