@@ -68,6 +68,7 @@ void test('decision smoke: the two references, take and takeKey, the decision on
       'decide 2 (fast)',
       'decide 2 (general)',
       'limiter.check()',
+      'limiter.check() reused entry',
       'limiter.checkInPlace()',
       'decide (fast) in place',
       'limiter.check() 256',
