@@ -177,7 +177,7 @@ export class CoordinatorCluster {
         for (const id of among) {
           if (this.replica(id).proc === null) continue;
           try {
-            const r = await this.http(id, 'GET', '/v1/cluster?stale=true', undefined, this.auth());
+            const r = await this.http(id, 'GET', '/v1/cluster?stale=true', undefined, this.adminAuth());
             if (r.status === 200) {
               answered++;
               seen.add((r.body['leader'] as string | null) ?? null);
@@ -205,7 +205,7 @@ export class CoordinatorCluster {
   /** A write sent to the leader, following one redirect if leadership moved. */
   async write(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<HttpResult> {
     const leader = await this.waitForLeader();
-    const h = { ...this.auth(), ...headers };
+    const h = { ...this.adminAuth(), ...headers };
     let r = await this.http(leader, method, path, body, h);
     if (r.status === 307) {
       const loc = r.headers.get('location') ?? '';
@@ -215,7 +215,8 @@ export class CoordinatorCluster {
     return r;
   }
 
-  private auth(): Record<string, string> {
+  /** The admin API headers this cluster's writes carry (its bearer token, when it has one). */
+  adminAuth(): Record<string, string> {
     return this.authToken === undefined ? {} : { authorization: `Bearer ${this.authToken}` };
   }
 }
