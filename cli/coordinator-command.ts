@@ -381,6 +381,7 @@ export async function runCoordinatorCommand(argv: readonly string[], env: NodeJS
         .listCells()
         .map((c) => [c.id, node.ledger().cellSliceCount(c.id)] as const),
     releasedSlicesDropped: () => node.leaseStats()?.releasedSlicesDropped ?? 0,
+    releasesParked: () => node.leaseStats()?.releasesParked ?? 0,
   });
   const app = await buildAdminServer({
     backend: node,

@@ -77,6 +77,11 @@ export interface ReportResponseMessage {
   fullPicture?: number;
   /** The leader takes ReportRequestMessage.released (decoded false when absent). */
   releases?: boolean;
+  /**
+   * The session does not drop released slices yet: the agent keeps the releases this report carried and sends
+   * them again after an answer without the flag (decoded false when absent).
+   */
+  releasesParked?: boolean;
 }
 
 export interface QuotaLeaseService {

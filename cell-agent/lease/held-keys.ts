@@ -23,6 +23,13 @@
 // the bucket under the pending slice (rate 0), and a key comes back only through that demand (the
 // leader grants a released key again only when the cell reports demand for it). So it comes back
 // empty. (A grant arriving without such a check would find the old level: none is sent today.)
+//
+// A release that reaches a leader in its session's first TTL + skew margin is taken (the key is not sent
+// again) but drops no slice (ReportResponse.releases_parked: a copy of a report sent before the session
+// began could name a grant the agent took back since). Such releases are parked here and sent again once
+// an answer comes without the flag: a release sent then is one the session may trust, as any new one. Before,
+// they were done at once and their slices stayed counted for good (the cell's slices grew with every
+// election: 18,000 -> 53,838 over 4 at 1,000,000 tenants in `npm run bench -- agent-tenants`).
 
 /** --max-lease-keys by default (measured cost per held key: cell-agent/README.md). */
 export const DEFAULT_MAX_LEASE_KEYS = 20_000;
@@ -41,6 +48,11 @@ export class HeldKeys {
   private readonly order = new Map<string, true>();
   /** Keys released and not yet delivered to a leader → the epoch given back. */
   private readonly releasing = new Map<string, number>();
+  /**
+   * Of those, the ones a leader took but parked (ReportResponse.releases_parked: its session drops no slice yet):
+   * not sent again until unpark(). Still releases in every other way: no grant at or below their epoch is taken.
+   */
+  private readonly parked = new Set<string>();
   /** Keys with demand in the latest velocity window. */
   private demand: ReadonlySet<string> = new Set();
 
@@ -93,7 +105,9 @@ export class HeldKeys {
   /** Gives `key` back at `epoch` (the highest the agent saw for it): sent with the next reports. */
   release(key: string, epoch: number): void {
     this.order.delete(key);
-    this.releasing.set(key, Math.max(epoch, this.releasing.get(key) ?? 0));
+    const before = this.releasing.get(key);
+    this.releasing.set(key, Math.max(epoch, before ?? 0));
+    if (before === undefined || epoch > before) this.parked.delete(key);
   }
 
   /** The epoch a waiting release gave back for `key`, or undefined. */
@@ -104,6 +118,7 @@ export class HeldKeys {
   /** A grant newer than the release arrived: the key is held again. */
   unrelease(key: string): void {
     this.releasing.delete(key);
+    this.parked.delete(key);
   }
 
   /** Releases waiting. */
@@ -111,11 +126,18 @@ export class HeldKeys {
     return this.releasing.size;
   }
 
-  /** The next report's releases (at most MAX_RELEASES_PER_REPORT). */
+  /** Of the releases waiting, those parked (sent again after unpark()). */
+  get parkedCount(): number {
+    return this.parked.size;
+  }
+
+  /** The next report's releases (at most MAX_RELEASES_PER_REPORT), parked ones left out. */
   page(): ReleaseEntry[] {
     const out: ReleaseEntry[] = [];
+    if (this.parked.size === this.releasing.size) return out;
     for (const [key, epoch] of this.releasing) {
       if (out.length >= MAX_RELEASES_PER_REPORT) break;
+      if (this.parked.has(key)) continue;
       out.push({ key, epoch });
     }
     return out;
@@ -123,7 +145,26 @@ export class HeldKeys {
 
   /** A leader answered the report that carried `sent`: those releases are done. */
   delivered(sent: readonly ReleaseEntry[]): void {
-    for (const r of sent) if (this.releasing.get(r.key) === r.epoch) this.releasing.delete(r.key);
+    for (const r of sent)
+      if (this.releasing.get(r.key) === r.epoch) {
+        this.releasing.delete(r.key);
+        this.parked.delete(r.key);
+      }
+  }
+
+  /**
+   * A leader took the releases `sent` but parked them (its session drops no slice yet): kept, not sent again until
+   * unpark(). One it took and dropped nothing for would otherwise stay counted in its ledger for good.
+   */
+  park(sent: readonly ReleaseEntry[]): void {
+    for (const r of sent) if (this.releasing.get(r.key) === r.epoch) this.parked.add(r.key);
+  }
+
+  /** A leader's session drops released slices now: the parked releases go with the next reports. Whether any did. */
+  unpark(): boolean {
+    if (this.parked.size === 0) return false;
+    this.parked.clear();
+    return true;
   }
 
   /** Held keys tracked (for tests and status). */

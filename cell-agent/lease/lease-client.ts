@@ -294,8 +294,10 @@ export interface LeaseClientStatus {
   readonly reportsFailed: number;
   /** Keys whose grant was evicted (idle past --max-lease-keys) or not taken from a full picture, so far. */
   readonly released: number;
-  /** Releases not yet delivered to a leader. */
+  /** Releases not yet delivered to a leader (parked ones included). */
   readonly releasesPending: number;
+  /** Of those, the ones a leader took but parked (releases_parked): sent again once a session drops slices. */
+  readonly releasesParked: number;
   /** Encoded bytes of the reports sent and the answers received so far (0: the transport does not count). */
   readonly reportBytes: number;
   readonly answerBytes: number;
@@ -404,6 +406,7 @@ export class LeaseClient {
       reportsFailed: this.reportsFailed,
       released: this.releasedTotal,
       releasesPending: this.held.pending,
+      releasesParked: this.held.parkedCount,
       reportBytes: this.transport.traffic?.().reportBytes ?? 0,
       answerBytes: this.transport.traffic?.().answerBytes ?? 0,
     };
@@ -550,13 +553,21 @@ export class LeaseClient {
     reporter.delivered(page);
     if (result.res.velocityResync === true) reporter.resync();
     this.leaderTakesReleases = result.res.releases === true;
-    // A leader that does not take releases keeps sending the grants given back: they are taken again.
-    if (this.leaderTakesReleases) this.held.delivered(req.released ?? []);
-    else for (const r of req.released ?? []) this.held.unrelease(r.key);
+    // A leader that does not take releases keeps sending the grants given back: they are taken again. One that
+    // took them but parked them (its session drops no slice yet) has them sent again once an answer comes
+    // without the flag, so that their slices are dropped then (held-keys.ts).
+    let unparked = false;
+    if (this.leaderTakesReleases && result.res.releasesParked === true) this.held.park(req.released ?? []);
+    else {
+      unparked = this.held.unpark();
+      if (this.leaderTakesReleases) this.held.delivered(req.released ?? []);
+      else for (const r of req.released ?? []) this.held.unrelease(r.key);
+    }
     this.applyAnswer(result.res, sentAt);
     if (this.leaderTakesReleases) this.evictIdle();
-    // What did not fit in this report goes in the next one, at once; so does the next page of grants.
-    if (page.more || result.res.more === true) this.reportSoon();
+    // What did not fit in this report goes in the next one, at once; so does the next page of grants, and the
+    // releases unparked.
+    if (page.more || result.res.more === true || unparked) this.reportSoon();
     return true;
   }
 

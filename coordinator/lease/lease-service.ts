@@ -129,6 +129,11 @@ interface PendingReport {
   readonly req: ReportRequestMessage;
   /** This service's time at receipt (raised to the ledger's clock when the term's clock syncs). */
   receiptMs: number;
+  /**
+   * Its answer says releases_parked: the session took its releases (no resend) but drops no slice yet (its first
+   * TTL + skew margin), so the agent sends them again once an answer comes without the flag.
+   */
+  releasesParked: boolean;
   readonly resolve: (r: ReportResponseMessage) => void;
   readonly reject: (e: grpc.ServiceError | Error) => void;
 }
@@ -224,6 +229,8 @@ export interface LeaseServiceStats {
   implicitTenantsRevived: number;
   /** Slices dropped from the ledger because their cell's agent released them (dropReleasedSlices). */
   releasedSlicesDropped: number;
+  /** Releases taken while their session dropped no slice yet, which the agent sends again later (releases_parked). */
+  releasesParked: number;
 }
 
 function statusError(code: grpc.status, details: string, trailers?: grpc.Metadata): grpc.ServiceError {
@@ -248,6 +255,7 @@ export class LeaseService {
     implicitTenantsRetired: 0,
     implicitTenantsRevived: 0,
     releasedSlicesDropped: 0,
+    releasesParked: 0,
   };
   private readonly backend: LeaseBackend;
   private readonly log: Logger;
@@ -408,7 +416,7 @@ export class LeaseService {
       return;
     }
     this.onReport?.(req, Date.now()); // the live view bins by this process's wall clock, not the lease frame
-    this.pending.push({ req, receiptMs, resolve, reject });
+    this.pending.push({ req, receiptMs, releasesParked: false, resolve, reject });
   }
 
   private refuse(
@@ -787,6 +795,11 @@ export class LeaseService {
       }
       const format7 = ledger.commandFormat >= RELEASED_SLICES_FORMAT;
       const gone = takeReleases(ledger, session, p.req, trusted && format7);
+      // Not trusted yet, but will be: the agent keeps this report's releases and sends them again after the window
+      // (before, a release that reached a new leader in its first TTL + margin was never dropped: the agent did not
+      // send it again, and the cell's slices grew with every election — `npm run bench -- agent-tenants`).
+      p.releasesParked = format7 && !trusted && Number.isFinite(session.dropsFromMs);
+      if (p.releasesParked) this.stats.releasesParked += p.req.released?.length ?? 0;
       // From format 7 a released key's slice is dropped: a demand the leader still holds for it predates the release
       // (the agent evicts only keys without demand, and reports a key's demand anew when it comes back), and would
       // only have the round grant the key again at once.
@@ -845,7 +858,7 @@ export class LeaseService {
     const caps = committed.cappedDomains();
     for (const p of batch) {
       if (!cells.has(p.req.cellId)) continue;
-      p.resolve(this.answer(committed, p.req, caps, settings.unknownTenant));
+      p.resolve(this.answer(committed, p.req, caps, settings.unknownTenant, p.releasesParked));
     }
   }
 
@@ -861,6 +874,7 @@ export class LeaseService {
     req: ReportRequestMessage,
     caps: { readonly domains: string[]; readonly version: number },
     unknownTenant: UnknownTenantPolicyName,
+    releasesParked = false,
   ): ReportResponseMessage {
     const session = this.session(req.cellId, req.incarnation);
     const paged = req.pagedAnswers === true;
@@ -961,7 +975,15 @@ export class LeaseService {
       cappedDomains: capsIncluded ? caps.domains : [],
       full,
       velocityResync: !session.swept,
-      ...(paged ? { more, answerSeq: seq, fullPicture: picture !== null ? session.fullSince : 0, releases: true } : {}),
+      ...(paged
+        ? {
+            more,
+            answerSeq: seq,
+            fullPicture: picture !== null ? session.fullSince : 0,
+            releases: true,
+            releasesParked,
+          }
+        : {}),
     };
   }
 

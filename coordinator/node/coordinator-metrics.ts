@@ -24,6 +24,8 @@ export interface CoordinatorMetricsSource {
   readonly slicesByCell?: () => Iterable<readonly [string, number]>;
   /** Slices this replica, as leader, dropped because their cell's agent released them, since this process started. */
   readonly releasedSlicesDropped?: () => number;
+  /** Releases this replica, as leader, took in a session's first TTL + margin, for the agent to send again later. */
+  readonly releasesParked?: () => number;
 }
 
 export class CoordinatorMetrics {
@@ -153,6 +155,12 @@ export class CoordinatorMetrics {
       'cellquota_lease_released_slices_dropped_total',
       "Slices the leader dropped from the ledger because their cell's agent released them (--max-lease-keys)",
       src.releasedSlicesDropped,
+    );
+    total(
+      'cellquota_lease_releases_parked_total',
+      "Releases the leader took in an agent session's first lease TTL + skew margin, when it drops no slice yet: " +
+        'the agent sends them again after that (releases_parked), and they are dropped then',
+      src.releasesParked,
     );
     total(
       'cellquota_lease_demand_keys_dropped_total',

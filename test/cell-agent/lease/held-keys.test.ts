@@ -50,3 +50,48 @@ void test('held keys: a release keeps the highest epoch given back, is done only
   assert.equal(h.page().length, MAX_RELEASES_PER_REPORT, 'a report carries at most MAX_RELEASES_PER_REPORT');
   assert.equal(h.pending, MAX_RELEASES_PER_REPORT + 5);
 });
+
+void test('held keys: releases a leader parked are kept and not sent until unparked, still refuse grants at or below their epoch, and a newer release or grant ends the parking', () => {
+  const h = new HeldKeys(100);
+  h.release('tenant/a', 4);
+  h.release('tenant/b', 7);
+  const sent = h.page();
+  assert.deepEqual(
+    sent.map((r) => r.key),
+    ['tenant/a', 'tenant/b'],
+  );
+  h.release('tenant/c', 1); // released while that report was out: not part of it
+  h.park(sent);
+  assert.equal(h.parkedCount, 2);
+  assert.equal(h.pending, 3, 'parked releases still wait');
+  assert.deepEqual(
+    h.page().map((r) => r.key),
+    ['tenant/c'],
+    'parked ones are not sent again',
+  );
+  assert.equal(h.released('tenant/a'), 4, 'a parked release still names its epoch (grants at or below it not taken)');
+  h.release('tenant/b', 9); // evicted again at a newer epoch: a new release, sent
+  assert.equal(h.parkedCount, 1);
+  assert.deepEqual(
+    h.page().map((r) => r.key),
+    ['tenant/b', 'tenant/c'],
+  );
+  assert.equal(h.unpark(), true, 'a leader that drops slices now: unparked');
+  assert.equal(h.unpark(), false, 'nothing left parked');
+  const again = h.page();
+  assert.deepEqual(
+    again.map((r) => [r.key, r.epoch]),
+    [
+      ['tenant/a', 4],
+      ['tenant/b', 9],
+      ['tenant/c', 1],
+    ],
+    'sent again at the epochs given back',
+  );
+  h.park(again);
+  h.unrelease('tenant/a'); // a newer grant taken
+  assert.equal(h.parkedCount, 2);
+  h.delivered(again);
+  assert.equal(h.pending, 0);
+  assert.equal(h.parkedCount, 0, 'delivered: neither waiting nor parked');
+});

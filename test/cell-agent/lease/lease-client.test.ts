@@ -416,3 +416,74 @@ void test('finding 4: a grant whose GCRA window the bucket table cannot hold is 
     coordinator.stop();
   }
 });
+
+void test('lease client: releases a leader answers with releases_parked are kept and sent again after the first answer without it, then done', async () => {
+  let parked = true;
+  let seq = 0;
+  let acked = false;
+  const picture = (key: string): GrantMessage => ({ ...grant(4), key });
+  const fake = await fakeCoordinator((req) => {
+    seq++;
+    acked ||= req.acks.some((a) => a.key === 'tenant/a');
+    // Until the agent acknowledges it: a full picture carrying two keys the agent neither holds nor asks for.
+    const full = !acked;
+    return {
+      res: {
+        ...ok(full ? [picture('tenant/a'), picture('tenant/b')] : []).res,
+        full,
+        answerSeq: seq,
+        releases: true,
+        releasesParked: parked,
+        more: false,
+        fullPicture: 0,
+        velocityResync: false,
+      },
+    };
+  });
+  const client = new LeaseClient({
+    cellId: 'eu',
+    coordinators: [fake.address],
+    logger,
+    velocity: () => [],
+    onOverrides: () => undefined,
+    intervalMs: 100,
+    maxKeys: 10,
+  });
+  const releasedIn = (r: ReportRequestMessage): string[] => (r.released ?? []).map((x) => `${x.key}@${x.epoch}`).sort();
+  try {
+    client.start();
+    // The picture's keys are released at once (acknowledged, not held) and sent with the next report.
+    await waitFor('the release sent', () => fake.requests.some((r) => releasedIn(r).length > 0), {
+      timeoutMs: 5000,
+      everyMs: 10,
+    });
+    const firstAt = fake.requests.findIndex((r) => releasedIn(r).length > 0);
+    assert.deepEqual(releasedIn(fake.requests[firstAt] as ReportRequestMessage), ['tenant/a@4', 'tenant/b@4']);
+    // Answered with releases_parked: kept, not sent again while answers keep the flag.
+    await waitFor('four more reports', () => fake.requests.length >= firstAt + 5, { timeoutMs: 5000, everyMs: 10 });
+    assert.deepEqual(
+      fake.requests.slice(firstAt + 1).flatMap(releasedIn),
+      [],
+      'parked: not sent while the session parks',
+    );
+    assert.equal(client.status().releasesParked, 2);
+    assert.equal(client.status().releasesPending, 2);
+    // The session trusts releases now: the first answer without the flag unparks them, the next report carries them.
+    const before = fake.requests.length;
+    parked = false;
+    await waitFor('sent again', () => fake.requests.slice(before).some((r) => releasedIn(r).length > 0), {
+      timeoutMs: 5000,
+      everyMs: 10,
+    });
+    const againAt = before + fake.requests.slice(before).findIndex((r) => releasedIn(r).length > 0);
+    assert.deepEqual(releasedIn(fake.requests[againAt] as ReportRequestMessage), ['tenant/a@4', 'tenant/b@4']);
+    await waitFor('three more reports', () => fake.requests.length >= againAt + 4, { timeoutMs: 5000, everyMs: 10 });
+    assert.deepEqual(fake.requests.slice(againAt + 1).flatMap(releasedIn), [], 'delivered: done');
+    assert.equal(client.status().releasesPending, 0);
+    assert.equal(client.status().releasesParked, 0);
+    assert.equal(client.status().grants, 0, 'never held');
+  } finally {
+    client.stop();
+    fake.stop();
+  }
+});

@@ -716,3 +716,62 @@ void test('a late copy of a release (a timed-out report overtaken by its retry, 
     h.stop();
   }
 });
+
+void test("releases in a session's first TTL + margin are parked: the answer says so and the slice stays; sent again after it, they drop the slice; an incarnation replaced this term (which never drops) parks nothing", async () => {
+  let nowMs = 1_000_000;
+  const h = await setup(createAllocatorPolicy(), () => nowMs);
+  const send = sender(h, () => (nowMs += 10));
+  const ledger = h.backend.ledger();
+  try {
+    await h.backend.propose({ type: 'raiseCommandFormat', format: RELEASED_SLICES_FORMAT });
+    await h.backend.propose({ type: 'putTier', name: 'gold', rate: 100, burst: 100, floorFraction: 0 });
+    for (const id of ['a', 'b']) await h.backend.propose({ type: 'putTenant', id, tier: 'gold' });
+    const held = new Map<string, number>();
+    let r = await send({ velocity: [demand('tenant/a'), demand('tenant/b')] });
+    for (const g of r.grants) held.set(g.key, g.epoch);
+    r = await send({});
+    for (const g of r.grants) held.set(g.key, g.epoch);
+    assert.equal(r.releasesParked, true, 'a new session: releases are parked');
+    await send({ acks: [...held].map(([key, epoch]) => ({ key, epoch })) });
+    // a goes idle (an agent evicts idle keys): its grant settles, acknowledged, so no round moves it again.
+    const idle = { key: 'tenant/a', allowedPerS: 0, refusedPerS: 0 };
+    for (let i = 0; i < 10; i++) {
+      r = await send({ velocity: [idle] });
+      const g = r.grants.find((x) => x.key === 'tenant/a');
+      if (g === undefined) break;
+      await send({ acks: [{ key: g.key, epoch: g.epoch }], velocity: [idle] });
+    }
+    const ea = ledger.sliceEpoch('tenant/a', 'eu');
+    assert.ok(ea > 0);
+    // Released in the window (an agent that evicts at once, or a new leader's full picture released at once).
+    r = await send({ released: [{ key: 'tenant/a', epoch: ea }] });
+    assert.equal(r.releasesParked, true, 'the answer tells the agent to send it again later');
+    assert.equal(ledger.sliceEpoch('tenant/a', 'eu'), ea, 'not dropped in the window');
+    assert.equal(h.service.stats.releasesParked, 1);
+    // The cell keeps reporting (its lease lives) past TTL + margin; a stays released, never sent.
+    for (let i = 0; i < 5; i++) {
+      nowMs += 1_000;
+      r = await send({});
+      assert.ok(!r.grants.some((g) => g.key === 'tenant/a'), 'a is not sent again');
+    }
+    assert.equal(r.releasesParked, false, 'past the window: the agent unparks');
+    assert.equal(ledger.sliceEpoch('tenant/a', 'eu'), ea, 'kept until the release comes again');
+    // The agent sends the parked release again: now it drops the slice. (Before, nothing was sent again and the
+    // slice stayed counted until the key was asked for.)
+    r = await send({ released: [{ key: 'tenant/a', epoch: ea }] });
+    assert.equal(r.releasesParked, false);
+    assert.equal(ledger.sliceEpoch('tenant/a', 'eu'), 0, 'dropped');
+    assert.equal(h.service.stats.releasedSlicesDropped, 1);
+    // A new incarnation replaces the session; then the replaced one reports again: its session never drops (it may be
+    // a late copy), so it parks nothing — the agent must not keep re-sending what can never be dropped.
+    await send({ incarnation: 'second' });
+    await send({ incarnation: 'i1' });
+    const eb = ledger.sliceEpoch('tenant/b', 'eu');
+    r = await send({ incarnation: 'i1', released: [{ key: 'tenant/b', epoch: eb }] });
+    assert.equal(r.releasesParked, false);
+    assert.equal(ledger.sliceEpoch('tenant/b', 'eu'), eb, 'kept: that session drops nothing this term');
+    assert.equal(h.service.stats.releasesParked, 1, 'nothing more parked');
+  } finally {
+    h.stop();
+  }
+});
