@@ -420,6 +420,9 @@ export function moveTenants(w: World, tenants: number, p: number, seed: number):
   return Int32Array.from(rows);
 }
 
+/** Untimed incremental rounds before the timed ones (measureIncremental). */
+const INCREMENTAL_WARM_UP = 5;
+
 const grantId = (g: Grant): string => `${g.key}|${g.cellId}|${g.rate}|${g.burst}|${g.epoch}`;
 
 export interface IncrementalBenchRow {
@@ -478,8 +481,12 @@ export function measureIncremental(
     const cols = allocateRoundColumns(inp, ws2).changes;
     return { input: inp, sel: selectGrants(inp, cols, DEFAULT_MAX_GRANTS_PER_ROUND, true, scratch) };
   };
+  // Warm-up rounds, untimed: the JIT, and the collections that building and converging the world left due (at
+  // 1,000,000 × 16 a ~1 GB heap whose major collection otherwise lands in the first timed rounds: 103 ms against
+  // 73 ms in the same quiet sitting); then more timed runs than the full round's, the round being short.
   let { input: incInput, sel } = incremental();
-  for (let r = 0; r < runs; r++) {
+  for (let r = 1; r < INCREMENTAL_WARM_UP; r++) ({ input: incInput, sel } = incremental());
+  for (let r = 0; r < runs * 2 + 1; r++) {
     const c0 = process.cpuUsage();
     const t0 = performance.now();
     ({ input: incInput, sel } = incremental());
@@ -840,7 +847,7 @@ export function runAllocatorBench(opts: { smoke: boolean; progress: (msg: string
     notes: [
       "Row 'policy round on a ledger': the lease round as the coordinator runs it (IncrementalAllocatorPolicy on a real Ledger): one round between full rounds (the policy's first, full round untimed; then every key's demand changed, so every quota is in the working set): the gather from the ledger (each key's definition read once in the round; slices read into columns by one Ledger.quotaColumnsReader), the allocator, the selection within the budget (Grant objects only for the grants sent), the definition grants (keys held at every cell skipped). 'first (full) round': a fresh policy's first round (every quota, the working set built: the row before issue 20's round work); 'allocatorPolicy': the stateless full round (grant-policy.ts), the reference, in the same run. The ledger holds exactly the quotas the round computes — 10,000 × 16, the quotas a 1,000,000 × 16 round at 1% (or 100,000 × 16 at 10%) computes: a round's work follows the quotas it computes, and a ledger of 1,000,000 tenants with a slice at each of 16 cells (16 M slices) does not fit this machine's memory beside the rest. Every quota's demand is new at every cell (all slices change, more than the ~108,000 of the converged 1 % row). 'gather': buildRoundInput alone.",
       "Row 'steady policy rounds on a ledger': IncrementalAllocatorPolicy over consecutive rounds on a real Ledger, each round committed (reportAndGrant with the previous round's grants acknowledged, every cell reporting every round), after convergence; each round a fraction of the tenants' demands move at every cell. 'quotas computed' (median per round) is the working set: a changed key is computed again when its acknowledgements arrive and stays until it is settled and every live cell reported since (cells reporting every 500 ms, 5 rounds, keep it longer than here), and keys with grants deferred by the budget stay too. 'computed / changed' is how far the round is from costing only what changed; at 1,000,000 × 16 with 1% moving, 10,000 keys a round want ~108,000 grants against the 5,000 budget, so the working set grows with the deferred ones ('deferred grants', summed over the measured rounds).",
-      "Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows (from the benchmark's columns: the ledger's gather is in the 'policy round on a ledger' row), allocate only them into grant columns and select the grants sent (float32, the budget; Grant objects only for those), as IncrementalAllocatorPolicy does; 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.",
+      `Rows 'incremental vs full': a fraction of the tenants' demands moved at every cell (fall ×0.2, rise ×3 + 5% of the quota, or a jump anywhere); 'full round': allocateRound over every quota (the round before the incremental lease policy, kept as the baseline); 'incremental round': gather the moved quotas' rows (from the benchmark's columns: the ledger's gather is in the 'policy round on a ledger' row), allocate only them into grant columns and select the grants sent (float32, the budget; Grant objects only for those), as IncrementalAllocatorPolicy does, timed after ${INCREMENTAL_WARM_UP} untimed rounds (median of 2 × runs + 1); 'same grants': both rounds send identical grants (the other quotas are settled). Target: under 100 ms for 1,000,000 × 16 at 1% and 100,000 × 16 at 10%.`,
       `Log: 'entry v1' is the object form of the full round's grants (format 1, the log before); 'entry v2' the compact form (format 2, coordinator/ledger/round-codec.ts) of the grants as the lease round sends them (float32 towards the current grant, unchanged ones dropped); 'budget': the round within DEFAULT_MAX_GRANTS_PER_ROUND (${DEFAULT_MAX_GRANTS_PER_ROUND}) grants by grantPriority, plus the compact acknowledgements its shrinks will need; MB/s per replica at ${ROUNDS_PER_S} rounds/s if every round changed this much. Target: ≤ 1 MB/s at 100,000 × 16 with 10% changing (docs/quota-model.md, "Log volume").`,
       `Median of ${runs} runs of allocateRound on the same input (wall clock; 'cpu ms': this process's CPU time, which a shared, busy machine inflates less); one AllocatorWorkspace reused, as the coordinator does. The columnar input is built directly: building it from the ledger is not included (it is in the 'policy round on a ledger' row).`,
       "'round': the round after demands moved so that about 10% of the slices get a new grant (the grants are the output, so creating them is included); 'quiet round': the converged state, steady demands, no grant changes.",
