@@ -18,6 +18,11 @@
 //                       before the fast path, kept for this comparison)
 //   decide (global)     one descriptor [{tenant: <id>}] on a `global: true` rule with static slices (a
 //                       tenant quota and its tier cap: the general path)
+//   decide (leased)     the same request where the coordinator's entries hold a live leased grant for
+//                       each of the 1,000 tenants (CoordinatedQuotas, QuotaOverrides, a lease deadline
+//                       far ahead), no tier or domain cap: the global fast path (decideOneGlobal), what
+//                       an agent or an embedded replica with coordinators decides on
+//   decide (leased, general) the same requests with `fastPath: false`
 //   decide 2 (fast)     two descriptors [{limiter: all}], [{remote_address: <ip>}], each counted in a
 //                       local bucket (Envoy's two-descriptor check, the embedded registry example):
 //                       decideLocals, all or nothing
@@ -64,7 +69,9 @@ import { fmix32 } from '../cell-agent/buckets/key-hash.js';
 import { limitFromRate } from '../cell-agent/buckets/gcra.js';
 import type { ElapsedClock } from '../cell-agent/buckets/elapsed-clock.js';
 import { Decider } from '../cell-agent/decide/decide.js';
-import { StaticQuotas } from '../cell-agent/decide/quotas.js';
+import { CoordinatedQuotas, StaticQuotas } from '../cell-agent/decide/quotas.js';
+import { LeaseDeadline, deadlineWriter } from '../cell-agent/lease/lease-deadline.js';
+import { QuotaOverrides } from '../cell-agent/lease/quota-overrides.js';
 import { parseQuotaFile } from '../cell-agent/decide/quota-file.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../cell-agent/decide/request-check.js';
 import { compileRules } from '../cell-agent/rules/rules-compile.js';
@@ -170,6 +177,49 @@ export async function runDecisionBench(opts: {
   };
   const fast = decider(true);
   const general = decider(false);
+  // With coordinators: every tenant holds a leased grant (its own table: the static rows' buckets stay apart).
+  const leaseDeadline = LeaseDeadline.create();
+  const leaseWriter = deadlineWriter(leaseDeadline, 0n);
+  const leaseGeneration = leaseWriter.currentGeneration();
+  leaseWriter.renew(Number(now / 1_000_000n) + 3_600_000); // an hour: longer than any run
+  const leasedTable = new BucketTable({ capacity: 100_000, seed: 42 });
+  const leasedDecider = (fastPath: boolean): Decider => {
+    const overrides = new QuotaOverrides(LeaseDeadline.attach(leaseDeadline.shared));
+    overrides.apply(
+      Array.from({ length: 1000 }, (_, i) => ({
+        key: `tenant/t${i}`,
+        rate: 1e9,
+        burst: 1e9,
+        leased: true,
+        epoch: 1,
+        lease: leaseGeneration,
+        floorRate: 1,
+        floorBurst: 1,
+      })),
+    );
+    const d = new Decider(
+      {
+        table: leasedTable,
+        quotas: new CoordinatedQuotas(overrides),
+        clock,
+        elapsed,
+        overrides,
+        deadline: LeaseDeadline.attach(leaseDeadline.shared),
+      },
+      {
+        bounds: DEFAULT_REQUEST_BOUNDS,
+        responseHeaders: false,
+        tableFull: 'open',
+        staticSlices: false,
+        cell: 'bench',
+        fastPath,
+      },
+    );
+    d.setRules(rules);
+    return d;
+  };
+  const leasedFast = leasedDecider(true);
+  const leasedGeneral = leasedDecider(false);
   const limiter = await createLimiter({
     rules: {
       domain: 'bench',
@@ -324,6 +374,26 @@ export async function runDecisionBench(opts: {
       },
       () => {
         const r = fast.decide(tenantReq.request);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+    ),
+    variant(
+      'decide (leased)',
+      (i) => {
+        tenantReq.entry.value = tenants[at(i, tenants.length)] ?? '';
+      },
+      () => {
+        const r = leasedFast.decide(tenantReq.request);
+        if (r.ok && !r.decision.overLimit) admitted++;
+      },
+    ),
+    variant(
+      'decide (leased, general)',
+      (i) => {
+        tenantReq.entry.value = tenants[at(i, tenants.length)] ?? '';
+      },
+      () => {
+        const r = leasedGeneral.decide(tenantReq.request);
         if (r.ok && !r.decision.overLimit) admitted++;
       },
     ),
@@ -522,7 +592,7 @@ export async function runDecisionBench(opts: {
       machineLine(),
       `${rounds} rounds × ${perRound.toLocaleString('en')} single calls (performance.now(), the timer allocates nothing) + ${perRound.toLocaleString('en')} in batches of ${SMALL_BATCH} + ${perRound.toLocaleString('en')} in batches of 100 per variant, interleaved; timer cost ${timerNs} ns subtracted from single calls; load average ${os.loadavg()[0]?.toFixed(2)} at the end.`,
       `the method's floor: fixed work p99 / p50 ${ratio('fixed work', 'fixed work', 'p99', 'p50')} (the timer, interrupts and neighbours add that much to any call's p99); the memory floor of a take at this spread (bare CAS) p50 ${ns(byName('bare CAS')?.single ?? NO_P, 'p50')}, p99 ${ns(byName('bare CAS')?.single ?? NO_P, 'p99')} ns; takeKey() head over 10,000 / 256 keys p50 ${ratio('takeKey() head', 'takeKey() head 256', 'p50')}, p99 ${ratio('takeKey() head', 'takeKey() head 256', 'p99')} (what the cache misses of the spread cost).`,
-      `two descriptors, fast / general path: p50 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p50')}, p99 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p99')}; limiter.check() 256 / 10,000 addresses: p50 ${ratio('limiter.check() 256', 'limiter.check()', 'p50')}; over 10,000 addresses, the input built per call from the address / one reused entry set to a pre-built string: p50 ${ratio('limiter.check()', 'limiter.check() reused entry', 'p50')}, p99 ${ratio('limiter.check()', 'limiter.check() reused entry', 'p99')}.`,
+      `one leased global quota, fast / general path: p50 ${ratio('decide (leased)', 'decide (leased, general)', 'p50')}, p99 ${ratio('decide (leased)', 'decide (leased, general)', 'p99')}; two descriptors, fast / general path: p50 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p50')}, p99 ${ratio('decide 2 (fast)', 'decide 2 (general)', 'p99')}; limiter.check() 256 / 10,000 addresses: p50 ${ratio('limiter.check() 256', 'limiter.check()', 'p50')}; over 10,000 addresses, the input built per call from the address / one reused entry set to a pre-built string: p50 ${ratio('limiter.check()', 'limiter.check() reused entry', 'p50')}, p99 ${ratio('limiter.check()', 'limiter.check() reused entry', 'p99')}.`,
       cpuLine,
       fastP !== undefined && generalP !== undefined
         ? `decide fast / general path: p50 ${(fastP.single.p50 / generalP.single.p50).toFixed(2)}, p99 ${(fastP.single.p99 / generalP.single.p99).toFixed(2)}; target take() and decision ≤ 1,000 ns p99, limiter.check() ≤ 1,000 ns median.`

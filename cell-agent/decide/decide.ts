@@ -59,10 +59,11 @@ import {
   escapeKeyPart,
   lastLocalBucketKey,
   localBucketKey,
+  matchGlobalAlone,
   matchLocalRate,
   matchWithAncestors,
 } from '../rules/rules-match.js';
-import type { RuleMatch } from '../rules/rules-match.js';
+import type { DescriptorEntry, RuleMatch } from '../rules/rules-match.js';
 import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import { decidedOnText } from '../messages/refusal.js';
 import type { Refusal, RefusingLevel } from '../messages/refusal.js';
@@ -267,7 +268,15 @@ export class Decider {
    * before it is done with them): each bucket key's hash state, its rule, hits and what its bucket said. */
   private readonly fast = newFastScratch();
   /** decideInPlace()'s answer for an admission on the one-descriptor fast path. */
-  private readonly reused = newReusedAnswer();
+  private readonly reused = newReusedAnswer('local');
+  /** The same for the global fast path (decideOneGlobal). */
+  private readonly reusedGlobal = newReusedAnswer('global');
+  /** decideOneGlobal's last grant limit and its Decision.statusLimits ([limit]), kept while the grant stays. */
+  private globalLimit: GcraLimit | null = null;
+  private globalStatusLimits: GcraLimit[] = [];
+  /** The last domain's cap key (`domain/<name>`), so that the global fast path builds no string for it. */
+  private capDomain = '';
+  private capKey = domainCapKey('');
   /** The clock as a number (DeciderDeps.elapsed); its elapsed[0] is the current decision's reading. */
   readonly elapsedClock: ElapsedClock;
 
@@ -325,8 +334,15 @@ export class Decider {
     const exact = exactElapsed(clock);
     const n = req.descriptors.length;
     if (exact && n <= FAST_DESCRIPTORS && this.options.fastPath !== false) {
-      const fast = n === 1 ? this.decideOneLocal(rules, req, inPlace) : this.decideLocals(rules, req);
-      if (fast !== null) return fast === this.reused.decision ? this.reused.result : { ok: true, decision: fast };
+      const fast =
+        n === 1
+          ? (this.decideOneLocal(rules, req, inPlace) ?? this.decideOneGlobal(rules, req, inPlace))
+          : this.decideLocals(rules, req);
+      if (fast !== null) {
+        if (fast === this.reused.decision) return this.reused.result;
+        if (fast === this.reusedGlobal.decision) return this.reusedGlobal.result;
+        return { ok: true, decision: fast };
+      }
     }
     const nowNs = exact ? this.deps.table.startNs + BigInt(clock.elapsed[0] as number) : this.deps.clock();
     this.nowNs = nowNs;
@@ -375,10 +391,11 @@ export class Decider {
         durationUntilReset: secondsOfNumber(r.resetNs),
       };
       const statuses = [status];
-      return admittedLocal(
+      return admitted(
         statuses,
         this.options.responseHeaders ? rateLimitHeaders(statuses) : NO_HEADERS,
         statusLimits,
+        'local',
       );
     }
     const retryNs = r.retryAfterNs;
@@ -418,6 +435,89 @@ export class Decider {
       statusLimits,
       refusal,
     };
+  }
+
+  /**
+   * The common global case, admitted: one descriptor counted in one tenant quota alone (no tier cap,
+   * no domain cap, no limit override, no other global rule on its path) that holds a live leased
+   * grant, hits ≥ 1 — decided without a plan, a level or the bucket key string (the key is hashed in
+   * two parts), as evaluate() decides it: one take, the admission recorded in the velocity window.
+   * Null for anything else and for every answer but an admission (a refusal takes nothing and a full
+   * table places nothing, so the general path decides them as if first: test/cell-agent/decide/
+   * decide-global-fast-path checks the answers against `fastPath: false`). Static slices and floors
+   * are marked degraded: the general path answers them.
+   */
+  private decideOneGlobal(rules: RuleSet, req: RlsRequest, inPlace: boolean): Decision | null {
+    const { overrides, table, deadline } = this.deps;
+    if (this.options.responseHeaders || this.options.staticSlices || overrides === undefined || overrides === null)
+      return null;
+    if (overrides.size === 0 || planted['rule-path-buckets'] || planted['deadline-off-hot-path']) return null;
+    const d = req.descriptors[0];
+    if (d === undefined || d.limit !== null) return null;
+    const hits = d.hitsAddend ?? (req.hitsAddend > 1 ? req.hitsAddend : 1);
+    if (hits === 0) return null;
+    const entries = d.entries;
+    if (matchGlobalAlone(rules, req.domain, entries) === null) return null;
+    const quotas = this.deps.quotas;
+    if (quotas.domainCap !== null || overrides.get(this.domainCapKeyOf(req.domain)) !== undefined) return null;
+    const tenantId = (entries[entries.length - 1] as DescriptorEntry).value;
+    const r = quotas.resolve(tenantId);
+    if (r.kind !== 'quota' || r.tier.cap !== null) return null;
+    const quotaKey = tenantKey(tenantId);
+    const o = overrides.get(quotaKey);
+    if (o === undefined || !o.leased) return null;
+    const elapsed = this.elapsedClock.elapsed;
+    const nowNs = table.startNs + BigInt(elapsed[0] as number);
+    // Past the lease's end the grant's floor decides (addSlice): not leased, so marked degraded.
+    if (
+      o.lease !== null &&
+      o.floor !== null &&
+      deadline !== undefined &&
+      deadline !== null &&
+      !deadline.live(o.lease, nowNs)
+    )
+      return null;
+    const limit = o.limit;
+    if (!BucketTable.keyTakes(limit)) return null;
+    const sink = table.beginKey();
+    if (sink === null) return null;
+    // globalBucketKey(quotaKey), hashed in parts.
+    sink.head(GLOBAL_BUCKET_HEAD);
+    sink.raw(quotaKey);
+    const t = table.takeKeyAt(limit, hits, elapsed);
+    if (t.verdict !== 'allow') return null;
+    this.deps.velocity?.record(quotaKey, hits, 0, nowNs);
+    if (limit !== this.globalLimit) {
+      this.globalLimit = limit;
+      this.globalStatusLimits = [limit];
+    }
+    const remaining = Math.min(t.remaining, MAX_UINT32);
+    const reset = secondsOfNumber(t.resetNs);
+    if (inPlace) {
+      const reused = this.reusedGlobal;
+      const st = reused.status;
+      st.currentLimit = o.currentLimit;
+      st.limitRemaining = remaining;
+      st.durationUntilReset = reset;
+      reused.decision.statusLimits = this.globalStatusLimits;
+      return reused.decision;
+    }
+    const status: RlsDescriptorStatus = {
+      code: OK,
+      currentLimit: o.currentLimit,
+      limitRemaining: remaining,
+      durationUntilReset: reset,
+    };
+    return admitted([status], NO_HEADERS, this.globalStatusLimits, 'global');
+  }
+
+  /** domainCapKey(domain), kept for the last domain asked about. */
+  private domainCapKeyOf(domain: string): string {
+    if (domain !== this.capDomain) {
+      this.capDomain = domain;
+      this.capKey = domainCapKey(domain);
+    }
+    return this.capKey;
   }
 
   /**
@@ -1105,7 +1205,7 @@ interface ReusedAnswer {
   readonly result: DecideResult;
 }
 
-function newReusedAnswer(): ReusedAnswer {
+function newReusedAnswer(scope: DecisionScope): ReusedAnswer {
   const status: Mutable<RlsDescriptorStatus> = {
     code: OK,
     currentLimit: null,
@@ -1113,15 +1213,16 @@ function newReusedAnswer(): ReusedAnswer {
     durationUntilReset: null,
   };
   // Not frozen, for the reason given at ruleLimitOf's statusLimits (the limiter reads statuses[i]).
-  const decision = admittedLocal([status], NO_HEADERS, []);
+  const decision = admitted([status], NO_HEADERS, [], scope);
   return { status, decision, result: { ok: true, decision } };
 }
 
-/** The fast path's admission: one local level per status, nothing degraded. */
-function admittedLocal(
+/** A fast path's admission: one level per status (local ones, or one leased global quota), nothing degraded. */
+function admitted(
   statuses: readonly RlsDescriptorStatus[],
   headers: readonly RlsHeader[],
   statusLimits: readonly GcraLimit[],
+  scope: DecisionScope,
 ): Mutable<Decision> {
   return {
     response: {
@@ -1132,7 +1233,7 @@ function admittedLocal(
       rawBody: null,
     },
     overLimit: false,
-    scope: 'local',
+    scope,
     degraded: false,
     staticSlice: false,
     tableFull: false,
@@ -1324,8 +1425,11 @@ export function rateLimitHeaders(
  * shares one bucket per cell. (`~` cannot start a rule's bucket key, and `~o|` is the override prefix.)
  */
 export function globalBucketKey(quotaKey: string): string {
-  return `~q|${quotaKey}`;
+  return `${GLOBAL_BUCKET_HEAD}${quotaKey}`;
 }
+
+/** What a global quota's bucket key starts with (the global fast path hashes it as a part of its own). */
+const GLOBAL_BUCKET_HEAD = '~q|';
 
 /** The tenant quota a `global: true` match selects: the tenant named by the descriptor's value. */
 function globalQuotaKey(m: RuleMatch): string {

@@ -221,6 +221,27 @@ export function matchLocalRate(
   return node;
 }
 
+/**
+ * The decision's global fast path: the `global: true` rule a descriptor is counted in alone — its
+ * deepest match is that rule (no `replaces`, not shadow or quota mode) and the walk passed no other
+ * global rule (each would be a level of its own). Its tenant is the last entry's value (the match's
+ * RuleMatch.global.value). Null for every other descriptor: use matchWithAncestors. Allocates nothing.
+ */
+export function matchGlobalAlone(
+  ruleSet: RuleSet,
+  domain: string,
+  entries: readonly DescriptorEntry[],
+): RuleNode | null {
+  const reached = walk(ruleSet, domain, entries);
+  if (reached === 0 || reached !== entries.length) return null;
+  const node = scratch[reached - 1] as RuleNode;
+  const limit = node.limit;
+  if (limit === null || limit.kind !== 'global' || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
+    return null;
+  for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
+  return node;
+}
+
 /** RuleMatch.bucketKey of the descriptor matchLocalRate last accepted (valid until the next match). */
 export function lastLocalBucketKey(domain: string, entries: readonly DescriptorEntry[]): string {
   stringSink.text = '';
