@@ -210,14 +210,8 @@ export function matchLocalRate(
   entries: readonly DescriptorEntry[],
   sink: KeySink,
 ): RuleNode | null {
-  const reached = walk(ruleSet, domain, entries);
-  if (reached === 0 || reached !== entries.length) return null;
-  const node = scratch[reached - 1] as RuleNode;
-  const limit = node.limit;
-  if (limit === null || limit.kind !== 'rate' || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
-    return null;
-  for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
-  writeBucketKey(sink, entries, reached);
+  const node = matchAlone(ruleSet, domain, entries, 'rate');
+  if (node !== null) writeBucketKey(sink, entries, entries.length);
   return node;
 }
 
@@ -232,11 +226,25 @@ export function matchGlobalAlone(
   domain: string,
   entries: readonly DescriptorEntry[],
 ): RuleNode | null {
+  return matchAlone(ruleSet, domain, entries, 'global');
+}
+
+/**
+ * The rule a descriptor's every entry walked to, when it is of `kind`, is counted alone (no
+ * `replaces`, not shadow or quota mode) and no `global: true` rule was passed on the way (each would
+ * be a level of its own); else null.
+ */
+function matchAlone(
+  ruleSet: RuleSet,
+  domain: string,
+  entries: readonly DescriptorEntry[],
+  kind: 'rate' | 'global',
+): RuleNode | null {
   const reached = walk(ruleSet, domain, entries);
   if (reached === 0 || reached !== entries.length) return null;
   const node = scratch[reached - 1] as RuleNode;
   const limit = node.limit;
-  if (limit === null || limit.kind !== 'global' || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
+  if (limit === null || limit.kind !== kind || node.replaces.length > 0 || node.shadowMode || node.quotaMode)
     return null;
   for (let i = 0; i < reached - 1; i += 1) if ((scratch[i] as RuleNode).global) return null;
   return node;
