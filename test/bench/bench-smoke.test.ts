@@ -65,6 +65,8 @@ void test('decision smoke: the two references, take and takeKey, the decision on
       'decide (fast)',
       'decide (general)',
       'decide (global)',
+      'decide (leased)',
+      'decide (leased, general)',
       'decide 2 (fast)',
       'decide 2 (general)',
       'limiter.check()',
