@@ -44,5 +44,12 @@ void test(
     for (const row of decision)
       assert.ok(Number.isFinite(row['ns/check median']) && (row['ns/check median'] as number) > 0);
     assert.ok(r.notes.some((n) => /cellquota local ÷ @fastify\/rate-limit in memory = .*target ≥ 0.95: /.test(n)));
+    // Where Redis runs, each framework's coordinated target is given beside its ceiling (no limiter ÷ the library on Redis).
+    if (findRedisServer() !== null)
+      for (const lib of ['@fastify\\/rate-limit', 'express-rate-limit'])
+        assert.ok(
+          r.notes.some((n) => new RegExp(`the ceiling of that target, no limiter ÷ ${lib} on Redis = \\d`).test(n)),
+          `the ${lib} ceiling note`,
+        );
   },
 );
