@@ -50,8 +50,9 @@ export async function runAgentCommand(
   if (!started.ok) return started.exitCode;
   const agent = started.value;
   // Start-up is done (every worker serves): what it left in this thread's heap is given back before
-  // the agent says it serves (shared/release-memory.ts; each worker did the same before binding).
-  await releaseStartupMemory(logger);
+  // the agent says it serves (shared/release-memory.ts), unless this thread answers checks itself (the
+  // HTTP API, forward-auth): the collection would leave its hot path slower for good.
+  if (config.http === undefined) await releaseStartupMemory(logger);
 
   const e = agent.endpoints;
   const lines = [`cellquota agent (cell ${config.cell}) is serving:`];

@@ -149,7 +149,7 @@ const defaultUnknownTenant = ((): UnknownTenantPolicy => {
   return p;
 })();
 /** A serving thread's young generation by default (cell-agent/README.md, "Memory of an idle agent"). */
-export const DEFAULT_WORKER_YOUNG_GENERATION_MB = 0;
+export const DEFAULT_WORKER_YOUNG_GENERATION_MB = 6;
 /** Largest gRPC request message and HTTP request body by default, in bytes. */
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
 export const DEFAULT_HTTP_BODY_LIMIT = 64 * 1024;

@@ -5,7 +5,6 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import type { MessagePort } from 'node:worker_threads';
 import { pino } from 'pino';
-import { releaseStartupMemory } from '../shared/release-memory.js';
 import { HrtimeClock } from './buckets/elapsed-clock.js';
 import { BucketTable } from './buckets/bucket-table.js';
 import { CheckService, overloadAllowances } from './decide/check-service.js';
@@ -90,9 +89,10 @@ async function main(): Promise<void> {
       // The lean server answers the overload path's constants from their encoding, made once.
       encode: (response) => encodeRateLimitResponse(response, true),
     });
-    // What loading and warming up left in this thread's heap (its grown young generation: ~11 MiB),
-    // given back before the sockets exist and the lag guard counts: the collection's pause meets no check.
-    await releaseStartupMemory(logger);
+    // No releaseStartupMemory here: this thread answers checks, and after the inspector's collection
+    // every object literal with symbol keys (node's process.nextTick makes one per tick, ~8 a check)
+    // is built on a slow path for the thread's life (shared/release-memory.ts). The young generation
+    // that warm-up grew is bounded instead by the thread's resource limits (--worker-young-generation-mb).
     guard.start();
     server = await startRlsServer(service, init.listen, logger);
     const flushThrottle = (): void => {
