@@ -9,9 +9,9 @@
 // session only (no port, nothing listens); one collection of a start-up-sized heap, ~50-200 ms.
 // Measured in bench/agent-idle-rss.ts (cell-agent/README.md, "Memory of an idle agent").
 //
-// Only for a thread that answers no checks. After this collection (Node 20 and 22: V8 11.3, 12.4), creating an
-// object literal with symbol keys stays on a slow path in that isolate for good: measured 15 → 250 ns
-// per literal, where gc() with flavor 'last-resort' leaves it at 7 ns. node:internal makes one per
+// Only for a thread that answers no checks. After this collection (Node 20 and 22: V8 11.3, 12.4),
+// creating an object literal with symbol keys stays on a slow path in that isolate for good: measured
+// 15 → 250 ns per literal, where gc() with flavor 'last-resort' leaves it at 7 ns. node:internal makes one per
 // process.nextTick (the tick object), about eight a check on node:http2, so a serving thread that
 // ran it answered 0.78-0.82 × the checks of one that did not (`npm run bench -- agent`, issue 21).
 import type { Session } from 'node:inspector';
