@@ -13,7 +13,7 @@
 // creating an object literal with symbol keys stays on a slow path in that isolate for good: measured
 // 15 → 250 ns per literal, where gc() with flavor 'last-resort' leaves it at 7 ns. node:internal makes one per
 // process.nextTick (the tick object), about eight a check on node:http2, so a serving thread that
-// ran it answered 0.78-0.82 × the checks of one that did not (`npm run bench -- agent`, issue 21).
+// ran it answered 0.77-0.84 × the checks of one that did not (`npm run bench -- agent`, issue 21).
 import type { Session } from 'node:inspector';
 import v8 from 'node:v8';
 import type { Logger } from './logging.js';
