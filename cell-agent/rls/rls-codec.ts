@@ -36,6 +36,7 @@ import type {
   RlsResponse,
 } from '../messages/rls-messages.js';
 import { CellquotaError } from '../../shared/errors.js';
+import { AsciiInterner } from './ascii-interner.js';
 
 /** A decoded message, or why the bytes are not one. Decoders never throw. */
 export type Decoded<T> = { readonly ok: true; readonly value: T } | { readonly ok: false; readonly error: string };
@@ -52,7 +53,8 @@ class Malformed extends CellquotaError {
   readonly code = 'RLS_MESSAGE_MALFORMED';
 }
 
-const SHORT_STRING = 32;
+/** This thread's decoded short ASCII strings (ascii-interner.ts): a repeated domain, key or value is not rebuilt. */
+const interned = new AsciiInterner();
 
 /** UTF-8 bytes [start, end) as a string (invalid sequences become U+FFFD, as protobufjs reads them). */
 function utf8(buf: Uint8Array, start: number, end: number): string {
@@ -67,7 +69,8 @@ class Reader {
   constructor(
     readonly buf: Uint8Array,
     start: number,
-    readonly end: number,
+    /** The end of the region being read: a sub-message's while it is read (sub()), then the outer one's again. */
+    public end: number,
   ) {
     this.pos = start;
   }
@@ -155,18 +158,8 @@ class Reader {
     const start = this.pos;
     this.pos = end;
     if (start === end) return '';
-    const buf = this.buf;
-    if (end - start <= SHORT_STRING) {
-      // Short ASCII (most keys and values): no Buffer, no decoder.
-      let s = '';
-      for (let i = start; i < end; i++) {
-        const c = buf[i] as number;
-        if (c >= 0x80) return utf8(buf, start, end);
-        s += String.fromCharCode(c);
-      }
-      return s;
-    }
-    return utf8(buf, start, end);
+    // Short ASCII (most domains, keys and values): the string made the last time these bytes came.
+    return interned.get(this.buf, start, end, utf8) ?? utf8(this.buf, start, end);
   }
 
   bytes(): Uint8Array {
@@ -220,6 +213,20 @@ function expect(r: Reader, wireType: number, what: string): void {
   if (r.lastWireType !== wireType) throw new Malformed(`${what} has wire type ${r.lastWireType}, expected ${wireType}`);
 }
 
+/**
+ * Reads a length-delimited sub-message at the reader's position with the same reader (its end set to the
+ * sub-message's meanwhile): no reader object per sub-message. `read` consumes the region or throws.
+ */
+function sub<T>(r: Reader, read: (inner: Reader) => T): T {
+  const end = r.lengthEnd();
+  const outer = r.end;
+  r.end = end;
+  const value = read(r);
+  r.end = outer;
+  r.pos = end;
+  return value;
+}
+
 function decodeWith<T>(bytes: Uint8Array, what: string, body: (r: Reader) => T): Decoded<T> {
   try {
     const r = new Reader(bytes, 0, bytes.length);
@@ -234,68 +241,70 @@ function decodeWith<T>(bytes: Uint8Array, what: string, body: (r: Reader) => T):
 
 /** Decodes a RateLimitRequest. Never throws. */
 export function decodeRateLimitRequest(bytes: Uint8Array): Decoded<RlsRequest> {
-  return decodeWith(bytes, 'RateLimitRequest', (r) => {
-    let domain = '';
-    const descriptors: RlsDescriptor[] = [];
-    let hitsAddend = 0;
-    while (r.pos < r.end) {
-      switch (r.tag()) {
-        case 1:
-          expect(r, WT_LEN, 'domain');
-          domain = r.string();
-          break;
-        case 2: {
-          expect(r, WT_LEN, 'descriptors');
-          const end = r.lengthEnd();
-          descriptors.push(readDescriptor(new Reader(r.buf, r.pos, end)));
-          r.pos = end;
-          break;
-        }
-        case 3:
-          expect(r, WT_VARINT, 'hits_addend');
-          hitsAddend = r.uint32();
-          break;
-        default:
-          r.skip(r.lastWireType);
+  return decodeWith(bytes, 'RateLimitRequest', readRateLimitRequest);
+}
+
+// The repeated fields' arrays start as a literal of their first element: sized to it, where an empty
+// array grows its store to 16 slots at the first push (one descriptor of one entry is the common check).
+
+function readRateLimitRequest(r: Reader): RlsRequest {
+  let domain = '';
+  let descriptors: RlsDescriptor[] | null = null;
+  let hitsAddend = 0;
+  while (r.pos < r.end) {
+    switch (r.tag()) {
+      case 1:
+        expect(r, WT_LEN, 'domain');
+        domain = r.string();
+        break;
+      case 2: {
+        expect(r, WT_LEN, 'descriptors');
+        const descriptor = sub(r, readDescriptor);
+        if (descriptors === null) descriptors = [descriptor];
+        else descriptors.push(descriptor);
+        break;
       }
+      case 3:
+        expect(r, WT_VARINT, 'hits_addend');
+        hitsAddend = r.uint32();
+        break;
+      default:
+        r.skip(r.lastWireType);
     }
-    return { domain, descriptors, hitsAddend };
-  });
+  }
+  return { domain, descriptors: descriptors ?? [], hitsAddend };
 }
 
 function readDescriptor(r: Reader): RlsDescriptor {
-  const entries: RlsEntry[] = [];
+  let entries: RlsEntry[] | null = null;
   let limit: { requestsPerUnit: number; unit: number } | null = null;
   let hitsAddend: number | null = null;
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1: {
         expect(r, WT_LEN, 'entries');
-        const end = r.lengthEnd();
-        entries.push(readEntry(new Reader(r.buf, r.pos, end)));
-        r.pos = end;
+        const entry = sub(r, readEntry);
+        if (entries === null) entries = [entry];
+        else entries.push(entry);
         break;
       }
       case 2: {
         expect(r, WT_LEN, 'limit');
-        const end = r.lengthEnd();
         // A repeated occurrence of a singular message field merges into the first (protobuf rule).
-        limit = readOverride(new Reader(r.buf, r.pos, end), limit ?? { requestsPerUnit: 0, unit: 0 });
-        r.pos = end;
+        limit ??= { requestsPerUnit: 0, unit: 0 };
+        readOverride(r, r.lengthEnd(), limit);
         break;
       }
       case 3: {
         expect(r, WT_LEN, 'hits_addend');
-        const end = r.lengthEnd();
-        hitsAddend = readUInt64Value(new Reader(r.buf, r.pos, end), hitsAddend ?? 0);
-        r.pos = end;
+        hitsAddend = readUInt64Value(r, r.lengthEnd(), hitsAddend ?? 0);
         break;
       }
       default:
         r.skip(r.lastWireType);
     }
   }
-  return { entries, limit, hitsAddend };
+  return { entries: entries ?? [], limit, hitsAddend };
 }
 
 function readEntry(r: Reader): RlsEntry {
@@ -318,10 +327,10 @@ function readEntry(r: Reader): RlsEntry {
   return { key, value };
 }
 
-function readOverride(
-  r: Reader,
-  into: { requestsPerUnit: number; unit: number },
-): { requestsPerUnit: number; unit: number } {
+/** Reads the RateLimitOverride that ends at `end` into `into`, leaving the reader at `end`. */
+function readOverride(r: Reader, end: number, into: { requestsPerUnit: number; unit: number }): void {
+  const outer = r.end;
+  r.end = end;
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1:
@@ -336,10 +345,13 @@ function readOverride(
         r.skip(r.lastWireType);
     }
   }
-  return into;
+  r.end = outer;
 }
 
-function readUInt64Value(r: Reader, initial: number): number {
+/** Reads the UInt64Value that ends at `end` (its value, else `initial`), leaving the reader at `end`. */
+function readUInt64Value(r: Reader, end: number, initial: number): number {
+  const outer = r.end;
+  r.end = end;
   let value = initial;
   while (r.pos < r.end) {
     if (r.tag() === 1) {
@@ -349,6 +361,7 @@ function readUInt64Value(r: Reader, initial: number): number {
       r.skip(r.lastWireType);
     }
   }
+  r.end = outer;
   return value;
 }
 
@@ -369,9 +382,17 @@ function varintSize(n: number): number {
   return size;
 }
 
+// Measured on the 2-CPU machine of bench/README.md (Node 20): a JavaScript loop over a string's
+// characters costs ~2-3 ns a character, Buffer.byteLength ~30 ns and Buffer#write ~90 ns a call
+// whatever the (short) length. So short strings are measured and written here, longer ones in C++.
+/** Strings up to this length are checked for ASCII in JavaScript (then their length is their UTF-8 size). */
+const SHORT_ASCII_CHECK = 16;
+/** ASCII strings up to this length are written byte by byte in JavaScript. */
+const SHORT_ASCII_WRITE = 24;
+
+/** UTF-8 bytes of `s`. */
 function stringBytes(s: string): number {
-  // ASCII fast path: most keys, values and header names are ASCII.
-  return s.length < 64 && isAscii(s) ? s.length : Buffer.byteLength(s, 'utf8');
+  return s.length <= SHORT_ASCII_CHECK && isAscii(s) ? s.length : Buffer.byteLength(s, 'utf8');
 }
 
 function isAscii(s: string): boolean {
@@ -419,6 +440,15 @@ class Writer {
   string(field: number, s: string, byteLength: number): void {
     this.tag(field, WT_LEN);
     this.varint(byteLength);
+    if (byteLength === s.length && byteLength <= SHORT_ASCII_WRITE) {
+      // ASCII (a UTF-8 length equal to the UTF-16 length says so) and short: written here, cheaper
+      // than Buffer#write's call into C++ up to about this length.
+      const buf = this.buf;
+      const at = this.pos;
+      for (let i = 0; i < byteLength; i++) buf[at + i] = s.charCodeAt(i);
+      this.pos = at + byteLength;
+      return;
+    }
     this.pos += this.buf.write(s, this.pos, byteLength, 'utf8');
   }
 
@@ -470,15 +500,66 @@ function statusSize(s: RlsDescriptorStatus): number {
   return size;
 }
 
-function headerSize(h: RlsHeader): number {
-  return strFieldSize(h.key) + strFieldSize(h.value);
+/**
+ * A HeaderValue message's bytes, kept for a header that is frozen: the constant headers of an answer
+ * (the overload path's, a refusal's level and cell, a named rule's limit) are encoded once and copied
+ * after that. A frozen object cannot change, so its encoding cannot go stale.
+ */
+const frozenHeaders = new WeakMap<RlsHeader, Buffer>();
+
+function encodeHeaderValue(h: RlsHeader): Buffer {
+  const keyBytes = stringBytes(h.key);
+  const valueBytes = stringBytes(h.value);
+  const w = new Writer(
+    Buffer.alloc((keyBytes === 0 ? 0 : lenField(keyBytes)) + (valueBytes === 0 ? 0 : lenField(valueBytes))),
+  );
+  if (keyBytes !== 0) w.string(1, h.key, keyBytes);
+  if (valueBytes !== 0) w.string(2, h.value, valueBytes);
+  return w.buf;
 }
 
-function writeHeader(w: Writer, field: number, h: RlsHeader): void {
-  w.tag(field, WT_LEN);
-  w.varint(headerSize(h));
-  if (h.key !== '') w.string(1, h.key, Buffer.byteLength(h.key, 'utf8'));
-  if (h.value !== '') w.string(2, h.value, Buffer.byteLength(h.value, 'utf8'));
+/** The encoding of a frozen header (made at its first answer), null for any other. */
+function frozenHeaderBytes(h: RlsHeader): Buffer | null {
+  if (!Object.isFrozen(h)) return null;
+  let bytes = frozenHeaders.get(h);
+  if (bytes === undefined) {
+    bytes = encodeHeaderValue(h);
+    frozenHeaders.set(h, bytes);
+  }
+  return bytes;
+}
+
+/** The headers of the answer being encoded, between the size pass and the write pass: kept encoding or null. */
+const headerScratch: (Buffer | null)[] = [];
+
+/** Size of the header fields of a list; their encodings (or null) go to headerScratch from `at` on. */
+function headersSize(headers: readonly RlsHeader[], at: number): number {
+  let size = 0;
+  for (let i = 0; i < headers.length; i++) {
+    const h = headers[i] as RlsHeader;
+    const bytes = frozenHeaderBytes(h);
+    headerScratch[at + i] = bytes;
+    size += lenField(bytes === null ? strFieldSize(h.key) + strFieldSize(h.value) : bytes.length);
+  }
+  return size;
+}
+
+function writeHeaders(w: Writer, field: number, headers: readonly RlsHeader[], at: number): void {
+  for (let i = 0; i < headers.length; i++) {
+    const h = headers[i] as RlsHeader;
+    const bytes = headerScratch[at + i] as Buffer | null;
+    headerScratch[at + i] = null;
+    if (bytes !== null) {
+      w.bytes(field, bytes);
+      continue;
+    }
+    const keyBytes = stringBytes(h.key);
+    const valueBytes = stringBytes(h.value);
+    w.tag(field, WT_LEN);
+    w.varint((keyBytes === 0 ? 0 : lenField(keyBytes)) + (valueBytes === 0 ? 0 : lenField(valueBytes)));
+    if (keyBytes !== 0) w.string(1, h.key, keyBytes);
+    if (valueBytes !== 0) w.string(2, h.value, valueBytes);
+  }
 }
 
 /**
@@ -497,8 +578,9 @@ export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer 
     statusSizes[i] = n;
     size += lenField(n);
   }
-  for (const h of m.responseHeadersToAdd) size += lenField(headerSize(h));
-  for (const h of m.requestHeadersToAdd) size += lenField(headerSize(h));
+  const requestHeadersAt = m.responseHeadersToAdd.length;
+  size += headersSize(m.responseHeadersToAdd, 0);
+  size += headersSize(m.requestHeadersToAdd, requestHeadersAt);
   if (m.rawBody !== null && m.rawBody.length > 0) size += lenField(m.rawBody.length);
 
   const prefix = framed ? 5 : 0;
@@ -520,7 +602,7 @@ export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer 
       w.varint(rateLimitSize(l));
       w.uintField(1, l.requestsPerUnit);
       w.uintField(2, l.unit);
-      if (l.name !== '') w.string(3, l.name, Buffer.byteLength(l.name, 'utf8'));
+      if (l.name !== '') w.string(3, l.name, stringBytes(l.name));
     }
     w.uintField(3, s.limitRemaining);
     if (s.durationUntilReset !== null) {
@@ -537,8 +619,8 @@ export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer 
       }
     }
   }
-  for (const h of m.responseHeadersToAdd) writeHeader(w, 3, h);
-  for (const h of m.requestHeadersToAdd) writeHeader(w, 4, h);
+  writeHeaders(w, 3, m.responseHeadersToAdd, 0);
+  writeHeaders(w, 4, m.requestHeadersToAdd, requestHeadersAt);
   if (m.rawBody !== null && m.rawBody.length > 0) w.bytes(5, m.rawBody);
   if (w.pos !== prefix + size)
     throw new Error(`RateLimitResponse size mismatch: wrote ${w.pos - prefix} of ${size} bytes`);
@@ -564,13 +646,6 @@ export function decodeRateLimitResponse(bytes: Uint8Array): Decoded<RlsResponse>
     }
     return { overallCode: overallCode as RlsCode, statuses, responseHeadersToAdd, requestHeadersToAdd, rawBody };
   });
-}
-
-function sub<T>(r: Reader, read: (inner: Reader) => T): T {
-  const end = r.lengthEnd();
-  const value = read(new Reader(r.buf, r.pos, end));
-  r.pos = end;
-  return value;
 }
 
 function readStatus(r: Reader): RlsDescriptorStatus {
