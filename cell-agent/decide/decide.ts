@@ -66,6 +66,7 @@ import {
 import type { DescriptorEntry, RuleMatch } from '../rules/rules-match.js';
 import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
 import { decidedOnText } from '../messages/refusal.js';
+import { REFUSING_LEVELS } from '../messages/refusal.js';
 import type { Refusal, RefusingLevel } from '../messages/refusal.js';
 import type {
   RlsDescriptorStatus,
@@ -231,6 +232,8 @@ interface RuleLimit {
   readonly intervalNs: number;
   readonly windowNs: number;
   readonly burst: number;
+  /** A named rule's x-ratelimit-refused-limit header, frozen (the codec encodes it once); null when unnamed. */
+  readonly refusedLimit: RlsHeader | null;
 }
 
 interface DescriptorPlan {
@@ -369,7 +372,8 @@ export class Decider {
     if (sink === null) return null;
     const node = matchLocalRate(rules, req.domain, d.entries, sink);
     if (node === null) return null;
-    const { limit, currentLimit, statusLimits, keyTakes } = this.ruleLimitOf(node);
+    const ruleLimit = this.ruleLimitOf(node);
+    const { limit, currentLimit, statusLimits, keyTakes } = ruleLimit;
     // A window over 2^52 ns (≈ 52 days) is decided on bigint: the general path's take().
     if (!keyTakes) return null;
     const r = table.takeKeyAt(limit, hits, this.elapsedClock.elapsed);
@@ -415,8 +419,8 @@ export class Decider {
       durationUntilReset: secondsOfNumber(retryNs === Infinity ? r.resetNs : retryNs),
     };
     const statuses = [status];
-    const headers: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
-    headers.push(...provenanceHeaders(refusal));
+    const provenance = provenanceHeaders(refusal, ruleLimit.refusedLimit);
+    const headers = this.options.responseHeaders ? [...rateLimitHeaders(statuses), ...provenance] : provenance;
     return {
       response: {
         overallCode: OVER_LIMIT,
@@ -631,6 +635,7 @@ export class Decider {
     const fullEntries = tableFull ? (req.descriptors[firstFull] as RlsRequest['descriptors'][number]).entries : null;
     const tableFullKey = fullEntries === null ? null : localBucketKey(rules, req.domain, fullEntries);
     let refusal: Refusal | null = null;
+    let refusedLimit: RlsHeader | null = null;
     let retryAfterNs = 0;
     for (let i = 0; i < n; i++) {
       const rule = f.rules[i] as RuleLimit;
@@ -662,7 +667,10 @@ export class Decider {
         epoch: null,
         cell: this.options.cell ?? null,
       };
-      refusal ??= why;
+      if (refusal === null) {
+        refusal = why;
+        refusedLimit = rule.refusedLimit;
+      }
       this.deps.onRefused?.(key, f.hits[i] as number, why);
     }
     for (let i = 0; i < n; i++) {
@@ -673,7 +681,7 @@ export class Decider {
     if (this.options.responseHeaders || tableFull || refusal !== null) {
       const list: RlsHeader[] = this.options.responseHeaders ? rateLimitHeaders(statuses) : [];
       if (tableFull) list.push({ key: DEGRADED_HEADER, value: 'true' });
-      if (refusal !== null) list.push(...provenanceHeaders(refusal));
+      if (refusal !== null) list.push(...provenanceHeaders(refusal, refusedLimit));
       headers = list;
     }
     return {
@@ -971,6 +979,7 @@ export class Decider {
         intervalNs: Number(limit.intervalNs),
         windowNs: Number(limit.windowNs),
         burst: Number(limit.burst),
+        refusedLimit: rule.name === null ? null : Object.freeze({ key: REFUSED_LIMIT_HEADER, value: rule.name }),
       };
       this.ruleLimits.set(rule, cached);
     }
@@ -1151,15 +1160,37 @@ export class Decider {
   }
 }
 
-/** The provenance of a refusal as response headers. */
-export function provenanceHeaders(r: Refusal): RlsHeader[] {
+// The provenance headers that repeat, frozen so that the codec encodes each once (rls-codec.ts):
+// x-ratelimit-refused-by per level, and x-ratelimit-cell of the last cell named (one per agent).
+const REFUSED_BY: ReadonlyMap<string, RlsHeader> = new Map(
+  REFUSING_LEVELS.map((level) => [level, Object.freeze({ key: REFUSED_BY_HEADER, value: level })]),
+);
+let lastCell = '';
+let lastCellHeader: RlsHeader = Object.freeze({ key: CELL_HEADER, value: '' });
+
+function cellHeader(cell: string): RlsHeader {
+  if (cell !== lastCell) {
+    lastCell = cell;
+    lastCellHeader = Object.freeze({ key: CELL_HEADER, value: cell });
+  }
+  return lastCellHeader;
+}
+
+/**
+ * The provenance of a refusal as response headers. `refusedLimit`: the x-ratelimit-refused-limit
+ * header of `r.limit` made once (a named rule's, RuleLimit.refusedLimit), else one is made here.
+ */
+export function provenanceHeaders(r: Refusal, refusedLimit: RlsHeader | null = null): RlsHeader[] {
+  if (refusedLimit !== null && refusedLimit.value !== r.limit) {
+    throw new Error(`provenanceHeaders: the refused-limit header says ${refusedLimit.value}, the refusal ${r.limit}`);
+  }
   const out: RlsHeader[] = [
-    { key: REFUSED_BY_HEADER, value: r.level },
-    { key: REFUSED_LIMIT_HEADER, value: r.limit },
+    REFUSED_BY.get(r.level) ?? { key: REFUSED_BY_HEADER, value: r.level },
+    refusedLimit ?? { key: REFUSED_LIMIT_HEADER, value: r.limit },
   ];
   const on = decidedOnText(r);
   if (on !== null) out.push({ key: DECIDED_ON_HEADER, value: on });
-  if (r.cell !== null) out.push({ key: CELL_HEADER, value: r.cell });
+  if (r.cell !== null) out.push(cellHeader(r.cell));
   return out;
 }
 

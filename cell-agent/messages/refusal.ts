@@ -2,9 +2,17 @@
 // answer carries it in its x-ratelimit-* provenance headers (decide/decide.ts) and the throttling
 // log counts refusals by it (observe/throttle-log.ts).
 
+/** The levels that refuse a request (x-ratelimit-refused-by). */
+export const REFUSING_LEVELS = [
+  'local-rule',
+  'limit-override',
+  'tenant-quota',
+  'tier-cap',
+  'domain-cap',
+  'unknown-tenant',
+] as const;
 /** The level that refused a request. */
-export type RefusingLevel =
-  'local-rule' | 'limit-override' | 'tenant-quota' | 'tier-cap' | 'domain-cap' | 'unknown-tenant';
+export type RefusingLevel = (typeof REFUSING_LEVELS)[number];
 
 export interface Refusal {
   readonly level: RefusingLevel;

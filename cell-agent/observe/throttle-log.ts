@@ -15,7 +15,9 @@ import { decidedOnText, type Refusal } from '../messages/refusal.js';
 import { FAIL_OPEN_REASONS, type FailOpenReason } from './stats.js';
 
 // Counts are kept per key AND provenance (which level refused, on a lease with its epoch, a floor or
-// a static share), joined by SEP, so one line says why; the cell is the log's own.
+// a static share), so one line says why; the cell is the log's own. A thread counts them per
+// provenance, then per key (no string is joined per refusal: a local level's provenance is its
+// level's constant name); the drain joins each key and its provenance by SEP.
 const SEP = '\u0001';
 
 /** Distinct keys one thread tracks per interval; refusals for further keys are counted as `other`. */
@@ -47,19 +49,32 @@ function bump(map: Map<string, number>, key: string, n: number, max: number): bo
 }
 
 export class ThrottleCounts {
-  private counts = new Map<string, number>();
+  /** Refused hits per provenance ('' for a key counted without one: a drain merged) and key. */
+  private counts = new Map<string, Map<string, number>>();
+  /** Keys in `counts`, over every provenance. */
+  private keys = 0;
   private other = 0;
   private overload = new Map<string, number>();
   private failOpen: Map<string, number>[] = FAIL_OPEN_REASONS.map(() => new Map<string, number>());
 
   add(bucketOrQuotaKey: string, hits: number, why?: Refusal): void {
-    const key =
-      why === undefined ? bucketOrQuotaKey : `${bucketOrQuotaKey}${SEP}${why.level}${SEP}${decidedOnText(why) ?? ''}`;
+    const provenance =
+      why === undefined ? '' : why.decidedOn === null ? why.level : `${why.level}${SEP}${decidedOnText(why)}`;
     const n = hits > 0 ? hits : 1;
-    const c = this.counts.get(key);
-    if (c !== undefined) this.counts.set(key, c + n);
-    else if (this.counts.size < MAX_THROTTLE_KEYS) this.counts.set(key, n);
-    else this.other += n;
+    let byKey = this.counts.get(provenance);
+    if (byKey === undefined) {
+      byKey = new Map<string, number>();
+      this.counts.set(provenance, byKey);
+    }
+    const c = byKey.get(bucketOrQuotaKey);
+    if (c !== undefined) {
+      byKey.set(bucketOrQuotaKey, c + n);
+    } else if (this.keys < MAX_THROTTLE_KEYS) {
+      byKey.set(bucketOrQuotaKey, n);
+      this.keys++;
+    } else {
+      this.other += n;
+    }
   }
 
   /** A refusal on the overload path (the key's fail-open allowance spent). */
@@ -81,17 +96,20 @@ export class ThrottleCounts {
       for (const [key, n] of map) failOpen.push([reason, key, n]);
       if (map.size > 0) this.failOpen[i] = new Map();
     });
-    const out: ThrottleDrain = { counts: [...this.counts], other: this.other, overload: [...this.overload], failOpen };
+    const counts: [string, number][] = [];
+    for (const [provenance, byKey] of this.counts) {
+      for (const [key, n] of byKey) counts.push([provenance === '' ? key : `${key}${SEP}${provenance}`, n]);
+    }
+    const out: ThrottleDrain = { counts, other: this.other, overload: [...this.overload], failOpen };
     this.counts = new Map();
+    this.keys = 0;
     this.other = 0;
     if (this.overload.size > 0) this.overload = new Map();
     return out;
   }
 
   get empty(): boolean {
-    return (
-      this.counts.size === 0 && this.other === 0 && this.overload.size === 0 && this.failOpen.every((m) => m.size === 0)
-    );
+    return this.keys === 0 && this.other === 0 && this.overload.size === 0 && this.failOpen.every((m) => m.size === 0);
   }
 }
 

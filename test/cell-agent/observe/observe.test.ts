@@ -5,7 +5,12 @@ import assert from 'node:assert/strict';
 import type { ElapsedClock } from '../../../cell-agent/buckets/elapsed-clock.js';
 import { LagGuard } from '../../../cell-agent/observe/lag-guard.js';
 import { LATENCY_BUCKETS_S, StatsWriter, createStatsShared, readStats } from '../../../cell-agent/observe/stats.js';
-import { MAX_THROTTLE_LINES, ThrottleCounts, ThrottleLog } from '../../../cell-agent/observe/throttle-log.js';
+import {
+  MAX_THROTTLE_KEYS,
+  MAX_THROTTLE_LINES,
+  ThrottleCounts,
+  ThrottleLog,
+} from '../../../cell-agent/observe/throttle-log.js';
 import { captureLogger } from '../../../testkit/logs.js';
 
 void test('lag guard (backlog 0): overloaded from a late tick until the next on-time one (no hold), a stalled loop too; episodes timed', () => {
@@ -190,6 +195,42 @@ void test('throttling log: one line per key per interval, merged across threads,
   log.flush();
   assert.equal(cap.lines.length, 2 + MAX_THROTTLE_LINES + 1, 'the rest in one summary line');
   assert.deepEqual(cap.lines.at(-1)?.['keys'], 50);
+});
+
+void test('throttling log: a line per key and provenance (the level, what a global level decided on); keys bounded per thread', () => {
+  const cap = captureLogger();
+  const log = new ThrottleLog(cap.logger, 'eu-west', 1000);
+  const worker = new ThrottleCounts();
+  const local = { level: 'local-rule', limit: 'per-ip', decidedOn: null, epoch: null, cell: 'eu-west' } as const;
+  const lease = { level: 'tenant-quota', limit: 'tenant/acme', decidedOn: 'lease', epoch: 7, cell: 'eu-west' } as const;
+  const floor = { ...lease, decidedOn: 'floor' } as const;
+  for (let i = 0; i < 3; i++) worker.add('api|ip=1.2.3.4', 1, local);
+  worker.add('tenant/acme', 5, lease);
+  worker.add('tenant/acme', 2, floor);
+  log.merge(worker.drain());
+  const other = new ThrottleCounts();
+  other.add('tenant/acme', 1, lease);
+  log.merge(other.drain());
+  log.flush();
+  assert.deepEqual(
+    cap.lines
+      .filter((l) => l['msg'] === 'throttled')
+      .map((l) => [l['key'], l['refused'], l['refusedBy'], l['decidedOn']]),
+    [
+      ['tenant/acme', 6, 'tenant-quota', 'lease epoch=7'],
+      ['api|ip=1.2.3.4', 3, 'local-rule', undefined],
+      ['tenant/acme', 2, 'tenant-quota', 'floor epoch=7'],
+    ],
+  );
+  const many = new ThrottleCounts();
+  for (let i = 0; i < MAX_THROTTLE_KEYS; i++) many.add(`k${i}`, 1, i % 2 === 0 ? local : lease);
+  many.add('k0', 1, local);
+  many.add('one-too-many', 4, local);
+  many.add('one-too-many', 1, floor);
+  const drained = many.drain();
+  assert.equal(drained.counts.length, MAX_THROTTLE_KEYS, 'every key and provenance within the bound');
+  assert.equal(drained.other, 5, 'past it: counted as other keys');
+  assert.equal(many.empty, true, 'drained');
 });
 
 void test('throttling log: fail-open answers per reason and quota, overload refusals per key, and the time overloaded', () => {
