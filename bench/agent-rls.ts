@@ -5,7 +5,7 @@
 //   npx tsx bench/run.ts agent [--smoke]
 //   npx tsx bench/agent-rls.ts [--smoke] [--servers ceiling,agent,agent-2w,rlf-memory,rlf-redis]
 //        [--transport uds|tcp] [--client raw|http2] [--sessions N] [--rate N] [--concurrency 1,16,64]
-//        [--seconds S] [--rounds N]
+//        [--seconds S] [--rounds N] [--variants unlimited,limited]
 //
 // Servers (each in a process of its own, testkit/processes/host.ts, all started before the first
 // measurement and all stopped at the end, also on failure or Ctrl-C):
@@ -694,6 +694,7 @@ async function main(): Promise<void> {
     options: {
       smoke: { type: 'boolean', default: false },
       servers: { type: 'string' },
+      variants: { type: 'string' },
       transport: { type: 'string', default: 'uds' },
       sessions: { type: 'string' },
       rate: { type: 'string' },
@@ -708,6 +709,10 @@ async function main(): Promise<void> {
   for (const s of servers ?? [])
     if (!(SERVER_NAMES as readonly string[]).includes(s))
       throw new Error(`unknown server '${s}'; known: ${SERVER_NAMES.join(', ')}`);
+  const variants = values.variants?.split(',').map((v) => v.trim());
+  for (const v of variants ?? [])
+    if (!(VARIANTS as readonly string[]).includes(v))
+      throw new Error(`unknown variant '${v}'; known: ${VARIANTS.join(', ')}`);
   if (values.transport !== 'uds' && values.transport !== 'tcp') throw new Error('--transport is uds or tcp');
   if (values.client !== 'raw' && values.client !== 'http2') throw new Error('--client is raw or http2');
   const num = (v: string | undefined, what: string): number | undefined => {
@@ -729,6 +734,7 @@ async function main(): Promise<void> {
     client: values.client,
     ...(rounds !== undefined ? { rounds: Math.round(rounds) } : {}),
     ...(servers !== undefined ? { servers: servers as ServerName[] } : {}),
+    ...(variants !== undefined ? { variants: variants as Variant[] } : {}),
     ...(concurrencies !== undefined ? { concurrencies } : {}),
     ...(seconds !== undefined ? { measureMs: seconds * 1000 } : {}),
     ...(sessions !== undefined ? { sessions } : {}),
