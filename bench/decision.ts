@@ -27,6 +27,13 @@
 //                       local bucket (Envoy's two-descriptor check, the embedded registry example):
 //                       decideLocals, all or nothing
 //   decide 2 (general)  the same requests with `fastPath: false` (the path they took before)
+//   check, bytes to bytes (OK) / (refused)  what a serving thread does between reading a request
+//                       and writing its answer: decodeRateLimitRequest of the request's bytes (one
+//                       descriptor [{remote_address: <ip>}]), CheckService.check (statistics, the
+//                       throttling counts of a refusal) and encodeRateLimitResponse as a framed gRPC
+//                       message; (refused): the same addresses under `refused_address`, one request
+//                       an hour, so every call after the warm-up is a refusal with its provenance
+//                       headers (issue 21: what a refusal costs beside an admission)
 //   limiter.check()     the embedded limiter (createLimiter, embedded/limiter.ts) with the same local
 //                       rule: its wrapper, CheckService and the fast path (issue 17: ≤ 1 µs median).
 //                       Its input is built per call as the fastify plugin and express middleware
@@ -49,9 +56,10 @@
 // Then the embedded benchmark's own measurement (bench/check-cost.ts: CPU time over batches of 10,000
 // checks, median batch) over 256 and over 10,000 addresses, in a note: the two benchmarks side by side.
 // 10,000 client addresses / 1,000 tenants over tables of 100,000 buckets, every limit far above the
-// offered rate (every call admitted: the cost of deciding). The request (or key) of a call is set up
-// before its timer starts, as a decoder hands one over: in cache, its strings flat; the buckets are
-// wherever the spread of 10,000 keys leaves them. Each variant runs in rounds interleaved with the
+// offered rate but the refused rows' (every call admitted: the cost of deciding; every call of the
+// refused rows refused). The request (or key) of a call is set up before its timer starts, as a
+// decoder hands one over: in cache, its strings flat; the buckets are wherever the spread of 10,000
+// keys leaves them. Each variant runs in rounds interleaved with the
 // others (so a noisy neighbour hits all alike); single calls are timed with performance.now() (a
 // double: the timer allocates nothing, where process.hrtime.bigint() allocated a BigInt per read, two
 // per timed call, so the timer's own garbage brought scavenges into the calls it timed), their times
@@ -69,6 +77,15 @@ import { fmix32 } from '../cell-agent/buckets/key-hash.js';
 import { limitFromRate } from '../cell-agent/buckets/gcra.js';
 import type { ElapsedClock } from '../cell-agent/buckets/elapsed-clock.js';
 import { Decider } from '../cell-agent/decide/decide.js';
+import { CheckService } from '../cell-agent/decide/check-service.js';
+import { StatsWriter, createStatsShared } from '../cell-agent/observe/stats.js';
+import { ThrottleCounts } from '../cell-agent/observe/throttle-log.js';
+import {
+  decodeRateLimitRequest,
+  encodeRateLimitRequest,
+  encodeRateLimitResponse,
+} from '../cell-agent/rls/rls-codec.js';
+import { createRootLogger } from '../shared/logging.js';
 import { CoordinatedQuotas, StaticQuotas } from '../cell-agent/decide/quotas.js';
 import { LeaseDeadline, deadlineWriter } from '../cell-agent/lease/lease-deadline.js';
 import { QuotaOverrides } from '../cell-agent/lease/quota-overrides.js';
@@ -96,6 +113,8 @@ descriptors:
   - key: limiter
     value: all
     rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: refused_address
+    rate_limit: {unit: hour, requests_per_unit: 1}
 `;
 const TENANTS = {
   tiers: { big: { rate: 1e9, burst: 1e9 } },
@@ -177,6 +196,35 @@ export async function runDecisionBench(opts: {
   };
   const fast = decider(true);
   const general = decider(false);
+  // A serving thread's check, bytes to bytes (the lean RLS server's work between reading the request
+  // and writing the answer): decode, CheckService.check (statistics, throttling counts), encode as a
+  // framed gRPC message. Its decider counts refusals as the agent's does; the counts are drained
+  // outside the timed calls, as the worker drains them every second.
+  const throttle = new ThrottleCounts();
+  const served = new Decider(
+    { table, quotas, clock, elapsed, onRefused: (k, hits, why) => throttle.add(k, hits, why) },
+    fast.options,
+  );
+  served.setRules(rules);
+  const service = new CheckService(
+    served,
+    new StatsWriter(createStatsShared(1), 0),
+    null,
+    createRootLogger({ level: 'silent', name: 'bench' }),
+    {
+      throttle,
+      cell: 'bench',
+    },
+  );
+  let wireRequest: Buffer = Buffer.alloc(0);
+  const wire = (key: string): Buffer[] =>
+    ips.map((address) =>
+      encodeRateLimitRequest({
+        domain: 'bench',
+        hitsAddend: 0,
+        descriptors: [{ entries: [{ key, value: address }], limit: null, hitsAddend: null }],
+      }),
+    );
   // With coordinators: every tenant holds a leased grant (its own table: the static rows' buckets stay apart).
   const leaseDeadline = LeaseDeadline.create();
   const leaseWriter = deadlineWriter(leaseDeadline, 0n);
@@ -270,6 +318,16 @@ export async function runDecisionBench(opts: {
     requestInput = { descriptors: both };
   };
   const ips256 = ips.slice(0, 256);
+  const admittedWire = wire('remote_address');
+  const refusedWire = wire('refused_address');
+  /** A check bytes to bytes, counted in `admitted` when it is answered as its row expects. */
+  const serve = (expectRefused: boolean) => (): void => {
+    const decoded = decodeRateLimitRequest(wireRequest);
+    if (!decoded.ok) throw new Error(decoded.error);
+    const out = service.check(decoded.value);
+    if (out.kind !== 'answer') throw new Error(out.message);
+    if (encodeRateLimitResponse(out.response, true).length > 0 && out.overLimit === expectRefused) admitted++;
+  };
   const variant = (name: string, prepare: (i: number) => void, call: () => void): Variant => ({
     name,
     prepare,
@@ -418,6 +476,21 @@ export async function runDecisionBench(opts: {
       },
     ),
     variant(
+      'check, bytes to bytes (OK)',
+      (i) => {
+        wireRequest = admittedWire[at(i, admittedWire.length)] ?? wireRequest;
+      },
+      serve(false),
+    ),
+    variant(
+      'check, bytes to bytes (refused)',
+      (i) => {
+        wireRequest = refusedWire[at(i, refusedWire.length)] ?? wireRequest;
+        if (i % 1000 === 0) throttle.drain();
+      },
+      serve(true),
+    ),
+    variant(
       'limiter.check()',
       (i) => {
         fromRequest(ips[at(i, ips.length)] ?? '');
@@ -555,7 +628,11 @@ export async function runDecisionBench(opts: {
   }
   // (The fixed work's result is kept and read, so that the compiler cannot drop its loop.)
   if (!Number.isSafeInteger(fixedSink)) throw new Error('fixed work: no result');
-  if (admitted !== calls) throw new Error(`expected every measured call admitted, ${calls - admitted} refused`);
+  if (admitted !== calls) {
+    throw new Error(
+      `expected every measured call admitted (refused in the refused rows), ${calls - admitted} answered otherwise`,
+    );
+  }
   const stats = variants.map((v) => ({
     v,
     single: percentiles(v.single.subarray(0, v.singles)),
