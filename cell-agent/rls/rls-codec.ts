@@ -7,6 +7,9 @@
 // unknown fields the way protobuf requires (so a newer Envoy adding fields still works). The wire
 // format is fixed by proto/envoy/** (Envoy's field numbers); test/cell-agent/rls/rls-codec.test.ts
 // checks this codec against protobufjs loading those files, both directions, with random messages.
+// Per check it allocates the request's objects (a repeated short ASCII string is the one decoded last
+// time: ascii-interner.ts) and the answer's buffer; headers that are frozen objects are encoded once
+// and copied after (a refusal's repeating provenance headers: decide/decide.ts).
 //
 // Field numbers (docs/envoy-rls.md §2):
 //   RateLimitRequest      1 domain string, 2 descriptors RateLimitDescriptor*, 3 hits_addend uint32
