@@ -65,8 +65,7 @@ import {
 } from '../rules/rules-match.js';
 import type { DescriptorEntry, RuleMatch } from '../rules/rules-match.js';
 import { MAX_UINT32, RATE_LIMIT_UNITS } from '../rules/rules-schema.js';
-import { decidedOnText } from '../messages/refusal.js';
-import { REFUSING_LEVELS } from '../messages/refusal.js';
+import { REFUSING_LEVELS, decidedOnText } from '../messages/refusal.js';
 import type { Refusal, RefusingLevel } from '../messages/refusal.js';
 import type {
   RlsDescriptorStatus,

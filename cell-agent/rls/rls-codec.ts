@@ -510,14 +510,22 @@ function statusSize(s: RlsDescriptorStatus): number {
  */
 const frozenHeaders = new WeakMap<RlsHeader, Buffer>();
 
+/** Size of a HeaderValue message whose key and value have these UTF-8 lengths. */
+function headerValueSize(keyBytes: number, valueBytes: number): number {
+  return (keyBytes === 0 ? 0 : lenField(keyBytes)) + (valueBytes === 0 ? 0 : lenField(valueBytes));
+}
+
+/** A HeaderValue message's fields (key 1, value 2; empty ones left out, as protobuf does). */
+function writeHeaderValue(w: Writer, h: RlsHeader, keyBytes: number, valueBytes: number): void {
+  if (keyBytes !== 0) w.string(1, h.key, keyBytes);
+  if (valueBytes !== 0) w.string(2, h.value, valueBytes);
+}
+
 function encodeHeaderValue(h: RlsHeader): Buffer {
   const keyBytes = stringBytes(h.key);
   const valueBytes = stringBytes(h.value);
-  const w = new Writer(
-    Buffer.alloc((keyBytes === 0 ? 0 : lenField(keyBytes)) + (valueBytes === 0 ? 0 : lenField(valueBytes))),
-  );
-  if (keyBytes !== 0) w.string(1, h.key, keyBytes);
-  if (valueBytes !== 0) w.string(2, h.value, valueBytes);
+  const w = new Writer(Buffer.alloc(headerValueSize(keyBytes, valueBytes)));
+  writeHeaderValue(w, h, keyBytes, valueBytes);
   return w.buf;
 }
 
@@ -532,17 +540,29 @@ function frozenHeaderBytes(h: RlsHeader): Buffer | null {
   return bytes;
 }
 
-/** The headers of the answer being encoded, between the size pass and the write pass: kept encoding or null. */
+// The headers of the answer being encoded, between the size pass and the write pass (one answer at a
+// time: encoding never calls out): a frozen header's kept encoding, or null and the UTF-8 lengths of
+// its key and value.
 const headerScratch: (Buffer | null)[] = [];
+const keyBytesScratch: number[] = [];
+const valueBytesScratch: number[] = [];
 
-/** Size of the header fields of a list; their encodings (or null) go to headerScratch from `at` on. */
+/** Size of the header fields of a list; what the write pass needs goes to the scratch from `at` on. */
 function headersSize(headers: readonly RlsHeader[], at: number): number {
   let size = 0;
   for (let i = 0; i < headers.length; i++) {
     const h = headers[i] as RlsHeader;
     const bytes = frozenHeaderBytes(h);
     headerScratch[at + i] = bytes;
-    size += lenField(bytes === null ? strFieldSize(h.key) + strFieldSize(h.value) : bytes.length);
+    if (bytes !== null) {
+      size += lenField(bytes.length);
+      continue;
+    }
+    const keyBytes = stringBytes(h.key);
+    const valueBytes = stringBytes(h.value);
+    keyBytesScratch[at + i] = keyBytes;
+    valueBytesScratch[at + i] = valueBytes;
+    size += lenField(headerValueSize(keyBytes, valueBytes));
   }
   return size;
 }
@@ -556,12 +576,11 @@ function writeHeaders(w: Writer, field: number, headers: readonly RlsHeader[], a
       w.bytes(field, bytes);
       continue;
     }
-    const keyBytes = stringBytes(h.key);
-    const valueBytes = stringBytes(h.value);
+    const keyBytes = keyBytesScratch[at + i] as number;
+    const valueBytes = valueBytesScratch[at + i] as number;
     w.tag(field, WT_LEN);
-    w.varint((keyBytes === 0 ? 0 : lenField(keyBytes)) + (valueBytes === 0 ? 0 : lenField(valueBytes)));
-    if (keyBytes !== 0) w.string(1, h.key, keyBytes);
-    if (valueBytes !== 0) w.string(2, h.value, valueBytes);
+    w.varint(headerValueSize(keyBytes, valueBytes));
+    writeHeaderValue(w, h, keyBytes, valueBytes);
   }
 }
 
