@@ -50,7 +50,7 @@ void test('agent-idle-rss smoke: the agent command started, answering, then its 
   );
 });
 
-void test('decision smoke: the two references, take and takeKey, the decision on both paths, the embedded check', async () => {
+void test('decision smoke: the two references, take and takeKey, the decision on both paths, a check bytes to bytes, the embedded check', async () => {
   const r = await runDecisionBench(quiet);
   assertReport(r, 'decision', ['p50 ns', 'p99 ns', 'batch of 10 mean p99 ns', 'batch mean p50 ns', 'alloc B/call']);
   assert.deepEqual(
@@ -69,6 +69,8 @@ void test('decision smoke: the two references, take and takeKey, the decision on
       'decide (leased, general)',
       'decide 2 (fast)',
       'decide 2 (general)',
+      'check, bytes to bytes (OK)',
+      'check, bytes to bytes (refused)',
       'limiter.check()',
       'limiter.check() reused entry',
       'limiter.checkInPlace()',

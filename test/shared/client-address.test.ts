@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
+import { BlockList, isIPv6 } from 'node:net';
 import {
   AddressListError,
   UNKNOWN_CLIENT,
@@ -133,15 +134,27 @@ void test('property: whatever a client prepends, the key is what the trusted pro
   );
 });
 
+/** Whether `key` is the /64 group (the default IPv6 grouping) of one of the IPv6 addresses in `hops`. */
+function groupOfAnIpv6Hop(key: string, hops: readonly string[]): boolean {
+  if (!key.endsWith('/64') || !isIPv6(key.slice(0, -3))) return false;
+  const group = new BlockList();
+  group.addSubnet(key.slice(0, -3), 64, 'ipv6');
+  return hops.some((h) => isIPv6(h.trim()) && group.check(h.trim(), 'ipv6'));
+}
+
 void test('property: the key is the peer, a trusted hop, or a well-formed untrusted address from the header', () => {
   fc.assert(
     fc.property(fc.array(junk, { maxLength: 8 }), (hops) => {
       const xff = hops.join(',');
       const key = clientAddress({ peer: '10.0.0.5', forwardedFor: xff, trusted });
       const candidates = new Set(['10.0.0.5', ...hops.map((h) => h.trim().replace(/^::ffff:/, ''))]);
-      return candidates.has(key) && (key === '10.0.0.5' || /^\d+\.\d+\.\d+\.\d+$/.test(key) || key.includes(':'));
+      // An IPv6 hop (the junk strings include some, e.g. '::') is keyed by its /64.
+      return (
+        (candidates.has(key) && (key === '10.0.0.5' || /^\d+\.\d+\.\d+\.\d+$/.test(key))) || groupOfAnIpv6Hop(key, hops)
+      );
     }),
   );
+  assert.equal(clientAddress({ peer: '10.0.0.5', forwardedFor: '::', trusted }), '::/64', 'the counterexample seen');
 });
 
 void test('property: a dotted-quad peer and hops give the key their IPv4-mapped IPv6 forms give', () => {
