@@ -220,11 +220,11 @@ function expect(r: Reader, wireType: number, what: string): void {
  * Reads a length-delimited sub-message at the reader's position with the same reader (its end set to the
  * sub-message's meanwhile): no reader object per sub-message. `read` consumes the region or throws.
  */
-function sub<T>(r: Reader, read: (inner: Reader) => T): T {
+function sub<T, A = undefined>(r: Reader, read: (inner: Reader, arg: A) => T, arg?: A): T {
   const end = r.lengthEnd();
   const outer = r.end;
   r.end = end;
-  const value = read(r);
+  const value = read(r, arg as A);
   r.end = outer;
   r.pos = end;
   return value;
@@ -247,8 +247,15 @@ export function decodeRateLimitRequest(bytes: Uint8Array): Decoded<RlsRequest> {
   return decodeWith(bytes, 'RateLimitRequest', readRateLimitRequest);
 }
 
-// The repeated fields' arrays start as a literal of their first element: sized to it, where an empty
-// array grows its store to 16 slots at the first push (one descriptor of one entry is the common check).
+/**
+ * `list` with `item` appended; a list starts as a literal of its first item: sized to it, where an empty
+ * array grows its store to 16 slots at the first push (one descriptor of one entry is the common check).
+ */
+function appended<T>(list: T[] | null, item: T): T[] {
+  if (list === null) return [item];
+  list.push(item);
+  return list;
+}
 
 function readRateLimitRequest(r: Reader): RlsRequest {
   let domain = '';
@@ -262,9 +269,7 @@ function readRateLimitRequest(r: Reader): RlsRequest {
         break;
       case 2: {
         expect(r, WT_LEN, 'descriptors');
-        const descriptor = sub(r, readDescriptor);
-        if (descriptors === null) descriptors = [descriptor];
-        else descriptors.push(descriptor);
+        descriptors = appended(descriptors, sub(r, readDescriptor));
         break;
       }
       case 3:
@@ -286,21 +291,18 @@ function readDescriptor(r: Reader): RlsDescriptor {
     switch (r.tag()) {
       case 1: {
         expect(r, WT_LEN, 'entries');
-        const entry = sub(r, readEntry);
-        if (entries === null) entries = [entry];
-        else entries.push(entry);
+        entries = appended(entries, sub(r, readEntry));
         break;
       }
       case 2: {
         expect(r, WT_LEN, 'limit');
         // A repeated occurrence of a singular message field merges into the first (protobuf rule).
-        limit ??= { requestsPerUnit: 0, unit: 0 };
-        readOverride(r, r.lengthEnd(), limit);
+        limit = sub(r, readOverride, limit ?? { requestsPerUnit: 0, unit: 0 });
         break;
       }
       case 3: {
         expect(r, WT_LEN, 'hits_addend');
-        hitsAddend = readUInt64Value(r, r.lengthEnd(), hitsAddend ?? 0);
+        hitsAddend = sub(r, readUInt64Value, hitsAddend ?? 0);
         break;
       }
       default:
@@ -330,10 +332,11 @@ function readEntry(r: Reader): RlsEntry {
   return { key, value };
 }
 
-/** Reads the RateLimitOverride that ends at `end` into `into`, leaving the reader at `end`. */
-function readOverride(r: Reader, end: number, into: { requestsPerUnit: number; unit: number }): void {
-  const outer = r.end;
-  r.end = end;
+/** Reads a RateLimitOverride into `into` (merging into an earlier occurrence's values). */
+function readOverride(
+  r: Reader,
+  into: { requestsPerUnit: number; unit: number },
+): { requestsPerUnit: number; unit: number } {
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1:
@@ -348,13 +351,11 @@ function readOverride(r: Reader, end: number, into: { requestsPerUnit: number; u
         r.skip(r.lastWireType);
     }
   }
-  r.end = outer;
+  return into;
 }
 
-/** Reads the UInt64Value that ends at `end` (its value, else `initial`), leaving the reader at `end`. */
-function readUInt64Value(r: Reader, end: number, initial: number): number {
-  const outer = r.end;
-  r.end = end;
+/** Reads a UInt64Value: its value, else `initial` (an earlier occurrence's). */
+function readUInt64Value(r: Reader, initial: number): number {
   let value = initial;
   while (r.pos < r.end) {
     if (r.tag() === 1) {
@@ -364,7 +365,6 @@ function readUInt64Value(r: Reader, end: number, initial: number): number {
       r.skip(r.lastWireType);
     }
   }
-  r.end = outer;
   return value;
 }
 
