@@ -20,6 +20,9 @@
 //   agent-2w    the same with 2 serving workers, each on a socket of its own (<socket>, <socket>.1;
 //               over TCP port, port + 1): the generator spreads its connections over both, as
 //               Envoy does over the cluster's endpoints ("throughput grows with cores")
+//   bare-h2     a bare node:http2 server answering a pre-encoded OK (bench/servers/bare-h2.ts)
+//   bare-h2-2w  the same in 2 worker threads on 2 sockets, like agent-2w: what a second thread gives
+//               a server that does nothing, on this machine
 //   rlf-memory  rate-limiter-flexible RateLimiterMemory behind the same grpc-js handler
 //   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
 //               persistence); skipped, with a note, when redis-server is not installed
@@ -52,6 +55,7 @@ import { armEmergencyStop } from './emergency-stop.js';
 export const SERVER_NAMES = [
   'ceiling',
   'bare-h2',
+  'bare-h2-2w',
   'agent',
   'agent-grpcjs',
   'agent-2w',
@@ -62,14 +66,14 @@ export const SERVER_NAMES = [
   'ceiling-pbjs',
 ] as const;
 export type ServerName = (typeof SERVER_NAMES)[number];
-/** Measured unless --servers says otherwise; 'ceiling-pbjs' only on request. */
+/** Measured unless --servers says otherwise; 'ceiling-pbjs' and 'agent-semi1' only on request. */
 export const DEFAULT_SERVERS: readonly ServerName[] = [
   'ceiling',
   'bare-h2',
+  'bare-h2-2w',
   'agent',
   'agent-grpcjs',
   'agent-2w',
-  'agent-semi1',
   'agent-young0',
   'rlf-memory',
   'rlf-redis',
@@ -152,6 +156,7 @@ function makePlan(opts: AgentBenchOptions): Plan {
 const MODULES: Record<ServerName, string> = {
   ceiling: fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
   'bare-h2': fileURLToPath(new URL('./servers/bare-h2.ts', import.meta.url)),
+  'bare-h2-2w': fileURLToPath(new URL('./servers/bare-h2.ts', import.meta.url)),
   agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-grpcjs': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
@@ -250,6 +255,8 @@ export async function runAgentBenchDetailed(opts: AgentBenchOptions): Promise<Ag
             ...(name === 'agent-young0' ? { workerYoungGenerationMb: 0 } : {}),
           },
         });
+      } else if (name === 'bare-h2-2w') {
+        toStart.push({ name, options: { scratchDir: dir, workers: 2 } });
       } else if (name === 'ceiling-pbjs') {
         toStart.push({ name, options: { scratchDir: dir, codec: 'protobufjs' } });
       } else if (name === 'rlf-redis') {
@@ -626,8 +633,16 @@ function buildReport(
       median(over((rd) => at(server, variant, rd, 'closed', cMax)?.serverCpuPct ?? undefined));
     const gen = (server: ServerName): number | string =>
       median(over((rd) => at(server, variant, rd, 'closed', cMax)?.result.generatorCpuPct));
+    // What a second thread gives a server that does nothing at all, measured in the same jobs: the
+    // most a second worker can give any node:http2 server on this machine.
+    const bare = perRoundRatio(closedTput('bare-h2-2w', variant, cMax), closedTput('bare-h2', variant, cMax));
+    const twoVsBare = perRoundRatio(closedTput('agent-2w', variant, cMax), closedTput('bare-h2-2w', variant, cMax));
+    const bareNote =
+      bare === undefined
+        ? ''
+        : `; agent-2w ÷ bare-h2-2w ${twoVsBare === undefined ? '—' : fmtSpread(twoVsBare)}; bare-h2-2w ÷ bare-h2 ${fmtSpread(bare)} (${fmtInt(over(closedTput('bare-h2-2w', variant, cMax))?.median ?? 0)} req/s at ${cpu('bare-h2-2w')} % CPU vs ${fmtInt(over(closedTput('bare-h2', variant, cMax))?.median ?? 0)} at ${cpu('bare-h2')} %): the same step for a server that does nothing`;
     notes.push(
-      `agent-2w ÷ agent (${variant}, c=${cMax}): ${fmtSpread(r)} (target ≥ 1.4${verdict(r.median >= 1.4)}; 2 workers ${fmtInt(two?.median ?? 0)} req/s at ${cpu('agent-2w')} % CPU, 1 worker ${fmtInt(one?.median ?? 0)} req/s at ${cpu('agent')} % CPU; generator ${gen('agent-2w')} % / ${gen('agent')} %) — ` +
+      `agent-2w ÷ agent (${variant}, c=${cMax}): ${fmtSpread(r)} (target ≥ 1.4${verdict(r.median >= 1.4)}; 2 workers ${fmtInt(two?.median ?? 0)} req/s at ${cpu('agent-2w')} % CPU, 1 worker ${fmtInt(one?.median ?? 0)} req/s at ${cpu('agent')} % CPU; generator ${gen('agent-2w')} % / ${gen('agent')} %${bareNote}) — ` +
         `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );

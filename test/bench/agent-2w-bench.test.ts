@@ -66,39 +66,50 @@ void describe('bench/load/loadgen: a target with several addresses', () => {
   }
 });
 
-void describe('npm run bench -- agent --smoke, agent and agent-2w', () => {
-  void it('measures the agent with 1 and 2 workers and reports their ratio', { timeout: 60_000 }, async () => {
-    const messages: string[] = [];
-    const { report, phases, skipped } = await runAgentBenchDetailed({
-      smoke: true,
-      servers: ['agent', 'agent-2w'],
-      variants: ['unlimited'],
-      progress: (m) => messages.push(m),
-    });
-    assert.deepEqual(skipped, []);
-    assert.deepEqual(
-      report.rows.map((r) => [r['variant'], r['server']]),
-      [
-        ['unlimited', 'agent'],
-        ['unlimited', 'agent-2w'],
-      ],
-    );
-    for (const p of phases) {
-      assert.equal(p.result.sent > 0, true, `${p.server} ${p.mode}: requests were sent`);
-      assert.equal(p.result.sent, p.result.ok + p.result.errors);
-      assert.equal(p.result.errors, 0, p.result.errorSamples.join('; '));
-    }
-    assert.equal(
-      report.notes.filter((n) => n.startsWith('agent-2w ÷ agent (unlimited, c=16)')).length,
-      1,
-      report.notes.join('\n'),
-    );
-    const described = report.notes.find((n) => n.startsWith('agent-2w: '));
-    assert.match(described ?? '', /2 workers.*\.sock, .*\.sock\.1/, 'agent-2w serves on two sockets');
-    assert.equal(
-      messages.some((m) => m.startsWith('stopped agent, agent-2w')),
-      true,
-      'every server stopped',
-    );
-  });
+void describe('npm run bench -- agent --smoke, agent and agent-2w beside bare-h2 and bare-h2-2w', () => {
+  void it(
+    'measures the agent and the bare server with 1 and 2 workers and reports the ratios',
+    { timeout: 60_000 },
+    async () => {
+      const messages: string[] = [];
+      const { report, phases, skipped } = await runAgentBenchDetailed({
+        smoke: true,
+        servers: ['bare-h2', 'bare-h2-2w', 'agent', 'agent-2w'],
+        variants: ['unlimited'],
+        progress: (m) => messages.push(m),
+      });
+      assert.deepEqual(skipped, []);
+      assert.deepEqual(
+        report.rows.map((r) => [r['variant'], r['server']]),
+        [
+          ['unlimited', 'bare-h2'],
+          ['unlimited', 'bare-h2-2w'],
+          ['unlimited', 'agent'],
+          ['unlimited', 'agent-2w'],
+        ],
+      );
+      for (const p of phases) {
+        assert.equal(p.result.sent > 0, true, `${p.server} ${p.mode}: requests were sent`);
+        assert.equal(p.result.sent, p.result.ok + p.result.errors);
+        assert.equal(p.result.errors, 0, p.result.errorSamples.join('; '));
+      }
+      const scaling = report.notes.filter((n) => n.startsWith('agent-2w ÷ agent (unlimited, c=16)'));
+      assert.equal(scaling.length, 1, report.notes.join('\n'));
+      assert.match(
+        scaling[0] ?? '',
+        /agent-2w ÷ bare-h2-2w \d/,
+        'the agent with 2 workers against the bare server with 2',
+      );
+      assert.match(scaling[0] ?? '', /bare-h2-2w ÷ bare-h2 \d/, "the bare server's own step from 1 to 2 threads");
+      const described = report.notes.find((n) => n.startsWith('agent-2w: '));
+      assert.match(described ?? '', /2 workers.*\.sock, .*\.sock\.1/, 'agent-2w serves on two sockets');
+      const bare2 = report.notes.find((n) => n.startsWith('bare-h2-2w: '));
+      assert.match(bare2 ?? '', /2 worker threads.*\.sock, .*\.sock\.1/, 'bare-h2-2w serves on two sockets');
+      assert.equal(
+        messages.some((m) => m.startsWith('stopped bare-h2, bare-h2-2w, agent, agent-2w')),
+        true,
+        'every server stopped',
+      );
+    },
+  );
 });
