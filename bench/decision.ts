@@ -34,6 +34,9 @@
 //                       message; (refused): the same addresses under `refused_address`, one request
 //                       an hour, so every call after the warm-up is a refusal with its provenance
 //                       headers (issue 21: what a refusal costs beside an admission)
+//   check, bytes to bytes (refused 256)  the same over 256 of those addresses: clients refused again
+//                       and again, whose bucket keys and refused-limit headers the decider keeps
+//                       (cell-agent/decide/refused-keys.ts; over the 10,000 it keeps almost none: each key comes back after ten others of its set)
 //   limiter.check()     the embedded limiter (createLimiter, embedded/limiter.ts) with the same local
 //                       rule: its wrapper, CheckService and the fast path (issue 17: ≤ 1 µs median).
 //                       Its input is built per call as the fastify plugin and express middleware
@@ -320,6 +323,7 @@ export async function runDecisionBench(opts: {
   const ips256 = ips.slice(0, 256);
   const admittedWire = wire('remote_address');
   const refusedWire = wire('refused_address');
+  const refused256 = refusedWire.slice(0, 256);
   /** A check bytes to bytes, counted in `admitted` when it is answered as its row expects. */
   const serve = (expectRefused: boolean) => (): void => {
     const decoded = decodeRateLimitRequest(wireRequest);
@@ -486,6 +490,14 @@ export async function runDecisionBench(opts: {
       'check, bytes to bytes (refused)',
       (i) => {
         wireRequest = refusedWire[at(i, refusedWire.length)] ?? wireRequest;
+        if (i % 1000 === 0) throttle.drain();
+      },
+      serve(true),
+    ),
+    variant(
+      'check, bytes to bytes (refused 256)',
+      (i) => {
+        wireRequest = refused256[at(i, refused256.length)] ?? wireRequest;
         if (i % 1000 === 0) throttle.drain();
       },
       serve(true),

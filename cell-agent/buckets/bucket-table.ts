@@ -733,6 +733,14 @@ export class BucketTable {
     return this.takeHashed(out, limit, words, hits, this.keyResult);
   }
 
+  /**
+   * The hash words of the key hashed last (by takeKey / takeKeyAt, or any call given a string key):
+   * the bucket's identity in this table. Valid until this table object's next call.
+   */
+  get lastKeyHash(): Readonly<Int32Array> {
+    return this.hashOut;
+  }
+
   /** Whether takeKey() takes this limit (its window fits the numeric step). Validates the limit. */
   static keyTakes(limit: GcraLimit): boolean {
     return limitWords(limit).narrow;

@@ -46,6 +46,7 @@
 // refused hits would pass), rounded up to whole seconds.
 import { IdentityMemo } from '../../shared/identity-memo.js';
 import { BucketTable } from '../buckets/bucket-table.js';
+import { RefusedKeys } from './refused-keys.js';
 import type { KeyTakeResult, TakeResult } from '../buckets/bucket-table.js';
 import { BigintElapsedClock, exactElapsed } from '../buckets/elapsed-clock.js';
 import type { ElapsedClock } from '../buckets/elapsed-clock.js';
@@ -273,6 +274,8 @@ export class Decider {
   private readonly reused = newReusedAnswer('local');
   /** The same for the global fast path (decideOneGlobal). */
   private readonly reusedGlobal = newReusedAnswer('global');
+  /** The one-descriptor fast path's refused bucket keys and their refused-limit headers, by key hash. */
+  private readonly refusedKeys = new RefusedKeys(REFUSED_LIMIT_HEADER);
   /** decideOneGlobal's last grant limit and its Decision.statusLimits ([limit]), kept while the grant stays. */
   private globalLimit: GcraLimit | null = null;
   private globalStatusLimits: GcraLimit[] = [];
@@ -402,7 +405,12 @@ export class Decider {
       );
     }
     const retryNs = r.retryAfterNs;
-    const key = lastLocalBucketKey(req.domain, d.entries);
+    // The bucket's key and refused-limit header as kept at its last refusal (refused-keys.ts), by
+    // the hash words the table has just taken under; built from the walk (still in scratch) if not.
+    const hash = table.lastKeyHash;
+    const refused =
+      this.refusedKeys.find(hash) ?? this.refusedKeys.keep(hash, lastLocalBucketKey(req.domain, d.entries));
+    const key = refused.key;
     const refusal: Refusal = {
       level: 'local-rule',
       limit: node.name ?? key,
@@ -418,7 +426,7 @@ export class Decider {
       durationUntilReset: secondsOfNumber(retryNs === Infinity ? r.resetNs : retryNs),
     };
     const statuses = [status];
-    const provenance = provenanceHeaders(refusal, ruleLimit.refusedLimit);
+    const provenance = provenanceHeaders(refusal, ruleLimit.refusedLimit ?? refused.header);
     const headers = this.options.responseHeaders ? [...rateLimitHeaders(statuses), ...provenance] : provenance;
     return {
       response: {

@@ -71,6 +71,7 @@ void test('decision smoke: the two references, take and takeKey, the decision on
       'decide 2 (general)',
       'check, bytes to bytes (OK)',
       'check, bytes to bytes (refused)',
+      'check, bytes to bytes (refused 256)',
       'limiter.check()',
       'limiter.check() reused entry',
       'limiter.checkInPlace()',
