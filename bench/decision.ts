@@ -36,7 +36,8 @@
 //                       headers (issue 21: what a refusal costs beside an admission)
 //   check, bytes to bytes (refused 256)  the same over 256 of those addresses: clients refused again
 //                       and again, whose bucket keys and refused-limit headers the decider keeps
-//                       (cell-agent/decide/refused-keys.ts; over the 10,000 it keeps almost none: each key comes back after ten others of its set)
+//                       (cell-agent/decide/refused-keys.ts; over the 10,000 it keeps almost none:
+//                       each key comes back after ten others of its set)
 //   limiter.check()     the embedded limiter (createLimiter, embedded/limiter.ts) with the same local
 //                       rule: its wrapper, CheckService and the fast path (issue 17: ≤ 1 µs median).
 //                       Its input is built per call as the fastify plugin and express middleware
