@@ -343,6 +343,16 @@ export async function runDecisionBench(opts: {
     smallBatchMean: [],
     bytes: [],
   });
+  /** A bytes-to-bytes row over refused requests; the throttling counts drained as the worker drains them. */
+  const refusedRow = (name: string, wires: readonly Buffer[]): Variant =>
+    variant(
+      name,
+      (i) => {
+        wireRequest = wires[at(i, wires.length)] ?? wireRequest;
+        if (i % 1000 === 0) throttle.drain();
+      },
+      serve(true),
+    );
   const byKey = (i: number): void => {
     key = keys[at(i, keys.length)] ?? '';
   };
@@ -487,22 +497,8 @@ export async function runDecisionBench(opts: {
       },
       serve(false),
     ),
-    variant(
-      'check, bytes to bytes (refused)',
-      (i) => {
-        wireRequest = refusedWire[at(i, refusedWire.length)] ?? wireRequest;
-        if (i % 1000 === 0) throttle.drain();
-      },
-      serve(true),
-    ),
-    variant(
-      'check, bytes to bytes (refused 256)',
-      (i) => {
-        wireRequest = refused256[at(i, refused256.length)] ?? wireRequest;
-        if (i % 1000 === 0) throttle.drain();
-      },
-      serve(true),
-    ),
+    refusedRow('check, bytes to bytes (refused)', refusedWire),
+    refusedRow('check, bytes to bytes (refused 256)', refused256),
     variant(
       'limiter.check()',
       (i) => {
