@@ -26,7 +26,7 @@ import type { CheckService } from '../decide/check-service.js';
 import {
   SERVING_STATUS,
   decodeHealthCheckRequest,
-  decodeRateLimitRequest,
+  decodeRateLimitRequestReused,
   encodeHealthCheckResponse,
   encodeHealthListResponse,
   encodeRateLimitResponse,
@@ -231,13 +231,16 @@ export async function startLeanRlsServer(
   const servers: Http2Server[] = [];
   let stopping = false;
 
+  // Decoded into the codec's reused objects and decided into the service's (checkInPlace): the answer
+  // is encoded before anything else runs on this thread, and nothing of the request or the decision
+  // is kept, so the common check allocates only its answer's bytes here.
   const shouldRateLimit: UnaryMethod = (request) => {
-    const decoded = decodeRateLimitRequest(request);
+    const decoded = decodeRateLimitRequestReused(request);
     if (!decoded.ok) {
       service.rejected('malformed');
       return { code: GRPC_CODE.INVALID_ARGUMENT, message: decoded.error };
     }
-    const out = service.check(decoded.value);
+    const out = service.checkInPlace(decoded.value);
     if (out.kind === 'error') return { code: out.code, message: out.message };
     return out.encoded ?? encodeRateLimitResponse(out.response, true);
   };

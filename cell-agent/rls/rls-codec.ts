@@ -7,9 +7,10 @@
 // unknown fields the way protobuf requires (so a newer Envoy adding fields still works). The wire
 // format is fixed by proto/envoy/** (Envoy's field numbers); test/cell-agent/rls/rls-codec.test.ts
 // checks this codec against protobufjs loading those files, both directions, with random messages.
-// Per check it allocates the request's objects (a repeated short ASCII string is the one decoded last
-// time: ascii-interner.ts) and the answer's buffer; headers that are frozen objects are encoded once
-// and copied after (a refusal's repeating provenance headers: decide/decide.ts).
+// The lean server's decoding (decodeRateLimitRequestReused) fills this thread's reused request
+// objects, and a repeated short ASCII string is the one decoded last time (ascii-interner.ts): a
+// common check allocates only its answer's buffer here. Headers that are frozen objects are encoded
+// once and copied after (a refusal's repeating provenance headers: decide/decide.ts).
 //
 // Field numbers (docs/envoy-rls.md §2):
 //   RateLimitRequest      1 domain string, 2 descriptors RateLimitDescriptor*, 3 hits_addend uint32
@@ -70,12 +71,20 @@ function utf8(buf: Uint8Array, start: number, end: number): string {
 class Reader {
   pos: number;
   constructor(
-    readonly buf: Uint8Array,
+    public buf: Uint8Array,
     start: number,
     /** The end of the region being read: a sub-message's while it is read (sub()), then the outer one's again. */
     public end: number,
   ) {
     this.pos = start;
+  }
+
+  /** Points this reader at the whole of `buf` (the decoders' one reader, reused message after message). */
+  reset(buf: Uint8Array): void {
+    this.buf = buf;
+    this.pos = 0;
+    this.end = buf.length;
+    this.lastWireType = 0;
   }
 
   /** The last varint read: its low 32 bits (unsigned) and the bits above them (0 .. 2^32 − 1). */
@@ -230,106 +239,221 @@ function sub<T, A = undefined>(r: Reader, read: (inner: Reader, arg: A) => T, ar
   return value;
 }
 
+const NO_BYTES: Uint8Array = Buffer.alloc(0);
+/**
+ * The decoders' reader: decoding is synchronous and never re-entered (no callback reaches a decoder), so
+ * one reader serves every message of this thread. It lets go of the message's bytes when done.
+ */
+const reader = new Reader(NO_BYTES, 0, 0);
+
 function decodeWith<T>(bytes: Uint8Array, what: string, body: (r: Reader) => T): Decoded<T> {
   try {
-    const r = new Reader(bytes, 0, bytes.length);
-    return { ok: true, value: body(r) };
+    reader.reset(bytes);
+    return { ok: true, value: body(reader) };
   } catch (error) {
-    if (error instanceof Malformed) return { ok: false, error: `malformed ${what}: ${error.message}` };
-    return { ok: false, error: `malformed ${what}: ${error instanceof Error ? error.message : String(error)}` };
+    return { ok: false, error: malformedMessage(what, error) };
+  } finally {
+    reader.reset(NO_BYTES);
   }
+}
+
+function malformedMessage(what: string, error: unknown): string {
+  if (error instanceof Malformed) return `malformed ${what}: ${error.message}`;
+  return `malformed ${what}: ${error instanceof Error ? error.message : String(error)}`;
 }
 
 // ---- RateLimitRequest ---------------------------------------------------------------------------
 
-/** Decodes a RateLimitRequest. Never throws. */
+/** Decodes a RateLimitRequest into objects of its own. Never throws. */
 export function decodeRateLimitRequest(bytes: Uint8Array): Decoded<RlsRequest> {
-  return decodeWith(bytes, 'RateLimitRequest', readRateLimitRequest);
+  const decoded = decodeRateLimitRequestReused(bytes);
+  return decoded.ok ? { ok: true, value: copyRequest(decoded.value) } : decoded;
 }
 
 /**
- * `list` with `item` appended; a list starts as a literal of its first item: sized to it, where an empty
- * array grows its store to 16 slots at the first push (one descriptor of one entry is the common check).
+ * Decodes a RateLimitRequest into this thread's reused objects: the request, its first
+ * POOLED_DESCRIPTORS descriptors and their first POOLED_ENTRIES entries are the same objects call after
+ * call (more are made fresh), so the common check allocates nothing here but a string the interner
+ * does not hold. The answer is valid until the next call in this thread: for a caller that decides on
+ * it at once and keeps nothing of it (the lean RLS server). Never throws.
  */
-function appended<T>(list: T[] | null, item: T): T[] {
-  if (list === null) return [item];
-  list.push(item);
-  return list;
+export function decodeRateLimitRequestReused(bytes: Uint8Array): Decoded<RlsRequest> {
+  try {
+    reader.reset(bytes);
+    readRateLimitRequest(reader, scratch);
+    return scratch.decoded;
+  } catch (error) {
+    return { ok: false, error: malformedMessage('RateLimitRequest', error) };
+  } finally {
+    reader.reset(NO_BYTES);
+  }
 }
 
-function readRateLimitRequest(r: Reader): RlsRequest {
-  let domain = '';
-  let descriptors: RlsDescriptor[] | null = null;
-  let hitsAddend = 0;
+/** The mutable shapes the decoder fills (RlsRequest's readonly ones, as it reads them). */
+interface EntryDraft {
+  key: string;
+  value: string;
+}
+interface DescriptorDraft {
+  readonly entries: EntryDraft[];
+  limit: { requestsPerUnit: number; unit: number } | null;
+  hitsAddend: number | null;
+}
+
+/** Descriptors (and entries of each) whose objects the reused decoding keeps: Envoy's checks have one to a few. */
+export const POOLED_DESCRIPTORS = 8;
+export const POOLED_ENTRIES = 8;
+
+/** The reused decoding's objects (one per thread: module state of the codec). */
+class RequestScratch {
+  readonly request: { domain: string; readonly descriptors: DescriptorDraft[]; hitsAddend: number } = {
+    domain: '',
+    descriptors: [],
+    hitsAddend: 0,
+  };
+  readonly decoded: Decoded<RlsRequest> = { ok: true, value: this.request };
+  /** Descriptor i's object, kept for i < POOLED_DESCRIPTORS. */
+  private readonly descriptors: DescriptorDraft[] = [];
+  /** Per kept descriptor, its entries' objects, kept for j < POOLED_ENTRIES. */
+  private readonly entries: EntryDraft[][] = [];
+
+  /** Descriptor i's object, its fields cleared. */
+  descriptor(i: number): DescriptorDraft {
+    if (i >= POOLED_DESCRIPTORS) return newDescriptor();
+    while (this.descriptors.length <= i) {
+      this.descriptors.push(newDescriptor());
+      this.entries.push([]);
+    }
+    const d = this.descriptors[i] as DescriptorDraft;
+    d.limit = null;
+    d.hitsAddend = null;
+    return d;
+  }
+
+  /** Entry j's object in descriptor i, its fields cleared (or a fresh object past the kept ones). */
+  entry(i: number, j: number): EntryDraft {
+    if (i >= POOLED_DESCRIPTORS || j >= POOLED_ENTRIES) return newEntry();
+    const kept = this.entries[i] as EntryDraft[];
+    while (kept.length <= j) kept.push(newEntry());
+    const e = kept[j] as EntryDraft;
+    e.key = '';
+    e.value = '';
+    return e;
+  }
+}
+
+function newDescriptor(): DescriptorDraft {
+  return { entries: [], limit: null, hitsAddend: null };
+}
+
+function newEntry(): EntryDraft {
+  return { key: '', value: '' };
+}
+
+const scratch = new RequestScratch();
+
+/** `list[i] = item`, for i ≤ list.length (a reused list is written over, then cut()). */
+function put<T>(list: T[], i: number, item: T): void {
+  if (i < list.length) list[i] = item;
+  else list.push(item);
+}
+
+/** `list` cut to its first `count` items: what a longer request left in a reused list lets go. */
+function cut(list: unknown[], count: number): void {
+  if (list.length > count) list.length = count;
+}
+
+function readRateLimitRequest(r: Reader, into: RequestScratch): void {
+  const request = into.request;
+  request.domain = '';
+  request.hitsAddend = 0;
+  let count = 0;
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1:
         expect(r, WT_LEN, 'domain');
-        domain = r.string();
+        request.domain = r.string();
         break;
       case 2: {
         expect(r, WT_LEN, 'descriptors');
-        descriptors = appended(descriptors, sub(r, readDescriptor));
+        descriptorIndex = count;
+        put(request.descriptors, count, sub(r, readDescriptor, into.descriptor(count)));
+        count++;
         break;
       }
       case 3:
         expect(r, WT_VARINT, 'hits_addend');
-        hitsAddend = r.uint32();
+        request.hitsAddend = r.uint32();
         break;
       default:
         r.skip(r.lastWireType);
     }
   }
-  return { domain, descriptors: descriptors ?? [], hitsAddend };
+  cut(request.descriptors, count);
 }
 
-function readDescriptor(r: Reader): RlsDescriptor {
-  let entries: RlsEntry[] | null = null;
-  let limit: { requestsPerUnit: number; unit: number } | null = null;
-  let hitsAddend: number | null = null;
+/** The index of the descriptor readDescriptor reads (its entries' objects are that descriptor's kept ones). */
+let descriptorIndex = 0;
+
+function readDescriptor(r: Reader, into: DescriptorDraft): DescriptorDraft {
+  const index = descriptorIndex;
+  let count = 0;
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1: {
         expect(r, WT_LEN, 'entries');
-        entries = appended(entries, sub(r, readEntry));
+        put(into.entries, count, sub(r, readEntry, scratch.entry(index, count)));
+        count++;
         break;
       }
       case 2: {
         expect(r, WT_LEN, 'limit');
         // A repeated occurrence of a singular message field merges into the first (protobuf rule).
-        limit = sub(r, readOverride, limit ?? { requestsPerUnit: 0, unit: 0 });
+        into.limit = sub(r, readOverride, into.limit ?? { requestsPerUnit: 0, unit: 0 });
         break;
       }
       case 3: {
         expect(r, WT_LEN, 'hits_addend');
-        hitsAddend = sub(r, readUInt64Value, hitsAddend ?? 0);
+        into.hitsAddend = sub(r, readUInt64Value, into.hitsAddend ?? 0);
         break;
       }
       default:
         r.skip(r.lastWireType);
     }
   }
-  return { entries: entries ?? [], limit, hitsAddend };
+  cut(into.entries, count);
+  return into;
 }
 
-function readEntry(r: Reader): RlsEntry {
-  let key = '';
-  let value = '';
+function readEntry(r: Reader, into: EntryDraft): EntryDraft {
   while (r.pos < r.end) {
     switch (r.tag()) {
       case 1:
         expect(r, WT_LEN, 'entry key');
-        key = r.string();
+        into.key = r.string();
         break;
       case 2:
         expect(r, WT_LEN, 'entry value');
-        value = r.string();
+        into.value = r.string();
         break;
       default:
         r.skip(r.lastWireType);
     }
   }
-  return { key, value };
+  return into;
+}
+
+/** A request of objects of its own (decodeRateLimitRequest's answer, from the reused decoding's). */
+function copyRequest(m: RlsRequest): RlsRequest {
+  return {
+    domain: m.domain,
+    descriptors: m.descriptors.map((d): RlsDescriptor => ({
+      entries: d.entries.map((e): RlsEntry => ({ key: e.key, value: e.value })),
+      limit: d.limit === null ? null : { requestsPerUnit: d.limit.requestsPerUnit, unit: d.limit.unit },
+      hitsAddend: d.hitsAddend,
+    })),
+    hitsAddend: m.hitsAddend,
+  };
 }
 
 /** Reads a RateLimitOverride into `into` (merging into an earlier occurrence's values). */

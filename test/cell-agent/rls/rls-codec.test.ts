@@ -7,7 +7,10 @@ import * as protoLoader from '@grpc/proto-loader';
 import fc from 'fast-check';
 import {
   decodeHealthCheckRequest,
+  POOLED_DESCRIPTORS,
+  POOLED_ENTRIES,
   decodeRateLimitRequest,
+  decodeRateLimitRequestReused,
   decodeRateLimitResponse,
   encodeHealthCheckResponse,
   encodeHealthListResponse,
@@ -234,6 +237,79 @@ void test('a request decoded again gives the same strings; strings around the in
     assert.equal(second.value.descriptors[0]?.entries[0]?.value, value);
     assert.equal(second.value.domain, 'bench-limited');
   }
+});
+
+// Requests past the reused decoding's kept objects (descriptors and entries beyond
+// POOLED_DESCRIPTORS / POOLED_ENTRIES are made fresh), among bytes that are not a request at all.
+const pooledArb: fc.Arbitrary<RlsRequest> = fc.record({
+  domain: text,
+  hitsAddend: fc.nat({ max: 0xffffffff }),
+  descriptors: fc.array(
+    fc.record({
+      entries: fc.array(fc.record({ key: text, value: text }), { maxLength: POOLED_ENTRIES + 3 }),
+      limit: fc.option(fc.record({ requestsPerUnit: fc.nat({ max: 1000 }), unit: fc.integer({ min: 0, max: 6 }) }), {
+        nil: null,
+      }),
+      hitsAddend: fc.option(fc.nat({ max: 1000 }), { nil: null }),
+    }),
+    { maxLength: POOLED_DESCRIPTORS + 3 },
+  ),
+});
+
+void test('the reused decoding gives each request of a sequence exactly, the fresh one its own objects', () => {
+  fc.assert(
+    fc.property(
+      fc.array(
+        fc.oneof({ weight: 4, arbitrary: pooledArb }, { weight: 1, arbitrary: fc.uint8Array({ maxLength: 24 }) }),
+        {
+          minLength: 2,
+          maxLength: 12,
+        },
+      ),
+      (sequence) => {
+        for (const item of sequence) {
+          const bytes = item instanceof Uint8Array ? item : rls.requestSerialize(toProtobufjs(item));
+          const reused = decodeRateLimitRequestReused(bytes);
+          const fresh = decodeRateLimitRequest(bytes);
+          // Read before the next decoding: what the lean server does with it.
+          assert.deepEqual(reused, fresh);
+          if (!(item instanceof Uint8Array)) assert.deepEqual(reused, { ok: true, value: structuredClone(item) });
+        }
+      },
+    ),
+    { numRuns: 300 },
+  );
+  // The common check, request after request: the same objects, nothing left of the one before.
+  const one = (value: string, limit: boolean): Buffer =>
+    encodeRateLimitRequest({
+      domain: 'api',
+      hitsAddend: 0,
+      descriptors: [
+        {
+          entries: [{ key: 'tenant', value }],
+          limit: limit ? { requestsPerUnit: 5, unit: 2 } : null,
+          hitsAddend: null,
+        },
+      ],
+    });
+  const a = decodeRateLimitRequestReused(one('t1', true));
+  assert.ok(a.ok, 'decodes');
+  const [aDescriptor] = a.value.descriptors;
+  const [aEntry] = aDescriptor?.entries ?? [];
+  const b = decodeRateLimitRequestReused(one('t2', false));
+  assert.ok(b.ok, 'decodes');
+  assert.equal(b, a, 'the same answer object');
+  assert.equal(b.value.descriptors[0], aDescriptor, 'the same descriptor object');
+  assert.equal(b.value.descriptors[0]?.entries[0], aEntry, 'the same entry object');
+  assert.deepEqual(b.value, {
+    domain: 'api',
+    hitsAddend: 0,
+    descriptors: [{ entries: [{ key: 'tenant', value: 't2' }], limit: null, hitsAddend: null }],
+  });
+  const fresh = decodeRateLimitRequest(one('t3', false));
+  assert.ok(fresh.ok, 'decodes');
+  assert.notEqual(fresh.value.descriptors[0], aDescriptor, 'the fresh decoding copies');
+  assert.equal(b.value.descriptors[0]?.entries[0]?.value, 't3', 'it decoded through the reused objects');
 });
 
 void test('unknown fields are skipped, every wire type; a repeated singular message merges', () => {
