@@ -68,7 +68,12 @@ async function main(): Promise<void> {
     // Warm the hot path before binding the sockets (no connection can reach this thread before it
     // decides at full speed: a fresh or restarted worker gives no fail-open in its first seconds).
     const warm = warmUp(rules, { quotas, overrides }, init.decider, init.overload, logger);
-    const wire = init.listen.server === 'grpc-js' ? null : await warmUpTransport(warm.service, warm.requests, logger);
+    const wire =
+      init.listen.server === 'grpc-js'
+        ? null
+        : await warmUpTransport(warm.service, warm.requests, logger, {
+            transport: init.listen.unix === undefined ? 'tcp' : 'unix',
+          });
     logger.debug(
       {
         checks: warm.checks,
