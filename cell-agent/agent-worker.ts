@@ -72,7 +72,7 @@ async function main(): Promise<void> {
       init.listen.server === 'grpc-js'
         ? null
         : await warmUpTransport(warm.service, warm.requests, logger, {
-            transport: init.listen.unix === undefined ? 'tcp' : 'unix',
+            ...(init.listen.unix === undefined ? {} : { unixBeside: init.listen.unix.path }),
           });
     logger.debug(
       {

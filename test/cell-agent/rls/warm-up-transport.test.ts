@@ -19,6 +19,7 @@ import { StaticQuotas } from '../../../cell-agent/decide/quotas.js';
 import { parseQuotaFile } from '../../../cell-agent/decide/quota-file.js';
 import { DEFAULT_REQUEST_BOUNDS } from '../../../cell-agent/decide/request-check.js';
 import { DEFAULT_OVERLOAD } from '../../../cell-agent/decide/overload.js';
+import { pino } from 'pino';
 import { createRootLogger } from '../../../shared/logging.js';
 
 const logger = createRootLogger({ level: 'silent', name: 'test' });
@@ -47,20 +48,40 @@ function warmService(): ReturnType<typeof warmUp> {
   );
 }
 
-for (const transport of ['unix', 'tcp'] as const) {
-  void test(`the transport warm-up answers every call through the lean server on a ${transport} socket`, async () => {
+for (const where of [
+  'beside the served Unix socket',
+  'on TCP',
+  'on TCP when its Unix socket cannot be bound',
+] as const) {
+  void test(`the transport warm-up answers every call through the lean server ${where}`, async () => {
     const warm = warmService();
     assert.ok(warm.requests.length >= 2, 'requests made from the rules');
-    const before = new Set(readdirSync(tmpdir()).filter((n) => n.startsWith('cellquota-warm-up-')));
-    const out = await warmUpTransport(warm.service, warm.requests, logger, {
-      calls: 300,
-      concurrency: 16,
-      budgetMs: 10_000,
-      transport,
-    });
-    assert.equal(out.calls, 300);
-    const after = readdirSync(tmpdir()).filter((n) => n.startsWith('cellquota-warm-up-') && !before.has(n));
-    assert.deepEqual(after, [], 'its socket folder is removed');
+    const dir = mkdtempSync(join(tmpdir(), 'cq-warm-up-'));
+    try {
+      const served =
+        where === 'on TCP'
+          ? undefined
+          : join(dir, where === 'on TCP when its Unix socket cannot be bound' ? 'missing/rls.sock' : 'rls.sock');
+      const lines: string[] = [];
+      const captured = pino({ level: 'debug' }, { write: (line: string) => lines.push(line) });
+      const out = await warmUpTransport(warm.service, warm.requests, captured, {
+        calls: 300,
+        concurrency: 16,
+        budgetMs: 10_000,
+        ...(served === undefined ? {} : { unixBeside: served }),
+      });
+      assert.equal(out.calls, 300);
+      assert.deepEqual(readdirSync(dir), [], 'nothing is left beside the served socket');
+      const fellBack = lines.some((l) => l.includes('transport warm-up on 127.0.0.1'));
+      assert.equal(fellBack, where === 'on TCP when its Unix socket cannot be bound', lines.join(''));
+      const listening = lines.filter((l) => l.includes('rls server listening')).join('');
+      assert.match(
+        listening,
+        where === 'beside the served Unix socket' ? /"unix":"[^"]*\.cq-warm-up-/ : /"tcp":"127\.0\.0\.1:/,
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 }
 
