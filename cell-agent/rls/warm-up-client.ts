@@ -113,7 +113,8 @@ export function sendWarmUpCalls(opts: WarmUpCallsOptions): Promise<{ calls: numb
     let nextStreamId = 1;
     let sent = 0;
     let done = 0;
-    let open = 0;
+    /** Streams sent and not yet ended (a stream counts once, whatever frames end it). */
+    const open = new Set<number>();
     let sendWindow = INITIAL_WINDOW;
     let finished = false;
     let pending: Buffer = Buffer.alloc(0);
@@ -128,14 +129,14 @@ export function sendWarmUpCalls(opts: WarmUpCallsOptions): Promise<{ calls: numb
     const timer = setTimeout(() => end(new Error('the warm-up calls did not end in time')), opts.budgetMs + 1000);
     const inTime = (): boolean => performance.now() - started <= opts.budgetMs;
     const fill = (): void => {
-      while (open < opts.concurrency && sent < opts.calls && inTime()) {
+      while (open.size < opts.concurrency && sent < opts.calls && inTime()) {
         const body = bodies[sent % bodies.length] as Buffer;
         if (body.length > sendWindow) return; // wait for the server's WINDOW_UPDATE
         sendWindow -= body.length;
         const id = nextStreamId;
         nextStreamId += 2;
         sent++;
-        open++;
+        open.add(id);
         socket.write(
           Buffer.concat([
             frame(TYPE_HEADERS, FLAG_END_HEADERS, id, headerBlock),
@@ -143,7 +144,7 @@ export function sendWarmUpCalls(opts: WarmUpCallsOptions): Promise<{ calls: numb
           ]),
         );
       }
-      if (open === 0) end(null);
+      if (open.size === 0) end(null);
     };
     const onFrame = (type: number, flags: number, streamId: number, payload: Buffer): void => {
       if (type === TYPE_SETTINGS && (flags & FLAG_ACK) === 0)
@@ -153,11 +154,11 @@ export function sendWarmUpCalls(opts: WarmUpCallsOptions): Promise<{ calls: numb
         sendWindow += payload.readUInt32BE(0) & 0x7fffffff;
       else if (type === TYPE_GOAWAY) end(new Error('the warm-up server sent GOAWAY'));
       else if (
-        streamId !== 0 &&
-        (type === TYPE_RST_STREAM || ((type === TYPE_HEADERS || type === TYPE_DATA) && (flags & FLAG_END_STREAM) !== 0))
+        (type === TYPE_RST_STREAM ||
+          ((type === TYPE_HEADERS || type === TYPE_DATA) && (flags & FLAG_END_STREAM) !== 0)) &&
+        open.delete(streamId)
       ) {
         done++;
-        open--;
       }
     };
     socket.on('data', (chunk: Buffer) => {
