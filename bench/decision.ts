@@ -28,10 +28,11 @@
 //                       decideLocals, all or nothing
 //   decide 2 (general)  the same requests with `fastPath: false` (the path they took before)
 //   check, bytes to bytes (OK) / (refused)  what a serving thread does between reading a request
-//                       and writing its answer, as the lean RLS server does it: decodeRateLimitRequestReused
-//                       of the request's bytes (one descriptor [{remote_address: <ip>}]),
-//                       CheckService.checkInPlace (statistics, the throttling counts of a refusal) and
-//                       encodeRateLimitResponse as a framed gRPC message; (refused): the same addresses under `refused_address`, one request
+//                       and writing its answer, as the lean RLS server does it:
+//                       decodeRateLimitRequestReused of the request's bytes (one descriptor
+//                       [{remote_address: <ip>}]), CheckService.checkInPlace (statistics, the
+//                       throttling counts of a refusal) and encodeRateLimitResponse as a framed gRPC
+//                       message; (refused): the same addresses under `refused_address`, one request
 //                       an hour, so every call after the warm-up is a refusal with its provenance
 //                       headers (issue 21: what a refusal costs beside an admission)
 //   check, bytes to bytes (refused 256)  the same over 256 of those addresses: clients refused again
@@ -202,8 +203,8 @@ export async function runDecisionBench(opts: {
   const general = decider(false);
   // A serving thread's check, bytes to bytes (the lean RLS server's work between reading the request
   // and writing the answer): decode into reused objects, CheckService.checkInPlace (statistics,
-  // throttling counts), encode as a framed gRPC message. Its decider counts refusals as the agent's does; the counts are drained
-  // outside the timed calls, as the worker drains them every second.
+  // throttling counts), encode as a framed gRPC message. Its decider counts refusals as the agent's
+  // does; the counts are drained outside the timed calls, as the worker drains them every second.
   const throttle = new ThrottleCounts();
   const served = new Decider(
     { table, quotas, clock, elapsed, onRefused: (k, hits, why) => throttle.add(k, hits, why) },

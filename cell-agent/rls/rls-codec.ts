@@ -280,7 +280,7 @@ export function decodeRateLimitRequest(bytes: Uint8Array): Decoded<RlsRequest> {
 export function decodeRateLimitRequestReused(bytes: Uint8Array): Decoded<RlsRequest> {
   try {
     reader.reset(bytes);
-    readRateLimitRequest(reader, scratch);
+    readRateLimitRequest(reader);
     return scratch.decoded;
   } catch (error) {
     return { ok: false, error: malformedMessage('RateLimitRequest', error) };
@@ -363,8 +363,8 @@ function cut(list: unknown[], count: number): void {
   if (list.length > count) list.length = count;
 }
 
-function readRateLimitRequest(r: Reader, into: RequestScratch): void {
-  const request = into.request;
+function readRateLimitRequest(r: Reader): void {
+  const request = scratch.request;
   request.domain = '';
   request.hitsAddend = 0;
   let count = 0;
@@ -376,8 +376,7 @@ function readRateLimitRequest(r: Reader, into: RequestScratch): void {
         break;
       case 2: {
         expect(r, WT_LEN, 'descriptors');
-        descriptorIndex = count;
-        put(request.descriptors, count, sub(r, readDescriptor, into.descriptor(count)));
+        put(request.descriptors, count, sub(r, readDescriptor, count));
         count++;
         break;
       }
@@ -392,11 +391,9 @@ function readRateLimitRequest(r: Reader, into: RequestScratch): void {
   cut(request.descriptors, count);
 }
 
-/** The index of the descriptor readDescriptor reads (its entries' objects are that descriptor's kept ones). */
-let descriptorIndex = 0;
-
-function readDescriptor(r: Reader, into: DescriptorDraft): DescriptorDraft {
-  const index = descriptorIndex;
+/** Reads the request's descriptor number `index` into its object (scratch.descriptor(index)). */
+function readDescriptor(r: Reader, index: number): DescriptorDraft {
+  const into = scratch.descriptor(index);
   let count = 0;
   while (r.pos < r.end) {
     switch (r.tag()) {
