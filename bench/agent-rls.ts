@@ -27,7 +27,7 @@
 //   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
 //               persistence); skipped, with a note, when redis-server is not installed
 // The load generator (bench/load/loadgen.ts) is one more process: pre-encoded gRPC requests,
-// streams spread over `sessions` HTTP/2 connections, written by testkit/load/h2-raw.ts (default) or
+// streams spread over `sessions` HTTP/2 connections, written by shared/h2-raw.ts (default) or
 // by node:http2's client (--client http2, about 8× the generator CPU per request: on this
 // machine's two hyper-threads it takes CPU from the server under test; see h2-raw.ts). For every variant (bench: nothing is
 // refused; bench-limited: ~50 % refused, see bench/servers/bench-rules.ts) and every phase — closed
@@ -675,7 +675,7 @@ function buildReport(
   for (const s of skipped) notes.push(`skipped ${s.server}: ${s.reason}`);
   notes.push(...extraNotes);
   notes.push(
-    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'testkit/load/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
+    `Transport: ${transport === 'uds' ? 'Unix domain sockets' : 'TCP on 127.0.0.1'}; ${sessions} HTTP/2 connection(s) per run (agent-2w: at least one per worker socket, spread round-robin over them); every server in a process of its own, the load generator in another (${client === 'raw' ? 'shared/h2-raw.ts: HTTP/2 frames written from per-tenant templates, answers read at the frame level' : 'node:http2 client'}, gRPC requests encoded once before the run).`,
     `Within a phase the servers take turns every ${plan.sliceMs} ms (round-robin, each getting the warm-up and the measurement time below in all), so a noisy moment of the machine lands on all of them; every phase is run ${plan.rounds} time(s), the rounds interleaved (round 1 runs every phase and variant, then round 2, ...; the order of the servers rotates from phase to phase and is reversed in even rounds). Every figure is the median over the rounds (a peak is a round's highest closed-loop throughput; p50, p99 and p99.9 each the median of the rounds' own), min–max columns give the spread; every ratio is the median of the per-round ratios (both servers of a ratio measured in the same job, 250 ms turns apart), with their range, and a verdict is on that median. Requests and errors add up all rounds.`,
     `Closed loop: c requests always in flight during a server's turn, ${plan.closedWarmupMs} ms warm-up, then answers during its turns counted over ${plan.closedMeasureMs} ms. Paced: open loop at ${fmtInt(plan.pacedRate)} req/s, ${plan.pacedWarmupMs} ms warm-up, ${plan.pacedMeasureMs} ms measured; latency from each request's scheduled send time to its answer (no coordinated omission).`,
     `Requests: one descriptor [{tenant: tenant-N}] over ${fmtInt(TENANTS)} tenants; variant unlimited = domain '${DOMAIN_UNLIMITED}', one rule of 1e9 req/s (nothing refused); variant limited = domain '${DOMAIN_LIMITED}', tenants ending in an odd digit limited to 1 request per hour (~50 % refused).`,

@@ -28,7 +28,7 @@
 // The load (a process of its own: this file, forked with CELLQUOTA_CASCADE_LOADER=1) is Envoy-like:
 // paced at a fixed rate (open loop: request i is due at t0 + i/rate whatever happened to the others,
 // its latency taken from that scheduled time — no coordinated omission), over two HTTP/2
-// connections written and read at the frame level (testkit/load/h2-raw.ts). Envoy gives up on a
+// connections written and read at the frame level (shared/h2-raw.ts). Envoy gives up on a
 // rate-limit call after 20 ms (its default RLS timeout) and then, by default (failure_mode_deny:
 // false), lets the request through. The load does not cancel: it waits for the real answer (up to a
 // drain after the step) so the figures show how late the limiter really is, and classifies each
@@ -56,7 +56,7 @@ import {
   requestTemplate,
   type RequestTemplate,
   type StreamSink,
-} from '../testkit/load/h2-raw.js';
+} from '../shared/h2-raw.js';
 import {
   CODE_OK,
   CODE_OVER_LIMIT,

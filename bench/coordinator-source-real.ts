@@ -1,6 +1,6 @@
 // Issue 12 with real processes: three coordinators (test/coordinator/cluster/cluster-harness.ts) and
 // cell agents started with --coordinators and rules only (no tenants file); checks over each
-// agent's Envoy RLS Unix socket (bench/load/h2-raw.ts).
+// agent's Envoy RLS Unix socket (shared/h2-raw.ts).
 //
 //   `npm run bench -- agent-tenants`   resident memory of one agent that has seen N distinct tenants
 //        (1,000,000, or CELLQUOTA_BENCH_TENANTS; smoke 20,000), all of them held by the coordinators (bulk import, POST
@@ -29,7 +29,7 @@ import {
   requestTemplate,
   type RequestTemplate,
   type StreamSink,
-} from '../testkit/load/h2-raw.js';
+} from '../shared/h2-raw.js';
 import {
   CODE_OK,
   FAIL_OPEN_FLAG,

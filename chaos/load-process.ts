@@ -14,7 +14,7 @@ import {
   requestTemplate,
   type RequestTemplate,
   type StreamSink,
-} from '../testkit/load/h2-raw.js';
+} from '../shared/h2-raw.js';
 import {
   CODE_OK,
   CODE_OVER_LIMIT,

@@ -1,8 +1,12 @@
-// A minimal HTTP/2 client for the load generator (LoadJob.client 'raw'): gRPC unary calls over one
-// socket with every request's bytes prepared before the run, and answers read at the frame level.
-// It exists because node:http2's client costs about as much CPU per request as the grpc-js server
-// it measures (a ClientHttp2Stream, its events and header objects per request); on a small machine
-// whose cores share a physical core, a generator that heavy takes CPU from the server under test.
+// A minimal HTTP/2 client: gRPC unary calls over one socket with every request's bytes prepared
+// before, and answers read at the frame level. Two users:
+//   - the load generator (LoadJob.client 'raw'; the accuracy scenario, the drills' load), because
+//     node:http2's client costs about as much CPU per request as the grpc-js server it measures (a
+//     ClientHttp2Stream, its events and header objects per request); on a small machine whose cores
+//     share a physical core, a generator that heavy takes CPU from the server under test;
+//   - the agent's transport warm-up (cell-agent/rls/warm-up-transport.ts), which calls its own lean
+//     server from the serving thread: node's client streams share node's stream code with the
+//     server's, and a warm-up through node's client left that code slower for the thread's life.
 //
 // What it does (RFC 9113):
 //   - preface, SETTINGS (push off, stream windows at the maximum), a connection WINDOW_UPDATE to the

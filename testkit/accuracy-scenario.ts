@@ -1,7 +1,7 @@
 // The accuracy scenario with real processes, shared by test/e2e/accuracy.test.ts and
 // bench/accuracy.ts: three coordinators (optional), one cell agent per cell, one tenant with a global
 // quota Q, and ONE lean load generator (this process) that sends Envoy RLS checks over each agent's
-// Unix socket (testkit/load/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
+// Unix socket (shared/h2-raw.ts: gRPC frames prepared once, answers read at the frame level),
 // paced (open loop) at a rate per cell that can be changed at any time. Every answer is counted in
 // 100 ms bins per cell (sent, admitted, refused, errors, degraded), in the bin its check was SENT in
 // (whenever the answer came back); the analysis helpers below turn the bins into rates, windows
@@ -18,7 +18,7 @@ import {
   requestTemplate,
   type RequestTemplate,
   type StreamSink,
-} from './load/h2-raw.js';
+} from '../shared/h2-raw.js';
 import {
   CODE_OK,
   CODE_OVER_LIMIT,

@@ -35,7 +35,7 @@ export interface LoadJob {
   readonly rate: number;
   /** HTTP/2 connections per target (raised to its number of addresses); the streams are spread over them round-robin. */
   readonly sessions: number;
-  /** 'http2': node:http2's client. 'raw': testkit/load/h2-raw.ts, frames written and read directly. */
+  /** 'http2': node:http2's client. 'raw': shared/h2-raw.ts, frames written and read directly. */
   readonly client: 'http2' | 'raw';
   readonly warmupMs: number;
   readonly measureMs: number;

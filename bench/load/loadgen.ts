@@ -2,7 +2,7 @@
 // shares an event loop with the server it measures. gRPC requests are encoded once per tenant
 // before the run (rls-wire.ts); no gRPC library, no protobuf library, no per-request encoding.
 // Two HTTP/2 clients (LoadJob.client):
-//   raw    testkit/load/h2-raw.ts: a request is a copy of a per-tenant HEADERS+DATA template with its
+//   raw    shared/h2-raw.ts: a request is a copy of a per-tenant HEADERS+DATA template with its
 //          stream id written in, all requests of one event-loop turn in one socket write; answers
 //          are read at the frame level. About 5 µs of generator CPU per request here.
 //   http2  node:http2: `session.request(headers)` and one `end(frame)` of a ready Buffer; the
@@ -59,7 +59,7 @@ import {
   requestTemplate,
   type RequestTemplate,
   type StreamSink,
-} from '../../testkit/load/h2-raw.js';
+} from '../../shared/h2-raw.js';
 import { Rng } from '../../testkit/random.js';
 
 const HEADERS: http2.OutgoingHttpHeaders = {

@@ -1,4 +1,4 @@
-// The transport warm-up: the serving thread's raw-frame client (warm-up-client.ts) against the real
+// The transport warm-up: the serving thread's raw-frame client (shared/h2-raw.ts) against the real
 // lean server, on both kinds of socket, past the connection's flow-control window, and against
 // nothing at all (a warm-up never fails the start).
 import { test } from 'node:test';
@@ -7,12 +7,10 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { warmUp } from '../../../cell-agent/rls/warm-up.js';
-import { warmUpTransport } from '../../../cell-agent/rls/warm-up-transport.js';
-import { sendWarmUpCalls } from '../../../cell-agent/rls/warm-up-client.js';
+import { sendWarmUpCalls, warmUpTransport } from '../../../cell-agent/rls/warm-up-transport.js';
 import { startLeanRlsServer } from '../../../cell-agent/rls/lean-server.js';
 import { encodeRateLimitRequest } from '../../../cell-agent/rls/rls-codec.js';
 import { frameMessage } from '../../../cell-agent/rls/grpc-wire.js';
-import { RLS_METHOD_PATH } from '../../../cell-agent/rls/rls-common.js';
 import { compileRules } from '../../../cell-agent/rules/rules-compile.js';
 import { parseRulesYaml } from '../../../cell-agent/rules/rules-schema.js';
 import { StaticQuotas } from '../../../cell-agent/decide/quotas.js';
@@ -109,7 +107,6 @@ void test('the warm-up client sends 1.6 MB of requests of near the largest frame
     assert.ok(body.length > 16_000 && body.length <= 16_384, `body of ${body.length} bytes`);
     const out = await sendWarmUpCalls({
       target: server.endpoints.unix ?? '',
-      path: RLS_METHOD_PATH,
       bodies: [body],
       calls: 100,
       concurrency: 8,
@@ -128,7 +125,6 @@ void test('a warm-up with nothing listening resolves with the error and no calls
   try {
     const out = await sendWarmUpCalls({
       target: join(dir, 'nobody.sock'),
-      path: RLS_METHOD_PATH,
       bodies: [Buffer.from([0, 0, 0, 0, 0])],
       calls: 10,
       concurrency: 4,
