@@ -106,11 +106,14 @@ function sendOkTrailers(this: ServerHttp2Stream): void {
   if (!this.destroyed) this.sendTrailers(OK_TRAILERS);
 }
 
-/** The answer message: HEADERS, one DATA frame (prefix included), trailers grpc-status 0. */
+/**
+ * The answer message: HEADERS, one DATA frame (prefix included), trailers grpc-status 0. 'wantTrailers'
+ * comes once per stream: on(), not once(), which would wrap the listener in a new closure per answer.
+ */
 function answerMessage(stream: ServerHttp2Stream, message: Buffer): void {
   if (stream.destroyed || stream.headersSent) return;
   stream.respond(RESPONSE_HEADERS, WAIT_FOR_TRAILERS);
-  stream.once('wantTrailers', sendOkTrailers);
+  stream.on('wantTrailers', sendOkTrailers);
   stream.end(message);
 }
 
@@ -219,9 +222,15 @@ function onDeadline(stream: CallStream): void {
   refuse(stream, state, GRPC_CODE.DEADLINE_EXCEEDED, 'deadline exceeded before the request arrived');
 }
 
+/**
+ * What the lean server asks of the check service: CheckService's calls it makes, and nothing else
+ * (bench/servers/lean-transport.ts serves a constant answer through the same server).
+ */
+export type LeanCheckService = Pick<CheckService, 'shed' | 'checkInPlace' | 'rejected'>;
+
 /** Starts the lean server on the configured addresses. Rejects if any address cannot be bound. */
 export async function startLeanRlsServer(
-  service: CheckService,
+  service: LeanCheckService,
   opts: RlsListenOptions,
   logger: Logger,
 ): Promise<RlsServerHandle> {
