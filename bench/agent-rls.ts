@@ -23,6 +23,10 @@
 //   bare-h2     a bare node:http2 server answering a pre-encoded OK (bench/servers/bare-h2.ts)
 //   bare-h2-2w  the same in 2 worker threads on 2 sockets, like agent-2w: what a second thread gives
 //               a server that does nothing, on this machine
+//   lean-transport the agent's lean RLS server in a worker thread like the agent's, decoding every
+//               request and answering one constant (the agent's own answer bytes) instead of
+//               deciding (bench/servers/lean-transport.ts): the agent's serving thread without the
+//               decision
 //   rlf-memory  rate-limiter-flexible RateLimiterMemory behind the same grpc-js handler
 //   rlf-redis   RateLimiterRedis on a redis-server this benchmark starts (Unix socket, no
 //               persistence); skipped, with a note, when redis-server is not installed
@@ -56,6 +60,7 @@ export const SERVER_NAMES = [
   'ceiling',
   'bare-h2',
   'bare-h2-2w',
+  'lean-transport',
   'agent',
   'agent-grpcjs',
   'agent-2w',
@@ -71,6 +76,7 @@ export const DEFAULT_SERVERS: readonly ServerName[] = [
   'ceiling',
   'bare-h2',
   'bare-h2-2w',
+  'lean-transport',
   'agent',
   'agent-grpcjs',
   'agent-2w',
@@ -157,6 +163,7 @@ const MODULES: Record<ServerName, string> = {
   ceiling: fileURLToPath(new URL('./servers/ceiling.ts', import.meta.url)),
   'bare-h2': fileURLToPath(new URL('./servers/bare-h2.ts', import.meta.url)),
   'bare-h2-2w': fileURLToPath(new URL('./servers/bare-h2.ts', import.meta.url)),
+  'lean-transport': fileURLToPath(new URL('./servers/lean-transport.ts', import.meta.url)),
   agent: fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-grpcjs': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
   'agent-2w': fileURLToPath(new URL('./servers/agent.ts', import.meta.url)),
@@ -644,6 +651,47 @@ function buildReport(
     notes.push(
       `agent-2w ÷ agent (${variant}, c=${cMax}): ${fmtSpread(r)} (target ≥ 1.4${verdict(r.median >= 1.4)}; 2 workers ${fmtInt(two?.median ?? 0)} req/s at ${cpu('agent-2w')} % CPU, 1 worker ${fmtInt(one?.median ?? 0)} req/s at ${cpu('agent')} % CPU; generator ${gen('agent-2w')} % / ${gen('agent')} %${bareNote}) — ` +
         `"throughput grows with cores" (docs/targets.md) means > 1 where the cores are there: with ${os.cpus().length} CPU(s) shared by the generator and the agent's workers, a ratio near 1 says the machine, not the agent, is the limit (look at the CPU columns: 2 workers cannot use 200 % when the generator takes one CPU).` +
+        (opts.smoke ? ' — smoke run: no verdict' : ''),
+    );
+  }
+  // Where the agent's gap to bare-h2 lies (issue 21), at c = cMax: lean-transport is the agent's own
+  // serving thread with a constant answer instead of the decision, so lean-transport ÷ bare-h2 is what
+  // the transport and the decoding cost, and agent ÷ lean-transport what the decision and the answer's
+  // encoding cost. Per check: the server process's CPU over its throughput (CPU % of one core ÷ req/s),
+  // the median over the rounds.
+  for (const variant of variants) {
+    const transportVsBare = perRoundRatio(
+      closedTput('lean-transport', variant, cMax),
+      closedTput('bare-h2', variant, cMax),
+    );
+    const agentVsTransport = perRoundRatio(
+      closedTput('agent', variant, cMax),
+      closedTput('lean-transport', variant, cMax),
+    );
+    if (transportVsBare === undefined && agentVsTransport === undefined) continue;
+    const cpuPerCheck = (server: ServerName): Spread | undefined =>
+      over((rd) => {
+        const p = at(server, variant, rd, 'closed', cMax);
+        const pct = p?.serverCpuPct;
+        if (p === undefined || pct === null || pct === undefined || p.result.throughput <= 0) return undefined;
+        return ((pct / 100) * 1e6) / p.result.throughput;
+      });
+    const perCheck: string[] = [];
+    for (const server of ['bare-h2', 'lean-transport', 'agent'] as const) {
+      const x = cpuPerCheck(server);
+      if (x !== undefined) perCheck.push(`${server} ${x.median.toFixed(1)}`);
+    }
+    const parts = [
+      ...(transportVsBare === undefined
+        ? []
+        : [`lean-transport ÷ bare-h2 ${fmtSpread(transportVsBare)} (the agent's transport and decoding)`]),
+      ...(agentVsTransport === undefined
+        ? []
+        : [`agent ÷ lean-transport ${fmtSpread(agentVsTransport)} (the decision and the answer's encoding)`]),
+      ...(perCheck.length === 0 ? [] : [`server CPU µs a check: ${perCheck.join(', ')}`]),
+    ];
+    notes.push(
+      `where the agent's time goes (${variant}, c=${cMax}): ${parts.join('; ')}` +
         (opts.smoke ? ' — smoke run: no verdict' : ''),
     );
   }
