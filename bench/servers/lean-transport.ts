@@ -2,9 +2,9 @@
 // benchmark's server 'lean-transport'. Every request goes through the agent's own transport — the
 // HTTP/2 stream handling, gRPC's framing, grpc-timeout, the message bound — and is decoded into
 // the codec's reused objects, exactly as in the agent; then, instead of the check service's
-// decision, every check gets the same answer, encoded once: the answer the agent gives a request
-// of the 'bench' domain (one OK status, the 1e9/s rule as current_limit, limit_remaining,
-// duration_until_reset), so the bytes on the wire are the agent's. A request that does not decode
+// decision, every check gets the same answer, encoded once: the answer the agent gives a tenant's
+// first request in the 'bench' domain (one OK status, the 1e9/s rule as current_limit,
+// limit_remaining, duration_until_reset), so the answers on the wire are the agent's size. A request that does not decode
 // gets INVALID_ARGUMENT, as from the agent.
 //
 // Why: beside bare-h2 (a bare node:http2 answer, no decoding) and the agent, it splits the agent's
@@ -15,10 +15,10 @@
 // In a worker thread with the young generation the agent gives its serving workers by default
 // (--worker-young-generation-mb), as the agent's serving thread runs: the two differ in the decision
 // alone. (bare-h2 runs on the main thread; in a worker it measured the same, bench/README.md.)
+import { once } from 'node:events';
 import { startLeanRlsServer } from '../../cell-agent/rls/lean-server.js';
 import type { LeanCheckService } from '../../cell-agent/rls/lean-server.js';
 import { encodeRateLimitResponse } from '../../cell-agent/rls/rls-codec.js';
-import { once } from 'node:events';
 import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_WORKER_YOUNG_GENERATION_MB } from '../../cell-agent/agent-config.js';
 import type { RlsServerHandle } from '../../cell-agent/rls/rls-common.js';
 import { moduleWorker } from '../../shared/module-worker.js';
