@@ -977,7 +977,12 @@ export class Decider {
       );
       cached = {
         limit,
-        currentLimit: { requestsPerUnit: l.requestsPerUnit, unit: RATE_LIMIT_UNITS[unit].proto, name: rule.name ?? '' },
+        // Frozen: the codec keeps its encoding and copies it into every answer of this rule (rls-codec.ts).
+        currentLimit: Object.freeze({
+          requestsPerUnit: l.requestsPerUnit,
+          unit: RATE_LIMIT_UNITS[unit].proto,
+          name: rule.name ?? '',
+        }),
         // Shared by every answer of this rule, and readonly by type, but not frozen: an indexed read
         // of a frozen (or sealed) array is a generic keyed-load call in Node 20's optimized code
         // (~70 instructions), where a plain array's is inlined; the limiter reads it on every check.
@@ -1003,7 +1008,7 @@ export class Decider {
       cached = {
         limit: limitPerUnit(requestsPerUnit, timeUnit, { start: 'full' }),
         // envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit agree on 1..6.
-        currentLimit: { requestsPerUnit, unit, name: '' },
+        currentLimit: Object.freeze({ requestsPerUnit, unit, name: '' }),
       };
       if (this.overrideLimits.size >= 4096) this.overrideLimits.clear();
       this.overrideLimits.set(id, cached);

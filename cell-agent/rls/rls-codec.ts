@@ -583,6 +583,15 @@ class Writer {
     this.pos += b.length;
   }
 
+  /** Bytes already encoded (a template), as they are. */
+  raw(b: Uint8Array): void {
+    const buf = this.buf;
+    const at = this.pos;
+    if (b.length <= SHORT_ASCII_WRITE) for (let i = 0; i < b.length; i++) buf[at + i] = b[i] as number;
+    else buf.set(b, at);
+    this.pos = at + b.length;
+  }
+
   uintField(field: number, n: number): void {
     if (n === 0) return;
     this.tag(field, WT_VARINT);
@@ -617,11 +626,53 @@ function durationSize(d: RlsDuration): number {
   return (d.seconds === 0 ? 0 : 1 + signedSize(d.seconds)) + (d.nanos === 0 ? 0 : 1 + signedSize(d.nanos));
 }
 
-function statusSize(s: RlsDescriptorStatus): number {
+/** Size of a DescriptorStatus; `limitField`: the current_limit field's kept bytes, when it has them. */
+function statusSize(s: RlsDescriptorStatus, limitField: Uint8Array | null): number {
   let size = uintFieldSize(s.code) + uintFieldSize(s.limitRemaining);
-  if (s.currentLimit !== null) size += lenField(rateLimitSize(s.currentLimit));
+  if (limitField !== null) size += limitField.length;
+  else if (s.currentLimit !== null) size += lenField(rateLimitSize(s.currentLimit));
   if (s.durationUntilReset !== null) size += lenField(durationSize(s.durationUntilReset));
   return size;
+}
+
+/**
+ * The answer's template: a status's whole `current_limit` field (tag, length, requests_per_unit, unit,
+ * name), encoded once per rule and copied into every answer after that, so an answer writes only the
+ * numbers that change (its code, limit_remaining, duration_until_reset). Kept for a limit object that
+ * is frozen: it cannot change, so its bytes cannot go stale. The decider freezes the limits it keeps
+ * (its rules', a few per rules snapshot; the request overrides', at most 4,096), not the per-tenant
+ * limits of the quotas, which would keep a template per tenant answered. The last one looked up is checked first (an agent answers the same few
+ * rules again and again: no WeakMap lookup then).
+ */
+const limitFields = new WeakMap<RlsRateLimit, Uint8Array>();
+let lastLimit: RlsRateLimit | null = null;
+let lastLimitField: Uint8Array | null = null;
+
+/** The current_limit field's kept bytes for a frozen limit (made at its first answer), null for any other. */
+function limitFieldBytes(l: RlsRateLimit): Uint8Array | null {
+  if (l === lastLimit) return lastLimitField;
+  if (!Object.isFrozen(l)) return null;
+  let bytes = limitFields.get(l);
+  if (bytes === undefined) {
+    checkUint32(l.requestsPerUnit, 'requests_per_unit');
+    const size = rateLimitSize(l);
+    const w = new Writer(Buffer.alloc(lenField(size)));
+    w.tag(2, WT_LEN);
+    w.varint(size);
+    writeRateLimit(w, l);
+    bytes = w.buf;
+    limitFields.set(l, bytes);
+  }
+  lastLimit = l;
+  lastLimitField = bytes;
+  return bytes;
+}
+
+/** A RateLimit message's fields. */
+function writeRateLimit(w: Writer, l: RlsRateLimit): void {
+  w.uintField(1, l.requestsPerUnit);
+  w.uintField(2, l.unit);
+  if (l.name !== '') w.string(3, l.name, stringBytes(l.name));
 }
 
 /**
@@ -665,6 +716,10 @@ function frozenHeaderBytes(h: RlsHeader): Buffer | null {
 // time: encoding never calls out): a frozen header's kept encoding, or null and the UTF-8 lengths of
 // its key and value.
 const headerScratch: (Buffer | null)[] = [];
+// The statuses of the answer being encoded, the same way: each one's size, and its current_limit
+// field's kept bytes (limitFieldBytes) or null.
+const statusSizeScratch: number[] = [];
+const limitFieldScratch: (Uint8Array | null)[] = [];
 const keyBytesScratch: number[] = [];
 const valueBytesScratch: number[] = [];
 
@@ -712,12 +767,16 @@ function writeHeaders(w: Writer, field: number, headers: readonly RlsHeader[], a
  */
 export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer {
   let size = uintFieldSize(m.overallCode);
-  const statusSizes = new Array<number>(m.statuses.length);
+  const statusSizes = statusSizeScratch;
+  const limitBytes = limitFieldScratch;
   for (let i = 0; i < m.statuses.length; i++) {
     const s = m.statuses[i] as RlsDescriptorStatus;
     checkUint32(s.limitRemaining, 'limit_remaining');
-    if (s.currentLimit !== null) checkUint32(s.currentLimit.requestsPerUnit, 'requests_per_unit');
-    const n = statusSize(s);
+    const l = s.currentLimit;
+    const field = l === null ? null : limitFieldBytes(l);
+    if (l !== null && field === null) checkUint32(l.requestsPerUnit, 'requests_per_unit');
+    limitBytes[i] = field;
+    const n = statusSize(s, field);
     statusSizes[i] = n;
     size += lenField(n);
   }
@@ -739,13 +798,14 @@ export function encodeRateLimitResponse(m: RlsResponse, framed = false): Buffer 
     w.tag(2, WT_LEN);
     w.varint(statusSizes[i] as number);
     w.uintField(1, s.code);
-    if (s.currentLimit !== null) {
+    const field = limitBytes[i] as Uint8Array | null;
+    limitBytes[i] = null;
+    if (field !== null) w.raw(field);
+    else if (s.currentLimit !== null) {
       const l = s.currentLimit;
       w.tag(2, WT_LEN);
       w.varint(rateLimitSize(l));
-      w.uintField(1, l.requestsPerUnit);
-      w.uintField(2, l.unit);
-      if (l.name !== '') w.string(3, l.name, stringBytes(l.name));
+      writeRateLimit(w, l);
     }
     w.uintField(3, s.limitRemaining);
     if (s.durationUntilReset !== null) {

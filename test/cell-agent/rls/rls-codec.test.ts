@@ -222,6 +222,48 @@ void test('a frozen header (encoded once, then copied) encodes as the same heade
   );
 });
 
+void test('a frozen current_limit (its field encoded once, then copied) encodes as the same limit unfrozen, answer after answer', () => {
+  fc.assert(
+    fc.property(fc.array(responseArb, { minLength: 1, maxLength: 4 }), (generated) => {
+      const plain = structuredClone(generated);
+      // The same answers with every current_limit frozen; each limit object used by two answers in
+      // turn, as an agent's rule limits are, so the kept field is met again after another one.
+      const frozen = plain.map((m) => ({
+        ...m,
+        statuses: m.statuses.map((st) => ({
+          ...st,
+          currentLimit: st.currentLimit === null ? null : Object.freeze({ ...st.currentLimit }),
+        })),
+      }));
+      const want = plain.map((m) => encodeRateLimitResponse(m, true));
+      for (let round = 0; round < 2; round++)
+        frozen.forEach((m, i) => assert.deepEqual(encodeRateLimitResponse(m, true), want[i]));
+      frozen.forEach((m, i) => {
+        const back = decodeRateLimitResponse((want[i] as Buffer).subarray(5));
+        assert.ok(back.ok, 'decodes');
+        assert.deepEqual(
+          back.value.statuses.map((st) => st.currentLimit),
+          m.statuses.map((st) => st.currentLimit),
+        );
+      });
+    }),
+    { numRuns: 200 },
+  );
+});
+
+void test('a frozen current_limit out of range is refused as an unfrozen one is, and encodes nothing', () => {
+  const bad = Object.freeze({ requestsPerUnit: 2 ** 32, unit: 1, name: 'x' });
+  const response = {
+    overallCode: 1,
+    statuses: [{ code: 1, currentLimit: bad, limitRemaining: 0, durationUntilReset: null }],
+    responseHeadersToAdd: [],
+    requestHeadersToAdd: [],
+    rawBody: null,
+  } as const;
+  for (let i = 0; i < 2; i++)
+    assert.throws(() => encodeRateLimitResponse(response), /requests_per_unit must be a uint32, got 4294967296/);
+});
+
 void test('a request decoded again gives the same strings; strings around the interning bound decode exactly', () => {
   const values = ['tenant-13', 'a'.repeat(31), 'b'.repeat(32), 'c'.repeat(33), 'caf\u00e9', '\u00e9'.repeat(16), ''];
   for (const value of values) {
