@@ -226,8 +226,8 @@ void test('a frozen current_limit (its field encoded once, then copied) encodes 
   fc.assert(
     fc.property(fc.array(responseArb, { minLength: 1, maxLength: 4 }), (generated) => {
       const plain = structuredClone(generated);
-      // The same answers with every current_limit frozen; each limit object used by two answers in
-      // turn, as an agent's rule limits are, so the kept field is met again after another one.
+      // The same answers with every current_limit frozen, each encoded twice, in turn with the others:
+      // a kept field is met again after other limits, as an agent meets its rules' limits.
       const frozen = plain.map((m) => ({
         ...m,
         statuses: m.statuses.map((st) => ({
