@@ -641,8 +641,8 @@ function statusSize(s: RlsDescriptorStatus, limitField: Uint8Array | null): numb
  * numbers that change (its code, limit_remaining, duration_until_reset). Kept for a limit object that
  * is frozen: it cannot change, so its bytes cannot go stale. The decider freezes the limits it keeps
  * (its rules', a few per rules snapshot; the request overrides', at most 4,096), not the per-tenant
- * limits of the quotas, which would keep a template per tenant answered. The last one looked up is checked first (an agent answers the same few
- * rules again and again: no WeakMap lookup then).
+ * limits of the quotas, which would keep a template per tenant answered. The last one looked up is
+ * checked first (an agent answers the same few rules again and again: no WeakMap lookup then).
  */
 const limitFields = new WeakMap<RlsRateLimit, Uint8Array>();
 let lastLimit: RlsRateLimit | null = null;
