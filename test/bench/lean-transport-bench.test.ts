@@ -13,24 +13,10 @@ import { runAgentBenchDetailed } from '../../bench/agent-rls.js';
 import { UNLIMITED_PER_SECOND } from '../../bench/servers/bench-rules.js';
 import { start as startAgent } from '../../bench/servers/agent.js';
 import { start as startLeanTransport } from '../../bench/servers/lean-transport.js';
-import { RLS_METHOD_PATH } from '../../cell-agent/rls/rls-common.js';
+import { rawRlsService } from '../../bench/servers/rls-grpc.js';
 import { RlsClient, d, grpcError, unixTarget } from '../../testkit/rls-client.js';
 
-const identity = (b: Buffer): Buffer => b;
-const RawRls = grpc.makeGenericClientConstructor(
-  {
-    ShouldRateLimit: {
-      path: RLS_METHOD_PATH,
-      requestStream: false,
-      responseStream: false,
-      requestSerialize: identity,
-      requestDeserialize: identity,
-      responseSerialize: identity,
-      responseDeserialize: identity,
-    },
-  },
-  'RawRls',
-);
+const RawRls = grpc.makeGenericClientConstructor(rawRlsService(), 'RawRls');
 
 void describe('bench/servers/lean-transport', () => {
   void it("answers every check with the agent's answer to a fresh tenant, and refuses bytes that do not decode", async () => {
